@@ -1,0 +1,166 @@
+"""The agent's verbs. Each takes the decoded JSON args and returns a JSON-able result."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import time
+from importlib import metadata
+from typing import Any
+
+from gpufleet.agent import nvmlread, procs
+from gpufleet.agent.protocol import AgentError
+
+
+def _check_count(gpus: list[dict[str, Any]], expected: int | None) -> None:
+    if expected is not None and len(gpus) != expected:
+        raise AgentError(f"expected {expected} GPUs, NVML sees {len(gpus)}", kind="gpu_count")
+
+
+def _gpu_is_clean(gpu: dict[str, Any], tolerance_mib: int) -> bool:
+    return gpu["used_mib"] <= tolerance_mib and not gpu["processes"]
+
+
+def _annotate(gpus: list[dict[str, Any]]) -> None:
+    """Attach psutil details to NVML's PIDs; PIDs this host cannot see are unattributed."""
+    psutil = procs._psutil()
+    for gpu in gpus:
+        for entry in gpu["processes"]:
+            try:
+                info = procs.describe(psutil.Process(entry["pid"]))
+            except psutil.NoSuchProcess:
+                info = None
+            entry["visible"] = info is not None
+            if info:
+                entry.update({k: info[k] for k in ("user", "name", "cmdline", "age_s", "ppid")})
+
+
+def gpus(args: dict[str, Any]) -> dict[str, Any]:
+    nvml = nvmlread.load_pynvml()
+    snap = nvmlread.snapshot(nvml)
+    _check_count(snap, args.get("expected_gpus"))
+    _annotate(snap)
+    return {"gpus": snap, **nvmlread.driver_info(nvml)}
+
+
+def procs_verb(args: dict[str, Any]) -> dict[str, Any]:
+    """Who holds GPU memory and who looks like a stale server (read-only)."""
+    psutil = procs._psutil()
+    nvml = nvmlread.load_pynvml()
+    snap = nvmlread.snapshot(nvml)
+    _annotate(snap)
+    sim_state = (args.get("sim") or {}).get("state_dir")
+    stale = []
+    for pid in procs.find_pattern_matches(args.get("patterns") or procs.DEFAULT_PATTERNS, sim_state):
+        try:
+            info = procs.describe(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+        if info:
+            stale.append(info)
+    return {"gpus": snap, "stale": stale}
+
+
+def kill(args: dict[str, Any]) -> dict[str, Any]:
+    """Kill the given PIDs as process trees, with the same safety rules as `clean`."""
+    tree, refused = procs.collect_trees(
+        [int(p) for p in args["pids"]], procs.protected_pids(), bool(args.get("all_users"))
+    )
+    killed = procs.kill_trees(tree, float(args.get("grace_s", 10.0)))
+    return {"killed": killed, "refused": refused}
+
+
+def clean(args: dict[str, Any]) -> dict[str, Any]:
+    """gpu-clean on this host in one call: find, kill (unless dry run), verify by NVML v2."""
+    psutil = procs._psutil()
+    nvml = nvmlread.load_pynvml()
+    started = time.monotonic()
+    before = nvmlread.snapshot(nvml)
+    _check_count(before, args.get("expected_gpus"))
+    _annotate(before)
+    sim_state = (args.get("sim") or {}).get("state_dir")
+    patterns = args.get("patterns") or procs.DEFAULT_PATTERNS
+    all_users = bool(args.get("all_users"))
+    dry_run = bool(args.get("dry_run"))
+    tolerance = int(args.get("tolerance_mib", 0))
+
+    roots: list[int] = []
+    unattributed = []
+    for gpu in before:
+        for entry in gpu["processes"]:
+            if entry["visible"]:
+                roots.append(entry["pid"])
+            else:
+                unattributed.append({"gpu": gpu["index"], **entry})
+    roots += procs.find_pattern_matches(patterns, sim_state)
+    roots = list(dict.fromkeys(roots))
+    keep = procs.protected_pids()
+    tree, refused = procs.collect_trees(roots, keep, all_users)
+
+    result: dict[str, Any] = {"before": before, "refused": refused, "unattributed": unattributed}
+    if dry_run:
+        result["would_kill"] = [
+            {k: info[k] for k in ("pid", "ppid", "user", "name", "cmdline", "age_s")}
+            for _, info in tree.values()
+        ]
+        result["gpus"] = before
+        result["clean"] = all(_gpu_is_clean(g, tolerance) for g in before)
+        result["elapsed_s"] = round(time.monotonic() - started, 3)
+        return result
+
+    result["killed"] = procs.kill_trees(tree, float(args.get("grace_s", 10.0)))
+    deadline = time.monotonic() + float(args.get("timeout_s", 60.0))
+    while True:
+        after = nvmlread.snapshot(nvml)
+        clean_now = all(_gpu_is_clean(g, tolerance) for g in after)
+        if clean_now or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    _annotate(after)
+    result.update(
+        gpus=after, clean=clean_now, elapsed_s=round(time.monotonic() - started, 3)
+    )
+    del psutil
+    return result
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def sysinfo(args: dict[str, Any]) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "uid": os.geteuid(),
+        "packages": {
+            name: _version(name)
+            for name in ("sglang", "torch", "flashinfer-python", "psutil", "nvidia-ml-py", "aiohttp")
+        },
+        "simulated": bool(args.get("sim")),
+    }
+    try:
+        nvml = nvmlread.load_pynvml()
+    except AgentError as exc:
+        info.update(driver=None, gpus=[], nvml_error=str(exc))
+        return info
+    snap = nvmlread.snapshot(nvml)
+    info.update(nvmlread.driver_info(nvml))
+    info["gpus"] = [{k: g[k] for k in ("index", "uuid", "name", "total_mib")} for g in snap]
+    return info
+
+
+VERBS = {
+    "gpus": gpus,
+    "procs": procs_verb,
+    "kill": kill,
+    "clean": clean,
+    "sysinfo": sysinfo,
+}

@@ -1,0 +1,73 @@
+"""Strict host-key checking for paramiko clients (Fabric's default would trust any key).
+
+Default: known_hosts is loaded and an unknown key is refused with a message that says how
+to trust it. `accept-new` (explicit, per host) records a first-seen key like OpenSSH's
+StrictHostKeyChecking=accept-new; a *changed* key is refused in both modes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import paramiko
+
+from gpufleet.errors import HostError
+
+
+def known_host_name(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    return key.fingerprint  # "SHA256:..." like ssh-keygen -l
+
+
+class RefuseUnknownKey(paramiko.MissingHostKeyPolicy):
+    def __init__(self, known_hosts: str) -> None:
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey):
+        host, _, port = hostname.removeprefix("[").partition("]:")
+        keyscan = f"ssh-keyscan{f' -p {port}' if port else ''} {host} >> {self.known_hosts}"
+        raise HostError(
+            f"unknown host key for {hostname} ({key.get_name()} {fingerprint(key)}); "
+            f"check the fingerprint, then trust it with `{keyscan}` "
+            "or set host_key_policy: accept-new for this host",
+            kind="host_key",
+        )
+
+
+class AcceptNewKey(paramiko.MissingHostKeyPolicy):
+    """Record an unknown key in known_hosts and go on; only when the inventory says so."""
+
+    def __init__(self, known_hosts: str) -> None:
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        path = Path(self.known_hosts)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(path, "a") as fh:
+            fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        os.chmod(path, 0o600)
+
+
+def configure(client: paramiko.SSHClient, policy: str, known_hosts: str | None) -> None:
+    """Load known_hosts and install the missing-key policy for `policy`."""
+    client.load_system_host_keys()
+    path = os.path.expanduser(known_hosts or "~/.ssh/known_hosts")
+    if known_hosts and os.path.exists(path):
+        client.load_host_keys(path)
+    if policy == "accept-new":
+        client.set_missing_host_key_policy(AcceptNewKey(path))
+    else:
+        client.set_missing_host_key_policy(RefuseUnknownKey(path))
+
+
+def describe_bad_key(exc: paramiko.BadHostKeyException, name: str) -> str:
+    return (
+        f"HOST KEY CHANGED for {name}: known_hosts has {fingerprint(exc.expected_key)}, "
+        f"the server offered {fingerprint(exc.key)}; refusing to connect. If the change is "
+        f"expected, remove the old key with `ssh-keygen -R '{name}'`"
+    )

@@ -1,0 +1,128 @@
+"""The simulated GPUs of one host: a directory the simulated NVML reads.
+
+Layout of `$GPUFLEET_SIM_STATE`:
+    gpus.json                 topology: count, model, memory, reserved, driver
+    alloc/<pid>.<gpu>.json    one allocation: pid, its start time, gpu index, MiB
+
+An allocation counts only while its process is alive (same PID *and* same start time,
+not a zombie), so killing a process really frees its "GPU memory". `foreign` allocations
+stand for processes NVML reports but this host cannot see (another container): they
+count until removed, like real unattributed memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+STATE_ENV = "GPUFLEET_SIM_STATE"
+
+
+def state_dir(path: str | os.PathLike[str] | None = None) -> Path:
+    raw = path or os.environ.get(STATE_ENV)
+    if not raw:
+        raise RuntimeError(f"{STATE_ENV} is not set: no simulated GPUs on this host")
+    return Path(raw)
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+def ensure_topology(
+    path: str | os.PathLike[str],
+    *,
+    count: int,
+    model: str = "NVIDIA H200",
+    memory_mib: int = 143771,
+    reserved_mib: int = 615,
+    host: str = "sim",
+) -> dict[str, Any]:
+    """Create or update gpus.json; allocations already registered are kept."""
+    root = Path(path)
+    topo = {
+        "count": count,
+        "model": model,
+        "memory_mib": memory_mib,
+        "reserved_mib": reserved_mib,
+        "driver": "580.95.05",
+        "cuda": 13000,
+        "uuids": [str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{host}/gpu{i}")) for i in range(count)],
+    }
+    current = root / "gpus.json"
+    try:
+        if json.loads(current.read_text()) == topo:
+            return topo
+    except (OSError, ValueError):
+        pass
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _write_json_atomic(current, topo)
+    return topo
+
+
+def read_topology(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    return json.loads((state_dir(path) / "gpus.json").read_text())
+
+
+def _start_time(pid: int) -> float | None:
+    """Process start time in clock ticks since boot, from /proc (no psutil needed)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):  # zombie or dead: NVML has already freed its memory
+        return None
+    return float(fields[19])
+
+
+def register(
+    gpu: int,
+    mib: int,
+    pid: int | None = None,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    foreign: bool = False,
+) -> Path:
+    """Record that `pid` (default: this process) holds `mib` MiB on GPU `gpu`."""
+    pid = os.getpid() if pid is None else pid
+    started = None if foreign else _start_time(pid)
+    if not foreign and started is None:
+        raise ProcessLookupError(f"no live process {pid} to hold simulated GPU memory")
+    record = {"pid": pid, "started": started, "gpu": gpu, "mib": int(mib), "foreign": foreign}
+    target = state_dir(path) / "alloc" / f"{pid}.{gpu}.json"
+    _write_json_atomic(target, record)
+    return target
+
+
+def release(pid: int | None = None, path: str | os.PathLike[str] | None = None) -> None:
+    pid = os.getpid() if pid is None else pid
+    for file in (state_dir(path) / "alloc").glob(f"{pid}.*.json"):
+        file.unlink(missing_ok=True)
+
+
+def live_allocations(path: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+    """Allocations whose process is alive; stale files of dead processes are swept."""
+    out: list[dict[str, Any]] = []
+    alloc_dir = state_dir(path) / "alloc"
+    for file in sorted(alloc_dir.glob("*.json")):
+        try:
+            record = json.loads(file.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("foreign"):
+            out.append(record)
+            continue
+        if _start_time(record["pid"]) == record["started"]:
+            out.append(record)
+        else:
+            file.unlink(missing_ok=True)
+    return out

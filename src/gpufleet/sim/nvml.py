@@ -1,0 +1,171 @@
+"""A simulated NVML with pynvml's API (the subset gpufleet and SGLang tooling use).
+
+Importable as `pynvml` on simulated hosts (see `shim/`). Semantics follow real NVML on an
+H200 (REFERENCE.md): v1 `used` includes the driver's reserved memory, v2 `used` does not;
+processes are listed with `usedGpuMemory` in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.sim import gpustate
+
+MIB = 1024 * 1024
+nvmlMemory_v1 = 0x1000018
+nvmlMemory_v2 = 0x2000028
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+
+_initialized = 0
+
+
+class NVMLError(Exception):
+    _messages = {
+        NVML_ERROR_UNINITIALIZED: "Uninitialized",
+        NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+        NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    }
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return self._messages.get(self.value, f"Unknown Error {self.value}")
+
+
+class NVMLError_Uninitialized(NVMLError):  # noqa: N801 (pynvml's name)
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_UNINITIALIZED)
+
+
+class NVMLError_InvalidArgument(NVMLError):  # noqa: N801
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_INVALID_ARGUMENT)
+
+
+class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_LIBRARY_NOT_FOUND)
+
+
+@dataclass
+class _Handle:
+    index: int
+
+
+@dataclass
+class c_nvmlMemory_t:  # noqa: N801
+    total: int
+    free: int
+    used: int
+
+
+@dataclass
+class c_nvmlMemory_v2_t:  # noqa: N801
+    version: int
+    total: int
+    reserved: int
+    free: int
+    used: int
+
+
+@dataclass
+class c_nvmlProcessInfo_t:  # noqa: N801
+    pid: int
+    usedGpuMemory: int  # noqa: N815
+    gpuInstanceId: int = 0xFFFFFFFF  # noqa: N815
+    computeInstanceId: int = 0xFFFFFFFF  # noqa: N815
+
+
+def _topology() -> dict[str, Any]:
+    if not _initialized:
+        raise NVMLError_Uninitialized()
+    return gpustate.read_topology()
+
+
+def nvmlInit() -> None:  # noqa: N802
+    global _initialized
+    try:
+        gpustate.read_topology()
+    except (RuntimeError, OSError, ValueError):
+        raise NVMLError_LibraryNotFound() from None
+    _initialized += 1
+
+
+nvmlInitWithFlags = lambda flags=0: nvmlInit()  # noqa: E731, N816
+
+
+def nvmlShutdown() -> None:  # noqa: N802
+    global _initialized
+    if not _initialized:
+        raise NVMLError_Uninitialized()
+    _initialized -= 1
+
+
+def nvmlSystemGetDriverVersion() -> str:  # noqa: N802
+    return str(_topology()["driver"])
+
+
+def nvmlSystemGetCudaDriverVersion() -> int:  # noqa: N802
+    return int(_topology()["cuda"])
+
+
+nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion  # noqa: N816
+
+
+def nvmlDeviceGetCount() -> int:  # noqa: N802
+    return int(_topology()["count"])
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:  # noqa: N802
+    if not 0 <= index < nvmlDeviceGetCount():
+        raise NVMLError_InvalidArgument()
+    return _Handle(index)
+
+
+def nvmlDeviceGetIndex(handle: _Handle) -> int:  # noqa: N802
+    return handle.index
+
+
+def nvmlDeviceGetName(handle: _Handle) -> str:  # noqa: N802
+    return str(_topology()["model"])
+
+
+def nvmlDeviceGetUUID(handle: _Handle) -> str:  # noqa: N802
+    return "GPU-" + _topology()["uuids"][handle.index]
+
+
+def _used_bytes(index: int) -> int:
+    return sum(a["mib"] for a in gpustate.live_allocations() if a["gpu"] == index) * MIB
+
+
+def nvmlDeviceGetMemoryInfo(handle: _Handle, version: int | None = None):  # noqa: N802
+    topo = _topology()
+    total = topo["memory_mib"] * MIB
+    reserved = topo["reserved_mib"] * MIB
+    used = _used_bytes(handle.index)
+    if version == nvmlMemory_v2:
+        return c_nvmlMemory_v2_t(nvmlMemory_v2, total, reserved, total - reserved - used, used)
+    return c_nvmlMemory_t(total=total, free=total - reserved - used, used=used + reserved)
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[c_nvmlProcessInfo_t]:  # noqa: N802
+    _topology()
+    by_pid: dict[int, int] = {}
+    for alloc in gpustate.live_allocations():
+        if alloc["gpu"] == handle.index:
+            by_pid[alloc["pid"]] = by_pid.get(alloc["pid"], 0) + alloc["mib"] * MIB
+    return [c_nvmlProcessInfo_t(pid, used) for pid, used in sorted(by_pid.items())]
+
+
+nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses  # noqa: N816
+
+
+def nvmlDeviceGetGraphicsRunningProcesses(handle: _Handle) -> list[c_nvmlProcessInfo_t]:  # noqa: N802
+    _topology()
+    return []
