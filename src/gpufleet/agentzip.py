@@ -45,6 +45,7 @@ def _files() -> list[tuple[str, Path]]:
 def build() -> AgentBundle:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+
         def add(name: str, payload: bytes) -> None:
             info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16

@@ -39,7 +39,9 @@ def int_list(values: str | list[str] | None, flag: str) -> list[int]:
         for part in str(chunk).split(","):
             item = part.strip()
             if not item:
-                raise UserError(f"{flag} {chunk!r}: empty value in the list (expected e.g. 1,10,64)")
+                raise UserError(
+                    f"{flag} {chunk!r}: empty value in the list (expected e.g. 1,10,64)"
+                )
             try:
                 number = int(item)
             except ValueError:

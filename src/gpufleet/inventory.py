@@ -30,6 +30,11 @@ class GpuSpec(BaseModel):
     model: str = "NVIDIA H200"
     memory_mib: int = Field(default=143771, gt=0)
     reserved_mib: int = Field(default=615, ge=0)
+    sim_count: int | None = Field(
+        default=None,
+        ge=0,
+        description="GPUs the simulation has (default: count); rehearses a lost GPU",
+    )
 
 
 class Host(BaseModel):
@@ -109,7 +114,7 @@ class Inventory(BaseModel):
                 raise UserError(f"{self.source}: groups.{name}: group includes itself")
             out: list[str] = []
             for member in self.groups[name]:
-                out.extend(self._expand(member, seen + (name,)))
+                out.extend(self._expand(member, (*seen, name)))
             return out
         known = ", ".join(sorted(self.hosts) + sorted(self.groups)) or "none"
         raise UserError(f"unknown host or group {name!r} (in {self.source}: {known})")

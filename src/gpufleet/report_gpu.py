@@ -19,7 +19,7 @@ def print_clean(results: list[HostResult[dict]], options: CleanOptions) -> None:
     rows: list[list[Any]] = []
     for res in results:
         if not res.ok and res.value is None:
-            rows.append([res.host.name, "-", "-", "-", "-", "-", f"FAILED: {res.error}"])
+            rows.append([res.host.name, "-", "-", "-", "-", "-", "FAILED (below)"])
             continue
         value = res.value
         per_gpu = killed_by_gpu(value)
@@ -27,8 +27,15 @@ def print_clean(results: list[HostResult[dict]], options: CleanOptions) -> None:
             killed = ",".join(str(p) for p in per_gpu.get(g["index"], [])) or "-"
             verdict = gpu_verdict(g, options.tolerance_mib)
             rows.append(
-                [res.host.name, g["index"], g["uuid"], g["used_mib"], g["reserved_mib"], killed,
-                 verdict]
+                [
+                    res.host.name,
+                    g["index"],
+                    g["uuid"],
+                    g["used_mib"],
+                    g["reserved_mib"],
+                    killed,
+                    verdict,
+                ]
             )
     title = "gpu-clean (dry run: nothing killed)" if options.dry_run else "gpu-clean"
     table(title, headers, rows)
@@ -46,9 +53,12 @@ def print_clean(results: list[HostResult[dict]], options: CleanOptions) -> None:
             on_gpu = {pid for pids in killed_by_gpu(value).values() for pid in pids}
             others = [k for k in value.get("killed", []) if k["pid"] not in on_gpu]
             for k in others:
-                line(f"{res.host.name}: killed {k['pid']} ({k['signal']}): {_short_cmd(k['cmdline'])}")
+                command = _short_cmd(k["cmdline"])
+                line(f"{res.host.name}: killed {k['pid']} ({k['signal']}): {command}")
         for p in value.get("refused", []):
-            line(f"{res.host.name}: left {p['pid']} alone: {p['reason']}: {_short_cmd(p['cmdline'])}")
+            line(
+                f"{res.host.name}: left {p['pid']} alone: {p['reason']}: {_short_cmd(p['cmdline'])}"
+            )
         for u in value.get("unattributed", []):
             line(
                 f"{res.host.name}: GPU {u['gpu']}: {u['used_mib']} MiB held by PID {u['pid']}, "
@@ -71,25 +81,37 @@ def print_status(results: list[HostResult[dict]]) -> None:
     rows: list[list[Any]] = []
     for res in results:
         if not res.ok:
-            rows.append([res.host.name, "-", "-", "-", "-", "-", f"FAILED: {res.error}"])
+            rows.append([res.host.name, "-", "-", "-", "-", "-", "FAILED (below)"])
             continue
         for g in res.value["gpus"]:
-            procs = ", ".join(
-                f"{p['pid']}:{p.get('name', '?')}:{p['used_mib']}MiB"
-                if p.get("visible", True)
-                else f"{p['pid']}:unattributed:{p['used_mib']}MiB"
-                for p in g["processes"]
-            ) or "-"
+            procs = (
+                ", ".join(
+                    f"{p['pid']}:{p.get('name', '?')}:{p['used_mib']}MiB"
+                    if p.get("visible", True)
+                    else f"{p['pid']}:unattributed:{p['used_mib']}MiB"
+                    for p in g["processes"]
+                )
+                or "-"
+            )
             rows.append(
-                [res.host.name, g["index"], g["name"], g["used_mib"], g["reserved_mib"],
-                 g["total_mib"], procs]
+                [
+                    res.host.name,
+                    g["index"],
+                    g["name"],
+                    g["used_mib"],
+                    g["reserved_mib"],
+                    g["total_mib"],
+                    procs,
+                ]
             )
     table("GPU status", headers, rows)
     for res in results:
         if res.ok:
             for p in res.value.get("stale", []):
-                line(f"{res.host.name}: server process {p['pid']} ({p['user']}): "
-                     f"{_short_cmd(p['cmdline'])}")
+                line(
+                    f"{res.host.name}: server process {p['pid']} ({p['user']}): "
+                    f"{_short_cmd(p['cmdline'])}"
+                )
 
 
 def status_json(results: list[HostResult[dict]]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ unknown or changed host keys, name resolution errors, timeouts.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
@@ -25,7 +26,14 @@ from gpufleet import hostkeys
 from gpufleet.errors import HostError
 from gpufleet.inventory import Host
 
-TRANSIENT_MESSAGES = ("Error reading SSH protocol banner", "Connection reset", "No existing session")
+# paramiko logs every failed handshake with a traceback; gpufleet reports them itself.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+TRANSIENT_MESSAGES = (
+    "Error reading SSH protocol banner",
+    "Connection reset",
+    "No existing session",
+)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -35,9 +43,7 @@ def is_transient(exc: BaseException) -> bool:
         return True
     if isinstance(exc, EOFError):
         return True
-    return isinstance(exc, paramiko.SSHException) and any(
-        m in str(exc) for m in TRANSIENT_MESSAGES
-    )
+    return isinstance(exc, paramiko.SSHException) and any(m in str(exc) for m in TRANSIENT_MESSAGES)
 
 
 def _describe(exc: BaseException, host: Host, conn: Connection) -> HostError:
@@ -64,7 +70,6 @@ def _describe(exc: BaseException, host: Host, conn: Connection) -> HostError:
 
 def open_connection(host: Host, attempts: int = 8) -> Connection:
     connect_kwargs: dict = {
-        "timeout": host.connect_timeout,
         "banner_timeout": max(host.connect_timeout, 15.0),
         "auth_timeout": max(host.connect_timeout, 15.0),
         "allow_agent": True,

@@ -167,7 +167,9 @@ def hosts(c, inventory=None):
     inv = load_inventory(inventory)
     rows = []
     for h in inv.hosts.values():
-        target = "local" if h.connection == "local" else f"{h.user or ''}@{h.address}:{h.port or 22}"
+        target = (
+            "local" if h.connection == "local" else f"{h.user or ''}@{h.address}:{h.port or 22}"
+        )
         groups = ",".join(g for g, m in inv.groups.items() if h.name in inv._expand(g, ()))
         gpus = f"{h.gpus.count if h.gpus.count is not None else '?'}"
         rows.append([h.name, target, gpus + (" (sim)" if h.gpus.simulated else ""), groups])

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import socket
 import subprocess
 import threading
 from collections.abc import Callable
@@ -75,67 +74,60 @@ class _LineParser:
             self.final = obj
 
 
+MISSING = "gpufleet-agent-missing"
+
+
 class Session:
-    """Runs agent verbs on one host; subclasses provide the three primitives."""
+    """Runs agent verbs on one host; subclasses provide how to execute and upload.
+
+    One agent call is one remote command: it creates the 0700 workdir, enters it and execs
+    the agent if this version is there; otherwise it answers MISSING, the agent is uploaded
+    and the command runs again. (Every SSH command pays for the login shell's rc files,
+    often 100 ms or more, so round trips are kept to one.)
+    """
 
     def __init__(self, host: Host) -> None:
         self.host = host
-        self._agent_path: str | None = None
-        self._workdir: str | None = None
+        self._uploaded = False
         self._lock = threading.Lock()
 
-    # primitives --------------------------------------------------------------
-    def _shell(self, script: str) -> tuple[int, str, str]:
+    def _exec(
+        self, script: str, sink: _LineParser, timeout: float | None
+    ) -> tuple[int | None, str]:
         raise NotImplementedError
 
     def _upload(self, data: bytes, path: str) -> None:
         raise NotImplementedError
 
-    def _exec(self, argv: list[str], sink: _LineParser, timeout: float | None) -> tuple[int, str]:
-        raise NotImplementedError
-
     def close(self) -> None:
         pass
 
-    # shared logic ------------------------------------------------------------
     @property
     def workdir(self) -> str:
-        self.prepare()
-        assert self._workdir is not None
-        return self._workdir
+        """Absolute workdir on the host (one extra round trip; calls do not need it)."""
+        sink = _LineParser(None)
+        code, err = self._exec(self._enter_workdir() + "pwd", sink, 30)
+        sink.close()
+        if code != 0 or not sink.other:
+            raise HostError(f"cannot create workdir {self.host.workdir}: {err.strip()}", "workdir")
+        return sink.other[-1]
 
-    def prepare(self) -> str:
-        """Create the 0700 workdir and upload the agent once per content hash; return its path."""
-        with self._lock:
-            if self._agent_path:
-                return self._agent_path
-            bundle = agentzip.build()
-            script = (
-                f"umask 077; mkdir -p -- {_workdir_shell(self.host.workdir)} && "
-                f"cd -- {_workdir_shell(self.host.workdir)} && chmod 700 . && pwd && "
-                f"if [ -f {bundle.filename} ]; then echo present; else echo absent; fi"
-            )
-            code, out, err = self._shell(script)
-            lines = out.strip().splitlines()
-            if code != 0 or len(lines) < 2:
-                detail = (err.strip().splitlines() or ["no output"])[-1]
-                raise HostError(f"cannot create workdir {self.host.workdir}: {detail}", "workdir")
-            self._workdir = lines[-2]
-            path = f"{self._workdir}/{bundle.filename}"
-            if lines[-1] == "absent":
-                self._upload(bundle.data, path)
-            self._agent_path = path
-            return path
+    def _enter_workdir(self) -> str:
+        wd = _workdir_shell(self.host.workdir)
+        return f"umask 077; mkdir -p -- {wd} && cd -- {wd} && chmod 700 . || exit 90; "
 
     def agent_args(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Add what every verb needs to know about the host (name, simulation, GPU count)."""
+        """Add what every verb needs to know about the host (name, simulation, GPU count).
+
+        Paths are relative to the workdir, where the agent runs.
+        """
         full = {"host": self.host.name, **args}
         gpus = self.host.gpus
         full.setdefault("expected_gpus", gpus.count)
         if gpus.simulated:
             full["sim"] = {
-                "state_dir": f"{self.workdir}/sim-gpus",
-                "count": gpus.count if gpus.count is not None else 8,
+                "state_dir": "sim-gpus",
+                "count": next(c for c in (gpus.sim_count, gpus.count, 8) if c is not None),
                 "model": gpus.model,
                 "memory_mib": gpus.memory_mib,
                 "reserved_mib": gpus.reserved_mib,
@@ -150,20 +142,40 @@ class Session:
         timeout: float | None = None,
     ) -> Any:
         """Run one agent verb; return its result or raise HostError with the agent's message."""
-        agent = self.prepare()
-        argv = [self.host.python_path, agent, verb, encode_args(self.agent_args(args or {}))]
-        sink = _LineParser(on_event)
-        code, err = self._exec(argv, sink, timeout)
-        sink.close()
+        bundle = agentzip.build()
+        agent = shlex.quote(bundle.filename)
+        argv = [
+            self.host.python_path,
+            bundle.filename,
+            verb,
+            encode_args(self.agent_args(args or {})),
+        ]
+        script = (
+            self._enter_workdir()
+            + f'if [ -f {agent} ]; then exec {shlex.join(argv)}; fi; echo {MISSING} "$PWD"'
+        )
+        for _attempt in range(2):
+            sink = _LineParser(on_event)
+            code, err = self._exec(script, sink, timeout)
+            sink.close()
+            missing = [line for line in sink.other if line.startswith(MISSING + " ")]
+            if not missing:
+                break
+            with self._lock:
+                self._upload(bundle.data, missing[-1][len(MISSING) + 1 :] + "/" + bundle.filename)
+        if code == 90:
+            raise HostError(f"cannot create workdir {self.host.workdir}: {err.strip()}", "workdir")
         if sink.final is None:
             raise HostError(self._explain_failure(code, err, sink.other), kind="agent")
         if not sink.final.get("ok"):
-            raise HostError(sink.final.get("error", "agent failed"), sink.final.get("kind", "error"))
+            raise HostError(
+                sink.final.get("error", "agent failed"), sink.final.get("kind", "error")
+            )
         return sink.final.get("result")
 
-    def _explain_failure(self, code: int, err: str, other: list[str]) -> str:
+    def _explain_failure(self, code: int | None, err: str, other: list[str]) -> str:
         tail = (err.strip().splitlines() or other or ["no output"])[-1]
-        if code == 127 or "No such file or directory" in err and self.host.python in err:
+        if code == 127:
             return (
                 f"python {self.host.python_path!r} not found on the host "
                 f"(set `python:` for {self.host.name} in the inventory)"
@@ -174,11 +186,7 @@ class Session:
 
 
 class LocalSession(Session):
-    """`connection: local`: the same agent, as a subprocess of the control plane."""
-
-    def _shell(self, script: str) -> tuple[int, str, str]:
-        proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
-        return proc.returncode, proc.stdout, proc.stderr
+    """`connection: local`: the same agent and the same script, run by `sh` here."""
 
     def _upload(self, data: bytes, path: str) -> None:
         target = Path(path)
@@ -187,18 +195,16 @@ class LocalSession(Session):
         tmp.chmod(0o600)
         os.replace(tmp, target)
 
-    def _exec(self, argv: list[str], sink: _LineParser, timeout: float | None) -> tuple[int, str]:
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=False,
-            )
-        except FileNotFoundError:
-            return 127, f"{argv[0]}: No such file or directory"
+    def _exec(
+        self, script: str, sink: _LineParser, timeout: float | None
+    ) -> tuple[int | None, str]:
+        proc = subprocess.Popen(
+            ["sh", "-c", script],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         errors: list[str] = []
         reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
         reader.start()
@@ -209,7 +215,7 @@ class LocalSession(Session):
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
-            code = -9
+            code = None
         reader.join(timeout=5)
         return code, "".join(errors)
 
@@ -223,10 +229,6 @@ class SSHSession(Session):
 
         self.conn = sshconnect.open_connection(host)
 
-    def _shell(self, script: str) -> tuple[int, str, str]:
-        result = self.conn.run(script, hide=True, warn=True, pty=False, in_stream=False)
-        return result.exited, result.stdout, result.stderr
-
     def _upload(self, data: bytes, path: str) -> None:
         import io
 
@@ -236,12 +238,14 @@ class SSHSession(Session):
         sftp.chmod(tmp, 0o600)
         sftp.posix_rename(tmp, path)
 
-    def _exec(self, argv: list[str], sink: _LineParser, timeout: float | None) -> tuple[int, str]:
+    def _exec(
+        self, script: str, sink: _LineParser, timeout: float | None
+    ) -> tuple[int | None, str]:
         from invoke.exceptions import CommandTimedOut
 
         try:
             result = self.conn.run(
-                shlex.join(argv),
+                script,
                 hide=True,
                 warn=True,
                 pty=False,
@@ -250,8 +254,8 @@ class SSHSession(Session):
                 timeout=timeout,
             )
         except CommandTimedOut:
-            return -1, f"timed out after {timeout}s"
-        except (OSError, EOFError, socket.error) as exc:
+            return None, f"timed out after {timeout}s"
+        except (OSError, EOFError) as exc:
             raise HostError(f"connection lost: {exc}", kind="connection") from None
         return result.exited, result.stderr
 

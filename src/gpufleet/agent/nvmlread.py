@@ -25,7 +25,8 @@ def activate_simulation(sim: dict[str, Any], host: str) -> None:
     """Make `import pynvml` (here and in children we start) load the simulated NVML."""
     from gpufleet.sim import gpustate
 
-    state = sim["state_dir"]
+    state = os.path.abspath(sim["state_dir"])
+    sim["state_dir"] = state
     gpustate.ensure_topology(
         state,
         count=sim["count"],

@@ -14,7 +14,9 @@ from typing import Any
 from gpufleet.agent.protocol import AgentError
 
 # Upstream SGLang's own cleanup pattern (REFERENCE.md).
-DEFAULT_PATTERNS = [r"sglang::|sglang\.launch_server|sglang\.bench|sglang\.data_parallel|sglang\.srt"]
+DEFAULT_PATTERNS = [
+    r"sglang::|sglang\.launch_server|sglang\.bench|sglang\.data_parallel|sglang\.srt"
+]
 NEVER_KILL_NAMES = {"sshd", "sshd-session", "sshd-auth", "systemd", "init", "dockerd", "containerd"}
 
 
@@ -70,29 +72,29 @@ def refusal(info: dict[str, Any], keep: set[int], all_users: bool) -> str | None
     return None
 
 
-def _same_sim_host(proc: Any, state_dir: str | None) -> bool:
-    """On simulated hosts sharing one machine, a process belongs to the host whose state it uses."""
-    if state_dir is None:
-        return True
-    try:
-        return proc.environ().get("GPUFLEET_SIM_STATE") == state_dir
-    except Exception:
-        return False
-
-
 def find_pattern_matches(patterns: list[str], sim_state: str | None) -> list[int]:
+    """PIDs whose command line matches a stale-server pattern.
+
+    On a simulated host only the processes that joined it count: several simulated hosts
+    may share this machine's process table.
+    """
     psutil = _psutil()
     try:
         regexes = [re.compile(p) for p in patterns]
     except re.error as exc:
         raise AgentError(f"bad process pattern: {exc}", kind="bad_input") from None
+    members: set[int] | None = None
+    if sim_state is not None:
+        from gpufleet.sim import gpustate
+
+        members = gpustate.host_pids(sim_state)
     me = os.getpid()
     found = []
     for proc in psutil.process_iter(["pid", "name", "cmdline"]):
-        if proc.pid == me:
+        if proc.pid == me or (members is not None and proc.pid not in members):
             continue
         text = " ".join(proc.info.get("cmdline") or []) or (proc.info.get("name") or "")
-        if any(r.search(text) for r in regexes) and _same_sim_host(proc, sim_state):
+        if any(r.search(text) for r in regexes):
             found.append(proc.pid)
     return found
 

@@ -53,7 +53,9 @@ def procs_verb(args: dict[str, Any]) -> dict[str, Any]:
     _annotate(snap)
     sim_state = (args.get("sim") or {}).get("state_dir")
     stale = []
-    for pid in procs.find_pattern_matches(args.get("patterns") or procs.DEFAULT_PATTERNS, sim_state):
+    for pid in procs.find_pattern_matches(
+        args.get("patterns") or procs.DEFAULT_PATTERNS, sim_state
+    ):
         try:
             info = procs.describe(psutil.Process(pid))
         except psutil.NoSuchProcess:
@@ -74,7 +76,6 @@ def kill(args: dict[str, Any]) -> dict[str, Any]:
 
 def clean(args: dict[str, Any]) -> dict[str, Any]:
     """gpu-clean on this host in one call: find, kill (unless dry run), verify by NVML v2."""
-    psutil = procs._psutil()
     nvml = nvmlread.load_pynvml()
     started = time.monotonic()
     before = nvmlread.snapshot(nvml)
@@ -119,10 +120,7 @@ def clean(args: dict[str, Any]) -> dict[str, Any]:
             break
         time.sleep(0.2)
     _annotate(after)
-    result.update(
-        gpus=after, clean=clean_now, elapsed_s=round(time.monotonic() - started, 3)
-    )
-    del psutil
+    result.update(gpus=after, clean=clean_now, elapsed_s=round(time.monotonic() - started, 3))
     return result
 
 
@@ -142,7 +140,14 @@ def sysinfo(args: dict[str, Any]) -> dict[str, Any]:
         "uid": os.geteuid(),
         "packages": {
             name: _version(name)
-            for name in ("sglang", "torch", "flashinfer-python", "psutil", "nvidia-ml-py", "aiohttp")
+            for name in (
+                "sglang",
+                "torch",
+                "flashinfer-python",
+                "psutil",
+                "nvidia-ml-py",
+                "aiohttp",
+            )
         },
         "simulated": bool(args.get("sim")),
     }

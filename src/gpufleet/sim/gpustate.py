@@ -3,6 +3,7 @@
 Layout of `$GPUFLEET_SIM_STATE`:
     gpus.json                 topology: count, model, memory, reserved, driver
     alloc/<pid>.<gpu>.json    one allocation: pid, its start time, gpu index, MiB
+    procs/<pid>.json          a process that lives on this simulated host (see join_host)
 
 An allocation counts only while its process is alive (same PID *and* same start time,
 not a zombie), so killing a process really frees its "GPU memory". `foreign` allocations
@@ -98,6 +99,8 @@ def register(
     if not foreign and started is None:
         raise ProcessLookupError(f"no live process {pid} to hold simulated GPU memory")
     record = {"pid": pid, "started": started, "gpu": gpu, "mib": int(mib), "foreign": foreign}
+    if not foreign:
+        join_host(pid, path)
     target = state_dir(path) / "alloc" / f"{pid}.{gpu}.json"
     _write_json_atomic(target, record)
     return target
@@ -123,6 +126,35 @@ def live_allocations(path: str | os.PathLike[str] | None = None) -> list[dict[st
             continue
         if _start_time(record["pid"]) == record["started"]:
             out.append(record)
+        else:
+            file.unlink(missing_ok=True)
+    return out
+
+
+def join_host(pid: int | None = None, path: str | os.PathLike[str] | None = None) -> None:
+    """Declare that `pid` (default: this process) runs on this simulated host.
+
+    Several simulated hosts can share one machine; gpu-clean's search for stale servers by
+    command line must only see its own host's processes. (The environment cannot tell:
+    setproctitle, which SGLang uses, overwrites /proc/PID/environ.)
+    """
+    pid = os.getpid() if pid is None else pid
+    started = _start_time(pid)
+    if started is None:
+        raise ProcessLookupError(f"no live process {pid}")
+    _write_json_atomic(state_dir(path) / "procs" / f"{pid}.json", {"pid": pid, "started": started})
+
+
+def host_pids(path: str | os.PathLike[str] | None = None) -> set[int]:
+    """Live processes that joined this simulated host; stale entries are swept."""
+    out = set()
+    for file in (state_dir(path) / "procs").glob("*.json"):
+        try:
+            record = json.loads(file.read_text())
+        except (OSError, ValueError):
+            continue
+        if _start_time(record["pid"]) == record["started"]:
+            out.add(record["pid"])
         else:
             file.unlink(missing_ok=True)
     return out

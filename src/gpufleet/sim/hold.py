@@ -36,6 +36,7 @@ def set_title(title: str) -> None:
 def hold(gpus: list[int], mib: int, seconds: float, ignore_sigterm: bool) -> None:
     if ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    gpustate.join_host()
     for gpu in gpus:
         gpustate.register(gpu, mib)
 

@@ -8,7 +8,7 @@ processes are listed with `usedGpuMemory` in bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from gpufleet.sim import gpustate
 
@@ -24,7 +24,7 @@ _initialized = 0
 
 
 class NVMLError(Exception):
-    _messages = {
+    _messages: ClassVar[dict[int, str]] = {
         NVML_ERROR_UNINITIALIZED: "Uninitialized",
         NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
         NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
@@ -38,17 +38,17 @@ class NVMLError(Exception):
         return self._messages.get(self.value, f"Unknown Error {self.value}")
 
 
-class NVMLError_Uninitialized(NVMLError):  # noqa: N801 (pynvml's name)
+class NVMLError_Uninitialized(NVMLError):
     def __init__(self) -> None:
         super().__init__(NVML_ERROR_UNINITIALIZED)
 
 
-class NVMLError_InvalidArgument(NVMLError):  # noqa: N801
+class NVMLError_InvalidArgument(NVMLError):
     def __init__(self) -> None:
         super().__init__(NVML_ERROR_INVALID_ARGUMENT)
 
 
-class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801
+class NVMLError_LibraryNotFound(NVMLError):
     def __init__(self) -> None:
         super().__init__(NVML_ERROR_LIBRARY_NOT_FOUND)
 
@@ -59,14 +59,14 @@ class _Handle:
 
 
 @dataclass
-class c_nvmlMemory_t:  # noqa: N801
+class c_nvmlMemory_t:
     total: int
     free: int
     used: int
 
 
 @dataclass
-class c_nvmlMemory_v2_t:  # noqa: N801
+class c_nvmlMemory_v2_t:
     version: int
     total: int
     reserved: int
@@ -75,11 +75,11 @@ class c_nvmlMemory_v2_t:  # noqa: N801
 
 
 @dataclass
-class c_nvmlProcessInfo_t:  # noqa: N801
+class c_nvmlProcessInfo_t:
     pid: int
-    usedGpuMemory: int  # noqa: N815
-    gpuInstanceId: int = 0xFFFFFFFF  # noqa: N815
-    computeInstanceId: int = 0xFFFFFFFF  # noqa: N815
+    usedGpuMemory: int
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
 
 
 def _topology() -> dict[str, Any]:
@@ -88,7 +88,7 @@ def _topology() -> dict[str, Any]:
     return gpustate.read_topology()
 
 
-def nvmlInit() -> None:  # noqa: N802
+def nvmlInit() -> None:
     global _initialized
     try:
         gpustate.read_topology()
@@ -97,46 +97,46 @@ def nvmlInit() -> None:  # noqa: N802
     _initialized += 1
 
 
-nvmlInitWithFlags = lambda flags=0: nvmlInit()  # noqa: E731, N816
+nvmlInitWithFlags = lambda flags=0: nvmlInit()  # noqa: E731
 
 
-def nvmlShutdown() -> None:  # noqa: N802
+def nvmlShutdown() -> None:
     global _initialized
     if not _initialized:
         raise NVMLError_Uninitialized()
     _initialized -= 1
 
 
-def nvmlSystemGetDriverVersion() -> str:  # noqa: N802
+def nvmlSystemGetDriverVersion() -> str:
     return str(_topology()["driver"])
 
 
-def nvmlSystemGetCudaDriverVersion() -> int:  # noqa: N802
+def nvmlSystemGetCudaDriverVersion() -> int:
     return int(_topology()["cuda"])
 
 
-nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion  # noqa: N816
+nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
 
 
-def nvmlDeviceGetCount() -> int:  # noqa: N802
+def nvmlDeviceGetCount() -> int:
     return int(_topology()["count"])
 
 
-def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:  # noqa: N802
+def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:
     if not 0 <= index < nvmlDeviceGetCount():
         raise NVMLError_InvalidArgument()
     return _Handle(index)
 
 
-def nvmlDeviceGetIndex(handle: _Handle) -> int:  # noqa: N802
+def nvmlDeviceGetIndex(handle: _Handle) -> int:
     return handle.index
 
 
-def nvmlDeviceGetName(handle: _Handle) -> str:  # noqa: N802
+def nvmlDeviceGetName(handle: _Handle) -> str:
     return str(_topology()["model"])
 
 
-def nvmlDeviceGetUUID(handle: _Handle) -> str:  # noqa: N802
+def nvmlDeviceGetUUID(handle: _Handle) -> str:
     return "GPU-" + _topology()["uuids"][handle.index]
 
 
@@ -144,7 +144,7 @@ def _used_bytes(index: int) -> int:
     return sum(a["mib"] for a in gpustate.live_allocations() if a["gpu"] == index) * MIB
 
 
-def nvmlDeviceGetMemoryInfo(handle: _Handle, version: int | None = None):  # noqa: N802
+def nvmlDeviceGetMemoryInfo(handle: _Handle, version: int | None = None):
     topo = _topology()
     total = topo["memory_mib"] * MIB
     reserved = topo["reserved_mib"] * MIB
@@ -154,7 +154,7 @@ def nvmlDeviceGetMemoryInfo(handle: _Handle, version: int | None = None):  # noq
     return c_nvmlMemory_t(total=total, free=total - reserved - used, used=used + reserved)
 
 
-def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[c_nvmlProcessInfo_t]:  # noqa: N802
+def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[c_nvmlProcessInfo_t]:
     _topology()
     by_pid: dict[int, int] = {}
     for alloc in gpustate.live_allocations():
@@ -163,9 +163,9 @@ def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[c_nvmlProcessI
     return [c_nvmlProcessInfo_t(pid, used) for pid, used in sorted(by_pid.items())]
 
 
-nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses  # noqa: N816
+nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
 
 
-def nvmlDeviceGetGraphicsRunningProcesses(handle: _Handle) -> list[c_nvmlProcessInfo_t]:  # noqa: N802
+def nvmlDeviceGetGraphicsRunningProcesses(handle: _Handle) -> list[c_nvmlProcessInfo_t]:
     _topology()
     return []

@@ -1,0 +1,5 @@
+"""`python -m gpufleet ...` is the `gpufleet` console script."""
+
+from gpufleet.cli import main
+
+main()

@@ -1,0 +1,106 @@
+"""Real OpenSSH sshd "hosts" on loopback, for rehearsing (and testing) the SSH path.
+
+Each LoopbackSshd is one sshd process on 127.0.0.1:PORT, with its own host key; a shared
+client key is authorized. Recipe from REFERENCE.md (sshd by absolute path, /run/sshd).
+Not part of the host agent: it runs on the control machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
+
+
+def sshd_path() -> str | None:
+    for path in SSHD_CANDIDATES:
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path) -> None:
+    if not path.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+
+
+@dataclass
+class LoopbackSshd:
+    directory: Path
+    client_key: Path
+    port: int = 0
+    max_startups: str | None = "200:30:400"
+    extra_options: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def host_key(self) -> Path:
+        return self.directory / "host_key"
+
+    def known_hosts_line(self) -> str:
+        key = (self.directory / "host_key.pub").read_text().split()
+        return f"[127.0.0.1]:{self.port} {key[0]} {key[1]}\n"
+
+    def start(self, timeout: float = 10.0) -> LoopbackSshd:
+        binary = sshd_path()
+        if binary is None:
+            raise RuntimeError("sshd not found: apt-get install -y openssh-server")
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        keygen(self.host_key)
+        authorized = self.directory / "authorized_keys"
+        shutil.copy(f"{self.client_key}.pub", authorized)
+        self.port = self.port or free_port()
+        options = [
+            f"Port={self.port}",
+            "ListenAddress=127.0.0.1",
+            f"HostKey={self.host_key}",
+            f"PidFile={self.directory / 'sshd.pid'}",
+            f"AuthorizedKeysFile={authorized}",
+            "PermitRootLogin=prohibit-password",
+            "PasswordAuthentication=no",
+            "KbdInteractiveAuthentication=no",
+            "UsePAM=no",
+            "StrictModes=no",
+            "Subsystem=sftp internal-sftp",
+            "LogLevel=ERROR",
+        ]
+        if self.max_startups:
+            options.append(f"MaxStartups={self.max_startups}")
+        options += self.extra_options
+        argv = [binary, "-D", "-e", "-f", "/dev/null"]
+        for opt in options:
+            argv += ["-o", opt]
+        log = open(self.directory / "sshd.log", "ab")  # noqa: SIM115 (owned by the process)
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sshd exited: {(self.directory / 'sshd.log').read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"sshd did not listen on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -1,0 +1,189 @@
+"""Fixtures with real parts: OpenSSH sshd hosts on loopback and a host Python without gpufleet."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet.sim.sshd import LoopbackSshd, keygen, sshd_path
+
+REPO = Path(__file__).resolve().parent.parent
+HOSTENV = Path(os.environ.get("GPUFLEET_TEST_HOSTENV", "/tmp/gpufleet-test-hostenv"))
+HOST_PACKAGES = ["psutil", "nvidia-ml-py", "aiohttp", "setproctitle"]
+
+
+@pytest.fixture(scope="session")
+def host_python() -> str:
+    """A Python like an SGLang venv's: psutil, nvidia-ml-py, aiohttp; gpufleet NOT installed."""
+    python = HOSTENV / "bin" / "python"
+    marker = HOSTENV / ".ready"
+    if not marker.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(HOSTENV)], check=True)
+        subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                *HOST_PACKAGES,
+            ],
+            check=True,
+        )
+        marker.write_text("ok\n")
+    probe = subprocess.run([str(python), "-c", "import gpufleet"], capture_output=True)
+    assert probe.returncode != 0, "the host venv must not have gpufleet"
+    return str(python)
+
+
+@pytest.fixture(scope="session")
+def ssh_keys(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("sshkeys")
+    keygen(directory / "client_key")
+    return directory / "client_key"
+
+
+def _start_hosts(root: Path, client_key: Path, count: int, **kwargs) -> list[LoopbackSshd]:
+    if sshd_path() is None:
+        pytest.fail("sshd missing: the test command installs openssh-server (see README)")
+    return [LoopbackSshd(root / f"sshd{i}", client_key, **kwargs).start() for i in range(count)]
+
+
+@pytest.fixture(scope="session")
+def sshd_hosts(tmp_path_factory, ssh_keys) -> list[LoopbackSshd]:
+    """Three real sshd processes on loopback, shared by the session's tests."""
+    hosts = _start_hosts(tmp_path_factory.mktemp("sshd"), ssh_keys, 3)
+    yield hosts
+    for h in hosts:
+        h.stop()
+
+
+@pytest.fixture
+def fresh_sshd(tmp_path, ssh_keys):
+    """Start extra sshd processes for one test (for tests that kill or change them)."""
+    started: list[LoopbackSshd] = []
+
+    def start(**kwargs) -> LoopbackSshd:
+        host = LoopbackSshd(tmp_path / f"sshd-extra{len(started)}", ssh_keys, **kwargs).start()
+        started.append(host)
+        return host
+
+    yield start
+    for h in started:
+        h.stop()
+
+
+class Fleet:
+    """An inventory over real sshd hosts, each a simulated 8-GPU host with its own workdir."""
+
+    def __init__(self, root: Path, hosts: list[LoopbackSshd], client_key: Path, python: str):
+        self.root = root
+        self.sshds = hosts
+        self.client_key = client_key
+        self.python = python
+        self.known_hosts = root / "known_hosts"
+        self.known_hosts.write_text("".join(h.known_hosts_line() for h in hosts))
+        self.names = [f"h{i}" for i in range(len(hosts))]
+        self.inventory = root / "fleet.yaml"
+        self.write_inventory()
+
+    def workdir(self, name: str) -> Path:
+        return self.root / "work" / name
+
+    def state_dir(self, name: str) -> Path:
+        return self.workdir(name) / "sim-gpus"
+
+    def write_inventory(self, extra_hosts: dict | None = None, **defaults) -> Path:
+        data = {
+            "defaults": {
+                "connection": "ssh",
+                "user": "root",
+                "identity_file": str(self.client_key),
+                "known_hosts": str(self.known_hosts),
+                "python": self.python,
+                "connect_timeout": 5,
+                "gpus": {"count": 8, "simulated": True},
+                **defaults,
+            },
+            "hosts": {
+                name: {
+                    "address": "127.0.0.1",
+                    "port": sshd.port,
+                    "workdir": str(self.workdir(name)),
+                }
+                for name, sshd in zip(self.names, self.sshds, strict=True)
+            },
+            "groups": {"all-sim": list(self.names)},
+        }
+        data["hosts"].update(extra_hosts or {})
+        self.inventory.write_text(yaml.safe_dump(data))
+        return self.inventory
+
+    def env(self, name: str) -> dict[str, str]:
+        """Environment for a workload process that lives on simulated host `name`."""
+        state = self.state_dir(name)
+        state.mkdir(parents=True, exist_ok=True)
+        from gpufleet.sim import gpustate
+
+        gpustate.ensure_topology(state, count=8, host=name)
+        env = dict(os.environ)
+        env["GPUFLEET_SIM_STATE"] = str(state)
+        env["PYTHONPATH"] = str(REPO / "src")
+        return env
+
+    def hold(self, name: str, *args: str) -> tuple[subprocess.Popen, list[int]]:
+        """Start `python -m gpufleet.sim.hold ARGS` on host `name`; return it and the PIDs."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpufleet.sim.hold", *args],
+            env=self.env(name),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = proc.stdout.readline().split()
+        assert line and line[0] == "ready", f"hold did not start: {line}"
+        return proc, [int(p) for p in line[1:]]
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run the real `gpufleet` CLI as a subprocess against this fleet's inventory."""
+        return run_cli(*args, "--inventory", str(self.inventory), timeout=timeout)
+
+
+def run_cli(
+    *args: str, timeout: float = 120, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("GPUFLEET_INVENTORY", None)
+    return subprocess.run(
+        [sys.executable, "-m", "gpufleet", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture
+def fleet(tmp_path, sshd_hosts, ssh_keys, host_python) -> Fleet:
+    return Fleet(tmp_path, sshd_hosts, ssh_keys, host_python)
+
+
+def pid_alive(pid: int) -> bool:
+    """Alive and not a zombie (a zombie holds no GPU memory)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def dedent(text: str) -> str:
+    return textwrap.dedent(text).lstrip()
