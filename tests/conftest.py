@@ -187,3 +187,87 @@ def pid_alive(pid: int) -> bool:
 
 def dedent(text: str) -> str:
     return textwrap.dedent(text).lstrip()
+
+
+class SimServer:
+    """`python -m gpufleet.sim.server ARGS` on a free port, on a simulated host's GPU state."""
+
+    def __init__(self, state_dir: Path, *args: str, load: float = 0.3) -> None:
+        from gpufleet.sim import gpustate
+        from gpufleet.sim.sshd import free_port
+
+        gpustate.ensure_topology(state_dir, count=8, host="simserver")
+        self.port = free_port()
+        self.state_dir = state_dir
+        self.log_path = state_dir.parent / f"server-{self.port}.log"
+        env = dict(os.environ, GPUFLEET_SIM_STATE=str(state_dir), PYTHONPATH=str(REPO / "src"))
+        argv = [
+            sys.executable,
+            "-m",
+            "gpufleet.sim.server",
+            "--model-path",
+            "/models/sim",
+            "--port",
+            str(self.port),
+            "--sim-load-seconds",
+            str(load),
+            "--sim-warmup-seconds",
+            "0.2",
+            *args,
+        ]
+        self.log = open(self.log_path, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        import time
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited: {self.log_path.read_text()}")
+            time.sleep(0.05)
+        raise AssertionError("server not ready")
+
+    def text(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        import signal as _signal
+
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, _signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, _signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def sim_server(tmp_path):
+    servers: list[SimServer] = []
+
+    def start(*args: str, load: float = 0.3, ready: bool = True) -> SimServer:
+        server = SimServer(tmp_path / f"gpus{len(servers)}", *args, load=load)
+        servers.append(server)
+        if ready:
+            server.wait_ready()
+        return server
+
+    yield start
+    for s in servers:
+        s.stop()

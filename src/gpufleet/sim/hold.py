@@ -36,6 +36,10 @@ def set_title(title: str) -> None:
 def hold(gpus: list[int], mib: int, seconds: float, ignore_sigterm: bool) -> None:
     if ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if not os.environ.get(gpustate.STATE_ENV):
+        if gpus:
+            raise SystemExit(f"--gpu needs ${gpustate.STATE_ENV} (a simulated host's GPU state)")
+        return
     gpustate.join_host()
     for gpu in gpus:
         gpustate.register(gpu, mib)

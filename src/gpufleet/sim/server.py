@@ -1,0 +1,211 @@
+"""`python -m gpufleet.sim.server`: behaves, from the outside, like `python -m sglang.launch_server`.
+
+Startup like SGLang: scheduler processes (`sglang::scheduler_TP<n>`, holding simulated GPU
+memory) and a `sglang::detokenizer` start first; the HTTP port stays closed while weights
+"load"; then /health answers 503 during warm-up and 200 once the log prints
+`The server is fired up and ready to roll!`. SIGTERM shuts everything down; SIGKILL of this
+launcher leaves the schedulers running and holding memory, as real SGLang does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+from gpufleet.sim import gpustate, serverargs
+from gpufleet.sim.hold import set_title
+from gpufleet.sim.timing import Engine, TimingModel
+
+READY_LINE = "The server is fired up and ready to roll!"
+SEED_CRASH = (
+    "RuntimeError: The size of tensor a (160) must match the size of tensor b (2) "
+    "at non-singleton dimension 0"
+)
+
+
+def log(message: str) -> None:
+    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    print(f"[{stamp}] {message}", flush=True)
+
+
+def _visible_gpu(index: int) -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        if index < len(ids) and ids[index].isdigit():
+            return int(ids[index])
+    return index
+
+
+def _memory_per_gpu(fraction: float) -> int:
+    try:
+        topo = gpustate.read_topology()
+    except (RuntimeError, OSError, ValueError):
+        return 0
+    return int((topo["memory_mib"] - topo["reserved_mib"]) * fraction)
+
+
+class Launcher:
+    def __init__(self, args: Any) -> None:
+        self.args = args
+        self.children: list[subprocess.Popen] = []
+
+    def spawn_processes(self) -> None:
+        a = self.args
+        per_node = max(1, a.tp_size // max(1, a.nnodes))
+        mib = _memory_per_gpu(a.mem_fraction_static)
+        for i in range(per_node):
+            rank = a.node_rank * per_node + i
+            cmd = [sys.executable, "-m", "gpufleet.sim.hold", "--seconds", "1e9",
+                   "--title", f"sglang::scheduler_TP{rank}"]
+            if mib:
+                cmd += ["--gpu", str(_visible_gpu(a.base_gpu_id + i)), "--mib", str(mib)]
+            self._start(cmd)
+        self._start([sys.executable, "-m", "gpufleet.sim.hold", "--seconds", "1e9",
+                     "--title", "sglang::detokenizer"])
+
+    def _start(self, cmd: list[str]) -> None:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        assert proc.stdout is not None
+        proc.stdout.readline()  # "ready": memory is registered
+        proc.stdout.close()
+        self.children.append(proc)
+
+    def kill_children(self) -> None:
+        for proc in self.children:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + 5
+        for proc in self.children:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def crash(self, batch: int) -> None:
+        """The seeds' crash: a traceback in the log, exit 1, schedulers left orphaned."""
+        log(f"Scheduler hit an exception at batch size {batch}:")
+        print(
+            "Traceback (most recent call last):\n"
+            '  File "sglang/srt/managers/scheduler.py", line 2712, in run_scheduler_process\n'
+            "    scheduler.event_loop_normal()\n"
+            '  File "sglang/srt/speculative/eagle_worker.py", line 284, in forward_batch_generation\n'
+            "    logits_output, next_token_ids, _ = self.target_worker.forward_batch_generation(\n"
+            f"{SEED_CRASH}",
+            flush=True,
+        )
+        log("Received sigquit from a child process. It usually means the child failed.")
+        os._exit(1)
+
+
+def _model(args: Any) -> TimingModel:
+    if args.speculative_algorithm:
+        model = TimingModel.speculative(args.speculative_num_draft_tokens)
+    else:
+        model = TimingModel.baseline()
+    if args.sim_decode_base_ms is not None:
+        model.decode_base_s = args.sim_decode_base_ms / 1000
+    if args.sim_decode_per_req_ms is not None:
+        model.decode_per_req_s = args.sim_decode_per_req_ms / 1000
+    model.prefill_per_token_s = args.sim_prefill_per_token_us / 1e6
+    if args.sim_accept_length is not None and args.speculative_algorithm:
+        model.accept_length = max(1.0, min(args.sim_accept_length, model.max_accept))
+    return model
+
+
+async def serve(launcher: Launcher) -> int:
+    from aiohttp import web
+
+    from gpufleet.sim.api import Api, ServerState
+
+    a = launcher.args
+    crashed = {"done": False}
+
+    def on_batch(size: int) -> None:
+        if a.sim_crash_at_batch is not None and size > a.sim_crash_at_batch and not crashed["done"]:
+            crashed["done"] = True
+            launcher.crash(size)
+
+    engine = Engine(_model(a), a.max_running_requests, a.sim_zero_cost, a.sim_seed, on_batch)
+    state = ServerState(engine, a)
+    app = web.Application()
+    app.add_routes(Api(state).routes())
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, a.host, a.port, reuse_address=False)
+    try:
+        await site.start()
+    except OSError as exc:
+        code = exc.errno if exc.errno else errno.EADDRINUSE
+        log(
+            f"ERROR: [Errno {code}] error while attempting to bind on address "
+            f"('{a.host}', {a.port}): address already in use"
+        )
+        return 1
+    engine_task = asyncio.create_task(engine.run())
+    log(f"Uvicorn running on http://{a.host}:{a.port} (Press CTRL+C to quit)")
+    if not a.skip_server_warmup:
+        log("Start of prefill warmup ...")
+        await asyncio.sleep(a.sim_warmup_seconds)
+    state.phase = "ready"
+    log(READY_LINE)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    state.phase = "shutting_down"
+    log("Gracefully exiting... shutting down")
+    engine_task.cancel()
+    await runner.cleanup()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = serverargs.parse(argv)
+    set_title("sglang.launch_server (gpufleet sim) " + " ".join(argv))
+    if os.environ.get(gpustate.STATE_ENV):
+        gpustate.join_host()
+    if (
+        args.speculative_algorithm in serverargs.CAPPED_ALGORITHMS
+        and not args.explicit_max_running
+    ):
+        args.max_running_requests = serverargs.SPEC_DEFAULT_MAX_RUNNING
+        log(
+            "Max running requests is reset to 48 for speculative decoding. You can override "
+            "this by explicitly setting --max-running-requests."
+        )
+    elif args.max_running_requests is None:
+        args.max_running_requests = 4096
+    shown = {k: v for k, v in vars(args).items() if not k.startswith(("sim_", "explicit_"))}
+    log("server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")")
+
+    launcher = Launcher(args)
+    signal.signal(signal.SIGTERM, lambda *_: (launcher.kill_children(), os._exit(0)))
+    launcher.spawn_processes()
+    log("Load weight begin. avail mem=139.52 GB")
+    time.sleep(max(0.0, args.sim_load_seconds))
+    if args.sim_crash_during_load:
+        log(f"Initialization failed. warmup error: {SEED_CRASH}")
+        launcher.kill_children()
+        return 1
+    log("Load weight end. Capture cuda graph end.")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        code = asyncio.run(serve(launcher))
+    finally:
+        launcher.kill_children()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

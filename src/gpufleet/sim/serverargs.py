@@ -1,0 +1,79 @@
+"""SGLang's launch flags (0.5.x names) plus clearly separate `--sim-*` knobs.
+
+Unknown flags fail exactly like argparse does in `python -m sglang.launch_server`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+SPECULATIVE_ALGORITHMS = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
+CAPPED_ALGORITHMS = {"EAGLE", "EAGLE3", "STANDALONE"}
+SPEC_DEFAULT_MAX_RUNNING = 48
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m gpufleet.sim.server",
+        description="gpufleet rehearsal engine: an SGLang-compatible simulated server",
+        allow_abbrev=True,  # SGLang relies on argparse prefixes (`--tp` for `--tp-size`)
+    )
+    a = p.add_argument
+    a("--model-path", required=True)
+    a("--tokenizer-path")
+    a("--served-model-name")
+    a("--tp-size", type=int, default=1)
+    a("--dp-size", type=int, default=1)
+    a("--host", default="127.0.0.1")
+    a("--port", type=int, default=30000)
+    a("--trust-remote-code", action="store_true")
+    a("--cuda-graph-max-bs", type=int)
+    a("--disable-cuda-graph", action="store_true")
+    a("--disable-custom-all-reduce", action="store_true")
+    a("--attention-backend")
+    a("--enable-flashinfer-allreduce-fusion", action="store_true")
+    a("--mem-fraction-static", type=float, default=0.88)
+    a("--max-running-requests", type=int)
+    a("--chunked-prefill-size", type=int)
+    a("--context-length", type=int)
+    a("--enable-metrics", action="store_true")
+    a("--nnodes", type=int, default=1)
+    a("--node-rank", type=int, default=0)
+    a("--dist-init-addr")
+    a("--skip-server-warmup", action="store_true")
+    a("--watchdog-timeout", type=float, default=300)
+    a("--base-gpu-id", type=int, default=0)
+    a("--log-level", default="info")
+    a("--speculative-algorithm", choices=SPECULATIVE_ALGORITHMS)
+    a("--speculative-draft-model-path")
+    a("--speculative-num-steps", type=int)
+    a("--speculative-eagle-topk", type=int)
+    a("--speculative-num-draft-tokens", type=int)
+    a("--speculative-adaptive", action="store_true")
+
+    s = p.add_argument_group("simulation (gpufleet only)")
+    s.add_argument("--sim-load-seconds", type=float, default=3.0,
+                   help="port closed while 'loading weights' (default 3)")
+    s.add_argument("--sim-warmup-seconds", type=float, default=0.5,
+                   help="/health answers 503 this long after the port opens")
+    s.add_argument("--sim-decode-base-ms", type=float, help="decode step cost at batch 1")
+    s.add_argument("--sim-decode-per-req-ms", type=float, help="extra step cost per running request")
+    s.add_argument("--sim-prefill-per-token-us", type=float, default=20.0)
+    s.add_argument("--sim-accept-length", type=float,
+                   help="mean tokens per request per step with speculation (default 2.4)")
+    s.add_argument("--sim-zero-cost", action="store_true",
+                   help="every step costs nothing: measures the server's own ceiling")
+    s.add_argument("--sim-crash-at-batch", type=int,
+                   help="crash (the seeds' tensor-size error) when the batch first exceeds N")
+    s.add_argument("--sim-crash-during-load", action="store_true",
+                   help="fail while loading: 'Initialization failed. warmup error'")
+    s.add_argument("--sim-seed", type=int, default=0)
+    s.add_argument("--sim-trace-keep", type=int, default=4096,
+                   help="requests whose token emission times /sim/trace keeps")
+    return p
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    args.explicit_max_running = args.max_running_requests is not None
+    return args

@@ -1,0 +1,349 @@
+"""The rehearsal engine's SGLang-compatible server, over real HTTP and real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import psutil
+import pytest
+from conftest import REPO, pid_alive
+
+from gpufleet.sim import gpustate
+from gpufleet.sim.server import READY_LINE
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def post(url: str, body: dict) -> tuple[int, bytes]:
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def post_ignoring_disconnect(url: str, body: dict) -> None:
+    """For requests to a server that is about to crash: a cut-off stream is expected."""
+    import http.client
+
+    try:
+        post(url, body)
+    except (OSError, http.client.HTTPException):
+        pass
+
+
+def sse(raw: bytes) -> list:
+    chunks = [c for c in raw.decode().split("\n\n") if c]
+    assert chunks[-1] == "data: [DONE]"
+    return [json.loads(c.removeprefix("data: ")) for c in chunks[:-1]]
+
+
+def schedulers(server) -> list[psutil.Process]:
+    kids = psutil.Process(server.proc.pid).children()
+    return [p for p in kids if p.cmdline() and p.cmdline()[0].startswith("sglang::")]
+
+
+def test_startup_phases_like_sglang(sim_server):
+    server = sim_server("--tp", "2", load=1.0, ready=False)
+    phases = []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            phases.append(get(server.url + "/health")[0])
+        except OSError:
+            phases.append("refused")
+        if phases[-1] == 200:
+            break
+        time.sleep(0.05)
+    assert phases[0] == "refused" and phases[-1] == 200
+    assert 503 in phases
+    assert phases.index(503) > phases.index("refused")
+    assert READY_LINE in server.text()
+    assert get(server.url + "/ping")[0] == 200
+
+
+def test_processes_and_memory_like_sglang(sim_server):
+    server = sim_server("--tp", "4", "--mem-fraction-static", "0.5")
+    names = sorted(p.cmdline()[0] for p in schedulers(server))
+    assert names == ["sglang::detokenizer"] + [f"sglang::scheduler_TP{i}" for i in range(4)]
+    allocs = gpustate.live_allocations(server.state_dir)
+    assert sorted(a["gpu"] for a in allocs) == [0, 1, 2, 3]
+    assert all(a["mib"] == int((143771 - 615) * 0.5) for a in allocs)
+    assert "sglang.launch_server" in " ".join(psutil.Process(server.proc.pid).cmdline())
+
+    kids = schedulers(server)
+    os.killpg(server.proc.pid, signal.SIGTERM)
+    server.proc.wait(10)
+    psutil.wait_procs(kids, timeout=5)
+    assert not any(pid_alive(k.pid) for k in kids)
+    assert gpustate.live_allocations(server.state_dir) == []
+
+
+def test_sigkill_of_launcher_orphans_schedulers_for_gpu_clean(sim_server, tmp_path):
+    server = sim_server("--tp", "2")
+    kids = schedulers(server)
+    server.proc.kill()  # SIGKILL the launcher alone, as `kill -9 <pid>` would
+    server.proc.wait()
+    time.sleep(0.2)
+    assert all(pid_alive(k.pid) for k in kids)
+    assert len(gpustate.live_allocations(server.state_dir)) == 2
+
+    from gpufleet.agent import procs
+
+    found = procs.find_pattern_matches(procs.DEFAULT_PATTERNS, str(server.state_dir))
+    assert {k.pid for k in kids} <= set(found)
+    tree, _ = procs.collect_trees(found, procs.protected_pids(), all_users=False)
+    procs.kill_trees(tree, grace_s=2)
+    assert gpustate.live_allocations(server.state_dir) == []
+
+
+def test_generate_streaming_and_not(sim_server):
+    server = sim_server()
+    status, raw = post(
+        server.url + "/generate",
+        {
+            "text": "def add(a, b):",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 12, "ignore_eos": True, "temperature": 0},
+        },
+    )
+    assert status == 200
+    chunks = sse(raw)
+    assert len(chunks) == 12
+    texts = [c["text"] for c in chunks]
+    assert all(texts[i + 1].startswith(texts[i]) for i in range(11))  # cumulative
+    last = chunks[-1]["meta_info"]
+    assert last["completion_tokens"] == 12 and last["prompt_tokens"] == 4
+    assert last["finish_reason"] == {"type": "length", "length": 12}
+    assert last["e2e_latency"] > 0 and "cached_tokens" in last
+
+    status, raw = post(
+        server.url + "/generate", {"text": "x", "sampling_params": {"max_new_tokens": 5}}
+    )
+    body = json.loads(raw)
+    assert body["meta_info"]["completion_tokens"] == 5 and len(body["text"].split()) == 5
+
+
+def test_speculative_chunks_cap_and_accept_length(sim_server):
+    server = sim_server(
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-num-draft-tokens",
+        "16",
+        "--speculative-draft-model-path",
+        "/models/draft",
+    )
+    assert "Max running requests is reset to 48 for speculative decoding" in server.text()
+    status, raw = post(
+        server.url + "/generate",
+        {"text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 200}},
+    )
+    chunks = sse(raw)
+    counts = [c["meta_info"]["completion_tokens"] for c in chunks]
+    assert counts[-1] == 200
+    assert len(chunks) < 150  # several tokens per chunk
+    assert max(b - a for a, b in zip([0, *counts], counts)) > 1
+    assert chunks[-1]["meta_info"]["spec_verify_ct"] == len(chunks)
+    info = json.loads(get(server.url + "/get_server_info")[1])
+    assert info["max_running_requests"] == 48
+    assert 1.5 < info["internal_states"][0]["avg_spec_accept_length"] < 3.5
+    assert json.loads(get(server.url + "/server_info")[1])["speculative_algorithm"] == "EAGLE3"
+
+    explicit = sim_server("--speculative-algorithm", "EAGLE3", "--max-running-requests", "64")
+    assert "reset to 48" not in explicit.text()
+
+
+def test_openai_endpoints_usage_only_when_asked(sim_server):
+    server = sim_server()
+    _, raw = post(
+        server.url + "/v1/completions",
+        {"model": "m", "prompt": "abc", "max_tokens": 3, "stream": True},
+    )
+    chunks = sse(raw)
+    assert all(c["choices"] for c in chunks)  # bench_serving reads choices[0] on every chunk
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    _, raw = post(
+        server.url + "/v1/completions",
+        {
+            "prompt": "abc",
+            "max_tokens": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
+    chunks = sse(raw)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    _, raw = post(
+        server.url + "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
+    chunks = sse(raw)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"]).split()
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+    _, raw = post(
+        server.url + "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
+    body = json.loads(raw)
+    assert body["usage"]["completion_tokens"] == 2 and body["choices"][0]["message"]["content"]
+    models = json.loads(get(server.url + "/v1/models")[1])
+    assert models["data"][0]["id"] == "/models/sim"
+    assert json.loads(get(server.url + "/get_model_info")[1])["model_path"] == "/models/sim"
+    assert get(server.url + "/metrics")[0] == 404
+    assert get(server.url + "/flush_cache")[0] == 200
+
+
+def test_metrics_with_enable_metrics(sim_server):
+    server = sim_server("--enable-metrics")
+    post(server.url + "/generate", {"text": "x", "sampling_params": {"max_new_tokens": 3}})
+    status, raw = get(server.url + "/metrics")
+    text = raw.decode()
+    assert status == 200
+    for name in (
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:gen_throughput",
+        "sglang:token_usage",
+        "sglang:generation_tokens_total",
+    ):
+        assert name in text
+    assert 'sglang:generation_tokens_total{model_name="/models/sim"} 3.0' in text
+
+
+def test_trace_gives_ground_truth_emission_times(sim_server):
+    server = sim_server()
+    start = time.time()
+    _, raw = post(
+        server.url + "/generate",
+        {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 6}},
+    )
+    rid = sse(raw)[0]["meta_info"]["id"]
+    trace = json.loads(get(server.url + f"/sim/trace/{rid}")[1])
+    times = trace["emit_times"]
+    assert len(times) == 6 and times == sorted(times) and times[0] >= start
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert all(0.010 < g < 0.05 for g in gaps)  # ~16.6 ms steps at batch 1
+
+
+def test_crash_injection_leaves_orphans_and_the_seeds_error(sim_server):
+    server = sim_server("--tp", "2", "--sim-crash-at-batch", "2", "--max-running-requests", "8")
+    kids = schedulers(server)
+    import threading
+
+    threads = [
+        threading.Thread(
+            target=post_ignoring_disconnect,
+            args=(
+                server.url + "/generate",
+                {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": 50}},
+            ),
+        )
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    assert server.proc.wait(15) == 1
+    for t in threads:
+        t.join(10)
+    log = server.text()
+    assert "The size of tensor a (160) must match the size of tensor b (2)" in log
+    assert "Traceback (most recent call last)" in log
+    assert all(pid_alive(k.pid) for k in kids)
+    for k in kids:
+        k.kill()
+
+
+def test_crash_during_load(sim_server):
+    server = sim_server("--sim-crash-during-load", ready=False)
+    assert server.proc.wait(15) == 1
+    assert "Initialization failed. warmup error" in server.text()
+
+
+def test_node_rank_one_answers_health_always(sim_server):
+    server = sim_server("--nnodes", "2", "--node-rank", "1", "--tp", "4", ready=False, load=0.1)
+    deadline = time.monotonic() + 10
+    first = None
+    while time.monotonic() < deadline and first is None:
+        try:
+            first = get(server.url + "/health")[0]
+        except OSError:
+            time.sleep(0.02)
+    assert first == 200
+    assert sorted(p.cmdline()[0] for p in schedulers(server))[1:] == [
+        "sglang::scheduler_TP2",
+        "sglang::scheduler_TP3",
+    ]
+
+
+def test_unknown_flag_fails_like_argparse():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet.sim.server",
+            "--model-path",
+            "m",
+            "--cuda-graph-max-bs-x",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
+    )
+    assert out.returncode == 2
+    assert "error: unrecognized arguments: --cuda-graph-max-bs-x 4" in out.stderr
+
+
+def test_port_taken_fails_with_errno_98(sim_server):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        server = sim_server("--port", str(port), ready=False, load=0.1)
+        assert server.proc.wait(15) == 1
+    assert "[Errno 98]" in server.text() and "address already in use" in server.text()
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_timing_model_shape(sim_server, concurrency):
+    """Per-request speed at C=1 near the seeds' 60 tok/s; batching slows each request."""
+    import concurrent.futures
+
+    server = sim_server()
+
+    def one(_):
+        t = time.perf_counter()
+        post(server.url + "/generate", {"text": "x", "sampling_params": {"max_new_tokens": 60}})
+        return 60 / (time.perf_counter() - t)
+
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        speeds = list(pool.map(one, range(concurrency)))
+    mean = sum(speeds) / len(speeds)
+    expected = 1 / (0.0156 + 0.00103 * concurrency)
+    assert expected * 0.8 < mean < expected * 1.05
