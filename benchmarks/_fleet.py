@@ -28,7 +28,9 @@ class BenchFleet:
         self.root = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
         keygen(self.root / "client_key")
         self.sshds = [
-            LoopbackSshd(self.root / f"sshd{i}", self.root / "client_key", max_startups=max_startups)
+            LoopbackSshd(
+                self.root / f"sshd{i}", self.root / "client_key", max_startups=max_startups
+            )
             for i in range(sshds)
         ]
         for s in self.sshds:

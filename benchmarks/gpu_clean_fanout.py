@@ -30,7 +30,9 @@ def main() -> None:
             ok = out.stdout.count("verified clean")
             med = statistics.median(times)
             base = base or med
-            print(f"{n:5d}  {first:11.2f}  {med:10.2f} ({med / base:.2f}x 1 host)  {ok:8d}  {failed:12d}")
+            print(
+                f"{n:5d}  {first:11.2f}  {med:10.2f} ({med / base:.2f}x 1 host)  {ok:8d}  {failed:12d}"
+            )
         finally:
             fleet.close()
 

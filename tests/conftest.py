@@ -117,8 +117,10 @@ class Fleet:
                     "address": "127.0.0.1",
                     "port": sshd.port,
                     "workdir": str(self.workdir(name)),
+                    # the hosts share this machine's ports: move each host's servers apart
+                    "vars": {"server_port_offset": 7 * i},
                 }
-                for name, sshd in zip(self.names, self.sshds, strict=True)
+                for i, (name, sshd) in enumerate(zip(self.names, self.sshds, strict=True))
             },
             "groups": {"all-sim": list(self.names)},
         }
@@ -149,6 +151,25 @@ class Fleet:
         line = proc.stdout.readline().split()
         assert line and line[0] == "ready", f"hold did not start: {line}"
         return proc, [int(p) for p in line[1:]]
+
+    def profile(self, name: str = "test", **fields) -> Path:
+        """Write a rehearsal profile into this test's playbooks folder; return its path."""
+        from gpufleet.sim.sshd import free_port
+
+        directory = self.root / "playbooks"
+        directory.mkdir(exist_ok=True)
+        data = {
+            "engine": "sim",
+            "model_path": "/models/test",
+            "tp": 2,
+            "port": free_port(),
+            "health_timeout": 30,
+            "sim": {"load-seconds": 1.0, "warmup-seconds": 0.2},
+            **fields,
+        }
+        path = directory / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return path
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         """Run the real `gpufleet` CLI as a subprocess against this fleet's inventory."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -14,8 +15,8 @@ import urllib.request
 
 import psutil
 import pytest
-from conftest import REPO, pid_alive
 
+from conftest import REPO, pid_alive
 from gpufleet.sim import gpustate
 from gpufleet.sim.server import READY_LINE
 
@@ -154,7 +155,7 @@ def test_speculative_chunks_cap_and_accept_length(sim_server):
         "/models/draft",
     )
     assert "Max running requests is reset to 48 for speculative decoding" in server.text()
-    status, raw = post(
+    _status, raw = post(
         server.url + "/generate",
         {"text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 200}},
     )
@@ -162,7 +163,7 @@ def test_speculative_chunks_cap_and_accept_length(sim_server):
     counts = [c["meta_info"]["completion_tokens"] for c in chunks]
     assert counts[-1] == 200
     assert len(chunks) < 150  # several tokens per chunk
-    assert max(b - a for a, b in zip([0, *counts], counts)) > 1
+    assert max(b - a for a, b in zip([0, *counts], counts, strict=False)) > 1
     assert chunks[-1]["meta_info"]["spec_verify_ct"] == len(chunks)
     info = json.loads(get(server.url + "/get_server_info")[1])
     assert info["max_running_requests"] == 48
@@ -247,7 +248,7 @@ def test_trace_gives_ground_truth_emission_times(sim_server):
     trace = json.loads(get(server.url + f"/sim/trace/{rid}")[1])
     times = trace["emit_times"]
     assert len(times) == 6 and times == sorted(times) and times[0] >= start
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert all(0.010 < g < 0.05 for g in gaps)  # ~16.6 ms steps at batch 1
 
 

@@ -8,6 +8,7 @@ class UserError(Exception):
 class HostError(Exception):
     """A failure on one host. Reported per host; never hides other hosts' results."""
 
-    def __init__(self, message: str, kind: str = "error") -> None:
+    def __init__(self, message: str, kind: str = "error", tail: list[str] | None = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.tail = tail or []  # e.g. the server log's last lines after a crash

@@ -9,7 +9,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from gpufleet.errors import HostError, UserError
@@ -25,6 +25,7 @@ class HostResult(Generic[T]):
     value: T | None = None
     error: str | None = None
     kind: str | None = None
+    tail: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -45,7 +46,7 @@ def run_on_hosts(
             session = open_session(host)
             return HostResult(host, value=work(session))
         except HostError as exc:
-            return HostResult(host, error=str(exc), kind=exc.kind)
+            return HostResult(host, error=str(exc), kind=exc.kind, tail=exc.tail)
         except UserError as exc:
             return HostResult(host, error=str(exc), kind="bad_input")
         except Exception as exc:  # a bug: keep it on this host, with enough to report it

@@ -59,7 +59,7 @@ def clean(hosts: list[Host], options: CleanOptions, forks: int) -> list[HostResu
 
 def status_on(session: Session) -> dict[str, Any]:
     try:
-        return session.call("procs", {})
+        return session.call("status", {})
     except HostError as exc:
         raise _driver_message(exc, session.host) from None
 

@@ -10,7 +10,7 @@ from gpufleet.render import line, table
 
 
 def _short_cmd(cmdline: list[str] | None, width: int = 60) -> str:
-    text = " ".join(cmdline or [])
+    text = " ".join(" ".join(cmdline or []).split())
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
@@ -105,6 +105,27 @@ def print_status(results: list[HostResult[dict]]) -> None:
                 ]
             )
     table("GPU status", headers, rows)
+    server_rows = []
+    for res in results:
+        if not res.ok:
+            continue
+        for srv in res.value.get("servers", []):
+            uptime = f"{srv['uptime_s']:.0f}s" if srv.get("uptime_s") is not None else "-"
+            server_rows.append(
+                [
+                    res.host.name,
+                    srv["profile"],
+                    srv["pid"],
+                    srv["port"],
+                    srv["status"],
+                    uptime,
+                    srv["health"],
+                ]
+            )
+    if server_rows:
+        table(
+            "servers", ["host", "profile", "pid", "port", "state", "uptime", "health"], server_rows
+        )
     for res in results:
         if res.ok:
             for p in res.value.get("stale", []):

@@ -7,7 +7,6 @@ import platform
 import socket
 import sys
 import time
-from importlib import metadata
 from typing import Any
 
 from gpufleet.agent import nvmlread, procs
@@ -124,7 +123,23 @@ def clean(args: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def wait_gpus_clean(indexes: list[int], timeout_s: float, tolerance_mib: int = 0) -> dict[str, Any]:
+    """Poll NVML until the given GPUs read 0 MiB (v2 used) with no process; report them."""
+    nvml = nvmlread.load_pynvml()
+    started = time.monotonic()
+    while True:
+        snap = [g for g in nvmlread.snapshot(nvml) if g["index"] in indexes]
+        clean_now = all(_gpu_is_clean(g, tolerance_mib) for g in snap)
+        if clean_now or time.monotonic() - started >= timeout_s:
+            break
+        time.sleep(0.2)
+    _annotate(snap)
+    return {"clean": clean_now, "gpus": snap, "elapsed_s": round(time.monotonic() - started, 3)}
+
+
 def _version(dist: str) -> str | None:
+    from importlib import metadata
+
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -162,10 +177,25 @@ def sysinfo(args: dict[str, Any]) -> dict[str, Any]:
     return info
 
 
+def _server_verbs() -> dict[str, Any]:
+    from gpufleet.agent import servers
+
+    return {
+        "preflight": servers.preflight,
+        "launch": servers.launch,
+        "wait-ready": servers.wait_ready,
+        "stop": servers.stop,
+        "servers": servers.servers,
+        "logs": servers.logs,
+        "status": lambda args: {**procs_verb(args), **servers.servers(args)},
+    }
+
+
 VERBS = {
     "gpus": gpus,
     "procs": procs_verb,
     "kill": kill,
     "clean": clean,
     "sysinfo": sysinfo,
+    **_server_verbs(),
 }

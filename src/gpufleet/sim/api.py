@@ -129,7 +129,9 @@ class Api:
     async def server_info(self, request: web.Request) -> web.Response:
         a = self.state.args
         info = {
-            k: v for k, v in vars(a).items() if not k.startswith("sim_") and k != "explicit_max_running"
+            k: v
+            for k, v in vars(a).items()
+            if not k.startswith("sim_") and k != "explicit_max_running"
         }
         engine = self.state.engine
         internal: dict[str, Any] = {"last_gen_throughput": engine.throughput() if engine else 0.0}
@@ -286,8 +288,12 @@ class Api:
 
         def choice(piece: str, finish: str | None) -> dict[str, Any]:
             if chat:
-                return {"index": 0, "delta": {"content": piece}, "finish_reason": finish,
-                        "logprobs": None}
+                return {
+                    "index": 0,
+                    "delta": {"content": piece},
+                    "finish_reason": finish,
+                    "logprobs": None,
+                }
             return {"index": 0, "text": piece, "finish_reason": finish, "logprobs": None}
 
         try:
@@ -296,16 +302,18 @@ class Api:
                 while not req.finished:
                     n, _ = await req.queue.get()
                     text += token_text(req.generated - n, n)
-                message = {"message": {"role": "assistant", "content": text}} if chat else {
-                    "text": text}
+                message = (
+                    {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+                )
                 return web.json_response(
                     {
                         "id": rid,
                         "object": kind,
                         "created": created,
                         "model": model,
-                        "choices": [{"index": 0, **message, "finish_reason": "length",
-                                     "logprobs": None}],
+                        "choices": [
+                            {"index": 0, **message, "finish_reason": "length", "logprobs": None}
+                        ],
                         "usage": usage(),
                     }
                 )
@@ -313,20 +321,48 @@ class Api:
             resp = await self._stream(request)
             obj = kind + ".chunk" if chat else kind
             if chat:
-                first = {"index": 0, "delta": {"role": "assistant", "content": ""},
-                         "finish_reason": None, "logprobs": None}
-                await resp.write(_sse({"id": rid, "object": obj, "created": created,
-                                       "model": model, "choices": [first]}))
+                first = {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "finish_reason": None,
+                    "logprobs": None,
+                }
+                await resp.write(
+                    _sse(
+                        {
+                            "id": rid,
+                            "object": obj,
+                            "created": created,
+                            "model": model,
+                            "choices": [first],
+                        }
+                    )
+                )
             while not req.finished:
                 n, _ = await req.queue.get()
                 piece = token_text(req.generated - n, n)
                 finish = "length" if req.finished else None
-                chunk = {"id": rid, "object": obj, "created": created, "model": model,
-                         "choices": [choice(piece, finish)]}
+                chunk = {
+                    "id": rid,
+                    "object": obj,
+                    "created": created,
+                    "model": model,
+                    "choices": [choice(piece, finish)],
+                }
                 await resp.write(_sse(chunk))
             if include_usage:
-                await resp.write(_sse({"id": rid, "object": obj, "created": created,
-                                       "model": model, "choices": [], "usage": usage()}))
+                await resp.write(
+                    _sse(
+                        {
+                            "id": rid,
+                            "object": obj,
+                            "created": created,
+                            "model": model,
+                            "choices": [],
+                            "usage": usage(),
+                        }
+                    )
+                )
             await resp.write(b"data: [DONE]\n\n")
             return resp
         finally:

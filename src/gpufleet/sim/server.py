@@ -1,4 +1,4 @@
-"""`python -m gpufleet.sim.server`: behaves, from the outside, like `python -m sglang.launch_server`.
+"""`python -m gpufleet.sim.server`: from the outside, it behaves like `sglang.launch_server`.
 
 Startup like SGLang: scheduler processes (`sglang::scheduler_TP<n>`, holding simulated GPU
 memory) and a `sglang::detokenizer` start first; the HTTP port stays closed while weights
@@ -63,13 +63,29 @@ class Launcher:
         mib = _memory_per_gpu(a.mem_fraction_static)
         for i in range(per_node):
             rank = a.node_rank * per_node + i
-            cmd = [sys.executable, "-m", "gpufleet.sim.hold", "--seconds", "1e9",
-                   "--title", f"sglang::scheduler_TP{rank}"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "gpufleet.sim.hold",
+                "--seconds",
+                "1e9",
+                "--title",
+                f"sglang::scheduler_TP{rank}",
+            ]
             if mib:
                 cmd += ["--gpu", str(_visible_gpu(a.base_gpu_id + i)), "--mib", str(mib)]
             self._start(cmd)
-        self._start([sys.executable, "-m", "gpufleet.sim.hold", "--seconds", "1e9",
-                     "--title", "sglang::detokenizer"])
+        self._start(
+            [
+                sys.executable,
+                "-m",
+                "gpufleet.sim.hold",
+                "--seconds",
+                "1e9",
+                "--title",
+                "sglang::detokenizer",
+            ]
+        )
 
     def _start(self, cmd: list[str]) -> None:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
@@ -96,7 +112,8 @@ class Launcher:
             "Traceback (most recent call last):\n"
             '  File "sglang/srt/managers/scheduler.py", line 2712, in run_scheduler_process\n'
             "    scheduler.event_loop_normal()\n"
-            '  File "sglang/srt/speculative/eagle_worker.py", line 284, in forward_batch_generation\n'
+            '  File "sglang/srt/speculative/eagle_worker.py", line 284, '
+            "in forward_batch_generation\n"
             "    logits_output, next_token_ids, _ = self.target_worker.forward_batch_generation(\n"
             f"{SEED_CRASH}",
             flush=True,
@@ -175,10 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     set_title("sglang.launch_server (gpufleet sim) " + " ".join(argv))
     if os.environ.get(gpustate.STATE_ENV):
         gpustate.join_host()
-    if (
-        args.speculative_algorithm in serverargs.CAPPED_ALGORITHMS
-        and not args.explicit_max_running
-    ):
+    if args.speculative_algorithm in serverargs.CAPPED_ALGORITHMS and not args.explicit_max_running:
         args.max_running_requests = serverargs.SPEC_DEFAULT_MAX_RUNNING
         log(
             "Max running requests is reset to 48 for speculative decoding. You can override "

@@ -52,24 +52,50 @@ def build_parser() -> argparse.ArgumentParser:
     a("--speculative-adaptive", action="store_true")
 
     s = p.add_argument_group("simulation (gpufleet only)")
-    s.add_argument("--sim-load-seconds", type=float, default=3.0,
-                   help="port closed while 'loading weights' (default 3)")
-    s.add_argument("--sim-warmup-seconds", type=float, default=0.5,
-                   help="/health answers 503 this long after the port opens")
+    s.add_argument(
+        "--sim-load-seconds",
+        type=float,
+        default=3.0,
+        help="port closed while 'loading weights' (default 3)",
+    )
+    s.add_argument(
+        "--sim-warmup-seconds",
+        type=float,
+        default=0.5,
+        help="/health answers 503 this long after the port opens",
+    )
     s.add_argument("--sim-decode-base-ms", type=float, help="decode step cost at batch 1")
-    s.add_argument("--sim-decode-per-req-ms", type=float, help="extra step cost per running request")
+    s.add_argument(
+        "--sim-decode-per-req-ms", type=float, help="extra step cost per running request"
+    )
     s.add_argument("--sim-prefill-per-token-us", type=float, default=20.0)
-    s.add_argument("--sim-accept-length", type=float,
-                   help="mean tokens per request per step with speculation (default 2.4)")
-    s.add_argument("--sim-zero-cost", action="store_true",
-                   help="every step costs nothing: measures the server's own ceiling")
-    s.add_argument("--sim-crash-at-batch", type=int,
-                   help="crash (the seeds' tensor-size error) when the batch first exceeds N")
-    s.add_argument("--sim-crash-during-load", action="store_true",
-                   help="fail while loading: 'Initialization failed. warmup error'")
+    s.add_argument(
+        "--sim-accept-length",
+        type=float,
+        help="mean tokens per request per step with speculation (default 2.4)",
+    )
+    s.add_argument(
+        "--sim-zero-cost",
+        action="store_true",
+        help="every step costs nothing: measures the server's own ceiling",
+    )
+    s.add_argument(
+        "--sim-crash-at-batch",
+        type=int,
+        help="crash (the seeds' tensor-size error) when the batch first exceeds N",
+    )
+    s.add_argument(
+        "--sim-crash-during-load",
+        action="store_true",
+        help="fail while loading: 'Initialization failed. warmup error'",
+    )
     s.add_argument("--sim-seed", type=int, default=0)
-    s.add_argument("--sim-trace-keep", type=int, default=4096,
-                   help="requests whose token emission times /sim/trace keeps")
+    s.add_argument(
+        "--sim-trace-keep",
+        type=int,
+        default=4096,
+        help="requests whose token emission times /sim/trace keeps",
+    )
     return p
 
 

@@ -42,8 +42,10 @@ class TimingModel:
         )
 
     def step_seconds(self, batch: int, new_prompt_tokens: int) -> float:
-        return self.decode_base_s + self.decode_per_req_s * batch + (
-            self.prefill_per_token_s * new_prompt_tokens
+        return (
+            self.decode_base_s
+            + self.decode_per_req_s * batch
+            + (self.prefill_per_token_s * new_prompt_tokens)
         )
 
 
@@ -135,10 +137,12 @@ class Engine:
             if self.zero_cost:
                 await asyncio.sleep(0)
             else:
-                next_at = max(next_at, loop.time()) + self.model.step_seconds(
-                    len(self.running), new_tokens
-                )
-                delay = next_at - loop.time()
+                # Schedule on an absolute clock so sleep overshoot does not accumulate;
+                # after a stall (more than one step late) restart from now.
+                now_loop = loop.time()
+                step = self.model.step_seconds(len(self.running), new_tokens)
+                next_at = next_at + step if next_at > now_loop - step else now_loop + step
+                delay = next_at - now_loop
                 if delay > 0:
                     await asyncio.sleep(delay)
             now = time.time()

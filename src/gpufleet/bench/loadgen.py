@@ -1,0 +1,233 @@
+"""Closed-loop load generator (asyncio + aiohttp), SGLang bench_serving's semantics.
+
+One level = one concurrency cap (a semaphore, like `--max-concurrency`) and an optional
+Poisson request rate (inf = all at once). Warm-up requests run first and are excluded.
+Token counts come from the server (`completion_tokens` / `usage`), never from chunks: a
+speculative server sends several tokens per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+BACKENDS = ("sglang", "openai", "openai-chat")
+
+
+@dataclass
+class Prompt:
+    text: str
+    prompt_tokens: int = 0  # our estimate; the server's count wins when it reports one
+    output_len: int = 128
+
+
+@dataclass
+class RequestRecord:
+    index: int
+    ok: bool = False
+    error: str | None = None
+    start: float = 0.0  # seconds since the level started (perf_counter based)
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    chunks: int = 0
+    rid: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _payload(backend: str, prompt: Prompt, model: str, ignore_eos: bool) -> tuple[str, dict]:
+    if backend == "sglang":
+        return "/generate", {
+            "text": prompt.text,
+            "sampling_params": {
+                "max_new_tokens": prompt.output_len,
+                "temperature": 0.0,
+                "ignore_eos": ignore_eos,
+            },
+            "stream": True,
+        }
+    common = {
+        "model": model,
+        "max_tokens": prompt.output_len,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": ignore_eos,
+    }
+    if backend == "openai":
+        return "/v1/completions", {**common, "prompt": prompt.text}
+    return "/v1/chat/completions", {
+        **common,
+        "messages": [{"role": "user", "content": prompt.text}],
+    }
+
+
+async def _one_request(
+    session: Any,
+    base_url: str,
+    backend: str,
+    prompt: Prompt,
+    record: RequestRecord,
+    model: str,
+    ignore_eos: bool,
+    t0: float,
+) -> None:
+    path, body = _payload(backend, prompt, model, ignore_eos)
+    start = time.perf_counter()
+    record.start = start - t0
+    record.prompt_tokens = prompt.prompt_tokens
+    last = start
+    seen_tokens = 0
+    try:
+        async with session.post(base_url + path, json=body) as resp:
+            if resp.status != 200:
+                text = (await resp.text())[:300]
+                record.error = f"HTTP {resp.status}: {text.strip()}"
+                return
+            buffer = b""
+            async for data in resp.content.iter_any():
+                buffer += data
+                while b"\n\n" in buffer:
+                    event, buffer = buffer.split(b"\n\n", 1)
+                    if not event.startswith(b"data: "):
+                        continue
+                    payload = event[6:]
+                    if payload == b"[DONE]":
+                        continue
+                    now = time.perf_counter()
+                    chunk = json.loads(payload)
+                    if "error" in chunk:
+                        record.error = str(chunk["error"].get("message", chunk["error"]))
+                        return
+                    if backend == "sglang":
+                        meta = chunk.get("meta_info") or {}
+                        total = int(meta.get("completion_tokens", seen_tokens + 1))
+                        record.prompt_tokens = int(meta.get("prompt_tokens", record.prompt_tokens))
+                        record.rid = meta.get("id", record.rid)
+                        new = total - seen_tokens
+                        if new <= 0:
+                            continue
+                        if seen_tokens == 0:
+                            record.ttft = now - start
+                        else:
+                            gap = (now - last) / new  # k tokens in one chunk = k gaps of 1/k
+                            record.itl.extend([gap] * new)
+                        seen_tokens = total
+                    else:
+                        usage = chunk.get("usage")
+                        if usage:
+                            record.prompt_tokens = int(usage.get("prompt_tokens", 0))
+                            seen_tokens = int(usage.get("completion_tokens", seen_tokens))
+                        choices = chunk.get("choices") or []
+                        if not choices:
+                            continue
+                        c = choices[0]
+                        piece = (
+                            c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
+                        )
+                        if not piece:
+                            continue
+                        if record.chunks == 0:
+                            record.ttft = now - start
+                        else:
+                            record.itl.append(now - last)
+                        if not usage:
+                            seen_tokens += 1
+                    record.chunks += 1
+                    last = now
+        record.e2e = last - start
+        record.completion_tokens = seen_tokens
+        record.ok = seen_tokens > 0
+        if not record.ok:
+            record.error = "no tokens received"
+    except asyncio.CancelledError:
+        record.error = "cancelled"
+        raise
+    except Exception as exc:  # connection reset, server crash, bad JSON: counted, kept
+        record.error = f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class LevelRun:
+    concurrency: int
+    request_rate: float
+    duration: float
+    records: list[RequestRecord]
+    started_at: float  # wall clock, for slicing server logs
+    warmup_errors: list[str] = field(default_factory=list)
+
+
+async def run_level(
+    base_url: str,
+    prompts: list[Prompt],
+    concurrency: int,
+    backend: str = "sglang",
+    request_rate: float = float("inf"),
+    warmup: int = 1,
+    model: str = "",
+    ignore_eos: bool = True,
+    seed: int = 0,
+    on_progress: Callable[[list[RequestRecord], float], None] | None = None,
+    progress_every: float = 1.0,
+    request_timeout: float = 3600.0,
+) -> LevelRun:
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=30)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        warm_errors = []
+        for i in range(warmup):
+            rec = RequestRecord(index=-1 - i)
+            await _one_request(
+                session,
+                base_url,
+                backend,
+                prompts[i % len(prompts)],
+                rec,
+                model,
+                ignore_eos,
+                time.perf_counter(),
+            )
+            if not rec.ok:
+                warm_errors.append(rec.error or "failed")
+        records = [RequestRecord(index=i) for i in range(len(prompts))]
+        semaphore = asyncio.Semaphore(concurrency)
+        rng = random.Random(seed)
+        started_at = time.time()
+        t0 = time.perf_counter()
+
+        async def limited(i: int) -> None:
+            async with semaphore:
+                await _one_request(
+                    session, base_url, backend, prompts[i], records[i], model, ignore_eos, t0
+                )
+
+        async def reporter() -> None:
+            while True:
+                await asyncio.sleep(progress_every)
+                if on_progress:
+                    on_progress(records, time.perf_counter() - t0)
+
+        report_task = asyncio.create_task(reporter()) if on_progress else None
+        tasks = []
+        for i in range(len(prompts)):
+            tasks.append(asyncio.create_task(limited(i)))
+            if request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(request_rate))
+        await asyncio.gather(*tasks)
+        duration = time.perf_counter() - t0
+        if report_task:
+            report_task.cancel()
+        if on_progress:
+            on_progress(records, duration)
+    return LevelRun(concurrency, request_rate, duration, records, started_at, warm_errors)
