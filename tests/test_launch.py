@@ -238,3 +238,38 @@ def test_malformed_profile_is_one_line(fleet):
     path.write_text("extends: nowhere\nmodel_path: /m\n")
     out = fleet.cli("launch", "--profile", str(path))
     assert out.returncode == 2 and "extends: unknown profile 'nowhere'" in out.stderr
+
+
+def test_logs_follow_streams_new_lines(fleet):
+    profile = fleet.profile("follow")
+    port = yaml.safe_load(profile.read_text())["port"]
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h0").returncode == 0
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet",
+            "logs",
+            "--follow",
+            "--hosts",
+            "h0",
+            "--lines",
+            "2",
+            "--inventory",
+            str(fleet.inventory),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        seen = [proc.stdout.readline() for _ in range(2)]
+        assert "ready to roll" in "".join(seen)
+        state = _state(fleet, "h0", port)
+        with open(state["log"], "a") as fh:
+            fh.write("a line written after follow started\n")
+        assert "h0| a line written after follow started" in proc.stdout.readline()
+    finally:
+        proc.kill()
+        proc.wait()
+        fleet.cli("stop", "--hosts", "h0")
