@@ -5,15 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 
 from gpufleet.sim.sshd import LoopbackSshd, keygen, sshd_path
+from helpers import Fleet, SimServer
 
-REPO = Path(__file__).resolve().parent.parent
 HOSTENV = Path(os.environ.get("GPUFLEET_TEST_HOSTENV", "/tmp/gpufleet-test-hostenv"))
 HOST_PACKAGES = ["psutil", "nvidia-ml-py", "aiohttp", "setproctitle"]
 
@@ -80,202 +78,9 @@ def fresh_sshd(tmp_path, ssh_keys):
         h.stop()
 
 
-class Fleet:
-    """An inventory over real sshd hosts, each a simulated 8-GPU host with its own workdir."""
-
-    def __init__(self, root: Path, hosts: list[LoopbackSshd], client_key: Path, python: str):
-        self.root = root
-        self.sshds = hosts
-        self.client_key = client_key
-        self.python = python
-        self.known_hosts = root / "known_hosts"
-        self.known_hosts.write_text("".join(h.known_hosts_line() for h in hosts))
-        self.names = [f"h{i}" for i in range(len(hosts))]
-        self.inventory = root / "fleet.yaml"
-        self.write_inventory()
-
-    def workdir(self, name: str) -> Path:
-        return self.root / "work" / name
-
-    def state_dir(self, name: str) -> Path:
-        return self.workdir(name) / "sim-gpus"
-
-    def write_inventory(self, extra_hosts: dict | None = None, **defaults) -> Path:
-        data = {
-            "defaults": {
-                "connection": "ssh",
-                "user": "root",
-                "identity_file": str(self.client_key),
-                "known_hosts": str(self.known_hosts),
-                "python": self.python,
-                "connect_timeout": 5,
-                "gpus": {"count": 8, "simulated": True},
-                **defaults,
-            },
-            "hosts": {
-                name: {
-                    "address": "127.0.0.1",
-                    "port": sshd.port,
-                    "workdir": str(self.workdir(name)),
-                    # the hosts share this machine's ports: move each host's servers apart
-                    "vars": {"server_port_offset": 7 * i},
-                }
-                for i, (name, sshd) in enumerate(zip(self.names, self.sshds, strict=True))
-            },
-            "groups": {"all-sim": list(self.names)},
-        }
-        data["hosts"].update(extra_hosts or {})
-        self.inventory.write_text(yaml.safe_dump(data))
-        return self.inventory
-
-    def env(self, name: str) -> dict[str, str]:
-        """Environment for a workload process that lives on simulated host `name`."""
-        state = self.state_dir(name)
-        state.mkdir(parents=True, exist_ok=True)
-        from gpufleet.sim import gpustate
-
-        gpustate.ensure_topology(state, count=8, host=name)
-        env = dict(os.environ)
-        env["GPUFLEET_SIM_STATE"] = str(state)
-        env["PYTHONPATH"] = str(REPO / "src")
-        return env
-
-    def hold(self, name: str, *args: str) -> tuple[subprocess.Popen, list[int]]:
-        """Start `python -m gpufleet.sim.hold ARGS` on host `name`; return it and the PIDs."""
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gpufleet.sim.hold", *args],
-            env=self.env(name),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        line = proc.stdout.readline().split()
-        assert line and line[0] == "ready", f"hold did not start: {line}"
-        return proc, [int(p) for p in line[1:]]
-
-    def profile(self, name: str = "test", **fields) -> Path:
-        """Write a rehearsal profile into this test's playbooks folder; return its path."""
-        from gpufleet.sim.sshd import free_port
-
-        directory = self.root / "playbooks"
-        directory.mkdir(exist_ok=True)
-        data = {
-            "engine": "sim",
-            "model_path": "/models/test",
-            "tp": 2,
-            "port": free_port(),
-            "health_timeout": 30,
-            "sim": {"load-seconds": 1.0, "warmup-seconds": 0.2},
-            **fields,
-        }
-        path = directory / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(data))
-        return path
-
-    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        """Run the real `gpufleet` CLI as a subprocess against this fleet's inventory."""
-        return run_cli(*args, "--inventory", str(self.inventory), timeout=timeout)
-
-
-def run_cli(
-    *args: str, timeout: float = 120, cwd: Path | None = None
-) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("GPUFLEET_INVENTORY", None)
-    return subprocess.run(
-        [sys.executable, "-m", "gpufleet", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd or REPO,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
-
-
 @pytest.fixture
 def fleet(tmp_path, sshd_hosts, ssh_keys, host_python) -> Fleet:
     return Fleet(tmp_path, sshd_hosts, ssh_keys, host_python)
-
-
-def pid_alive(pid: int) -> bool:
-    """Alive and not a zombie (a zombie holds no GPU memory)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
-
-
-def dedent(text: str) -> str:
-    return textwrap.dedent(text).lstrip()
-
-
-class SimServer:
-    """`python -m gpufleet.sim.server ARGS` on a free port, on a simulated host's GPU state."""
-
-    def __init__(self, state_dir: Path, *args: str, load: float = 0.3) -> None:
-        from gpufleet.sim import gpustate
-        from gpufleet.sim.sshd import free_port
-
-        gpustate.ensure_topology(state_dir, count=8, host="simserver")
-        self.port = free_port()
-        self.state_dir = state_dir
-        self.log_path = state_dir.parent / f"server-{self.port}.log"
-        env = dict(os.environ, GPUFLEET_SIM_STATE=str(state_dir), PYTHONPATH=str(REPO / "src"))
-        argv = [
-            sys.executable,
-            "-m",
-            "gpufleet.sim.server",
-            "--model-path",
-            "/models/sim",
-            "--port",
-            str(self.port),
-            "--sim-load-seconds",
-            str(load),
-            "--sim-warmup-seconds",
-            "0.2",
-            *args,
-        ]
-        self.log = open(self.log_path, "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout: float = 20) -> None:
-        import time
-        import urllib.request
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited: {self.log_path.read_text()}")
-            time.sleep(0.05)
-        raise AssertionError("server not ready")
-
-    def text(self) -> str:
-        return self.log_path.read_text()
-
-    def stop(self) -> None:
-        import signal as _signal
-
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, _signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, _signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
 
 
 @pytest.fixture

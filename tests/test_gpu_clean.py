@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 
-from conftest import pid_alive
 from gpufleet import gpu
 from gpufleet.inventory import load_inventory
 from gpufleet.sim import gpustate
+from helpers import pid_alive
 
 NOBODY = 65534
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REPO, dedent, run_cli
 from gpufleet.cliargs import int_list, positive_float
 from gpufleet.errors import UserError
 from gpufleet.inventory import load_inventory
+from helpers import REPO, dedent, run_cli
 
 
 def _write(tmp_path, text: str):

@@ -13,8 +13,8 @@ import urllib.request
 import psutil
 import yaml
 
-from conftest import REPO, pid_alive
 from gpufleet.sim import gpustate
+from helpers import REPO, pid_alive
 
 
 def _state(fleet, host: str, port: int) -> dict:

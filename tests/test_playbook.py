@@ -6,10 +6,10 @@ import shlex
 
 import pytest
 
-from conftest import REPO, dedent
 from gpufleet.errors import UserError
 from gpufleet.inventory import Host
 from gpufleet.playbook import build_specs, load_profile
+from helpers import REPO, dedent
 
 SEED_BASELINE = (
     "--model-path /shared/kimi-k2.5-int4 --tp-size 8 --host 127.0.0.1 --port 30000 "

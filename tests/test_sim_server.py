@@ -16,9 +16,9 @@ import urllib.request
 import psutil
 import pytest
 
-from conftest import REPO, pid_alive
 from gpufleet.sim import gpustate
 from gpufleet.sim.server import READY_LINE
+from helpers import REPO, pid_alive
 
 
 def get(url: str) -> tuple[int, bytes]:
