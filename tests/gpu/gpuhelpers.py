@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -100,8 +101,12 @@ def gpu_host(tmp_path):
         return inventory
 
     write()
-    script = tmp_path / "holder.py"
+    # Readable by the second user too (pytest's tmp_path is 0700).
+    shared = Path(tempfile.mkdtemp(prefix="gpufleet-gpu-"))
+    shared.chmod(0o755)
+    script = shared / "holder.py"
     script.write_text(HOLDER)
+    script.chmod(0o644)
     started: list[subprocess.Popen] = []
 
     def hold(mode: str, mib: int, user: int | None = None, session: bool = False):
