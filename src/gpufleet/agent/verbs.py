@@ -111,11 +111,16 @@ def clean(args: dict[str, Any]) -> dict[str, Any]:
         return result
 
     result["killed"] = procs.kill_trees(tree, float(args.get("grace_s", 10.0)))
+    # Memory held by processes we may not kill (other users, protected) or cannot see will
+    # not go away by waiting: stop polling as soon as only those remain.
+    untouchable = {p["pid"] for p in refused} | {u["pid"] for u in unattributed}
     deadline = time.monotonic() + float(args.get("timeout_s", 60.0))
     while True:
         after = nvmlread.snapshot(nvml)
         clean_now = all(_gpu_is_clean(g, tolerance) for g in after)
-        if clean_now or time.monotonic() >= deadline:
+        remaining = {p["pid"] for g in after for p in g["processes"]}
+        hopeless = bool(remaining) and remaining <= untouchable
+        if clean_now or hopeless or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
     _annotate(after)
