@@ -15,7 +15,15 @@ from functools import lru_cache
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
-SHIPPED = ("__init__.py", "agent", "sim")
+SHIPPED = (
+    "__init__.py",
+    "agent",
+    "sim",
+    "bench/__init__.py",
+    "bench/loadgen.py",
+    "bench/metrics.py",
+    "bench/runner.py",
+)
 MAIN = "import sys\nfrom gpufleet.agent.main import main\nsys.exit(main(sys.argv[1:]))\n"
 
 

@@ -289,9 +289,7 @@ def _spec_for(
     if profile.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in profile.gpus)
     try:
-        log = profile.log.format(
-            profile=profile.name, port=port, stamp=stamp, host=host.name
-        )
+        log = profile.log.format(profile=profile.name, port=port, stamp=stamp, host=host.name)
     except (KeyError, IndexError, ValueError) as exc:
         raise UserError(
             f"profile {profile.name}: log: unknown placeholder {exc} "

@@ -425,4 +425,202 @@ def logs(
     _exit_for(results)
 
 
-ns = Collection(gpu_clean, status, sysinfo, hosts, profiles, launch, wait, stop, logs)
+def _bench_printer() -> Any:
+    """Per-host bench progress: level starts and ends, and a line every 5 s in between."""
+    import time
+
+    from gpufleet.render import line
+
+    last: dict[str, float] = {}
+
+    def show(host: str, event: dict[str, Any]) -> None:
+        if event.get("phase") == "started":
+            line(f"{host}: run {event['run_id']} started against {event['base_url']}")
+        elif event.get("phase") == "start":
+            line(f"{host}: C={event['level']}: {event['total']} requests")
+        elif event.get("phase") == "end":
+            line(
+                f"{host}: C={event['level']}: done, {event['completed']} ok, "
+                f"{event['failed']} failed, {event['output_throughput']} tok/s"
+            )
+        elif "done" in event and time.monotonic() - last.get(host, 0) >= 5:
+            last[host] = time.monotonic()
+            eta = f", ~{event['eta_s']:.0f}s left" if event.get("eta_s") is not None else ""
+            line(
+                f"{host}: C={event['level']}: {event['done']}/{event['total']} done, "
+                f"{event['errors']} errors, {event['tok_s']} tok/s{eta}"
+            )
+
+    return show
+
+
+def _print_runs(results: list[Any]) -> None:
+    from gpufleet.render import line, table
+    from gpufleet.report_bench import headers, rows
+
+    for res in results:
+        if not res.ok:
+            continue
+        value = res.value
+        table(
+            f"{res.host.name}: {value['run_id']} ({value['status']})",
+            headers(),
+            rows(value["results"]),
+        )
+        line(f"{res.host.name}: archived {value['path']}")
+        if value["status"] != "done":
+            res.error = f"run archived as FAILED: {value['reason']}"
+            res.tail = value["tail"]
+
+
+@task(
+    iterable=["concurrency"],
+    help={
+        "concurrency": "levels, comma separated and/or repeated (e.g. 1,10,64)",
+        "profile": "bench the running server of this profile (default: the one running)",
+        "port": "bench the server on this port",
+        "num-prompts": "requests per level (default max(10, 4 x C))",
+        "duration": "seconds per level instead of a request count",
+        "request-rate": "Poisson arrivals per second (default: all at once, capped by C)",
+        "output-len": "output tokens per request, ignore_eos on (default 256)",
+        "prompts": "coding (default), chat, random, a JSONL file or a ShareGPT JSON file",
+        "seed": "prompt order seed (same seed = same prompts for every profile)",
+        "backend": "sglang (/generate), openai (/v1/completions), openai-chat",
+        "warmup": "warm-up requests per level, excluded from figures (default 1)",
+        "client": "host (default: the generator runs on the GPU host) or local",
+        "url": "server URL for --client local",
+        "attach": "re-attach to RUN_ID on the hosts and fetch it",
+        "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
+        "hosts": HOSTS_HELP,
+        "inventory": INVENTORY_HELP,
+        "forks": "hosts in parallel",
+    },
+)
+@user_errors
+def bench(
+    c,
+    concurrency=None,
+    profile=None,
+    port=None,
+    num_prompts=None,
+    duration=None,
+    request_rate=None,
+    output_len=None,
+    prompts="coding",
+    seed=None,
+    backend="sglang",
+    warmup=None,
+    client="host",
+    url=None,
+    attach=None,
+    archive=None,
+    hosts=None,
+    inventory=None,
+    forks=None,
+):
+    """Run the load sweep against the launched server and archive it per host."""
+    from pathlib import Path
+
+    from gpufleet import benchrun
+    from gpufleet.archive import DEFAULT_ROOT
+    from gpufleet.cliargs import int_list, non_negative_int, positive_float
+    from gpufleet.errors import UserError
+    from gpufleet.render import line
+
+    levels = int_list(concurrency, "--concurrency")
+    if not levels and not attach:
+        raise UserError("--concurrency is required (e.g. --concurrency 1,10,64)")
+    if client not in ("host", "local"):
+        raise UserError(f"--client {client!r}: expected host or local")
+    request = benchrun.BenchRequest(
+        concurrency=levels,
+        profile=profile,
+        port=non_negative_int(port, "--port", 0) or None,
+        num_prompts=non_negative_int(num_prompts, "--num-prompts", 0) or None,
+        duration=positive_float(duration, "--duration", 0) or None,
+        request_rate=positive_float(request_rate, "--request-rate", 0) or None,
+        output_len=non_negative_int(output_len, "--output-len", 256) or 256,
+        prompts=prompts,
+        seed=non_negative_int(seed, "--seed", 0),
+        backend=backend,
+        warmup=non_negative_int(warmup, "--warmup", 1),
+        url=url,
+        archive_root=Path(archive) if archive else DEFAULT_ROOT,
+    )
+    if client == "local":
+        run_id, value = benchrun.bench_local(request, _bench_printer())
+        from gpufleet.render import table
+        from gpufleet.report_bench import headers, rows
+
+        table(f"{run_id} ({value['status']})", headers(), rows(value["results"]))
+        line(f"archived {value['path']}")
+        if value["status"] != "done":
+            raise Exit(f"gpufleet: run archived as FAILED: {value['reason']}", code=1)
+        return
+    inv, selected = _select(inventory, hosts)
+    if attach:
+        results = benchrun.attach(selected, attach, request, _forks(inv, forks), _bench_printer())
+    else:
+        _, results = benchrun.bench(selected, request, _forks(inv, forks), _bench_printer())
+    _print_runs(results)
+    _print_failures_with_tail(results)
+    _exit_for(results)
+
+
+@task(
+    help={
+        "host": "only runs of this host",
+        "profile": "only runs of this profile",
+        "since": "only runs started on or after this date (YYYY-MM-DD)",
+        "verify": "check every archived file against the manifest's sha256",
+        "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
+    }
+)
+@user_errors
+def runs(c, host=None, profile=None, since=None, verify=False, archive=None):
+    """List archived runs (and verify their checksums)."""
+    from pathlib import Path
+
+    from gpufleet import archive as arch
+    from gpufleet.render import line, table
+
+    root = Path(archive) if archive else arch.DEFAULT_ROOT
+    items = [
+        r
+        for r in arch.list_runs(root)
+        if (host is None or r.get("host") == host)
+        and (profile is None or r.get("profile") == profile)
+        and (since is None or (r.get("started_at") or "") >= since)
+    ]
+    rows = []
+    bad = 0
+    for r in items:
+        levels = ",".join(str(lv["concurrency"]) for lv in r.get("levels", []))
+        check = "-"
+        if verify:
+            problems = arch.verify(Path(r["path"]))
+            check = "ok" if not problems else "; ".join(problems[:3])
+            bad += bool(problems)
+        rows.append(
+            [
+                r.get("host"),
+                r.get("run_id"),
+                r.get("profile"),
+                (r.get("started_at") or "")[:19],
+                levels,
+                r.get("status"),
+                check,
+            ]
+        )
+    table(
+        f"runs in {root}/",
+        ["host", "run", "profile", "started (UTC)", "levels", "status", "verify"],
+        rows,
+    )
+    if not items:
+        line("no archived runs match")
+    if bad:
+        raise Exit(f"gpufleet: {bad} run(s) failed verification", code=1)
+
+
+ns = Collection(gpu_clean, status, sysinfo, hosts, profiles, launch, wait, stop, logs, bench, runs)

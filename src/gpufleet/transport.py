@@ -99,6 +99,14 @@ class Session:
     def _upload(self, data: bytes, path: str) -> None:
         raise NotImplementedError
 
+    def download(self, path: str) -> bytes:
+        """The bytes of an absolute path on the host."""
+        raise NotImplementedError
+
+    def upload(self, data: bytes, path: str) -> None:
+        """Write an absolute path on the host atomically (temporary name, then rename)."""
+        self._upload(data, path)
+
     def close(self) -> None:
         pass
 
@@ -188,6 +196,9 @@ class Session:
 class LocalSession(Session):
     """`connection: local`: the same agent and the same script, run by `sh` here."""
 
+    def download(self, path: str) -> bytes:
+        return Path(path).read_bytes()
+
     def _upload(self, data: bytes, path: str) -> None:
         target = Path(path)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -237,6 +248,16 @@ class SSHSession(Session):
         sftp.putfo(io.BytesIO(data), tmp)
         sftp.chmod(tmp, 0o600)
         sftp.posix_rename(tmp, path)
+
+    def download(self, path: str) -> bytes:
+        import io
+
+        buffer = io.BytesIO()
+        try:
+            self.conn.sftp().getfo(path, buffer)
+        except (OSError, EOFError) as exc:
+            raise HostError(f"cannot fetch {path}: {exc}", kind="connection") from None
+        return buffer.getvalue()
 
     def _exec(
         self, script: str, sink: _LineParser, timeout: float | None

@@ -183,7 +183,7 @@ def sysinfo(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _server_verbs() -> dict[str, Any]:
-    from gpufleet.agent import servers
+    from gpufleet.agent import benchverbs, servers
 
     return {
         "preflight": servers.preflight,
@@ -193,6 +193,9 @@ def _server_verbs() -> dict[str, Any]:
         "servers": servers.servers,
         "logs": servers.logs,
         "status": lambda args: {**procs_verb(args), **servers.servers(args)},
+        "bench-start": benchverbs.bench_start,
+        "bench-run": benchverbs.bench_run,
+        "bench-watch": benchverbs.bench_watch,
     }
 
 

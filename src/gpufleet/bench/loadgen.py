@@ -39,6 +39,7 @@ class RequestRecord:
     completion_tokens: int = 0
     chunks: int = 0
     rid: str | None = None
+    skipped: bool = False  # not sent: the level's --duration had passed
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,6 +180,7 @@ async def run_level(
     on_progress: Callable[[list[RequestRecord], float], None] | None = None,
     progress_every: float = 1.0,
     request_timeout: float = 3600.0,
+    duration: float | None = None,
 ) -> LevelRun:
     import aiohttp
 
@@ -208,6 +210,9 @@ async def run_level(
 
         async def limited(i: int) -> None:
             async with semaphore:
+                if duration is not None and time.perf_counter() - t0 >= duration:
+                    records[i].skipped = True
+                    return
                 await _one_request(
                     session, base_url, backend, prompts[i], records[i], model, ignore_eos, t0
                 )
@@ -224,10 +229,15 @@ async def run_level(
             tasks.append(asyncio.create_task(limited(i)))
             if request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(request_rate))
+            if duration is not None and time.perf_counter() - t0 >= duration:
+                for j in range(i + 1, len(prompts)):
+                    records[j].skipped = True
+                break
         await asyncio.gather(*tasks)
-        duration = time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
         if report_task:
             report_task.cancel()
         if on_progress:
-            on_progress(records, duration)
-    return LevelRun(concurrency, request_rate, duration, records, started_at, warm_errors)
+            on_progress(records, elapsed)
+    sent = [r for r in records if not r.skipped]
+    return LevelRun(concurrency, request_rate, elapsed, sent, started_at, warm_errors)

@@ -1,0 +1,102 @@
+"""The run archive: logs/<host>/<run-id>/, written atomically, checksummed, listable.
+
+A run is written into a hidden temporary directory beside its final place and renamed into
+place only when every file and the manifest (with the sha256 of every file) are on disk, so
+a crash or a full disk never leaves a partial run looking complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from gpufleet.errors import UserError
+
+DEFAULT_ROOT = Path(os.environ.get("GPUFLEET_ARCHIVE", "logs"))
+MANIFEST = "manifest.json"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_run(
+    root: Path, host: str, run_id: str, files: dict[str, bytes], manifest: dict[str, Any]
+) -> Path:
+    final = root / host / run_id
+    if final.exists():
+        raise UserError(f"{final} already exists: a run is archived once")
+    tmp = root / host / f".tmp-{run_id}-{os.getpid()}"
+    try:
+        tmp.mkdir(parents=True, exist_ok=False)
+        sums = {}
+        for name, data in sorted(files.items()):
+            if "/" in name or name.startswith(".") or name == MANIFEST:
+                raise UserError(f"refusing to archive a file named {name!r}")
+            with open(tmp / name, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            sums[name] = sha256(data)
+        manifest = {**manifest, "files": sums}
+        with open(tmp / MANIFEST, "w") as fh:
+            json.dump(manifest, fh, indent=2, default=str)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.rename(tmp, final)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(
+            f"cannot write the archive under {root / host} ({exc.strerror or exc}); "
+            "nothing was archived for this run"
+        ) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / MANIFEST).read_text())
+
+
+def list_runs(root: Path = DEFAULT_ROOT) -> list[dict[str, Any]]:
+    runs = []
+    for manifest in sorted(root.glob(f"*/*/{MANIFEST}")):
+        if manifest.parent.name.startswith("."):
+            continue
+        try:
+            data = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            data = {"run_id": manifest.parent.name, "status": "unreadable manifest"}
+        data["path"] = str(manifest.parent)
+        data.setdefault("host", manifest.parent.parent.name)
+        runs.append(data)
+    return sorted(runs, key=lambda r: r.get("started_at") or "")
+
+
+def verify(run_dir: Path) -> list[str]:
+    """Problems found: missing files, changed files, unlisted files. Empty list = intact."""
+    try:
+        listed = read_manifest(run_dir).get("files", {})
+    except (OSError, ValueError) as exc:
+        return [f"manifest unreadable: {exc}"]
+    problems = []
+    for name, digest in listed.items():
+        path = run_dir / name
+        if not path.exists():
+            problems.append(f"{name}: missing")
+        elif sha256(path.read_bytes()) != digest:
+            problems.append(f"{name}: checksum mismatch")
+    for path in run_dir.iterdir():
+        if path.name not in listed and path.name != MANIFEST:
+            problems.append(f"{path.name}: not in the manifest")
+    return problems
+
+
+def find_run(root: Path, run_id: str) -> list[Path]:
+    return [p for p in root.glob(f"*/{run_id}") if (p / MANIFEST).exists()]

@@ -1,0 +1,69 @@
+"""Per-level summaries of a run: CSV, Markdown, and the terminal table."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+COLUMNS = [
+    ("concurrency", "max_concurrency", "{}"),
+    ("completed", "completed", "{}"),
+    ("failed", "failed", "{}"),
+    ("output tok/s", "output_throughput", "{:.1f}"),
+    ("per-request tok/s (median)", "median_per_request_output_tps", "{:.1f}"),
+    ("per-request tok/s (p10)", "p10_per_request_output_tps", "{:.1f}"),
+    ("TTFT p50 ms", "median_ttft_ms", "{:.1f}"),
+    ("TTFT p99 ms", "p99_ttft_ms", "{:.1f}"),
+    ("ITL p50 ms", "median_itl_ms", "{:.2f}"),
+    ("TPOT p50 ms", "median_tpot_ms", "{:.2f}"),
+    ("E2E p50 ms", "median_e2e_latency_ms", "{:.0f}"),
+    ("accept length", "accept_length", "{:.2f}"),
+    ("status", "level_status", "{}"),
+]
+
+
+def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "-"
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def rows(results: list[dict[str, Any]]) -> list[list[str]]:
+    return [[_cell(r, key, fmt) for _, key, fmt in COLUMNS] for r in results]
+
+
+def headers() -> list[str]:
+    return [name for name, _, _ in COLUMNS]
+
+
+def summary_csv(results: list[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow([key for _, key, _ in COLUMNS])
+    for r in results:
+        writer.writerow([r.get(key) for _, key, _ in COLUMNS])
+    return out.getvalue()
+
+
+def summary_md(manifest: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    lines = [
+        f"# {manifest['run_id']}",
+        "",
+        f"- host: {manifest['host']}; profile: {manifest.get('profile')}; "
+        f"status: **{manifest['status']}**"
+        + (f" ({manifest['reason']})" if manifest.get("reason") else ""),
+        f"- engine: {manifest['server'].get('engine')} {manifest['server'].get('engine_version')}; "
+        f"prompts: {manifest['prompt_set']['name']} (seed {manifest['prompt_set']['seed']}); "
+        f"output length {manifest['plan'].get('output_len')}",
+        "- metrics use SGLang bench_serving's definitions (see definitions.json)",
+        "",
+        "| " + " | ".join(headers()) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    lines += ["| " + " | ".join(r) + " |" for r in rows(results)]
+    return "\n".join(lines) + "\n"
