@@ -13,7 +13,7 @@ from gpufleet.sim.sshd import LoopbackSshd, keygen, sshd_path
 from helpers import Fleet, SimServer
 
 HOSTENV = Path(os.environ.get("GPUFLEET_TEST_HOSTENV", "/tmp/gpufleet-test-hostenv"))
-HOST_PACKAGES = ["psutil", "nvidia-ml-py", "aiohttp", "setproctitle"]
+HOST_PACKAGES = ["psutil", "nvidia-ml-py", "aiohttp", "setproctitle", "uvloop"]
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpufleet.bench.loadgen import Prompt, RequestRecord, run_level
+from gpufleet.bench.loadgen import Prompt, RequestRecord, run_async, run_level
 from gpufleet.bench.metrics import DEFINITIONS, summarize
 
 PROM_KEYS = (
@@ -230,7 +230,7 @@ def run_plan(
         marks.append((_log_size(server_state), f"level C={c} begins ({n} prompts)"))
         writer.event({"level": c, "phase": "start", "total": n, "at": now_iso()})
         try:
-            run, samples = asyncio.run(_level(plan, prompts, level, writer))
+            run, samples = run_async(_level(plan, prompts, level, writer))
         except Exception as exc:  # the generator itself failed: keep what we know
             status, reason = "failed", f"level C={c}: load generator error: {exc!r}"
             break

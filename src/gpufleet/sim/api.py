@@ -45,6 +45,7 @@ class ServerState:
             "rid": req.rid,
             "arrived": req.arrived,
             "emit_times": req.emit_times,
+            "sent_times": req.sent_times,
             "prompt_tokens": req.prompt_tokens,
             "completion_tokens": req.generated,
         }
@@ -252,6 +253,7 @@ class Api:
                 n, _ = await req.queue.get()
                 text += token_text(req.generated - n, n)
                 await resp.write(_sse({"text": text, "meta_info": meta(req.finished)}))
+                req.sent_times.append(time.time())
             await resp.write(b"data: [DONE]\n\n")
             return resp
         finally:

@@ -56,7 +56,8 @@ class SimRequest:
     max_new_tokens: int
     arrived: float = field(default_factory=time.time)
     generated: int = 0
-    emit_times: list[float] = field(default_factory=list)
+    emit_times: list[float] = field(default_factory=list)  # engine step that made tokens
+    sent_times: list[float] = field(default_factory=list)  # chunk written to the socket
     accepted_steps: int = 0
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     finished: bool = False

@@ -1,0 +1,153 @@
+"""The load generator's cost and fidelity, against the rehearsal server on this machine.
+
+1. Client cost: CPU microseconds per streamed token at C=64 (zero-cost server, so the client
+   is the bottleneck), marginal (difference of two run sizes, so start-up is excluded); and
+   the same for SGLang's bench_serving when SGLANG_PYTHON and TOKENIZER_DIR are set (see
+   bench_serving_compat.py).
+2. Fidelity at C=64 (baseline timing model): output throughput against the engine's own
+   count, TTFT and ITL against the server's per-token emission times (/sim/trace).
+
+    python benchmarks/bench_client.py
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import urllib.request
+
+from _simserver import REPO, BenchServer
+
+from gpufleet.bench.loadgen import Prompt, run_async, run_level
+from gpufleet.bench.metrics import percentile, summarize
+
+OURS = """
+import asyncio, sys
+from gpufleet.bench.loadgen import Prompt, run_async, run_level
+url, n, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+run = run_async(run_level(url, [Prompt("x " * 100, output_len=out)] * n, 64, warmup=0))
+print(sum(r.completion_tokens for r in run.records))
+"""
+
+
+def child_cpu(cmd: list[str], env: dict | None = None) -> tuple[float, str]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), out.stdout
+
+
+def ours_cost(url: str) -> float:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    cpu = []
+    for n in (64, 1024):
+        seconds, stdout = child_cpu([sys.executable, "-c", OURS, url, str(n), "256"], env)
+        cpu.append((seconds, int(stdout.strip())))
+    return (cpu[1][0] - cpu[0][0]) / (cpu[1][1] - cpu[0][1]) * 1e6
+
+
+def sglang_cost(port: int) -> float | None:
+    python, tokenizer = os.environ.get("SGLANG_PYTHON"), os.environ.get("TOKENIZER_DIR")
+    if not python or not tokenizer:
+        return None
+    cpu = []
+    for n in (64, 1024):
+        out = tempfile.mktemp(suffix=".jsonl")
+        seconds, _ = child_cpu(
+            [
+                python,
+                "-m",
+                "sglang.bench_serving",
+                "--backend",
+                "sglang",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--dataset-name",
+                "random-ids",
+                "--tokenizer",
+                tokenizer,
+                "--num-prompts",
+                str(n),
+                "--random-input-len",
+                "100",
+                "--random-output-len",
+                "256",
+                "--random-range-ratio",
+                "1.0",
+                "--max-concurrency",
+                "64",
+                "--warmup-requests",
+                "0",
+                "--output-file",
+                out,
+            ]
+        )
+        with open(out) as fh:
+            tokens = json.loads(fh.read().splitlines()[-1])["total_output_tokens"]
+        cpu.append((seconds, tokens))
+    return (cpu[1][0] - cpu[0][0]) / (cpu[1][1] - cpu[0][1]) * 1e6
+
+
+def fidelity(url: str) -> None:
+    prompts = [Prompt("def f(x): return x\n" * 10, output_len=64) for _ in range(128)]
+    run = run_async(run_level(url, prompts, 64))
+    s = summarize(run, "sglang")
+    ttft_err, itl_err, first, last, tokens = [], [], [], [], 0
+    for rec in run.records:
+        with urllib.request.urlopen(f"{url}/sim/trace/{rec.rid}", timeout=5) as r:
+            truth = json.loads(r.read())
+        emits = truth["sent_times"]  # when each chunk left the server
+        tokens += truth["completion_tokens"]
+        first.append(truth["arrived"])
+        last.append(emits[-1])
+        ttft_err.append(abs(rec.ttft - (emits[0] - rec.start_wall)))
+        gaps = [b - a for a, b in itertools.pairwise(emits)]
+        itl_err += [abs(a - b) for a, b in zip(rec.itl, gaps, strict=True)]
+    engine_tps = tokens / (max(last) - min(first))
+    print(
+        f"fidelity C=64, 128 requests x 64 tokens: client {s['output_throughput']:.1f} tok/s "
+        f"vs engine {engine_tps:.1f} tok/s ({(s['output_throughput'] / engine_tps - 1) * 100:+.2f}%); "
+        f"client tokens {s['total_output_tokens']} vs engine {tokens}"
+    )
+    print(
+        f"  TTFT error vs ground truth: p50 {percentile(ttft_err, 50) * 1e3:.3f} ms, "
+        f"p99 {percentile(ttft_err, 99) * 1e3:.3f} ms; ITL error: p50 "
+        f"{percentile(itl_err, 50) * 1e3:.3f} ms, p99 {percentile(itl_err, 99) * 1e3:.3f} ms "
+        f"({len(itl_err)} gaps)"
+    )
+
+
+def main() -> None:
+    server = BenchServer("--sim-zero-cost")
+    try:
+        ours = ours_cost(server.url)
+        print(
+            f"client cost at C=64 (zero-cost server): gpufleet {ours:.1f} us CPU per streamed token"
+        )
+        theirs = sglang_cost(server.port)
+        if theirs:
+            print(
+                f"  sglang.bench_serving: {theirs:.1f} us per token -> gpufleet is {ours / theirs:.2f}x"
+            )
+        else:
+            print("  (set SGLANG_PYTHON and TOKENIZER_DIR to measure sglang.bench_serving too)")
+    finally:
+        server.stop()
+    server = BenchServer()
+    try:
+        fidelity(server.url)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
