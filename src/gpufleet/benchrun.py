@@ -46,8 +46,11 @@ class BenchRequest:
     url: str | None = None
     archive_root: Path = field(default_factory=lambda: archive.DEFAULT_ROOT)
     command_line: list[str] = field(default_factory=lambda: list(sys.argv))
+    fixed_levels: list[dict[str, int]] | None = None  # explicit requests per level
 
     def levels(self) -> list[dict[str, int]]:
+        if self.fixed_levels:
+            return [dict(level) for level in self.fixed_levels]
         return [
             {
                 "concurrency": c,

@@ -623,4 +623,245 @@ def runs(c, host=None, profile=None, since=None, verify=False, archive=None):
         raise Exit(f"gpufleet: {bad} run(s) failed verification", code=1)
 
 
-ns = Collection(gpu_clean, status, sysinfo, hosts, profiles, launch, wait, stop, logs, bench, runs)
+def _print_compare(per_host: dict, fmt: str, plots_dir: Any) -> list:
+    """Tables (md/csv/json), the one-sentence answer, fairness warnings, plot paths."""
+    import csv
+    import io
+
+    from gpufleet import compare as cmp
+    from gpufleet import plots
+    from gpufleet.render import line, table
+
+    if fmt == "json":
+        print(_json.dumps(cmp.as_json(per_host), indent=2, default=str))
+    written = []
+    for host, arms in per_host.items():
+        headers, rows = cmp.table(arms)
+        levels = cmp.common_levels(arms)
+        if fmt == "csv":
+            out = io.StringIO()
+            writer = csv.writer(out)
+            writer.writerow(["host", *headers])
+            writer.writerows([[host, *r] for r in rows])
+            print(out.getvalue(), end="")
+        elif fmt == "md":
+            line(f"### {host}: {' vs '.join(a.label for a in arms)}")
+            line("")
+            line("| " + " | ".join(headers) + " |")
+            line("|" + "---|" * len(headers))
+            for r in rows:
+                line("| " + " | ".join(r) + " |")
+            line("")
+        elif fmt == "table":
+            table(f"{host}: {' vs '.join(a.label for a in arms)}", headers, rows)
+        if fmt != "json":
+            if len(arms) > 1 and levels:
+                line(f"{host}: {cmp.sentence(arms[0], arms[1], levels)}")
+            for warning in cmp.fairness(arms, levels):
+                line(f"{host}: fairness warning: {warning}")
+        if plots_dir is not None and levels:
+            written += plots.write(host, arms, plots_dir)
+    if written and fmt != "json":
+        line("plots: " + ", ".join(str(p) for p in written))
+    return written
+
+
+@task(
+    positional=["first", "second"],
+    iterable=["more"],
+    help={
+        "first": "reference: a run id or a profile name (its latest run per host)",
+        "second": "run id or profile to compare with the reference",
+        "more": "more runs or profiles to overlay (repeatable)",
+        "format": "table (default), md, csv or json",
+        "hosts": "only these hosts (comma list)",
+        "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
+        "no-plots": "do not write PNG plots",
+    },
+)
+@user_errors
+def compare(
+    c,
+    first,
+    second,
+    more=None,
+    format="table",
+    hosts=None,
+    archive=None,
+    no_plots=False,
+):
+    """Per-concurrency table, crossover and plots: inv compare baseline eagle3."""
+    from pathlib import Path
+
+    from gpufleet import compare as cmp
+    from gpufleet.archive import DEFAULT_ROOT
+    from gpufleet.errors import UserError
+
+    names = [n for n in (first, second, *(more or [])) if n]
+    if len(names) < 2:
+        raise UserError("compare needs two or more run ids or profile names (e.g. baseline eagle3)")
+    if format not in ("table", "md", "csv", "json"):
+        raise UserError(f"--format {format!r}: expected table, md, csv or json")
+    root = Path(archive) if archive else DEFAULT_ROOT
+    per_host = cmp.resolve(names, root, hosts.split(",") if hosts else None)
+    plots_dir = None if no_plots else root / "compare" / cmp.safe_name("-vs-".join(names))
+    _print_compare(per_host, format, plots_dir)
+
+
+def _sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive):
+    from pathlib import Path
+
+    from gpufleet import benchrun
+    from gpufleet.archive import DEFAULT_ROOT
+    from gpufleet.cliargs import int_list, non_negative_int
+    from gpufleet.errors import UserError
+
+    levels = int_list(concurrency, "--concurrency")
+    if not levels:
+        raise UserError("--concurrency is required (e.g. --concurrency 1,10,64)")
+    return benchrun.BenchRequest(
+        concurrency=levels,
+        num_prompts=non_negative_int(num_prompts, "--num-prompts", 0) or None,
+        output_len=non_negative_int(output_len, "--output-len", 256) or 256,
+        prompts=prompts,
+        seed=non_negative_int(seed, "--seed", 0),
+        archive_root=Path(archive) if archive else DEFAULT_ROOT,
+    )
+
+
+def _do_sweep(
+    profile_names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks, fmt="table"
+):
+    from gpufleet import compare as cmp
+    from gpufleet import sweep as sw
+    from gpufleet.errors import UserError
+    from gpufleet.playbook import load_profile
+    from gpufleet.render import line
+
+    if len(profile_names) < 1:
+        raise UserError("--profiles needs at least one profile (e.g. baseline,eagle3)")
+    for name in profile_names:
+        load_profile(name)  # a bad profile fails before anything starts
+    inv, selected = _select(inventory, hosts)
+    if dry_run:
+        for text in sw.plan_lines(profile_names, selected, request, engine):
+            line(text)
+        line("dry run: nothing started")
+        return None
+    root = request.archive_root
+    if resume:
+        state = sw.SweepState.latest(root, profile_names)
+        line(f"resuming sweep {state.data['sweep_id']}")
+    else:
+        state = sw.SweepState.new(
+            root, profile_names, [h.name for h in selected], request.concurrency
+        )
+    selected = [h for h in selected if h.name in state.data["hosts"]]
+    state = sw.run(
+        state,
+        selected,
+        request,
+        engine,
+        fail_fast,
+        _forks(inv, forks),
+        line,
+        _progress_printer(),
+        _bench_printer(),
+    )
+    finished = {p: r for p, r in sw.run_ids(state).items() if r}
+    if len(finished) >= 2:
+        per_host = cmp.from_run_ids(root, finished)
+        _print_compare(per_host, fmt, root / "compare" / state.data["sweep_id"])
+    line(f"sweep {state.data['sweep_id']}: {state.data['status']} (state: {state.path})")
+    if state.data["status"] != "done":
+        raise Exit("gpufleet: some sweep cells failed (see above); --resume retries them", code=1)
+    return state
+
+
+SWEEP_HELP = {
+    "profiles": "comma-separated profiles, the first is the reference (e.g. baseline,eagle3)",
+    "concurrency": "levels, comma separated and/or repeated",
+    "num-prompts": "requests per level (default max(10, 4 x C))",
+    "output-len": "output tokens per request (default 256)",
+    "prompts": "coding (default), chat, random, or a file",
+    "seed": "prompt order seed",
+    "resume": "continue the latest unfinished sweep of these profiles",
+    "dry-run": "print the plan; start nothing",
+    "fail-fast": "stop at the first failed cell",
+    "engine": "override the engine (sim to rehearse)",
+    "archive": "archive root",
+    "hosts": HOSTS_HELP,
+    "inventory": INVENTORY_HELP,
+    "forks": "hosts in parallel",
+}
+
+
+@task(iterable=["concurrency"], help=SWEEP_HELP)
+@user_errors
+def sweep(
+    c,
+    profiles,
+    concurrency=None,
+    num_prompts=None,
+    output_len=None,
+    prompts="coding",
+    seed=None,
+    resume=False,
+    dry_run=False,
+    fail_fast=False,
+    engine=None,
+    archive=None,
+    hosts=None,
+    inventory=None,
+    forks=None,
+):
+    """For each profile on all hosts: gpu-clean, launch, bench, stop, verify; then compare."""
+    request = _sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive)
+    names = [p.strip() for p in profiles.split(",") if p.strip()]
+    _do_sweep(names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks)
+
+
+REHEARSAL_LEVELS = [
+    {"concurrency": 1, "num_prompts": 8},
+    {"concurrency": 10, "num_prompts": 20},
+    {"concurrency": 64, "num_prompts": 128},
+]
+
+
+@task(
+    help={
+        "inventory": "inventory (default: hosts/rehearsal.yaml)",
+        "hosts": HOSTS_HELP,
+        "archive": "archive root (default: logs/)",
+    }
+)
+@user_errors
+def rehearse(c, inventory="hosts/rehearsal.yaml", hosts=None, archive=None):
+    """The seeds' experiment on simulated 8-GPU hosts: baseline vs eagle3 at C=1,10,64."""
+    import time
+
+    from gpufleet.render import line
+
+    start = time.monotonic()
+    request = _sweep_request(["1,10,64"], None, "64", "coding", "0", archive)
+    request.fixed_levels = REHEARSAL_LEVELS
+    _do_sweep(["baseline", "eagle3"], request, hosts, inventory, False, False, False, "sim", None)
+    line(f"rehearsal finished in {time.monotonic() - start:.0f}s")
+
+
+ns = Collection(
+    gpu_clean,
+    status,
+    sysinfo,
+    hosts,
+    profiles,
+    launch,
+    wait,
+    stop,
+    logs,
+    bench,
+    runs,
+    compare,
+    sweep,
+    rehearse,
+)

@@ -108,6 +108,8 @@ def engine_version(engine: str) -> str | None:
 # -- preflight ------------------------------------------------------------------------
 def _port_free(host: str, port: int) -> str | None:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        # Like uvicorn: connections in TIME_WAIT from the last server do not block the port.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:

@@ -151,7 +151,7 @@ async def _one_request(
                         else:
                             gap = (now - last) / new  # k tokens in one chunk = k gaps of 1/k
                             record.itl.extend([gap] * new)
-                        seen_tokens = total
+                        seen_tokens = record.completion_tokens = total
                     else:
                         chunk = json.loads(payload)
                         if "error" in chunk:

@@ -157,7 +157,7 @@ async def _level(
 
     def progress(records: list[RequestRecord], elapsed: float) -> None:
         done = [r for r in records if r.ok or r.error]
-        tokens = sum(r.completion_tokens for r in records if r.ok)
+        tokens = sum(r.completion_tokens for r in records)  # in-flight requests too
         now = time.perf_counter()
         rate = (tokens - last["tokens"]) / max(1e-6, now - last["t"])
         last.update(t=now, tokens=tokens)

@@ -156,7 +156,7 @@ async def serve(launcher: Launcher) -> int:
     app.add_routes(Api(state).routes())
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, a.host, a.port, reuse_address=False)
+    site = web.TCPSite(runner, a.host, a.port, reuse_address=True)  # as uvicorn does
     try:
         await site.start()
     except OSError as exc:

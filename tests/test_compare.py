@@ -1,0 +1,210 @@
+"""compare on archived fixtures with known numbers; crossover edges; plots; sweeps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from gpufleet import archive, compare
+from helpers import run_cli
+
+
+def _run(root, host, run_id, profile, per_level, status="done", argv=None, prompts="abc"):
+    results = [
+        {
+            "max_concurrency": c,
+            "output_throughput": tot,
+            "median_per_request_output_tps": per,
+            "median_ttft_ms": 50.0 * c,
+            "p99_ttft_ms": 80.0 * c,
+            "median_itl_ms": 1000 / per,
+            "accept_length": None,
+            "completed": 10,
+            "failed": 0,
+            "level_status": "ok",
+        }
+        for c, (tot, per) in per_level.items()
+    ]
+    files = {"results.jsonl": "".join(json.dumps(r) + "\n" for r in results).encode()}
+    manifest = {
+        "run_id": run_id,
+        "host": host,
+        "profile": profile,
+        "status": status,
+        "started_at": run_id,
+        "reason": None if status == "done" else "crashed",
+        "plan": {"output_len": 256, "backend": "sglang"},
+        "prompt_set": {"prompts_sha256": prompts},
+        "server": {
+            "argv": argv or ["python", "-m", "sglang.launch_server"],
+            "engine_version": "0.5.3",
+        },
+        "host_facts": {"gpus": [{"name": "NVIDIA H200"}], "driver": "580"},
+        "levels": [{"concurrency": c} for c in per_level],
+    }
+    archive.write_run(root, host, run_id, files, manifest)
+
+
+SEEDS = {  # the seeds' shape: EAGLE-3 ahead per request at C=1 only
+    "baseline": {1: (60, 60), 10: (380, 38), 64: (780, 12)},
+    "eagle3": {1: (80, 80), 10: (260, 26), 64: (350, 5.5)},
+}
+
+
+def test_crossover_interpolated_on_log_axis():
+    kind, at = compare.crossover([1, 10, 64], [60, 38, 12], [80, 26, 5.5])
+    assert kind == "cross"
+    # +1/3 at C=1, -0.316 at C=10: zero at t = 0.513 of log(1)..log(10)
+    assert at == pytest.approx(10 ** (0.3333 / (0.3333 + 0.3158)), rel=0.01)
+    assert compare.crossover([1, 10, 64], [1, 1, 1], [2, 2, 2]) == ("never", None)
+    assert compare.crossover([1, 10, 64], [2, 2, 2], [1, 1, 1]) == ("below", None)
+    kind, at = compare.crossover([1, 10, 64], [1, 1, 1], [2, 2, 0.5])  # crossing at the last edge
+    assert kind == "cross" and 10 < at < 64
+
+
+def test_compare_profiles_sentence_and_plots(tmp_path):
+    eagle_argv = ["python", "-m", "sglang.launch_server", "--speculative-algorithm", "EAGLE3"]
+    _run(tmp_path, "gpu-a", "r1-baseline", "baseline", SEEDS["baseline"])
+    _run(tmp_path, "gpu-a", "r2-eagle3", "eagle3", SEEDS["eagle3"], argv=eagle_argv)
+    out = run_cli("compare", "baseline", "eagle3", "--archive", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert (
+        "gpu-a: eagle3 is faster per request up to C~3 and loses total throughput from C~3; "
+        "at C=64 baseline delivers 2.2x."
+    ) in out.stdout
+    assert "SGLang's silent cap of 48" in out.stdout and "C=64" in out.stdout
+    pngs = sorted((tmp_path / "compare" / "baseline-vs-eagle3").glob("*.png"))
+    assert [p.name for p in pngs] == [
+        "gpu-a-per_request.png",
+        "gpu-a-throughput.png",
+        "gpu-a-ttft.png",
+    ]
+    assert all(p.stat().st_size > 10_000 for p in pngs)
+
+    data = json.loads(
+        run_cli(
+            "compare",
+            "baseline",
+            "eagle3",
+            "--archive",
+            str(tmp_path),
+            "--format",
+            "json",
+            "--no-plots",
+        ).stdout
+    )
+    assert data["gpu-a"]["levels"]["64"]["eagle3"]["output_throughput"] == 350
+    csv_out = run_cli(
+        "compare",
+        "r1-baseline",
+        "r2-eagle3",
+        "--archive",
+        str(tmp_path),
+        "--format",
+        "csv",
+        "--no-plots",
+    ).stdout
+    assert csv_out.splitlines()[0].startswith("host,C,r1-baseline total tok/s")
+    assert "0.45x" in csv_out  # 350 / 780 at C=64
+    md = run_cli(
+        "compare", "baseline", "eagle3", "--archive", str(tmp_path), "--format", "md", "--no-plots"
+    ).stdout
+    assert "| 64 | 780.0 | 350.0 | 0.45x |" in md
+
+
+def test_no_crossover_and_fairness_warnings(tmp_path):
+    _run(tmp_path, "h", "a1", "a", {1: (10, 10), 8: (50, 6)}, prompts="p1")
+    _run(tmp_path, "h", "b1", "b", {1: (20, 20), 8: (90, 11)}, prompts="p2", status="failed")
+    out = run_cli("compare", "a", "b", "--archive", str(tmp_path), "--no-plots")
+    assert "b is at least as fast per request at every measured level (C<=8)" in out.stdout
+    assert "keeps total throughput at or above a's up to C=8; at C=8 b delivers 1.8x" in out.stdout
+    assert "fairness warning: prompt set differs" in out.stdout
+    assert "fairness warning: b: run b1 is failed" in out.stdout
+
+
+def test_compare_bad_input(tmp_path):
+    out = run_cli("compare", "nothing", "else", "--archive", str(tmp_path))
+    assert out.returncode == 2 and "'nothing': no archived run or profile" in out.stderr
+    out = run_cli("compare", "one", "--archive", str(tmp_path))
+    assert (
+        out.returncode != 0
+        and "did not receive required positional arguments: 'second'" in out.stderr
+    )
+
+
+def _sweep_profiles(fleet, crash_second=False):
+    a = fleet.profile("swa", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    port = yaml.safe_load(a.read_text())["port"]
+    b_sim = {"load-seconds": 0.3, "warmup-seconds": 0.1}
+    if crash_second:
+        b_sim["crash-during-load"] = True
+    fleet.profile(
+        "swb",
+        tp=1,
+        port=port,
+        sim=b_sim,
+        flags={"speculative-algorithm": "EAGLE3", "max-running-requests": 16},
+    )
+    return a.parent
+
+
+def test_sweep_records_failed_cell_and_resume_finishes(fleet, tmp_path):
+    playbooks = _sweep_profiles(fleet, crash_second=True)
+    args = [
+        "sweep",
+        "--profiles",
+        f"{playbooks}/swa.yaml,{playbooks}/swb.yaml",
+        "--hosts",
+        "h0,h1",
+        "--concurrency",
+        "1,4",
+        "--num-prompts",
+        "4",
+        "--output-len",
+        "8",
+        "--archive",
+        str(tmp_path / "a"),
+    ]
+    out = fleet.cli(*args)
+    assert out.returncode == 1
+    assert "swa on h0: done" in out.stdout and "swb on h0: FAILED" in out.stdout
+    [state_file] = (tmp_path / "a" / "sweeps").glob("*.json")
+    state = json.loads(state_file.read_text())
+    assert state["cells"][f"{playbooks}/swa.yaml"]["h1"]["status"] == "done"
+    done_run = state["cells"][f"{playbooks}/swa.yaml"]["h0"]["run_id"]
+
+    # fix the second profile, resume: the first is not redone
+    data = yaml.safe_load((playbooks / "swb.yaml").read_text())
+    data["sim"].pop("crash-during-load")
+    (playbooks / "swb.yaml").write_text(yaml.safe_dump(data))
+    out = fleet.cli(*args, "--resume")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "already done, skipped" in out.stdout
+    assert (
+        "swb is" in out.stdout or "faster per request" in out.stdout or "throughput" in out.stdout
+    )
+    state = json.loads(state_file.read_text())
+    assert state["status"] == "done"
+    assert state["cells"][f"{playbooks}/swa.yaml"]["h0"]["run_id"] == done_run
+    assert len(list((tmp_path / "a" / "h0").iterdir())) == 2
+    assert list((tmp_path / "a" / "compare").glob("*/h0-throughput.png"))
+
+
+def test_sweep_dry_run_starts_nothing(fleet, tmp_path):
+    playbooks = _sweep_profiles(fleet)
+    out = fleet.cli(
+        "sweep",
+        "--profiles",
+        f"{playbooks}/swa.yaml,{playbooks}/swb.yaml",
+        "--concurrency",
+        "1,10,64",
+        "--dry-run",
+        "--archive",
+        str(tmp_path),
+    )
+    assert out.returncode == 0
+    assert "gpu-clean -> launch -> bench [C=1 x 10, C=10 x 40, C=64 x 256" in out.stdout
+    assert "dry run: nothing started" in out.stdout
+    assert not (tmp_path / "sweeps").exists()
