@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 BACKENDS = ("sglang", "openai", "openai-chat")
+WARMUP_TOKENS = 16
 
 
 @dataclass
@@ -222,12 +223,14 @@ async def run_level(
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         warm_errors = []
         for i in range(warmup):
+            # Warm the connection pool and the server's path; 16 tokens are enough for that.
             rec = RequestRecord(index=-1 - i)
+            base = prompts[i % len(prompts)]
             await _one_request(
                 session,
                 base_url,
                 backend,
-                prompts[i % len(prompts)],
+                Prompt(base.text, base.prompt_tokens, min(base.output_len, WARMUP_TOKENS)),
                 rec,
                 model,
                 ignore_eos,

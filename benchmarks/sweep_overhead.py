@@ -1,0 +1,98 @@
+"""Tool overhead in a sweep: wall time minus server load time minus benchmark time.
+
+Runs baseline vs eagle3 (rehearsal engine, 3 s simulated load each) over real sshd, on 1
+host and on 8 hosts in parallel, and splits the wall time into the servers' own load time
+(process start -> ready), the benchmark levels' own durations, and the rest: gpufleet's
+overhead (connections, agent calls, preflight, gpu-clean, stop, verification, fetch,
+archive). Goal: overhead <= 10% of the total. Also times `inv rehearse` itself.
+
+    python benchmarks/sweep_overhead.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+from _fleet import BenchFleet
+
+from gpufleet import archive, benchrun
+from gpufleet import sweep as sw
+from gpufleet.inventory import load_inventory
+
+REPO = Path(__file__).resolve().parent.parent
+LEVELS = [
+    {"concurrency": 1, "num_prompts": 8},
+    {"concurrency": 10, "num_prompts": 20},
+    {"concurrency": 64, "num_prompts": 128},
+]
+
+
+def _ts(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def one(n_hosts: int) -> None:
+    fleet = BenchFleet(hosts=n_hosts, sshds=1, max_startups="100:30:200")
+    root = Path(tempfile.mkdtemp(prefix="gpufleet-sweep-"))
+    try:
+        hosts = load_inventory(fleet.inventory).select(None)
+        for i, h in enumerate(hosts):
+            h.vars["server_port_offset"] = i
+        request = benchrun.BenchRequest(
+            concurrency=[1, 10, 64], output_len=64, archive_root=root, fixed_levels=LEVELS
+        )
+        state = sw.SweepState.new(
+            root, ["baseline", "eagle3"], [h.name for h in hosts], [1, 10, 64]
+        )
+        start = time.monotonic()
+        sw.run(state, hosts, request, "sim", False, 32, lambda _: None)
+        wall = time.monotonic() - start
+        assert state.data["status"] == "done", state.data
+        load = bench = 0.0
+        for profile in ("baseline", "eagle3"):
+            loads, benches = [], []
+            for host in hosts:
+                run_dir = root / host.name / state.cell(profile, host.name)["run_id"]
+                manifest = archive.read_manifest(run_dir)
+                srv = json.loads((run_dir / "server_state.json").read_text())
+                loads.append(_ts(srv["ready_at"]) - _ts(srv["started_at"]))
+                results = [
+                    json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()
+                ]
+                benches.append(sum(r["duration"] for r in results))
+                assert manifest["status"] == "done"
+            load += max(loads)
+            bench += max(benches)
+        overhead = wall - load - bench
+        print(
+            f"{n_hosts} host(s): wall {wall:.1f}s = server load {load:.1f}s + benchmark "
+            f"{bench:.1f}s + overhead {overhead:.1f}s ({overhead / wall * 100:.1f}% of total)"
+        )
+    finally:
+        fleet.close()
+
+
+def main() -> None:
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "rehearse", "--archive", tempfile.mkdtemp()],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    print(
+        f"inv rehearse: {time.monotonic() - start:.1f}s wall (rc {out.returncode}); "
+        f"{out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-300:]}"
+    )
+    for n in (1, 8):
+        one(n)
+
+
+if __name__ == "__main__":
+    main()
