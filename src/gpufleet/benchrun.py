@@ -70,8 +70,9 @@ def default_num_prompts(concurrency: int, duration: float | None) -> int:
 def make_run_id(request: BenchRequest, hosts: list[str]) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     digest = hashlib.sha256(json.dumps([request.__dict__, hosts], default=str).encode())
-    label = (request.profile or "adhoc").replace("/", "_").removesuffix(".yaml")
-    return f"{stamp}-{Path(label).name}-{digest.hexdigest()[:6]}"
+    label = Path(request.profile).stem if request.profile else "adhoc"
+    label = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)[:40]
+    return f"{stamp}-{label}-{digest.hexdigest()[:6]}"
 
 
 def build_plan(request: BenchRequest, run_id: str) -> tuple[dict[str, Any], bytes]:

@@ -119,6 +119,19 @@ def _pipeline(
     cell = state.cell(profile_name, host.name)
     prof = load_profile(profile_name)
     req = replace(request, profile=profile_name)
+    archived = request.archive_root / host.name / str(cell.get("run_id"))
+    if cell.get("run_id") and (archived / "manifest.json").exists():
+        # archived before an interruption: nothing to redo but the stop
+        manifest = json.loads((archived / "manifest.json").read_text())
+        _stop(session)
+        return {
+            "status": manifest["status"],
+            "reason": manifest.get("reason"),
+            "run_id": cell["run_id"],
+            "path": str(archived),
+            "results": [],
+            "tail": [],
+        }
     if cell.get("status") == "benching" and cell.get("run_id"):
         try:  # interrupted while benchmarking: the run went on on the host; fetch it
             result = benchrun.fetch(session, cell["run_id"], req, bench_progress)
@@ -139,6 +152,7 @@ def _pipeline(
     state.update(profile_name, host.name, status="benching", run_id=run_id)
     try:
         result = benchrun.bench_on(session, req, run_id, bench_progress)
+        state.update(profile_name, host.name, status="archived", path=result["path"])
     finally:
         _stop(session)
     return result

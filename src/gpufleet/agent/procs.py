@@ -124,6 +124,9 @@ def collect_trees(
 ) -> tuple[dict[int, tuple[Any, dict[str, Any]]], list[dict[str, Any]]]:
     """Each root and its descendants (children first), minus protected processes.
 
+    A root that may not be killed (init, sshd, an ancestor, another user's) is refused with
+    its whole subtree: NVML listing PID 1 must never turn into "kill every process".
+    A descendant that may not be killed is skipped along with its own descendants.
     Children are collected before any signal, so a parent's death cannot hide them.
     Returns (pid -> (process, details), refused roots with a reason each).
     """
@@ -133,20 +136,39 @@ def collect_trees(
     for pid in root_pids:
         try:
             root = psutil.Process(pid)
-            children = root.children(recursive=True)
         except psutil.NoSuchProcess:
             continue
-        for proc in [*children, root]:
-            info = describe(proc)
-            if info is None or proc.pid in ordered:
-                continue
-            reason = refusal(info, keep, all_users)
-            if reason:
-                if proc.pid == pid:
-                    refused.append({**info, "reason": reason})
-                continue
-            ordered[proc.pid] = (proc, info)
+        info = describe(root)
+        if info is None or pid in ordered:
+            continue
+        reason = refusal(info, keep, all_users)
+        if reason:
+            refused.append({**info, "reason": reason})
+            continue
+        subtree: list[tuple[Any, dict[str, Any]]] = []
+        _walk(root, keep, all_users, subtree)
+        for proc, details in subtree:
+            ordered.setdefault(proc.pid, (proc, details))
     return ordered, refused
+
+
+def _walk(
+    proc: Any, keep: set[int], all_users: bool, out: list[tuple[Any, dict[str, Any]]]
+) -> None:
+    """Children first (depth first), stopping at any process that may not be killed."""
+    psutil = _psutil()
+    try:
+        children = proc.children()
+    except psutil.NoSuchProcess:
+        children = []
+    for child in children:
+        info = describe(child)
+        if info is None or refusal(info, keep, all_users):
+            continue
+        _walk(child, keep, all_users, out)
+    info = describe(proc)
+    if info is not None:
+        out.append((proc, info))
 
 
 def kill_trees(tree: dict[int, tuple[Any, dict[str, Any]]], grace_s: float) -> list[dict[str, Any]]:

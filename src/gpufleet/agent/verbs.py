@@ -199,7 +199,13 @@ def _server_verbs() -> dict[str, Any]:
     }
 
 
+def echo(args: dict[str, Any]) -> dict[str, Any]:
+    """Return the arguments as received, and the argv/cwd: a transport self-test."""
+    return {"args": args, "argv": sys.argv[1:2], "cwd": os.getcwd()}
+
+
 VERBS = {
+    "echo": echo,
     "gpus": gpus,
     "procs": procs_verb,
     "kill": kill,

@@ -1,0 +1,424 @@
+"""Faults survived, bad input refused, nothing lost (docs/RELIABILITY.md lists each case)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpufleet import archive
+from gpufleet.fanout import run_on_hosts
+from gpufleet.inventory import load_inventory
+from gpufleet.sim import gpustate
+from gpufleet.sim.sshd import LoopbackSshd, free_port, keygen
+from helpers import REPO, pid_alive
+
+HOSTILE = st.lists(
+    st.sampled_from([*"ab $`'\"\\;|&<>(){}[]*?!#~\n\t%=-_./", "$(touch {c})", "`touch {c}`"]),
+    max_size=20,
+).map("".join)
+
+
+def _bench_profile(fleet, name="rel", **sim):
+    return fleet.profile(name, tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1, **sim})
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(value=HOSTILE)
+def test_hostile_strings_reach_the_agent_literally_over_ssh(fleet, tmp_path, value):
+    canary = tmp_path / "CANARY"
+    value = value.replace("{c}", str(canary))
+    inv = load_inventory(fleet.inventory)
+    [res] = run_on_hosts(inv.select("h0"), lambda s: s.call("echo", {"value": value, value: 1}), 1)
+    assert res.ok, res.error
+    assert res.value["args"]["value"] == value and res.value["args"][value] == 1
+    assert not canary.exists()
+
+
+def test_hostile_workdir_and_profile_values(fleet, tmp_path):
+    canary = tmp_path / "CANARY"
+    workdir = str(tmp_path / f"w d'; touch {canary}; $(touch {canary})")
+    fleet.write_inventory(
+        extra_hosts={
+            "odd": {"address": "127.0.0.1", "port": fleet.sshds[0].port, "workdir": workdir}
+        }
+    )
+    out = fleet.cli("gpu-clean", "--hosts", "odd")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert os.path.isdir(workdir) and oct(os.stat(workdir).st_mode & 0o777) == "0o700"
+    assert not canary.exists()
+
+
+def test_secrets_never_written(fleet, tmp_path):
+    profile = _bench_profile(fleet, "secret")
+    data = yaml.safe_load(profile.read_text())
+    data["env"] = {"HF_TOKEN": "hf_supersecret", "MY_API_KEY": "sk-supersecret", "PLAIN": "visible"}
+    profile.write_text(yaml.safe_dump(data))
+    dry = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0", "--dry-run")
+    assert "supersecret" not in dry.stdout and "PLAIN=visible" in dry.stdout
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h0").returncode == 0
+    try:
+        out = fleet.cli(
+            "bench",
+            "--hosts",
+            "h0",
+            "--concurrency",
+            "1",
+            "--num-prompts",
+            "2",
+            "--output-len",
+            "4",
+            "--archive",
+            str(tmp_path / "a"),
+        )
+        assert out.returncode == 0, out.stderr
+        written = [p for p in (tmp_path / "a").rglob("*") if p.is_file()]
+        written += [p for p in fleet.workdir("h0").rglob("*.json")]
+        for path in written:
+            assert b"supersecret" not in path.read_bytes(), path
+    finally:
+        fleet.cli("stop", "--hosts", "h0")
+
+
+def test_gpu_clean_never_kills_init_sshd_or_ancestors_whatever_nvml_says(fleet, tmp_path):
+    state = fleet.state_dir("h1")
+    fleet.env("h1")
+    own_sshd = fleet.sshds[1].proc.pid  # h1's sshd: an ancestor of h1's agent
+    other_sshd = fleet.sshds[0].proc.pid  # an sshd that is not
+    for pid in (1, own_sshd, other_sshd):
+        gpustate.register(0, 100, pid=pid, path=state)
+    try:
+        out = fleet.cli("gpu-clean", "--hosts", "h1", "--timeout", "2", "--all-users")
+        assert out.returncode == 1
+        assert pid_alive(own_sshd) and pid_alive(other_sshd) and pid_alive(1)
+        assert f"left {other_sshd} alone: sshd is never killed" in out.stdout
+        assert f"left {own_sshd} alone: agent, ancestor or init" in out.stdout
+        assert "left 1 alone: agent, ancestor or init" in out.stdout
+    finally:
+        for pid in (1, own_sshd, other_sshd):
+            gpustate.release(pid, path=state)
+
+    # connection: local -- this test process is an ancestor of the agent: never killed
+    local = tmp_path / "local.yaml"
+    local.write_text(
+        yaml.safe_dump(
+            {
+                "hosts": {
+                    "here": {
+                        "connection": "local",
+                        "python": sys.executable,
+                        "workdir": str(tmp_path / "lw"),
+                        "gpus": {"count": 8, "simulated": True},
+                    }
+                }
+            }
+        )
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "status", "--inventory", str(local)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert out.returncode == 0
+    gpustate.register(2, 100, pid=os.getpid(), path=tmp_path / "lw" / "sim-gpus")
+    try:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpufleet",
+                "gpu-clean",
+                "--inventory",
+                str(local),
+                "--timeout",
+                "2",
+                "--all-users",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        assert out.returncode == 1
+        assert f"left {os.getpid()} alone: agent, ancestor or init" in out.stdout
+    finally:
+        gpustate.release(os.getpid(), path=tmp_path / "lw" / "sim-gpus")
+
+
+def test_three_kinds_of_broken_host_are_reported_precisely(fleet, fresh_sshd, tmp_path):
+    changed = fresh_sshd()
+    other_key = tmp_path / "stranger_key"
+    keygen(other_key)
+    with open(fleet.known_hosts, "a") as fh:  # a stale key for `changed`'s address
+        fh.write(
+            fleet.sshds[0].known_hosts_line().replace(str(fleet.sshds[0].port), str(changed.port))
+        )
+    fleet.write_inventory(
+        extra_hosts={
+            "down": {"address": "127.0.0.1", "port": free_port()},
+            "noauth": {
+                "address": "127.0.0.1",
+                "port": fleet.sshds[2].port,
+                "identity_file": str(other_key),
+            },
+            "newkey": {"address": "127.0.0.1", "port": changed.port},
+        }
+    )
+    start = time.monotonic()
+    out = fleet.cli("status", "--hosts", "down,noauth,newkey,h0,h1")
+    elapsed = time.monotonic() - start
+    assert out.returncode == 1
+    assert (
+        "down: FAILED: cannot connect to root@127.0.0.1:" in out.stderr
+        and "connection refused" in out.stderr
+    )
+    assert "noauth: FAILED: authentication failed for root@127.0.0.1:" in out.stderr
+    assert "newkey: FAILED: HOST KEY CHANGED" in out.stderr
+    assert "3 of 5 host(s) failed" in out.stderr
+    assert out.stdout.count("NVIDIA H200") == 16  # h0 and h1 answered
+    assert elapsed < 30
+
+
+def test_32_hosts_through_default_maxstartups(tmp_path, ssh_keys, host_python):
+    sshd = LoopbackSshd(tmp_path / "sshd", ssh_keys, max_startups=None).start()  # 10:30:100
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(sshd.known_hosts_line())
+        inventory = tmp_path / "fleet.yaml"
+        inventory.write_text(
+            yaml.safe_dump(
+                {
+                    "defaults": {
+                        "user": "root",
+                        "identity_file": str(ssh_keys),
+                        "known_hosts": str(known),
+                        "python": host_python,
+                        "gpus": {"count": 8, "simulated": True},
+                    },
+                    "hosts": {
+                        f"n{i:02d}": {
+                            "address": "127.0.0.1",
+                            "port": sshd.port,
+                            "workdir": str(tmp_path / "w" / f"n{i:02d}"),
+                        }
+                        for i in range(32)
+                    },
+                }
+            )
+        )
+        out = subprocess.run(
+            [sys.executable, "-m", "gpufleet", "gpu-clean", "--inventory", str(inventory)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        assert out.stdout.count("verified clean") == 32
+    finally:
+        sshd.stop()
+
+
+def test_two_launches_at_once_one_wins(fleet):
+    profile = _bench_profile(fleet, "race")
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpufleet",
+                "launch",
+                "--profile",
+                str(profile),
+                "--hosts",
+                "h2",
+                "--inventory",
+                str(fleet.inventory),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    try:
+        codes = sorted(p.returncode for p in procs)
+        assert codes == [0, 1], outs
+        loser = outs[[p.returncode for p in procs].index(1)][1]
+        assert (
+            "another gpufleet launch on port" in loser
+            or "already runs on port" in loser
+            or "is taken" in loser
+        )
+        servers = [
+            json.loads(p.read_text()) for p in (fleet.workdir("h2") / "servers").glob("*.json")
+        ]
+        assert len([s for s in servers if pid_alive(s["pid"])]) == 1
+    finally:
+        fleet.cli("stop", "--hosts", "h2")
+
+
+def test_server_sigkilled_mid_bench_fails_fast(fleet, tmp_path):
+    profile = _bench_profile(fleet, "victim")
+    port = yaml.safe_load(profile.read_text())["port"] + 7
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h1").returncode == 0
+    state = json.loads((fleet.workdir("h1") / "servers" / f"{port}.json").read_text())
+    kids = psutil.Process(state["pid"]).children()
+    threading.Timer(2.0, lambda: os.kill(state["pid"], signal.SIGKILL)).start()
+    start = time.monotonic()
+    out = fleet.cli(
+        "bench",
+        "--hosts",
+        "h1",
+        "--concurrency",
+        "4",
+        "--num-prompts",
+        "400",
+        "--output-len",
+        "64",
+        "--archive",
+        str(tmp_path / "a"),
+    )
+    elapsed = time.monotonic() - start
+    try:
+        assert out.returncode == 1
+        assert "run archived as FAILED" in out.stderr and "server process exited" in out.stderr
+        assert elapsed < 20
+        [run_dir] = list((tmp_path / "a" / "h1").iterdir())
+        assert archive.read_manifest(run_dir)["status"] == "failed"
+    finally:
+        for k in kids:
+            k.kill()
+
+
+def test_sshd_killed_mid_bench_then_attach_loses_nothing(fleet, fresh_sshd, tmp_path):
+    host_sshd = fresh_sshd()
+    with open(fleet.known_hosts, "a") as fh:
+        fh.write(host_sshd.known_hosts_line())
+    fleet.write_inventory(
+        extra_hosts={
+            "flaky": {
+                "address": "127.0.0.1",
+                "port": host_sshd.port,
+                "workdir": str(fleet.workdir("flaky")),
+                "vars": {"server_port_offset": 50},
+            }
+        }
+    )
+    profile = _bench_profile(fleet, "flaky")
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "flaky").returncode == 0
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpufleet",
+                "bench",
+                "--hosts",
+                "flaky",
+                "--concurrency",
+                "64",
+                "--num-prompts",
+                "640",
+                "--output-len",
+                "32",
+                "--archive",
+                str(tmp_path / "a"),
+                "--inventory",
+                str(fleet.inventory),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+        )
+        run_id = None
+        for line in proc.stdout:
+            if "started against" in line:
+                run_id = line.split("run ", 1)[1].split()[0]
+            if run_id and "C=64: 640 requests" in line:
+                break
+        time.sleep(2)
+        # sshd dies with every session it holds: the control side loses the host
+        for p in [
+            psutil.Process(host_sshd.proc.pid),
+            *psutil.Process(host_sshd.proc.pid).children(recursive=True),
+        ]:
+            if p.name().startswith("sshd"):
+                p.kill()
+        host_sshd.proc.wait()
+        rest = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 1 and "--attach" in rest
+        host_sshd.proc = None
+        host_sshd.start()  # same port, same host key
+        out = fleet.cli(
+            "bench",
+            "--hosts",
+            "flaky",
+            "--attach",
+            run_id,
+            "--archive",
+            str(tmp_path / "a"),
+            timeout=180,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        results = json.loads((tmp_path / "a" / "flaky" / run_id / "results.jsonl").read_text())
+        assert results["completed"] == 640 and results["failed"] == 0
+    finally:
+        fleet.cli("stop", "--hosts", "flaky")
+
+
+def test_ctrl_c_during_sweep_then_resume(fleet, tmp_path):
+    a = _bench_profile(fleet, "ca")
+    port = yaml.safe_load(a.read_text())["port"]
+    fleet.profile("cb", tp=1, port=port, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    args = [
+        sys.executable,
+        "-m",
+        "gpufleet",
+        "sweep",
+        "--profiles",
+        f"{a.parent}/ca.yaml,{a.parent}/cb.yaml",
+        "--hosts",
+        "h0",
+        "--concurrency",
+        "2",
+        "--num-prompts",
+        "30",
+        "--output-len",
+        "32",
+        "--archive",
+        str(tmp_path / "a"),
+        "--inventory",
+        str(fleet.inventory),
+    ]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
+    )
+    for line in proc.stdout:
+        if "C=2: 30 requests" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    [state_file] = (tmp_path / "a" / "sweeps").glob("*.json")
+    state = json.loads(state_file.read_text())  # valid JSON: written atomically
+    assert state["status"] != "done"
+    out = subprocess.run([*args, "--resume"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    state = json.loads(state_file.read_text())
+    assert state["status"] == "done"
+    runs = list((tmp_path / "a" / "h0").iterdir())
+    assert len(runs) == 2 and all(archive.verify(r) == [] for r in runs)
