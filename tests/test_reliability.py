@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import yaml
@@ -26,6 +27,16 @@ HOSTILE = st.lists(
     st.sampled_from([*"ab $`'\"\\;|&<>(){}[]*?!#~\n\t%=-_./", "$(touch {c})", "`touch {c}`"]),
     max_size=20,
 ).map("".join)
+
+
+FIGURES = Path(os.environ.get("GPUFLEET_RELIABILITY_FIGURES", "/tmp/gpufleet-reliability.json"))
+
+
+def record(key: str, value) -> None:
+    """Keep a measured outcome for docs/RELIABILITY.md."""
+    data = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
+    data[key] = value
+    FIGURES.write_text(json.dumps(data, indent=2))
 
 
 def _bench_profile(fleet, name="rel", **sim):
@@ -188,10 +199,12 @@ def test_three_kinds_of_broken_host_are_reported_precisely(fleet, fresh_sshd, tm
     assert "3 of 5 host(s) failed" in out.stderr
     assert out.stdout.count("NVIDIA H200") == 16  # h0 and h1 answered
     assert elapsed < 30
+    record("three_broken_hosts_s", round(elapsed, 1))
 
 
 def test_32_hosts_through_default_maxstartups(tmp_path, ssh_keys, host_python):
-    sshd = LoopbackSshd(tmp_path / "sshd", ssh_keys, max_startups=None).start()  # 10:30:100
+    # default MaxStartups (10:30:100); INFO logs each connection it drops
+    sshd = LoopbackSshd(tmp_path / "sshd", ssh_keys, max_startups=None, log_level="INFO").start()
     try:
         known = tmp_path / "known_hosts"
         known.write_text(sshd.known_hosts_line())
@@ -226,6 +239,8 @@ def test_32_hosts_through_default_maxstartups(tmp_path, ssh_keys, host_python):
         )
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         assert out.stdout.count("verified clean") == 32
+        log = (tmp_path / "sshd" / "sshd.log").read_text()
+        record("maxstartups_32_hosts", {"ok": 32, "sshd_dropped": log.count("past MaxStartups")})
     finally:
         sshd.stop()
 
@@ -297,6 +312,7 @@ def test_server_sigkilled_mid_bench_fails_fast(fleet, tmp_path):
         assert out.returncode == 1
         assert "run archived as FAILED" in out.stderr and "server process exited" in out.stderr
         assert elapsed < 20
+        record("server_sigkill_bench_exit_s", round(elapsed - 2.0, 1))
         [run_dir] = list((tmp_path / "a" / "h1").iterdir())
         assert archive.read_manifest(run_dir)["status"] == "failed"
     finally:
@@ -377,6 +393,14 @@ def test_sshd_killed_mid_bench_then_attach_loses_nothing(fleet, fresh_sshd, tmp_
         assert out.returncode == 0, out.stdout + out.stderr
         results = json.loads((tmp_path / "a" / "flaky" / run_id / "results.jsonl").read_text())
         assert results["completed"] == 640 and results["failed"] == 0
+        record(
+            "sshd_killed_mid_run",
+            {
+                "completed": results["completed"],
+                "lost": 640 - results["completed"] - results["failed"],
+                "failed": results["failed"],
+            },
+        )
     finally:
         fleet.cli("stop", "--hosts", "flaky")
 

@@ -43,6 +43,7 @@ class LoopbackSshd:
     port: int = 0
     max_startups: str | None = "200:30:400"
     extra_options: list[str] = field(default_factory=list)
+    log_level: str = "ERROR"
     proc: subprocess.Popen | None = None
 
     @property
@@ -75,7 +76,7 @@ class LoopbackSshd:
             "UsePAM=no",
             "StrictModes=no",
             "Subsystem=sftp internal-sftp",
-            "LogLevel=ERROR",
+            f"LogLevel={self.log_level}",
         ]
         if self.max_startups:
             options.append(f"MaxStartups={self.max_startups}")
