@@ -272,3 +272,51 @@ def test_same_seed_same_prompts(tmp_path):
     lines = Path(REPO / "playbooks/prompts/coding.jsonl").read_text().splitlines()
     assert len(lines) >= 200
     assert yaml is not None
+
+
+def test_sglang_bench_engine_command_and_parsing(tmp_path):
+    """--engine sglang-bench: the bench_serving command line and its JSONL in our schema.
+
+    (The run itself needs SGLang on the host; it was checked against sglang 0.5.23's
+    bench_serving, see docs in the README.)"""
+    from gpufleet.bench import sglang_bench
+
+    plan = {
+        "backend": "openai",
+        "base_url": "http://127.0.0.1:30000",
+        "output_len": 32,
+        "seed": 3,
+        "request_rate": None,
+    }
+    level = {"concurrency": 10, "num_prompts": 20}
+    data = sglang_bench.sharegpt_file(["a prompt", "b; $(x)"], tmp_path / "s.json")
+    argv = sglang_bench.command(plan, level, data, tmp_path / "o.jsonl", "/tok")
+    assert argv[1:3] == ["-m", "sglang.bench_serving"]
+    joined = " ".join(argv)
+    for part in (
+        "--backend sglang-oai",
+        "--dataset-name sharegpt",
+        "--max-concurrency 10",
+        "--num-prompts 20",
+        "--sharegpt-output-len 32",
+        "--request-rate inf",
+        "--tokenizer /tok",
+        "--base-url http://127.0.0.1:30000",
+    ):
+        assert part in joined
+    convs = json.loads(data.read_text())
+    assert convs[1]["conversations"][0] == {"from": "human", "value": "b; $(x)"}
+    line = json.dumps(
+        {
+            "backend": "sglang-oai",
+            "completed": 18,
+            "output_throughput": 364.6,
+            "median_tpot_ms": 25.0,
+            "median_ttft_ms": 67.6,
+            "max_concurrency": 10,
+        }
+    )
+    row = sglang_bench.parse(line, level, plan)
+    assert row["failed"] == 2 and row["engine"] == "sglang-bench"
+    assert row["median_per_request_output_tps"] == pytest.approx(40.0)
+    assert row["output_throughput"] == 364.6

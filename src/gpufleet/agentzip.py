@@ -23,6 +23,7 @@ SHIPPED = (
     "bench/loadgen.py",
     "bench/metrics.py",
     "bench/runner.py",
+    "bench/sglang_bench.py",
 )
 MAIN = "import sys\nfrom gpufleet.agent.main import main\nsys.exit(main(sys.argv[1:]))\n"
 

@@ -47,6 +47,8 @@ class BenchRequest:
     archive_root: Path = field(default_factory=lambda: archive.DEFAULT_ROOT)
     command_line: list[str] = field(default_factory=lambda: list(sys.argv))
     fixed_levels: list[dict[str, int]] | None = None  # explicit requests per level
+    engine: str = "gpufleet"  # or sglang-bench: SGLang's own bench_serving on the host
+    tokenizer: str | None = None  # for sglang-bench (default: the served model's path)
 
     def levels(self) -> list[dict[str, int]]:
         if self.fixed_levels:
@@ -76,6 +78,8 @@ def make_run_id(request: BenchRequest, hosts: list[str]) -> str:
 
 
 def build_plan(request: BenchRequest, run_id: str) -> tuple[dict[str, Any], bytes]:
+    if request.engine not in ("gpufleet", "sglang-bench"):
+        raise UserError(f"--engine {request.engine!r}: expected gpufleet or sglang-bench")
     if request.backend not in BACKENDS:
         raise UserError(f"--backend {request.backend!r}: expected one of {', '.join(BACKENDS)}")
     label, texts = prompt_sets.load_texts(request.prompts, request.seed, request.random_input_len)
@@ -87,6 +91,8 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[dict[str, Any], byte
         "port": request.port,
         "base_url": request.url.rstrip("/") if request.url else None,
         "backend": request.backend,
+        "engine": request.engine,
+        "tokenizer": request.tokenizer,
         "levels": levels,
         "output_len": request.output_len,
         "request_rate": request.request_rate,
@@ -130,7 +136,7 @@ def archive_run(
         "profile": plan.get("profile") or server_state.get("profile"),
         "status": status["status"],
         "reason": status.get("reason"),
-        "started_at": (results[0]["started_at"] if results else status.get("at")),
+        "started_at": (results[0].get("started_at") if results else None) or status.get("at"),
         "finished_at": status.get("at"),
         "archived_at": datetime.now(UTC).isoformat(),
         "gpufleet_version": __version__,

@@ -490,6 +490,8 @@ def _print_runs(results: list[Any]) -> None:
         "client": "host (default: the generator runs on the GPU host) or local",
         "url": "server URL for --client local",
         "attach": "re-attach to RUN_ID on the hosts and fetch it",
+        "engine": "gpufleet (default) or sglang-bench: SGLang's own bench_serving on the host",
+        "tokenizer": "tokenizer path for --engine sglang-bench (default: the served model)",
         "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
         "hosts": HOSTS_HELP,
         "inventory": INVENTORY_HELP,
@@ -513,6 +515,8 @@ def bench(
     client="host",
     url=None,
     attach=None,
+    engine="gpufleet",
+    tokenizer=None,
     archive=None,
     hosts=None,
     inventory=None,
@@ -546,6 +550,8 @@ def bench(
         warmup=non_negative_int(warmup, "--warmup", 1),
         url=url,
         archive_root=Path(archive) if archive else DEFAULT_ROOT,
+        engine=engine,
+        tokenizer=tokenizer,
     )
     if client == "local":
         run_id, value = benchrun.bench_local(request, _bench_printer())

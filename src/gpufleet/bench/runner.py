@@ -201,6 +201,52 @@ async def _level(
     return run, samples
 
 
+def _sglang_bench_level(
+    plan: dict[str, Any],
+    level: dict[str, Any],
+    texts: list[str],
+    writer: RunWriter,
+    info: dict[str, Any] | None,
+    server_state: dict[str, Any] | None,
+) -> tuple[str, str | None]:
+    """One level through SGLang's own bench_serving; same results schema."""
+    from gpufleet.bench import sglang_bench
+
+    c = level["concurrency"]
+    tokenizer = (
+        plan.get("tokenizer")
+        or (info or {}).get("tokenizer_path")
+        or (info or {}).get("model_path")
+    )
+    try:
+        row = sglang_bench.run_level(plan, level, texts, writer.dir, tokenizer)
+    except (RuntimeError, OSError, ValueError) as exc:
+        return "failed", f"level C={c}: {exc}"
+    alive = _server_alive(server_state)
+    row.update(
+        dataset_name=plan["prompt_set"],
+        tag=plan.get("profile"),
+        seed=plan["seed"],
+        output_len=plan["output_len"],
+        level_status="ok" if row["failed"] == 0 and alive else "failed",
+    )
+    writer.lines("results.jsonl", [row])
+    writer.event(
+        {
+            "level": c,
+            "phase": "end",
+            "completed": row.get("completed", 0),
+            "failed": row["failed"],
+            "output_throughput": round(row.get("output_throughput", 0.0), 1),
+        }
+    )
+    if not alive:
+        return "failed", f"the server process exited during level C={c}"
+    if row["failed"]:
+        return "failed", f"{row['failed']} request(s) failed at C={c} (sglang.bench_serving)"
+    return "done", None
+
+
 def run_plan(
     run_dir: Path,
     server_state: dict[str, Any] | None = None,
@@ -229,6 +275,12 @@ def run_plan(
         prompts = [Prompt(text=t, output_len=plan["output_len"]) for t in texts[:n]]
         marks.append((_log_size(server_state), f"level C={c} begins ({n} prompts)"))
         writer.event({"level": c, "phase": "start", "total": n, "at": now_iso()})
+        if plan.get("engine") == "sglang-bench":
+            status, reason = _sglang_bench_level(plan, level, texts, writer, before, server_state)
+            marks.append((_log_size(server_state), f"level C={c} ends"))
+            if status == "failed":
+                break
+            continue
         try:
             run, samples = run_async(_level(plan, prompts, level, writer))
         except Exception as exc:  # the generator itself failed: keep what we know
