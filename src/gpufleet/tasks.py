@@ -17,6 +17,11 @@ from invoke.exceptions import Exit
 
 HOSTS_HELP = "hosts, groups or a comma list from the inventory (default: all)"
 INVENTORY_HELP = "inventory file or name under hosts/ (default: $GPUFLEET_INVENTORY or rehearsal)"
+FLEET_HELP = {
+    "hosts": HOSTS_HELP,
+    "inventory": INVENTORY_HELP,
+    "forks": "hosts in parallel (default: the inventory's forks, 32)",
+}
 
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -303,9 +308,7 @@ def launch(
 
 @task(
     help={
-        "hosts": HOSTS_HELP,
-        "inventory": INVENTORY_HELP,
-        "forks": "hosts in parallel",
+        **FLEET_HELP,
         "profile": "take the port from this profile",
         "port": "server port (default 30000)",
         "timeout": "seconds to wait for health",
@@ -339,9 +342,7 @@ def wait(c, hosts=None, inventory=None, profile=None, port=None, timeout=None, f
 
 @task(
     help={
-        "hosts": HOSTS_HELP,
-        "inventory": INVENTORY_HELP,
-        "forks": "hosts in parallel",
+        **FLEET_HELP,
         "profile": "only servers of this profile",
         "port": "only the server on this port",
         "grace": "seconds between SIGTERM and SIGKILL (default 15)",
@@ -387,9 +388,7 @@ def stop(
 
 @task(
     help={
-        "hosts": HOSTS_HELP,
-        "inventory": INVENTORY_HELP,
-        "forks": "hosts in parallel",
+        **FLEET_HELP,
         "profile": "the latest server of this profile",
         "port": "the server on this port",
         "lines": "how many lines (default 40)",
@@ -493,9 +492,7 @@ def _print_runs(results: list[Any]) -> None:
         "engine": "gpufleet (default) or sglang-bench: SGLang's own bench_serving on the host",
         "tokenizer": "tokenizer path for --engine sglang-bench (default: the served model)",
         "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
-        "hosts": HOSTS_HELP,
-        "inventory": INVENTORY_HELP,
-        "forks": "hosts in parallel",
+        **FLEET_HELP,
     },
 )
 @user_errors
