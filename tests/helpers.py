@@ -106,6 +106,16 @@ class Fleet:
         path.write_text(yaml.safe_dump(data))
         return path
 
+    def popen(self, *args: str, stderr: int = subprocess.STDOUT) -> subprocess.Popen:
+        """The real CLI against this fleet, in the background (to interrupt or race it)."""
+        return subprocess.Popen(
+            [sys.executable, "-m", "gpufleet", *args, "--inventory", str(self.inventory)],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            cwd=REPO,
+        )
+
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         """Run the real `gpufleet` CLI as a subprocess against this fleet's inventory."""
         return run_cli(*args, "--inventory", str(self.inventory), timeout=timeout)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -130,29 +128,18 @@ def test_dropped_connection_mid_run_then_attach_loses_nothing(fleet, tmp_path):
     profile = _bench_profile(fleet)
     assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h1").returncode == 0
     try:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpufleet",
-                "bench",
-                "--hosts",
-                "h1",
-                "--concurrency",
-                "4",
-                "--num-prompts",
-                "40",
-                "--output-len",
-                "64",
-                "--archive",
-                str(tmp_path / "a"),
-                "--inventory",
-                str(fleet.inventory),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=REPO,
+        proc = fleet.popen(
+            "bench",
+            "--hosts",
+            "h1",
+            "--concurrency",
+            "4",
+            "--num-prompts",
+            "40",
+            "--output-len",
+            "64",
+            "--archive",
+            str(tmp_path / "a"),
         )
         run_id = None
         for line in proc.stdout:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -14,7 +12,7 @@ import psutil
 import yaml
 
 from gpufleet.sim import gpustate
-from helpers import REPO, pid_alive
+from helpers import pid_alive
 
 
 def _state(fleet, host: str, port: int) -> dict:
@@ -123,26 +121,7 @@ def test_orphaned_schedulers_after_launcher_sigkill_are_cleaned(fleet):
 def test_dropped_connection_while_waiting_then_wait_resumes(fleet):
     profile = fleet.profile("slow", sim={"load-seconds": 4, "warmup-seconds": 0.2})
     port = yaml.safe_load(profile.read_text())["port"]
-    env = dict(os.environ)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpufleet",
-            "launch",
-            "--profile",
-            str(profile),
-            "--hosts",
-            "h2",
-            "--inventory",
-            str(fleet.inventory),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO,
-        env=env,
-    )
+    proc = fleet.popen("launch", "--profile", str(profile), "--hosts", "h2")
     for line in proc.stdout:
         if "h2: loading" in line:
             break
@@ -244,24 +223,7 @@ def test_logs_follow_streams_new_lines(fleet):
     profile = fleet.profile("follow")
     port = yaml.safe_load(profile.read_text())["port"]
     assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h0").returncode == 0
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gpufleet",
-            "logs",
-            "--follow",
-            "--hosts",
-            "h0",
-            "--lines",
-            "2",
-            "--inventory",
-            str(fleet.inventory),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
+    proc = fleet.popen("logs", "--follow", "--hosts", "h0", "--lines", "2")
     try:
         seen = [proc.stdout.readline() for _ in range(2)]
         assert "ready to roll" in "".join(seen)

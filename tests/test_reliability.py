@@ -248,24 +248,7 @@ def test_32_hosts_through_default_maxstartups(tmp_path, ssh_keys, host_python):
 def test_two_launches_at_once_one_wins(fleet):
     profile = _bench_profile(fleet, "race")
     procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpufleet",
-                "launch",
-                "--profile",
-                str(profile),
-                "--hosts",
-                "h2",
-                "--inventory",
-                str(fleet.inventory),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        )
+        fleet.popen("launch", "--profile", str(profile), "--hosts", "h2", stderr=subprocess.PIPE)
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=120) for p in procs]
@@ -337,29 +320,18 @@ def test_sshd_killed_mid_bench_then_attach_loses_nothing(fleet, fresh_sshd, tmp_
     profile = _bench_profile(fleet, "flaky")
     assert fleet.cli("launch", "--profile", str(profile), "--hosts", "flaky").returncode == 0
     try:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpufleet",
-                "bench",
-                "--hosts",
-                "flaky",
-                "--concurrency",
-                "64",
-                "--num-prompts",
-                "640",
-                "--output-len",
-                "32",
-                "--archive",
-                str(tmp_path / "a"),
-                "--inventory",
-                str(fleet.inventory),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=REPO,
+        proc = fleet.popen(
+            "bench",
+            "--hosts",
+            "flaky",
+            "--concurrency",
+            "64",
+            "--num-prompts",
+            "640",
+            "--output-len",
+            "32",
+            "--archive",
+            str(tmp_path / "a"),
         )
         run_id = None
         for line in proc.stdout:
@@ -410,9 +382,6 @@ def test_ctrl_c_during_sweep_then_resume(fleet, tmp_path):
     port = yaml.safe_load(a.read_text())["port"]
     fleet.profile("cb", tp=1, port=port, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
     args = [
-        sys.executable,
-        "-m",
-        "gpufleet",
         "sweep",
         "--profiles",
         f"{a.parent}/ca.yaml,{a.parent}/cb.yaml",
@@ -426,12 +395,8 @@ def test_ctrl_c_during_sweep_then_resume(fleet, tmp_path):
         "32",
         "--archive",
         str(tmp_path / "a"),
-        "--inventory",
-        str(fleet.inventory),
     ]
-    proc = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
-    )
+    proc = fleet.popen(*args)
     for line in proc.stdout:
         if "C=2: 30 requests" in line:
             break
@@ -440,7 +405,7 @@ def test_ctrl_c_during_sweep_then_resume(fleet, tmp_path):
     [state_file] = (tmp_path / "a" / "sweeps").glob("*.json")
     state = json.loads(state_file.read_text())  # valid JSON: written atomically
     assert state["status"] != "done"
-    out = subprocess.run([*args, "--resume"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    out = fleet.cli(*args, "--resume", timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     state = json.loads(state_file.read_text())
     assert state["status"] == "done"

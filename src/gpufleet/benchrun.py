@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 from gpufleet import __version__, archive
 from gpufleet.bench import prompts as prompt_sets
 from gpufleet.bench.loadgen import BACKENDS
-from gpufleet.errors import HostError, UserError
+from gpufleet.errors import UserError
 from gpufleet.fanout import HostResult, run_on_hosts
 from gpufleet.inventory import Host
 from gpufleet.report_bench import summary_csv, summary_md
@@ -217,16 +217,14 @@ def fetch(
         if progress:
             progress(name, event)
 
-    try:
-        watch = session.call("bench-watch", {"run_id": run_id}, on_event=on_event)
-    except HostError as exc:
-        if exc.kind in ("connection", "agent"):
-            raise HostError(
-                f"lost the host while the benchmark runs ({exc}); it keeps running there: "
-                f"fetch it with `inv bench --attach {run_id} --hosts {name}`",
-                kind="connection",
-            ) from None
-        raise
+    watch = session.call_resumable(
+        "bench-watch",
+        {"run_id": run_id},
+        on_event,
+        None,
+        doing="the benchmark runs",
+        resume=f"fetch it with `inv bench --attach {run_id} --hosts {name}`",
+    )
     files = {f["name"]: session.download(f"{watch['run_dir']}/{f['name']}") for f in watch["files"]}
     return archive_run(name, run_id, files, request, watch)
 

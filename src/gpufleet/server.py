@@ -48,21 +48,14 @@ def wait_on(
         if progress:
             progress(name, event)
 
-    try:
-        wait = session.call(
-            "wait-ready",
-            {"port": port, "timeout_s": timeout, "health": rank == 0},
-            on_event=on_event,
-            timeout=timeout + 60,
-        )
-    except HostError as exc:
-        if exc.kind in ("connection", "agent"):
-            raise HostError(
-                f"lost the host while waiting ({exc}); the server keeps running there: "
-                f"resume with `inv wait --hosts {name} --port {port}`",
-                kind="connection",
-            ) from None
-        raise
+    wait = session.call_resumable(
+        "wait-ready",
+        {"port": port, "timeout_s": timeout, "health": rank == 0},
+        on_event,
+        timeout + 60,
+        doing="waiting for the server",
+        resume=f"`inv wait --hosts {name} --port {port}`",
+    )
     _raise_not_ready(wait)
     return wait
 

@@ -181,6 +181,27 @@ class Session:
             )
         return sink.final.get("result")
 
+    def call_resumable(
+        self,
+        verb: str,
+        args: dict[str, Any],
+        on_event: EventHandler | None,
+        timeout: float | None,
+        doing: str,
+        resume: str,
+    ) -> Any:
+        """`call` for long verbs whose work goes on on the host if the connection drops:
+        a lost connection becomes one line saying what keeps running and how to resume."""
+        try:
+            return self.call(verb, args, on_event=on_event, timeout=timeout)
+        except HostError as exc:
+            if exc.kind in ("connection", "agent"):
+                raise HostError(
+                    f"lost the host while {doing} ({exc}); it keeps running there: {resume}",
+                    kind="connection",
+                ) from None
+            raise
+
     def _explain_failure(self, code: int | None, err: str, other: list[str]) -> str:
         tail = (err.strip().splitlines() or other or ["no output"])[-1]
         if code == 127:
