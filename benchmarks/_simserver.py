@@ -7,9 +7,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
+from gpufleet.agent import healthprobe
 from gpufleet.sim import gpustate
 from gpufleet.sim.sshd import free_port
 
@@ -45,12 +45,9 @@ class BenchServer:
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.05)
+            if healthprobe.is_ready(self.url + "/health", timeout=1):
+                return
+            time.sleep(0.05)
         raise RuntimeError("rehearsal server did not become ready")
 
     def cpu_seconds(self) -> float:

@@ -16,7 +16,6 @@ import json
 import statistics
 import threading
 import time
-import urllib.request
 from datetime import datetime
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import yaml
 from _fleet import BenchFleet
 
 from gpufleet import server
+from gpufleet.agent import healthprobe
 from gpufleet.inventory import load_inventory
 from gpufleet.playbook import load_profile
 from gpufleet.sim.sshd import free_port
@@ -31,13 +31,9 @@ from gpufleet.sim.sshd import free_port
 
 def first_200(url: str, stop: threading.Event, out: dict) -> None:
     while not stop.is_set():
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    out["t"] = time.time()
-                    return
-        except OSError:
-            pass
+        if healthprobe.is_ready(url, timeout=1):
+            out["t"] = time.time()
+            return
         time.sleep(0.005)
 
 

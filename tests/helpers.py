@@ -184,16 +184,13 @@ class SimServer:
 
     def wait_ready(self, timeout: float = 20) -> None:
         import time
-        import urllib.request
+
+        from gpufleet.agent import healthprobe
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
+            if healthprobe.is_ready(self.url + "/health"):
+                return
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited: {self.log_path.read_text()}")
             time.sleep(0.05)

@@ -16,17 +16,15 @@ import urllib.request
 import psutil
 import pytest
 
+from gpufleet.agent import healthprobe
 from gpufleet.sim import gpustate
 from gpufleet.sim.server import READY_LINE
 from helpers import REPO, pid_alive
 
 
 def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+    """GET through gpufleet's probe: polling a port still closed must never self-connect."""
+    return healthprobe.get(url, timeout=10)
 
 
 def post(url: str, body: dict) -> tuple[int, bytes]:

@@ -18,13 +18,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpufleet.agent import nvmlread
+from gpufleet.agent import healthprobe, nvmlread
 from gpufleet.agent.protocol import AgentError, emit_event
 
 SERVERS = Path("servers")
@@ -279,23 +277,6 @@ def launch(args: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- wait until healthy ---------------------------------------------------------------
-def _probe(url: str) -> str:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return "ready" if resp.status == 200 else f"http {resp.status}"
-    except urllib.error.HTTPError as exc:
-        return "starting" if exc.code == 503 else f"http {exc.code}"
-    except (ConnectionRefusedError, ConnectionResetError):
-        return "loading"
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, (ConnectionRefusedError, ConnectionResetError)):
-            return "loading"
-        return "loading" if "refused" in str(reason) else f"unreachable ({reason})"
-    except TimeoutError:
-        return "starting"  # busy warming up: /health runs a generation
-    except OSError:
-        return "loading"
 
 
 def tail(path: str, lines: int = 40) -> list[str]:
@@ -341,7 +322,7 @@ def wait_ready(args: dict[str, Any]) -> dict[str, Any]:
                     return _failed(state, "crashed", f"{label} in the server log")
         if not server_alive(state):
             return _failed(state, "crashed", "the server process exited")
-        new_phase = _probe(state["health_url"]) if check_health else "running"
+        new_phase = healthprobe.probe(state["health_url"]) if check_health else "running"
         if new_phase in ("ready", "running"):
             state.update(status="ready" if check_health else "running", ready_at=_now())
             _write_state(state)
@@ -467,7 +448,7 @@ def servers(args: dict[str, Any]) -> dict[str, Any]:
             )
         }
         entry["alive"] = alive
-        entry["health"] = _probe(state["health_url"]) if alive else "down"
+        entry["health"] = healthprobe.probe(state["health_url"]) if alive else "down"
         if alive:
             started = datetime.fromisoformat(state["started_at"].replace("Z", "+00:00"))
             entry["uptime_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)

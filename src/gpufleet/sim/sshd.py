@@ -8,6 +8,7 @@ Not part of the host agent: it runs on the control machine.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -25,7 +26,30 @@ def sshd_path() -> str | None:
     return None
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
+    """A free loopback port below the ephemeral range (with room for per-host offsets).
+
+    An ephemeral port can be taken as the source port of any outgoing connection (the many
+    SSH connections of a test run) between this call and the server's bind.
+    """
+    lo, _ = _ephemeral_range()
+    candidates = list(range(max(1024, lo - 12000), max(1025, lo - 1000)))  # room for offsets
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
