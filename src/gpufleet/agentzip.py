@@ -20,6 +20,7 @@ SHIPPED = (
     "agent",
     "sim",
     "bench/__init__.py",
+    "bench/httpstream.py",
     "bench/loadgen.py",
     "bench/metrics.py",
     "bench/runner.py",

@@ -1,4 +1,4 @@
-"""Closed-loop load generator (asyncio + aiohttp), SGLang bench_serving's semantics.
+"""Closed-loop load generator (asyncio, bench/httpstream.py), SGLang bench_serving's semantics.
 
 One level = one concurrency cap (a semaphore, like `--max-concurrency`) and an optional
 Poisson request rate (inf = all at once). Warm-up requests run first and are excluded.
@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from gpufleet.bench.httpstream import StreamClient
 
 BACKENDS = ("sglang", "openai", "openai-chat")
 WARMUP_TOKENS = 16
@@ -48,6 +51,7 @@ class RequestRecord:
 
 
 _COMPLETION = b'"completion_tokens":'
+_COMPLETION_VALUE = re.compile(rb'"completion_tokens":\s*(\d+)')
 
 
 def _completion_tokens(payload: bytes) -> int | None:
@@ -60,14 +64,8 @@ def _completion_tokens(payload: bytes) -> int | None:
     at = payload.rfind(_COMPLETION)
     if at < 0:
         return None
-    start = at + len(_COMPLETION)
-    end = start
-    while end < len(payload) and payload[end : end + 1] in b" 0123456789":
-        end += 1
-    try:
-        return int(payload[start:end])
-    except ValueError:
-        return None
+    match = _COMPLETION_VALUE.match(payload, at)
+    return int(match.group(1)) if match else None
 
 
 def _payload(backend: str, prompt: Prompt, model: str, ignore_eos: bool) -> tuple[str, dict]:
@@ -97,98 +95,114 @@ def _payload(backend: str, prompt: Prompt, model: str, ignore_eos: bool) -> tupl
     }
 
 
+class _StreamTracker:
+    """Turns one request's stream events into its record, at the time each event arrived."""
+
+    def __init__(self, backend: str, record: RequestRecord, start: float) -> None:
+        self.backend = backend
+        self.record = record
+        self.start = start
+        self.last = start
+        self.seen_tokens = 0
+        self.stopped = False  # an error event arrived: ignore the rest
+
+    def on_event(self, payload: bytes, now: float) -> None:
+        if self.stopped or payload == b"[DONE]":
+            return
+        record = self.record
+        if payload.startswith(b'{"error"'):
+            self._error(json.loads(payload))
+            return
+        if self.backend == "sglang":
+            total = _completion_tokens(payload) if record.chunks else None
+            if total is None:  # first chunk, or an unusual layout: parse it all
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    self._error(chunk)
+                    return
+                meta = chunk.get("meta_info") or {}
+                total = int(meta.get("completion_tokens", self.seen_tokens + 1))
+                record.prompt_tokens = int(meta.get("prompt_tokens", record.prompt_tokens))
+                record.rid = meta.get("id", record.rid)
+            new = total - self.seen_tokens
+            if new <= 0:
+                return
+            if self.seen_tokens == 0:
+                record.ttft = now - self.start
+            else:
+                gap = (now - self.last) / new  # k tokens in one chunk = k gaps of 1/k
+                record.itl.extend([gap] * new)
+            self.seen_tokens = record.completion_tokens = total
+        else:
+            chunk = json.loads(payload)
+            if "error" in chunk:
+                self._error(chunk)
+                return
+            usage = chunk.get("usage")
+            if usage:
+                record.prompt_tokens = int(usage.get("prompt_tokens", 0))
+                self.seen_tokens = int(usage.get("completion_tokens", self.seen_tokens))
+            choices = chunk.get("choices") or []
+            if not choices:
+                return
+            c = choices[0]
+            piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
+            if not piece:
+                return
+            if record.chunks == 0:
+                record.ttft = now - self.start
+            else:
+                record.itl.append(now - self.last)
+            if not usage:
+                self.seen_tokens += 1
+        record.chunks += 1
+        self.last = now
+
+    def _error(self, chunk: dict[str, Any]) -> None:
+        error = chunk["error"]
+        self.record.error = str(error.get("message", error) if isinstance(error, dict) else error)
+        self.stopped = True
+
+
 async def _one_request(
-    session: Any,
-    base_url: str,
+    client: StreamClient,
     backend: str,
     prompt: Prompt,
     record: RequestRecord,
     model: str,
     ignore_eos: bool,
     t0: float,
+    timeout: float,
 ) -> None:
     path, body = _payload(backend, prompt, model, ignore_eos)
     start = time.perf_counter()
     record.start_wall = time.time()
     record.start = start - t0
     record.prompt_tokens = prompt.prompt_tokens
-    last = start
-    seen_tokens = 0
+    tracker = _StreamTracker(backend, record, start)
     try:
-        async with session.post(base_url + path, json=body) as resp:
-            if resp.status != 200:
-                text = (await resp.text())[:300]
-                record.error = f"HTTP {resp.status}: {text.strip()}"
-                return
-            buffer = b""
-            async for data in resp.content.iter_any():
-                buffer += data
-                while b"\n\n" in buffer:
-                    event, buffer = buffer.split(b"\n\n", 1)
-                    if not event.startswith(b"data: "):
-                        continue
-                    payload = event[6:]
-                    if payload == b"[DONE]":
-                        continue
-                    now = time.perf_counter()
-                    if payload.startswith(b'{"error"'):
-                        chunk = json.loads(payload)
-                        record.error = str(chunk["error"].get("message", chunk["error"]))
-                        return
-                    if backend == "sglang":
-                        total = _completion_tokens(payload) if record.chunks else None
-                        if total is None:  # first chunk, or an unusual layout: parse it all
-                            meta = json.loads(payload).get("meta_info") or {}
-                            total = int(meta.get("completion_tokens", seen_tokens + 1))
-                            record.prompt_tokens = int(
-                                meta.get("prompt_tokens", record.prompt_tokens)
-                            )
-                            record.rid = meta.get("id", record.rid)
-                        new = total - seen_tokens
-                        if new <= 0:
-                            continue
-                        if seen_tokens == 0:
-                            record.ttft = now - start
-                        else:
-                            gap = (now - last) / new  # k tokens in one chunk = k gaps of 1/k
-                            record.itl.extend([gap] * new)
-                        seen_tokens = record.completion_tokens = total
-                    else:
-                        chunk = json.loads(payload)
-                        if "error" in chunk:
-                            record.error = str(chunk["error"].get("message", chunk["error"]))
-                            return
-                        usage = chunk.get("usage")
-                        if usage:
-                            record.prompt_tokens = int(usage.get("prompt_tokens", 0))
-                            seen_tokens = int(usage.get("completion_tokens", seen_tokens))
-                        choices = chunk.get("choices") or []
-                        if not choices:
-                            continue
-                        c = choices[0]
-                        piece = (
-                            c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
-                        )
-                        if not piece:
-                            continue
-                        if record.chunks == 0:
-                            record.ttft = now - start
-                        else:
-                            record.itl.append(now - last)
-                        if not usage:
-                            seen_tokens += 1
-                    record.chunks += 1
-                    last = now
-        record.e2e = last - start
-        record.completion_tokens = seen_tokens
-        record.ok = seen_tokens > 0
-        if not record.ok:
-            record.error = "no tokens received"
+        response = await client.post_stream(path, body, tracker.on_event, timeout)
     except asyncio.CancelledError:
         record.error = "cancelled"
         raise
-    except Exception as exc:  # connection reset, server crash, bad JSON: counted, kept
+    except TimeoutError:
+        record.error = f"timed out after {timeout:g}s"
+        return
+    except Exception as exc:  # connection refused or reset, server crash, bad JSON: kept
         record.error = f"{type(exc).__name__}: {exc}"
+        return
+    if response.status != 200:
+        record.error = f"HTTP {response.status}: {response.text[:300].strip()}"
+        return
+    if record.error:
+        return
+    record.e2e = tracker.last - start
+    record.completion_tokens = tracker.seen_tokens
+    record.ok = tracker.seen_tokens > 0
+    if not record.ok:
+        record.error = "no tokens received" + (
+            f": {response.text[:200].strip()}" if response.body else ""
+        )
 
 
 @dataclass
@@ -216,25 +230,22 @@ async def run_level(
     request_timeout: float = 3600.0,
     duration: float | None = None,
 ) -> LevelRun:
-    import aiohttp
-
-    timeout = aiohttp.ClientTimeout(total=request_timeout, sock_connect=30)
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    client = StreamClient(base_url)
+    try:
         warm_errors = []
         for i in range(warmup):
             # Warm the connection pool and the server's path; 16 tokens are enough for that.
             rec = RequestRecord(index=-1 - i)
             base = prompts[i % len(prompts)]
             await _one_request(
-                session,
-                base_url,
+                client,
                 backend,
                 Prompt(base.text, base.prompt_tokens, min(base.output_len, WARMUP_TOKENS)),
                 rec,
                 model,
                 ignore_eos,
                 time.perf_counter(),
+                request_timeout,
             )
             if not rec.ok:
                 warm_errors.append(rec.error or "failed")
@@ -250,7 +261,7 @@ async def run_level(
                     records[i].skipped = True
                     return
                 await _one_request(
-                    session, base_url, backend, prompts[i], records[i], model, ignore_eos, t0
+                    client, backend, prompts[i], records[i], model, ignore_eos, t0, request_timeout
                 )
 
         async def reporter() -> None:
@@ -275,6 +286,8 @@ async def run_level(
             report_task.cancel()
         if on_progress:
             on_progress(records, elapsed)
+    finally:
+        client.close()
     sent = [r for r in records if not r.skipped]
     return LevelRun(concurrency, request_rate, elapsed, sent, started_at, warm_errors)
 

@@ -1,0 +1,287 @@
+"""A small HTTP/1.1 client for streamed (server-sent event) responses, built for measuring.
+
+Why not aiohttp: at C=64 every streamed token is one TCP read, and aiohttp spends most of
+the client's CPU per token waking a coroutine through its StreamReader. Here the protocol
+parses chunked framing and SSE events inside `data_received` and hands each event, with the
+time its bytes arrived, straight to a callback: no task wake-up per token, so the client
+costs less CPU and its timestamps sit closer to the wire (see benchmarks/bench_client.py).
+
+Keep-alive connections are pooled; a reused connection the server had already closed is
+retried once on a fresh one, as long as no byte of the response had arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+EventHandler = Callable[[bytes, float], None]  # (payload after "data: ", perf_counter time)
+MAX_ERROR_BODY = 64 * 1024
+
+
+class HTTPStreamError(Exception):
+    """The connection broke or the server answered with something that is not HTTP/1.x."""
+
+
+@dataclass
+class Response:
+    status: int = 0
+    reason: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""  # kept only for non-SSE answers (errors), at most MAX_ERROR_BODY
+
+    @property
+    def text(self) -> str:
+        return self.body.decode(errors="replace")
+
+
+class _StreamProtocol(asyncio.Protocol):
+    """One keep-alive connection, one request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.keep_alive = True
+        self._buf = b""
+        self._sse = b""
+        self._state = "idle"
+        self._need = 0
+        self._body_mode = ""
+        self._sse_mode: bool | None = None
+        self._response = Response()
+        self._on_event: EventHandler | None = None
+        self._done: asyncio.Future[Response] | None = None
+        self.received_any = False
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._state == "body" and self._body_mode == "close":
+            self._finish()
+            return
+        if self._done is not None and not self._done.done():
+            reason = f"{type(exc).__name__}: {exc}" if exc else "server closed the connection"
+            self._done.set_exception(HTTPStreamError(reason))
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        self.received_any = True
+        self._buf += data
+        try:
+            self._parse(now)
+        except (ValueError, IndexError) as exc:
+            self._fail(HTTPStreamError(f"malformed HTTP response: {exc}"))
+
+    # -- requests ----------------------------------------------------------------------
+    def send(self, request: bytes, on_event: EventHandler) -> asyncio.Future[Response]:
+        assert self.transport is not None
+        self._on_event = on_event
+        self._response = Response()
+        self._buf = self._sse = b""
+        self._sse_mode = None
+        self._body_mode = ""
+        self._state = "head"
+        self.received_any = False
+        self._done = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return self._done
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- parsing -----------------------------------------------------------------------
+    def _parse(self, now: float) -> None:
+        while self._buf or self._state == "body-done":
+            state = self._state
+            if state == "head":
+                end = self._buf.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(self._buf) > 65536:
+                        raise ValueError("response head over 64 KiB")
+                    return
+                self._head(self._buf[:end].decode("latin-1"))
+                self._buf = self._buf[end + 4 :]
+            elif state == "size":
+                end = self._buf.find(b"\r\n")
+                if end < 0:
+                    return
+                size = int(self._buf[:end].split(b";", 1)[0], 16)
+                self._buf = self._buf[end + 2 :]
+                if size == 0:
+                    self._state = "trailer"
+                else:
+                    self._need, self._state = size, "chunk"
+            elif state == "chunk":
+                if len(self._buf) < self._need + 2:
+                    return
+                self._body(self._buf[: self._need], now)
+                self._buf = self._buf[self._need + 2 :]
+                self._state = "size"
+            elif state == "trailer":
+                end = self._buf.find(b"\r\n")
+                if end < 0:
+                    return
+                line, self._buf = self._buf[:end], self._buf[end + 2 :]
+                if not line:
+                    self._finish()
+            elif state == "body":
+                if self._body_mode == "length":
+                    take = self._buf[: self._need]
+                    self._buf = self._buf[self._need :]
+                    self._need -= len(take)
+                    self._body(take, now)
+                    if self._need == 0:
+                        self._finish()
+                else:  # until the server closes
+                    take, self._buf = self._buf, b""
+                    self._body(take, now)
+            elif state == "body-done":
+                self._finish()
+            else:  # idle: bytes nobody asked for
+                raise ValueError(f"{len(self._buf)} unexpected bytes between responses")
+
+    def _head(self, head: str) -> None:
+        status_line, *lines = head.split("\r\n")
+        version, _, rest = status_line.partition(" ")
+        if not version.startswith("HTTP/1."):
+            raise ValueError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
+        code, _, reason = rest.partition(" ")
+        headers = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        resp = self._response
+        resp.status, resp.reason, resp.headers = int(code), reason, headers
+        connection = headers.get("connection", "").lower()
+        self.keep_alive = connection != "close" and not (
+            version == "HTTP/1.0" and connection != "keep-alive"
+        )
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            self._state = "size"
+        elif "content-length" in headers:
+            self._need = int(headers["content-length"])
+            self._body_mode = "length"
+            self._state = "body" if self._need else "body-done"
+        elif resp.status in (204, 304) or 100 <= resp.status < 200:
+            self._state = "body-done"
+        else:
+            self._body_mode, self._state = "close", "body"
+            self.keep_alive = False
+
+    def _body(self, data: bytes, now: float) -> None:
+        resp = self._response
+        if self._sse_mode is None:  # first body bytes: an event stream, or an answer to keep
+            self._sse_mode = resp.status == 200 and (
+                "text/event-stream" in resp.headers.get("content-type", "")
+                or data.startswith(b"data:")
+            )
+        if not self._sse_mode:
+            if len(resp.body) < MAX_ERROR_BODY:
+                resp.body += data[: MAX_ERROR_BODY - len(resp.body)]
+            return
+        if b"\r" in data:  # CRLF-separated events; JSON never holds a raw CR
+            data = data.replace(b"\r", b"")
+        sse = self._sse + data
+        start = 0
+        on_event = self._on_event
+        while True:
+            end = sse.find(b"\n\n", start)
+            if end < 0:
+                break
+            if sse.startswith(b"data: ", start) and on_event is not None:
+                on_event(sse[start + 6 : end], now)
+            start = end + 2
+        self._sse = sse[start:]
+
+    def _finish(self) -> None:
+        self._state = "idle"
+        if self._sse.startswith(b"data: ") and self._on_event is not None:
+            self._on_event(self._sse[6:].rstrip(b"\n"), time.perf_counter())
+        self._sse = b""
+        if self._done is not None and not self._done.done():
+            self._done.set_result(self._response)
+
+    def _fail(self, exc: Exception) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_exception(exc)
+        self.abort()
+
+
+class StreamClient:
+    """POST JSON to one server and stream the SSE answer to a callback, over pooled keep-alive."""
+
+    def __init__(self, base_url: str, connect_timeout: float = 30.0) -> None:
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"expected an http(s)://host[:port] URL, got {base_url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        self.prefix = parts.path.rstrip("/")
+        self.host_header = parts.netloc.rpartition("@")[2]
+        self.connect_timeout = connect_timeout
+        self._idle: list[_StreamProtocol] = []
+
+    async def _connect(self) -> _StreamProtocol:
+        loop = asyncio.get_running_loop()
+        _, proto = await asyncio.wait_for(
+            loop.create_connection(_StreamProtocol, self.host, self.port, ssl=self.ssl),
+            self.connect_timeout,
+        )
+        return proto
+
+    def _request(self, path: str, body: dict[str, Any]) -> bytes:
+        data = json.dumps(body).encode()
+        head = (
+            f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
+            "User-Agent: gpufleet\r\nAccept: text/event-stream, application/json\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        )
+        return head.encode("latin-1") + data
+
+    async def post_stream(
+        self, path: str, body: dict[str, Any], on_event: EventHandler, timeout: float
+    ) -> Response:
+        """Send; `on_event` gets every SSE `data:` payload as it arrives; returns at the end."""
+        request = self._request(path, body)
+        while self._idle:
+            proto = self._idle.pop()
+            if proto.closed:
+                continue
+            try:
+                return await self._exchange(proto, request, on_event, timeout)
+            except HTTPStreamError:
+                if proto.received_any:
+                    raise
+                # the server had closed this idle connection: try a fresh one
+        return await self._exchange(await self._connect(), request, on_event, timeout)
+
+    async def _exchange(
+        self, proto: _StreamProtocol, request: bytes, on_event: EventHandler, timeout: float
+    ) -> Response:
+        try:
+            response = await asyncio.wait_for(proto.send(request, on_event), timeout)
+        except BaseException:
+            proto.abort()
+            raise
+        if proto.keep_alive and not proto.closed:
+            self._idle.append(proto)
+        else:
+            proto.abort()
+        return response
+
+    def close(self) -> None:
+        for proto in self._idle:
+            proto.abort()
+        self._idle.clear()

@@ -1,0 +1,199 @@
+"""The load generator's HTTP client against SGLang's own HTTP stack (Starlette under uvicorn).
+
+Real sockets throughout: uvicorn in a subprocess for the server cases, a socketpair for the
+parser property (any segmentation of the bytes gives the same events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpufleet.agent import healthprobe
+from gpufleet.bench import httpstream
+from gpufleet.bench.loadgen import Prompt, run_async, run_level
+from gpufleet.sim.sshd import free_port
+from helpers import REPO
+
+
+@pytest.fixture(scope="module")
+def uvicorn_url():
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "sse_app:app",
+            "--app-dir",
+            str(REPO / "tests"),
+            "--port",
+            str(port),
+            "--timeout-keep-alive",
+            "1",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while not healthprobe.is_ready(url + "/health"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()
+        time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+def level(url: str, n: int = 16, c: int = 4, out: int = 20, backend: str = "sglang", **kw):
+    prompts = [Prompt(f"prompt {i}", output_len=out) for i in range(n)]
+    return run_async(run_level(url, prompts, c, backend=backend, warmup=0, **kw))
+
+
+def test_sglang_stream_from_uvicorn_counts_every_token(uvicorn_url):
+    run = level(uvicorn_url)
+    assert [r.error for r in run.records] == [None] * 16
+    for r in run.records:
+        assert (r.completion_tokens, r.prompt_tokens, r.chunks, len(r.itl)) == (20, 7, 20, 19)
+        assert 0 < r.ttft < r.e2e
+
+
+def test_speculative_chunks_carry_several_tokens(uvicorn_url):
+    run = level(uvicorn_url + "/spec3")
+    for r in run.records:
+        # 20 tokens in chunks of 3: 7 chunks. The first chunk's 3 tokens are the TTFT; after
+        # it a k-token chunk counts as k gaps of 1/k (bench_serving's rule): 17 ITL values
+        assert (r.ok, r.completion_tokens, r.chunks, len(r.itl)) == (True, 20, 7, 17)
+
+
+@pytest.mark.parametrize("mode", ["", "/crlf"])
+def test_openai_stream_takes_tokens_from_usage(uvicorn_url, mode):
+    run = level(uvicorn_url + mode, backend="openai")
+    for r in run.records:
+        assert (r.ok, r.completion_tokens, r.prompt_tokens, r.chunks) == (True, 20, 5, 20)
+
+
+def test_http_error_and_error_event_are_kept(uvicorn_url):
+    bad = level(uvicorn_url, n=2, out=-1)
+    assert [r.error for r in bad.records] == [
+        "HTTP 400: "
+        + json.dumps({"error": {"message": "max_new_tokens must be >= 0"}}, separators=(",", ":"))
+    ] * 2
+    mid = level(uvicorn_url + "/err5", n=3)
+    for r in mid.records:
+        assert not r.ok and r.error == "CUDA error: an illegal memory access"
+
+
+def test_stalled_stream_times_out_with_a_reason(uvicorn_url):
+    t = time.monotonic()
+    run = level(uvicorn_url + "/stall", n=2, c=2, request_timeout=1.0)
+    assert time.monotonic() - t < 5
+    assert [r.error for r in run.records] == ["timed out after 1s"] * 2
+
+
+def test_keep_alive_reused_and_expired_connections_replaced(uvicorn_url):
+    async def scenario() -> list[int]:
+        client = httpstream.StreamClient(uvicorn_url)
+        ports = []
+
+        async def one() -> None:
+            seen = []
+            body = {"text": "x", "sampling_params": {"max_new_tokens": 2}, "stream": True}
+            resp = await client.post_stream("/generate", body, lambda p, t: seen.append(p), 10)
+            assert resp.status == 200
+            ports.append(json.loads(seen[0])["meta_info"]["client_port"])
+
+        await one()
+        await one()  # back to back: the same keep-alive connection
+        await asyncio.sleep(1.6)  # uvicorn --timeout-keep-alive 1 closes the idle one
+        await one()
+        client.close()
+        return ports
+
+    ports = run_async(scenario())
+    assert ports[0] == ports[1] and ports[2] != ports[1]
+
+
+def test_unreachable_server_is_one_error_per_request():
+    run = level(f"http://127.0.0.1:{free_port()}", n=3, c=3)
+    assert all(r.error and r.error.startswith("ConnectionRefusedError") for r in run.records)
+
+
+RESPONSE_EVENTS = [
+    b'{"text":"a","meta_info":{"completion_tokens":1}}',
+    b'{"text":"a b","meta_info":{"completion_tokens":2}}',
+    b"[DONE]",
+]
+
+
+def chunked_response(events: list[bytes], sep: bytes, chunk_size: int) -> bytes:
+    body = b"".join(b"data: " + e + sep for e in events)
+    chunks = [body[i : i + chunk_size] for i in range(0, len(body), chunk_size)]
+    framed = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    return head + framed
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    cuts=st.lists(st.integers(min_value=1, max_value=400), max_size=12),
+    sep=st.sampled_from([b"\n\n", b"\r\n\r\n"]),
+    chunk_size=st.integers(min_value=1, max_value=200),
+)
+def test_any_segmentation_yields_the_same_events(cuts, sep, chunk_size):
+    raw = chunked_response(RESPONSE_EVENTS, sep, chunk_size)
+    pieces, at = [], 0
+    for cut in sorted(set(cuts)):
+        if at < cut < len(raw):
+            pieces.append(raw[at:cut])
+            at = cut
+    pieces.append(raw[at:])
+
+    async def scenario() -> tuple[list[bytes], int, bool]:
+        ours, theirs = socket.socketpair()
+        theirs.setblocking(False)
+        loop = asyncio.get_running_loop()
+        _, proto = await loop.create_connection(httpstream._StreamProtocol, sock=ours)
+        events: list[bytes] = []
+        done = proto.send(b"POST / HTTP/1.1\r\n\r\n", lambda p, t: events.append(p))
+        for piece in pieces:
+            await loop.sock_sendall(theirs, piece)
+            await asyncio.sleep(0)
+        response = await asyncio.wait_for(done, 5)
+        keep = proto.keep_alive and not proto.closed
+        proto.abort()
+        theirs.close()
+        return events, response.status, keep
+
+    events, status, keep_alive = asyncio.run(scenario())
+    assert (events, status, keep_alive) == (RESPONSE_EVENTS, 200, True)
+
+
+def test_garbage_instead_of_http_is_an_error_not_a_hang():
+    async def scenario() -> str:
+        ours, theirs = socket.socketpair()
+        loop = asyncio.get_running_loop()
+        _, proto = await loop.create_connection(httpstream._StreamProtocol, sock=ours)
+        done = proto.send(b"GET / HTTP/1.1\r\n\r\n", lambda p, t: None)
+        theirs.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        try:
+            await asyncio.wait_for(done, 5)
+        except httpstream.HTTPStreamError as exc:
+            return str(exc)
+        finally:
+            theirs.close()
+        return "no error"
+
+    assert asyncio.run(scenario()).startswith("malformed HTTP response: not an HTTP/1.x status")
