@@ -44,6 +44,15 @@ def child_cpu(cmd: list[str], env: dict | None = None) -> tuple[float, str]:
     return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), out.stdout
 
 
+REPEATS = 3  # single marginal measurements vary by +-15% on 2 shared cores: take the median
+
+
+def median_of(measure) -> tuple[float, float, float]:
+    """(median, min, max) of REPEATS runs of `measure()`."""
+    values = sorted(measure() for _ in range(REPEATS))
+    return values[len(values) // 2], values[0], values[-1]
+
+
 def ours_cost(url: str) -> float:
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     cpu = []
@@ -53,10 +62,12 @@ def ours_cost(url: str) -> float:
     return (cpu[1][0] - cpu[0][0]) / (cpu[1][1] - cpu[0][1]) * 1e6
 
 
-def sglang_cost(port: int) -> float | None:
-    python, tokenizer = os.environ.get("SGLANG_PYTHON"), os.environ.get("TOKENIZER_DIR")
-    if not python or not tokenizer:
-        return None
+def sglang_available() -> bool:
+    return bool(os.environ.get("SGLANG_PYTHON") and os.environ.get("TOKENIZER_DIR"))
+
+
+def sglang_cost(port: int) -> float:
+    python, tokenizer = os.environ["SGLANG_PYTHON"], os.environ["TOKENIZER_DIR"]
     cpu = []
     for n in (64, 1024):
         out = tempfile.mktemp(suffix=".jsonl")
@@ -129,14 +140,16 @@ def fidelity(url: str) -> None:
 def main() -> None:
     server = BenchServer("--sim-zero-cost")
     try:
-        ours = ours_cost(server.url)
+        ours, lo, hi = median_of(lambda: ours_cost(server.url))
         print(
-            f"client cost at C=64 (zero-cost server): gpufleet {ours:.1f} us CPU per streamed token"
+            f"client cost at C=64 (zero-cost server), median of {REPEATS}: gpufleet {ours:.1f} us "
+            f"CPU per streamed token (range {lo:.1f}-{hi:.1f})"
         )
-        theirs = sglang_cost(server.port)
-        if theirs:
+        if sglang_available():
+            theirs, lo, hi = median_of(lambda: sglang_cost(server.port))
             print(
-                f"  sglang.bench_serving: {theirs:.1f} us per token -> gpufleet is {ours / theirs:.2f}x"
+                f"  sglang.bench_serving: {theirs:.1f} us per token (range {lo:.1f}-{hi:.1f}) "
+                f"-> gpufleet is {ours / theirs:.2f}x"
             )
         else:
             print("  (set SGLANG_PYTHON and TOKENIZER_DIR to measure sglang.bench_serving too)")

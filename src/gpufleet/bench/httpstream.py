@@ -41,6 +41,37 @@ class Response:
         return self.body.decode(errors="replace")
 
 
+def _whole_event_chunks(data: bytes) -> list[bytes] | None:
+    """The payloads when `data` is whole HTTP chunks of whole `data: ...\n\n` events, else None.
+
+    The fast path for a read while streaming; anything else (a partial chunk, the last
+    chunk, CRLF separators, extensions) returns None and goes through the full parser.
+    """
+    events: list[bytes] = []
+    pos, total = 0, len(data)
+    while pos < total:
+        end = data.find(b"\r\n", pos)
+        if end < 0:
+            return None
+        try:
+            size = int(data[pos:end], 16)
+        except ValueError:
+            return None
+        start = end + 2
+        stop = start + size
+        if size == 0 or stop + 2 > total or data[stop : stop + 2] != b"\r\n":
+            return None
+        chunk = data[start:stop]
+        if not chunk.endswith(b"\n\n") or b"\r" in chunk:
+            return None
+        for event in chunk[:-2].split(b"\n\n"):
+            if not event.startswith(b"data: "):
+                return None
+            events.append(event[6:])
+        pos = stop + 2
+    return events
+
+
 class _StreamProtocol(asyncio.Protocol):
     """One keep-alive connection, one request at a time."""
 
@@ -75,6 +106,14 @@ class _StreamProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
         self.received_any = True
+        if self._state == "size" and self._sse_mode and not self._buf and not self._sse:
+            events = _whole_event_chunks(data)
+            if events is not None:  # the usual read while streaming: nothing left over
+                on_event = self._on_event
+                if on_event is not None:
+                    for event in events:
+                        on_event(event, now)
+                return
         self._buf += data
         try:
             self._parse(now)

@@ -50,22 +50,12 @@ class RequestRecord:
         return asdict(self)
 
 
+# completion_tokens from an SGLang stream chunk without decoding the cumulative text: the text
+# grows with every chunk, so json.loads of each chunk costs O(length). meta_info comes after
+# the text and a JSON string cannot hold an unescaped quote, so the last
+# `"completion_tokens":` in the payload is the real key.
 _COMPLETION = b'"completion_tokens":'
 _COMPLETION_VALUE = re.compile(rb'"completion_tokens":\s*(\d+)')
-
-
-def _completion_tokens(payload: bytes) -> int | None:
-    """completion_tokens from an SGLang stream chunk without decoding the cumulative text.
-
-    The text grows with every chunk, so json.loads of each chunk costs O(length); meta_info
-    comes after the text and a JSON string cannot hold an unescaped quote, so the last
-    `"completion_tokens":` in the payload is the real key.
-    """
-    at = payload.rfind(_COMPLETION)
-    if at < 0:
-        return None
-    match = _COMPLETION_VALUE.match(payload, at)
-    return int(match.group(1)) if match else None
 
 
 def _payload(backend: str, prompt: Prompt, model: str, ignore_eos: bool) -> tuple[str, dict]:
@@ -96,65 +86,78 @@ def _payload(backend: str, prompt: Prompt, model: str, ignore_eos: bool) -> tupl
 
 
 class _StreamTracker:
-    """Turns one request's stream events into its record, at the time each event arrived."""
+    """Turns one request's stream events into its record, at the time each event arrived.
+
+    `on_event` runs once per streamed chunk inside the protocol's read callback, so the
+    SGLang path is kept lean: after the first chunk, only `completion_tokens` is read.
+    """
 
     def __init__(self, backend: str, record: RequestRecord, start: float) -> None:
-        self.backend = backend
         self.record = record
         self.start = start
         self.last = start
         self.seen_tokens = 0
         self.stopped = False  # an error event arrived: ignore the rest
+        self.on_event = self._sglang_event if backend == "sglang" else self._openai_event
 
-    def on_event(self, payload: bytes, now: float) -> None:
-        if self.stopped or payload == b"[DONE]":
+    def _sglang_event(self, payload: bytes, now: float) -> None:
+        if self.stopped:
             return
-        record = self.record
-        if payload.startswith(b'{"error"'):
-            self._error(json.loads(payload))
-            return
-        if self.backend == "sglang":
-            total = _completion_tokens(payload) if record.chunks else None
-            if total is None:  # first chunk, or an unusual layout: parse it all
-                chunk = json.loads(payload)
-                if "error" in chunk:
-                    self._error(chunk)
-                    return
-                meta = chunk.get("meta_info") or {}
-                total = int(meta.get("completion_tokens", self.seen_tokens + 1))
-                record.prompt_tokens = int(meta.get("prompt_tokens", record.prompt_tokens))
-                record.rid = meta.get("id", record.rid)
-            new = total - self.seen_tokens
-            if new <= 0:
+        seen = self.seen_tokens
+        at = payload.rfind(_COMPLETION) if seen else -1
+        match = _COMPLETION_VALUE.match(payload, at) if at >= 0 else None
+        if match is not None:
+            total = int(match.group(1))
+        else:  # the first chunk, [DONE], an error, or an unusual layout: parse it all
+            if payload == b"[DONE]":
                 return
-            if self.seen_tokens == 0:
-                record.ttft = now - self.start
-            else:
-                gap = (now - self.last) / new  # k tokens in one chunk = k gaps of 1/k
-                record.itl.extend([gap] * new)
-            self.seen_tokens = record.completion_tokens = total
-        else:
             chunk = json.loads(payload)
             if "error" in chunk:
                 self._error(chunk)
                 return
-            usage = chunk.get("usage")
-            if usage:
-                record.prompt_tokens = int(usage.get("prompt_tokens", 0))
-                self.seen_tokens = int(usage.get("completion_tokens", self.seen_tokens))
-            choices = chunk.get("choices") or []
-            if not choices:
-                return
-            c = choices[0]
-            piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
-            if not piece:
-                return
-            if record.chunks == 0:
-                record.ttft = now - self.start
-            else:
-                record.itl.append(now - self.last)
-            if not usage:
-                self.seen_tokens += 1
+            record = self.record
+            meta = chunk.get("meta_info") or {}
+            total = int(meta.get("completion_tokens", seen + 1))
+            record.prompt_tokens = int(meta.get("prompt_tokens", record.prompt_tokens))
+            record.rid = meta.get("id", record.rid)
+        new = total - seen
+        if new <= 0:
+            return
+        record = self.record
+        if seen == 0:
+            record.ttft = now - self.start
+        else:
+            gap = (now - self.last) / new  # k tokens in one chunk = k gaps of 1/k
+            record.itl.extend([gap] * new)
+        self.seen_tokens = record.completion_tokens = total
+        record.chunks += 1
+        self.last = now
+
+    def _openai_event(self, payload: bytes, now: float) -> None:
+        if self.stopped or payload == b"[DONE]":
+            return
+        record = self.record
+        chunk = json.loads(payload)
+        if "error" in chunk:
+            self._error(chunk)
+            return
+        usage = chunk.get("usage")
+        if usage:
+            record.prompt_tokens = int(usage.get("prompt_tokens", 0))
+            self.seen_tokens = int(usage.get("completion_tokens", self.seen_tokens))
+        choices = chunk.get("choices") or []
+        if not choices:
+            return
+        c = choices[0]
+        piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
+        if not piece:
+            return
+        if record.chunks == 0:
+            record.ttft = now - self.start
+        else:
+            record.itl.append(now - self.last)
+        if not usage:
+            self.seen_tokens += 1
         record.chunks += 1
         self.last = now
 
