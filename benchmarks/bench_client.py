@@ -34,6 +34,36 @@ run = run_async(run_level(url, [Prompt("x " * 100, output_len=out)] * n, 64, war
 print(sum(r.completion_tokens for r in run.records))
 """
 
+# The floor under any Python client: one uvloop protocol callback per streamed chunk that does
+# nothing but notice the end of the response (kernel read + event-loop dispatch).
+FLOOR = """
+import asyncio, json, sys, uvloop
+url, n, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+host, port = url.split("//")[1].split(":")
+class Noop(asyncio.Protocol):
+    def connection_made(self, t): self.t = t
+    def data_received(self, data):
+        if data.endswith(b"0\\r\\n\\r\\n"): self.done.set_result(None)
+async def main():
+    loop = asyncio.get_running_loop()
+    body = json.dumps({"text": "x " * 100, "stream": True,
+                       "sampling_params": {"max_new_tokens": out, "ignore_eos": True}}).encode()
+    req = (b"POST /generate HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\n"
+           b"Content-Length: %d\\r\\n\\r\\n" % len(body)) + body
+    idle = asyncio.Queue()
+    for _ in range(64):
+        idle.put_nowait((await loop.create_connection(Noop, host, int(port)))[1])
+    async def one():
+        conn = await idle.get()
+        conn.done = loop.create_future()
+        conn.t.write(req)
+        await conn.done
+        idle.put_nowait(conn)
+    await asyncio.gather(*(one() for _ in range(n)))
+    print(n * out)
+uvloop.run(main())
+"""
+
 
 def child_cpu(cmd: list[str], env: dict | None = None) -> tuple[float, str]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -53,11 +83,11 @@ def median_of(measure) -> tuple[float, float, float]:
     return values[len(values) // 2], values[0], values[-1]
 
 
-def ours_cost(url: str) -> float:
+def ours_cost(url: str, script: str = OURS) -> float:
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     cpu = []
     for n in (64, 1024):
-        seconds, stdout = child_cpu([sys.executable, "-c", OURS, url, str(n), "256"], env)
+        seconds, stdout = child_cpu([sys.executable, "-c", script, url, str(n), "256"], env)
         cpu.append((seconds, int(stdout.strip())))
     return (cpu[1][0] - cpu[0][0]) / (cpu[1][1] - cpu[0][1]) * 1e6
 
@@ -144,6 +174,10 @@ def main() -> None:
         print(
             f"client cost at C=64 (zero-cost server), median of {REPEATS}: gpufleet {ours:.1f} us "
             f"CPU per streamed token (range {lo:.1f}-{hi:.1f})"
+        )
+        floor, lo, hi = median_of(lambda: ours_cost(server.url, FLOOR))
+        print(
+            f"  floor (no-op uvloop protocol): {floor:.1f} us per token (range {lo:.1f}-{hi:.1f})"
         )
         if sglang_available():
             theirs, lo, hi = median_of(lambda: sglang_cost(server.port))
