@@ -307,3 +307,20 @@ def test_sglang_bench_engine_command_and_parsing(tmp_path):
     assert row["failed"] == 2 and row["engine"] == "sglang-bench"
     assert row["median_per_request_output_tps"] == pytest.approx(40.0)
     assert row["output_throughput"] == 364.6
+
+
+def test_progress_estimates_time_left_from_tokens_before_any_request_ends(sim_server, tmp_path):
+    server = sim_server()
+    out = run_cli(
+        "bench", "--client", "local", "--url", server.url, "--concurrency", "4",
+        "--num-prompts", "8", "--output-len", "120", "--archive", str(tmp_path),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    [run_dir] = list((tmp_path / f"127.0.0.1_{server.port}").iterdir())
+    events = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    ticks = [e for e in events if e.get("level") == 4 and "eta_s" in e]
+    result = json.loads((run_dir / "results.jsonl").read_text().splitlines()[0])
+    finished = result["duration"]
+    assert ticks and ticks[0]["done"] == 0 and ticks[0]["eta_s"] is not None
+    for tick in ticks:  # elapsed + estimate lands near the real end of the level
+        assert abs(tick["elapsed_s"] + tick["eta_s"] - finished) <= 0.5 * finished, (tick, finished)

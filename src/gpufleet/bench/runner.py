@@ -154,6 +154,10 @@ async def _level(
     concurrency = level["concurrency"]
     total = len(prompts)
     last = {"t": time.perf_counter(), "tokens": 0}
+    # With ignore_eos every request streams exactly output_len tokens, so tokens received
+    # say how far the level is; counting finished requests would not (at C=64 the first
+    # 64 all finish together, and after the first one the estimate read ~1,300 s).
+    expected_tokens = sum(p.output_len for p in prompts) if plan.get("ignore_eos", True) else 0
 
     def progress(records: list[RequestRecord], elapsed: float) -> None:
         done = [r for r in records if r.ok or r.error]
@@ -161,7 +165,10 @@ async def _level(
         now = time.perf_counter()
         rate = (tokens - last["tokens"]) / max(1e-6, now - last["t"])
         last.update(t=now, tokens=tokens)
-        eta = (elapsed / len(done)) * (total - len(done)) if done else None
+        if expected_tokens and tokens:
+            eta = elapsed * max(0, expected_tokens - tokens) / tokens
+        else:
+            eta = (elapsed / len(done)) * (total - len(done)) if done else None
         if plan.get("duration"):
             eta = max(0.0, plan["duration"] - elapsed)
         writer.event(
