@@ -7,11 +7,13 @@ parser property (any segmentation of the bytes gives the same events).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 from hypothesis import given, settings
@@ -197,3 +199,43 @@ def test_garbage_instead_of_http_is_an_error_not_a_hang():
         return "no error"
 
     assert asyncio.run(scenario()).startswith("malformed HTTP response: not an HTTP/1.x status")
+
+
+def test_a_busy_client_does_not_inflate_itl(sim_server):
+    """Kernel receive timestamps: a client whose loop is blocked 8 ms at a time still measures
+    the gaps the server sent; timing reads by the loop (https, non-Linux) cannot. (Blocks
+    longer than a token gap would merge chunks into one read, one timestamp: no client can
+    time those apart.)"""
+    server = sim_server()
+
+    async def measure(kernel_timestamps: bool) -> tuple[str, list[float]]:
+        client = httpstream.StreamClient(server.url, kernel_timestamps=kernel_timestamps)
+        busy = True
+
+        async def hog() -> None:  # a client with other work: reads wait up to 8 ms
+            while busy:
+                time.sleep(0.008)  # the rehearsal baseline's token gap at C=1 is ~16 ms
+                await asyncio.sleep(0.003)
+
+        hogging = asyncio.create_task(hog())
+        events: list[tuple[bytes, float]] = []
+        body = {"text": "x", "sampling_params": {"max_new_tokens": 30}, "stream": True}
+        await client.post_stream("/generate", body, lambda p, t: events.append((p, t)), 30)
+        busy = False
+        await hogging
+        client.close()
+        chunks = [(p, t) for p, t in events if p != b"[DONE]"]
+        return json.loads(chunks[0][0])["meta_info"]["id"], [t for _, t in chunks]
+
+    def worst_gap_error(rid: str, times: list[float]) -> float:
+        with urllib.request.urlopen(f"{server.url}/sim/trace/{rid}", timeout=5) as r:
+            sent = json.loads(r.read())["sent_times"]
+        assert len(sent) == len(times) == 30
+        ours = [b - a for a, b in itertools.pairwise(times)]
+        truth = [b - a for a, b in itertools.pairwise(sent)]
+        return max(abs(a - b) for a, b in zip(ours, truth, strict=True))
+
+    kernel = worst_gap_error(*run_async(measure(True)))
+    loop_timed = worst_gap_error(*run_async(measure(False)))
+    assert loop_timed > 0.004  # the hog really delays reads
+    assert kernel < 0.002, (kernel, loop_timed)

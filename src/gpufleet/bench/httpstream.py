@@ -1,10 +1,13 @@
 """A small HTTP/1.1 client for streamed (server-sent event) responses, built for measuring.
 
 Why not aiohttp: at C=64 every streamed token is one TCP read, and aiohttp spends most of
-the client's CPU per token waking a coroutine through its StreamReader. Here the protocol
-parses chunked framing and SSE events inside `data_received` and hands each event, with the
-time its bytes arrived, straight to a callback: no task wake-up per token, so the client
-costs less CPU and its timestamps sit closer to the wire (see benchmarks/bench_client.py).
+the client's CPU per token waking a coroutine through its StreamReader. Here chunked framing
+and SSE events are parsed in the read callback and each event goes, with the time its bytes
+arrived, straight to a callback: no task wake-up per token.
+
+"The time its bytes arrived" is the kernel's receive timestamp (SO_TIMESTAMPNS) on plain HTTP
+on Linux, so a client that is itself busy does not inflate TTFT and ITL; elsewhere (https,
+other systems) it is when the event loop read them. See benchmarks/bench_client.py.
 
 Keep-alive connections are pooled; a reused connection the server had already closed is
 retried once on a fresh one, as long as no byte of the response had arrived.
@@ -14,7 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
+import struct
+import sys
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -104,7 +110,10 @@ class _StreamProtocol(asyncio.Protocol):
             self._done.set_exception(HTTPStreamError(reason))
 
     def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
+        self.feed(data, time.perf_counter())
+
+    def feed(self, data: bytes, now: float) -> None:
+        """Bytes of the response, which arrived at `now` (perf_counter seconds)."""
         self.received_any = True
         if self._state == "size" and self._sse_mode and not self._buf and not self._sse:
             events = _whole_event_chunks(data)
@@ -122,7 +131,6 @@ class _StreamProtocol(asyncio.Protocol):
 
     # -- requests ----------------------------------------------------------------------
     def send(self, request: bytes, on_event: EventHandler) -> asyncio.Future[Response]:
-        assert self.transport is not None
         self._on_event = on_event
         self._response = Response()
         self._buf = self._sse = b""
@@ -131,8 +139,12 @@ class _StreamProtocol(asyncio.Protocol):
         self._state = "head"
         self.received_any = False
         self._done = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
+        self._write(request)
         return self._done
+
+    def _write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
 
     def abort(self) -> None:
         self.closed = True
@@ -257,10 +269,84 @@ class _StreamProtocol(asyncio.Protocol):
         self.abort()
 
 
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; Python does not export it
+_TIMESPEC = struct.Struct("@qq")
+_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size)
+_READ_SIZE = 64 * 1024
+
+
+class _KernelTimedConnection(_StreamProtocol):
+    """A plain-HTTP connection read with recvmsg, so every read carries the kernel's receive time.
+
+    The event loop may reach a socket late: at C=64 it reads 64 of them per decode step, and
+    a busy client (or a busy machine) adds its own delay to every TTFT and ITL. SO_TIMESTAMPNS
+    stamps the bytes when the kernel received them, so the timings are the wire's whatever
+    the client's load. Same parser, same pool; only the reading differs.
+    """
+
+    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.sock = sock
+        self.loop = loop
+        self._fd = sock.fileno()
+        self._buffer = bytearray(_READ_SIZE)  # one buffer per connection, reused by every read
+        self._into = [memoryview(self._buffer)]
+        loop.add_reader(self._fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            size, ancillary, _, _ = self.sock.recvmsg_into(self._into, _ANCILLARY)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._close(exc)
+            return
+        if not size:
+            self._close(None)
+            return
+        data = bytes(self._into[0][:size])
+        now = time.perf_counter()
+        if ancillary:
+            sec, nsec = _TIMESPEC.unpack_from(ancillary[0][2])
+            age = time.time() - (sec + nsec * 1e-9)  # how long the bytes waited for us
+            if 0.0 < age < 10.0:
+                now -= age
+        self.feed(data, now)
+
+    def _write(self, data: bytes) -> None:
+        try:
+            sent = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._close(exc)
+            return
+        if sent < len(data):  # a large prompt: let the loop finish it
+            rest = asyncio.ensure_future(self.loop.sock_sendall(self.sock, data[sent:]))
+            rest.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Future[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._close(task.exception())  # type: ignore[arg-type]
+
+    def _close(self, exc: BaseException | None) -> None:
+        if not self.closed:
+            self.abort()
+            self.connection_lost(exc if isinstance(exc, Exception) else None)
+
+    def abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.loop.remove_reader(self._fd)
+            self.sock.close()
+
+
 class StreamClient:
     """POST JSON to one server and stream the SSE answer to a callback, over pooled keep-alive."""
 
-    def __init__(self, base_url: str, connect_timeout: float = 30.0) -> None:
+    def __init__(
+        self, base_url: str, connect_timeout: float = 30.0, kernel_timestamps: bool = True
+    ) -> None:
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"expected an http(s)://host[:port] URL, got {base_url!r}")
@@ -270,15 +356,41 @@ class StreamClient:
         self.prefix = parts.path.rstrip("/")
         self.host_header = parts.netloc.rpartition("@")[2]
         self.connect_timeout = connect_timeout
+        # kernel receive timestamps need a socket we read ourselves: plain HTTP on Linux
+        self.kernel_timestamps = (
+            kernel_timestamps and self.ssl is None and sys.platform.startswith("linux")
+        )
         self._idle: list[_StreamProtocol] = []
 
     async def _connect(self) -> _StreamProtocol:
         loop = asyncio.get_running_loop()
+        if self.kernel_timestamps:
+            return await asyncio.wait_for(self._connect_timed(loop), self.connect_timeout)
         _, proto = await asyncio.wait_for(
             loop.create_connection(_StreamProtocol, self.host, self.port, ssl=self.ssl),
             self.connect_timeout,
         )
         return proto
+
+    async def _connect_timed(self, loop: asyncio.AbstractEventLoop) -> _KernelTimedConnection:
+        infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        last: OSError | None = None
+        for family, kind, proto, _, address in infos:
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await loop.sock_connect(sock, address)
+            except OSError as exc:
+                sock.close()
+                last = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            return _KernelTimedConnection(sock, loop)
+        raise last or OSError(f"cannot resolve {self.host}")
 
     def _request(self, path: str, body: dict[str, Any]) -> bytes:
         data = json.dumps(body).encode()
