@@ -5,7 +5,7 @@
    the same for SGLang's bench_serving when SGLANG_PYTHON and TOKENIZER_DIR are set (see
    bench_serving_compat.py).
 2. Fidelity at C=64 (baseline timing model): output throughput against the engine's own
-   count, TTFT and ITL against the server's per-token emission times (/sim/trace).
+   count, TTFT and ITL against the times the server sent each chunk (/sim/trace sent_times).
 
     python benchmarks/bench_client.py
 """
