@@ -22,7 +22,13 @@ class BenchServer:
         gpustate.ensure_topology(self.state, count=8)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, GPUFLEET_SIM_STATE=str(self.state), PYTHONPATH=str(REPO / "src"))
+        env = dict(
+            os.environ,
+            GPUFLEET_SIM_STATE=str(self.state),
+            PYTHONPATH=os.pathsep.join(
+                filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])
+            ),
+        )
         self.proc = subprocess.Popen(
             [
                 sys.executable,

@@ -84,7 +84,10 @@ def median_of(measure) -> tuple[float, float, float]:
 
 
 def ours_cost(url: str, script: str = OURS) -> float:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])),
+    )
     cpu = []
     for n in (64, 1024):
         seconds, stdout = child_cpu([sys.executable, "-c", script, url, str(n), "256"], env)
