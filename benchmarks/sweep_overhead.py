@@ -12,6 +12,7 @@ archive). Goal: overhead <= 10% of the total. Also times `inv rehearse` itself.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,11 @@ def one(n_hosts: int) -> None:
         wall = time.monotonic() - start
         assert state.data["status"] == "done", state.data
         load = bench = 0.0
+        steps: dict[str, list[float]] = {}
         for profile in ("baseline", "eagle3"):
+            for host in hosts:
+                for step, seconds in state.cell(profile, host.name)["steps_s"].items():
+                    steps.setdefault(step, []).append(seconds)
             loads, benches = [], []
             for host in hosts:
                 run_dir = root / host.name / state.cell(profile, host.name)["run_id"]
@@ -73,6 +78,10 @@ def one(n_hosts: int) -> None:
         print(
             f"{n_hosts} host(s): wall {wall:.1f}s = server load {load:.1f}s + benchmark "
             f"{bench:.1f}s + overhead {overhead:.1f}s ({overhead / wall * 100:.1f}% of total)"
+        )
+        print(
+            "  per cell, median over hosts and profiles: "
+            + ", ".join(f"{k} {statistics.median(v):.2f}s" for k, v in steps.items())
         )
     finally:
         fleet.close()

@@ -174,6 +174,10 @@ def test_sweep_records_failed_cell_and_resume_finishes(fleet, tmp_path):
     state = json.loads(state_file.read_text())
     assert state["cells"][f"{playbooks}/swa.yaml"]["h1"]["status"] == "done"
     done_run = state["cells"][f"{playbooks}/swa.yaml"]["h0"]["run_id"]
+    # where each cell's time went: every step of a finished cell, up to the failing one
+    steps = state["cells"][f"{playbooks}/swa.yaml"]["h1"]["steps_s"]
+    assert list(steps) == ["clean", "launch", "bench", "stop"] and min(steps.values()) >= 0
+    assert list(state["cells"][f"{playbooks}/swb.yaml"]["h0"]["steps_s"]) == ["clean"]
 
     # fix the second profile, resume: the first is not redone
     data = yaml.safe_load((playbooks / "swb.yaml").read_text())

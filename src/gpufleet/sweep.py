@@ -139,22 +139,36 @@ def _pipeline(
             return result
         except (HostError, UserError):
             pass  # not fetchable (already archived, or lost): run it again
+    steps: dict[str, float] = {}  # where this cell's time went, kept in the sweep state
+    mark = time.monotonic()
+
+    def step_done(step: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        steps[step] = round(now - mark, 2)
+        mark = now
+
     state.update(profile_name, host.name, status="cleaning")
     cleaned = clean_on(session, CleanOptions(grace_s=5))
     if not cleaned["clean"]:
         raise HostError("gpu-clean before launch did not verify clean", kind="not_clean")
-    state.update(profile_name, host.name, status="launching")
+    step_done("clean")
+    state.update(profile_name, host.name, status="launching", steps_s=steps)
     [(_, spec)] = build_specs(prof, [host], engine)
     server.launch_on(
         session, spec, server.LaunchOptions(replace=True, engine=engine), launch_progress
     )
+    step_done("launch")
     run_id = benchrun.make_run_id(req, [host.name])
-    state.update(profile_name, host.name, status="benching", run_id=run_id)
+    state.update(profile_name, host.name, status="benching", run_id=run_id, steps_s=steps)
     try:
         result = benchrun.bench_on(session, req, run_id, bench_progress)
+        step_done("bench")
         state.update(profile_name, host.name, status="archived", path=result["path"])
     finally:
         _stop(session)
+        step_done("stop")
+        state.update(profile_name, host.name, steps_s=steps)
     return result
 
 
@@ -207,7 +221,13 @@ def run(
                     path=res.value["path"],
                     error=None,
                 )
-                say(f"[sweep] {label(name)} on {res.host.name}: done, archived {res.value['path']}")
+                steps = state.cell(name, res.host.name).get("steps_s") or {}
+                took = ", ".join(f"{k} {v:.1f}s" for k, v in steps.items())
+                say(
+                    f"[sweep] {label(name)} on {res.host.name}: done"
+                    + (f" ({took})" if took else "")
+                    + f", archived {res.value['path']}"
+                )
             else:
                 error = res.error if not res.ok else f"run failed: {res.value['reason']}"
                 extra = {"run_id": res.value["run_id"], "path": res.value["path"]} if res.ok else {}
