@@ -57,8 +57,16 @@ def uvicorn_url():
     proc.wait(10)
 
 
-def level(url: str, n: int = 16, c: int = 4, out: int = 20, backend: str = "sglang", **kw):
-    prompts = [Prompt(f"prompt {i}", output_len=out) for i in range(n)]
+def level(
+    url: str,
+    n: int = 16,
+    c: int = 4,
+    out: int = 20,
+    backend: str = "sglang",
+    prompts_text: str = "prompt",
+    **kw,
+):
+    prompts = [Prompt(f"{prompts_text} {i}", output_len=out) for i in range(n)]
     return run_async(run_level(url, prompts, c, backend=backend, warmup=0, **kw))
 
 
@@ -239,3 +247,9 @@ def test_a_busy_client_does_not_inflate_itl(sim_server):
     loop_timed = worst_gap_error(*run_async(measure(False)))
     assert loop_timed > 0.004  # the hog really delays reads
     assert kernel < 0.002, (kernel, loop_timed)
+
+
+def test_a_prompt_larger_than_the_socket_buffer_is_sent_whole(uvicorn_url):
+    # 8 MB does not fit one non-blocking send: the rest goes through the event loop
+    run = level(uvicorn_url, n=2, c=2, out=5, prompts_text="word " * 1_600_000)
+    assert [(r.ok, r.completion_tokens) for r in run.records] == [(True, 5), (True, 5)]
