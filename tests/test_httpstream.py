@@ -241,7 +241,12 @@ def test_a_busy_client_does_not_inflate_itl(sim_server):
         assert len(sent) == len(times) == 30
         ours = [b - a for a, b in itertools.pairwise(times)]
         truth = [b - a for a, b in itertools.pairwise(sent)]
-        return max(abs(a - b) for a, b in zip(ours, truth, strict=True))
+        # two chunks in one read share its timestamp (a stalled server caught up while the
+        # loop was blocked): nobody can time those apart, so they are not counted, but they
+        # must stay rare
+        pairs = [(a, b) for a, b in zip(ours, truth, strict=True) if a != 0.0]
+        assert len(pairs) >= 25, (ours, truth)
+        return max(abs(a - b) for a, b in pairs)
 
     kernel = worst_gap_error(*run_async(measure(True)))
     loop_timed = worst_gap_error(*run_async(measure(False)))
