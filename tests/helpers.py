@@ -137,6 +137,18 @@ def run_cli(
     )
 
 
+def read_run_id(proc: subprocess.Popen, until: str | None = None) -> str | None:
+    """The run id a background `bench` prints ("... run ID started against ..."), reading
+    on until a line containing `until` when given."""
+    run_id = None
+    for line in proc.stdout:
+        if "started against" in line:
+            run_id = line.split("run ", 1)[1].split()[0]
+        if run_id and (until is None or until in line):
+            break
+    return run_id
+
+
 def pid_alive(pid: int) -> bool:
     """Alive and not a zombie (a zombie holds no GPU memory)."""
     try:

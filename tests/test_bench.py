@@ -14,7 +14,7 @@ import yaml
 from gpufleet import archive
 from gpufleet.bench.loadgen import Prompt, run_level
 from gpufleet.bench.metrics import percentile, summarize
-from helpers import REPO, run_cli
+from helpers import REPO, read_run_id, run_cli
 
 
 def _trace(url: str, rid: str) -> dict:
@@ -141,11 +141,7 @@ def test_dropped_connection_mid_run_then_attach_loses_nothing(fleet, tmp_path):
             "--archive",
             str(tmp_path / "a"),
         )
-        run_id = None
-        for line in proc.stdout:
-            if "started against" in line:
-                run_id = line.split("run ", 1)[1].split()[0]
-                break
+        run_id = read_run_id(proc)
         proc.kill()  # the control machine vanishes mid-run
         proc.wait()
         assert run_id

@@ -21,7 +21,7 @@ from gpufleet.fanout import run_on_hosts
 from gpufleet.inventory import load_inventory
 from gpufleet.sim import gpustate
 from gpufleet.sim.sshd import LoopbackSshd, free_port, keygen
-from helpers import REPO, pid_alive
+from helpers import REPO, pid_alive, read_run_id
 
 HOSTILE = st.lists(
     st.sampled_from([*"ab $`'\"\\;|&<>(){}[]*?!#~\n\t%=-_./", "$(touch {c})", "`touch {c}`"]),
@@ -333,12 +333,7 @@ def test_sshd_killed_mid_bench_then_attach_loses_nothing(fleet, fresh_sshd, tmp_
             "--archive",
             str(tmp_path / "a"),
         )
-        run_id = None
-        for line in proc.stdout:
-            if "started against" in line:
-                run_id = line.split("run ", 1)[1].split()[0]
-            if run_id and "C=64: 640 requests" in line:
-                break
+        run_id = read_run_id(proc, until="C=64: 640 requests")
         time.sleep(2)
         # sshd dies with every session it holds: the control side loses the host
         for p in [

@@ -288,6 +288,16 @@ class Api:
                 "total_tokens": req.prompt_tokens + req.generated,
             }
 
+        def envelope(obj: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+            return {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": choices,
+                **extra,
+            }
+
         def choice(piece: str, finish: str | None) -> dict[str, Any]:
             if chat:
                 return {
@@ -307,18 +317,8 @@ class Api:
                 message = (
                     {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
                 )
-                return web.json_response(
-                    {
-                        "id": rid,
-                        "object": kind,
-                        "created": created,
-                        "model": model,
-                        "choices": [
-                            {"index": 0, **message, "finish_reason": "length", "logprobs": None}
-                        ],
-                        "usage": usage(),
-                    }
-                )
+                only = {"index": 0, **message, "finish_reason": "length", "logprobs": None}
+                return web.json_response(envelope(kind, [only], usage=usage()))
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             resp = await self._stream(request)
             obj = kind + ".chunk" if chat else kind
@@ -329,42 +329,14 @@ class Api:
                     "finish_reason": None,
                     "logprobs": None,
                 }
-                await resp.write(
-                    _sse(
-                        {
-                            "id": rid,
-                            "object": obj,
-                            "created": created,
-                            "model": model,
-                            "choices": [first],
-                        }
-                    )
-                )
+                await resp.write(_sse(envelope(obj, [first])))
             while not req.finished:
                 n, _ = await req.queue.get()
                 piece = token_text(req.generated - n, n)
                 finish = "length" if req.finished else None
-                chunk = {
-                    "id": rid,
-                    "object": obj,
-                    "created": created,
-                    "model": model,
-                    "choices": [choice(piece, finish)],
-                }
-                await resp.write(_sse(chunk))
+                await resp.write(_sse(envelope(obj, [choice(piece, finish)])))
             if include_usage:
-                await resp.write(
-                    _sse(
-                        {
-                            "id": rid,
-                            "object": obj,
-                            "created": created,
-                            "model": model,
-                            "choices": [],
-                            "usage": usage(),
-                        }
-                    )
-                )
+                await resp.write(_sse(envelope(obj, [], usage=usage())))
             await resp.write(b"data: [DONE]\n\n")
             return resp
         finally:

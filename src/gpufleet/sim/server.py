@@ -44,6 +44,11 @@ def _visible_gpu(index: int) -> int:
     return index
 
 
+def _holder(title: str) -> list[str]:
+    """argv of a child process titled like SGLang's, living until the launcher stops it."""
+    return [sys.executable, "-m", "gpufleet.sim.hold", "--seconds", "1e9", "--title", title]
+
+
 def _memory_per_gpu(fraction: float) -> int:
     try:
         topo = gpustate.read_topology()
@@ -63,29 +68,11 @@ class Launcher:
         mib = _memory_per_gpu(a.mem_fraction_static)
         for i in range(per_node):
             rank = a.node_rank * per_node + i
-            cmd = [
-                sys.executable,
-                "-m",
-                "gpufleet.sim.hold",
-                "--seconds",
-                "1e9",
-                "--title",
-                f"sglang::scheduler_TP{rank}",
-            ]
+            cmd = _holder(f"sglang::scheduler_TP{rank}")
             if mib:
                 cmd += ["--gpu", str(_visible_gpu(a.base_gpu_id + i)), "--mib", str(mib)]
             self._start(cmd)
-        self._start(
-            [
-                sys.executable,
-                "-m",
-                "gpufleet.sim.hold",
-                "--seconds",
-                "1e9",
-                "--title",
-                "sglang::detokenizer",
-            ]
-        )
+        self._start(_holder("sglang::detokenizer"))
 
     def _start(self, cmd: list[str]) -> None:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
