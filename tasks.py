@@ -1,5 +1,5 @@
-"""Invoke entry point: `inv --list`. The tasks live in src/gpufleet/tasks.py."""
+"""Invoke entry point: `inv --list`. The tasks live in src/gpufleet/cli/tasks.py."""
 
-from gpufleet.tasks import ns
+from gpufleet.cli.tasks import ns
 
 __all__ = ["ns"]

@@ -22,8 +22,8 @@ import tempfile
 
 from _simserver import BenchServer
 
-from gpufleet.bench.loadgen import Prompt, run_level
-from gpufleet.bench.metrics import summarize
+from gpufleet.host.bench.loadgen import Prompt, run_level
+from gpufleet.host.bench.metrics import summarize
 
 C, N, IN, OUT = 10, 40, 128, 64
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import yaml
 from _fleet import BenchFleet
 
-from gpufleet import server
-from gpufleet.agent import healthprobe
-from gpufleet.inventory import load_inventory
-from gpufleet.playbook import load_profile
+from gpufleet.control import lifecycle as server
+from gpufleet.control.inventory import load_inventory
+from gpufleet.control.playbook import load_profile
+from gpufleet.host import health as healthprobe
 from gpufleet.sim.sshd import free_port
 
 

@@ -13,8 +13,8 @@ import asyncio
 
 from _simserver import BenchServer
 
-from gpufleet.bench.loadgen import Prompt, run_level
-from gpufleet.bench.metrics import summarize
+from gpufleet.host.bench.loadgen import Prompt, run_level
+from gpufleet.host.bench.metrics import summarize
 
 PROFILES = {
     "baseline": [],

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from _fleet import BenchFleet
 
-from gpufleet import archive, benchrun
-from gpufleet import sweep as sw
-from gpufleet.inventory import load_inventory
+from gpufleet.archive import store as archive
+from gpufleet.control import bench as benchrun
+from gpufleet.control import sweep as sw
+from gpufleet.control.inventory import load_inventory
 
 REPO = Path(__file__).resolve().parent.parent
 LEVELS = [

@@ -197,7 +197,7 @@ class SimServer:
     def wait_ready(self, timeout: float = 20) -> None:
         import time
 
-        from gpufleet.agent import healthprobe
+        from gpufleet.host import health as healthprobe
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufleet import archive
-from gpufleet.bench.loadgen import Prompt, run_level
-from gpufleet.bench.metrics import percentile, summarize
+from gpufleet.archive import store as archive
+from gpufleet.host.bench.loadgen import Prompt, run_level
+from gpufleet.host.bench.metrics import percentile, summarize
 from helpers import REPO, read_run_id, run_cli
 
 
@@ -245,7 +245,7 @@ def test_client_local_against_a_url(sim_server, tmp_path):
 
 
 def test_same_seed_same_prompts(tmp_path):
-    from gpufleet.benchrun import BenchRequest, build_plan
+    from gpufleet.control.bench import BenchRequest, build_plan
 
     a = build_plan(BenchRequest(concurrency=[4], num_prompts=20, seed=7), "r1")
     b = build_plan(BenchRequest(concurrency=[4], num_prompts=20, seed=7, profile="eagle3"), "r2")
@@ -262,7 +262,7 @@ def test_sglang_bench_engine_command_and_parsing(tmp_path):
 
     (The run itself needs SGLang on the host; it was checked against sglang 0.5.23's
     bench_serving, see docs in the README.)"""
-    from gpufleet.bench import sglang_bench
+    from gpufleet.host.bench import sglang_bench
 
     plan = {
         "backend": "openai",

@@ -7,7 +7,8 @@ import json
 import pytest
 import yaml
 
-from gpufleet import archive, compare
+from gpufleet.archive import store as archive
+from gpufleet.report import compare
 from helpers import run_cli
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.cliargs import int_list, positive_float
+from gpufleet.cli.args import int_list, positive_float
+from gpufleet.control.inventory import load_inventory
 from gpufleet.errors import UserError
-from gpufleet.inventory import load_inventory
 from helpers import REPO, dedent, run_cli
 
 
@@ -155,7 +155,7 @@ def test_inv_list_is_fast_and_lazy():
     import sys
 
     code = (
-        "import sys, time; t=time.perf_counter(); import gpufleet.tasks; "
+        "import sys, time; t=time.perf_counter(); import gpufleet.cli.tasks; "
         "heavy=[m for m in ('fabric','paramiko','pydantic','rich','aiohttp') if m in sys.modules]; "
         "print(heavy)"
     )

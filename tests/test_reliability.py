@@ -16,9 +16,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpufleet import archive
-from gpufleet.fanout import run_on_hosts
-from gpufleet.inventory import load_inventory
+from gpufleet.archive import store as archive
+from gpufleet.control.fanout import run_on_hosts
+from gpufleet.control.inventory import load_inventory
+from gpufleet.host.protocol import EchoArgs
 from gpufleet.sim import gpustate
 from gpufleet.sim.sshd import LoopbackSshd, free_port, keygen
 from helpers import REPO, pid_alive, read_run_id
@@ -51,9 +52,11 @@ def test_hostile_strings_reach_the_agent_literally_over_ssh(fleet, tmp_path, val
     canary = tmp_path / "CANARY"
     value = value.replace("{c}", str(canary))
     inv = load_inventory(fleet.inventory)
-    [res] = run_on_hosts(inv.select("h0"), lambda s: s.call("echo", {"value": value, value: 1}), 1)
+    [res] = run_on_hosts(
+        inv.select("h0"), lambda s: s.call(EchoArgs(payload={"value": value, value: 1})), 1
+    )
     assert res.ok, res.error
-    assert res.value["args"]["value"] == value and res.value["args"][value] == 1
+    assert res.value["payload"]["value"] == value and res.value["payload"][value] == 1
     assert not canary.exists()
 
 

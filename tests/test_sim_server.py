@@ -16,7 +16,7 @@ import urllib.request
 import psutil
 import pytest
 
-from gpufleet.agent import healthprobe
+from gpufleet.host import health as healthprobe
 from gpufleet.sim import gpustate
 from gpufleet.sim.server import READY_LINE
 from helpers import REPO, pid_alive
@@ -107,7 +107,7 @@ def test_sigkill_of_launcher_orphans_schedulers_for_gpu_clean(sim_server, tmp_pa
     assert all(pid_alive(k.pid) for k in kids)
     assert len(gpustate.live_allocations(server.state_dir)) == 2
 
-    from gpufleet.agent import procs
+    from gpufleet.host import procs
 
     found = procs.find_pattern_matches(procs.DEFAULT_PATTERNS, str(server.state_dir))
     assert {k.pid for k in kids} <= set(found)

@@ -1,5 +1,5 @@
 """`python -m gpufleet ...` is the `gpufleet` console script."""
 
-from gpufleet.cli import main
+from gpufleet.cli.main import main
 
 main()

@@ -20,6 +20,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from gpufleet.host.procstat import ProcRef
+
 STATE_ENV = "GPUFLEET_SIM_STATE"
 
 
@@ -74,15 +76,9 @@ def read_topology(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
 
 
 def _start_time(pid: int) -> float | None:
-    """Process start time in clock ticks since boot, from /proc (no psutil needed)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):  # zombie or dead: NVML has already freed its memory
-        return None
-    return float(fields[19])
+    """Process start time in clock ticks since boot; None for a gone or zombie process."""
+    ref = ProcRef.capture(pid)
+    return None if ref is None else float(ref.start_ticks)
 
 
 def register(

@@ -1,0 +1,139 @@
+"""Turn gpu-clean and status results into tables and JSON (no logic beyond formatting)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufleet.cli.output import line, table
+from gpufleet.control.fanout import HostResult
+from gpufleet.control.gpuclean import CleanOptions, gpu_verdict, killed_by_gpu
+
+
+def _short_cmd(cmdline: list[str] | None, width: int = 60) -> str:
+    text = " ".join(" ".join(cmdline or []).split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def print_clean(results: list[HostResult[dict]], options: CleanOptions) -> None:
+    headers = ["host", "gpu", "uuid", "used MiB", "reserved MiB", "killed PIDs", "verdict"]
+    rows: list[list[Any]] = []
+    for res in results:
+        if not res.ok and res.value is None:
+            rows.append([res.host.name, "-", "-", "-", "-", "-", "FAILED (below)"])
+            continue
+        value = res.value
+        per_gpu = killed_by_gpu(value)
+        for g in value["gpus"]:
+            killed = ",".join(str(p) for p in per_gpu.get(g["index"], [])) or "-"
+            verdict = gpu_verdict(g, options.tolerance_mib)
+            rows.append(
+                [
+                    res.host.name,
+                    g["index"],
+                    g["uuid"],
+                    g["used_mib"],
+                    g["reserved_mib"],
+                    killed,
+                    verdict,
+                ]
+            )
+    title = "gpu-clean (dry run: nothing killed)" if options.dry_run else "gpu-clean"
+    table(title, headers, rows)
+    for res in results:
+        if res.value is None:
+            continue
+        value = res.value
+        if options.dry_run:
+            for p in value.get("would_kill", []):
+                line(
+                    f"{res.host.name}: would kill {p['pid']} ({p['user']}, "
+                    f"{p['age_s']}s old, parent {p['ppid']}): {_short_cmd(p['cmdline'])}"
+                )
+        else:
+            on_gpu = {pid for pids in killed_by_gpu(value).values() for pid in pids}
+            others = [k for k in value.get("killed", []) if k["pid"] not in on_gpu]
+            for k in others:
+                command = _short_cmd(k["cmdline"])
+                line(f"{res.host.name}: killed {k['pid']} ({k['signal']}): {command}")
+        for p in value.get("refused", []):
+            line(
+                f"{res.host.name}: left {p['pid']} alone: {p['reason']}: {_short_cmd(p['cmdline'])}"
+            )
+        for u in value.get("unattributed", []):
+            line(
+                f"{res.host.name}: GPU {u['gpu']}: {u['used_mib']} MiB held by PID {u['pid']}, "
+                "which this host cannot see (another container?): reported, not touched"
+            )
+        if not options.dry_run:
+            state = "verified clean" if value["clean"] else "NOT clean"
+            line(f"{res.host.name}: {state} in {value['elapsed_s']:.2f}s")
+
+
+def clean_json(results: list[HostResult[dict]]) -> dict[str, Any]:
+    return {
+        r.host.name: {"ok": r.ok, "error": r.error, "kind": r.kind, **(r.value or {})}
+        for r in results
+    }
+
+
+def print_status(results: list[HostResult[dict]]) -> None:
+    headers = ["host", "gpu", "name", "used MiB", "reserved MiB", "total MiB", "processes"]
+    rows: list[list[Any]] = []
+    for res in results:
+        if not res.ok:
+            rows.append([res.host.name, "-", "-", "-", "-", "-", "FAILED (below)"])
+            continue
+        for g in res.value["gpus"]:
+            procs = (
+                ", ".join(
+                    f"{p['pid']}:{p.get('name', '?')}:{p['used_mib']}MiB"
+                    if p.get("visible", True)
+                    else f"{p['pid']}:unattributed:{p['used_mib']}MiB"
+                    for p in g["processes"]
+                )
+                or "-"
+            )
+            rows.append(
+                [
+                    res.host.name,
+                    g["index"],
+                    g["name"],
+                    g["used_mib"],
+                    g["reserved_mib"],
+                    g["total_mib"],
+                    procs,
+                ]
+            )
+    table("GPU status", headers, rows)
+    server_rows = []
+    for res in results:
+        if not res.ok:
+            continue
+        for srv in res.value.get("servers", []):
+            uptime = f"{srv['uptime_s']:.0f}s" if srv.get("uptime_s") is not None else "-"
+            server_rows.append(
+                [
+                    res.host.name,
+                    srv["profile"],
+                    srv["pid"],
+                    srv["port"],
+                    srv["status"],
+                    uptime,
+                    srv["health"],
+                ]
+            )
+    if server_rows:
+        table(
+            "servers", ["host", "profile", "pid", "port", "state", "uptime", "health"], server_rows
+        )
+    for res in results:
+        if res.ok:
+            for p in res.value.get("stale", []):
+                line(
+                    f"{res.host.name}: server process {p['pid']} ({p['user']}): "
+                    f"{_short_cmd(p['cmdline'])}"
+                )
+
+
+def status_json(results: list[HostResult[dict]]) -> dict[str, Any]:
+    return clean_json(results)

@@ -1,0 +1,298 @@
+"""inv bench: plan a sweep of concurrency levels, run it on each host (detached), fetch and
+archive it. Also `--client local` (the same generator here, against a URL) and `--attach`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from gpufleet import __version__
+from gpufleet.archive import store as archive
+from gpufleet.control import prompts as prompt_sets
+from gpufleet.control.fanout import HostResult, run_on_hosts
+from gpufleet.control.inventory import Host
+from gpufleet.control.transport import Session
+from gpufleet.errors import UserError
+from gpufleet.host.bench.loadgen import BACKENDS
+from gpufleet.host.protocol import BenchStartArgs, BenchWatchArgs
+from gpufleet.report.tables import summary_csv, summary_md
+
+Progress = Callable[[str, dict[str, Any]], None]
+CONTROL_FILES = {"runner.json"}
+
+
+@dataclass
+class BenchRequest:
+    concurrency: list[int]
+    profile: str | None = None
+    port: int | None = None
+    num_prompts: int | None = None
+    duration: float | None = None
+    request_rate: float | None = None
+    output_len: int = 256
+    prompts: str = "coding"
+    random_input_len: int = 256
+    seed: int = 0
+    backend: str = "sglang"
+    warmup: int = 1
+    metrics: bool = True
+    url: str | None = None
+    archive_root: Path = field(default_factory=lambda: archive.DEFAULT_ROOT)
+    command_line: list[str] = field(default_factory=lambda: list(sys.argv))
+    fixed_levels: list[dict[str, int]] | None = None  # explicit requests per level
+    engine: str = "gpufleet"  # or sglang-bench: SGLang's own bench_serving on the host
+    tokenizer: str | None = None  # for sglang-bench (default: the served model's path)
+
+    def levels(self) -> list[dict[str, int]]:
+        if self.fixed_levels:
+            return [dict(level) for level in self.fixed_levels]
+        return [
+            {
+                "concurrency": c,
+                "num_prompts": self.num_prompts or default_num_prompts(c, self.duration),
+            }
+            for c in self.concurrency
+        ]
+
+
+def default_num_prompts(concurrency: int, duration: float | None) -> int:
+    """Enough requests for each slot to cycle a few times; with --duration, enough to last."""
+    if duration:
+        return max(100, 200 * concurrency)
+    return max(10, 4 * concurrency)
+
+
+def make_run_id(request: BenchRequest, hosts: list[str]) -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    digest = hashlib.sha256(json.dumps([request.__dict__, hosts], default=str).encode())
+    label = Path(request.profile).stem if request.profile else "adhoc"
+    label = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)[:40]
+    return f"{stamp}-{label}-{digest.hexdigest()[:6]}"
+
+
+def build_plan(request: BenchRequest, run_id: str) -> tuple[dict[str, Any], bytes]:
+    if request.engine not in ("gpufleet", "sglang-bench"):
+        raise UserError(f"--engine {request.engine!r}: expected gpufleet or sglang-bench")
+    if request.backend not in BACKENDS:
+        raise UserError(f"--backend {request.backend!r}: expected one of {', '.join(BACKENDS)}")
+    label, texts = prompt_sets.load_texts(request.prompts, request.seed, request.random_input_len)
+    levels = request.levels()
+    chosen = prompt_sets.sample(texts, max(lv["num_prompts"] for lv in levels), request.seed)
+    plan = {
+        "run_id": run_id,
+        "profile": Path(request.profile).stem if request.profile else None,
+        "port": request.port,
+        "base_url": request.url.rstrip("/") if request.url else None,
+        "backend": request.backend,
+        "engine": request.engine,
+        "tokenizer": request.tokenizer,
+        "levels": levels,
+        "output_len": request.output_len,
+        "request_rate": request.request_rate,
+        "duration": request.duration,
+        "warmup": request.warmup,
+        "seed": request.seed,
+        "ignore_eos": True,
+        "metrics": request.metrics,
+        "prompt_set": label,
+        "prompt_set_sha256": prompt_sets.digest(texts),
+        "prompts_sha256": prompt_sets.digest(chosen),
+    }
+    body = "".join(json.dumps({"prompt": t}) + "\n" for t in chosen).encode()
+    return plan, body
+
+
+def _load(files: dict[str, bytes], name: str) -> Any:
+    try:
+        return json.loads(files[name]) if name in files else None
+    except ValueError:
+        return None
+
+
+def _results(files: dict[str, bytes]) -> list[dict[str, Any]]:
+    text = files.get("results.jsonl", b"").decode()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def archive_run(
+    host: str, run_id: str, files: dict[str, bytes], request: BenchRequest, watch: dict[str, Any]
+) -> dict[str, Any]:
+    plan = _load(files, "plan.json") or {}
+    status = _load(files, "status.json") or {"status": watch.get("status", "failed")}
+    results = _results(files)
+    server_state = _load(files, "server_state.json") or {}
+    sysinfo = _load(files, "sysinfo.json") or {}
+    manifest = {
+        "schema": 1,
+        "run_id": run_id,
+        "host": host,
+        "profile": plan.get("profile") or server_state.get("profile"),
+        "status": status["status"],
+        "reason": status.get("reason"),
+        "started_at": (results[0].get("started_at") if results else None) or status.get("at"),
+        "finished_at": status.get("at"),
+        "archived_at": datetime.now(UTC).isoformat(),
+        "gpufleet_version": __version__,
+        "command_line": request.command_line,
+        "plan": plan,
+        "server": {
+            k: server_state.get(k)
+            for k in (
+                "argv",
+                "env",
+                "engine",
+                "engine_version",
+                "port",
+                "profile",
+                "log",
+                "started_at",
+            )
+        },
+        "resolved_profile": _resolved_profile(plan.get("profile")),
+        "host_facts": {
+            "driver": sysinfo.get("driver"),
+            "cuda": sysinfo.get("cuda"),
+            "gpus": sysinfo.get("gpus"),
+            "packages": sysinfo.get("packages"),
+            "hostname": sysinfo.get("hostname"),
+            "simulated": sysinfo.get("simulated"),
+        },
+        "prompt_set": {
+            "name": plan.get("prompt_set"),
+            "sha256": plan.get("prompt_set_sha256"),
+            "prompts_sha256": plan.get("prompts_sha256"),
+            "seed": plan.get("seed"),
+        },
+        "levels": [
+            {
+                "concurrency": r["max_concurrency"],
+                "status": r.get("level_status"),
+                "output_throughput": r["output_throughput"],
+            }
+            for r in results
+        ],
+    }
+    files = {k: v for k, v in files.items() if k not in CONTROL_FILES}
+    files["summary.csv"] = summary_csv(results).encode()
+    files["summary.md"] = summary_md(manifest, results).encode()
+    path = archive.write_run(request.archive_root, host, run_id, files, manifest)
+    tail = []
+    if status["status"] != "done" and "server.log" in files:
+        tail = files["server.log"].decode(errors="replace").splitlines()[-40:]
+    return {
+        "path": str(path),
+        "status": status["status"],
+        "reason": status.get("reason"),
+        "results": results,
+        "tail": tail,
+        "run_id": run_id,
+    }
+
+
+def _resolved_profile(name: str | None) -> dict[str, Any] | None:
+    if not name:
+        return None
+    try:
+        from gpufleet.control.playbook import load_profile
+
+        return load_profile(name).model_dump()
+    except UserError:
+        return None
+
+
+def fetch(
+    session: Session, run_id: str, request: BenchRequest, progress: Progress | None
+) -> dict[str, Any]:
+    """Watch a run on the host until it ends, download its files, archive them."""
+    name = session.host.name
+
+    def on_event(event: dict[str, Any]) -> None:
+        if progress:
+            progress(name, event)
+
+    watch = session.call_resumable(
+        BenchWatchArgs(run_id=run_id),
+        on_event,
+        None,
+        doing="the benchmark runs",
+        resume=f"fetch it with `inv bench --attach {run_id} --hosts {name}`",
+    )
+    files = {f["name"]: session.download(f"{watch['run_dir']}/{f['name']}") for f in watch["files"]}
+    return archive_run(name, run_id, files, request, watch)
+
+
+def bench_on(
+    session: Session, request: BenchRequest, run_id: str, progress: Progress | None
+) -> dict[str, Any]:
+    plan, body = build_plan(request, run_id)
+    incoming = f"{session.workdir}/.incoming-{run_id}.jsonl"
+    session.upload(body, incoming)
+    started = session.call(BenchStartArgs(plan=plan, prompts_file=incoming))
+    if progress:
+        progress(
+            session.host.name,
+            {"phase": "started", "run_id": run_id, "base_url": started["base_url"]},
+        )
+    return fetch(session, run_id, request, progress)
+
+
+def bench(
+    hosts: list[Host], request: BenchRequest, forks: int, progress: Progress | None = None
+) -> tuple[str, list[HostResult[dict]]]:
+    run_id = make_run_id(request, [h.name for h in hosts])
+    build_plan(request, run_id)  # bad input fails here, before any host is touched
+    results = run_on_hosts(hosts, lambda s: bench_on(s, request, run_id, progress), forks=forks)
+    return run_id, results
+
+
+def attach(
+    hosts: list[Host],
+    run_id: str,
+    request: BenchRequest,
+    forks: int,
+    progress: Progress | None = None,
+) -> list[HostResult[dict]]:
+    return run_on_hosts(hosts, lambda s: fetch(s, run_id, request, progress), forks=forks)
+
+
+def bench_local(request: BenchRequest, progress: Progress | None = None) -> tuple[str, dict]:
+    """`--client local`: the same runner in this process against `--url`; archived here."""
+    from gpufleet.host.bench.runner import run_plan
+
+    if not request.url:
+        raise UserError("--client local needs --url http://HOST:PORT")
+    parsed = urlparse(request.url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise UserError(f"--url {request.url!r}: expected http://HOST:PORT")
+    label = f"{parsed.hostname}_{parsed.port or 80}"
+    run_id = make_run_id(request, [label])
+    plan, body = build_plan(request, run_id)
+    with tempfile.TemporaryDirectory(prefix="gpufleet-run-") as tmp:
+        run_dir = Path(tmp)
+        (run_dir / "plan.json").write_text(
+            json.dumps(
+                {
+                    **plan,
+                    "metrics_url": (request.url.rstrip("/") + "/metrics")
+                    if request.metrics
+                    else None,
+                }
+            )
+        )
+        (run_dir / "prompts.jsonl").write_bytes(body)
+        outcome = run_plan(run_dir, None, {})
+        files = {
+            p.name: p.read_bytes()
+            for p in run_dir.iterdir()
+            if p.is_file() and not p.name.startswith(".")
+        }
+    return run_id, archive_run(label, run_id, files, request, outcome)

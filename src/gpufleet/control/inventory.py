@@ -1,0 +1,181 @@
+"""hosts/*.yaml -> validated Host objects, and `--hosts` selection by names, groups or lists.
+
+An inventory file has `defaults` (applied to every host), `hosts` (name -> fields) and
+`groups` (name -> host or group names). Every error names the file and the key path.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpufleet.control.yamlconfig import read_yaml, validate
+from gpufleet.errors import UserError
+
+DEFAULT_INVENTORY = Path("hosts/rehearsal.yaml")
+DEFAULT_FORKS = 32
+
+
+class GpuSpec(BaseModel):
+    """What the host should have; `simulated` hosts get gpufleet's rehearsal NVML."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    count: int | None = Field(default=None, ge=0, description="expected GPU count; None = any")
+    simulated: bool = False
+    model: str = "NVIDIA H200"
+    memory_mib: int = Field(default=143771, gt=0)
+    reserved_mib: int = Field(default=615, ge=0)
+    sim_count: int | None = Field(
+        default=None,
+        ge=0,
+        description="GPUs the simulation has (default: count); rehearses a lost GPU",
+    )
+
+
+class Host(BaseModel):
+    """One GPU host as the control plane sees it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    address: str = "localhost"
+    port: int | None = Field(default=None, ge=1, le=65535)
+    user: str | None = None
+    identity_file: str | None = None
+    connection: Literal["ssh", "local"] = "ssh"
+    python: str = "python3"
+    workdir: str = "~/.gpufleet"
+    gpus: GpuSpec = Field(default_factory=GpuSpec)
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
+    known_hosts: str | None = None
+    connect_timeout: float = Field(default=10.0, gt=0)
+    vars: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("python", "workdir", "address")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        if "\n" in value or "\0" in value:
+            raise ValueError("must be a single line")
+        return value
+
+    @property
+    def python_path(self) -> str:
+        """`auto` on a local host means the control plane's own interpreter."""
+        if self.python == "auto":
+            return sys.executable
+        return self.python
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+
+class _InventoryFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    hosts: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
+    groups: dict[str, list[str]] = Field(default_factory=dict)
+    forks: int = Field(default=DEFAULT_FORKS, ge=1, le=1024)
+
+
+class Inventory(BaseModel):
+    source: str
+    hosts: dict[str, Host]
+    groups: dict[str, list[str]]
+    forks: int = DEFAULT_FORKS
+
+    def select(self, spec: str | None) -> list[Host]:
+        """Resolve `--hosts`: comma list of host or group names; empty/None/`all` = every host."""
+        if spec is None or not spec.strip() or spec.strip() == "all":
+            return list(self.hosts.values())
+        chosen: list[str] = []
+        for raw in spec.split(","):
+            name = raw.strip()
+            if not name:
+                raise UserError(f"--hosts {spec!r}: empty name in the list")
+            for host_name in self._expand(name, seen=()):
+                if host_name not in chosen:
+                    chosen.append(host_name)
+        return [self.hosts[n] for n in chosen]
+
+    def _expand(self, name: str, seen: tuple[str, ...]) -> list[str]:
+        if name in self.hosts:
+            return [name]
+        if name in self.groups:
+            if name in seen:
+                raise UserError(f"{self.source}: groups.{name}: group includes itself")
+            out: list[str] = []
+            for member in self.groups[name]:
+                out.extend(self._expand(member, (*seen, name)))
+            return out
+        known = ", ".join(sorted(self.hosts) + sorted(self.groups)) or "none"
+        raise UserError(f"unknown host or group {name!r} (in {self.source}: {known})")
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def resolve_inventory_path(path: str | None) -> Path:
+    """`--inventory` value, else $GPUFLEET_INVENTORY, else hosts/rehearsal.yaml.
+
+    A bare name such as `rehearsal` means `hosts/rehearsal.yaml`.
+    """
+    raw = path or os.environ.get("GPUFLEET_INVENTORY") or str(DEFAULT_INVENTORY)
+    candidate = Path(raw).expanduser()
+    if not candidate.exists() and "/" not in raw and not raw.endswith((".yaml", ".yml")):
+        candidate = Path("hosts") / f"{raw}.yaml"
+    if not candidate.exists():
+        raise UserError(
+            f"inventory {raw!r} not found (looked for {candidate}); pass --inventory FILE "
+            "or set GPUFLEET_INVENTORY"
+        )
+    return candidate
+
+
+def load_inventory(path: str | Path | None = None) -> Inventory:
+    file = resolve_inventory_path(str(path) if path is not None else None)
+    source = str(file)
+    data = read_yaml(file)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: expected a mapping with defaults/hosts/groups at top level")
+    raw = validate(_InventoryFile, data, source)
+    if not isinstance(raw.defaults, dict):
+        raise UserError(f"{source}: defaults: expected a mapping")
+    hosts: dict[str, Host] = {}
+    for name, fields in raw.hosts.items():
+        fields = fields or {}
+        if not isinstance(fields, dict):
+            raise UserError(f"{source}: hosts.{name}: expected a mapping of host fields")
+        if "name" in fields:
+            raise UserError(f"{source}: hosts.{name}.name: unknown key (the name is the key)")
+        merged = _merge(raw.defaults, fields)
+        merged["name"] = str(name)
+        merged.setdefault("address", str(name))
+        hosts[str(name)] = validate(Host, merged, source, prefix=f"hosts.{name}")
+    for group, members in raw.groups.items():
+        if group in hosts:
+            raise UserError(f"{source}: groups.{group}: a host has the same name")
+        for member in members:
+            if member not in hosts and member not in raw.groups:
+                raise UserError(f"{source}: groups.{group}: unknown host or group {member!r}")
+    inv = Inventory(source=source, hosts=hosts, groups=raw.groups, forks=raw.forks)
+    for group in raw.groups:
+        inv.select(group)  # detects cycles early
+    return inv

@@ -1,0 +1,168 @@
+"""launch / wait / stop / logs across hosts, on top of the agent's server verbs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.control.fanout import HostResult, run_on_hosts
+from gpufleet.control.inventory import Host
+from gpufleet.control.playbook import LaunchSpec, Profile, build_specs
+from gpufleet.control.transport import Session
+from gpufleet.errors import HostError
+from gpufleet.host.protocol import LaunchArgs, LogsArgs, StopArgs, WaitReadyArgs
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class LaunchOptions:
+    replace: bool = False
+    clean: bool = False
+    engine: str | None = None
+    timeout_s: float | None = None
+    skip_flag_check: bool = False
+    grace_s: float = 15.0
+
+
+def _raise_not_ready(wait: dict[str, Any]) -> None:
+    if not wait.get("ready"):
+        raise HostError(
+            f"{wait['phase']}: {wait['reason']}", kind=wait["phase"], tail=wait.get("tail", [])
+        )
+
+
+def wait_on(
+    session: Session,
+    spec: LaunchSpec | dict[str, Any],
+    timeout_s: float | None,
+    progress: Progress | None,
+) -> dict[str, Any]:
+    """Stream wait-ready from the host; the server keeps running if this connection drops."""
+    port = spec["port"] if isinstance(spec, dict) else spec.port
+    rank = spec.get("node_rank", 0) if isinstance(spec, dict) else spec.node_rank
+    timeout = timeout_s or (spec.health_timeout if isinstance(spec, LaunchSpec) else 1800)
+    name = session.host.name
+
+    def on_event(event: dict[str, Any]) -> None:
+        if progress:
+            progress(name, event)
+
+    wait = session.call_resumable(
+        WaitReadyArgs(port=port, timeout_s=timeout, health=rank == 0),
+        on_event,
+        timeout + 60,
+        doing="waiting for the server",
+        resume=f"`inv wait --hosts {name} --port {port}`",
+    )
+    _raise_not_ready(wait)
+    return wait
+
+
+def launch_on(
+    session: Session, spec: LaunchSpec, options: LaunchOptions, progress: Progress | None
+) -> dict[str, Any]:
+    if options.clean:
+        from gpufleet.control.gpuclean import CleanOptions, clean_on
+
+        cleaned = clean_on(session, CleanOptions())
+        if not cleaned["clean"]:
+            raise HostError("gpu-clean before launch did not verify clean", kind="not_clean")
+    started = session.call(
+        LaunchArgs(
+            spec=spec.model_dump(),
+            replace=options.replace,
+            grace_s=options.grace_s,
+            skip_flag_check=options.skip_flag_check,
+        ),
+        timeout=600,
+    )
+    if not started["started"]:
+        raise HostError(
+            "preflight refused the launch: " + "; ".join(started["errors"]), kind="preflight"
+        )
+    if progress:
+        for warning in started.get("warnings", []):
+            progress(session.host.name, {"warning": warning})
+        progress(
+            session.host.name,
+            {"phase": "started", "pid": started["state"]["pid"], "log": started["state"]["log"]},
+        )
+    wait = wait_on(session, spec, options.timeout_s, progress)
+    return {
+        "state": wait["state"],
+        "elapsed_s": wait["elapsed_s"],
+        "warnings": started.get("warnings", []),
+    }
+
+
+def launch(
+    hosts: list[Host],
+    profile: Profile,
+    options: LaunchOptions,
+    forks: int,
+    progress: Progress | None = None,
+) -> list[HostResult[dict]]:
+    specs = {host.name: spec for host, spec in build_specs(profile, hosts, options.engine)}
+    return run_on_hosts(
+        hosts, lambda s: launch_on(s, specs[s.host.name], options, progress), forks=forks
+    )
+
+
+def wait(
+    hosts: list[Host],
+    port: int,
+    timeout_s: float | None,
+    forks: int,
+    progress: Progress | None = None,
+) -> list[HostResult[dict]]:
+    spec = {"port": port, "node_rank": 0}
+    return run_on_hosts(hosts, lambda s: wait_on(s, spec, timeout_s, progress), forks=forks)
+
+
+def stop(
+    hosts: list[Host],
+    profile: str | None,
+    port: int | None,
+    grace_s: float,
+    timeout_s: float,
+    forks: int,
+) -> list[HostResult[dict]]:
+    def one(session: Session) -> dict[str, Any]:
+        result = session.call(
+            StopArgs(profile=profile, port=port, grace_s=grace_s, timeout_s=timeout_s),
+            timeout=grace_s + timeout_s + 60,
+        )
+        verify = result.get("verify")
+        if verify and not verify["clean"]:
+            from gpufleet.control.gpuclean import gpu_verdict
+
+            dirty = [
+                f"GPU {g['index']}: {gpu_verdict(g)}"
+                for g in verify["gpus"]
+                if gpu_verdict(g) != "clean"
+            ]
+            raise HostError(
+                "server stopped but GPUs are not clean: " + "; ".join(dirty), kind="not_clean"
+            )
+        return result
+
+    return run_on_hosts(hosts, one, forks=forks)
+
+
+def logs(
+    hosts: list[Host],
+    profile: str | None,
+    port: int | None,
+    lines: int,
+    follow: bool,
+    forks: int,
+    progress: Progress | None = None,
+) -> list[HostResult[dict]]:
+    args = LogsArgs(profile=profile, port=port, lines=lines, follow=follow)
+    return run_on_hosts(
+        hosts,
+        lambda s: s.call(args, on_event=(lambda e: progress(s.host.name, e)) if progress else None),
+        forks=forks,
+    )

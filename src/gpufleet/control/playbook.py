@@ -1,0 +1,305 @@
+"""Server profiles (playbooks/*.yaml) -> validated Profile -> per-host LaunchSpec (argv, env).
+
+A profile names an engine (`sglang`, `sim`, or `custom` with a command template), the
+model, tp, bind host/port, extra server flags (true -> bare flag, false/null -> omitted,
+list -> repeated), environment, visible GPUs, `extends` (any depth; cycles and unknown
+parents are errors), a health timeout and a log path template under the host workdir.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gpufleet.control.inventory import Host
+from gpufleet.control.yamlconfig import read_yaml, validate
+from gpufleet.errors import UserError
+
+PLAYBOOKS = Path("playbooks")
+FlagValue = bool | int | float | str | list[bool | int | float | str] | None
+FLAG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+SPECULATIVE_CAPPED = {"EAGLE", "EAGLE3", "STANDALONE"}
+
+
+class Profile(BaseModel):
+    """A resolved profile (after `extends`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    engine: Literal["sglang", "sim", "custom"] = "sglang"
+    command: list[str] | None = None  # custom engine: template with {python} {model_path} {port}
+    health_path: str = "/health"
+    model_path: str
+    tp: int = Field(default=1, ge=1)
+    host: str = "127.0.0.1"
+    port: int = Field(default=30000, ge=1, le=65535)
+    flags: dict[str, FlagValue] = Field(default_factory=dict)
+    sim: dict[str, FlagValue] = Field(default_factory=dict)
+    env: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    gpus: list[int] | None = None
+    nnodes: int = Field(default=1, ge=1)
+    dist_init_port: int = Field(default=50000, ge=1, le=65535)
+    health_timeout: float = Field(default=1800.0, gt=0)
+    log: str = "logs/{profile}-{port}-{stamp}.log"
+    check_model_path: bool = True
+
+    @field_validator("flags", "sim")
+    @classmethod
+    def _flag_names(cls, flags: dict[str, FlagValue]) -> dict[str, FlagValue]:
+        for key in flags:
+            if not FLAG_NAME.match(key) or key.startswith("-"):
+                raise ValueError(f"flag name {key!r}: write it without dashes, e.g. tp-size")
+        return flags
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, Any]) -> dict[str, Any]:
+        for key in env:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"environment variable name {key!r} is not valid")
+        return env
+
+    @field_validator("log")
+    @classmethod
+    def _log_inside_workdir(cls, log: str) -> str:
+        if log.startswith("/") or ".." in Path(log).parts:
+            raise ValueError("must be a relative path inside the host workdir")
+        return log
+
+    @model_validator(mode="after")
+    def _custom_needs_command(self) -> Profile:
+        if self.engine == "custom" and not self.command:
+            raise ValueError('engine custom needs `command` (a list, e.g. ["{python}", ...])')
+        return self
+
+    # -- derived ------------------------------------------------------------------
+    def flag(self, name: str) -> FlagValue:
+        return self.flags.get(name)
+
+    @property
+    def speculative_algorithm(self) -> str | None:
+        value = self.flags.get("speculative-algorithm")
+        return str(value) if value else None
+
+    @property
+    def max_running_requests(self) -> int | None:
+        value = self.flags.get("max-running-requests")
+        return int(value) if value not in (None, False) else None
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.speculative_algorithm in SPECULATIVE_CAPPED and self.max_running_requests is None:
+            out.append(
+                f"{self.name}: {self.speculative_algorithm} without max-running-requests: SGLang "
+                "silently caps it at 48, so load above C=48 queues (set it explicitly)"
+            )
+        return out
+
+
+def _flag_args(flags: dict[str, FlagValue]) -> list[str]:
+    argv: list[str] = []
+    for key, value in flags.items():
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if v is None or v is False:
+                continue
+            argv.append(f"--{key}")
+            if v is not True:
+                argv.append(str(v))
+    return argv
+
+
+class LaunchSpec(BaseModel):
+    """What one host will run: built on the control side, executed by the agent."""
+
+    profile: str
+    engine: str
+    argv: list[str]
+    env: dict[str, str]
+    host: str
+    port: int
+    health_host: str
+    health_path: str
+    model_path: str
+    check_model_path: bool
+    gpus: list[int]
+    log: str
+    health_timeout: float
+    node_rank: int = 0
+    nnodes: int = 1
+    warnings: list[str] = Field(default_factory=list)
+
+
+def load_profile(name: str, directory: Path = PLAYBOOKS) -> Profile:
+    """Read `name` (a file under playbooks/ or a path), resolving `extends` chains."""
+    if name.endswith((".yaml", ".yml")) and Path(name).exists():
+        directory = Path(name).parent  # parents of a profile given by path live beside it
+    chain: list[str] = []
+    merged: dict[str, Any] = {}
+    current: str | None = name
+    sources: list[str] = []
+    while current is not None:
+        if current in chain:
+            cycle = " -> ".join([*chain, current])
+            raise UserError(f"{sources[-1]}: extends: cycle {cycle}")
+        path = _profile_path(current, directory, referenced_by=sources[-1] if sources else None)
+        data = read_yaml(path)
+        if not isinstance(data, dict):
+            raise UserError(f"{path}: expected a mapping of profile fields")
+        chain.append(current)
+        sources.append(str(path))
+        parent = data.pop("extends", None)
+        if parent is not None and not isinstance(parent, str):
+            raise UserError(f"{path}: extends: expected a profile name")
+        merged = _merge_profile(data, merged)  # walking leaf -> root: `merged` is the child
+        current = parent
+    merged["name"] = Path(name).stem if name.endswith((".yaml", ".yml")) else name
+    return validate(Profile, merged, sources[0])
+
+
+def _profile_path(name: str, directory: Path, referenced_by: str | None) -> Path:
+    candidate = Path(name)
+    if candidate.suffix in (".yaml", ".yml") and candidate.exists():
+        return candidate
+    path = directory / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in directory.glob("*.yaml"))) or "none"
+        where = f"{referenced_by}: extends: " if referenced_by else ""
+        raise UserError(f"{where}unknown profile {name!r} (in {directory}/: {known})")
+    return path
+
+
+def _merge_profile(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    """Child values win; mappings (flags, env, sim) merge key by key."""
+    out = dict(parent)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = value
+    return out
+
+
+def list_profiles(directory: Path = PLAYBOOKS) -> list[Profile | UserError]:
+    out: list[Profile | UserError] = []
+    for path in sorted(directory.glob("*.yaml")):
+        try:
+            out.append(load_profile(path.stem, directory))
+        except UserError as exc:
+            out.append(exc)
+    return out
+
+
+def build_specs(
+    profile: Profile, hosts: list[Host], engine_override: str | None = None
+) -> list[tuple[Host, LaunchSpec]]:
+    """One LaunchSpec per host. Multi-node profiles take `nnodes` hosts, ranks in order."""
+    if profile.nnodes > 1 and len(hosts) % profile.nnodes:
+        raise UserError(
+            f"profile {profile.name} has nnodes {profile.nnodes}: select a multiple of "
+            f"{profile.nnodes} hosts (got {len(hosts)})"
+        )
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    specs = []
+    for index, host in enumerate(hosts):
+        rank = index % profile.nnodes
+        head = hosts[index - rank]
+        specs.append((host, _spec_for(profile, host, rank, head, stamp, engine_override)))
+    return specs
+
+
+def _host_port(profile: Profile, host: Host) -> int:
+    """A host may move every server port by `vars.server_port_offset` (several simulated
+    hosts sharing one machine, or a host where the profile's port is taken)."""
+    offset = host.vars.get("server_port_offset", 0)
+    if not isinstance(offset, int) or not 0 <= profile.port + offset <= 65535:
+        raise UserError(f"host {host.name}: vars.server_port_offset: expected a small integer")
+    return profile.port + offset
+
+
+def _engine_for(profile: Profile, host: Host, override: str | None) -> str:
+    if override:
+        return override
+    if host.gpus.simulated and profile.engine == "sglang":
+        return "sim"  # a simulated host cannot run real SGLang: rehearse it
+    return profile.engine
+
+
+def _spec_for(
+    profile: Profile, host: Host, rank: int, head: Host, stamp: str, override: str | None
+) -> LaunchSpec:
+    engine = _engine_for(profile, host, override)
+    port = _host_port(profile, host)
+    flags: dict[str, FlagValue] = {
+        "model-path": profile.model_path,
+        "tp-size": profile.tp,
+        "host": profile.host,
+        "port": port,
+        **profile.flags,
+    }
+    if profile.nnodes > 1:
+        flags.update(
+            {
+                "dist-init-addr": f"{head.address}:{profile.dist_init_port}",
+                "nnodes": profile.nnodes,
+                "node-rank": rank,
+            }
+        )
+    python = host.python_path
+    if engine == "sglang":
+        argv = [python, "-m", "sglang.launch_server", *_flag_args(flags)]
+    elif engine == "sim":
+        sim = {f"sim-{k}" if not k.startswith("sim-") else k: v for k, v in profile.sim.items()}
+        argv = [python, "-m", "gpufleet.sim.server", *_flag_args(flags), *_flag_args(sim)]
+    else:
+        values = {
+            "python": python,
+            "model_path": profile.model_path,
+            "port": str(port),
+            "host": profile.host,
+            "tp": str(profile.tp),
+        }
+        try:
+            head_argv = [part.format(**values) for part in profile.command or []]
+        except (KeyError, IndexError, ValueError) as exc:
+            raise UserError(
+                f"profile {profile.name}: command: unknown placeholder {exc} "
+                "(use {python} {model_path} {port} {host} {tp})"
+            ) from None
+        argv = [*head_argv, *_flag_args(profile.flags)]
+    env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in profile.env.items()}
+    gpus = profile.gpus if profile.gpus is not None else list(range(profile.tp // profile.nnodes))
+    if profile.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in profile.gpus)
+    try:
+        log = profile.log.format(profile=profile.name, port=port, stamp=stamp, host=host.name)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise UserError(
+            f"profile {profile.name}: log: unknown placeholder {exc} "
+            "(use {profile} {port} {stamp} {host})"
+        ) from None
+    health_host = "127.0.0.1" if profile.host in ("0.0.0.0", "::", "") else profile.host
+    return LaunchSpec(
+        profile=profile.name,
+        engine=engine,
+        argv=argv,
+        env=env,
+        host=profile.host,
+        port=port,
+        health_host=health_host,
+        health_path=profile.health_path,
+        model_path=profile.model_path,
+        check_model_path=profile.check_model_path and engine != "sim",
+        gpus=gpus,
+        log=log,
+        health_timeout=profile.health_timeout,
+        node_rank=rank,
+        nnodes=profile.nnodes,
+        warnings=profile.warnings(),
+    )

@@ -1,0 +1,81 @@
+"""Figures from request records, with SGLang bench_serving's definitions (REFERENCE.md).
+
+TTFT: request start to first token. TPOT: (e2e - ttft) / (output_tokens - 1) per request.
+ITL: gaps between chunks, a chunk of k tokens counting as k gaps of gap/k (sglang backend).
+Throughputs divide by the level's wall duration. `concurrency` is bench_serving's: the sum
+of e2e latencies over the duration (mean requests in flight), not the cap (`max_concurrency`).
+Per-request output tok/s = output_tokens / e2e latency (gpufleet's addition).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from gpufleet.host.bench.loadgen import LevelRun
+
+DEFINITIONS = (
+    "SGLang bench_serving definitions: TTFT = first token latency; TPOT = (e2e - ttft) / "
+    "(output_tokens - 1); ITL = inter-chunk gap split over the tokens in a chunk; "
+    "per_request_output_tps = output_tokens / e2e. AIPerf's 'ITL' is this TPOT; GuideLLM's "
+    "TPOT includes the first token."
+)
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return 0.0
+    data = sorted(values)
+    k = (len(data) - 1) * p / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return data[lo] + (data[hi] - data[lo]) * (k - lo)
+
+
+def _stats(prefix: str, values: list[float], scale: float = 1.0) -> dict[str, float]:
+    vals = [v * scale for v in values]
+    return {
+        f"mean_{prefix}": statistics.fmean(vals) if vals else 0.0,
+        f"median_{prefix}": statistics.median(vals) if vals else 0.0,
+        f"std_{prefix}": statistics.pstdev(vals) if len(vals) > 1 else 0.0,
+        f"p90_{prefix}": percentile(vals, 90),
+        f"p95_{prefix}": percentile(vals, 95),
+        f"p99_{prefix}": percentile(vals, 99),
+    }
+
+
+def summarize(run: LevelRun, backend: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    ok = [r for r in run.records if r.ok]
+    failed = [r for r in run.records if not r.ok]
+    duration = run.duration or 1e-9
+    out_tokens = sum(r.completion_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens for r in ok)
+    tpots = [(r.e2e - r.ttft) / (r.completion_tokens - 1) for r in ok if r.completion_tokens > 1]
+    itls = [g for r in ok for g in r.itl]
+    per_request = [r.completion_tokens / r.e2e for r in ok if r.e2e > 0]
+    result: dict[str, Any] = {
+        "backend": backend,
+        "request_rate": run.request_rate,
+        "max_concurrency": run.concurrency,
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(failed),
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration,
+        "input_throughput": in_tokens / duration,
+        "output_throughput": out_tokens / duration,
+        "total_throughput": (in_tokens + out_tokens) / duration,
+        **_stats("ttft_ms", [r.ttft for r in ok], 1000),
+        **_stats("tpot_ms", tpots, 1000),
+        **_stats("itl_ms", itls, 1000),
+        **_stats("e2e_latency_ms", [r.e2e for r in ok], 1000),
+        "concurrency": sum(r.e2e for r in ok) / duration,
+        "mean_per_request_output_tps": statistics.fmean(per_request) if per_request else 0.0,
+        "median_per_request_output_tps": statistics.median(per_request) if per_request else 0.0,
+        "p10_per_request_output_tps": percentile(per_request, 10),
+        "errors": sorted({r.error or "" for r in failed})[:20],
+    }
+    result.update(extra or {})
+    return result

@@ -1,0 +1,340 @@
+"""Run a bench plan level by level and write the run directory (on the host, detached).
+
+Files written in the run directory:
+    plan.json (input), prompts.jsonl (input), status.json (running/done/failed),
+    progress.jsonl (events), results.jsonl (one line per level), requests-c<N>.jsonl,
+    metrics-c<N>.jsonl (Prometheus samples), server_info_before/after.json, sysinfo.json,
+    nvml_before/after.json, server.log (the server's log, the run's slice marked)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpufleet.host.bench.loadgen import Prompt, RequestRecord, run_async, run_level
+from gpufleet.host.bench.metrics import DEFINITIONS, summarize
+from gpufleet.host.servers import server_alive
+
+PROM_KEYS = (
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:gen_throughput",
+    "sglang:token_usage",
+    "sglang:spec_accept_length",
+)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _get_json(url: str) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+
+
+def server_info(base_url: str) -> dict[str, Any] | None:
+    return _get_json(base_url + "/server_info") or _get_json(base_url + "/get_server_info")
+
+
+def _prometheus(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in PROM_KEYS:
+            try:
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return out
+
+
+class RunWriter:
+    def __init__(self, run_dir: Path) -> None:
+        self.dir = run_dir
+        self.progress = open(run_dir / "progress.jsonl", "a", buffering=1)  # noqa: SIM115
+
+    def json(self, name: str, data: Any) -> None:
+        tmp = self.dir / f".{name}.tmp"
+        tmp.write_text(json.dumps(data, indent=2, default=str))
+        os.replace(tmp, self.dir / name)
+
+    def lines(self, name: str, rows: list[dict[str, Any]]) -> None:
+        with open(self.dir / name, "a") as fh:
+            for row in rows:
+                fh.write(json.dumps(row, default=str) + "\n")
+
+    def event(self, event: dict[str, Any]) -> None:
+        self.progress.write(json.dumps(event) + "\n")
+
+    def status(self, status: str, **extra: Any) -> None:
+        self.json("status.json", {"status": status, "at": now_iso(), **extra})
+
+
+def _server_alive(state: dict[str, Any] | None) -> bool:
+    return server_alive(state) if state else True
+
+
+def _log_size(state: dict[str, Any] | None) -> int | None:
+    if not state:
+        return None
+    try:
+        return os.path.getsize(state["log"])
+    except OSError:
+        return None
+
+
+def write_server_log(
+    writer: RunWriter,
+    state: dict[str, Any] | None,
+    marks: list[tuple[int, str]],
+    limit: int = 20 * 2**20,
+) -> None:
+    """Copy the server's log with `>>> gpufleet:` marker lines at the recorded offsets."""
+    if not state:
+        return
+    try:
+        with open(state["log"], "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return
+    start = max(0, len(data) - limit)
+    out, pos = [], start
+    for offset, label in sorted((m for m in marks if m[0] is not None), key=lambda m: m[0]):
+        offset = min(max(offset, start), len(data))
+        out.append(data[pos:offset])
+        if out[-1] and not out[-1].endswith(b"\n"):
+            out.append(b"\n")
+        out.append(f">>> gpufleet: {label}\n".encode())
+        pos = offset
+    out.append(data[pos:])
+    (writer.dir / "server.log").write_bytes(b"".join(out))
+
+
+async def _sample_metrics(url: str, samples: list[dict[str, Any]], stop: asyncio.Event) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        while not stop.is_set():
+            try:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                    if resp.status != 200:
+                        return
+                    values = _prometheus(await resp.text())
+                    samples.append({"t": time.time(), **values})
+            except (TimeoutError, aiohttp.ClientError):
+                pass
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+
+
+async def _level(
+    plan: dict[str, Any], prompts: list[Prompt], level: dict[str, Any], writer: RunWriter
+) -> tuple[Any, list[dict[str, Any]]]:
+    concurrency = level["concurrency"]
+    total = len(prompts)
+    last = {"t": time.perf_counter(), "tokens": 0}
+    # With ignore_eos every request streams exactly output_len tokens, so tokens received
+    # say how far the level is; counting finished requests would not (at C=64 the first
+    # 64 all finish together, and after the first one the estimate read ~1,300 s).
+    expected_tokens = sum(p.output_len for p in prompts) if plan.get("ignore_eos", True) else 0
+
+    def progress(records: list[RequestRecord], elapsed: float) -> None:
+        done = [r for r in records if r.ok or r.error]
+        tokens = sum(r.completion_tokens for r in records)  # in-flight requests too
+        now = time.perf_counter()
+        rate = (tokens - last["tokens"]) / max(1e-6, now - last["t"])
+        last.update(t=now, tokens=tokens)
+        if expected_tokens and tokens:
+            eta = elapsed * max(0, expected_tokens - tokens) / tokens
+        else:
+            eta = (elapsed / len(done)) * (total - len(done)) if done else None
+        if plan.get("duration"):
+            eta = max(0.0, plan["duration"] - elapsed)
+        writer.event(
+            {
+                "level": concurrency,
+                "done": len(done),
+                "total": total,
+                "errors": sum(1 for r in records if r.error and not r.skipped),
+                "tok_s": round(rate, 1),
+                "elapsed_s": round(elapsed, 1),
+                "eta_s": round(eta, 1) if eta is not None else None,
+            }
+        )
+
+    samples: list[dict[str, Any]] = []
+    stop = asyncio.Event()
+    sampler = None
+    if plan.get("metrics_url"):
+        sampler = asyncio.create_task(_sample_metrics(plan["metrics_url"], samples, stop))
+    run = await run_level(
+        plan["base_url"],
+        prompts,
+        concurrency,
+        backend=plan["backend"],
+        request_rate=plan.get("request_rate") or float("inf"),
+        warmup=plan.get("warmup", 1),
+        model=plan.get("model", ""),
+        ignore_eos=plan.get("ignore_eos", True),
+        seed=plan.get("seed", 0),
+        on_progress=progress,
+        progress_every=1.0,
+        duration=plan.get("duration"),
+    )
+    stop.set()
+    if sampler:
+        await sampler
+    return run, samples
+
+
+def _sglang_bench_level(
+    plan: dict[str, Any],
+    level: dict[str, Any],
+    texts: list[str],
+    writer: RunWriter,
+    info: dict[str, Any] | None,
+    server_state: dict[str, Any] | None,
+) -> tuple[str, str | None]:
+    """One level through SGLang's own bench_serving; same results schema."""
+    from gpufleet.host.bench import sglang_bench
+
+    c = level["concurrency"]
+    tokenizer = (
+        plan.get("tokenizer")
+        or (info or {}).get("tokenizer_path")
+        or (info or {}).get("model_path")
+    )
+    try:
+        row = sglang_bench.run_level(plan, level, texts, writer.dir, tokenizer)
+    except (RuntimeError, OSError, ValueError) as exc:
+        return "failed", f"level C={c}: {exc}"
+    alive = _server_alive(server_state)
+    row.update(
+        dataset_name=plan["prompt_set"],
+        tag=plan.get("profile"),
+        seed=plan["seed"],
+        output_len=plan["output_len"],
+        level_status="ok" if row["failed"] == 0 and alive else "failed",
+    )
+    writer.lines("results.jsonl", [row])
+    writer.event(
+        {
+            "level": c,
+            "phase": "end",
+            "completed": row.get("completed", 0),
+            "failed": row["failed"],
+            "output_throughput": round(row.get("output_throughput", 0.0), 1),
+        }
+    )
+    if not alive:
+        return "failed", f"the server process exited during level C={c}"
+    if row["failed"]:
+        return "failed", f"{row['failed']} request(s) failed at C={c} (sglang.bench_serving)"
+    return "done", None
+
+
+def run_plan(
+    run_dir: Path,
+    server_state: dict[str, Any] | None = None,
+    host_facts: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Execute plan.json in `run_dir`; always ends with status.json done or failed."""
+    writer = RunWriter(run_dir)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    texts = [
+        json.loads(line)["prompt"]
+        for line in (run_dir / "prompts.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    writer.status("running", pid=os.getpid())
+    for name, data in (host_facts or {}).items():
+        writer.json(name, data)
+    if server_state:
+        writer.json("server_state.json", server_state)
+    before = server_info(plan["base_url"])
+    writer.json("server_info_before.json", before)
+    marks: list[tuple[int, str]] = [(_log_size(server_state), f"run {plan['run_id']} begins")]
+    status, reason = "done", None
+    for level in plan["levels"]:
+        c = level["concurrency"]
+        n = level["num_prompts"]
+        prompts = [Prompt(text=t, output_len=plan["output_len"]) for t in texts[:n]]
+        marks.append((_log_size(server_state), f"level C={c} begins ({n} prompts)"))
+        writer.event({"level": c, "phase": "start", "total": n, "at": now_iso()})
+        if plan.get("engine") == "sglang-bench":
+            status, reason = _sglang_bench_level(plan, level, texts, writer, before, server_state)
+            marks.append((_log_size(server_state), f"level C={c} ends"))
+            if status == "failed":
+                break
+            continue
+        try:
+            run, samples = run_async(_level(plan, prompts, level, writer))
+        except Exception as exc:  # the generator itself failed: keep what we know
+            status, reason = "failed", f"level C={c}: load generator error: {exc!r}"
+            break
+        marks.append((_log_size(server_state), f"level C={c} ends"))
+        info = server_info(plan["base_url"])
+        accept = None
+        if info and info.get("internal_states"):
+            accept = info["internal_states"][0].get("avg_spec_accept_length")
+        summary = summarize(
+            run,
+            plan["backend"],
+            {
+                "dataset_name": plan["prompt_set"],
+                "tag": plan.get("profile"),
+                "seed": plan["seed"],
+                "output_len": plan["output_len"],
+                "accept_length": accept,
+                "started_at": datetime.fromtimestamp(run.started_at, UTC).isoformat(),
+                "warmup_errors": run.warmup_errors,
+            },
+        )
+        if samples:
+            for key in PROM_KEYS:
+                vals = [s[key] for s in samples if key in s]
+                if vals:
+                    summary[f"prom_{key.split(':')[1]}_max"] = max(vals)
+                    summary[f"prom_{key.split(':')[1]}_mean"] = sum(vals) / len(vals)
+            writer.lines(f"metrics-c{c}.jsonl", samples)
+        writer.lines(f"requests-c{c}.jsonl", [r.to_json() for r in run.records])
+        alive = _server_alive(server_state)
+        summary["level_status"] = "ok" if (summary["failed"] == 0 and alive) else "failed"
+        writer.lines("results.jsonl", [summary])
+        writer.event(
+            {
+                "level": c,
+                "phase": "end",
+                "completed": summary["completed"],
+                "failed": summary["failed"],
+                "output_throughput": round(summary["output_throughput"], 1),
+            }
+        )
+        if not alive:
+            status, reason = "failed", f"the server process exited during level C={c}"
+            break
+        if summary["failed"]:
+            status = "failed"
+            reason = f"{summary['failed']} request(s) failed at C={c}: {summary['errors'][:1]}"
+    writer.json("server_info_after.json", server_info(plan["base_url"]))
+    marks.append((_log_size(server_state), f"run {plan['run_id']} ends ({status})"))
+    write_server_log(writer, server_state, marks)
+    writer.json("definitions.json", {"metrics": DEFINITIONS})
+    writer.status(status, reason=reason)
+    writer.progress.close()
+    return {"status": status, "reason": reason}

@@ -1,0 +1,191 @@
+"""Bench verbs: start a detached run, run it, watch it. Runs survive a dropped SSH session.
+
+bench-start  writes plan.json, spawns `agent.pyz bench-run` in its own session, returns
+bench-run    the detached runner (gpufleet.host.bench.runner) plus host facts and NVML snapshots
+bench-watch  streams progress.jsonl until status.json says done or failed; lists the files
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpufleet.host import gpus
+from gpufleet.host import nvml as nvmlread
+from gpufleet.host.procstat import ProcRef
+from gpufleet.host.protocol import (
+    AgentError,
+    BenchRunArgs,
+    BenchStartAnswer,
+    BenchStartArgs,
+    BenchWatchAnswer,
+    BenchWatchArgs,
+    emit_event,
+)
+from gpufleet.host.servers import all_states, read_state, server_alive, tail
+
+RUNS = Path("runs")
+
+
+def _run_dir(run_id: str) -> Path:
+    if not run_id or "/" in run_id or run_id.startswith("."):
+        raise AgentError(f"bad run id {run_id!r}", kind="bad_input")
+    return RUNS / run_id
+
+
+def _pick_server(port: int | None, profile: str | None) -> dict[str, Any] | None:
+    states = [s for s in all_states() if server_alive(s)]
+    if port is not None:
+        states = [s for s in states if s["port"] == port]
+    if profile:
+        states = [s for s in states if s["profile"] == profile]
+    return max(states, key=lambda s: s["started_at"]) if states else None
+
+
+def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
+    plan = args.plan
+    run_dir = _run_dir(plan["run_id"])
+    if run_dir.exists():
+        raise AgentError(f"run {plan['run_id']} already exists on this host", kind="exists")
+    state = None
+    if not plan.get("base_url"):
+        state = _pick_server(plan.get("port"), plan.get("profile"))
+        if state is None:
+            what = f"profile {plan['profile']}" if plan.get("profile") else "any profile"
+            where = f" on port {plan['port']}" if plan.get("port") else ""
+            raise AgentError(
+                f"no running server of {what}{where} (inv launch first)", kind="no_server"
+            )
+        plan["base_url"] = state["health_url"].rsplit("/", 1)[0]
+        plan["server_port"] = state["port"]
+        plan["profile"] = plan.get("profile") or state["profile"]
+    if plan.get("metrics", True):
+        plan["metrics_url"] = plan["base_url"] + "/metrics"
+    run_dir.mkdir(parents=True, mode=0o700)
+    incoming = Path(args.prompts_file)
+    os.replace(incoming, run_dir / "prompts.jsonl")
+    (run_dir / "plan.json").write_text(json.dumps(plan, indent=2))
+    (run_dir / "status.json").write_text(json.dumps({"status": "starting"}))
+    runner = _spawn_runner(
+        run_dir, BenchRunArgs(args.host, args.expected_gpus, args.sim, plan["run_id"])
+    )
+    (run_dir / "runner.json").write_text(json.dumps(runner.to_wire()))
+    return {
+        "run_id": plan["run_id"],
+        "run_dir": str(run_dir.resolve()),
+        "pid": runner.pid,
+        "base_url": plan["base_url"],
+        "profile": plan.get("profile"),
+    }
+
+
+def _spawn_runner(run_dir: Path, args: BenchRunArgs) -> ProcRef:
+    """`agent.pyz bench-run` in its own session (survives SSH), its arguments on stdin."""
+    agent = os.path.abspath(sys.argv[0])
+    with open(run_dir / "runner.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, agent, BenchRunArgs.VERB],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    assert proc.stdin is not None
+    proc.stdin.write(args.to_wire().encode())
+    proc.stdin.close()
+    return ProcRef.capture(proc.pid) or ProcRef(proc.pid, -1)
+
+
+def _nvml_snapshot() -> list[dict[str, Any]] | None:
+    try:
+        return nvmlread.snapshot(nvmlread.load_pynvml())
+    except AgentError:
+        return None
+
+
+def bench_run(args: BenchRunArgs) -> dict[str, Any]:
+    from gpufleet.host.bench.runner import run_plan
+
+    run_dir = _run_dir(args.run_id)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    state = read_state(plan["server_port"]) if plan.get("server_port") else None
+    facts = {"sysinfo.json": gpus.sysinfo(args), "nvml_before.json": _nvml_snapshot()}
+    try:
+        outcome = run_plan(run_dir, state, facts)
+    except Exception as exc:
+        (run_dir / "status.json").write_text(
+            json.dumps({"status": "failed", "reason": f"runner crashed: {exc!r}"})
+        )
+        raise
+    (run_dir / "nvml_after.json").write_text(json.dumps(_nvml_snapshot(), indent=2))
+    return outcome
+
+
+def _runner_alive(run_dir: Path) -> bool:
+    try:
+        return ProcRef.from_wire(json.loads((run_dir / "runner.json").read_text())).alive()
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def bench_watch(args: BenchWatchArgs) -> BenchWatchAnswer:
+    run_dir = _run_dir(args.run_id)
+    if not run_dir.exists():
+        raise AgentError(f"no run {args.run_id} on this host", kind="no_run")
+    offset = 0
+    deadline = time.monotonic() + args.timeout_s
+    while True:
+        try:
+            with open(run_dir / "progress.jsonl", "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+        except OSError:
+            data = b""
+        complete = data[: data.rfind(b"\n") + 1]
+        offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            try:
+                emit_event(json.loads(line))
+            except ValueError:
+                continue
+        try:
+            status = json.loads((run_dir / "status.json").read_text())
+        except (OSError, ValueError):
+            status = {"status": "starting"}
+        if status["status"] in ("done", "failed"):
+            break
+        if status["status"] in ("starting", "running") and not _runner_alive(run_dir):
+            time.sleep(0.5)  # it may have just written its last status
+            status = json.loads((run_dir / "status.json").read_text())
+            if status["status"] not in ("done", "failed"):
+                log_tail = tail(str(run_dir / "runner.log"), 20)
+                status = {"status": "failed", "reason": "the bench runner died", "tail": log_tail}
+                (run_dir / "status.json").write_text(json.dumps(status))
+            break
+        if time.monotonic() > deadline:
+            return {
+                "status": "watching",
+                "reason": None,
+                "files": [],
+                "run_dir": str(run_dir.resolve()),
+                "tail": None,
+            }
+        time.sleep(0.25)
+    files = [
+        {"name": p.name, "size": p.stat().st_size}
+        for p in sorted(run_dir.iterdir())
+        if p.is_file() and not p.name.startswith(".")
+    ]
+    return {
+        "status": status["status"],
+        "reason": status.get("reason"),
+        "files": files,
+        "run_dir": str(run_dir.resolve()),
+        "tail": status.get("tail"),
+    }

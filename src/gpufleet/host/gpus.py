@@ -1,0 +1,176 @@
+"""GPU verbs: gpu-clean, the read-only status, host facts, and the transport self-test."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import time
+from typing import Any
+
+from gpufleet.host import nvml as nvmlread
+from gpufleet.host import procs
+from gpufleet.host.protocol import (
+    AgentError,
+    CleanAnswer,
+    CleanArgs,
+    EchoArgs,
+    StatusArgs,
+    VerbArgs,
+)
+
+
+def _check_count(gpus: list[dict[str, Any]], expected: int | None) -> None:
+    if expected is not None and len(gpus) != expected:
+        raise AgentError(f"expected {expected} GPUs, NVML sees {len(gpus)}", kind="gpu_count")
+
+
+def _gpu_is_clean(gpu: dict[str, Any], tolerance_mib: int) -> bool:
+    return gpu["used_mib"] <= tolerance_mib and not gpu["processes"]
+
+
+def _annotate(gpus: list[dict[str, Any]]) -> None:
+    """Attach psutil details to NVML's PIDs; PIDs this host cannot see are unattributed."""
+    psutil = procs._psutil()
+    for gpu in gpus:
+        for entry in gpu["processes"]:
+            try:
+                info = procs.describe(psutil.Process(entry["pid"]))
+            except psutil.NoSuchProcess:
+                info = None
+            entry["visible"] = info is not None
+            if info:
+                entry.update({k: info[k] for k in ("user", "name", "cmdline", "age_s", "ppid")})
+
+
+def stale_processes(args: StatusArgs) -> dict[str, Any]:
+    """Who holds GPU memory and who looks like a stale server (read-only)."""
+    psutil = procs._psutil()
+    nvml = nvmlread.load_pynvml()
+    snap = nvmlread.snapshot(nvml)
+    _annotate(snap)
+    sim_state = (args.sim or {}).get("state_dir")
+    stale = []
+    for pid in procs.find_pattern_matches(args.patterns or procs.DEFAULT_PATTERNS, sim_state):
+        try:
+            info = procs.describe(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+        if info:
+            stale.append(info)
+    return {"gpus": snap, "stale": stale}
+
+
+def clean(args: CleanArgs) -> CleanAnswer:
+    """gpu-clean on this host in one call: find, kill (unless dry run), verify by NVML v2."""
+    nvml = nvmlread.load_pynvml()
+    started = time.monotonic()
+    before = nvmlread.snapshot(nvml)
+    _check_count(before, args.expected_gpus)
+    _annotate(before)
+    sim_state = (args.sim or {}).get("state_dir")
+    patterns = args.patterns or procs.DEFAULT_PATTERNS
+    all_users = args.all_users
+    dry_run = args.dry_run
+    tolerance = args.tolerance_mib
+
+    roots: list[int] = []
+    unattributed = []
+    for gpu in before:
+        for entry in gpu["processes"]:
+            if entry["visible"]:
+                roots.append(entry["pid"])
+            else:
+                unattributed.append({"gpu": gpu["index"], **entry})
+    roots += procs.find_pattern_matches(patterns, sim_state)
+    roots = list(dict.fromkeys(roots))
+    keep = procs.protected_pids()
+    tree, refused = procs.collect_trees(roots, keep, all_users)
+
+    result: CleanAnswer = {"before": before, "refused": refused, "unattributed": unattributed}
+    if dry_run:
+        result["would_kill"] = [
+            {k: info[k] for k in ("pid", "ppid", "user", "name", "cmdline", "age_s")}
+            for _, info in tree.values()
+        ]
+        result["gpus"] = before
+        result["clean"] = all(_gpu_is_clean(g, tolerance) for g in before)
+        result["elapsed_s"] = round(time.monotonic() - started, 3)
+        return result
+
+    result["killed"] = procs.kill_trees(tree, args.grace_s)
+    # Memory held by processes we may not kill (other users, protected) or cannot see will
+    # not go away by waiting: stop polling as soon as only those remain.
+    untouchable = {p["pid"] for p in refused} | {u["pid"] for u in unattributed}
+    deadline = time.monotonic() + args.timeout_s
+    while True:
+        after = nvmlread.snapshot(nvml)
+        clean_now = all(_gpu_is_clean(g, tolerance) for g in after)
+        remaining = {p["pid"] for g in after for p in g["processes"]}
+        hopeless = bool(remaining) and remaining <= untouchable
+        if clean_now or hopeless or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    _annotate(after)
+    result.update(gpus=after, clean=clean_now, elapsed_s=round(time.monotonic() - started, 3))
+    return result
+
+
+def wait_gpus_clean(indexes: list[int], timeout_s: float, tolerance_mib: int = 0) -> dict[str, Any]:
+    """Poll NVML until the given GPUs read 0 MiB (v2 used) with no process; report them."""
+    nvml = nvmlread.load_pynvml()
+    started = time.monotonic()
+    while True:
+        snap = [g for g in nvmlread.snapshot(nvml) if g["index"] in indexes]
+        clean_now = all(_gpu_is_clean(g, tolerance_mib) for g in snap)
+        if clean_now or time.monotonic() - started >= timeout_s:
+            break
+        time.sleep(0.2)
+    _annotate(snap)
+    return {"clean": clean_now, "gpus": snap, "elapsed_s": round(time.monotonic() - started, 3)}
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def sysinfo(args: VerbArgs) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "uid": os.geteuid(),
+        "packages": {
+            name: _version(name)
+            for name in (
+                "sglang",
+                "torch",
+                "flashinfer-python",
+                "psutil",
+                "nvidia-ml-py",
+                "aiohttp",
+            )
+        },
+        "simulated": bool(args.sim),
+    }
+    try:
+        nvml = nvmlread.load_pynvml()
+    except AgentError as exc:
+        info.update(driver=None, gpus=[], nvml_error=str(exc))
+        return info
+    snap = nvmlread.snapshot(nvml)
+    info.update(nvmlread.driver_info(nvml))
+    info["gpus"] = [{k: g[k] for k in ("index", "uuid", "name", "total_mib")} for g in snap]
+    return info
+
+
+def echo(args: EchoArgs) -> dict[str, Any]:
+    """Return the payload as received, with argv and cwd: a transport self-test."""
+    return {"payload": args.payload, "argv": sys.argv[1:], "cwd": os.getcwd()}

@@ -1,0 +1,328 @@
+"""Server lifecycle on the host: detached launch, wait-ready, stop, list, logs.
+
+State lives in `<workdir>/servers/<port>.json` (host/servers.py); `<port>.lock` makes
+concurrent launches on one port exclusive. The server runs in its own session (setsid):
+immune to the SSH session ending, and stoppable as one process group even after its
+launcher died. Every signal first checks that the process group is still the server that
+was launched (host/procstat.py), so a stale state file never kills a stranger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpufleet.host import gpus, health
+from gpufleet.host.preflight import launch_env, preflight
+from gpufleet.host.procstat import ProcRef, command_name, group_members
+from gpufleet.host.protocol import (
+    AgentError,
+    LaunchAnswer,
+    LaunchArgs,
+    LogsArgs,
+    StopAnswer,
+    StopArgs,
+    WaitReadyAnswer,
+    WaitReadyArgs,
+    emit_event,
+)
+from gpufleet.host.redact import redact_env
+from gpufleet.host.servers import (
+    SERVERS,
+    all_states,
+    now_iso,
+    read_state,
+    server_alive,
+    server_ref,
+    tail,
+    write_state,
+)
+
+FATAL_PATTERNS = [
+    ("Traceback (most recent call last)", "Python traceback"),
+    ("Initialization failed", "initialization failed"),
+    ("CUDA out of memory", "CUDA out of memory"),
+    ("OutOfMemoryError", "out of memory"),
+    ("address already in use", "address already in use"),
+    ("[Errno 98]", "address already in use"),
+]
+
+
+# -- launch ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def port_lock(port: int):
+    SERVERS.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(SERVERS / f"{int(port)}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AgentError(
+                f"another gpufleet launch on port {port} is in progress on this host",
+                kind="locked",
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _spawn(spec: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """Start the server in its own session, stdout and stderr appended to its log."""
+    log = Path(spec["log"])
+    log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(log, "ab", buffering=0) as out:
+        out.write(f"[gpufleet] {now_iso()} launching {spec['profile']}\n".encode())
+        return subprocess.Popen(
+            spec["argv"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=launch_env(spec),
+            start_new_session=True,  # own session and process group: survives hangup
+            close_fds=True,
+        )
+
+
+def launch(args: LaunchArgs) -> LaunchAnswer:
+    spec = args.spec
+    with port_lock(spec["port"]):
+        check = preflight(args)
+        if not check["ok"]:
+            return {"started": False, **check}
+        existing = read_state(spec["port"])
+        if existing and server_alive(existing) and args.replace:
+            stop_server(existing, args.grace_s)
+        proc = _spawn(spec)
+        ref = ProcRef.capture(proc.pid) or ProcRef(proc.pid, -1)  # -1: died at once
+        state = {
+            "pid": proc.pid,
+            "proc": ref.to_wire(),
+            "pgid": proc.pid,
+            "argv": spec["argv"],
+            "env": redact_env(spec["env"]),
+            "port": spec["port"],
+            "health_url": f"http://{spec['health_host']}:{spec['port']}{spec['health_path']}",
+            "profile": spec["profile"],
+            "engine": spec["engine"],
+            "engine_version": check["engine_version"],
+            "log": str(Path.cwd() / spec["log"]),
+            "log_offset": 0,
+            "gpus": spec["gpus"],
+            "node_rank": spec.get("node_rank", 0),
+            "started_at": now_iso(),
+            "status": "starting",
+        }
+        write_state(state)
+    return {"started": True, "state": state, "warnings": check["warnings"]}
+
+
+# -- wait until healthy ---------------------------------------------------------------
+class _LogScanner:
+    """Reads what the server log gained since the last look: fatal lines and the last line."""
+
+    def __init__(self, path: str, offset: int) -> None:
+        self.path = path
+        self.offset = offset
+        self.last_line = ""
+
+    def fatal(self) -> str | None:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        self.offset += len(chunk)
+        text = chunk.decode(errors="replace")
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if lines:
+            self.last_line = lines[-1][-200:]
+        return next((label for needle, label in FATAL_PATTERNS if needle in text), None)
+
+
+def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
+    """Poll until /health answers 200 (or, without health, the process runs); stream phases."""
+    state = read_state(args.port)
+    if state is None:
+        raise AgentError(f"no server launched by gpufleet on port {args.port}", kind="no_server")
+    started = time.monotonic()
+    log = _LogScanner(state["log"], state.get("log_offset", 0))
+    phase = ""
+    last_event = 0.0
+    while True:
+        elapsed = time.monotonic() - started
+        fatal = log.fatal()
+        if fatal:
+            return _failed(state, "crashed", f"{fatal} in the server log")
+        if not server_alive(state):
+            return _failed(state, "crashed", "the server process exited")
+        new_phase = health.probe(state["health_url"]) if args.health else "running"
+        if new_phase in ("ready", "running"):
+            state.update(status="ready" if args.health else "running", ready_at=now_iso())
+            write_state(state)
+            emit_event(
+                {"phase": new_phase, "elapsed_s": round(elapsed, 2), "last_line": log.last_line}
+            )
+            return {
+                "ready": True,
+                "phase": new_phase,
+                "elapsed_s": round(elapsed, 3),
+                "state": state,
+            }
+        if new_phase != phase or time.monotonic() - last_event >= 1.0:
+            phase = new_phase
+            last_event = time.monotonic()
+            emit_event({"phase": phase, "elapsed_s": round(elapsed, 2), "last_line": log.last_line})
+        if elapsed > args.timeout_s:
+            return _failed(
+                state, "timeout", f"not healthy after {args.timeout_s:g}s (last: {phase})"
+            )
+        time.sleep(args.poll_s)
+
+
+def _failed(state: dict[str, Any], status: str, reason: str) -> WaitReadyAnswer:
+    state.update(status="failed", failure=reason, failed_at=now_iso())
+    write_state(state)
+    return {
+        "ready": False,
+        "phase": status,
+        "reason": reason,
+        "tail": tail(state["log"]),
+        "state": state,
+    }
+
+
+# -- stop, list, logs -----------------------------------------------------------------
+class StaleState(Exception):
+    """The state file's process group now belongs to someone else: nothing may be signalled."""
+
+
+def _group_is_ours(state: dict[str, Any]) -> bool:
+    """Whether the saved process group still runs what gpufleet launched.
+
+    True while the leader is our process, or while the leader is gone but its group lives
+    on (the kernel hands out no PID that a live group still uses as its id: the members are
+    our server's orphans). False when the group is empty. StaleState when the PID now
+    belongs to another process.
+    """
+    ref = server_ref(state)
+    if ref is None:
+        return False
+    if ref.alive():
+        return True
+    if ref.reused():
+        raise StaleState(
+            f"server state for port {state['port']} is stale: pid {ref.pid} is now "
+            f"`{command_name(ref.pid)}`; state cleared, nothing killed"
+        )
+    return bool(group_members(state["pgid"]))
+
+
+def _signal_group(pgid: int, sig: signal.Signals, wait_s: float) -> bool:
+    """Signal the group; wait until no member runs. True if it emptied in time."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+    deadline = time.monotonic() + wait_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not group_members(pgid)
+
+
+def stop_server(state: dict[str, Any], grace_s: float) -> str:
+    """SIGTERM the server's group, SIGKILL after the grace; which signal ended it.
+
+    Raises StaleState (after marking the state file) when the PID was reused.
+    """
+    try:
+        ours = _group_is_ours(state)
+    except StaleState:
+        state.update(status="stale", stopped_at=now_iso(), stop_signal="none (stale state)")
+        write_state(state)
+        raise
+    signal_used = "none (already gone)"
+    if ours:
+        signal_used = "SIGTERM"
+        if not _signal_group(state["pgid"], signal.SIGTERM, grace_s):
+            signal_used = "SIGKILL"
+            _signal_group(state["pgid"], signal.SIGKILL, 5)
+    state.update(status="stopped", stopped_at=now_iso(), stop_signal=signal_used)
+    write_state(state)
+    return signal_used
+
+
+def stop(args: StopArgs) -> StopAnswer:
+    states = [s for s in all_states() if args.profile in (None, s["profile"])]
+    if args.port is not None:
+        states = [s for s in states if s["port"] == args.port]
+    stopped = []
+    refused = []
+    used_gpus: set[int] = set()
+    for state in states:
+        if state.get("status") in ("stopped", "stale"):
+            continue
+        try:
+            how = stop_server(state, args.grace_s)
+        except StaleState as exc:
+            refused.append(str(exc))
+            continue
+        stopped.append(
+            {"port": state["port"], "profile": state["profile"], "pid": state["pid"], "signal": how}
+        )
+        used_gpus.update(state.get("gpus", []))
+    verify = None
+    if used_gpus and args.verify:
+        verify = gpus.wait_gpus_clean(sorted(used_gpus), args.timeout_s)
+    return {"stopped": stopped, "refused": refused, "verify": verify}
+
+
+def servers() -> dict[str, Any]:
+    """gpufleet's servers on this host that have not been stopped, with health and uptime."""
+    out = []
+    for state in all_states():
+        alive = server_alive(state)
+        if state.get("status") in ("stopped", "stale") and not alive:
+            continue
+        keys = ("profile", "pid", "port", "status", "started_at", "engine", "engine_version", "log")
+        entry = {k: state.get(k) for k in keys}
+        entry["alive"] = alive
+        entry["health"] = health.probe(state["health_url"]) if alive else "down"
+        if alive:
+            started = datetime.fromisoformat(state["started_at"].replace("Z", "+00:00"))
+            entry["uptime_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)
+        out.append(entry)
+    return {"servers": out}
+
+
+def logs(args: LogsArgs) -> dict[str, Any]:
+    states = all_states()
+    if args.port is not None:
+        states = [s for s in states if s["port"] == args.port]
+    if args.profile:
+        states = [s for s in states if s["profile"] == args.profile]
+    if not states:
+        raise AgentError("no server launched by gpufleet matches", kind="no_server")
+    state = max(states, key=lambda s: s["started_at"])
+    lines = tail(state["log"], args.lines)
+    if not args.follow:
+        return {"log": state["log"], "lines": lines}
+    for line in lines:
+        emit_event({"line": line})
+    with open(state["log"], "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        deadline = time.monotonic() + args.follow_s
+        while time.monotonic() < deadline:
+            data = fh.readline()
+            if data:
+                emit_event({"line": data.decode(errors="replace").rstrip("\n")})
+            else:
+                time.sleep(0.2)
+    return {"log": state["log"], "lines": []}

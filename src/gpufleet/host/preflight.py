@@ -1,0 +1,157 @@
+"""Launch preflight on the host: what can refuse a launch in seconds, not after a model load.
+
+The GPUs the server will use read 0 MiB, the port is free (or held by our own server with
+--replace), the model path exists, the engine is installed, and every flag is one the
+engine's own `--help` lists on this host.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpufleet.host import nvml as nvmlread
+from gpufleet.host.protocol import AgentError, LaunchArgs
+from gpufleet.host.servers import read_state, server_alive
+
+ENGINE_MODULES = {
+    "sglang": ("sglang", "sglang.launch_server"),
+    "sim": (None, "gpufleet.sim.server"),
+}
+
+
+def engine_version(engine: str) -> str | None:
+    if engine == "sglang":
+        from importlib import metadata
+
+        try:
+            return metadata.version("sglang")
+        except metadata.PackageNotFoundError:
+            return None
+    if engine == "sim":
+        from gpufleet import __version__
+
+        return f"gpufleet-sim {__version__}"
+    return None
+
+
+def _agent_pythonpath() -> list[str]:
+    """Paths that make `gpufleet.sim.server` importable from this zipapp, for the sim engine."""
+    root = str(Path(__file__).resolve().parent.parent.parent)
+    return [root]
+
+
+def launch_env(spec: dict[str, Any]) -> dict[str, str]:
+    """The server's environment: ours, the profile's, and the rehearsal engine's paths."""
+    env = dict(os.environ)
+    env.update(spec["env"])
+    if spec["engine"] == "sim":
+        parts = _agent_pythonpath()
+        if os.environ.get("GPUFLEET_SIM_STATE"):
+            parts.insert(0, nvmlread.shim_dir())
+        env["PYTHONPATH"] = os.pathsep.join([*parts, env.get("PYTHONPATH", "")]).rstrip(":")
+    return env
+
+
+def _port_free(host: str, port: int) -> str | None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        # Like uvicorn: connections in TIME_WAIT from the last server do not block the port.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return f"port {port} on {host} is taken ({exc.strerror})"
+    return None
+
+
+def _help_flags(argv_head: list[str], env: dict[str, str]) -> tuple[set[str], str]:
+    out = subprocess.run(
+        [*argv_head, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    text = out.stdout + out.stderr
+    if out.returncode != 0:
+        raise AgentError(
+            f"`{' '.join(argv_head[1:])} --help` failed: {text.strip()[-300:]}", kind="preflight"
+        )
+    return set(re.findall(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_-]*)", text)), text
+
+
+def check_flags(argv: list[str], head: int, env: dict[str, str]) -> tuple[list[str], list[str]]:
+    """Every `--flag` in argv must be one the engine's own --help lists on this host."""
+    known, text = _help_flags(argv[:head], env)
+    errors, warnings = [], []
+    for word in argv[head:]:
+        if not word.startswith("--"):
+            continue
+        flag = word.split("=", 1)[0]
+        if flag in known:
+            if re.search(re.escape(flag) + r"[^\n]*\n?[^\n]*deprecated", text, re.I):
+                warnings.append(f"{flag} is deprecated in this engine version")
+            continue
+        prefixed = sorted(k for k in known if k.startswith(flag))
+        if len(prefixed) == 1:
+            warnings.append(f"{flag} is accepted only as a prefix of {prefixed[0]}")
+        elif prefixed:
+            errors.append(f"{flag} is ambiguous here (could be {', '.join(prefixed[:4])})")
+        else:
+            errors.append(f"{flag} is not accepted by this engine version")
+    return errors, warnings
+
+
+def _gpus_in_use(gpus: list[int]) -> list[str]:
+    nvml = nvmlread.load_pynvml()
+    snap = {g["index"]: g for g in nvmlread.snapshot(nvml)}
+    problems = []
+    for index in gpus:
+        gpu = snap.get(index)
+        if gpu is None:
+            problems.append(f"GPU {index} does not exist (NVML sees {len(snap)})")
+        elif gpu["used_mib"] > 0 or gpu["processes"]:
+            pids = ",".join(str(p["pid"]) for p in gpu["processes"]) or "none listed"
+            problems.append(f"GPU {index} is in use: {gpu['used_mib']} MiB (PIDs {pids})")
+    return problems
+
+
+def preflight(args: LaunchArgs) -> dict[str, Any]:
+    """Everything that can refuse a launch in seconds rather than after a model load."""
+    spec = args.spec
+    errors: list[str] = []
+    warnings: list[str] = list(spec.get("warnings", []))
+    existing = read_state(spec["port"])
+    if existing and server_alive(existing):
+        if not args.replace:
+            errors.append(
+                f"a server ({existing['profile']}, pid {existing['pid']}) already runs on port "
+                f"{spec['port']}; stop it or use --replace"
+            )
+    else:
+        problem = _port_free(spec["host"], spec["port"])
+        if problem:
+            errors.append(problem)
+    if spec["check_model_path"] and not Path(spec["model_path"]).exists():
+        errors.append(f"model path {spec['model_path']!r} does not exist on this host")
+    engine = spec["engine"]
+    version = engine_version(engine)
+    if engine == "sglang" and version is None:
+        errors.append(f"{sys.executable} has no sglang installed (pip show sglang found nothing)")
+    if not args.skip_gpu_check and not (existing and args.replace):
+        try:
+            errors += _gpus_in_use(spec["gpus"])
+        except AgentError as exc:
+            if spec["engine"] != "custom":
+                errors.append(str(exc))
+    if engine in ENGINE_MODULES and not errors and not args.skip_flag_check:
+        flag_errors, flag_warnings = check_flags(spec["argv"], 3, launch_env(spec))
+        errors += [f"flag {e}" for e in flag_errors]
+        warnings += flag_warnings
+    return {"ok": not errors, "errors": errors, "warnings": warnings, "engine_version": version}

@@ -1,0 +1,289 @@
+"""The verb contract between the control plane and the host agent, declared once.
+
+Each verb has one arguments dataclass here. The control plane builds it and sends it as one
+JSON line on the agent's **stdin** (never in argv: `/proc/PID/cmdline` is readable by
+every user of the host, and a launch spec carries the server's environment). The agent
+reads that line, checks every field against the declared types (`from_wire`) and hands
+the verb a typed object. Answers go back on stdout as JSON lines: progress events, then
+one final line (`emit_result` / `emit_error`); their shapes are the `*Answer` TypedDicts.
+
+Standard library only: this module ships in the zipapp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypedDict
+
+MARK = "gpufleet_agent"
+
+
+class AgentError(Exception):
+    """A failure the agent reports as `{"ok": false, "kind": ..., "error": ...}`."""
+
+    def __init__(self, message: str, kind: str = "error") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+# -- arguments ----------------------------------------------------------------------------
+@dataclass
+class VerbArgs:
+    """What every verb receives: the host's identity, added by the control plane's Session."""
+
+    VERB: ClassVar[str] = ""
+
+    host: str = ""
+    expected_gpus: int | None = None
+    sim: dict[str, Any] | None = None  # the simulated GPU topology on rehearsal hosts
+
+    def to_wire(self) -> str:
+        """One JSON line for the agent's stdin."""
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":")) + "\n"
+
+    @classmethod
+    def from_wire(cls, data: Any) -> typing.Self:
+        """Check a decoded JSON object against the declared fields; AgentError if it fails."""
+        if not isinstance(data, dict):
+            raise AgentError(f"{cls.VERB}: arguments must be a JSON object", kind="bad_input")
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise AgentError(f"{cls.VERB}: unknown argument(s) {unknown}", kind="bad_input")
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name in data:
+                values[f.name] = _check(data[f.name], hints[f.name], f"{cls.VERB}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise AgentError(f"{cls.VERB}: missing argument {f.name!r}", kind="bad_input")
+        return cls(**values)
+
+
+def _check(value: Any, hint: Any, where: str) -> Any:
+    """`value` if it has the declared JSON type (ints accepted for floats), else AgentError."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return _check(value, option, where)
+            except AgentError:
+                continue
+        raise AgentError(f"{where}: {value!r} is not {hint}", kind="bad_input")
+    if hint is type(None):
+        ok = value is None
+    elif hint is Any:
+        ok = True
+    elif hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif origin is list:
+        ok = isinstance(value, list)
+        if ok:
+            [item_hint] = typing.get_args(hint) or [Any]
+            value = [_check(v, item_hint, where) for v in value]
+    elif origin is dict or hint is dict:
+        ok = isinstance(value, dict)
+    else:
+        ok = isinstance(value, hint)
+    if not ok:
+        raise AgentError(
+            f"{where}: {value!r} is not {getattr(hint, '__name__', hint)}", "bad_input"
+        )
+    return value
+
+
+@dataclass
+class EchoArgs(VerbArgs):
+    """Transport self-test: the agent answers with what it received."""
+
+    VERB: ClassVar[str] = "echo"
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SysinfoArgs(VerbArgs):
+    VERB: ClassVar[str] = "sysinfo"
+
+
+@dataclass
+class CleanArgs(VerbArgs):
+    VERB: ClassVar[str] = "clean"
+    dry_run: bool = False
+    all_users: bool = False
+    timeout_s: float = 60.0
+    grace_s: float = 10.0
+    tolerance_mib: int = 0
+    patterns: list[str] | None = None
+
+
+@dataclass
+class StatusArgs(VerbArgs):
+    VERB: ClassVar[str] = "status"
+    patterns: list[str] | None = None
+
+
+@dataclass
+class LaunchArgs(VerbArgs):
+    VERB: ClassVar[str] = "launch"
+    spec: dict[str, Any] = field(default_factory=dict)  # control.playbook.LaunchSpec, dumped
+    replace: bool = False
+    grace_s: float = 15.0
+    skip_flag_check: bool = False
+    skip_gpu_check: bool = False
+
+
+@dataclass
+class WaitReadyArgs(VerbArgs):
+    VERB: ClassVar[str] = "wait-ready"
+    port: int = 30000
+    timeout_s: float = 1800.0
+    poll_s: float = 0.2
+    health: bool = True  # False on non-zero node ranks: they serve no HTTP
+
+
+@dataclass
+class StopArgs(VerbArgs):
+    VERB: ClassVar[str] = "stop"
+    profile: str | None = None
+    port: int | None = None
+    grace_s: float = 15.0
+    timeout_s: float = 60.0
+    verify: bool = True
+
+
+@dataclass
+class LogsArgs(VerbArgs):
+    VERB: ClassVar[str] = "logs"
+    profile: str | None = None
+    port: int | None = None
+    lines: int = 40
+    follow: bool = False
+    follow_s: float = 86400.0
+
+
+@dataclass
+class BenchStartArgs(VerbArgs):
+    VERB: ClassVar[str] = "bench-start"
+    plan: dict[str, Any] = field(default_factory=dict)  # control.bench.build_plan's plan
+    prompts_file: str = ""
+
+
+@dataclass
+class BenchRunArgs(VerbArgs):
+    """Sent by bench-start to the detached runner it spawns, never by the control plane."""
+
+    VERB: ClassVar[str] = "bench-run"
+    run_id: str = ""
+
+
+@dataclass
+class BenchWatchArgs(VerbArgs):
+    VERB: ClassVar[str] = "bench-watch"
+    run_id: str = ""
+    timeout_s: float = 7 * 86400.0
+
+
+CONTRACT: dict[str, type[VerbArgs]] = {
+    cls.VERB: cls
+    for cls in (
+        EchoArgs,
+        SysinfoArgs,
+        CleanArgs,
+        StatusArgs,
+        LaunchArgs,
+        WaitReadyArgs,
+        StopArgs,
+        LogsArgs,
+        BenchStartArgs,
+        BenchRunArgs,
+        BenchWatchArgs,
+    )
+}
+
+
+# -- answers (the final line's `result`) --------------------------------------------------
+class CleanAnswer(TypedDict, total=False):
+    before: list[dict[str, Any]]  # NVML snapshot before killing
+    gpus: list[dict[str, Any]]  # NVML snapshot after (v2 used, processes)
+    killed: list[dict[str, Any]]
+    would_kill: list[dict[str, Any]]  # dry run only
+    refused: list[dict[str, Any]]
+    unattributed: list[dict[str, Any]]
+    clean: bool
+    elapsed_s: float
+
+
+class LaunchAnswer(TypedDict, total=False):
+    started: bool
+    state: dict[str, Any]  # the host state file (servers/<port>.json)
+    errors: list[str]  # preflight refusals when not started
+    warnings: list[str]
+    engine_version: str | None
+
+
+class WaitReadyAnswer(TypedDict, total=False):
+    ready: bool
+    phase: str  # ready | running | crashed | timeout
+    reason: str
+    tail: list[str]
+    elapsed_s: float
+    state: dict[str, Any]
+
+
+class StopAnswer(TypedDict):
+    stopped: list[dict[str, Any]]
+    refused: list[str]  # state files whose process is no longer the server launched
+    verify: dict[str, Any] | None
+
+
+class BenchStartAnswer(TypedDict):
+    run_id: str
+    run_dir: str
+    pid: int
+    base_url: str
+    profile: str | None
+
+
+class BenchWatchAnswer(TypedDict):
+    status: str  # done | failed | watching
+    reason: str | None
+    files: list[dict[str, Any]]
+    run_dir: str
+    tail: list[str] | None
+
+
+# -- the wire -----------------------------------------------------------------------------
+def read_args(verb: str, stream: typing.TextIO) -> VerbArgs:
+    """The verb's typed arguments from the first line of `stream` (the agent's stdin)."""
+    line = stream.readline()
+    try:
+        data = json.loads(line) if line.strip() else {}
+    except ValueError as exc:
+        raise AgentError(f"{verb}: arguments are not JSON ({exc})", kind="bad_input") from None
+    return CONTRACT[verb].from_wire(data)
+
+
+def _write(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def emit_event(event: dict[str, Any]) -> None:
+    """A progress line for streaming verbs (wait-ready, bench-watch, logs --follow)."""
+    _write({MARK: 1, "event": event})
+
+
+def emit_result(result: Any) -> None:
+    _write({MARK: 1, "ok": True, "result": result})
+
+
+def emit_error(message: str, kind: str = "error") -> None:
+    _write({MARK: 1, "ok": False, "kind": kind, "error": message})

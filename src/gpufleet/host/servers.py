@@ -1,0 +1,79 @@
+"""Server state files on the host: `<workdir>/servers/<port>.json`, one per launched server.
+
+A state file records what was launched (argv, redacted environment, profile, engine
+version, log) and the identity of the process that runs it (`proc`: PID and start time),
+so every later liveness test or signal can tell our server from a reused PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpufleet.host.procstat import ProcRef
+
+SERVERS = Path("servers")
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _state_path(port: int) -> Path:
+    return SERVERS / f"{int(port)}.json"
+
+
+def write_state(state: dict[str, Any]) -> None:
+    SERVERS.mkdir(mode=0o700, exist_ok=True)
+    tmp = SERVERS / f".{state['port']}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(state, indent=2))
+    os.replace(tmp, _state_path(state["port"]))
+
+
+def read_state(port: int) -> dict[str, Any] | None:
+    try:
+        return json.loads(_state_path(port).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def all_states() -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(SERVERS.glob("*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def server_ref(state: dict[str, Any]) -> ProcRef | None:
+    """The launched process's identity, or None for a state file that lacks one."""
+    proc = state.get("proc")
+    if isinstance(proc, dict):
+        return ProcRef.from_wire(proc)
+    if state.get("pid_start"):  # state files written before `proc` existed
+        return ProcRef(int(state["pid"]), int(state["pid_start"]))
+    return None
+
+
+def server_alive(state: dict[str, Any]) -> bool:
+    """The process gpufleet launched is still running (a reused PID does not count)."""
+    ref = server_ref(state)
+    return ref is not None and ref.alive()
+
+
+def tail(path: str, lines: int = 40) -> list[str]:
+    """The last `lines` lines of a file (reads at most its last 256 KiB)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 256 * 1024))
+            data = fh.read().decode(errors="replace")
+    except OSError:
+        return []
+    return data.splitlines()[-lines:]

@@ -1,0 +1,36 @@
+"""The agent's verb registry: each verb of the contract (host/protocol.py) to its function.
+
+To add a verb: declare its arguments dataclass (and answer) in protocol.py and list it in
+CONTRACT, write the function in the module of its world (gpus, lifecycle, bench/verbs),
+register it here, and call it from the control plane with `session.call(TheArgs(...))`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpufleet.host import gpus, lifecycle
+from gpufleet.host.bench import verbs as bench
+from gpufleet.host.protocol import CONTRACT, StatusArgs
+
+
+def status(args: StatusArgs) -> dict[str, Any]:
+    """Read-only: GPUs, their processes, stale-looking processes and gpufleet's servers."""
+    return {**gpus.stale_processes(args), **lifecycle.servers()}
+
+
+VERBS: dict[str, Callable[[Any], Any]] = {
+    "echo": gpus.echo,
+    "sysinfo": gpus.sysinfo,
+    "clean": gpus.clean,
+    "status": status,
+    "launch": lifecycle.launch,
+    "wait-ready": lifecycle.wait_ready,
+    "stop": lifecycle.stop,
+    "logs": lifecycle.logs,
+    "bench-start": bench.bench_start,
+    "bench-run": bench.bench_run,
+    "bench-watch": bench.bench_watch,
+}
+assert set(VERBS) == set(CONTRACT), "every verb of the contract has exactly one function"

@@ -1,0 +1,253 @@
+"""Compare archived runs: per-host tables by concurrency, the crossover, fairness warnings.
+
+An arm is one run (a run id) or a profile (its latest archived run on each host). Ratios
+are against the first arm. Crossovers are interpolated on a log-concurrency axis between
+measured levels.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufleet.archive import store as archive
+from gpufleet.errors import UserError
+
+SPECULATIVE_CAP = 48
+
+
+@dataclass
+class Arm:
+    label: str
+    manifests: list[dict[str, Any]]
+    levels: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self.manifests[-1]
+
+
+def _load_arm(label: str, run_dirs: list[Path]) -> Arm:
+    arm = Arm(label=label, manifests=[])
+    for run_dir in run_dirs:
+        arm.manifests.append(archive.read_manifest(run_dir))
+        for line in (run_dir / "results.jsonl").read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                arm.levels[int(row["max_concurrency"])] = row
+    return arm
+
+
+def resolve(args: list[str], root: Path, hosts: list[str] | None = None) -> dict[str, list[Arm]]:
+    """host -> arms (one per argument), for the hosts where every argument has a run."""
+    runs = archive.list_runs(root)
+    per_arg: list[dict[str, list[Path]]] = []
+    for arg in args:
+        found: dict[str, list[Path]] = {}
+        by_id = [r for r in runs if r.get("run_id") == arg]
+        if by_id:
+            for r in by_id:
+                found[r["host"]] = [Path(r["path"])]
+        else:
+            by_profile = [r for r in runs if r.get("profile") == arg and r.get("levels")]
+            for r in by_profile:  # sorted by start time: the latest wins
+                found[r["host"]] = [Path(r["path"])]
+        if not found:
+            raise UserError(f"{arg!r}: no archived run or profile of that name under {root}/")
+        per_arg.append(found)
+    common = sorted(set.intersection(*(set(f) for f in per_arg)))
+    if hosts:
+        common = [h for h in common if h in hosts]
+    if not common:
+        raise UserError("the runs to compare share no host (compare runs of the same host)")
+    return {h: [_load_arm(arg, f[h]) for arg, f in zip(args, per_arg, strict=True)] for h in common}
+
+
+def _metric(row: dict[str, Any] | None, key: str) -> float | None:
+    if row is None or row.get(key) is None:
+        return None
+    return float(row[key])
+
+
+def crossover(levels: list[int], a: list[float], b: list[float]) -> tuple[str, float | None]:
+    """Where b - a turns from >= 0 to < 0: ('cross', C), ('never', None) or ('below', None)."""
+    diffs = [y - x for x, y in zip(a, b, strict=True)]
+    if diffs[0] < 0:
+        return "below", None
+    for i in range(1, len(levels)):
+        if diffs[i] < 0 <= diffs[i - 1]:
+            x0, x1 = math.log(levels[i - 1]), math.log(levels[i])
+            d0, d1 = diffs[i - 1] / a[i - 1], diffs[i] / a[i]
+            t = d0 / (d0 - d1) if d0 != d1 else 0.0
+            return "cross", math.exp(x0 + t * (x1 - x0))
+    return "never", None
+
+
+def sentence(a: Arm, b: Arm, levels: list[int]) -> str:
+    """The answer in one plain sentence, e.g. 'eagle3 is faster per request up to C~7 and
+    loses total throughput from C~4; at C=64 baseline delivers 2.2x.'"""
+    if len(levels) < 1:
+        return "no common concurrency levels to compare"
+    per_a = [_metric(a.levels[c], "median_per_request_output_tps") or 0 for c in levels]
+    per_b = [_metric(b.levels[c], "median_per_request_output_tps") or 0 for c in levels]
+    tot_a = [_metric(a.levels[c], "output_throughput") or 0 for c in levels]
+    tot_b = [_metric(b.levels[c], "output_throughput") or 0 for c in levels]
+    kind, at = crossover(levels, per_a, per_b)
+    if kind == "cross":
+        first = f"{b.label} is faster per request up to C~{at:.0f}"
+    elif kind == "never":
+        first = (
+            f"{b.label} is at least as fast per request at every measured level (C<={levels[-1]})"
+        )
+    else:
+        first = f"{b.label} is slower per request at every measured level"
+    kind, at = crossover(levels, tot_a, tot_b)
+    if kind == "cross":
+        second = f"loses total throughput from C~{at:.0f}"
+    elif kind == "never":
+        second = f"keeps total throughput at or above {a.label}'s up to C={levels[-1]}"
+    else:
+        second = f"has lower total throughput than {a.label} at every level"
+    top = levels[-1]
+    ta, tb = tot_a[-1], tot_b[-1]
+    if ta and tb:
+        winner, ratio = (a.label, ta / tb) if ta >= tb else (b.label, tb / ta)
+        last = f"; at C={top} {winner} delivers {ratio:.1f}x"
+    else:
+        last = ""
+    return f"{first} and {second}{last}."
+
+
+def _flag(argv: list[str] | None, name: str) -> str | None:
+    argv = argv or []
+    for i, word in enumerate(argv):
+        if word == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith(name + "="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def effective_max_running(manifest: dict[str, Any]) -> int | None:
+    argv = (manifest.get("server") or {}).get("argv") or []
+    explicit = _flag(argv, "--max-running-requests")
+    if explicit is not None:
+        return int(explicit)
+    if _flag(argv, "--speculative-algorithm") in ("EAGLE", "EAGLE3", "STANDALONE"):
+        return SPECULATIVE_CAP
+    return None
+
+
+def fairness(arms: list[Arm], levels: list[int]) -> list[str]:
+    warnings = []
+    base = arms[0]
+
+    def facts(arm: Arm) -> dict[str, Any]:
+        m = arm.manifest
+        gpus = (m.get("host_facts") or {}).get("gpus") or [{}]
+        return {
+            "prompt set": (m.get("prompt_set") or {}).get("prompts_sha256"),
+            "output length": (m.get("plan") or {}).get("output_len"),
+            "backend": (m.get("plan") or {}).get("backend"),
+            "GPU model": gpus[0].get("name") if gpus else None,
+            "driver": (m.get("host_facts") or {}).get("driver"),
+            "engine version": (m.get("server") or {}).get("engine_version"),
+            "host": m.get("host"),
+        }
+
+    ref = facts(base)
+    for arm in arms[1:]:
+        other = facts(arm)
+        for key, value in ref.items():
+            if other[key] != value:
+                warnings.append(
+                    f"{key} differs: {base.label} {value!r} vs {arm.label} {other[key]!r}"
+                )
+    for arm in arms:
+        cap = effective_max_running(arm.manifest)
+        over = [c for c in levels if cap is not None and c > cap]
+        if over:
+            why = (
+                "SGLang's silent cap of 48 for speculative decoding"
+                if cap == SPECULATIVE_CAP
+                and _flag((arm.manifest.get("server") or {}).get("argv"), "--max-running-requests")
+                is None
+                else f"max-running-requests {cap}"
+            )
+            warnings.append(f"{arm.label}: at C={','.join(map(str, over))} requests queue ({why})")
+        if arm.manifest.get("status") != "done":
+            warnings.append(
+                f"{arm.label}: run {arm.manifest['run_id']} is {arm.manifest['status']}"
+                f" ({arm.manifest.get('reason')})"
+            )
+    return warnings
+
+
+TABLE_METRICS = [
+    ("total tok/s", "output_throughput", "{:.1f}"),
+    ("per-req tok/s p50", "median_per_request_output_tps", "{:.1f}"),
+    ("TTFT p50 ms", "median_ttft_ms", "{:.1f}"),
+    ("TTFT p99 ms", "p99_ttft_ms", "{:.1f}"),
+    ("ITL p50 ms", "median_itl_ms", "{:.2f}"),
+    ("accept len", "accept_length", "{:.2f}"),
+]
+RATIO_KEYS = {"output_throughput", "median_per_request_output_tps", "median_ttft_ms"}
+
+
+def common_levels(arms: list[Arm]) -> list[int]:
+    return sorted(set.intersection(*(set(a.levels) for a in arms)))
+
+
+def table(arms: list[Arm]) -> tuple[list[str], list[list[str]]]:
+    headers = ["C"]
+    for name, key, _ in TABLE_METRICS:
+        headers += [f"{arm.label} {name}" for arm in arms]
+        if key in RATIO_KEYS:
+            headers += [f"{arm.label}/{arms[0].label} {name.split()[0]}" for arm in arms[1:]]
+    rows = []
+    for c in common_levels(arms):
+        row = [str(c)]
+        for _, key, fmt in TABLE_METRICS:
+            values = [_metric(arm.levels[c], key) for arm in arms]
+            row += [fmt.format(v) if v is not None else "-" for v in values]
+            if key in RATIO_KEYS:
+                row += [
+                    f"{v / values[0]:.2f}x" if v is not None and values[0] else "-"
+                    for v in values[1:]
+                ]
+        rows.append(row)
+    return headers, rows
+
+
+def as_json(per_host: dict[str, list[Arm]]) -> dict[str, Any]:
+    out = {}
+    for host, arms in per_host.items():
+        levels = common_levels(arms)
+        out[host] = {
+            "arms": [
+                {"label": a.label, "run_ids": [m["run_id"] for m in a.manifests]} for a in arms
+            ],
+            "levels": {str(c): {a.label: a.levels[c] for a in arms} for c in levels},
+            "sentence": sentence(arms[0], arms[1], levels) if len(arms) > 1 and levels else None,
+            "warnings": fairness(arms, levels),
+        }
+    return out
+
+
+def safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
+
+
+def from_run_ids(root: Path, by_profile: dict[str, dict[str, str]]) -> dict[str, list[Arm]]:
+    """host -> arms, from a sweep's finished cells (profile -> host -> run id)."""
+    hosts = sorted(set.intersection(*(set(h) for h in by_profile.values()))) if by_profile else []
+    return {
+        host: [
+            _load_arm(profile, [root / host / runs[host]]) for profile, runs in by_profile.items()
+        ]
+        for host in hosts
+    }

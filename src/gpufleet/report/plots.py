@@ -1,0 +1,54 @@
+"""PNG plots of a comparison: total throughput, per-request speed and TTFT vs concurrency."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpufleet.report.compare import Arm, common_levels
+
+PLOTS = [
+    ("throughput", "output_throughput", "total output throughput (tok/s)"),
+    ("per_request", "median_per_request_output_tps", "per-request output speed, median (tok/s)"),
+    ("ttft", "median_ttft_ms", "time to first token, median (ms)"),
+]
+
+
+def write(host: str, arms: list[Arm], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    levels = common_levels(arms)
+    written = []
+    for name, key, ylabel in PLOTS:
+        fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+        for arm in arms:
+            ys = [arm.levels[c].get(key) for c in levels]
+            ax.plot(levels, ys, marker="o", linewidth=2, label=arm.label)
+            for x, y in zip(levels, ys, strict=True):
+                if y is not None:
+                    ax.annotate(
+                        f"{y:.0f}",
+                        (x, y),
+                        textcoords="offset points",
+                        xytext=(0, 6),
+                        ha="center",
+                        fontsize=8,
+                    )
+        ax.set_xscale("log")
+        ax.set_xticks(levels)
+        ax.set_xticklabels([str(c) for c in levels])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrency (requests in flight, log scale)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{host}: {ylabel.split(' (')[0]}")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = out_dir / f"{host}-{name}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
