@@ -6,7 +6,8 @@ from typing import Any
 
 from gpufleet.cli.output import line, table
 from gpufleet.control.fanout import HostResult
-from gpufleet.control.gpuclean import CleanOptions, gpu_verdict, killed_by_gpu
+from gpufleet.control.gpuclean import CleanOptions
+from gpufleet.report.gpu import gpu_verdict, killed_by_gpu
 
 
 def _short_cmd(cmdline: list[str] | None, width: int = 60) -> str:

@@ -41,3 +41,77 @@ def table(
 
 def line(text: str, stream: TextIO | None = None) -> None:
     print(text, file=stream or sys.stdout, flush=True)
+
+
+def print_failures(results: list[Any], with_tail: bool = False) -> None:
+    """`host: FAILED: why` on stderr for each failed host, and the server log's tail."""
+    for res in results:
+        if res.ok:
+            continue
+        line(f"{res.host.name}: FAILED: {res.error}", sys.stderr)
+        if with_tail and res.tail:
+            line(
+                f"--- {res.host.name}: last {len(res.tail)} lines of the server log ---", sys.stderr
+            )
+            for text in res.tail:
+                line(f"{res.host.name}| {text}", sys.stderr)
+
+
+def exit_code(results: list[Any]) -> tuple[int, str]:
+    """(0, "") when every host succeeded, else (1, "N of M host(s) failed")."""
+    failed = sum(1 for r in results if not r.ok)
+    if failed:
+        return 1, f"gpufleet: {failed} of {len(results)} host(s) failed"
+    return 0, ""
+
+
+def print_runs(results: list[Any]) -> None:
+    """Each archived run's level table and path (failed runs too: they are archived)."""
+    from gpufleet.report.tables import headers, rows
+
+    for res in results:
+        value = res.value
+        if value is None:
+            continue
+        table(
+            f"{res.host.name}: {value['run_id']} ({value['status']})",
+            headers(),
+            rows(value["results"]),
+        )
+        line(f"{res.host.name}: archived {value['path']}")
+
+
+def print_compare(per_host: dict[str, Any], fmt: str) -> None:
+    """Per host: the table (table/md/csv/json), the one-sentence answer, fairness warnings."""
+    import csv
+    import io
+    import json
+
+    from gpufleet.report import compare
+
+    if fmt == "json":
+        print(json.dumps(compare.as_json(per_host), indent=2, default=str))
+        return
+    for host, arms in per_host.items():
+        headers, rows = compare.table(arms)
+        title = f"{host}: {' vs '.join(a.label for a in arms)}"
+        if fmt == "csv":
+            out = io.StringIO()
+            writer = csv.writer(out)
+            writer.writerow(["host", *headers])
+            writer.writerows([[host, *r] for r in rows])
+            print(out.getvalue(), end="")
+        elif fmt == "md":
+            line(f"### {title}\n")
+            line("| " + " | ".join(headers) + " |")
+            line("|" + "---|" * len(headers))
+            for r in rows:
+                line("| " + " | ".join(r) + " |")
+            line("")
+        else:
+            table(title, headers, rows)
+        levels = compare.common_levels(arms)
+        if len(arms) > 1 and levels:
+            line(f"{host}: {compare.sentence(arms[0], arms[1], levels)}")
+        for warning in compare.fairness(arms, levels):
+            line(f"{host}: fairness warning: {warning}")

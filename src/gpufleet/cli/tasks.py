@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json as _json
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +40,17 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _finish(results: list[Any], with_tail: bool = False, report: bool = True) -> None:
+    """Print each failed host's line (and server log tail); exit 1 if any host failed."""
+    from gpufleet.cli.output import exit_code, print_failures
+
+    if report:
+        print_failures(results, with_tail)
+    code, message = exit_code(results)
+    if code:
+        raise Exit(message, code=code)
+
+
 def _select(inventory: str | None, hosts: str | None):
     from gpufleet.control.inventory import load_inventory
 
@@ -57,22 +67,6 @@ def _forks(inv: Any, forks: str | None) -> int:
     from gpufleet.cli.args import non_negative_int
 
     return non_negative_int(forks, "--forks", 0) or inv.forks
-
-
-def _exit_for(results: list[Any]) -> None:
-    from gpufleet.control.fanout import any_failed
-
-    if any_failed(results):
-        failed = sum(1 for r in results if not r.ok)
-        raise Exit(f"gpufleet: {failed} of {len(results)} host(s) failed", code=1)
-
-
-def _print_failures(results: list[Any]) -> None:
-    from gpufleet.cli.output import line
-
-    for res in results:
-        if not res.ok:
-            line(f"{res.host.name}: FAILED: {res.error}", sys.stderr)
 
 
 @task(
@@ -105,11 +99,11 @@ def gpu_clean(
     json=False,
 ):
     """Kill stale GPU processes and verify every GPU reads 0 MiB (NVML v2 used)."""
-    from gpufleet.cli import gpu_output as report_gpu
+    from gpufleet.cli import gpu_output
     from gpufleet.cli.args import non_negative_int, positive_float
-    from gpufleet.control import gpuclean as gpu
+    from gpufleet.control import gpuclean
 
-    options = gpu.CleanOptions(
+    options = gpuclean.CleanOptions(
         dry_run=dry_run,
         all_users=all_users,
         timeout_s=positive_float(timeout, "--timeout", 60.0),
@@ -118,13 +112,12 @@ def gpu_clean(
         patterns=list(pattern or []),
     )
     inv, selected = _select(inventory, hosts)
-    results = gpu.clean(selected, options, _forks(inv, forks))
+    results = gpuclean.clean(selected, options, _forks(inv, forks))
     if json:
-        print(_json.dumps(report_gpu.clean_json(results), indent=2))
+        print(_json.dumps(gpu_output.clean_json(results), indent=2))
     else:
-        report_gpu.print_clean(results, options)
-    _print_failures(results)
-    _exit_for(results)
+        gpu_output.print_clean(results, options)
+    _finish(results)
 
 
 @task(
@@ -138,17 +131,16 @@ def gpu_clean(
 @user_errors
 def status(c, hosts=None, inventory=None, forks=None, json=False):
     """Read-only: GPUs, GPU processes and stale server processes per host."""
-    from gpufleet.cli import gpu_output as report_gpu
-    from gpufleet.control import gpuclean as gpu
+    from gpufleet.cli import gpu_output
+    from gpufleet.control import gpuclean
 
     inv, selected = _select(inventory, hosts)
-    results = gpu.status(selected, _forks(inv, forks))
+    results = gpuclean.status(selected, _forks(inv, forks))
     if json:
-        print(_json.dumps(report_gpu.status_json(results), indent=2))
+        print(_json.dumps(gpu_output.status_json(results), indent=2))
     else:
-        report_gpu.print_status(results)
-    _print_failures(results)
-    _exit_for(results)
+        gpu_output.print_status(results)
+    _finish(results)
 
 
 @task(help={"hosts": HOSTS_HELP, "inventory": INVENTORY_HELP, "forks": "hosts in parallel"})
@@ -162,7 +154,7 @@ def sysinfo(c, hosts=None, inventory=None, forks=None):
     results = run_on_hosts(selected, lambda s: s.call(SysinfoArgs()), forks=_forks(inv, forks))
     out = {r.host.name: (r.value if r.ok else {"error": r.error}) for r in results}
     print(_json.dumps(out, indent=2))
-    _exit_for(results)
+    _finish(results, report=False)
 
 
 @task(help={"inventory": INVENTORY_HELP})
@@ -182,42 +174,6 @@ def hosts(c, inventory=None):
         gpus = f"{h.gpus.count if h.gpus.count is not None else '?'}"
         rows.append([h.name, target, gpus + (" (sim)" if h.gpus.simulated else ""), groups])
     table(inv.source, ["host", "target", "gpus", "groups"], rows)
-
-
-def _progress_printer() -> Any:
-    """Per-host progress lines: each phase change, warnings, and the last log line."""
-    from gpufleet.cli.output import line
-
-    last: dict[str, str] = {}
-
-    def show(host: str, event: dict[str, Any]) -> None:
-        if "warning" in event:
-            line(f"{host}: warning: {event['warning']}")
-        elif "line" in event:
-            line(f"{host}| {event['line']}")
-        elif event.get("phase") == "started":
-            line(f"{host}: started pid {event['pid']}, log {event['log']}")
-        elif "phase" in event and event["phase"] != last.get(host):
-            last[host] = event["phase"]
-            tail = f"  | {event['last_line']}" if event.get("last_line") else ""
-            line(f"{host}: {event['phase']} ({event['elapsed_s']:.1f}s){tail}")
-
-    return show
-
-
-def _print_failures_with_tail(results: list[Any]) -> None:
-    from gpufleet.cli.output import line
-
-    for res in results:
-        if not res.ok:
-            line(f"{res.host.name}: FAILED: {res.error}", sys.stderr)
-            if res.tail:
-                line(
-                    f"--- {res.host.name}: last {len(res.tail)} lines of the server log ---",
-                    sys.stderr,
-                )
-                for text in res.tail:
-                    line(f"{res.host.name}| {text}", sys.stderr)
 
 
 @task
@@ -271,7 +227,8 @@ def launch(
 
     from gpufleet.cli.args import positive_float
     from gpufleet.cli.output import line
-    from gpufleet.control import lifecycle as server
+    from gpufleet.cli.progress import launch_progress
+    from gpufleet.control import lifecycle
     from gpufleet.control.playbook import build_specs, load_profile
     from gpufleet.errors import UserError
     from gpufleet.host.redact import redact_env
@@ -291,14 +248,14 @@ def launch(
                 line(f"{host.name}: warning: {warning}")
         line("dry run: nothing started")
         return
-    options = server.LaunchOptions(
+    options = lifecycle.LaunchOptions(
         replace=replace,
         clean=clean,
         engine=engine,
         skip_flag_check=skip_flag_check,
         timeout_s=positive_float(timeout, "--timeout", 0) or None,
     )
-    results = server.launch(selected, prof, options, _forks(inv, forks), _progress_printer())
+    results = lifecycle.launch(selected, prof, options, _forks(inv, forks), launch_progress())
     for res in results:
         if res.ok:
             st = res.value["state"]
@@ -306,8 +263,7 @@ def launch(
                 f"{res.host.name}: READY {st['profile']} pid {st['pid']} port {st['port']} "
                 f"in {res.value['elapsed_s']:.1f}s ({st['engine']} {st['engine_version']})"
             )
-    _print_failures_with_tail(results)
-    _exit_for(results)
+    _finish(results, with_tail=True)
 
 
 @task(
@@ -323,25 +279,25 @@ def wait(c, hosts=None, inventory=None, profile=None, port=None, timeout=None, f
     """Resume waiting for launched servers to become healthy (after a dropped connection)."""
     from gpufleet.cli.args import non_negative_int, positive_float
     from gpufleet.cli.output import line
-    from gpufleet.control import lifecycle as server
+    from gpufleet.cli.progress import launch_progress
+    from gpufleet.control import lifecycle
     from gpufleet.control.playbook import load_profile
 
     port_number = non_negative_int(port, "--port", 0) or (
         load_profile(profile).port if profile else 30000
     )
     inv, selected = _select(inventory, hosts)
-    results = server.wait(
+    results = lifecycle.wait(
         selected,
         port_number,
         positive_float(timeout, "--timeout", 1800),
         _forks(inv, forks),
-        _progress_printer(),
+        launch_progress(),
     )
     for res in results:
         if res.ok:
             line(f"{res.host.name}: READY port {port_number} ({res.value['elapsed_s']:.1f}s)")
-    _print_failures_with_tail(results)
-    _exit_for(results)
+    _finish(results, with_tail=True)
 
 
 @task(
@@ -360,10 +316,10 @@ def stop(
     """Stop launched servers (process group: SIGTERM, grace, SIGKILL) and verify GPUs clean."""
     from gpufleet.cli.args import non_negative_int, positive_float
     from gpufleet.cli.output import line
-    from gpufleet.control import lifecycle as server
+    from gpufleet.control import lifecycle
 
     inv, selected = _select(inventory, hosts)
-    results = server.stop(
+    results = lifecycle.stop(
         selected,
         profile,
         non_negative_int(port, "--port", 0) or None,
@@ -386,8 +342,7 @@ def stop(
                     f"{res.host.name}: GPUs {','.join(str(g['index']) for g in verify['gpus'])} "
                     f"verified clean in {verify['elapsed_s']:.2f}s"
                 )
-    _print_failures(results)
-    _exit_for(results)
+    _finish(results)
 
 
 @task(
@@ -406,74 +361,26 @@ def logs(
     """Show the tail of the remote server log (optionally follow it)."""
     from gpufleet.cli.args import non_negative_int
     from gpufleet.cli.output import line
-    from gpufleet.control import lifecycle as server
+    from gpufleet.cli.progress import launch_progress
+    from gpufleet.control import lifecycle
 
     inv, selected = _select(inventory, hosts)
     count = non_negative_int(lines, "--lines", 40)
-    results = server.logs(
+    results = lifecycle.logs(
         selected,
         profile,
         non_negative_int(port, "--port", 0) or None,
         count,
         follow,
         _forks(inv, forks),
-        _progress_printer() if follow else None,
+        launch_progress() if follow else None,
     )
     for res in results:
         if res.ok and not follow:
             line(f"--- {res.host.name}: {res.value['log']} ---")
             for text in res.value["lines"]:
                 line(f"{res.host.name}| {text}")
-    _print_failures(results)
-    _exit_for(results)
-
-
-def _bench_printer() -> Any:
-    """Per-host bench progress: level starts and ends, and a line every 5 s in between."""
-    import time
-
-    from gpufleet.cli.output import line
-
-    last: dict[str, float] = {}
-
-    def show(host: str, event: dict[str, Any]) -> None:
-        if event.get("phase") == "started":
-            line(f"{host}: run {event['run_id']} started against {event['base_url']}")
-        elif event.get("phase") == "start":
-            line(f"{host}: C={event['level']}: {event['total']} requests")
-        elif event.get("phase") == "end":
-            line(
-                f"{host}: C={event['level']}: done, {event['completed']} ok, "
-                f"{event['failed']} failed, {event['output_throughput']} tok/s"
-            )
-        elif "done" in event and time.monotonic() - last.get(host, 0) >= 5:
-            last[host] = time.monotonic()
-            eta = f", ~{event['eta_s']:.0f}s left" if event.get("eta_s") is not None else ""
-            line(
-                f"{host}: C={event['level']}: {event['done']}/{event['total']} done, "
-                f"{event['errors']} errors, {event['tok_s']} tok/s{eta}"
-            )
-
-    return show
-
-
-def _print_runs(results: list[Any]) -> None:
-    from gpufleet.cli.output import line, table
-    from gpufleet.report.tables import headers, rows
-
-    for res in results:
-        if not res.ok:
-            continue
-        value = res.value
-        table(
-            f"{res.host.name}: {value['run_id']} ({value['status']})",
-            headers(),
-            rows(value["results"]),
-        )
-        line(f"{res.host.name}: archived {value['path']}")
-        if value["status"] != "done":
-            res.error = f"run archived as FAILED: {value['reason']}"
-            res.tail = value["tail"]
+    _finish(results)
 
 
 @task(
@@ -528,16 +435,18 @@ def bench(
 
     from gpufleet.archive.store import DEFAULT_ROOT
     from gpufleet.cli.args import int_list, non_negative_int, positive_float
-    from gpufleet.cli.output import line
-    from gpufleet.control import bench as benchrun
+    from gpufleet.cli.output import line, print_runs, table
+    from gpufleet.cli.progress import bench_progress
+    from gpufleet.control import bench as bench_control
     from gpufleet.errors import UserError
+    from gpufleet.report.tables import headers, rows
 
     levels = int_list(concurrency, "--concurrency")
     if not levels and not attach:
         raise UserError("--concurrency is required (e.g. --concurrency 1,10,64)")
     if client not in ("host", "local"):
         raise UserError(f"--client {client!r}: expected host or local")
-    request = benchrun.BenchRequest(
+    request = bench_control.BenchRequest(
         concurrency=levels,
         profile=profile,
         port=non_negative_int(port, "--port", 0) or None,
@@ -555,10 +464,7 @@ def bench(
         tokenizer=tokenizer,
     )
     if client == "local":
-        run_id, value = benchrun.bench_local(request, _bench_printer())
-        from gpufleet.cli.output import table
-        from gpufleet.report.tables import headers, rows
-
+        run_id, value = bench_control.bench_local(request, bench_progress())
         table(f"{run_id} ({value['status']})", headers(), rows(value["results"]))
         line(f"archived {value['path']}")
         if value["status"] != "done":
@@ -566,12 +472,13 @@ def bench(
         return
     inv, selected = _select(inventory, hosts)
     if attach:
-        results = benchrun.attach(selected, attach, request, _forks(inv, forks), _bench_printer())
+        results = bench_control.attach(
+            selected, attach, request, _forks(inv, forks), bench_progress()
+        )
     else:
-        _, results = benchrun.bench(selected, request, _forks(inv, forks), _bench_printer())
-    _print_runs(results)
-    _print_failures_with_tail(results)
-    _exit_for(results)
+        _, results = bench_control.bench(selected, request, _forks(inv, forks), bench_progress())
+    print_runs(results)
+    _finish(results, with_tail=True)
 
 
 @task(
@@ -588,13 +495,13 @@ def runs(c, host=None, profile=None, since=None, verify=False, archive=None):
     """List archived runs (and verify their checksums)."""
     from pathlib import Path
 
-    from gpufleet.archive import store as arch
+    from gpufleet.archive import store
     from gpufleet.cli.output import line, table
 
-    root = Path(archive) if archive else arch.DEFAULT_ROOT
+    root = Path(archive) if archive else store.DEFAULT_ROOT
     items = [
         r
-        for r in arch.list_runs(root)
+        for r in store.list_runs(root)
         if (host is None or r.get("host") == host)
         and (profile is None or r.get("profile") == profile)
         and (since is None or (r.get("started_at") or "") >= since)
@@ -605,7 +512,7 @@ def runs(c, host=None, profile=None, since=None, verify=False, archive=None):
         levels = ",".join(str(lv["concurrency"]) for lv in r.get("levels", []))
         check = "-"
         if verify:
-            problems = arch.verify(Path(r["path"]))
+            problems = store.verify(Path(r["path"]))
             check = "ok" if not problems else "; ".join(problems[:3])
             bad += bool(problems)
         rows.append(
@@ -628,49 +535,6 @@ def runs(c, host=None, profile=None, since=None, verify=False, archive=None):
         line("no archived runs match")
     if bad:
         raise Exit(f"gpufleet: {bad} run(s) failed verification", code=1)
-
-
-def _print_compare(per_host: dict, fmt: str, plots_dir: Any) -> list:
-    """Tables (md/csv/json), the one-sentence answer, fairness warnings, plot paths."""
-    import csv
-    import io
-
-    from gpufleet.cli.output import line, table
-    from gpufleet.report import compare as cmp
-    from gpufleet.report import plots
-
-    if fmt == "json":
-        print(_json.dumps(cmp.as_json(per_host), indent=2, default=str))
-    written = []
-    for host, arms in per_host.items():
-        headers, rows = cmp.table(arms)
-        levels = cmp.common_levels(arms)
-        if fmt == "csv":
-            out = io.StringIO()
-            writer = csv.writer(out)
-            writer.writerow(["host", *headers])
-            writer.writerows([[host, *r] for r in rows])
-            print(out.getvalue(), end="")
-        elif fmt == "md":
-            line(f"### {host}: {' vs '.join(a.label for a in arms)}")
-            line("")
-            line("| " + " | ".join(headers) + " |")
-            line("|" + "---|" * len(headers))
-            for r in rows:
-                line("| " + " | ".join(r) + " |")
-            line("")
-        elif fmt == "table":
-            table(f"{host}: {' vs '.join(a.label for a in arms)}", headers, rows)
-        if fmt != "json":
-            if len(arms) > 1 and levels:
-                line(f"{host}: {cmp.sentence(arms[0], arms[1], levels)}")
-            for warning in cmp.fairness(arms, levels):
-                line(f"{host}: fairness warning: {warning}")
-        if plots_dir is not None and levels:
-            written += plots.write(host, arms, plots_dir)
-    if written and fmt != "json":
-        line("plots: " + ", ".join(str(p) for p in written))
-    return written
 
 
 @task(
@@ -700,9 +564,10 @@ def compare(
     """Per-concurrency table, crossover and plots: inv compare baseline eagle3."""
     from pathlib import Path
 
+    from gpufleet.archive import select
     from gpufleet.archive.store import DEFAULT_ROOT
     from gpufleet.errors import UserError
-    from gpufleet.report import compare as cmp
+    from gpufleet.report.compare import safe_name
 
     names = [n for n in (first, second, *(more or [])) if n]
     if len(names) < 2:
@@ -710,9 +575,21 @@ def compare(
     if format not in ("table", "md", "csv", "json"):
         raise UserError(f"--format {format!r}: expected table, md, csv or json")
     root = Path(archive) if archive else DEFAULT_ROOT
-    per_host = cmp.resolve(names, root, hosts.split(",") if hosts else None)
-    plots_dir = None if no_plots else root / "compare" / cmp.safe_name("-vs-".join(names))
-    _print_compare(per_host, format, plots_dir)
+    per_host = select.resolve(names, root, hosts.split(",") if hosts else None)
+    _show_compare(
+        per_host, format, None if no_plots else root / "compare" / safe_name("-vs-".join(names))
+    )
+
+
+def _show_compare(per_host: dict, fmt: str, plots_dir: Any) -> None:
+    """Print the comparison; write its plots (paths printed unless --format json)."""
+    from gpufleet.cli.output import line, print_compare
+    from gpufleet.report.plots import write_all
+
+    print_compare(per_host, fmt)
+    written = write_all(per_host, plots_dir) if plots_dir is not None else []
+    if written and fmt != "json":
+        line("plots: " + ", ".join(str(p) for p in written))
 
 
 def _sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive):
@@ -720,13 +597,13 @@ def _sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive)
 
     from gpufleet.archive.store import DEFAULT_ROOT
     from gpufleet.cli.args import int_list, non_negative_int
-    from gpufleet.control import bench as benchrun
+    from gpufleet.control import bench as bench_control
     from gpufleet.errors import UserError
 
     levels = int_list(concurrency, "--concurrency")
     if not levels:
         raise UserError("--concurrency is required (e.g. --concurrency 1,10,64)")
-    return benchrun.BenchRequest(
+    return bench_control.BenchRequest(
         concurrency=levels,
         num_prompts=non_negative_int(num_prompts, "--num-prompts", 0) or None,
         output_len=non_negative_int(output_len, "--output-len", 256) or 256,
@@ -740,45 +617,35 @@ def _do_sweep(
     profile_names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks, fmt="table"
 ):
     from gpufleet.cli.output import line
-    from gpufleet.control import sweep as sw
-    from gpufleet.control.playbook import load_profile
-    from gpufleet.errors import UserError
-    from gpufleet.report import compare as cmp
+    from gpufleet.cli.progress import bench_progress, launch_progress
+    from gpufleet.control import sweep
 
-    if len(profile_names) < 1:
-        raise UserError("--profiles needs at least one profile (e.g. baseline,eagle3)")
-    for name in profile_names:
-        load_profile(name)  # a bad profile fails before anything starts
+    sweep.check_profiles(profile_names)  # a bad profile fails before anything starts
     inv, selected = _select(inventory, hosts)
     if dry_run:
-        for text in sw.plan_lines(profile_names, selected, request, engine):
+        for text in sweep.plan_lines(profile_names, selected, request, engine):
             line(text)
         line("dry run: nothing started")
         return None
-    root = request.archive_root
+    state = sweep.open_state(
+        request.archive_root, profile_names, selected, request.concurrency, resume
+    )
     if resume:
-        state = sw.SweepState.latest(root, profile_names)
         line(f"resuming sweep {state.data['sweep_id']}")
-    else:
-        state = sw.SweepState.new(
-            root, profile_names, [h.name for h in selected], request.concurrency
-        )
-    selected = [h for h in selected if h.name in state.data["hosts"]]
-    state = sw.run(
+    state = sweep.run(
         state,
-        selected,
+        sweep.hosts_of(state, selected),
         request,
         engine,
         fail_fast,
         _forks(inv, forks),
         line,
-        _progress_printer(),
-        _bench_printer(),
+        launch_progress(),
+        bench_progress(),
     )
-    finished = {p: r for p, r in sw.run_ids(state).items() if r}
-    if len(finished) >= 2:
-        per_host = cmp.from_run_ids(root, finished)
-        _print_compare(per_host, fmt, root / "compare" / state.data["sweep_id"])
+    per_host = sweep.finished_arms(state, request.archive_root)
+    if per_host:
+        _show_compare(per_host, fmt, request.archive_root / "compare" / state.data["sweep_id"])
     line(f"sweep {state.data['sweep_id']}: {state.data['status']} (state: {state.path})")
     if state.data["status"] != "done":
         raise Exit("gpufleet: some sweep cells failed (see above); --resume retries them", code=1)

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from gpufleet import __version__
-from gpufleet.archive import store as archive
+from gpufleet.archive import manifest, store
 from gpufleet.control import prompts as prompt_sets
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
@@ -46,7 +46,7 @@ class BenchRequest:
     warmup: int = 1
     metrics: bool = True
     url: str | None = None
-    archive_root: Path = field(default_factory=lambda: archive.DEFAULT_ROOT)
+    archive_root: Path = field(default_factory=lambda: store.DEFAULT_ROOT)
     command_line: list[str] = field(default_factory=lambda: list(sys.argv))
     fixed_levels: list[dict[str, int]] | None = None  # explicit requests per level
     engine: str = "gpufleet"  # or sglang-bench: SGLang's own bench_serving on the host
@@ -111,102 +111,27 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[dict[str, Any], byte
     return plan, body
 
 
-def _load(files: dict[str, bytes], name: str) -> Any:
-    try:
-        return json.loads(files[name]) if name in files else None
-    except ValueError:
-        return None
-
-
-def _results(files: dict[str, bytes]) -> list[dict[str, Any]]:
-    text = files.get("results.jsonl", b"").decode()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
 def archive_run(
     host: str, run_id: str, files: dict[str, bytes], request: BenchRequest, watch: dict[str, Any]
 ) -> dict[str, Any]:
-    plan = _load(files, "plan.json") or {}
-    status = _load(files, "status.json") or {"status": watch.get("status", "failed")}
-    results = _results(files)
-    server_state = _load(files, "server_state.json") or {}
-    sysinfo = _load(files, "sysinfo.json") or {}
-    manifest = {
-        "schema": 1,
-        "run_id": run_id,
-        "host": host,
-        "profile": plan.get("profile") or server_state.get("profile"),
-        "status": status["status"],
-        "reason": status.get("reason"),
-        "started_at": (results[0].get("started_at") if results else None) or status.get("at"),
-        "finished_at": status.get("at"),
-        "archived_at": datetime.now(UTC).isoformat(),
-        "gpufleet_version": __version__,
-        "command_line": request.command_line,
-        "plan": plan,
-        "server": {
-            k: server_state.get(k)
-            for k in (
-                "argv",
-                "env",
-                "engine",
-                "engine_version",
-                "port",
-                "profile",
-                "log",
-                "started_at",
-            )
-        },
-        "resolved_profile": _resolved_profile(plan.get("profile")),
-        "host_facts": {
-            "driver": sysinfo.get("driver"),
-            "cuda": sysinfo.get("cuda"),
-            "gpus": sysinfo.get("gpus"),
-            "packages": sysinfo.get("packages"),
-            "hostname": sysinfo.get("hostname"),
-            "simulated": sysinfo.get("simulated"),
-        },
-        "prompt_set": {
-            "name": plan.get("prompt_set"),
-            "sha256": plan.get("prompt_set_sha256"),
-            "prompts_sha256": plan.get("prompts_sha256"),
-            "seed": plan.get("seed"),
-        },
-        "levels": [
-            {
-                "concurrency": r["max_concurrency"],
-                "status": r.get("level_status"),
-                "output_throughput": r["output_throughput"],
-            }
-            for r in results
-        ],
-    }
-    files = {k: v for k, v in files.items() if k not in CONTROL_FILES}
-    files["summary.csv"] = summary_csv(results).encode()
-    files["summary.md"] = summary_md(manifest, results).encode()
-    path = archive.write_run(request.archive_root, host, run_id, files, manifest)
+    """Archive a run's fetched files atomically under <root>/<host>/<run_id>/."""
+    run = manifest.FetchedRun(files, watch.get("status", "failed"))
+    record = manifest.build(host, run_id, run, request.command_line, __version__)
+    kept = {k: v for k, v in files.items() if k not in CONTROL_FILES}
+    kept["summary.csv"] = summary_csv(run.results).encode()
+    kept["summary.md"] = summary_md(record, run.results).encode()
+    path = store.write_run(request.archive_root, host, run_id, kept, record)
     tail = []
-    if status["status"] != "done" and "server.log" in files:
-        tail = files["server.log"].decode(errors="replace").splitlines()[-40:]
+    if run.status["status"] != "done" and "server.log" in kept:
+        tail = kept["server.log"].decode(errors="replace").splitlines()[-40:]
     return {
         "path": str(path),
-        "status": status["status"],
-        "reason": status.get("reason"),
-        "results": results,
+        "status": run.status["status"],
+        "reason": run.status.get("reason"),
+        "results": run.results,
         "tail": tail,
         "run_id": run_id,
     }
-
-
-def _resolved_profile(name: str | None) -> dict[str, Any] | None:
-    if not name:
-        return None
-    try:
-        from gpufleet.control.playbook import load_profile
-
-        return load_profile(name).model_dump()
-    except UserError:
-        return None
 
 
 def fetch(
@@ -251,7 +176,7 @@ def bench(
     run_id = make_run_id(request, [h.name for h in hosts])
     build_plan(request, run_id)  # bad input fails here, before any host is touched
     results = run_on_hosts(hosts, lambda s: bench_on(s, request, run_id, progress), forks=forks)
-    return run_id, results
+    return run_id, _fail_unfinished(results)
 
 
 def attach(
@@ -261,7 +186,19 @@ def attach(
     forks: int,
     progress: Progress | None = None,
 ) -> list[HostResult[dict]]:
-    return run_on_hosts(hosts, lambda s: fetch(s, run_id, request, progress), forks=forks)
+    return _fail_unfinished(
+        run_on_hosts(hosts, lambda s: fetch(s, run_id, request, progress), forks=forks)
+    )
+
+
+def _fail_unfinished(results: list[HostResult[dict]]) -> list[HostResult[dict]]:
+    """A run archived as failed fails its host (the archive and its table are kept)."""
+    for res in results:
+        if res.ok and res.value is not None and res.value["status"] != "done":
+            res.error = f"run archived as FAILED: {res.value['reason']}"
+            res.kind = "run_failed"
+            res.tail = res.value["tail"]
+    return results
 
 
 def bench_local(request: BenchRequest, progress: Progress | None = None) -> tuple[str, dict]:

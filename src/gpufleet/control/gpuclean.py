@@ -10,6 +10,7 @@ from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session
 from gpufleet.errors import HostError
 from gpufleet.host.protocol import CleanArgs, StatusArgs
+from gpufleet.report.gpu import verdict_reason
 
 
 @dataclass
@@ -65,36 +66,3 @@ def status_on(session: Session) -> dict[str, Any]:
 
 def status(hosts: list[Host], forks: int) -> list[HostResult[dict]]:
     return run_on_hosts(hosts, status_on, forks=forks)
-
-
-def gpu_verdict(gpu: dict[str, Any], tolerance_mib: int = 0) -> str:
-    """`clean`, or what still holds the GPU (unattributed memory is named, never "fixed")."""
-    hidden = [p for p in gpu["processes"] if not p.get("visible", True)]
-    if hidden:
-        mib = sum(p["used_mib"] for p in hidden)
-        pids = ",".join(str(p["pid"]) for p in hidden)
-        return f"unattributed {mib} MiB (PID {pids} not visible on this host)"
-    if gpu["used_mib"] > tolerance_mib or gpu["processes"]:
-        pids = ",".join(str(p["pid"]) for p in gpu["processes"]) or "none listed"
-        return f"busy {gpu['used_mib']} MiB (PIDs {pids})"
-    return "clean"
-
-
-def verdict_reason(result: dict[str, Any]) -> str:
-    dirty = [
-        f"GPU {g['index']}: {gpu_verdict(g)}" for g in result["gpus"] if gpu_verdict(g) != "clean"
-    ]
-    survived = [str(k["pid"]) for k in result.get("killed", []) if k.get("survived")]
-    parts = dirty[:3] + ([f"... {len(dirty) - 3} more"] if len(dirty) > 3 else [])
-    if survived:
-        parts.append(f"PIDs {','.join(survived)} survived SIGKILL")
-    return "not clean after cleanup: " + "; ".join(parts or ["unknown reason"])
-
-
-def killed_by_gpu(result: dict[str, Any]) -> dict[int, list[int]]:
-    """GPU index -> PIDs killed that held memory on it (from the snapshot before killing)."""
-    killed = {k["pid"] for k in result.get("killed", [])}
-    out: dict[int, list[int]] = {}
-    for gpu in result.get("before", []):
-        out[gpu["index"]] = [p["pid"] for p in gpu["processes"] if p["pid"] in killed]
-    return out

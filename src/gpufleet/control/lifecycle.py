@@ -12,6 +12,7 @@ from gpufleet.control.playbook import LaunchSpec, Profile, build_specs
 from gpufleet.control.transport import Session
 from gpufleet.errors import HostError
 from gpufleet.host.protocol import LaunchArgs, LogsArgs, StopArgs, WaitReadyArgs
+from gpufleet.report.gpu import dirty_gpus
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -136,13 +137,7 @@ def stop(
         )
         verify = result.get("verify")
         if verify and not verify["clean"]:
-            from gpufleet.control.gpuclean import gpu_verdict
-
-            dirty = [
-                f"GPU {g['index']}: {gpu_verdict(g)}"
-                for g in verify["gpus"]
-                if gpu_verdict(g) != "clean"
-            ]
+            dirty = dirty_gpus(verify["gpus"])
             raise HostError(
                 "server stopped but GPUs are not clean: " + "; ".join(dirty), kind="not_clean"
             )

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gpufleet.control.inventory import Host
 from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
+from gpufleet.host.redact import redact_env
 
 PLAYBOOKS = Path("playbooks")
 FlagValue = bool | int | float | str | list[bool | int | float | str] | None
@@ -134,6 +135,7 @@ class LaunchSpec(BaseModel):
     node_rank: int = 0
     nnodes: int = 1
     warnings: list[str] = Field(default_factory=list)
+    resolved_profile: dict[str, Any] = Field(default_factory=dict)  # env redacted
 
 
 def load_profile(name: str, directory: Path = PLAYBOOKS) -> Profile:
@@ -231,11 +233,8 @@ def _engine_for(profile: Profile, host: Host, override: str | None) -> str:
     return profile.engine
 
 
-def _spec_for(
-    profile: Profile, host: Host, rank: int, head: Host, stamp: str, override: str | None
-) -> LaunchSpec:
-    engine = _engine_for(profile, host, override)
-    port = _host_port(profile, host)
+def _server_flags(profile: Profile, port: int, rank: int, head: Host) -> dict[str, FlagValue]:
+    """The launch flags every SGLang-compatible engine takes, multi-node ones included."""
     flags: dict[str, FlagValue] = {
         "model-path": profile.model_path,
         "tp-size": profile.tp,
@@ -251,44 +250,67 @@ def _spec_for(
                 "node-rank": rank,
             }
         )
-    python = host.python_path
-    if engine == "sglang":
-        argv = [python, "-m", "sglang.launch_server", *_flag_args(flags)]
-    elif engine == "sim":
-        sim = {f"sim-{k}" if not k.startswith("sim-") else k: v for k, v in profile.sim.items()}
-        argv = [python, "-m", "gpufleet.sim.server", *_flag_args(flags), *_flag_args(sim)]
-    else:
-        values = {
-            "python": python,
-            "model_path": profile.model_path,
-            "port": str(port),
-            "host": profile.host,
-            "tp": str(profile.tp),
-        }
-        try:
-            head_argv = [part.format(**values) for part in profile.command or []]
-        except (KeyError, IndexError, ValueError) as exc:
-            raise UserError(
-                f"profile {profile.name}: command: unknown placeholder {exc} "
-                "(use {python} {model_path} {port} {host} {tp})"
-            ) from None
-        argv = [*head_argv, *_flag_args(profile.flags)]
-    env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in profile.env.items()}
-    gpus = profile.gpus if profile.gpus is not None else list(range(profile.tp // profile.nnodes))
-    if profile.gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in profile.gpus)
+    return flags
+
+
+def _custom_argv(profile: Profile, python: str, port: int) -> list[str]:
+    """A custom engine's command template filled in, then its flags."""
+    values = {
+        "python": python,
+        "model_path": profile.model_path,
+        "port": str(port),
+        "host": profile.host,
+        "tp": str(profile.tp),
+    }
     try:
-        log = profile.log.format(profile=profile.name, port=port, stamp=stamp, host=host.name)
+        head_argv = [part.format(**values) for part in profile.command or []]
+    except (KeyError, IndexError, ValueError) as exc:
+        raise UserError(
+            f"profile {profile.name}: command: unknown placeholder {exc} "
+            "(use {python} {model_path} {port} {host} {tp})"
+        ) from None
+    return [*head_argv, *_flag_args(profile.flags)]
+
+
+def _argv_for(
+    profile: Profile, host: Host, engine: str, port: int, rank: int, head: Host
+) -> list[str]:
+    python = host.python_path
+    if engine == "custom":
+        return _custom_argv(profile, python, port)
+    flags = _flag_args(_server_flags(profile, port, rank, head))
+    if engine == "sglang":
+        return [python, "-m", "sglang.launch_server", *flags]
+    sim = {f"sim-{k}" if not k.startswith("sim-") else k: v for k, v in profile.sim.items()}
+    return [python, "-m", "gpufleet.sim.server", *flags, *_flag_args(sim)]
+
+
+def _log_path(profile: Profile, port: int, stamp: str, host: Host) -> str:
+    try:
+        return profile.log.format(profile=profile.name, port=port, stamp=stamp, host=host.name)
     except (KeyError, IndexError, ValueError) as exc:
         raise UserError(
             f"profile {profile.name}: log: unknown placeholder {exc} "
             "(use {profile} {port} {stamp} {host})"
         ) from None
+
+
+def _spec_for(
+    profile: Profile, host: Host, rank: int, head: Host, stamp: str, override: str | None
+) -> LaunchSpec:
+    engine = _engine_for(profile, host, override)
+    port = _host_port(profile, host)
+    env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in profile.env.items()}
+    gpus = profile.gpus if profile.gpus is not None else list(range(profile.tp // profile.nnodes))
+    if profile.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in profile.gpus)
     health_host = "127.0.0.1" if profile.host in ("0.0.0.0", "::", "") else profile.host
+    resolved = profile.model_dump()
+    resolved["env"] = redact_env({k: str(v) for k, v in profile.env.items()})
     return LaunchSpec(
         profile=profile.name,
         engine=engine,
-        argv=argv,
+        argv=_argv_for(profile, host, engine, port, rank, head),
         env=env,
         host=profile.host,
         port=port,
@@ -297,9 +319,10 @@ def _spec_for(
         model_path=profile.model_path,
         check_model_path=profile.check_model_path and engine != "sim",
         gpus=gpus,
-        log=log,
+        log=_log_path(profile, port, stamp, host),
         health_timeout=profile.health_timeout,
         node_rank=rank,
         nnodes=profile.nnodes,
         warnings=profile.warnings(),
+        resolved_profile=resolved,
     )

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpufleet.archive import select
 from gpufleet.control import bench as benchrun
 from gpufleet.control import lifecycle as server
 from gpufleet.control.fanout import run_on_hosts
@@ -25,6 +26,7 @@ from gpufleet.control.playbook import build_specs, load_profile
 from gpufleet.control.transport import Session
 from gpufleet.errors import HostError, UserError
 from gpufleet.host.protocol import StopArgs
+from gpufleet.report.compare import Arm
 
 Say = Callable[[str], None]
 
@@ -245,6 +247,34 @@ def run(
     state.data["status"] = "done" if all(c["status"] == "done" for c in cells) else "incomplete"
     state.save()
     return state
+
+
+def check_profiles(names: list[str]) -> None:
+    """Every profile loads (UserError otherwise), before anything starts."""
+    if not names:
+        raise UserError("--profiles needs at least one profile (e.g. baseline,eagle3)")
+    for name in names:
+        load_profile(name)
+
+
+def open_state(
+    root: Path, profiles: list[str], hosts: list[Host], levels: list[int], resume: bool
+) -> SweepState:
+    """The latest unfinished sweep of these profiles (--resume), or a new one."""
+    if resume:
+        return SweepState.latest(root, profiles)
+    return SweepState.new(root, profiles, [h.name for h in hosts], levels)
+
+
+def hosts_of(state: SweepState, selected: list[Host]) -> list[Host]:
+    """The selected hosts that belong to this sweep (a resumed sweep keeps its hosts)."""
+    return [h for h in selected if h.name in state.data["hosts"]]
+
+
+def finished_arms(state: SweepState, root: Path) -> dict[str, list[Arm]]:
+    """host -> arms of the finished cells, when at least two profiles finished."""
+    finished = {p: r for p, r in run_ids(state).items() if r}
+    return select.from_run_ids(root, finished) if len(finished) >= 2 else {}
 
 
 def run_ids(state: SweepState) -> dict[str, dict[str, str]]:

@@ -115,6 +115,7 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
             "log": str(Path.cwd() / spec["log"]),
             "log_offset": 0,
             "gpus": spec["gpus"],
+            "resolved_profile": spec.get("resolved_profile"),
             "node_rank": spec.get("node_rank", 0),
             "started_at": now_iso(),
             "status": "starting",

@@ -1,21 +1,17 @@
-"""Compare archived runs: per-host tables by concurrency, the crossover, fairness warnings.
+"""Compare runs: per-host tables by concurrency, the crossover, fairness warnings.
 
-An arm is one run (a run id) or a profile (its latest archived run on each host). Ratios
+An arm is one run (a run id) or a profile (its latest archived run on each host), loaded
+by archive/select.py. Ratios
 are against the first arm. Crossovers are interpolated on a log-concurrency axis between
 measured levels.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-from gpufleet.archive import store as archive
-from gpufleet.errors import UserError
 
 SPECULATIVE_CAP = 48
 
@@ -29,42 +25,6 @@ class Arm:
     @property
     def manifest(self) -> dict[str, Any]:
         return self.manifests[-1]
-
-
-def _load_arm(label: str, run_dirs: list[Path]) -> Arm:
-    arm = Arm(label=label, manifests=[])
-    for run_dir in run_dirs:
-        arm.manifests.append(archive.read_manifest(run_dir))
-        for line in (run_dir / "results.jsonl").read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                arm.levels[int(row["max_concurrency"])] = row
-    return arm
-
-
-def resolve(args: list[str], root: Path, hosts: list[str] | None = None) -> dict[str, list[Arm]]:
-    """host -> arms (one per argument), for the hosts where every argument has a run."""
-    runs = archive.list_runs(root)
-    per_arg: list[dict[str, list[Path]]] = []
-    for arg in args:
-        found: dict[str, list[Path]] = {}
-        by_id = [r for r in runs if r.get("run_id") == arg]
-        if by_id:
-            for r in by_id:
-                found[r["host"]] = [Path(r["path"])]
-        else:
-            by_profile = [r for r in runs if r.get("profile") == arg and r.get("levels")]
-            for r in by_profile:  # sorted by start time: the latest wins
-                found[r["host"]] = [Path(r["path"])]
-        if not found:
-            raise UserError(f"{arg!r}: no archived run or profile of that name under {root}/")
-        per_arg.append(found)
-    common = sorted(set.intersection(*(set(f) for f in per_arg)))
-    if hosts:
-        common = [h for h in common if h in hosts]
-    if not common:
-        raise UserError("the runs to compare share no host (compare runs of the same host)")
-    return {h: [_load_arm(arg, f[h]) for arg, f in zip(args, per_arg, strict=True)] for h in common}
 
 
 def _metric(row: dict[str, Any] | None, key: str) -> float | None:
@@ -240,14 +200,3 @@ def as_json(per_host: dict[str, list[Arm]]) -> dict[str, Any]:
 
 def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
-
-
-def from_run_ids(root: Path, by_profile: dict[str, dict[str, str]]) -> dict[str, list[Arm]]:
-    """host -> arms, from a sweep's finished cells (profile -> host -> run id)."""
-    hosts = sorted(set.intersection(*(set(h) for h in by_profile.values()))) if by_profile else []
-    return {
-        host: [
-            _load_arm(profile, [root / host / runs[host]]) for profile, runs in by_profile.items()
-        ]
-        for host in hosts
-    }

@@ -52,3 +52,12 @@ def write(host: str, arms: list[Arm], out_dir: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def write_all(per_host: dict[str, list[Arm]], out_dir: Path) -> list[Path]:
+    """The plots of every host that has levels in common; the files written."""
+    written: list[Path] = []
+    for host, arms in per_host.items():
+        if common_levels(arms):
+            written += write(host, arms, out_dir)
+    return written

@@ -14,6 +14,7 @@ import json
 import os
 import time
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -248,19 +249,98 @@ def _sglang_bench_level(
     return "done", None
 
 
-def run_plan(
-    run_dir: Path,
-    server_state: dict[str, Any] | None = None,
-    host_facts: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Execute plan.json in `run_dir`; always ends with status.json done or failed."""
-    writer = RunWriter(run_dir)
-    plan = json.loads((run_dir / "plan.json").read_text())
-    texts = [
+def _read_prompts(run_dir: Path) -> list[str]:
+    return [
         json.loads(line)["prompt"]
         for line in (run_dir / "prompts.jsonl").read_text().splitlines()
         if line.strip()
     ]
+
+
+def _accept_length(info: dict[str, Any] | None) -> float | None:
+    """SGLang's average speculative acceptance length from /server_info, when it has one."""
+    if info and info.get("internal_states"):
+        return info["internal_states"][0].get("avg_spec_accept_length")
+    return None
+
+
+def _summary(plan: dict[str, Any], run: Any, samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """One results.jsonl row: bench_serving's figures plus Prometheus maxima and means."""
+    summary = summarize(
+        run,
+        plan["backend"],
+        {
+            "dataset_name": plan["prompt_set"],
+            "tag": plan.get("profile"),
+            "seed": plan["seed"],
+            "output_len": plan["output_len"],
+            "accept_length": _accept_length(server_info(plan["base_url"])),
+            "started_at": datetime.fromtimestamp(run.started_at, UTC).isoformat(),
+            "warmup_errors": run.warmup_errors,
+        },
+    )
+    for key in PROM_KEYS:
+        vals = [s[key] for s in samples if key in s]
+        if vals:
+            summary[f"prom_{key.split(':')[1]}_max"] = max(vals)
+            summary[f"prom_{key.split(':')[1]}_mean"] = sum(vals) / len(vals)
+    return summary
+
+
+def _gpufleet_level(
+    plan: dict[str, Any],
+    level: dict[str, Any],
+    texts: list[str],
+    writer: RunWriter,
+    server_state: dict[str, Any] | None,
+    marks: list[tuple[int | None, str]],
+) -> tuple[str, str | None, bool]:
+    """Run one level with gpufleet's generator and write its files: (status, reason, stop)."""
+    c = level["concurrency"]
+    prompts = [Prompt(text=t, output_len=plan["output_len"]) for t in texts[: level["num_prompts"]]]
+    try:
+        run, samples = run_async(_level(plan, prompts, level, writer))
+    except Exception as exc:  # the generator itself failed: keep what we know
+        return "failed", f"level C={c}: load generator error: {exc!r}", True
+    marks.append((_log_size(server_state), f"level C={c} ends"))
+    summary = _summary(plan, run, samples)
+    if samples:
+        writer.lines(f"metrics-c{c}.jsonl", samples)
+    writer.lines(f"requests-c{c}.jsonl", [r.to_json() for r in run.records])
+    alive = _server_alive(server_state)
+    summary["level_status"] = "ok" if (summary["failed"] == 0 and alive) else "failed"
+    writer.lines("results.jsonl", [summary])
+    writer.event(
+        {
+            "level": c,
+            "phase": "end",
+            "completed": summary["completed"],
+            "failed": summary["failed"],
+            "output_throughput": round(summary["output_throughput"], 1),
+        }
+    )
+    if not alive:
+        return "failed", f"the server process exited during level C={c}", True
+    if summary["failed"]:
+        first = summary["errors"][:1]
+        return "failed", f"{summary['failed']} request(s) failed at C={c}: {first}", False
+    return "done", None, False
+
+
+def run_plan(
+    run_dir: Path,
+    server_state: dict[str, Any] | None = None,
+    host_facts: dict[str, Any] | None = None,
+    finish: Callable[[RunWriter], None] | None = None,
+) -> dict[str, Any]:
+    """Execute plan.json in `run_dir`; always ends with status.json done or failed.
+
+    `finish` writes the last files (e.g. the NVML snapshot after the run) before the run is
+    marked done, so a watcher that fetches on done never misses them.
+    """
+    writer = RunWriter(run_dir)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    texts = _read_prompts(run_dir)
     writer.status("running", pid=os.getpid())
     for name, data in (host_facts or {}).items():
         writer.json(name, data)
@@ -268,73 +348,34 @@ def run_plan(
         writer.json("server_state.json", server_state)
     before = server_info(plan["base_url"])
     writer.json("server_info_before.json", before)
-    marks: list[tuple[int, str]] = [(_log_size(server_state), f"run {plan['run_id']} begins")]
+    marks: list[tuple[int | None, str]] = [
+        (_log_size(server_state), f"run {plan['run_id']} begins")
+    ]
     status, reason = "done", None
     for level in plan["levels"]:
-        c = level["concurrency"]
-        n = level["num_prompts"]
-        prompts = [Prompt(text=t, output_len=plan["output_len"]) for t in texts[:n]]
+        c, n = level["concurrency"], level["num_prompts"]
         marks.append((_log_size(server_state), f"level C={c} begins ({n} prompts)"))
         writer.event({"level": c, "phase": "start", "total": n, "at": now_iso()})
         if plan.get("engine") == "sglang-bench":
-            status, reason = _sglang_bench_level(plan, level, texts, writer, before, server_state)
+            level_status, level_reason = _sglang_bench_level(
+                plan, level, texts, writer, before, server_state
+            )
             marks.append((_log_size(server_state), f"level C={c} ends"))
-            if status == "failed":
-                break
-            continue
-        try:
-            run, samples = run_async(_level(plan, prompts, level, writer))
-        except Exception as exc:  # the generator itself failed: keep what we know
-            status, reason = "failed", f"level C={c}: load generator error: {exc!r}"
+            stop = level_status == "failed"
+        else:
+            level_status, level_reason, stop = _gpufleet_level(
+                plan, level, texts, writer, server_state, marks
+            )
+        if level_status == "failed":
+            status, reason = level_status, level_reason
+        if stop:
             break
-        marks.append((_log_size(server_state), f"level C={c} ends"))
-        info = server_info(plan["base_url"])
-        accept = None
-        if info and info.get("internal_states"):
-            accept = info["internal_states"][0].get("avg_spec_accept_length")
-        summary = summarize(
-            run,
-            plan["backend"],
-            {
-                "dataset_name": plan["prompt_set"],
-                "tag": plan.get("profile"),
-                "seed": plan["seed"],
-                "output_len": plan["output_len"],
-                "accept_length": accept,
-                "started_at": datetime.fromtimestamp(run.started_at, UTC).isoformat(),
-                "warmup_errors": run.warmup_errors,
-            },
-        )
-        if samples:
-            for key in PROM_KEYS:
-                vals = [s[key] for s in samples if key in s]
-                if vals:
-                    summary[f"prom_{key.split(':')[1]}_max"] = max(vals)
-                    summary[f"prom_{key.split(':')[1]}_mean"] = sum(vals) / len(vals)
-            writer.lines(f"metrics-c{c}.jsonl", samples)
-        writer.lines(f"requests-c{c}.jsonl", [r.to_json() for r in run.records])
-        alive = _server_alive(server_state)
-        summary["level_status"] = "ok" if (summary["failed"] == 0 and alive) else "failed"
-        writer.lines("results.jsonl", [summary])
-        writer.event(
-            {
-                "level": c,
-                "phase": "end",
-                "completed": summary["completed"],
-                "failed": summary["failed"],
-                "output_throughput": round(summary["output_throughput"], 1),
-            }
-        )
-        if not alive:
-            status, reason = "failed", f"the server process exited during level C={c}"
-            break
-        if summary["failed"]:
-            status = "failed"
-            reason = f"{summary['failed']} request(s) failed at C={c}: {summary['errors'][:1]}"
     writer.json("server_info_after.json", server_info(plan["base_url"]))
     marks.append((_log_size(server_state), f"run {plan['run_id']} ends ({status})"))
     write_server_log(writer, server_state, marks)
     writer.json("definitions.json", {"metrics": DEFINITIONS})
+    if finish is not None:
+        finish(writer)
     writer.status(status, reason=reason)
     writer.progress.close()
     return {"status": status, "reason": reason}

@@ -117,14 +117,17 @@ def bench_run(args: BenchRunArgs) -> dict[str, Any]:
     state = read_state(plan["server_port"]) if plan.get("server_port") else None
     facts = {"sysinfo.json": gpus.sysinfo(args), "nvml_before.json": _nvml_snapshot()}
     try:
-        outcome = run_plan(run_dir, state, facts)
+        return run_plan(
+            run_dir,
+            state,
+            facts,
+            finish=lambda writer: writer.json("nvml_after.json", _nvml_snapshot()),
+        )
     except Exception as exc:
         (run_dir / "status.json").write_text(
             json.dumps({"status": "failed", "reason": f"runner crashed: {exc!r}"})
         )
         raise
-    (run_dir / "nvml_after.json").write_text(json.dumps(_nvml_snapshot(), indent=2))
-    return outcome
 
 
 def _runner_alive(run_dir: Path) -> bool:
