@@ -13,7 +13,7 @@ from typing import Any
 
 from gpufleet.host.protocol import AgentError
 
-# Upstream SGLang's own cleanup pattern (REFERENCE.md).
+# Upstream SGLang's own cleanup pattern (docs/FACTS.md, "SGLang's HTTP server").
 DEFAULT_PATTERNS = [
     r"sglang::|sglang\.launch_server|sglang\.bench|sglang\.data_parallel|sglang\.srt"
 ]

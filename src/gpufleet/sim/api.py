@@ -1,8 +1,9 @@
 """SGLang's HTTP API, with SGLang's formats, on top of the simulated Engine.
 
-Formats follow sglang 0.5.x `http_server.py` (REFERENCE.md): streaming `data: <json>`
-chunks ending in `data: [DONE]`, cumulative `text`, `meta_info` with SGLang's keys, OpenAI
-`/v1/completions` and `/v1/chat/completions` with `usage` only when asked for.
+Formats follow sglang 0.5.x `http_server.py` (docs/FACTS.md, "SGLang's HTTP server"):
+streaming `data: <json>` chunks ending in `data: [DONE]`, cumulative `text`, `meta_info`
+with SGLang's keys, OpenAI `/v1/completions` and `/v1/chat/completions` with `usage` only
+when asked for.
 """
 
 from __future__ import annotations
@@ -276,69 +277,85 @@ class Api:
             prompt_tokens = self._prompt_len(body, "prompt")
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         req = self._admit(prompt_tokens, _max_tokens(limit, default=16))
-        kind = "chat.completion" if chat else "text_completion"
-        rid = ("chatcmpl-" if chat else "cmpl-") + req.rid
-        created = int(time.time())
-        model = body.get("model") or self.state.model_name
-
-        def usage() -> dict[str, int]:
-            return {
-                "prompt_tokens": req.prompt_tokens,
-                "completion_tokens": req.generated,
-                "total_tokens": req.prompt_tokens + req.generated,
-            }
-
-        def envelope(obj: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-            return {
-                "id": rid,
-                "object": obj,
-                "created": created,
-                "model": model,
-                "choices": choices,
-                **extra,
-            }
-
-        def choice(piece: str, finish: str | None) -> dict[str, Any]:
-            if chat:
-                return {
-                    "index": 0,
-                    "delta": {"content": piece},
-                    "finish_reason": finish,
-                    "logprobs": None,
-                }
-            return {"index": 0, "text": piece, "finish_reason": finish, "logprobs": None}
-
+        reply = _OpenAIReply(req, chat, body.get("model") or self.state.model_name)
         try:
             if not body.get("stream"):
-                text = ""
-                while not req.finished:
-                    n, _ = await req.queue.get()
-                    text += token_text(req.generated - n, n)
-                message = (
-                    {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-                )
-                only = {"index": 0, **message, "finish_reason": "length", "logprobs": None}
-                return web.json_response(envelope(kind, [only], usage=usage()))
+                return await reply.whole()
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            resp = await self._stream(request)
-            obj = kind + ".chunk" if chat else kind
-            if chat:
-                first = {
-                    "index": 0,
-                    "delta": {"role": "assistant", "content": ""},
-                    "finish_reason": None,
-                    "logprobs": None,
-                }
-                await resp.write(_sse(envelope(obj, [first])))
-            while not req.finished:
-                n, _ = await req.queue.get()
-                piece = token_text(req.generated - n, n)
-                finish = "length" if req.finished else None
-                await resp.write(_sse(envelope(obj, [choice(piece, finish)])))
-            if include_usage:
-                await resp.write(_sse(envelope(obj, [], usage=usage())))
-            await resp.write(b"data: [DONE]\n\n")
-            return resp
+            return await reply.stream(await self._stream(request), include_usage)
         finally:
             req.aborted = not req.finished
             self.state.keep_trace(req)
+
+
+class _OpenAIReply:
+    """One OpenAI-format answer (completion or chat), whole or streamed as SGLang sends it."""
+
+    def __init__(self, req: SimRequest, chat: bool, model: str) -> None:
+        self.req = req
+        self.chat = chat
+        self.model = model
+        self.kind = "chat.completion" if chat else "text_completion"
+        self.rid = ("chatcmpl-" if chat else "cmpl-") + req.rid
+        self.created = int(time.time())
+
+    def usage(self) -> dict[str, int]:
+        req = self.req
+        return {
+            "prompt_tokens": req.prompt_tokens,
+            "completion_tokens": req.generated,
+            "total_tokens": req.prompt_tokens + req.generated,
+        }
+
+    def envelope(self, obj: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {
+            "id": self.rid,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
+
+    def choice(self, piece: str, finish: str | None) -> dict[str, Any]:
+        if self.chat:
+            return {
+                "index": 0,
+                "delta": {"content": piece},
+                "finish_reason": finish,
+                "logprobs": None,
+            }
+        return {"index": 0, "text": piece, "finish_reason": finish, "logprobs": None}
+
+    async def whole(self) -> web.Response:
+        req = self.req
+        text = ""
+        while not req.finished:
+            n, _ = await req.queue.get()
+            text += token_text(req.generated - n, n)
+        message = (
+            {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
+        )
+        only = {"index": 0, **message, "finish_reason": "length", "logprobs": None}
+        return web.json_response(self.envelope(self.kind, [only], usage=self.usage()))
+
+    async def stream(self, resp: web.StreamResponse, include_usage: bool) -> web.StreamResponse:
+        req = self.req
+        obj = self.kind + ".chunk" if self.chat else self.kind
+        if self.chat:
+            first = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "finish_reason": None,
+                "logprobs": None,
+            }
+            await resp.write(_sse(self.envelope(obj, [first])))
+        while not req.finished:
+            n, _ = await req.queue.get()
+            piece = token_text(req.generated - n, n)
+            finish = "length" if req.finished else None
+            await resp.write(_sse(self.envelope(obj, [self.choice(piece, finish)])))
+        if include_usage:
+            await resp.write(_sse(self.envelope(obj, [], usage=self.usage())))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp

@@ -1,7 +1,7 @@
 """A simulated NVML with pynvml's API (the subset gpufleet and SGLang tooling use).
 
 Importable as `pynvml` on simulated hosts (see `shim/`). Semantics follow real NVML on an
-H200 (REFERENCE.md): v1 `used` includes the driver's reserved memory, v2 `used` does not;
+H200 (docs/FACTS.md, "NVML"): v1 `used` includes the driver's reserved memory, v2 `used` does not;
 processes are listed with `usedGpuMemory` in bytes.
 """
 

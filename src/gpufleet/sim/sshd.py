@@ -1,7 +1,7 @@
 """Real OpenSSH sshd "hosts" on loopback, for rehearsing (and testing) the SSH path.
 
 Each LoopbackSshd is one sshd process on 127.0.0.1:PORT, with its own host key; a shared
-client key is authorized. Recipe from REFERENCE.md (sshd by absolute path, /run/sshd).
+client key is authorized. Recipe in docs/FACTS.md (sshd by absolute path, /run/sshd).
 Not part of the host agent: it runs on the control machine.
 """
 

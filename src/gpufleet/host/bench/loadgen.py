@@ -218,6 +218,29 @@ class LevelRun:
     warmup_errors: list[str] = field(default_factory=list)
 
 
+async def _warm_up(
+    client: StreamClient,
+    prompts: list[Prompt],
+    warmup: int,
+    backend: str,
+    model: str,
+    ignore_eos: bool,
+    request_timeout: float,
+) -> list[str]:
+    """Warm the connection pool and the server's path (16 tokens are enough); the errors."""
+    errors = []
+    for i in range(warmup):
+        rec = RequestRecord(index=-1 - i)
+        base = prompts[i % len(prompts)]
+        short = Prompt(base.text, base.prompt_tokens, min(base.output_len, WARMUP_TOKENS))
+        await _one_request(
+            client, backend, short, rec, model, ignore_eos, time.perf_counter(), request_timeout
+        )
+        if not rec.ok:
+            errors.append(rec.error or "failed")
+    return errors
+
+
 async def run_level(
     base_url: str,
     prompts: list[Prompt],
@@ -235,23 +258,9 @@ async def run_level(
 ) -> LevelRun:
     client = StreamClient(base_url)
     try:
-        warm_errors = []
-        for i in range(warmup):
-            # Warm the connection pool and the server's path; 16 tokens are enough for that.
-            rec = RequestRecord(index=-1 - i)
-            base = prompts[i % len(prompts)]
-            await _one_request(
-                client,
-                backend,
-                Prompt(base.text, base.prompt_tokens, min(base.output_len, WARMUP_TOKENS)),
-                rec,
-                model,
-                ignore_eos,
-                time.perf_counter(),
-                request_timeout,
-            )
-            if not rec.ok:
-                warm_errors.append(rec.error or "failed")
+        warm_errors = await _warm_up(
+            client, prompts, warmup, backend, model, ignore_eos, request_timeout
+        )
         records = [RequestRecord(index=i) for i in range(len(prompts))]
         semaphore = asyncio.Semaphore(concurrency)
         rng = random.Random(seed)

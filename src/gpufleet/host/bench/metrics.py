@@ -1,4 +1,4 @@
-"""Figures from request records, with SGLang bench_serving's definitions (REFERENCE.md).
+"""Figures from request records, with SGLang bench_serving's definitions (docs/FACTS.md).
 
 TTFT: request start to first token. TPOT: (e2e - ttft) / (output_tokens - 1) per request.
 ITL: gaps between chunks, a chunk of k tokens counting as k gaps of gap/k (sglang backend).
