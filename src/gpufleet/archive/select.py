@@ -33,8 +33,12 @@ def _runs_named(arg: str, runs: list[dict]) -> dict[str, list[Path]]:
         for r in by_id:
             found[r["host"]] = [Path(r["path"])]
         return found
-    for r in runs:  # sorted by start time: the latest wins
-        if r.get("profile") == arg and r.get("levels"):
+    # sorted by start time: the latest wins, and a successful run beats any failed one
+    usable = [r for r in runs if r.get("profile") == arg and r.get("levels")]
+    for r in usable:
+        found[r["host"]] = [Path(r["path"])]
+    for r in usable:
+        if r.get("status") == "done" and not r.get("superseded"):
             found[r["host"]] = [Path(r["path"])]
     return found
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -98,5 +99,19 @@ def verify(run_dir: Path) -> list[str]:
     return problems
 
 
-def find_run(root: Path, run_id: str) -> list[Path]:
-    return [p for p in root.glob(f"*/{run_id}") if (p / MANIFEST).exists()]
+def mark_superseded(run_dir: Path, note: str) -> None:
+    """Keep a failed run but mark it replaced by a later attempt (listed, never compared).
+
+    Only the manifest changes (rewritten atomically); the checksummed files stay as they were.
+    """
+    manifest = read_manifest(run_dir)
+    manifest["superseded"] = {"at": datetime.now(UTC).isoformat(), "note": note}
+    tmp = run_dir / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2, default=str))
+    os.replace(tmp, run_dir / MANIFEST)
+
+
+def status_label(run: dict[str, Any]) -> str:
+    """A run's status as `inv runs` shows it: `done`, `failed`, `failed (superseded)`."""
+    status = str(run.get("status"))
+    return f"{status} (superseded)" if run.get("superseded") else status

@@ -6,6 +6,7 @@ Heavy modules (fabric, paramiko, pydantic, rich) are imported inside the task bo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json as _json
 from collections.abc import Callable
@@ -431,22 +432,62 @@ def bench(
     forks=None,
 ):
     """Run the load sweep against the launched server and archive it per host."""
-    from pathlib import Path
-
-    from gpufleet.archive.store import DEFAULT_ROOT
-    from gpufleet.cli.args import int_list, non_negative_int, positive_float
     from gpufleet.cli.output import line, print_runs, table
     from gpufleet.cli.progress import bench_progress
     from gpufleet.control import bench as bench_control
     from gpufleet.errors import UserError
     from gpufleet.report.tables import headers, rows
 
+    if client not in ("host", "local"):
+        raise UserError(f"--client {client!r}: expected host or local")
+    request = _bench_request(
+        concurrency, profile, port, num_prompts, duration, request_rate, output_len, prompts,
+        seed, backend, warmup, url, archive, engine, tokenizer, attach,
+    )  # fmt: skip
+    if client == "local":
+        run_id, value = bench_control.bench_local(request, bench_progress())
+        table(f"{run_id} ({value['status']})", headers(), rows(value["results"]))
+        line(f"archived {value['path']}")
+        if value["status"] != "done":
+            raise Exit(f"gpufleet: run archived as FAILED: {value['reason']}", code=1)
+        return
+    inv, selected = _select(inventory, hosts)
+    run_id = attach or bench_control.make_run_id(request, [h.name for h in selected])
+    try:
+        if attach:
+            results = bench_control.attach(
+                selected, attach, request, _forks(inv, forks), bench_progress()
+            )
+        else:
+            results = bench_control.bench(
+                selected, request, run_id, _forks(inv, forks), bench_progress()
+            )
+    except KeyboardInterrupt:
+        hint = bench_control.attach_hint(run_id, selected)
+        raise Exit(
+            f"gpufleet: interrupted; the benchmark goes on on the hosts: fetch it with `{hint}`",
+            code=130,
+        ) from None
+    print_runs(results)
+    _finish(results, with_tail=True)
+
+
+def _bench_request(
+    concurrency, profile, port, num_prompts, duration, request_rate, output_len, prompts,
+    seed, backend, warmup, url, archive, engine, tokenizer, attach,
+):  # fmt: skip
+    """`inv bench` options checked and turned into one BenchRequest."""
+    from pathlib import Path
+
+    from gpufleet.archive.store import DEFAULT_ROOT
+    from gpufleet.cli.args import int_list, non_negative_int, positive_float
+    from gpufleet.control.bench import BenchRequest
+    from gpufleet.errors import UserError
+
     levels = int_list(concurrency, "--concurrency")
     if not levels and not attach:
         raise UserError("--concurrency is required (e.g. --concurrency 1,10,64)")
-    if client not in ("host", "local"):
-        raise UserError(f"--client {client!r}: expected host or local")
-    request = bench_control.BenchRequest(
+    return BenchRequest(
         concurrency=levels,
         profile=profile,
         port=non_negative_int(port, "--port", 0) or None,
@@ -463,22 +504,6 @@ def bench(
         engine=engine,
         tokenizer=tokenizer,
     )
-    if client == "local":
-        run_id, value = bench_control.bench_local(request, bench_progress())
-        table(f"{run_id} ({value['status']})", headers(), rows(value["results"]))
-        line(f"archived {value['path']}")
-        if value["status"] != "done":
-            raise Exit(f"gpufleet: run archived as FAILED: {value['reason']}", code=1)
-        return
-    inv, selected = _select(inventory, hosts)
-    if attach:
-        results = bench_control.attach(
-            selected, attach, request, _forks(inv, forks), bench_progress()
-        )
-    else:
-        _, results = bench_control.bench(selected, request, _forks(inv, forks), bench_progress())
-    print_runs(results)
-    _finish(results, with_tail=True)
 
 
 @task(
@@ -522,7 +547,7 @@ def runs(c, host=None, profile=None, since=None, verify=False, archive=None):
                 r.get("profile"),
                 (r.get("started_at") or "")[:19],
                 levels,
-                r.get("status"),
+                store.status_label(r),
                 check,
             ]
         )
@@ -613,12 +638,55 @@ def _sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive)
     )
 
 
+def _resume_command(base: list[str], options: dict[str, Any]) -> Callable[[Any, Any], str]:
+    """Build the pasteable `--resume` line: the same options, inventory and hosts."""
+    import shlex
+
+    def command(inv: Any, hosts: list[str]) -> str:
+        words = list(base)
+        for flag, value in options.items():
+            if value not in (None, False, ""):
+                words += [flag] if value is True else [flag, str(value)]
+        words += ["--inventory", inv.source, "--hosts", ",".join(hosts), "--resume"]
+        return shlex.join(words)
+
+    return command
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops(cancel: Any, hint: Callable[[], str]):
+    """First Ctrl-C: nothing new starts, the cells in flight stop cleanly (see sweep.py).
+    Second Ctrl-C: exit at once; what runs on the hosts goes on and --resume finishes it."""
+    import os
+    import signal
+    import sys
+
+    from gpufleet.cli.output import line
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if not cancel.requested:
+            cancel.request()
+            line("gpufleet: stopping: no new cell starts, cells in flight stop cleanly "
+                 "(Ctrl-C again to abort now)", sys.stderr)  # fmt: skip
+            return
+        line(f"gpufleet: aborted; finish the sweep with `{hint()}`", sys.stderr)
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _do_sweep(
-    profile_names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks, fmt="table"
-):
+    profile_names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks,
+    resume_command, fmt="table",
+):  # fmt: skip
     from gpufleet.cli.output import line
     from gpufleet.cli.progress import bench_progress, launch_progress
     from gpufleet.control import sweep
+    from gpufleet.control.cancel import CancelToken
 
     sweep.check_profiles(profile_names)  # a bad profile fails before anything starts
     inv, selected = _select(inventory, hosts)
@@ -631,24 +699,22 @@ def _do_sweep(
         request.archive_root, profile_names, selected, request.concurrency, resume
     )
     if resume:
-        line(f"resuming sweep {state.data['sweep_id']}")
-    state = sweep.run(
-        state,
-        sweep.hosts_of(state, selected),
-        request,
-        engine,
-        fail_fast,
-        _forks(inv, forks),
-        line,
-        launch_progress(),
-        bench_progress(),
-    )
-    per_host = sweep.finished_arms(state, request.archive_root)
-    if per_host:
-        _show_compare(per_host, fmt, request.archive_root / "compare" / state.data["sweep_id"])
-    line(f"sweep {state.data['sweep_id']}: {state.data['status']} (state: {state.path})")
+        line(f"resuming sweep {state.data['sweep_id']} ({state.data['status']})")
+    cancel = CancelToken()
+    hint = lambda: resume_command(inv, state.data["hosts"])  # noqa: E731
+    with _ctrl_c_stops(cancel, hint):
+        state = sweep.run(
+            state, sweep.hosts_of(state, selected), request, engine, fail_fast,
+            _forks(inv, forks), line, launch_progress(), bench_progress(), cancel,
+        )  # fmt: skip
+        per_host = sweep.finished_arms(state, request.archive_root)
+        if per_host:
+            _show_compare(per_host, fmt, request.archive_root / "compare" / state.data["sweep_id"])
+        line(f"sweep {state.data['sweep_id']}: {state.data['status']} (state: {state.path})")
+    if state.data["status"] == "interrupted":
+        raise Exit(f"gpufleet: interrupted; finish the sweep with `{hint()}`", code=130)
     if state.data["status"] != "done":
-        raise Exit("gpufleet: some sweep cells failed (see above); --resume retries them", code=1)
+        raise Exit(f"gpufleet: some sweep cells failed (see above); retry them with `{hint()}`", 1)
     return state
 
 
@@ -659,7 +725,7 @@ SWEEP_HELP = {
     "output-len": "output tokens per request (default 256)",
     "prompts": "coding (default), chat, random, or a file",
     "seed": "prompt order seed",
-    "resume": "continue the latest unfinished sweep of these profiles",
+    "resume": "finish the latest sweep of these profiles (re-attach, re-run failed cells)",
     "dry-run": "print the plan; start nothing",
     "fail-fast": "stop at the first failed cell",
     "engine": "override the engine (sim to rehearse)",
@@ -692,7 +758,20 @@ def sweep(
     """For each profile on all hosts: gpu-clean, launch, bench, stop, verify; then compare."""
     request = _sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive)
     names = [p.strip() for p in profiles.split(",") if p.strip()]
-    _do_sweep(names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks)
+    options = {
+        "--profiles": profiles,
+        "--concurrency": ",".join(map(str, request.concurrency)),
+        "--num-prompts": num_prompts,
+        "--output-len": output_len,
+        "--prompts": prompts if prompts != "coding" else None,
+        "--seed": seed,
+        "--fail-fast": fail_fast,
+        "--engine": engine,
+        "--archive": archive,
+        "--forks": forks,
+    }
+    command = _resume_command(["inv", "sweep"], options)
+    _do_sweep(names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks, command)
 
 
 REHEARSAL_LEVELS = [
@@ -707,10 +786,11 @@ REHEARSAL_LEVELS = [
         "inventory": "inventory (default: hosts/rehearsal.yaml)",
         "hosts": HOSTS_HELP,
         "archive": "archive root (default: logs/)",
+        "resume": "finish an interrupted rehearsal",
     }
 )
 @user_errors
-def rehearse(c, inventory="hosts/rehearsal.yaml", hosts=None, archive=None):
+def rehearse(c, inventory="hosts/rehearsal.yaml", hosts=None, archive=None, resume=False):
     """The seeds' experiment on simulated 8-GPU hosts: baseline vs eagle3 at C=1,10,64."""
     import time
 
@@ -719,7 +799,9 @@ def rehearse(c, inventory="hosts/rehearsal.yaml", hosts=None, archive=None):
     start = time.monotonic()
     request = _sweep_request(["1,10,64"], None, "64", "coding", "0", archive)
     request.fixed_levels = REHEARSAL_LEVELS
-    _do_sweep(["baseline", "eagle3"], request, hosts, inventory, False, False, False, "sim", None)
+    command = _resume_command(["inv", "rehearse"], {"--archive": archive})
+    profiles = ["baseline", "eagle3"]
+    _do_sweep(profiles, request, hosts, inventory, resume, False, False, "sim", None, command)
     line(f"rehearsal finished in {time.monotonic() - start:.0f}s")
 
 

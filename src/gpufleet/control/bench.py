@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 from gpufleet import __version__
 from gpufleet.archive import manifest, store
 from gpufleet.control import prompts as prompt_sets
+from gpufleet.control.cancel import SLICE_S, CancelToken
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session
@@ -134,30 +135,57 @@ def archive_run(
     }
 
 
-def fetch(
-    session: Session, run_id: str, request: BenchRequest, progress: Progress | None
+def attach_hint(run_id: str, hosts: list[Host]) -> str:
+    """The command that fetches a run still going on on these hosts, pasteable as is."""
+    names = ",".join(h.name for h in hosts)
+    return f"inv bench --attach {run_id} --hosts {names}{hosts[0].cli_hint() if hosts else ''}"
+
+
+def watch(
+    session: Session, run_id: str, progress: Progress | None, cancel: CancelToken | None = None
 ) -> dict[str, Any]:
-    """Watch a run on the host until it ends, download its files, archive them."""
+    """Stream a run's progress until it ends. With a cancel token, watch in slices and raise
+    Cancelled when a stop is asked: the run goes on on the host, to be fetched later."""
     name = session.host.name
 
     def on_event(event: dict[str, Any]) -> None:
         if progress:
             progress(name, event)
 
-    watch = session.call_resumable(
-        BenchWatchArgs(run_id=run_id),
-        on_event,
-        None,
-        doing="the benchmark runs",
-        resume=f"fetch it with `inv bench --attach {run_id} --hosts {name}`",
-    )
-    files = {f["name"]: session.download(f"{watch['run_dir']}/{f['name']}") for f in watch["files"]}
-    return archive_run(name, run_id, files, request, watch)
+    args = BenchWatchArgs(run_id=run_id)
+    if cancel is not None:
+        args.timeout_s = SLICE_S
+    while True:
+        answer = session.call_resumable(
+            args,
+            on_event,
+            None,
+            doing="the benchmark runs",
+            resume=f"fetch it with `{attach_hint(run_id, [session.host])}`",
+        )
+        if answer["status"] != "watching":
+            return answer
+        args.offset = answer["offset"]
+        cancel.check("watching the benchmark")  # type: ignore[union-attr]
 
 
-def bench_on(
-    session: Session, request: BenchRequest, run_id: str, progress: Progress | None
+def fetch(
+    session: Session,
+    run_id: str,
+    request: BenchRequest,
+    progress: Progress | None,
+    cancel: CancelToken | None = None,
 ) -> dict[str, Any]:
+    """Watch a run on the host until it ends, download its files, archive them."""
+    answer = watch(session, run_id, progress, cancel)
+    files = {
+        f["name"]: session.download(f"{answer['run_dir']}/{f['name']}") for f in answer["files"]
+    }
+    return archive_run(session.host.name, run_id, files, request, answer)
+
+
+def start(session: Session, request: BenchRequest, run_id: str, progress: Progress | None) -> None:
+    """Upload the prompts and start the run detached on the host (it survives SSH)."""
     plan, body = build_plan(request, run_id)
     incoming = f"{session.workdir}/.incoming-{run_id}.jsonl"
     session.upload(body, incoming)
@@ -167,16 +195,26 @@ def bench_on(
             session.host.name,
             {"phase": "started", "run_id": run_id, "base_url": started["base_url"]},
         )
+
+
+def bench_on(
+    session: Session, request: BenchRequest, run_id: str, progress: Progress | None
+) -> dict[str, Any]:
+    start(session, request, run_id, progress)
     return fetch(session, run_id, request, progress)
 
 
 def bench(
-    hosts: list[Host], request: BenchRequest, forks: int, progress: Progress | None = None
-) -> tuple[str, list[HostResult[dict]]]:
-    run_id = make_run_id(request, [h.name for h in hosts])
+    hosts: list[Host],
+    request: BenchRequest,
+    run_id: str,
+    forks: int,
+    progress: Progress | None = None,
+) -> list[HostResult[dict]]:
+    """Run one benchmark (run id from make_run_id) on every host and archive it per host."""
     build_plan(request, run_id)  # bad input fails here, before any host is touched
     results = run_on_hosts(hosts, lambda s: bench_on(s, request, run_id, progress), forks=forks)
-    return run_id, _fail_unfinished(results)
+    return _fail_unfinished(results)
 
 
 def attach(

@@ -2,16 +2,20 @@
 
 Each host gets its own HostResult; an exception on one host is captured there and never
 stops or hides the others. The caller decides the exit code from `any_failed`.
+Workers are daemon threads: when the user aborts (Ctrl-C), the CLI exits at once instead
+of waiting for hosts whose work goes on detached anyway (servers, benchmark runners).
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import traceback
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from gpufleet.control.cancel import Cancelled
 from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session, open_session
 from gpufleet.errors import HostError, UserError
@@ -47,6 +51,8 @@ def run_on_hosts(
             return HostResult(host, value=work(session))
         except HostError as exc:
             return HostResult(host, error=str(exc), kind=exc.kind, tail=exc.tail)
+        except Cancelled as exc:
+            return HostResult(host, error=f"interrupted while {exc}", kind="cancelled")
         except UserError as exc:
             return HostResult(host, error=str(exc), kind="bad_input")
         except Exception as exc:  # a bug: keep it on this host, with enough to report it
@@ -59,10 +65,28 @@ def run_on_hosts(
                 except Exception:
                     pass
 
-    if not hosts:
-        return []
-    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(hosts)))) as pool:
-        return list(pool.map(one, hosts))
+    results: list[HostResult[T] | None] = [None] * len(hosts)
+    todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for index in range(len(hosts)):
+        todo.put(index)
+
+    def worker() -> None:
+        while True:
+            try:
+                index = todo.get_nowait()
+            except queue.Empty:
+                return
+            results[index] = one(hosts[index])
+
+    threads = [
+        threading.Thread(target=worker, name="gpufleet-host", daemon=True)
+        for _ in range(max(1, min(forks, len(hosts))))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()  # interruptible: Ctrl-C reaches the main thread here
+    return [r for r in results if r is not None]
 
 
 def any_failed(results: Iterable[HostResult[Any]]) -> bool:

@@ -7,11 +7,12 @@ An inventory file has `defaults` (applied to every host), `hosts` (name -> field
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
@@ -75,6 +76,12 @@ class Host(BaseModel):
     @property
     def label(self) -> str:
         return self.name
+
+    _inventory: str | None = PrivateAttr(default=None)  # the file this host came from
+
+    def cli_hint(self) -> str:
+        """` --inventory FILE` for printed commands, so they work when pasted as they are."""
+        return f" --inventory {shlex.quote(self._inventory)}" if self._inventory else ""
 
 
 class _InventoryFile(BaseModel):
@@ -169,6 +176,7 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
         merged["name"] = str(name)
         merged.setdefault("address", str(name))
         hosts[str(name)] = validate(Host, merged, source, prefix=f"hosts.{name}")
+        hosts[str(name)]._inventory = source
     for group, members in raw.groups.items():
         if group in hosts:
             raise UserError(f"{source}: groups.{group}: a host has the same name")

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.control.cancel import SLICE_S, CancelToken
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
 from gpufleet.control.playbook import LaunchSpec, Profile, build_specs
@@ -39,8 +40,12 @@ def wait_on(
     spec: LaunchSpec | dict[str, Any],
     timeout_s: float | None,
     progress: Progress | None,
+    cancel: CancelToken | None = None,
 ) -> dict[str, Any]:
-    """Stream wait-ready from the host; the server keeps running if this connection drops."""
+    """Stream wait-ready from the host; the server keeps running if this connection drops.
+
+    With a cancel token the wait runs in slices and raises Cancelled when a stop is asked.
+    """
     port = spec["port"] if isinstance(spec, dict) else spec.port
     rank = spec.get("node_rank", 0) if isinstance(spec, dict) else spec.node_rank
     timeout = timeout_s or (spec.health_timeout if isinstance(spec, LaunchSpec) else 1800)
@@ -50,19 +55,31 @@ def wait_on(
         if progress:
             progress(name, event)
 
-    wait = session.call_resumable(
-        WaitReadyArgs(port=port, timeout_s=timeout, health=rank == 0),
-        on_event,
-        timeout + 60,
-        doing="waiting for the server",
-        resume=f"`inv wait --hosts {name} --port {port}`",
-    )
+    args = WaitReadyArgs(port=port, timeout_s=timeout, health=rank == 0)
+    if cancel is not None:
+        args.slice_s = SLICE_S
+    while True:
+        wait = session.call_resumable(
+            args,
+            on_event,
+            timeout + 60,
+            doing="waiting for the server",
+            resume=f"`inv wait --hosts {name} --port {port}{session.host.cli_hint()}`",
+        )
+        if wait["phase"] != "waiting":
+            break
+        args.elapsed_before_s = wait["elapsed_s"]
+        cancel.check("waiting for the server")  # type: ignore[union-attr]
     _raise_not_ready(wait)
     return wait
 
 
 def launch_on(
-    session: Session, spec: LaunchSpec, options: LaunchOptions, progress: Progress | None
+    session: Session,
+    spec: LaunchSpec,
+    options: LaunchOptions,
+    progress: Progress | None,
+    cancel: CancelToken | None = None,
 ) -> dict[str, Any]:
     if options.clean:
         from gpufleet.control.gpuclean import CleanOptions, clean_on
@@ -90,7 +107,7 @@ def launch_on(
             session.host.name,
             {"phase": "started", "pid": started["state"]["pid"], "log": started["state"]["log"]},
         )
-    wait = wait_on(session, spec, options.timeout_s, progress)
+    wait = wait_on(session, spec, options.timeout_s, progress, cancel)
     return {
         "state": wait["state"],
         "elapsed_s": wait["elapsed_s"],

@@ -1,7 +1,13 @@
 """inv sweep: for each profile, on all hosts in parallel, gpu-clean -> launch -> bench -> stop
 -> verify clean; then compare. State is saved after every step so `--resume` finishes an
-interrupted sweep without redoing what is archived (a bench still running on a host is
-re-attached, not restarted).
+interrupted sweep without redoing what succeeded.
+
+Interruption (docs/RELIABILITY.md, "Ctrl-C during a sweep"): once a stop is asked (the
+cancel token), no new cell starts. A cell still cleaning, launching or waiting for health
+is cancelled cleanly (its server stopped) and `--resume` runs it again; a cell whose
+benchmark has started keeps running on the host and `--resume` re-attaches, archives it
+and stops the server; a cell that is stopping finishes stopping. `--resume` re-runs every
+cell whose archived run failed (the failed archive stays, marked superseded).
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpufleet.archive import select
+from gpufleet.archive import select, store
 from gpufleet.control import bench as benchrun
 from gpufleet.control import lifecycle as server
+from gpufleet.control.cancel import Cancelled, CancelToken
 from gpufleet.control.fanout import run_on_hosts
 from gpufleet.control.gpuclean import CleanOptions, clean_on
 from gpufleet.control.inventory import Host
@@ -38,6 +45,7 @@ class SweepState:
         self.path = path
         self.data = data
         self.lock = threading.Lock()
+        self.say: Say = lambda text: None  # progress lines, set by run()
 
     @classmethod
     def new(
@@ -61,14 +69,13 @@ class SweepState:
 
     @classmethod
     def latest(cls, root: Path, profiles: list[str]) -> SweepState:
+        """The newest sweep of these profiles (a finished one resumes to its compare)."""
         candidates = sorted((root / "sweeps").glob("*.json"))
         for path in reversed(candidates):
             data = json.loads(path.read_text())
-            if data["profiles"] == profiles and data["status"] != "done":
+            if data["profiles"] == profiles:
                 return cls(path, data)
-        raise UserError(
-            f"--resume: no unfinished sweep of {','.join(profiles)} under {root / 'sweeps'}/"
-        )
+        raise UserError(f"--resume: no sweep of {','.join(profiles)} under {root / 'sweeps'}/")
 
     def save(self) -> None:
         with self.lock:
@@ -110,77 +117,197 @@ def plan_lines(
     return lines
 
 
-def _pipeline(
-    session: Session,
-    state: SweepState,
-    profile_name: str,
-    request: benchrun.BenchRequest,
-    engine: str | None,
-    launch_progress: Any,
-    bench_progress: Any,
-) -> dict[str, Any]:
-    host = session.host
-    cell = state.cell(profile_name, host.name)
-    prof = load_profile(profile_name)
-    req = replace(request, profile=profile_name)
-    archived = request.archive_root / host.name / str(cell.get("run_id"))
-    if cell.get("run_id") and (archived / "manifest.json").exists():
-        # archived before an interruption: nothing to redo but the stop
-        manifest = json.loads((archived / "manifest.json").read_text())
-        _stop(session)
-        return {
-            "status": manifest["status"],
-            "reason": manifest.get("reason"),
-            "run_id": cell["run_id"],
-            "path": str(archived),
-            "results": [],
-            "tail": [],
-        }
-    if cell.get("status") == "benching" and cell.get("run_id"):
-        try:  # interrupted while benchmarking: the run went on on the host; fetch it
-            result = benchrun.fetch(session, cell["run_id"], req, bench_progress)
-            _stop(session)
-            return result
-        except (HostError, UserError):
-            pass  # not fetchable (already archived, or lost): run it again
-    steps: dict[str, float] = {}  # where this cell's time went, kept in the sweep state
-    mark = time.monotonic()
+class _Steps:
+    """Where one cell's time went (clean, launch, bench, stop), kept in the sweep state."""
 
-    def step_done(step: str) -> None:
-        nonlocal mark
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.mark = time.monotonic()
+
+    def done(self, step: str) -> None:
         now = time.monotonic()
-        steps[step] = round(now - mark, 2)
-        mark = now
-
-    state.update(profile_name, host.name, status="cleaning")
-    cleaned = clean_on(session, CleanOptions(grace_s=5))
-    if not cleaned["clean"]:
-        raise HostError("gpu-clean before launch did not verify clean", kind="not_clean")
-    step_done("clean")
-    state.update(profile_name, host.name, status="launching", steps_s=steps)
-    [(_, spec)] = build_specs(prof, [host], engine)
-    server.launch_on(
-        session, spec, server.LaunchOptions(replace=True, engine=engine), launch_progress
-    )
-    step_done("launch")
-    run_id = benchrun.make_run_id(req, [host.name])
-    state.update(profile_name, host.name, status="benching", run_id=run_id, steps_s=steps)
-    try:
-        result = benchrun.bench_on(session, req, run_id, bench_progress)
-        step_done("bench")
-        state.update(profile_name, host.name, status="archived", path=result["path"])
-    finally:
-        _stop(session)
-        step_done("stop")
-        state.update(profile_name, host.name, steps_s=steps)
-    return result
+        self.seconds[step] = round(now - self.mark, 2)
+        self.mark = now
 
 
-def _stop(session: Session) -> None:
-    result = session.call(StopArgs(grace_s=10, timeout_s=60), timeout=180)
-    verify = result.get("verify")
-    if verify and not verify["clean"]:
-        raise HostError("GPUs not clean after stopping the server", kind="not_clean")
+class _Cell:
+    """One profile on one host: its state entry, its session and what it needs to run."""
+
+    def __init__(
+        self,
+        session: Session,
+        state: SweepState,
+        profile: str,
+        request: benchrun.BenchRequest,
+        engine: str | None,
+        cancel: CancelToken,
+        progress: tuple[Any, Any],
+    ) -> None:
+        self.session = session
+        self.state = state
+        self.profile = profile
+        self.host = session.host.name
+        self.request = replace(request, profile=profile)
+        self.engine = engine
+        self.cancel = cancel
+        self.launch_progress, self.bench_progress = progress
+        self.steps = _Steps()
+
+    @property
+    def entry(self) -> dict[str, Any]:
+        return self.state.cell(self.profile, self.host)
+
+    def update(self, **fields: Any) -> None:
+        self.state.update(self.profile, self.host, **fields)
+
+    def phase(self, status: str) -> None:
+        """Record and announce the step this cell enters."""
+        self.update(status=status, steps_s=self.steps.seconds)
+        self.state.say(f"[sweep] {label(self.profile)} on {self.host}: {status}")
+
+    def archived_dir(self) -> Path | None:
+        run_id = self.entry.get("run_id")
+        path = self.request.archive_root / self.host / str(run_id)
+        return path if run_id and (path / "manifest.json").exists() else None
+
+    # -- resuming what an interruption left ---------------------------------------------
+    def resume(self) -> dict[str, Any] | None:
+        """The cell's result if an earlier attempt can be finished; None to run it again."""
+        archived = self.archived_dir()
+        if archived is not None:
+            manifest = store.read_manifest(archived)
+            if manifest["status"] == "done":
+                self.stop_server()  # archived just before an interruption
+                return _archived_result(manifest, archived)
+            store.mark_superseded(archived, f"re-run by sweep {self.state.data['sweep_id']}")
+            return None
+        if self.entry.get("status") == "benching" and self.entry.get("run_id"):
+            self.state.say(
+                f"[sweep] {label(self.profile)} on {self.host}: re-attaching run "
+                f"{self.entry['run_id']}"
+            )
+            try:  # the run went on on the host: re-attach and archive it
+                result = benchrun.fetch(
+                    self.session,
+                    self.entry["run_id"],
+                    self.request,
+                    self.bench_progress,
+                    self.cancel,
+                )
+            except (HostError, UserError):
+                return None  # not on the host any more: run the cell again
+            self.update(status="archived", path=result["path"])
+            self.stop_server()
+            return result
+        return None
+
+    # -- a fresh attempt -------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        self.cancel.check("starting the cell")
+        self.update(run_id=None, path=None, error=None)
+        self.phase("cleaning")
+        cleaned = clean_on(self.session, CleanOptions(grace_s=5))
+        if not cleaned["clean"]:
+            raise HostError("gpu-clean before launch did not verify clean", kind="not_clean")
+        self.steps.done("clean")
+        self.cancel_cleanly_if_asked("before launching", server=False)
+        self.phase("launching")
+        try:
+            self.launch()
+        except Cancelled:
+            self.cancel_cleanly_if_asked("waiting for the server", server=True)
+            raise
+        except BaseException:
+            self.stop_server()
+            raise
+        self.steps.done("launch")
+        self.cancel_cleanly_if_asked("before the benchmark", server=True)
+        return self.bench()
+
+    def launch(self) -> None:
+        [(_, spec)] = build_specs(load_profile(self.profile), [self.session.host], self.engine)
+        options = server.LaunchOptions(replace=True, engine=self.engine)
+        server.launch_on(self.session, spec, options, self.launch_progress, self.cancel)
+
+    def bench(self) -> dict[str, Any]:
+        run_id = benchrun.make_run_id(self.request, [self.host])
+        self.update(status="benching", run_id=run_id, steps_s=self.steps.seconds)
+        try:
+            benchrun.start(self.session, self.request, run_id, self.bench_progress)
+            result = benchrun.fetch(
+                self.session, run_id, self.request, self.bench_progress, self.cancel
+            )
+        except Cancelled:
+            raise  # the run goes on on the host, and its server with it: --resume fetches
+        except BaseException:
+            self.stop_server()
+            raise
+        self.steps.done("bench")
+        self.update(status="archived", path=result["path"])
+        self.phase("stopping")
+        self.stop_server()
+        self.steps.done("stop")
+        self.update(steps_s=self.steps.seconds)
+        return result
+
+    def cancel_cleanly_if_asked(self, doing: str, server: bool) -> None:
+        """On a stop request: stop this cell's server (if launched), mark it interrupted."""
+        if not self.cancel.requested:
+            return
+        if server:
+            self.stop_server()
+        self.update(status="interrupted", steps_s=self.steps.seconds)
+        raise Cancelled(doing)
+
+    def stop_server(self) -> None:
+        result = self.session.call(StopArgs(grace_s=10, timeout_s=60), timeout=180)
+        verify = result.get("verify")
+        if verify and not verify["clean"]:
+            raise HostError("GPUs not clean after stopping the server", kind="not_clean")
+
+
+def _archived_result(manifest: dict[str, Any], path: Path) -> dict[str, Any]:
+    return {
+        "status": manifest["status"],
+        "reason": manifest.get("reason"),
+        "run_id": manifest["run_id"],
+        "path": str(path),
+        "results": [],
+        "tail": [],
+    }
+
+
+def _pipeline(cell: _Cell) -> dict[str, Any]:
+    """One cell, resumed where an interruption left it or run afresh."""
+    return cell.resume() or cell.run()
+
+
+def _record(state: SweepState, name: str, res: Any) -> bool:
+    """Write one cell's outcome into the state and say it; True if the cell failed."""
+    say = state.say
+    if res.ok and res.value["status"] == "done":
+        state.update(
+            name, res.host.name, status="done", run_id=res.value["run_id"],
+            path=res.value["path"], error=None,
+        )  # fmt: skip
+        steps = state.cell(name, res.host.name).get("steps_s") or {}
+        took = ", ".join(f"{k} {v:.1f}s" for k, v in steps.items())
+        say(
+            f"[sweep] {label(name)} on {res.host.name}: done"
+            + (f" ({took})" if took else "")
+            + f", archived {res.value['path']}"
+        )
+        return False
+    if not res.ok and res.kind == "cancelled":
+        where = state.cell(name, res.host.name)["status"]
+        then = "--resume re-attaches it" if where == "benching" else "--resume runs it again"
+        say(f"[sweep] {label(name)} on {res.host.name}: {res.error} ({where}; {then})")
+        return True
+    error = res.error if not res.ok else f"run failed: {res.value['reason']}"
+    extra = {"run_id": res.value["run_id"], "path": res.value["path"]} if res.ok else {}
+    state.update(name, res.host.name, status="failed", error=error, **extra)
+    say(f"[sweep] {label(name)} on {res.host.name}: FAILED: {error}")
+    return True
 
 
 def run(
@@ -193,60 +320,49 @@ def run(
     say: Say,
     launch_progress: Any = None,
     bench_progress: Any = None,
+    cancel: CancelToken | None = None,
 ) -> SweepState:
+    """Run every profile's cells, one profile at a time, all hosts in parallel."""
+    cancel = cancel or CancelToken()
+    state.say = say
     profiles = state.data["profiles"]
     for index, name in enumerate(profiles):
+        if cancel.requested:
+            break
         todo = [h for h in hosts if state.cell(name, h.name)["status"] != "done"]
         if not todo:
             say(f"[sweep {index + 1}/{len(profiles)}] {label(name)}: already done, skipped")
             continue
-        done_times = list(state.data["durations_s"].values())
-        eta = ""
-        if done_times:
-            left = (sum(done_times) / len(done_times)) * (len(profiles) - index)
-            eta = f", ~{left:.0f}s left"
-        say(f"[sweep {index + 1}/{len(profiles)}] {name} on {', '.join(h.name for h in todo)}{eta}")
+        say(f"[sweep {index + 1}/{len(profiles)}] {name} on {', '.join(h.name for h in todo)}"
+            + _eta(state, len(profiles) - index))  # fmt: skip
         started = time.monotonic()
         results = run_on_hosts(
             todo,
             lambda s, name=name: _pipeline(
-                s, state, name, request, engine, launch_progress, bench_progress
+                _Cell(s, state, name, request, engine, cancel, (launch_progress, bench_progress))
             ),
             forks=forks,
         )
-        failed = False
-        for res in results:
-            if res.ok and res.value["status"] == "done":
-                state.update(
-                    name,
-                    res.host.name,
-                    status="done",
-                    run_id=res.value["run_id"],
-                    path=res.value["path"],
-                    error=None,
-                )
-                steps = state.cell(name, res.host.name).get("steps_s") or {}
-                took = ", ".join(f"{k} {v:.1f}s" for k, v in steps.items())
-                say(
-                    f"[sweep] {label(name)} on {res.host.name}: done"
-                    + (f" ({took})" if took else "")
-                    + f", archived {res.value['path']}"
-                )
-            else:
-                error = res.error if not res.ok else f"run failed: {res.value['reason']}"
-                extra = {"run_id": res.value["run_id"], "path": res.value["path"]} if res.ok else {}
-                state.update(name, res.host.name, status="failed", error=error, **extra)
-                say(f"[sweep] {label(name)} on {res.host.name}: FAILED: {error}")
-                failed = True
+        failed = [_record(state, name, res) for res in results]
         state.data["durations_s"][name] = round(time.monotonic() - started, 1)
         state.save()
-        if failed and fail_fast:
+        if any(failed) and fail_fast:
             say("[sweep] stopping: --fail-fast")
             break
     cells = [c for p in profiles for c in state.data["cells"][p].values()]
-    state.data["status"] = "done" if all(c["status"] == "done" for c in cells) else "incomplete"
+    if all(c["status"] == "done" for c in cells):
+        state.data["status"] = "done"
+    else:
+        state.data["status"] = "interrupted" if cancel.requested else "incomplete"
     state.save()
     return state
+
+
+def _eta(state: SweepState, profiles_left: int) -> str:
+    done_times = list(state.data["durations_s"].values())
+    if not done_times:
+        return ""
+    return f", ~{(sum(done_times) / len(done_times)) * profiles_left:.0f}s left"
 
 
 def check_profiles(names: list[str]) -> None:

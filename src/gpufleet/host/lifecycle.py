@@ -155,7 +155,8 @@ def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
     state = read_state(args.port)
     if state is None:
         raise AgentError(f"no server launched by gpufleet on port {args.port}", kind="no_server")
-    started = time.monotonic()
+    started = time.monotonic() - args.elapsed_before_s
+    slice_end = time.monotonic() + args.slice_s if args.slice_s else None
     log = _LogScanner(state["log"], state.get("log_offset", 0))
     phase = ""
     last_event = 0.0
@@ -187,6 +188,8 @@ def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
             return _failed(
                 state, "timeout", f"not healthy after {args.timeout_s:g}s (last: {phase})"
             )
+        if slice_end is not None and time.monotonic() >= slice_end:
+            return {"ready": False, "phase": "waiting", "elapsed_s": round(elapsed, 3)}
         time.sleep(args.poll_s)
 
 

@@ -144,9 +144,11 @@ class LaunchArgs(VerbArgs):
 class WaitReadyArgs(VerbArgs):
     VERB: ClassVar[str] = "wait-ready"
     port: int = 30000
-    timeout_s: float = 1800.0
+    timeout_s: float = 1800.0  # in all slices together; then the launch has failed
     poll_s: float = 0.2
     health: bool = True  # False on non-zero node ranks: they serve no HTTP
+    slice_s: float | None = None  # answer "waiting" after this long; the caller asks again
+    elapsed_before_s: float = 0.0  # time already waited in earlier slices (for progress)
 
 
 @dataclass
@@ -188,7 +190,8 @@ class BenchRunArgs(VerbArgs):
 class BenchWatchArgs(VerbArgs):
     VERB: ClassVar[str] = "bench-watch"
     run_id: str = ""
-    timeout_s: float = 7 * 86400.0
+    timeout_s: float = 7 * 86400.0  # then answer "watching"; call again from `offset`
+    offset: int = 0  # bytes of progress.jsonl already streamed
 
 
 CONTRACT: dict[str, type[VerbArgs]] = {
@@ -231,7 +234,7 @@ class LaunchAnswer(TypedDict, total=False):
 
 class WaitReadyAnswer(TypedDict, total=False):
     ready: bool
-    phase: str  # ready | running | crashed | timeout
+    phase: str  # ready | running | crashed | timeout | waiting (slice over)
     reason: str
     tail: list[str]
     elapsed_s: float
@@ -258,6 +261,7 @@ class BenchWatchAnswer(TypedDict):
     files: list[dict[str, Any]]
     run_dir: str
     tail: list[str] | None
+    offset: int
 
 
 # -- the wire -----------------------------------------------------------------------------

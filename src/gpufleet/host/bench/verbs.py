@@ -137,35 +137,47 @@ def _runner_alive(run_dir: Path) -> bool:
         return False
 
 
+def _emit_progress(run_dir: Path, offset: int) -> int:
+    """Emit the complete progress lines written since `offset`; the new offset."""
+    try:
+        with open(run_dir / "progress.jsonl", "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except OSError:
+        return offset
+    complete = data[: data.rfind(b"\n") + 1]
+    for line in complete.decode(errors="replace").splitlines():
+        try:
+            emit_event(json.loads(line))
+        except ValueError:
+            continue
+    return offset + len(complete)
+
+
+def _read_status(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return {"status": "starting"}
+
+
 def bench_watch(args: BenchWatchArgs) -> BenchWatchAnswer:
+    """Stream progress until the run ends, or until `timeout_s` passes ("watching": call
+    again with the returned offset; the control plane watches in slices so it can stop
+    watching at any time without touching the run)."""
     run_dir = _run_dir(args.run_id)
     if not run_dir.exists():
         raise AgentError(f"no run {args.run_id} on this host", kind="no_run")
-    offset = 0
+    offset = args.offset
     deadline = time.monotonic() + args.timeout_s
     while True:
-        try:
-            with open(run_dir / "progress.jsonl", "rb") as fh:
-                fh.seek(offset)
-                data = fh.read()
-        except OSError:
-            data = b""
-        complete = data[: data.rfind(b"\n") + 1]
-        offset += len(complete)
-        for line in complete.decode(errors="replace").splitlines():
-            try:
-                emit_event(json.loads(line))
-            except ValueError:
-                continue
-        try:
-            status = json.loads((run_dir / "status.json").read_text())
-        except (OSError, ValueError):
-            status = {"status": "starting"}
+        offset = _emit_progress(run_dir, offset)
+        status = _read_status(run_dir)
         if status["status"] in ("done", "failed"):
             break
         if status["status"] in ("starting", "running") and not _runner_alive(run_dir):
             time.sleep(0.5)  # it may have just written its last status
-            status = json.loads((run_dir / "status.json").read_text())
+            status = _read_status(run_dir)
             if status["status"] not in ("done", "failed"):
                 log_tail = tail(str(run_dir / "runner.log"), 20)
                 status = {"status": "failed", "reason": "the bench runner died", "tail": log_tail}
@@ -178,8 +190,10 @@ def bench_watch(args: BenchWatchArgs) -> BenchWatchAnswer:
                 "files": [],
                 "run_dir": str(run_dir.resolve()),
                 "tail": None,
+                "offset": offset,
             }
         time.sleep(0.25)
+    offset = _emit_progress(run_dir, offset)
     files = [
         {"name": p.name, "size": p.stat().st_size}
         for p in sorted(run_dir.iterdir())
@@ -191,4 +205,5 @@ def bench_watch(args: BenchWatchArgs) -> BenchWatchAnswer:
         "files": files,
         "run_dir": str(run_dir.resolve()),
         "tail": status.get("tail"),
+        "offset": offset,
     }

@@ -1,0 +1,214 @@
+"""Ctrl-C during a sweep never costs a cell: a real SIGINT to the CLI's process group at each
+phase of a cell, on two hosts over real sshd, then the printed `--resume` line pasted as is.
+
+After that one resume the sweep is done, every cell has exactly one successful archived
+run (nothing that had succeeded ran twice), and no server or bench runner is left running
+on any host. Timings go to $GPUFLEET_RELIABILITY_FIGURES for docs/RELIABILITY.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet.archive import store
+from gpufleet.host.procstat import ProcRef
+from gpufleet.host.servers import server_alive
+from helpers import REPO, run_cli
+from test_reliability import record
+
+# phase -> (a regex on the CLI's output that says the phase has begun)
+PHASES = {
+    "cleaning": r"\[sweep\] ia on h0: cleaning",
+    "launching": r"\[sweep\] ia on h0: launching",
+    "waiting": r"^h0: started pid",
+    "mid-level": r"^h0: C=4: \d+ requests",
+    "between-levels": r"^h0: C=1: done",
+    "stopping": r"\[sweep\] ia on h0: stopping",
+    "final-compare": r"^h0: .* vs ",
+}
+
+
+def _profiles(fleet) -> Path:
+    sim = {"load-seconds": 1.5, "warmup-seconds": 0.2}
+    a = fleet.profile("ia", tp=1, sim=sim)
+    port = yaml.safe_load(a.read_text())["port"]
+    fleet.profile("ib", tp=1, port=port, sim=sim, flags={"max-running-requests": 16})
+    return a.parent
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    """The CLI as a terminal would run it: its own process group, to which Ctrl-C goes."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,
+    )
+
+
+def _leftovers(fleet) -> list[str]:
+    """Servers or bench runners still running on any host's workdir."""
+    found = []
+    for name in ("h0", "h1"):
+        work = fleet.workdir(name)
+        for state_file in (work / "servers").glob("*.json"):
+            state = json.loads(state_file.read_text())
+            if server_alive(state):
+                found.append(f"{name}: server pid {state['pid']} ({state['profile']})")
+        for runner in (work / "runs").glob("*/runner.json"):
+            if ProcRef.from_wire(json.loads(runner.read_text())).alive():
+                found.append(f"{name}: bench runner of {runner.parent.name}")
+    return found
+
+
+@pytest.mark.parametrize("phase", list(PHASES))
+def test_ctrl_c_at_each_phase_then_one_resume_finishes(fleet, tmp_path, phase):
+    playbooks = _profiles(fleet)
+    archive = tmp_path / "a"
+    args = [
+        "sweep",
+        "--profiles", f"{playbooks}/ia.yaml,{playbooks}/ib.yaml",
+        "--concurrency", "1,4",
+        "--num-prompts", "12",
+        "--output-len", "48",
+        "--archive", str(archive),
+        "--inventory", str(fleet.inventory),
+        "--hosts", "h0,h1",
+    ]  # fmt: skip
+    proc = _start(args)
+    output = []
+    sent_at = None
+    for line in proc.stdout:
+        output.append(line)
+        if sent_at is None and re.search(PHASES[phase], line):
+            os.killpg(proc.pid, signal.SIGINT)
+            sent_at = time.monotonic()
+    code = proc.wait(timeout=120)
+    exited_after = time.monotonic() - sent_at
+    text = "".join(output)
+    assert sent_at is not None, f"phase {phase} never showed:\n{text[-3000:]}"
+    state_file = next((archive / "sweeps").glob("*.json"))
+    state = json.loads(state_file.read_text())  # valid JSON: written atomically
+    if phase in ("cleaning", "launching", "waiting"):
+        # cancelled cleanly: the cell's server is stopped, the cell will run again
+        assert _leftovers(fleet) == []
+        assert state["cells"][f"{playbooks}/ia.yaml"]["h0"]["status"] == "interrupted"
+    if phase in ("mid-level", "between-levels"):
+        # the benchmark goes on on the host: the cell waits to be re-attached
+        assert state["cells"][f"{playbooks}/ia.yaml"]["h0"]["status"] == "benching"
+    if state["status"] != "done":
+        assert code == 130, text[-3000:]
+    # the exit line prints the exact resume command; paste it as a user would
+    match = re.search(r"finish the sweep with `([^`]+)`", text)
+    if state["status"] == "done":
+        command = f"inv sweep {' '.join(args[1:])} --resume"  # nothing left: resume is a no-op
+    else:
+        assert match, text[-3000:]
+        command = match.group(1)
+        assert "--inventory" in command and "--hosts h0,h1" in command and "--resume" in command
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    started = time.monotonic()
+    out = subprocess.run(
+        ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    resume_s = time.monotonic() - started
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    if phase in ("mid-level", "between-levels"):
+        assert "ia on h0: re-attaching run" in out.stdout
+
+    state = json.loads(state_file.read_text())
+    assert state["status"] == "done"
+    for profile, cells in state["cells"].items():
+        for host, cell in cells.items():
+            assert cell["status"] == "done", (profile, host, cell)
+            manifest = store.read_manifest(archive / host / cell["run_id"])
+            assert manifest["status"] == "done"
+    runs = store.list_runs(archive)
+    for profile in ("ia", "ib"):
+        for host in ("h0", "h1"):
+            good = [
+                r for r in runs
+                if r["host"] == host and r["profile"] == profile and r["status"] == "done"
+            ]  # fmt: skip
+            assert len(good) == 1, f"{profile} on {host}: {len(good)} successful runs"
+    assert all(store.verify(Path(r["path"])) == [] for r in runs)
+    assert _leftovers(fleet) == []
+    record(
+        f"ctrl_c_{phase}",
+        {"exit_s": round(exited_after, 1), "exit_code": code, "resume_s": round(resume_s, 1)},
+    )
+
+
+def test_ctrl_c_during_inv_bench_prints_a_pasteable_attach(fleet, tmp_path):
+    profile = fleet.profile("ibench", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h1").returncode == 0
+    args = [
+        "bench", "--profile", "ibench", "--concurrency", "2", "--num-prompts", "20",
+        "--output-len", "64", "--archive", str(tmp_path / "a"),
+        "--inventory", str(fleet.inventory), "--hosts", "h1",
+    ]  # fmt: skip
+    proc = _start(args)
+    output = []
+    for line in proc.stdout:
+        output.append(line)
+        if "C=2: 20 requests" in line:
+            os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    text = "".join(output)
+    match = re.search(r"fetch it with `([^`]+)`", text)
+    assert match and "--inventory" in match.group(1), text[-2000:]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    command = match.group(1) + f" --archive {tmp_path / 'a'}"
+    out = subprocess.run(
+        ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    [run] = store.list_runs(tmp_path / "a")
+    assert run["status"] == "done" and run["levels"][0]["concurrency"] == 2
+    fleet.cli("stop", "--hosts", "h1")
+
+
+def test_resume_reruns_a_failed_archived_cell_and_compare_picks_the_success(fleet, tmp_path):
+    playbooks = _profiles(fleet)
+    data = yaml.safe_load((playbooks / "ib.yaml").read_text())
+    data["sim"]["crash-at-batch"] = 3  # the seeds' crash: ib's run dies at C=4
+    (playbooks / "ib.yaml").write_text(yaml.safe_dump(data))
+    archive = tmp_path / "a"
+    args = [
+        "sweep", "--profiles", f"{playbooks}/ia.yaml,{playbooks}/ib.yaml",
+        "--concurrency", "1,4", "--num-prompts", "8", "--output-len", "16",
+        "--archive", str(archive), "--hosts", "h0",
+    ]  # fmt: skip
+    out = fleet.cli(*args, timeout=300)
+    assert out.returncode == 1, out.stdout[-2000:]
+    assert "retry them with `inv sweep" in out.stderr and "--resume" in out.stderr
+    [failed] = [r for r in store.list_runs(archive) if r["status"] == "failed"]
+
+    data["sim"].pop("crash-at-batch")
+    (playbooks / "ib.yaml").write_text(yaml.safe_dump(data))
+    out = fleet.cli(*args, "--resume", timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "ia: already done, skipped" in out.stdout
+    runs = {r["run_id"]: r for r in store.list_runs(archive)}
+    assert runs[failed["run_id"]]["superseded"]  # kept, marked
+    assert store.verify(Path(failed["path"])) == []  # its checksummed files untouched
+    [success] = [r for r in runs.values() if r["profile"] == "ib" and r["status"] == "done"]
+
+    listing = run_cli("runs", "--archive", str(archive))
+    assert "failed (superseded)" in listing.stdout and success["run_id"] in listing.stdout
+    compared = run_cli("compare", "ia", "ib", "--archive", str(archive), "--format", "json")
+    assert compared.returncode == 0, compared.stderr
+    arms = json.loads(compared.stdout)["h0"]["arms"]
+    assert arms[1]["run_ids"] == [success["run_id"]]
