@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Quick start, tests: install what the suite needs (openssh-server, Python deps), run it all.
+# Quick start, tests: install what the suite needs (openssh-server, Debian's chromium for the
+# report's browser tests, Python deps), run it all.
 set -euo pipefail
-if [ ! -x /usr/sbin/sshd ]; then
-  apt-get update -q && apt-get install -y -q openssh-server
+missing=()
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+command -v chromium >/dev/null || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -q && apt-get install -y -q "${missing[@]}"
 fi
 source "$(dirname "$0")/setup-venv.sh"
 ruff check src tests benchmarks tasks.py

@@ -16,6 +16,7 @@ def _run(root, host, run_id, profile, per_level, status="done", argv=None, promp
     results = [
         {
             "max_concurrency": c,
+            "request_rate": float("inf"),  # as the real results.jsonl has it (not JSON)
             "output_throughput": tot,
             "median_per_request_output_tps": per,
             "median_ttft_ms": 50.0 * c,

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 import urllib.request
 
 import psutil
 import yaml
 
+from gpufleet.host.procstat import ProcRef
 from gpufleet.sim import gpustate
 from helpers import pid_alive
 
@@ -235,3 +237,42 @@ def test_logs_follow_streams_new_lines(fleet):
         proc.kill()
         proc.wait()
         fleet.cli("stop", "--hosts", "h0")
+
+
+def test_stop_refuses_a_state_file_whose_pid_now_belongs_to_another_process(fleet):
+    """PID reuse: the saved process group is someone else's now; stop must not signal it."""
+    stranger = subprocess.Popen(
+        ["sleep", "300"],
+        start_new_session=True,  # its own group, id = its pid, like a server
+    )
+    try:
+        servers = fleet.workdir("h0") / "servers"
+        servers.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ref = ProcRef.capture(stranger.pid)
+        state = {
+            "pid": stranger.pid,
+            "proc": {"pid": stranger.pid, "start_ticks": ref.start_ticks - 100},  # not it
+            "pgid": stranger.pid,
+            "port": 31999,
+            "profile": "ghost",
+            "argv": ["python", "-m", "sglang.launch_server"],
+            "gpus": [0],
+            "status": "ready",
+            "started_at": "2026-11-29T00:00:00Z",
+            "health_url": "http://127.0.0.1:31999/health",
+            "log": "/dev/null",
+        }
+        (servers / "31999.json").write_text(json.dumps(state))
+        out = fleet.cli("stop", "--hosts", "h0")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert (
+            f"server state for port 31999 is stale: pid {stranger.pid} is now `sleep`; "
+            "state cleared, nothing killed"
+        ) in out.stdout
+        assert stranger.poll() is None  # alive: nothing was signalled
+        assert json.loads((servers / "31999.json").read_text())["status"] == "stale"
+        again = fleet.cli("stop", "--hosts", "h0")
+        assert "no running server to stop" in again.stdout
+    finally:
+        stranger.kill()
+        stranger.wait()

@@ -12,6 +12,7 @@ from pathlib import Path
 from gpufleet.archive import store
 from gpufleet.errors import UserError
 from gpufleet.report.compare import Arm
+from gpufleet.report.html import Failure, ReportInput
 
 
 def load_arm(label: str, run_dirs: list[Path]) -> Arm:
@@ -69,3 +70,64 @@ def from_run_ids(root: Path, by_profile: dict[str, dict[str, str]]) -> dict[str,
         ]
         for host in hosts
     }
+
+
+def _log_tail(run_dir: Path, lines: int = 40) -> list[str]:
+    try:
+        return (run_dir / "server.log").read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def _report_input(title: str, per_host: dict[str, list[Arm]], root: Path) -> ReportInput:
+    """Failures, run directories and checksum status for the runs of a comparison."""
+    data = ReportInput(title=title, per_host=per_host)
+    for host, arms in per_host.items():
+        for arm in arms:
+            for manifest in arm.manifests:
+                run_dir = root / host / manifest["run_id"]
+                data.run_dirs[manifest["run_id"]] = run_dir
+                problems = store.verify(run_dir)
+                manifest["checksums"] = "ok" if not problems else "; ".join(problems[:3])
+                if manifest.get("status") != "done":
+                    data.failures.append(
+                        Failure(host, arm.label, str(manifest.get("reason")), _log_tail(run_dir))
+                    )
+    return data
+
+
+def report_for_runs(root: Path, names: list[str], hosts: list[str] | None = None) -> ReportInput:
+    """A report on run ids or profiles (latest successful run per host)."""
+    return _report_input(" vs ".join(names), resolve(names, root, hosts), root)
+
+
+def sweep_state_path(root: Path, sweep_id: str | None) -> Path:
+    """A sweep's state file by id (`--latest`: the newest); UserError if there is none."""
+    sweeps = sorted((root / "sweeps").glob("*.json"))
+    if sweep_id is None:
+        if not sweeps:
+            raise UserError(f"no sweep under {root / 'sweeps'}/ (run inv sweep first)")
+        return sweeps[-1]
+    path = root / "sweeps" / f"{sweep_id}.json"
+    if not path.is_file():
+        raise UserError(f"{sweep_id!r}: no sweep of that id under {root / 'sweeps'}/")
+    return path
+
+
+def report_for_sweep(root: Path, state_path: Path) -> ReportInput:
+    """A report on a sweep: its finished cells compared, its failed cells listed."""
+    state = json.loads(state_path.read_text())
+    finished = {
+        profile: {h: c["run_id"] for h, c in cells.items() if c.get("status") == "done"}
+        for profile, cells in state["cells"].items()
+    }
+    finished = {p: r for p, r in finished.items() if r}
+    per_host = from_run_ids(root, finished) if finished else {}
+    data = _report_input(f"sweep {state['sweep_id']}", per_host, root)
+    for profile, cells in state["cells"].items():
+        for host, cell in cells.items():
+            if cell.get("status") not in ("done", None) and cell.get("error"):
+                run_dir = root / host / str(cell.get("run_id"))
+                tail = _log_tail(run_dir) if cell.get("run_id") else []
+                data.failures.append(Failure(host, Path(profile).stem, cell["error"], tail))
+    return data

@@ -81,8 +81,10 @@ def print_runs(results: list[Any]) -> None:
         line(f"{res.host.name}: archived {value['path']}")
 
 
-def print_compare(per_host: dict[str, Any], fmt: str) -> None:
-    """Per host: the table (table/md/csv/json), the one-sentence answer, fairness warnings."""
+def print_compare(per_host: dict[str, Any], fmt: str, wide: bool = False) -> None:
+    """Per host: the table (table/md/csv/json), the one-sentence answer, fairness warnings.
+
+    The terminal table shows the headline columns unless `wide`; md and csv show all."""
     import csv
     import io
     import json
@@ -93,8 +95,11 @@ def print_compare(per_host: dict[str, Any], fmt: str) -> None:
         print(json.dumps(compare.as_json(per_host), indent=2, default=str))
         return
     for host, arms in per_host.items():
-        headers, rows = compare.table(arms)
-        title = f"{host}: {' vs '.join(a.label for a in arms)}"
+        headline = fmt == "table" and not wide
+        headers, rows = compare.table(arms, wide=not headline)
+        title = (
+            f"{host}: {compare.letters(arms) if headline else ' vs '.join(a.label for a in arms)}"
+        )
         if fmt == "csv":
             out = io.StringIO()
             writer = csv.writer(out)

@@ -335,7 +335,9 @@ def stop(
                     f"{res.host.name}: stopped {s['profile']} pid {s['pid']} port {s['port']} "
                     f"({s['signal']})"
                 )
-            if not res.value["stopped"]:
+            for refusal in res.value.get("refused", []):
+                line(f"{res.host.name}: {refusal}")
+            if not res.value["stopped"] and not res.value.get("refused"):
                 line(f"{res.host.name}: no running server to stop")
             verify = res.value.get("verify")
             if verify:
@@ -573,6 +575,7 @@ def runs(c, host=None, profile=None, since=None, verify=False, archive=None):
         "hosts": "only these hosts (comma list)",
         "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
         "no-plots": "do not write PNG plots",
+        "wide": "every metric in the terminal table (default: the headline columns)",
     },
 )
 @user_errors
@@ -585,8 +588,9 @@ def compare(
     hosts=None,
     archive=None,
     no_plots=False,
+    wide=False,
 ):
-    """Per-concurrency table, crossover and plots: inv compare baseline eagle3."""
+    """Per-concurrency table, crossover, plots and report.html: inv compare baseline eagle3."""
     from pathlib import Path
 
     from gpufleet.archive import select
@@ -600,21 +604,26 @@ def compare(
     if format not in ("table", "md", "csv", "json"):
         raise UserError(f"--format {format!r}: expected table, md, csv or json")
     root = Path(archive) if archive else DEFAULT_ROOT
-    per_host = select.resolve(names, root, hosts.split(",") if hosts else None)
-    _show_compare(
-        per_host, format, None if no_plots else root / "compare" / safe_name("-vs-".join(names))
-    )
+    data = select.report_for_runs(root, names, hosts.split(",") if hosts else None)
+    out_dir = root / "compare" / safe_name("-vs-".join(names))
+    _show_compare(data, format, out_dir, plots=not no_plots, wide=wide)
 
 
-def _show_compare(per_host: dict, fmt: str, plots_dir: Any) -> None:
-    """Print the comparison; write its plots (paths printed unless --format json)."""
+def _show_compare(
+    data: Any, fmt: str, out_dir: Any, plots: bool = True, wide: bool = False
+) -> None:
+    """Print the comparison; write its plots and report.html (paths printed unless json)."""
     from gpufleet.cli.output import line, print_compare
+    from gpufleet.report import html
     from gpufleet.report.plots import write_all
 
-    print_compare(per_host, fmt)
-    written = write_all(per_host, plots_dir) if plots_dir is not None else []
-    if written and fmt != "json":
-        line("plots: " + ", ".join(str(p) for p in written))
+    print_compare(data.per_host, fmt, wide)
+    written = write_all(data.per_host, out_dir) if plots else []
+    page = html.write(data, out_dir)
+    if fmt != "json":
+        if written:
+            line("plots: " + ", ".join(str(p) for p in written))
+        line(f"report: {page}")
 
 
 def _sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive):
@@ -707,9 +716,9 @@ def _do_sweep(
             state, sweep.hosts_of(state, selected), request, engine, fail_fast,
             _forks(inv, forks), line, launch_progress(), bench_progress(), cancel,
         )  # fmt: skip
-        per_host = sweep.finished_arms(state, request.archive_root)
-        if per_host:
-            _show_compare(per_host, fmt, request.archive_root / "compare" / state.data["sweep_id"])
+        data = sweep.report_input(state, request.archive_root)
+        if data.per_host or data.failures:
+            _show_compare(data, fmt, request.archive_root / "compare" / state.data["sweep_id"])
         line(f"sweep {state.data['sweep_id']}: {state.data['status']} (state: {state.path})")
     if state.data["status"] == "interrupted":
         raise Exit(f"gpufleet: interrupted; finish the sweep with `{hint()}`", code=130)
@@ -805,6 +814,44 @@ def rehearse(c, inventory="hosts/rehearsal.yaml", hosts=None, archive=None, resu
     line(f"rehearsal finished in {time.monotonic() - start:.0f}s")
 
 
+@task(
+    help={
+        "sweep": "a sweep id (the name of logs/sweeps/<id>.json)",
+        "runs": "run ids or profiles, comma separated (a profile: its latest successful run)",
+        "latest": "the newest sweep",
+        "hosts": "only these hosts (comma list)",
+        "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
+    },
+)
+@user_errors
+def report(c, sweep=None, runs=None, latest=False, hosts=None, archive=None):
+    """Write one self-contained report.html (a sweep, or runs side by side); print its path.
+
+    `inv report --latest`, `inv report --sweep ID`, `inv report --runs baseline,eagle3`.
+    """
+    from pathlib import Path
+
+    from gpufleet.archive import select
+    from gpufleet.archive.store import DEFAULT_ROOT
+    from gpufleet.cli.output import line
+    from gpufleet.errors import UserError
+    from gpufleet.report import html
+    from gpufleet.report.compare import safe_name
+
+    root = Path(archive) if archive else DEFAULT_ROOT
+    if sum(bool(x) for x in (sweep, runs, latest)) != 1:
+        raise UserError("report needs exactly one of --latest, --sweep ID or --runs A,B")
+    if runs:
+        names = [n.strip() for n in runs.split(",") if n.strip()]
+        data = select.report_for_runs(root, names, hosts.split(",") if hosts else None)
+        out_dir = root / "compare" / safe_name("-vs-".join(names))
+    else:
+        state_path = select.sweep_state_path(root, sweep)
+        data = select.report_for_sweep(root, state_path)
+        out_dir = root / "compare" / state_path.stem
+    line(f"report: {html.write(data, out_dir)}")
+
+
 ns = Collection(
     gpu_clean,
     status,
@@ -820,4 +867,5 @@ ns = Collection(
     compare,
     sweep,
     rehearse,
+    report,
 )

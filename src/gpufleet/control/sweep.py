@@ -33,7 +33,7 @@ from gpufleet.control.playbook import build_specs, load_profile
 from gpufleet.control.transport import Session
 from gpufleet.errors import HostError, UserError
 from gpufleet.host.protocol import StopArgs
-from gpufleet.report.compare import Arm
+from gpufleet.report.html import ReportInput
 
 Say = Callable[[str], None]
 
@@ -387,15 +387,6 @@ def hosts_of(state: SweepState, selected: list[Host]) -> list[Host]:
     return [h for h in selected if h.name in state.data["hosts"]]
 
 
-def finished_arms(state: SweepState, root: Path) -> dict[str, list[Arm]]:
-    """host -> arms of the finished cells, when at least two profiles finished."""
-    finished = {p: r for p, r in run_ids(state).items() if r}
-    return select.from_run_ids(root, finished) if len(finished) >= 2 else {}
-
-
-def run_ids(state: SweepState) -> dict[str, dict[str, str]]:
-    """profile -> host -> run id, for the cells that finished."""
-    return {
-        p: {h: c["run_id"] for h, c in hosts.items() if c["status"] == "done"}
-        for p, hosts in state.data["cells"].items()
-    }
+def report_input(state: SweepState, root: Path) -> ReportInput:
+    """What the sweep's report shows: finished cells compared, failed cells listed."""
+    return select.report_for_sweep(root, state.path)

@@ -162,7 +162,23 @@ def common_levels(arms: list[Arm]) -> list[int]:
     return sorted(set.intersection(*(set(a.levels) for a in arms)))
 
 
-def table(arms: list[Arm]) -> tuple[list[str], list[list[str]]]:
+HEADLINE_METRICS = [  # the terminal's default: fits 100 columns for two arms
+    ("tok/s", "output_throughput", "{:.0f}", True),
+    ("req tok/s", "median_per_request_output_tps", "{:.1f}", True),
+    ("TTFT ms", "median_ttft_ms", "{:.0f}", False),
+]
+
+
+def letters(arms: list[Arm]) -> str:
+    """`A=baseline vs B=eagle3`: the legend of the headline table's column names."""
+    return " vs ".join(f"{chr(65 + i)}={arm.label}" for i, arm in enumerate(arms))
+
+
+def table(arms: list[Arm], wide: bool = True) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows by concurrency: every metric (wide), or the headline columns with
+    arms named A, B, ... (see `letters`) so two arms fit a 100-column terminal."""
+    if not wide:
+        return _headline_table(arms)
     headers = ["C"]
     for name, key, _ in TABLE_METRICS:
         headers += [f"{arm.label} {name}" for arm in arms]
@@ -175,6 +191,29 @@ def table(arms: list[Arm]) -> tuple[list[str], list[list[str]]]:
             values = [_metric(arm.levels[c], key) for arm in arms]
             row += [fmt.format(v) if v is not None else "-" for v in values]
             if key in RATIO_KEYS:
+                row += [
+                    f"{v / values[0]:.2f}x" if v is not None and values[0] else "-"
+                    for v in values[1:]
+                ]
+        rows.append(row)
+    return headers, rows
+
+
+def _headline_table(arms: list[Arm]) -> tuple[list[str], list[list[str]]]:
+    names = [chr(65 + i) for i in range(len(arms))]
+    headers = ["C"]
+    metrics = HEADLINE_METRICS if len(arms) <= 2 else HEADLINE_METRICS[:2]
+    for name, key, _, _ in metrics:
+        headers += [f"{n} {name}" for n in names]
+        if key != "median_ttft_ms":
+            headers += [f"{n}/A" for n in names[1:]]
+    rows = []
+    for c in common_levels(arms):
+        row = [str(c)]
+        for _, key, fmt, _ in metrics:
+            values = [_metric(arm.levels[c], key) for arm in arms]
+            row += [fmt.format(v) if v is not None else "-" for v in values]
+            if key != "median_ttft_ms":
                 row += [
                     f"{v / values[0]:.2f}x" if v is not None and values[0] else "-"
                     for v in values[1:]

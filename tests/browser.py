@@ -1,0 +1,141 @@
+"""Open a page from disk in real headless Chromium (Debian's `chromium`) over the DevTools
+protocol: console errors, every network request, load time, DOM facts and a screenshot."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gpufleet.sim.sshd import free_port
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FACTS_JS = """JSON.stringify({
+  tables: [...document.querySelectorAll('table')].map(t => t.innerText),
+  plots: [...document.querySelectorAll('svg.plot')].map(s => s.getAttribute('aria-label')),
+  points: [...document.querySelectorAll('svg.plot title')].map(t => t.textContent),
+  text: document.body.innerText,
+  links: [...document.querySelectorAll('a')].map(a => a.getAttribute('href')),
+  data: JSON.parse(document.getElementById('gpufleet-data').textContent),
+  pageWidth: document.documentElement.scrollWidth,
+})"""
+
+
+@dataclass
+class PageVisit:
+    errors: list[str] = field(default_factory=list)  # console errors, exceptions, log errors
+    requests: list[str] = field(default_factory=list)  # every URL the page asked for
+    load_s: float = 0.0
+    facts: dict[str, Any] = field(default_factory=dict)
+    screenshot: bytes = b""
+    phone_width: int = 0  # the page's scroll width in a 390 px viewport
+
+
+class _Devtools:
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, visit: PageVisit) -> None:
+        self.ws = ws
+        self.visit = visit
+        self.next_id = 0
+        self.events: list[str] = []
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self.next_id += 1
+        await self.ws.send_json({"id": self.next_id, "method": method, "params": params})
+        while True:
+            msg = await self.ws.receive_json(timeout=30)
+            if msg.get("id") == self.next_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg["result"]
+            self._event(msg)
+
+    async def wait_for(self, event: str) -> None:
+        while event not in self.events:
+            self._event(await self.ws.receive_json(timeout=30))
+
+    def _event(self, msg: dict[str, Any]) -> None:
+        method, params = msg.get("method", ""), msg.get("params", {})
+        self.events.append(method)
+        if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+            self.visit.errors.append(json.dumps(params.get("args"))[:300])
+        elif method == "Runtime.exceptionThrown":
+            self.visit.errors.append(json.dumps(params.get("exceptionDetails"))[:300])
+        elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
+            self.visit.errors.append(params["entry"].get("text", "")[:300])
+        elif method == "Network.requestWillBeSent":
+            self.visit.requests.append(params["request"]["url"])
+
+
+async def _visit(page: Path, width: int, height: int) -> PageVisit:
+    port = free_port()
+    visit = PageVisit()
+    with tempfile.TemporaryDirectory(prefix="gpufleet-chromium-") as profile:
+        proc = subprocess.Popen(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                f"--remote-debugging-port={port}",
+                f"--user-data-dir={profile}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            async with aiohttp.ClientSession() as http:
+                base = f"http://127.0.0.1:{port}"
+                for _ in range(200):
+                    try:
+                        async with http.get(f"{base}/json/version") as r:
+                            if r.status == 200:
+                                break
+                    except aiohttp.ClientError:
+                        pass
+                    await asyncio.sleep(0.05)
+                async with http.put(f"{base}/json/new?about:blank") as r:
+                    target = await r.json()
+                ws = await http.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0)
+                tools = _Devtools(ws, visit)
+                for domain in ("Runtime", "Log", "Network", "Page"):
+                    await tools.call(f"{domain}.enable")
+                await tools.call(
+                    "Emulation.setDeviceMetricsOverride",
+                    width=width, height=height, deviceScaleFactor=1, mobile=False,
+                )  # fmt: skip
+                started = time.perf_counter()
+                await tools.call("Page.navigate", url=page.resolve().as_uri())
+                await tools.wait_for("Page.loadEventFired")
+                visit.load_s = time.perf_counter() - started
+                result = await tools.call("Runtime.evaluate", expression=FACTS_JS)
+                visit.facts = json.loads(result["result"]["value"])
+                shot = await tools.call("Page.captureScreenshot", format="png")
+                visit.screenshot = base64.b64decode(shot["data"])
+                await tools.call(
+                    "Emulation.setDeviceMetricsOverride",
+                    width=390, height=844, deviceScaleFactor=1, mobile=True,
+                )  # fmt: skip
+                result = await tools.call(
+                    "Runtime.evaluate", expression="document.documentElement.scrollWidth"
+                )
+                visit.phone_width = int(result["result"]["value"])
+                await ws.close()
+        finally:
+            proc.kill()
+            proc.wait()
+    return visit
+
+
+def visit(page: Path, width: int = 1280, height: int = 800) -> PageVisit:
+    return asyncio.run(_visit(page, width, height))

@@ -1,0 +1,128 @@
+"""The HTML report, opened from disk in real headless Chromium; the 100-column terminal table."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from browser import CHROMIUM, visit
+from gpufleet.archive import store
+from helpers import run_cli
+from test_compare import SEEDS, _run
+
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium not installed")
+
+
+def _sweep_archive(root):
+    """Two hosts, baseline vs eagle3 (the seeds' numbers), and a sweep whose third cell
+    failed with a server log to show."""
+    runs = {}
+    for host in ("h0", "h1"):
+        for profile, levels in SEEDS.items():
+            run_id = f"20261129T10000{len(runs)}Z-{profile}-{host}"
+            _run(root, host, run_id, profile, levels)
+            runs.setdefault(profile, {})[host] = run_id
+    failed_id = "20261129T100009Z-crashy-h0"
+    _run(root, "h0", failed_id, "crashy", {1: (50, 50)}, status="failed")
+    state = {
+        "sweep_id": "20261129T100000Z-baseline-vs-eagle3",
+        "profiles": ["baseline", "eagle3", "crashy"],
+        "hosts": ["h0", "h1"],
+        "status": "incomplete",
+        "cells": {
+            **{
+                p: {h: {"status": "done", "run_id": r} for h, r in hs.items()}
+                for p, hs in runs.items()
+            },
+            "crashy": {
+                "h0": {"status": "failed", "run_id": failed_id, "error": "run failed: crashed"},
+                "h1": {"status": "failed", "error": "preflight refused the launch: flag --bogus"},
+            },
+        },
+    }
+    (root / "sweeps").mkdir(parents=True)
+    (root / "sweeps" / f"{state['sweep_id']}.json").write_text(json.dumps(state))
+    return state
+
+
+@needs_chromium
+def test_sweep_report_in_chromium_offline_complete_and_readable(tmp_path):
+    root = tmp_path / "logs"
+    state = _sweep_archive(root)
+    out = run_cli("report", "--sweep", state["sweep_id"], "--archive", str(root))
+    assert out.returncode == 0, out.stderr
+    page = root / "compare" / state["sweep_id"] / "report.html"
+    assert out.stdout.strip() == f"report: {page}"
+
+    seen = visit(page)
+    assert seen.errors == []
+    assert all(u.startswith(("file:", "data:")) for u in seen.requests), seen.requests
+    facts = seen.facts
+    text = facts["text"]
+    # the answer per host, in one sentence each
+    assert text.count("eagle3 is faster per request up to C~") == 2
+    # the verdict table: every number of the archive, ratios highlighted
+    assert len(facts["tables"]) >= 2
+    for table in facts["tables"][:2]:  # one verdict table per host
+        for profile, levels in SEEDS.items():
+            for c, (total, per) in levels.items():
+                assert f"{total:.1f}" in table and f"{per:.1f}" in table
+                assert f"{profile} at C={c}: {total:,.2f} tok/s" in facts["points"]
+    assert "0.45x" in text  # eagle3/baseline total throughput at C=64 (350/780)
+    # plots: throughput, per-request speed, TTFT, ITL for each host
+    assert len(facts["plots"]) == 8 and "h1: Total output throughput" in facts["plots"]
+    # failures with their error and log tail; provenance and raw-file links
+    assert "run failed: crashed" in text and "preflight refused the launch" in text
+    assert "Provenance and raw files" in text
+    links = facts["links"]
+    assert "../../h0/20261129T100000Z-baseline-h0/results.jsonl" in links
+    assert all((page.parent / link).resolve().exists() for link in links)
+    assert facts["data"]["h0"]["baseline"]["64"]["output_throughput"] == 780
+    # not blank at 1280x800, and no sideways scrolling on a phone
+    import io
+
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(io.BytesIO(seen.screenshot), format="png")
+    assert pixels.shape[:2] == (800, 1280) and pixels.std() > 0.05
+    assert seen.phone_width <= 400
+
+
+@needs_chromium
+def test_report_survives_copying_the_archive_folder(tmp_path):
+    root = tmp_path / "logs"
+    state = _sweep_archive(root)
+    run_cli("report", "--latest", "--archive", str(root))
+    copy = tmp_path / "elsewhere" / "logs"
+    shutil.copytree(root, copy)
+    shutil.rmtree(root)
+    page = copy / "compare" / state["sweep_id"] / "report.html"
+    seen = visit(page)
+    assert seen.errors == [] and seen.facts["links"]
+    assert all((page.parent / link).resolve().exists() for link in seen.facts["links"])
+
+
+def test_compare_table_fits_100_columns_unless_wide(tmp_path):
+    root = tmp_path / "logs"
+    _sweep_archive(root)
+    out = run_cli("compare", "baseline", "eagle3", "--archive", str(root), "--no-plots")
+    assert out.returncode == 0, out.stderr
+    table = [line for line in out.stdout.splitlines() if line[:1].isdigit() or "tok/s" in line]
+    assert table and max(len(line) for line in table) <= 100
+    assert "h0: A=baseline vs B=eagle3" in out.stdout
+    assert "report: " in out.stdout
+    wide = run_cli("compare", "baseline", "eagle3", "--archive", str(root), "--wide", "--no-plots")
+    assert (
+        "TTFT p99 ms" in wide.stdout and max(len(line) for line in wide.stdout.splitlines()) > 100
+    )
+
+
+def test_report_bad_input_is_one_line(tmp_path):
+    out = run_cli("report", "--archive", str(tmp_path))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    out = run_cli("report", "--sweep", "nope", "--archive", str(tmp_path))
+    assert out.returncode == 2 and "no sweep of that id" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert store.list_runs(tmp_path) == []
