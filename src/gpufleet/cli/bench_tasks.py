@@ -1,0 +1,192 @@
+"""Tasks about benchmarks: bench (start, attach) and the archive listing, runs."""
+
+from __future__ import annotations
+
+from invoke import task
+from invoke.exceptions import Exit
+
+from gpufleet.cli.common import (
+    FLEET_HELP,
+    finish,
+    forks_for,
+    select_hosts,
+    user_errors,
+)
+
+
+@task(
+    iterable=["concurrency"],
+    help={
+        "concurrency": "levels, comma separated and/or repeated (e.g. 1,10,64)",
+        "profile": "bench the running server of this profile (default: the one running)",
+        "port": "bench the server on this port",
+        "num-prompts": "requests per level (default max(10, 4 x C))",
+        "duration": "seconds per level instead of a request count",
+        "request-rate": "Poisson arrivals per second (default: all at once, capped by C)",
+        "output-len": "output tokens per request, ignore_eos on (default 256)",
+        "prompts": "coding (default), chat, random, a JSONL file or a ShareGPT JSON file",
+        "seed": "prompt order seed (same seed = same prompts for every profile)",
+        "backend": "sglang (/generate), openai (/v1/completions), openai-chat",
+        "warmup": "warm-up requests per level, excluded from figures (default 1)",
+        "client": "host (default: the generator runs on the GPU host) or local",
+        "url": "server URL for --client local",
+        "attach": "re-attach to RUN_ID on the hosts and fetch it",
+        "engine": "gpufleet (default) or sglang-bench: SGLang's own bench_serving on the host",
+        "tokenizer": "tokenizer path for --engine sglang-bench (default: the served model)",
+        "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
+        **FLEET_HELP,
+    },
+)
+@user_errors
+def bench(
+    c,
+    concurrency=None,
+    profile=None,
+    port=None,
+    num_prompts=None,
+    duration=None,
+    request_rate=None,
+    output_len=None,
+    prompts="coding",
+    seed=None,
+    backend="sglang",
+    warmup=None,
+    client="host",
+    url=None,
+    attach=None,
+    engine="gpufleet",
+    tokenizer=None,
+    archive=None,
+    hosts=None,
+    inventory=None,
+    forks=None,
+):
+    """Run the load sweep against the launched server and archive it per host."""
+    from gpufleet.cli.output import line, print_runs, table
+    from gpufleet.cli.progress import bench_progress
+    from gpufleet.control import bench as bench_control
+    from gpufleet.errors import UserError
+    from gpufleet.report.tables import headers, rows
+
+    if client not in ("host", "local"):
+        raise UserError(f"--client {client!r}: expected host or local")
+    request = _bench_request(
+        concurrency, profile, port, num_prompts, duration, request_rate, output_len, prompts,
+        seed, backend, warmup, url, archive, engine, tokenizer, attach,
+    )  # fmt: skip
+    if client == "local":
+        run_id, value = bench_control.bench_local(request, bench_progress())
+        table(f"{run_id} ({value['status']})", headers(), rows(value["results"]))
+        line(f"archived {value['path']}")
+        if value["status"] != "done":
+            raise Exit(f"gpufleet: run archived as FAILED: {value['reason']}", code=1)
+        return
+    inv, selected = select_hosts(inventory, hosts)
+    run_id = attach or bench_control.make_run_id(request, [h.name for h in selected])
+    try:
+        if attach:
+            results = bench_control.attach(
+                selected, attach, request, forks_for(inv, forks), bench_progress()
+            )
+        else:
+            results = bench_control.bench(
+                selected, request, run_id, forks_for(inv, forks), bench_progress()
+            )
+    except KeyboardInterrupt:
+        hint = bench_control.attach_hint(run_id, selected)
+        raise Exit(
+            f"gpufleet: interrupted; the benchmark goes on on the hosts: fetch it with `{hint}`",
+            code=130,
+        ) from None
+    print_runs(results)
+    finish(results, with_tail=True)
+
+
+def _bench_request(
+    concurrency, profile, port, num_prompts, duration, request_rate, output_len, prompts,
+    seed, backend, warmup, url, archive, engine, tokenizer, attach,
+):  # fmt: skip
+    """`inv bench` options checked and turned into one BenchRequest."""
+    from pathlib import Path
+
+    from gpufleet.archive.store import DEFAULT_ROOT
+    from gpufleet.cli.args import int_list, non_negative_int, positive_float
+    from gpufleet.control.bench import BenchRequest
+    from gpufleet.errors import UserError
+
+    levels = int_list(concurrency, "--concurrency")
+    if not levels and not attach:
+        raise UserError("--concurrency is required (e.g. --concurrency 1,10,64)")
+    return BenchRequest(
+        concurrency=levels,
+        profile=profile,
+        port=non_negative_int(port, "--port", 0) or None,
+        num_prompts=non_negative_int(num_prompts, "--num-prompts", 0) or None,
+        duration=positive_float(duration, "--duration", 0) or None,
+        request_rate=positive_float(request_rate, "--request-rate", 0) or None,
+        output_len=non_negative_int(output_len, "--output-len", 256) or 256,
+        prompts=prompts,
+        seed=non_negative_int(seed, "--seed", 0),
+        backend=backend,
+        warmup=non_negative_int(warmup, "--warmup", 1),
+        url=url,
+        archive_root=Path(archive) if archive else DEFAULT_ROOT,
+        engine=engine,
+        tokenizer=tokenizer,
+    )
+
+
+@task(
+    help={
+        "host": "only runs of this host",
+        "profile": "only runs of this profile",
+        "since": "only runs started on or after this date (YYYY-MM-DD)",
+        "verify": "check every archived file against the manifest's sha256",
+        "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
+    }
+)
+@user_errors
+def runs(c, host=None, profile=None, since=None, verify=False, archive=None):
+    """List archived runs (and verify their checksums)."""
+    from pathlib import Path
+
+    from gpufleet.archive import store
+    from gpufleet.cli.output import line, table
+
+    root = Path(archive) if archive else store.DEFAULT_ROOT
+    items = [
+        r
+        for r in store.list_runs(root)
+        if (host is None or r.get("host") == host)
+        and (profile is None or r.get("profile") == profile)
+        and (since is None or (r.get("started_at") or "") >= since)
+    ]
+    rows = []
+    bad = 0
+    for r in items:
+        levels = ",".join(str(lv["concurrency"]) for lv in r.get("levels", []))
+        check = "-"
+        if verify:
+            problems = store.verify(Path(r["path"]))
+            check = "ok" if not problems else "; ".join(problems[:3])
+            bad += bool(problems)
+        rows.append(
+            [
+                r.get("host"),
+                r.get("run_id"),
+                r.get("profile"),
+                (r.get("started_at") or "")[:19],
+                levels,
+                store.status_label(r),
+                check,
+            ]
+        )
+    table(
+        f"runs in {root}/",
+        ["host", "run", "profile", "started (UTC)", "levels", "status", "verify"],
+        rows,
+    )
+    if not items:
+        line("no archived runs match")
+    if bad:
+        raise Exit(f"gpufleet: {bad} run(s) failed verification", code=1)

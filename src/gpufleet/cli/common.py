@@ -1,0 +1,67 @@
+"""What every task shares: help texts, one-line user errors, host selection, exit codes.
+
+Heavy modules (fabric, paramiko, pydantic, rich) are imported inside functions so
+`inv --list` stays fast. A user mistake exits 2 with one line; a failed host exits 1.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from invoke.exceptions import Exit
+
+HOSTS_HELP = "hosts, groups or a comma list from the inventory (default: all)"
+INVENTORY_HELP = "inventory file or name under hosts/ (default: $GPUFLEET_INVENTORY or rehearsal)"
+FLEET_HELP = {
+    "hosts": HOSTS_HELP,
+    "inventory": INVENTORY_HELP,
+    "forks": "hosts in parallel (default: the inventory's forks, 32)",
+}
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn a UserError into one line on stderr and exit code 2, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from gpufleet.errors import UserError
+
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            raise Exit(f"gpufleet: {exc}", code=2) from None
+        except KeyboardInterrupt:
+            raise Exit("gpufleet: interrupted", code=130) from None
+
+    return wrapper
+
+
+def finish(results: list[Any], with_tail: bool = False, report: bool = True) -> None:
+    """Print each failed host's line (and server log tail); exit 1 if any host failed."""
+    from gpufleet.cli.output import exit_code, print_failures
+
+    if report:
+        print_failures(results, with_tail)
+    code, message = exit_code(results)
+    if code:
+        raise Exit(message, code=code)
+
+
+def select_hosts(inventory: str | None, hosts: str | None):
+    from gpufleet.control.inventory import load_inventory
+
+    inv = load_inventory(inventory)
+    selected = inv.select(hosts)
+    if not selected:
+        from gpufleet.errors import UserError
+
+        raise UserError(f"{inv.source}: no hosts selected")
+    return inv, selected
+
+
+def forks_for(inv: Any, forks: str | None) -> int:
+    from gpufleet.cli.args import non_negative_int
+
+    return non_negative_int(forks, "--forks", 0) or inv.forks

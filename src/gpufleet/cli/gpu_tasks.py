@@ -1,0 +1,123 @@
+"""Tasks about GPUs and hosts: gpu-clean, status, sysinfo, hosts."""
+
+from __future__ import annotations
+
+import json as _json
+
+from invoke import task
+
+from gpufleet.cli.common import (
+    HOSTS_HELP,
+    INVENTORY_HELP,
+    finish,
+    forks_for,
+    select_hosts,
+    user_errors,
+)
+
+
+@task(
+    iterable=["pattern"],
+    help={
+        "hosts": HOSTS_HELP,
+        "inventory": INVENTORY_HELP,
+        "dry-run": "list what would be killed; kill nothing",
+        "all-users": "also kill GPU processes of other users",
+        "timeout": "seconds to wait for every GPU to read 0 MiB (default 60)",
+        "grace": "seconds between SIGTERM and SIGKILL (default 10)",
+        "tolerance": "MiB of NVML v2 `used` still accepted as clean (default 0)",
+        "pattern": "regex for stale server command lines (repeatable; default: SGLang family)",
+        "forks": "hosts handled in parallel (default: inventory forks, 32)",
+        "json": "print the per-host results as JSON",
+    },
+)
+@user_errors
+def gpu_clean(
+    c,
+    hosts=None,
+    inventory=None,
+    dry_run=False,
+    all_users=False,
+    timeout=None,
+    grace=None,
+    tolerance=None,
+    pattern=None,
+    forks=None,
+    json=False,
+):
+    """Kill stale GPU processes and verify every GPU reads 0 MiB (NVML v2 used)."""
+    from gpufleet.cli import gpu_output
+    from gpufleet.cli.args import non_negative_int, positive_float
+    from gpufleet.control import gpuclean
+
+    options = gpuclean.CleanOptions(
+        dry_run=dry_run,
+        all_users=all_users,
+        timeout_s=positive_float(timeout, "--timeout", 60.0),
+        grace_s=positive_float(grace, "--grace", 10.0),
+        tolerance_mib=non_negative_int(tolerance, "--tolerance", 0),
+        patterns=list(pattern or []),
+    )
+    inv, selected = select_hosts(inventory, hosts)
+    results = gpuclean.clean(selected, options, forks_for(inv, forks))
+    if json:
+        print(_json.dumps(gpu_output.clean_json(results), indent=2))
+    else:
+        gpu_output.print_clean(results, options)
+    finish(results)
+
+
+@task(
+    help={
+        "hosts": HOSTS_HELP,
+        "inventory": INVENTORY_HELP,
+        "forks": "hosts handled in parallel",
+        "json": "print JSON",
+    }
+)
+@user_errors
+def status(c, hosts=None, inventory=None, forks=None, json=False):
+    """Read-only: GPUs, GPU processes and stale server processes per host."""
+    from gpufleet.cli import gpu_output
+    from gpufleet.control import gpuclean
+
+    inv, selected = select_hosts(inventory, hosts)
+    results = gpuclean.status(selected, forks_for(inv, forks))
+    if json:
+        print(_json.dumps(gpu_output.status_json(results), indent=2))
+    else:
+        gpu_output.print_status(results)
+    finish(results)
+
+
+@task(help={"hosts": HOSTS_HELP, "inventory": INVENTORY_HELP, "forks": "hosts in parallel"})
+@user_errors
+def sysinfo(c, hosts=None, inventory=None, forks=None):
+    """Driver, CUDA, GPU names and UUIDs, Python and package versions per host (JSON)."""
+    from gpufleet.control.fanout import run_on_hosts
+    from gpufleet.host.protocol import SysinfoArgs
+
+    inv, selected = select_hosts(inventory, hosts)
+    results = run_on_hosts(selected, lambda s: s.call(SysinfoArgs()), forks=forks_for(inv, forks))
+    out = {r.host.name: (r.value if r.ok else {"error": r.error}) for r in results}
+    print(_json.dumps(out, indent=2))
+    finish(results, report=False)
+
+
+@task(help={"inventory": INVENTORY_HELP})
+@user_errors
+def hosts(c, inventory=None):
+    """List the inventory's hosts and groups."""
+    from gpufleet.cli.output import table
+    from gpufleet.control.inventory import load_inventory
+
+    inv = load_inventory(inventory)
+    rows = []
+    for h in inv.hosts.values():
+        target = (
+            "local" if h.connection == "local" else f"{h.user or ''}@{h.address}:{h.port or 22}"
+        )
+        groups = ",".join(g for g, m in inv.groups.items() if h.name in inv._expand(g, ()))
+        gpus = f"{h.gpus.count if h.gpus.count is not None else '?'}"
+        rows.append([h.name, target, gpus + (" (sim)" if h.gpus.simulated else ""), groups])
+    table(inv.source, ["host", "target", "gpus", "groups"], rows)

@@ -1,0 +1,224 @@
+"""Tasks about servers: profiles, launch, wait, stop, logs."""
+
+from __future__ import annotations
+
+from invoke import task
+
+from gpufleet.cli.common import (
+    FLEET_HELP,
+    HOSTS_HELP,
+    INVENTORY_HELP,
+    finish,
+    forks_for,
+    select_hosts,
+    user_errors,
+)
+
+
+@task
+@user_errors
+def profiles(c):
+    """List the server profiles in playbooks/ (resolved through `extends`)."""
+    from gpufleet.cli.output import table
+    from gpufleet.control.playbook import list_profiles
+    from gpufleet.errors import UserError
+
+    rows = []
+    for item in list_profiles():
+        if isinstance(item, UserError):
+            rows.append(["?", "-", "-", "-", f"INVALID: {item}"])
+            continue
+        spec = item.speculative_algorithm or "-"
+        rows.append([item.name, item.engine, item.model_path, spec, item.description])
+    table("playbooks/", ["profile", "engine", "model", "speculative", "description"], rows)
+
+
+@task(
+    help={
+        "profile": "profile name under playbooks/ (or a YAML path)",
+        "hosts": HOSTS_HELP,
+        "inventory": INVENTORY_HELP,
+        "dry-run": "print the exact argv and environment per host; start nothing",
+        "replace": "stop a server already running on the port first",
+        "clean": "run gpu-clean on the hosts first",
+        "engine": "override the engine (e.g. sim to rehearse a profile)",
+        "timeout": "seconds to wait for health (default: the profile's health_timeout)",
+        "skip-flag-check": "do not check flags against the engine's --help on the host",
+        "forks": "hosts handled in parallel",
+    }
+)
+@user_errors
+def launch(
+    c,
+    profile,
+    hosts=None,
+    inventory=None,
+    dry_run=False,
+    replace=False,
+    clean=False,
+    engine=None,
+    timeout=None,
+    skip_flag_check=False,
+    forks=None,
+):
+    """Start the profile's server detached on each host and wait until /health answers 200."""
+    import shlex
+
+    from gpufleet.cli.args import positive_float
+    from gpufleet.cli.output import line
+    from gpufleet.cli.progress import launch_progress
+    from gpufleet.control import lifecycle
+    from gpufleet.control.playbook import build_specs, load_profile
+    from gpufleet.errors import UserError
+    from gpufleet.host.redact import redact_env
+
+    if engine not in (None, "sglang", "sim", "custom"):
+        raise UserError(f"--engine {engine!r}: expected sglang, sim or custom")
+    prof = load_profile(profile)
+    inv, selected = select_hosts(inventory, hosts)
+    if dry_run:
+        for host, spec in build_specs(prof, selected, engine):
+            line(f"{host.name}: engine {spec.engine}, node rank {spec.node_rank}/{spec.nnodes}")
+            line(f"{host.name}: argv: {shlex.join(spec.argv)}")
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in redact_env(spec.env).items())
+            line(f"{host.name}: env: {env or '-'}")
+            line(f"{host.name}: log: <workdir>/{spec.log}")
+            for warning in spec.warnings:
+                line(f"{host.name}: warning: {warning}")
+        line("dry run: nothing started")
+        return
+    options = lifecycle.LaunchOptions(
+        replace=replace,
+        clean=clean,
+        engine=engine,
+        skip_flag_check=skip_flag_check,
+        timeout_s=positive_float(timeout, "--timeout", 0) or None,
+    )
+    results = lifecycle.launch(selected, prof, options, forks_for(inv, forks), launch_progress())
+    for res in results:
+        if res.ok:
+            st = res.value["state"]
+            line(
+                f"{res.host.name}: READY {st['profile']} pid {st['pid']} port {st['port']} "
+                f"in {res.value['elapsed_s']:.1f}s ({st['engine']} {st['engine_version']})"
+            )
+    finish(results, with_tail=True)
+
+
+@task(
+    help={
+        **FLEET_HELP,
+        "profile": "take the port from this profile",
+        "port": "server port (default 30000)",
+        "timeout": "seconds to wait for health",
+    }
+)
+@user_errors
+def wait(c, hosts=None, inventory=None, profile=None, port=None, timeout=None, forks=None):
+    """Resume waiting for launched servers to become healthy (after a dropped connection)."""
+    from gpufleet.cli.args import non_negative_int, positive_float
+    from gpufleet.cli.output import line
+    from gpufleet.cli.progress import launch_progress
+    from gpufleet.control import lifecycle
+    from gpufleet.control.playbook import load_profile
+
+    port_number = non_negative_int(port, "--port", 0) or (
+        load_profile(profile).port if profile else 30000
+    )
+    inv, selected = select_hosts(inventory, hosts)
+    results = lifecycle.wait(
+        selected,
+        port_number,
+        positive_float(timeout, "--timeout", 1800),
+        forks_for(inv, forks),
+        launch_progress(),
+    )
+    for res in results:
+        if res.ok:
+            line(f"{res.host.name}: READY port {port_number} ({res.value['elapsed_s']:.1f}s)")
+    finish(results, with_tail=True)
+
+
+@task(
+    help={
+        **FLEET_HELP,
+        "profile": "only servers of this profile",
+        "port": "only the server on this port",
+        "grace": "seconds between SIGTERM and SIGKILL (default 15)",
+        "timeout": "seconds to wait for the GPUs to read 0 MiB (default 60)",
+    }
+)
+@user_errors
+def stop(
+    c, hosts=None, inventory=None, profile=None, port=None, grace=None, timeout=None, forks=None
+):
+    """Stop launched servers (process group: SIGTERM, grace, SIGKILL) and verify GPUs clean."""
+    from gpufleet.cli.args import non_negative_int, positive_float
+    from gpufleet.cli.output import line
+    from gpufleet.control import lifecycle
+
+    inv, selected = select_hosts(inventory, hosts)
+    results = lifecycle.stop(
+        selected,
+        profile,
+        non_negative_int(port, "--port", 0) or None,
+        positive_float(grace, "--grace", 15.0),
+        positive_float(timeout, "--timeout", 60.0),
+        forks_for(inv, forks),
+    )
+    for res in results:
+        if res.ok:
+            for s in res.value["stopped"]:
+                line(
+                    f"{res.host.name}: stopped {s['profile']} pid {s['pid']} port {s['port']} "
+                    f"({s['signal']})"
+                )
+            for refusal in res.value.get("refused", []):
+                line(f"{res.host.name}: {refusal}")
+            if not res.value["stopped"] and not res.value.get("refused"):
+                line(f"{res.host.name}: no running server to stop")
+            verify = res.value.get("verify")
+            if verify:
+                line(
+                    f"{res.host.name}: GPUs {','.join(str(g['index']) for g in verify['gpus'])} "
+                    f"verified clean in {verify['elapsed_s']:.2f}s"
+                )
+    finish(results)
+
+
+@task(
+    help={
+        **FLEET_HELP,
+        "profile": "the latest server of this profile",
+        "port": "the server on this port",
+        "lines": "how many lines (default 40)",
+        "follow": "keep printing new lines (Ctrl-C ends)",
+    }
+)
+@user_errors
+def logs(
+    c, hosts=None, inventory=None, profile=None, port=None, lines=None, follow=False, forks=None
+):
+    """Show the tail of the remote server log (optionally follow it)."""
+    from gpufleet.cli.args import non_negative_int
+    from gpufleet.cli.output import line
+    from gpufleet.cli.progress import launch_progress
+    from gpufleet.control import lifecycle
+
+    inv, selected = select_hosts(inventory, hosts)
+    count = non_negative_int(lines, "--lines", 40)
+    results = lifecycle.logs(
+        selected,
+        profile,
+        non_negative_int(port, "--port", 0) or None,
+        count,
+        follow,
+        forks_for(inv, forks),
+        launch_progress() if follow else None,
+    )
+    for res in results:
+        if res.ok and not follow:
+            line(f"--- {res.host.name}: {res.value['log']} ---")
+            for text in res.value["lines"]:
+                line(f"{res.host.name}| {text}")
+    finish(results)
