@@ -29,6 +29,8 @@ def write_run(
     root: Path, host: str, run_id: str, files: dict[str, bytes], manifest: dict[str, Any]
 ) -> Path:
     final = root / host / run_id
+    if not _inside(root, final) or {host, run_id} & {"", ".", ".."} or "/" in host + run_id:
+        raise UserError(f"refusing to archive outside {root}/: host {host!r}, run {run_id!r}")
     if final.exists():
         raise UserError(f"{final} already exists: a run is archived once")
     tmp = root / host / f".tmp-{run_id}-{os.getpid()}"
@@ -59,6 +61,10 @@ def write_run(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _inside(root: Path, path: Path) -> bool:
+    return path.resolve().is_relative_to(root.resolve())
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:

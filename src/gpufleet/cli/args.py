@@ -4,6 +4,29 @@ from __future__ import annotations
 
 from gpufleet.errors import UserError
 
+# Every numeric option is bounded, so a typo cannot run for ten minutes into 21 GB of memory.
+LIMITS: dict[str, float] = {
+    "--concurrency": 100_000,
+    "--num-prompts": 100_000,
+    "--output-len": 1_000_000,
+    "--warmup": 1_000,
+    "--port": 65_535,
+    "--seed": 2**32 - 1,
+    "--lines": 1_000_000,
+    "--forks": 1_024,
+    "--tolerance": 10_000_000,  # MiB
+    "--timeout": 7 * 86_400,  # s
+    "--grace": 3_600,
+    "--duration": 7 * 86_400,
+    "--request-rate": 1_000_000,  # requests/s
+}
+
+
+def _bounded(number: float, flag: str, raw: object) -> None:
+    limit = LIMITS.get(flag)
+    if limit is not None and number > limit:
+        raise UserError(f"{flag} {raw}: at most {limit:g}")
+
 
 def positive_float(value: str | float | None, flag: str, default: float) -> float:
     if value is None or value == "":
@@ -14,6 +37,7 @@ def positive_float(value: str | float | None, flag: str, default: float) -> floa
         raise UserError(f"{flag} {value!r}: expected a number of seconds, such as 60") from None
     if not number > 0 or number != number or number == float("inf"):
         raise UserError(f"{flag} {value!r}: expected a positive number")
+    _bounded(number, flag, value)
     return number
 
 
@@ -26,6 +50,15 @@ def non_negative_int(value: str | int | None, flag: str, default: int) -> int:
         raise UserError(f"{flag} {value!r}: expected a whole number >= 0") from None
     if number < 0:
         raise UserError(f"{flag} {value!r}: expected a whole number >= 0")
+    _bounded(number, flag, value)
+    return number
+
+
+def positive_int(value: str | int | None, flag: str, default: int) -> int:
+    """A whole number >= 1 (0 is refused, never silently replaced by the default)."""
+    number = non_negative_int(value, flag, default)
+    if number < 1:
+        raise UserError(f"{flag} {value!r}: expected a whole number >= 1")
     return number
 
 
@@ -48,6 +81,7 @@ def int_list(values: str | list[str] | None, flag: str) -> list[int]:
                 raise UserError(f"{flag} {chunk!r}: {item!r} is not a whole number") from None
             if number < 1:
                 raise UserError(f"{flag} {chunk!r}: {number} must be at least 1")
+            _bounded(number, flag, item)
             if number not in out:
                 out.append(number)
     return out

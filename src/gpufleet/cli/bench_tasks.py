@@ -62,6 +62,8 @@ def bench(
     forks=None,
 ):
     """Run the load sweep against the launched server and archive it per host."""
+    import re
+
     from gpufleet.cli.output import line, print_runs, table
     from gpufleet.cli.progress import bench_progress
     from gpufleet.control import bench as bench_control
@@ -82,6 +84,10 @@ def bench(
             raise Exit(f"gpufleet: run archived as FAILED: {value['reason']}", code=1)
         return
     inv, selected = select_hosts(inventory, hosts)
+    if attach and not re.match(r"^[0-9]{8}T[0-9]{6}Z-[A-Za-z0-9_.-]+$", attach):
+        raise UserError(
+            f"--attach {attach!r}: expected a run id such as 20261129T101500Z-eagle3-1a2b3c"
+        )
     run_id = attach or bench_control.make_run_id(request, [h.name for h in selected])
     try:
         if attach:
@@ -110,7 +116,7 @@ def _bench_request(
     from pathlib import Path
 
     from gpufleet.archive.store import DEFAULT_ROOT
-    from gpufleet.cli.args import int_list, non_negative_int, positive_float
+    from gpufleet.cli.args import int_list, non_negative_int, positive_float, positive_int
     from gpufleet.control.bench import BenchRequest
     from gpufleet.errors import UserError
 
@@ -124,7 +130,7 @@ def _bench_request(
         num_prompts=non_negative_int(num_prompts, "--num-prompts", 0) or None,
         duration=positive_float(duration, "--duration", 0) or None,
         request_rate=positive_float(request_rate, "--request-rate", 0) or None,
-        output_len=non_negative_int(output_len, "--output-len", 256) or 256,
+        output_len=positive_int(output_len, "--output-len", 256),
         prompts=prompts,
         seed=non_negative_int(seed, "--seed", 0),
         backend=backend,

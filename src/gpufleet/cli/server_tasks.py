@@ -50,7 +50,7 @@ def profiles(c):
 @user_errors
 def launch(
     c,
-    profile,
+    profile=None,
     hosts=None,
     inventory=None,
     dry_run=False,
@@ -72,6 +72,8 @@ def launch(
     from gpufleet.errors import UserError
     from gpufleet.host.redact import redact_env
 
+    if not profile:
+        raise UserError("launch needs --profile NAME (see `inv profiles`)")
     if engine not in (None, "sglang", "sim", "custom"):
         raise UserError(f"--engine {engine!r}: expected sglang, sim or custom")
     prof = load_profile(profile)

@@ -23,7 +23,7 @@ def _sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive)
     from pathlib import Path
 
     from gpufleet.archive.store import DEFAULT_ROOT
-    from gpufleet.cli.args import int_list, non_negative_int
+    from gpufleet.cli.args import int_list, non_negative_int, positive_int
     from gpufleet.control import bench as bench_control
     from gpufleet.errors import UserError
 
@@ -33,7 +33,7 @@ def _sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive)
     return bench_control.BenchRequest(
         concurrency=levels,
         num_prompts=non_negative_int(num_prompts, "--num-prompts", 0) or None,
-        output_len=non_negative_int(output_len, "--output-len", 256) or 256,
+        output_len=positive_int(output_len, "--output-len", 256),
         prompts=prompts,
         seed=non_negative_int(seed, "--seed", 0),
         archive_root=Path(archive) if archive else DEFAULT_ROOT,

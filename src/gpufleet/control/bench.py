@@ -28,6 +28,7 @@ from gpufleet.host.protocol import BenchStartArgs, BenchWatchArgs
 from gpufleet.report.tables import summary_csv, summary_md
 
 Progress = Callable[[str, dict[str, Any]], None]
+MAX_PROMPTS = 100_000  # as --num-prompts allows
 CONTROL_FILES = {"runner.json"}
 
 
@@ -68,8 +69,8 @@ class BenchRequest:
 def default_num_prompts(concurrency: int, duration: float | None) -> int:
     """Enough requests for each slot to cycle a few times; with --duration, enough to last."""
     if duration:
-        return max(100, 200 * concurrency)
-    return max(10, 4 * concurrency)
+        return min(max(100, 200 * concurrency), MAX_PROMPTS)
+    return min(max(10, 4 * concurrency), MAX_PROMPTS)
 
 
 def make_run_id(request: BenchRequest, hosts: list[str]) -> str:

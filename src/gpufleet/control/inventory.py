@@ -7,6 +7,7 @@ An inventory file has `defaults` (applied to every host), `hosts` (name -> field
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -56,6 +57,16 @@ class Host(BaseModel):
     known_hosts: str | None = None
     connect_timeout: float = Field(default=10.0, gt=0)
     vars: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$", value):
+            raise ValueError(
+                "a host name becomes an archive folder: use letters, digits, '.', '_', '@' "
+                "and '-', starting with a letter or digit (set `address:` for the real name)"
+            )
+        return value
 
     @field_validator("python", "workdir", "address")
     @classmethod

@@ -22,6 +22,7 @@ from gpufleet.host.redact import redact_env
 
 PLAYBOOKS = Path("playbooks")
 FlagValue = bool | int | float | str | list[bool | int | float | str] | None
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # no '/', no leading '.'
 FLAG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 SPECULATIVE_CAPPED = {"EAGLE", "EAGLE3", "STANDALONE"}
 
@@ -162,6 +163,11 @@ def load_profile(name: str, directory: Path = PLAYBOOKS) -> Profile:
         merged = _merge_profile(data, merged)  # walking leaf -> root: `merged` is the child
         current = parent
     merged["name"] = Path(name).stem if name.endswith((".yaml", ".yml")) else name
+    if not SAFE_NAME.match(merged["name"]):
+        raise UserError(
+            f"profile {merged['name']!r}: a profile name becomes a file and archive name: "
+            "use letters, digits, '.', '_' and '-' (or give a path ending in .yaml)"
+        )
     return validate(Profile, merged, sources[0])
 
 
