@@ -258,3 +258,51 @@ def test_a_prompt_larger_than_the_socket_buffer_is_sent_whole(uvicorn_url):
     # 8 MB does not fit one non-blocking send: the rest goes through the event loop
     run = level(uvicorn_url, n=2, c=2, out=5, prompts_text="word " * 1_600_000)
     assert [(r.ok, r.completion_tokens) for r in run.records] == [(True, 5), (True, 5)]
+
+
+def _feed_raw(raw_parts: list[bytes]) -> str:
+    """Send raw bytes as a server would; the error the client reports, or 'no error'."""
+
+    async def scenario() -> str:
+        ours, theirs = socket.socketpair()
+        theirs.setblocking(False)
+        loop = asyncio.get_running_loop()
+        _, proto = await loop.create_connection(httpstream._StreamProtocol, sock=ours)
+        done = proto.send(b"POST / HTTP/1.1\r\n\r\n", lambda p, t: None)
+        try:
+            for part in raw_parts:
+                if done.done():
+                    break
+                try:
+                    await loop.sock_sendall(theirs, part)
+                except OSError:  # the client gave up on this connection: it said why
+                    break
+            await asyncio.wait_for(done, 10)
+        except httpstream.HTTPStreamError as exc:
+            return str(exc)
+        finally:
+            proto.abort()
+            theirs.close()
+        return "no error"
+
+    return asyncio.run(scenario())
+
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
+def test_an_endless_event_is_refused_at_16_mib_not_buffered():
+    # 1 MiB chunks of one event that never ends: refused once it passes 16 MiB
+    piece = b"x" * (1024 * 1024)
+    chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
+    error = _feed_raw([SSE_HEAD + b"%x\r\ndata: \r\n" % 6] + [chunk] * 20)
+    assert error == "malformed HTTP response: server-sent event over 16 MiB"
+
+
+def test_oversized_chunk_and_endless_size_line_are_refused():
+    error = _feed_raw([SSE_HEAD + b"%x\r\n" % (64 * 1024 * 1024)])
+    assert error == f"malformed HTTP response: chunk of {64 * 1024 * 1024} bytes (over 16 MiB)"
+    error = _feed_raw([SSE_HEAD + b"f" * (70 * 1024)])
+    assert error == "malformed HTTP response: chunk size line over 64 KiB"

@@ -29,6 +29,8 @@ from typing import Any
 
 EventHandler = Callable[[bytes, float], None]  # (payload after "data: ", perf_counter time)
 MAX_ERROR_BODY = 64 * 1024
+MAX_LINE = 64 * 1024  # a chunk-size or trailer line; real ones are a few bytes
+MAX_EVENT = 16 * 1024 * 1024  # one chunk or one SSE event; SGLang's are a few KiB
 
 
 class HTTPStreamError(Exception):
@@ -166,8 +168,12 @@ class _StreamProtocol(asyncio.Protocol):
             elif state == "size":
                 end = self._buf.find(b"\r\n")
                 if end < 0:
+                    if len(self._buf) > MAX_LINE:
+                        raise ValueError("chunk size line over 64 KiB")
                     return
                 size = int(self._buf[:end].split(b";", 1)[0], 16)
+                if size > MAX_EVENT:
+                    raise ValueError(f"chunk of {size} bytes (over 16 MiB)")
                 self._buf = self._buf[end + 2 :]
                 if size == 0:
                     self._state = "trailer"
@@ -182,6 +188,8 @@ class _StreamProtocol(asyncio.Protocol):
             elif state == "trailer":
                 end = self._buf.find(b"\r\n")
                 if end < 0:
+                    if len(self._buf) > MAX_LINE:
+                        raise ValueError("trailer line over 64 KiB")
                     return
                 line, self._buf = self._buf[:end], self._buf[end + 2 :]
                 if not line:
@@ -254,6 +262,8 @@ class _StreamProtocol(asyncio.Protocol):
                 on_event(sse[start + 6 : end], now)
             start = end + 2
         self._sse = sse[start:]
+        if len(self._sse) > MAX_EVENT:
+            raise ValueError("server-sent event over 16 MiB")
 
     def _finish(self) -> None:
         self._state = "idle"
