@@ -22,7 +22,7 @@ from gpufleet.control.inventory import load_inventory
 from gpufleet.host.protocol import EchoArgs
 from gpufleet.sim import gpustate
 from gpufleet.sim.sshd import LoopbackSshd, free_port, keygen
-from helpers import REPO, pid_alive, read_run_id
+from helpers import REPO, pid_alive, read_run_id, run_cli
 
 HOSTILE = st.lists(
     st.sampled_from([*"ab $`'\"\\;|&<>(){}[]*?!#~\n\t%=-_./", "$(touch {c})", "`touch {c}`"]),
@@ -74,35 +74,54 @@ def test_hostile_workdir_and_profile_values(fleet, tmp_path):
     assert not canary.exists()
 
 
+SECRETS = [
+    "hf_supersecret",
+    "sk-supersecret",
+    "flag-supersecret",
+    "admin-supersecret",
+    "url-supersecret",
+]
+
+
 def test_secrets_never_written(fleet, tmp_path):
+    """Secrets as a user puts them in playbooks/ (env, flags, a URL with a password): none
+    reaches any file gpufleet writes, on either side; archives are private (0600/0700)."""
     profile = _bench_profile(fleet, "secret")
     data = yaml.safe_load(profile.read_text())
     data["env"] = {"HF_TOKEN": "hf_supersecret", "MY_API_KEY": "sk-supersecret", "PLAIN": "visible"}
+    data["flags"] = {"api-key": "flag-supersecret", "admin-api-key": "admin-supersecret"}
+    data["model_path"] = "https://hf-user:url-supersecret@hub.example/models/m"
     profile.write_text(yaml.safe_dump(data))
     dry = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0", "--dry-run")
-    assert "supersecret" not in dry.stdout and "PLAIN=visible" in dry.stdout
-    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h0").returncode == 0
+    assert "PLAIN=visible" in dry.stdout and "--api-key '***'" in dry.stdout
+    assert not any(s in dry.stdout + dry.stderr for s in SECRETS), dry.stdout
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0")
+    assert out.returncode == 0, out.stdout + out.stderr
+    archive = tmp_path / "a"
     try:
         out = fleet.cli(
-            "bench",
-            "--hosts",
-            "h0",
-            "--concurrency",
-            "1",
-            "--num-prompts",
-            "2",
-            "--output-len",
-            "4",
-            "--archive",
-            str(tmp_path / "a"),
-        )
+            "bench", "--hosts", "h0", "--concurrency", "1", "--num-prompts", "2",
+            "--output-len", "4", "--archive", str(archive),
+        )  # fmt: skip
         assert out.returncode == 0, out.stderr
-        written = [p for p in (tmp_path / "a").rglob("*") if p.is_file()]
-        written += [p for p in fleet.workdir("h0").rglob("*.json")]
-        for path in written:
-            assert b"supersecret" not in path.read_bytes(), path
+        compared = run_cli("compare", "secret", "secret", "--archive", str(archive))
+        assert compared.returncode == 0, compared.stderr  # writes the report and plots too
     finally:
         fleet.cli("stop", "--hosts", "h0")
+    server_logs = {p for p in fleet.workdir("h0").glob("logs/*.log")}  # the server's own output
+    written = [p for p in archive.rglob("*") if p.is_file()]
+    written += [p for p in fleet.workdir("h0").rglob("*") if p.is_file() and p not in server_logs]
+    assert len(written) > 20
+    for path in written:
+        found = [s for s in SECRETS if s.encode() in path.read_bytes()]
+        assert not found, (path, found)
+    [run_dir] = [p for p in (archive / "h0").iterdir()]
+    assert "flag-supersecret" not in (run_dir / "server.log").read_text()
+    assert "api_key='***'" in (run_dir / "server.log").read_text()  # SGLang prints its args
+    for path in [archive, *archive.rglob("*")]:
+        mode = path.stat().st_mode & 0o777
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+    record("secrets_scan", {"files_scanned": len(written), "secret_values_found": 0})
 
 
 def test_gpu_clean_never_kills_init_sshd_or_ancestors_whatever_nvml_says(fleet, tmp_path):

@@ -2,7 +2,8 @@
 
 Everything about the server comes from what was launched (the host's state file, copied
 into the run as server_state.json: argv, redacted environment, engine version and the
-profile as resolved at launch), never from `playbooks/` as it is now.
+profile as resolved at launch), never from `playbooks/` as it is now. Secrets are hidden
+before the files get here (control/bench.py).
 """
 
 from __future__ import annotations

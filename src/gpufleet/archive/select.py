@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpufleet.archive import store
 from gpufleet.errors import UserError
+from gpufleet.report import html
 from gpufleet.report.compare import Arm
 from gpufleet.report.html import Failure, ReportInput
 
@@ -131,3 +132,10 @@ def report_for_sweep(root: Path, state_path: Path) -> ReportInput:
                 tail = _log_tail(run_dir) if cell.get("run_id") else []
                 data.failures.append(Failure(host, Path(profile).stem, cell["error"], tail))
     return data
+
+
+def write_report(data: ReportInput, out_dir: Path) -> Path:
+    """Render the report and write `out_dir/report.html` (archive mode, atomically)."""
+    target = out_dir / "report.html"
+    store.write_private_file(target, html.render(data, out_dir).encode())
+    return target

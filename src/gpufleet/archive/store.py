@@ -18,6 +18,11 @@ from typing import Any
 from gpufleet.errors import UserError
 
 DEFAULT_ROOT = Path(os.environ.get("GPUFLEET_ARCHIVE", "logs"))
+# Archives hold server argv, hosts and timings: private by default (files 0600, directories
+# 0700); GPUFLEET_ARCHIVE_MODE=group shares them with the group (0640 / 0750).
+_GROUP = os.environ.get("GPUFLEET_ARCHIVE_MODE") == "group"
+FILE_MODE = 0o640 if _GROUP else 0o600
+DIR_MODE = 0o750 if _GROUP else 0o700
 MANIFEST = "manifest.json"
 
 
@@ -35,21 +40,17 @@ def write_run(
         raise UserError(f"{final} already exists: a run is archived once")
     tmp = root / host / f".tmp-{run_id}-{os.getpid()}"
     try:
-        tmp.mkdir(parents=True, exist_ok=False)
+        make_dirs(root / host)
+        tmp.mkdir(mode=DIR_MODE)
+        os.chmod(tmp, DIR_MODE)
         sums = {}
         for name, data in sorted(files.items()):
             if "/" in name or name.startswith(".") or name == MANIFEST:
                 raise UserError(f"refusing to archive a file named {name!r}")
-            with open(tmp / name, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
+            _write_private(tmp / name, data)
             sums[name] = sha256(data)
         manifest = {**manifest, "files": sums}
-        with open(tmp / MANIFEST, "w") as fh:
-            json.dump(manifest, fh, indent=2, default=str)
-            fh.flush()
-            os.fsync(fh.fileno())
+        _write_private(tmp / MANIFEST, json.dumps(manifest, indent=2, default=str).encode())
         os.rename(tmp, final)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -61,6 +62,32 @@ def write_run(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def make_dirs(path: Path) -> None:
+    """Create `path` and missing parents with the archive's directory mode."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for directory in reversed(missing):
+        directory.mkdir(mode=DIR_MODE, exist_ok=True)
+        os.chmod(directory, DIR_MODE)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    with os.fdopen(fd, "wb") as fh:
+        os.fchmod(fh.fileno(), FILE_MODE)  # exactly: a umask may be laxer or stricter
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def write_private_file(path: Path, data: bytes) -> None:
+    """Write a file beside the runs (a report, a sweep's state) atomically, archive mode."""
+    make_dirs(path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    _write_private(tmp, data)
+    os.replace(tmp, path)
 
 
 def _inside(root: Path, path: Path) -> bool:

@@ -58,13 +58,14 @@ def compare(
 
 def show_compare(data: Any, fmt: str, out_dir: Any, plots: bool = True, wide: bool = False) -> None:
     """Print the comparison; write its plots and report.html (paths printed unless json)."""
+    from gpufleet.archive import select, store
     from gpufleet.cli.output import line, print_compare
-    from gpufleet.report import html
     from gpufleet.report.plots import write_all
 
     print_compare(data.per_host, fmt, wide)
+    store.make_dirs(out_dir)
     written = write_all(data.per_host, out_dir) if plots else []
-    page = html.write(data, out_dir)
+    page = select.write_report(data, out_dir)
     if fmt != "json":
         if written:
             line("plots: " + ", ".join(str(p) for p in written))
@@ -92,7 +93,6 @@ def report(c, sweep=None, runs=None, latest=False, hosts=None, archive=None):
     from gpufleet.archive.store import DEFAULT_ROOT
     from gpufleet.cli.output import line
     from gpufleet.errors import UserError
-    from gpufleet.report import html
     from gpufleet.report.compare import safe_name
 
     root = Path(archive) if archive else DEFAULT_ROOT
@@ -106,4 +106,4 @@ def report(c, sweep=None, runs=None, latest=False, hosts=None, archive=None):
         state_path = select.sweep_state_path(root, sweep)
         data = select.report_for_sweep(root, state_path)
         out_dir = root / "compare" / state_path.stem
-    line(f"report: {html.write(data, out_dir)}")
+    line(f"report: {select.write_report(data, out_dir)}")

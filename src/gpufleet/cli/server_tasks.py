@@ -70,7 +70,7 @@ def launch(
     from gpufleet.control import lifecycle
     from gpufleet.control.playbook import build_specs, load_profile
     from gpufleet.errors import UserError
-    from gpufleet.host.redact import redact_env
+    from gpufleet.host.redact import redact_argv, redact_env
 
     if not profile:
         raise UserError("launch needs --profile NAME (see `inv profiles`)")
@@ -81,7 +81,7 @@ def launch(
     if dry_run:
         for host, spec in build_specs(prof, selected, engine):
             line(f"{host.name}: engine {spec.engine}, node rank {spec.node_rank}/{spec.nnodes}")
-            line(f"{host.name}: argv: {shlex.join(spec.argv)}")
+            line(f"{host.name}: argv: {shlex.join(redact_argv(spec.argv))}")
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in redact_env(spec.env).items())
             line(f"{host.name}: env: {env or '-'}")
             line(f"{host.name}: log: <workdir>/{spec.log}")

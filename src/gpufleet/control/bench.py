@@ -25,6 +25,7 @@ from gpufleet.control.transport import Session
 from gpufleet.errors import UserError
 from gpufleet.host.bench.loadgen import BACKENDS
 from gpufleet.host.protocol import BenchStartArgs, BenchWatchArgs
+from gpufleet.host.redact import redact_argv, redact_tree
 from gpufleet.report.tables import summary_csv, summary_md
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -117,8 +118,12 @@ def archive_run(
     host: str, run_id: str, files: dict[str, bytes], request: BenchRequest, watch: dict[str, Any]
 ) -> dict[str, Any]:
     """Archive a run's fetched files atomically under <root>/<host>/<run_id>/."""
+    if "plan.json" in files:  # a URL given with a password stays out of the archive
+        plan = redact_tree(json.loads(files["plan.json"]))
+        files = {**files, "plan.json": json.dumps(plan, indent=2).encode()}
     run = manifest.FetchedRun(files, watch.get("status", "failed"))
-    record = manifest.build(host, run_id, run, request.command_line, __version__)
+    command_line = redact_argv(request.command_line)
+    record = manifest.build(host, run_id, run, command_line, __version__)
     kept = {k: v for k, v in files.items() if k not in CONTROL_FILES}
     kept["summary.csv"] = summary_csv(run.results).encode()
     kept["summary.md"] = summary_md(record, run.results).encode()

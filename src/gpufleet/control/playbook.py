@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gpufleet.control.inventory import Host
 from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
-from gpufleet.host.redact import redact_env
+from gpufleet.host.redact import redact_env, redact_flags, redact_tree
 
 PLAYBOOKS = Path("playbooks")
 FlagValue = bool | int | float | str | list[bool | int | float | str] | None
@@ -313,6 +313,8 @@ def _spec_for(
     health_host = "127.0.0.1" if profile.host in ("0.0.0.0", "::", "") else profile.host
     resolved = profile.model_dump()
     resolved["env"] = redact_env({k: str(v) for k, v in profile.env.items()})
+    resolved["flags"] = redact_flags(profile.flags)
+    resolved = redact_tree(resolved)
     return LaunchSpec(
         profile=profile.name,
         engine=engine,

@@ -13,7 +13,6 @@ cell whose archived run failed (the failed archive stays, marked superseded).
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -79,10 +78,7 @@ class SweepState:
 
     def save(self) -> None:
         with self.lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.data, indent=2))
-            os.replace(tmp, self.path)
+            store.write_private_file(self.path, json.dumps(self.data, indent=2).encode())
 
     def cell(self, profile: str, host: str) -> dict[str, Any]:
         return self.data["cells"][profile][host]

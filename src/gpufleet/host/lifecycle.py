@@ -33,7 +33,7 @@ from gpufleet.host.protocol import (
     WaitReadyArgs,
     emit_event,
 )
-from gpufleet.host.redact import redact_env
+from gpufleet.host.redact import redact_argv, redact_env
 from gpufleet.host.servers import (
     SERVERS,
     all_states,
@@ -105,7 +105,7 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
             "pid": proc.pid,
             "proc": ref.to_wire(),
             "pgid": proc.pid,
-            "argv": spec["argv"],
+            "argv": redact_argv(spec["argv"]),
             "env": redact_env(spec["env"]),
             "port": spec["port"],
             "health_url": f"http://{spec['health_host']}:{spec['port']}{spec['health_path']}",

@@ -54,16 +54,6 @@ class ReportInput:
     run_dirs: dict[str, Path] = field(default_factory=dict)  # run id -> its directory
 
 
-def write(data: ReportInput, out_dir: Path) -> Path:
-    """Render and write `out_dir/report.html` atomically; its path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / "report.html"
-    tmp = out_dir / f".report.html.{os.getpid()}.tmp"
-    tmp.write_text(render(data, out_dir), encoding="utf-8")
-    os.replace(tmp, target)
-    return target
-
-
 def render(data: ReportInput, out_dir: Path) -> str:
     """The whole page; `out_dir` is where it will be written (for relative links)."""
     body = [f"<h1>{_e(data.title)}</h1>"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from gpufleet.report.compare import Arm, common_levels
@@ -50,6 +52,7 @@ def write(host: str, arms: list[Arm], out_dir: Path) -> list[Path]:
         path = out_dir / f"{host}-{name}.png"
         fig.savefig(path)
         plt.close(fig)
+        os.chmod(path, stat.S_IMODE(out_dir.stat().st_mode) & 0o666)  # as private as its folder
         written.append(path)
     return written
 

@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--watchdog-timeout", type=float, default=300)
     a("--base-gpu-id", type=int, default=0)
     a("--log-level", default="info")
+    a("--api-key")  # SGLang checks it on requests; the rehearsal accepts any
+    a("--admin-api-key")
     a("--speculative-algorithm", choices=SPECULATIVE_ALGORITHMS)
     a("--speculative-draft-model-path")
     a("--speculative-num-steps", type=int)

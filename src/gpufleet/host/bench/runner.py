@@ -21,6 +21,7 @@ from typing import Any
 
 from gpufleet.host.bench.loadgen import Prompt, RequestRecord, run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
+from gpufleet.host.redact import process_secrets, scrub
 from gpufleet.host.servers import server_alive
 
 PROM_KEYS = (
@@ -63,19 +64,23 @@ def _prometheus(text: str) -> dict[str, float]:
 
 
 class RunWriter:
+    """Writes the run directory. Every file passes through `scrub`: the server echoes its
+    own arguments (SGLang's /server_info and log list --api-key among them)."""
+
     def __init__(self, run_dir: Path) -> None:
         self.dir = run_dir
         self.progress = open(run_dir / "progress.jsonl", "a", buffering=1)  # noqa: SIM115
+        self.secrets: list[str] = []  # the server's secret values, set once it is known
 
     def json(self, name: str, data: Any) -> None:
         tmp = self.dir / f".{name}.tmp"
-        tmp.write_text(json.dumps(data, indent=2, default=str))
+        tmp.write_text(scrub(json.dumps(data, indent=2, default=str), self.secrets))
         os.replace(tmp, self.dir / name)
 
     def lines(self, name: str, rows: list[dict[str, Any]]) -> None:
         with open(self.dir / name, "a") as fh:
             for row in rows:
-                fh.write(json.dumps(row, default=str) + "\n")
+                fh.write(scrub(json.dumps(row, default=str), self.secrets) + "\n")
 
     def event(self, event: dict[str, Any]) -> None:
         self.progress.write(json.dumps(event) + "\n")
@@ -101,9 +106,13 @@ def write_server_log(
     writer: RunWriter,
     state: dict[str, Any] | None,
     marks: list[tuple[int, str]],
+    secrets: list[str] | None = None,
     limit: int = 20 * 2**20,
 ) -> None:
-    """Copy the server's log with `>>> gpufleet:` marker lines at the recorded offsets."""
+    """Copy the server's log with `>>> gpufleet:` marker lines at the recorded offsets.
+
+    Secret values of the server's argv and environment (e.g. an --api-key that SGLang
+    prints among its server_args) are replaced by *** in the copy."""
     if not state:
         return
     try:
@@ -121,7 +130,8 @@ def write_server_log(
         out.append(f">>> gpufleet: {label}\n".encode())
         pos = offset
     out.append(data[pos:])
-    (writer.dir / "server.log").write_bytes(b"".join(out))
+    text = b"".join(out).decode(errors="replace")
+    (writer.dir / "server.log").write_text(scrub(text, secrets or []))
 
 
 async def _sample_metrics(url: str, samples: list[dict[str, Any]], stop: asyncio.Event) -> None:
@@ -339,6 +349,8 @@ def run_plan(
     marked done, so a watcher that fetches on done never misses them.
     """
     writer = RunWriter(run_dir)
+    if server_state is not None and _server_alive(server_state):
+        writer.secrets = process_secrets(server_state["pid"])
     plan = json.loads((run_dir / "plan.json").read_text())
     texts = _read_prompts(run_dir)
     writer.status("running", pid=os.getpid())
@@ -372,7 +384,7 @@ def run_plan(
             break
     writer.json("server_info_after.json", server_info(plan["base_url"]))
     marks.append((_log_size(server_state), f"run {plan['run_id']} ends ({status})"))
-    write_server_log(writer, server_state, marks)
+    write_server_log(writer, server_state, marks, writer.secrets)
     writer.json("definitions.json", {"metrics": DEFINITIONS})
     if finish is not None:
         finish(writer)
