@@ -24,8 +24,13 @@ def print_clean(results: list[HostResult[dict]], options: CleanOptions) -> None:
             continue
         value = res.value
         per_gpu = killed_by_gpu(value)
+        how = {k["pid"]: k["signal"] for k in value.get("killed", [])}
         for g in value["gpus"]:
-            killed = ",".join(str(p) for p in per_gpu.get(g["index"], [])) or "-"
+            pids = per_gpu.get(g["index"], [])
+            killed = ",".join(
+                f"{p}" if how.get(p) == "SIGTERM" else f"{p} ({how.get(p)})" for p in pids
+            )
+            killed = killed or "-"
             verdict = gpu_verdict(g, options.tolerance_mib)
             rows.append(
                 [
@@ -55,7 +60,10 @@ def print_clean(results: list[HostResult[dict]], options: CleanOptions) -> None:
             others = [k for k in value.get("killed", []) if k["pid"] not in on_gpu]
             for k in others:
                 command = _short_cmd(k["cmdline"])
-                line(f"{res.host.name}: killed {k['pid']} ({k['signal']}): {command}")
+                if k.get("killed", True):
+                    line(f"{res.host.name}: killed {k['pid']} ({k['signal']}): {command}")
+                else:
+                    line(f"{res.host.name}: {k['pid']} exited by itself: {command}")
         for p in value.get("refused", []):
             line(
                 f"{res.host.name}: left {p['pid']} alone: {p['reason']}: {_short_cmd(p['cmdline'])}"

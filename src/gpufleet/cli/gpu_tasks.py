@@ -23,10 +23,13 @@ from gpufleet.cli.common import (
         "inventory": INVENTORY_HELP,
         "dry-run": "list what would be killed; kill nothing",
         "all-users": "also kill GPU processes of other users",
+        "all-tenants": "also kill processes of other tenants: other PID namespaces and "
+        "container cgroups (Docker, Kubernetes, Slurm, LXC, Podman), display servers",
         "timeout": "seconds to wait for every GPU to read 0 MiB (default 60)",
         "grace": "seconds between SIGTERM and SIGKILL (default 10)",
         "tolerance": "MiB of NVML v2 `used` still accepted as clean (default 0)",
-        "pattern": "regex for stale server command lines (repeatable; default: SGLang family)",
+        "pattern": "regex for a stale server's program, title or Python module, never a whole "
+        "command line (repeatable; default: the SGLang family and gpufleet's rehearsal server)",
         "forks": "hosts handled in parallel (default: inventory forks, 32)",
         "json": "print the per-host results as JSON",
     },
@@ -38,6 +41,7 @@ def gpu_clean(
     inventory=None,
     dry_run=False,
     all_users=False,
+    all_tenants=False,
     timeout=None,
     grace=None,
     tolerance=None,
@@ -53,11 +57,13 @@ def gpu_clean(
     options = gpuclean.CleanOptions(
         dry_run=dry_run,
         all_users=all_users,
+        all_tenants=all_tenants,
         timeout_s=positive_float(timeout, "--timeout", 60.0),
         grace_s=positive_float(grace, "--grace", 10.0),
         tolerance_mib=non_negative_int(tolerance, "--tolerance", 0),
         patterns=list(pattern or []),
     )
+    gpuclean.check_patterns(options.patterns)
     inv, selected = select_hosts(inventory, hosts)
     results = gpuclean.clean(selected, options, forks_for(inv, forks))
     if json:

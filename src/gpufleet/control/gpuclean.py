@@ -8,8 +8,9 @@ from typing import Any
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session
-from gpufleet.errors import HostError
-from gpufleet.host.protocol import CleanArgs, StatusArgs
+from gpufleet.errors import HostError, UserError
+from gpufleet.host.procs import compile_patterns
+from gpufleet.host.protocol import AgentError, CleanArgs, StatusArgs
 from gpufleet.report.gpu import verdict_reason
 
 
@@ -17,6 +18,7 @@ from gpufleet.report.gpu import verdict_reason
 class CleanOptions:
     dry_run: bool = False
     all_users: bool = False
+    all_tenants: bool = False
     timeout_s: float = 60.0
     grace_s: float = 10.0
     tolerance_mib: int = 0
@@ -26,11 +28,20 @@ class CleanOptions:
         return CleanArgs(
             dry_run=self.dry_run,
             all_users=self.all_users,
+            all_tenants=self.all_tenants,
             timeout_s=self.timeout_s,
             grace_s=self.grace_s,
             tolerance_mib=self.tolerance_mib,
             patterns=self.patterns or None,
         )
+
+
+def check_patterns(patterns: list[str]) -> None:
+    """A bad or all-matching --pattern is the user's mistake: refused here, before any host."""
+    try:
+        compile_patterns(patterns)
+    except AgentError as exc:
+        raise UserError(f"--pattern: {exc}") from None
 
 
 def _driver_message(exc: HostError, host: Host) -> HostError:

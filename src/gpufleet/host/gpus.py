@@ -85,8 +85,8 @@ def clean(args: CleanArgs) -> CleanAnswer:
                 unattributed.append({"gpu": gpu["index"], **entry})
     roots += procs.find_pattern_matches(patterns, sim_state)
     roots = list(dict.fromkeys(roots))
-    keep = procs.protected_pids()
-    tree, refused = procs.collect_trees(roots, keep, all_users)
+    policy = procs.KillPolicy(frozenset(procs.protected_pids()), all_users, args.all_tenants)
+    tree, refused = procs.collect_trees(roots, policy)
 
     result: CleanAnswer = {"before": before, "refused": refused, "unattributed": unattributed}
     if dry_run:

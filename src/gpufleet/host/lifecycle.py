@@ -298,6 +298,8 @@ def servers() -> dict[str, Any]:
         keys = ("profile", "pid", "port", "status", "started_at", "engine", "engine_version", "log")
         entry = {k: state.get(k) for k in keys}
         entry["alive"] = alive
+        if not alive and entry["status"] in ("starting", "ready", "running"):
+            entry["status"] = "dead"  # it was up; its process is gone (crash, kill, reboot)
         entry["health"] = health.probe(state["health_url"]) if alive else "down"
         if alive:
             started = datetime.fromisoformat(state["started_at"].replace("Z", "+00:00"))

@@ -9,14 +9,19 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.host import identity
 from gpufleet.host.protocol import AgentError
 
 # Upstream SGLang's own cleanup pattern (docs/FACTS.md, "SGLang's HTTP server").
+# gpufleet's rehearsal server counts as SGLang: it too must not survive gpu-clean.
 DEFAULT_PATTERNS = [
     r"sglang::|sglang\.launch_server|sglang\.bench|sglang\.data_parallel|sglang\.srt"
+    r"|gpufleet\.sim\.server"
 ]
+MAX_MATCH_SHARE = 0.25  # a pattern matching more of the host's processes is a mistake
 NEVER_KILL_NAMES = {"sshd", "sshd-session", "sshd-auth", "systemd", "init", "dockerd", "containerd"}
 
 
@@ -61,41 +66,81 @@ def protected_pids() -> set[int]:
     return keep
 
 
-def refusal(info: dict[str, Any], keep: set[int], all_users: bool) -> str | None:
+@dataclass(frozen=True)
+class KillPolicy:
+    """Who may be killed: never `keep` (the agent, its ancestors, init), other users only
+    with --all-users, other tenants (containers, display servers) only with --all-tenants."""
+
+    keep: frozenset[int]
+    all_users: bool = False
+    all_tenants: bool = False
+
+
+def refusal(info: dict[str, Any], policy: KillPolicy) -> str | None:
     """Why this process must not be killed, or None if it may be."""
-    if info["pid"] in keep:
+    if info["pid"] in policy.keep:
         return "agent, ancestor or init"
     if info.get("name") in NEVER_KILL_NAMES:
         return f"{info['name']} is never killed"
-    if not all_users and info.get("uid") != os.geteuid():
+    if not policy.all_users and info.get("uid") != os.geteuid():
         return f"owned by {info.get('user')} (use --all-users)"
+    if not policy.all_tenants:
+        other = identity.tenant(info["pid"], info.get("name") or "")
+        if other:
+            return f"{other}: another tenant's (use --all-tenants)"
     return None
 
 
+def compile_patterns(patterns: list[str]) -> list[re.Pattern[str]]:
+    """Compiled stale-server patterns; AgentError for a bad one or one that would match
+    the agent itself or sshd (it would match everything that runs)."""
+    try:
+        regexes = [re.compile(p) for p in patterns]
+    except re.error as exc:
+        raise AgentError(f"bad process pattern: {exc}", kind="bad_input") from None
+    probes = {
+        "the gpufleet agent": (["python3", "agent-0123456789ab.pyz", "clean"], "python3"),
+        "sshd": (["sshd: root@notty"], "sshd"),
+        "a Python interpreter": (["python3"], "python3"),
+    }
+    for regex in regexes:
+        for what, (cmdline, name) in probes.items():
+            if any(regex.search(i) for i in identity.identities(cmdline, name)):
+                raise AgentError(
+                    f"process pattern {regex.pattern!r} matches {what}: name the server's "
+                    "program or module instead (e.g. 'sglang\\.launch_server')",
+                    kind="bad_input",
+                )
+    return regexes
+
+
 def find_pattern_matches(patterns: list[str], sim_state: str | None) -> list[int]:
-    """PIDs whose command line matches a stale-server pattern.
+    """PIDs whose running program or module (never a whole command line) matches a pattern.
 
     On a simulated host only the processes that joined it count: several simulated hosts
     may share this machine's process table.
     """
     psutil = _psutil()
-    try:
-        regexes = [re.compile(p) for p in patterns]
-    except re.error as exc:
-        raise AgentError(f"bad process pattern: {exc}", kind="bad_input") from None
+    regexes = compile_patterns(patterns)
     members: set[int] | None = None
     if sim_state is not None:
         from gpufleet.sim import gpustate
 
         members = gpustate.host_pids(sim_state)
     me = os.getpid()
-    found = []
+    found, seen = [], 0
     for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        seen += 1
         if proc.pid == me or (members is not None and proc.pid not in members):
             continue
-        text = " ".join(proc.info.get("cmdline") or []) or (proc.info.get("name") or "")
-        if any(r.search(text) for r in regexes):
+        if identity.matches(regexes, proc.info.get("cmdline") or [], proc.info.get("name") or ""):
             found.append(proc.pid)
+    if members is None and len(found) > max(8, MAX_MATCH_SHARE * seen):
+        raise AgentError(
+            f"process patterns {patterns} match {len(found)} of {seen} processes: refusing "
+            "to treat that many as stale servers (narrow the pattern)",
+            kind="bad_input",
+        )
     return found
 
 
@@ -120,7 +165,7 @@ def _wait_dead(procs: list[Any], timeout: float) -> list[Any]:
 
 
 def collect_trees(
-    root_pids: list[int], keep: set[int], all_users: bool
+    root_pids: list[int], policy: KillPolicy
 ) -> tuple[dict[int, tuple[Any, dict[str, Any]]], list[dict[str, Any]]]:
     """Each root and its descendants (children first), minus protected processes.
 
@@ -141,20 +186,18 @@ def collect_trees(
         info = describe(root)
         if info is None or pid in ordered:
             continue
-        reason = refusal(info, keep, all_users)
+        reason = refusal(info, policy)
         if reason:
             refused.append({**info, "reason": reason})
             continue
         subtree: list[tuple[Any, dict[str, Any]]] = []
-        _walk(root, keep, all_users, subtree)
+        _walk(root, policy, subtree)
         for proc, details in subtree:
             ordered.setdefault(proc.pid, (proc, details))
     return ordered, refused
 
 
-def _walk(
-    proc: Any, keep: set[int], all_users: bool, out: list[tuple[Any, dict[str, Any]]]
-) -> None:
+def _walk(proc: Any, policy: KillPolicy, out: list[tuple[Any, dict[str, Any]]]) -> None:
     """Children first (depth first), stopping at any process that may not be killed."""
     psutil = _psutil()
     try:
@@ -163,24 +206,33 @@ def _walk(
         children = []
     for child in children:
         info = describe(child)
-        if info is None or refusal(info, keep, all_users):
+        if info is None or refusal(info, policy):
             continue
-        _walk(child, keep, all_users, out)
+        _walk(child, policy, out)
     info = describe(proc)
     if info is not None:
         out.append((proc, info))
 
 
 def kill_trees(tree: dict[int, tuple[Any, dict[str, Any]]], grace_s: float) -> list[dict[str, Any]]:
-    """SIGTERM every process of the collected trees, wait `grace_s`, SIGKILL survivors."""
+    """SIGTERM every process of the collected trees, wait `grace_s`, SIGKILL survivors.
+
+    Each entry says how the process ended: `SIGTERM`, `SIGKILL` (after the grace), or
+    `exited by itself` (gone before gpufleet signalled it, e.g. a scheduler whose launcher
+    just died): only the first two count as killed.
+    """
     psutil = _psutil()
-    procs = [p for p, _ in tree.values()]
-    for proc in procs:
+    signalled, gone_already = [], set()
+    for proc in (p for p, _ in tree.values()):
         try:
-            proc.terminate()
+            if _dead(proc):
+                gone_already.add(proc.pid)
+                continue
+            proc.terminate()  # psutil refuses if the PID now belongs to another process
+            signalled.append(proc)
         except psutil.NoSuchProcess:
-            pass
-    survivors = _wait_dead(procs, grace_s)
+            gone_already.add(proc.pid)
+    survivors = _wait_dead(signalled, grace_s)
     for proc in survivors:
         try:
             proc.kill()
@@ -188,16 +240,18 @@ def kill_trees(tree: dict[int, tuple[Any, dict[str, Any]]], grace_s: float) -> l
             pass
     stuck = {p.pid for p in _wait_dead(survivors, 5.0)}
     sigkilled = {p.pid for p in survivors}
-    killed = []
+    out = []
     for pid, (_, info) in tree.items():
-        entry = {
-            "pid": pid,
-            "name": info["name"],
-            "user": info["user"],
-            "cmdline": info["cmdline"],
-            "signal": "SIGKILL" if pid in sigkilled else "SIGTERM",
-        }
+        if pid in gone_already:
+            how = "exited by itself"
+        elif pid in sigkilled:
+            how = f"SIGKILL after {grace_s:g}s"
+        else:
+            how = "SIGTERM"
+        entry = {k: info[k] for k in ("pid", "name", "user", "cmdline")}
+        entry["signal"] = how
+        entry["killed"] = pid not in gone_already
         if pid in stuck:
             entry["survived"] = True
-        killed.append(entry)
-    return killed
+        out.append(entry)
+    return out

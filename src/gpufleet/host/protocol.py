@@ -118,6 +118,7 @@ class CleanArgs(VerbArgs):
     VERB: ClassVar[str] = "clean"
     dry_run: bool = False
     all_users: bool = False
+    all_tenants: bool = False  # other PID namespaces, container cgroups, display servers
     timeout_s: float = 60.0
     grace_s: float = 10.0
     tolerance_mib: int = 0

@@ -39,7 +39,7 @@ def verdict_reason(result: dict[str, Any]) -> str:
 
 def killed_by_gpu(result: dict[str, Any]) -> dict[int, list[int]]:
     """GPU index -> PIDs killed that held memory on it (from the snapshot before killing)."""
-    killed = {k["pid"] for k in result.get("killed", [])}
+    killed = {k["pid"] for k in result.get("killed", []) if k.get("killed", True)}
     out: dict[int, list[int]] = {}
     for gpu in result.get("before", []):
         out[gpu["index"]] = [p["pid"] for p in gpu["processes"] if p["pid"] in killed]

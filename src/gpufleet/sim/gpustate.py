@@ -81,6 +81,16 @@ def _start_time(pid: int) -> float | None:
     return None if ref is None else float(ref.start_ticks)
 
 
+def host_pid() -> int:
+    """This process's PID as the host sees it, which is what NVML reports: inside a PID
+    namespace (a container) os.getpid() is the namespace's own number, /proc/self (of
+    the host's procfs) still names the host's."""
+    try:
+        return int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        return os.getpid()
+
+
 def register(
     gpu: int,
     mib: int,
@@ -90,7 +100,7 @@ def register(
     foreign: bool = False,
 ) -> Path:
     """Record that `pid` (default: this process) holds `mib` MiB on GPU `gpu`."""
-    pid = os.getpid() if pid is None else pid
+    pid = host_pid() if pid is None else pid
     started = None if foreign else _start_time(pid)
     if not foreign and started is None:
         raise ProcessLookupError(f"no live process {pid} to hold simulated GPU memory")
@@ -103,7 +113,7 @@ def register(
 
 
 def release(pid: int | None = None, path: str | os.PathLike[str] | None = None) -> None:
-    pid = os.getpid() if pid is None else pid
+    pid = host_pid() if pid is None else pid
     for file in (state_dir(path) / "alloc").glob(f"{pid}.*.json"):
         file.unlink(missing_ok=True)
 
@@ -134,7 +144,7 @@ def join_host(pid: int | None = None, path: str | os.PathLike[str] | None = None
     command line must only see its own host's processes. (The environment cannot tell:
     setproctitle, which SGLang uses, overwrites /proc/PID/environ.)
     """
-    pid = os.getpid() if pid is None else pid
+    pid = host_pid() if pid is None else pid
     started = _start_time(pid)
     if started is None:
         raise ProcessLookupError(f"no live process {pid}")

@@ -20,6 +20,10 @@ from gpufleet.sim import gpustate
 
 
 def set_title(title: str) -> None:
+    """Name the process as SGLang's are named; GPUFLEET_SIM_NO_TITLE=1 rehearses a host
+    whose Python lacks setproctitle (the process keeps its `python -m ...` command line)."""
+    if os.environ.get("GPUFLEET_SIM_NO_TITLE") == "1":
+        return
     try:
         import setproctitle
 
@@ -82,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.title:
         set_title(args.title)
     hold(args.gpu, args.mib, args.seconds, args.ignore_sigterm)
-    print("ready " + " ".join(str(p) for p in [os.getpid(), *child_pids]), flush=True)
+    print("ready " + " ".join(str(p) for p in [gpustate.host_pid(), *child_pids]), flush=True)
     time.sleep(args.seconds)
     return 0
 

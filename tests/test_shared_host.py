@@ -1,0 +1,116 @@
+"""gpu-clean on a host that others share: it kills what is stale, never what merely shares
+the host (a tmux whose command line mentions SGLang, another PID namespace), and the
+rehearsal server dies like SGLang does. Real processes over real sshd."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import yaml
+
+from helpers import REPO, pid_alive
+from test_reliability import record
+
+TMUX = textwrap.dedent(
+    """
+    sleep 300 & editor=$!
+    "$PY" -c "from gpufleet.sim import gpustate; gpustate.join_host($$); gpustate.join_host($editor)"
+    "$PY" -m gpufleet.sim.hold --gpu 1 --mib 20000 --title sglang::scheduler_TP0 &
+    stale=$!
+    echo "panes $$ $stale $editor"
+    wait
+    """
+)
+
+
+def test_a_tmux_mentioning_sglang_is_not_killed_only_its_stale_pane(fleet):
+    # argv[0] is tmux and its command line mentions sglang.launch_server, as
+    # `tmux new 'python -m sglang.launch_server ...'` does; one pane is a stale scheduler
+    # holding GPU memory, the other someone's editor
+    tmux = subprocess.Popen(
+        ["tmux", "-c", TMUX, "new", "python -m sglang.launch_server --model-path /m"],
+        executable="/bin/sh",
+        env={**fleet.env("h0"), "PY": sys.executable},
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        seen: dict[str, list[str]] = {}
+        while not ("panes" in seen and "ready" in seen):
+            words = tmux.stdout.readline().split()
+            assert words, "the tmux stand-in did not start"
+            seen[words[0]] = words[1:]
+        server, stale, editor = (int(p) for p in seen["panes"])
+        out = fleet.cli("gpu-clean", "--hosts", "h0", "--grace", "2")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert not pid_alive(stale), out.stdout
+        assert pid_alive(server) and pid_alive(editor), out.stdout
+        record("tmux_case", {"killed": [stale], "left_alone": [server, editor]})
+    finally:
+        subprocess.run(["pkill", "-P", str(tmux.pid)], check=False)
+        tmux.kill()
+        tmux.wait()
+
+
+def test_another_pid_namespace_is_left_alone_unless_all_tenants(fleet):
+    env = fleet.env("h1")
+    tenant = subprocess.Popen(
+        ["unshare", "--pid", "--fork", sys.executable, "-m", "gpufleet.sim.hold",
+         "--gpu", "2", "--mib", "5000"],
+        env=env, stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        line = tenant.stdout.readline().split()
+        assert line and line[0] == "ready", line
+        holder = int(line[1])  # its PID on the host, as NVML reports it
+        assert pid_alive(holder)
+        out = fleet.cli("gpu-clean", "--hosts", "h1", "--grace", "1", "--timeout", "3")
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert f"left {holder} alone: in another PID namespace" in out.stdout
+        assert "use --all-tenants" in out.stdout and pid_alive(holder)
+        started = time.monotonic()
+        out = fleet.cli("gpu-clean", "--hosts", "h1", "--grace", "1", "--all-tenants")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert not pid_alive(holder)
+        # a namespace's init ignores SIGTERM from outside: the table says SIGKILL was needed
+        assert f"{holder} (SIGKILL after 1s)" in out.stdout
+        record(
+            "tenant_case",
+            {"refused_without_flag": 1, "killed_with_all_tenants": 1,
+             "clean_s": round(time.monotonic() - started, 1)},
+        )  # fmt: skip
+    finally:
+        tenant.kill()
+        tenant.wait()
+
+
+def test_bad_or_everything_patterns_are_usage_errors(fleet):
+    for pattern, expected in [("(", "bad process pattern"), (".", "matches the gpufleet agent"),
+                              ("ssh", "matches sshd"), ("python", "matches")]:  # fmt: skip
+        out = fleet.cli("gpu-clean", "--hosts", "h0", "--pattern", pattern)
+        assert out.returncode == 2, (pattern, out.stdout, out.stderr)
+        assert expected in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_rehearsal_server_without_process_titles_dies_with_gpu_clean(fleet):
+    """Like SGLang's launcher, the rehearsal server's main process is a stale server too,
+    also on a host whose Python lacks setproctitle (its command line stays python -m ...)."""
+    profile = fleet.profile("notitle", tp=1, env={"GPUFLEET_SIM_NO_TITLE": "1"})
+    port = yaml.safe_load(profile.read_text())["port"]
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h2").returncode == 0
+    state = json.loads((fleet.workdir("h2") / "servers" / f"{port + 14}.json").read_text())
+    main = state["pid"]
+    cmdline = (Path("/proc") / str(main) / "cmdline").read_bytes().split(b"\0")
+    assert cmdline[1:3] == [b"-m", b"gpufleet.sim.server"]  # no title to match
+    out = fleet.cli("gpu-clean", "--hosts", "h2", "--grace", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert not pid_alive(main), out.stdout
+    status = fleet.cli("status", "--hosts", "h2")
+    [row] = [ln for ln in status.stdout.splitlines() if ln.startswith("h2 ") and "notitle" in ln]
+    assert " dead " in row and "ready" not in row, status.stdout
