@@ -114,3 +114,72 @@ def test_rehearsal_server_without_process_titles_dies_with_gpu_clean(fleet):
     status = fleet.cli("status", "--hosts", "h2")
     [row] = [ln for ln in status.stdout.splitlines() if ln.startswith("h2 ") and "notitle" in ln]
     assert " dead " in row and "ready" not in row, status.stdout
+
+
+def test_a_workdir_or_agent_planted_by_someone_else_is_never_run(fleet, tmp_path):
+    import os
+    import zipfile
+
+    from gpufleet.control import agentzip
+
+    # a shared workdir another user created first (e.g. under /tmp): refused, nothing run
+    shared = tmp_path / "shared-workdir"
+    shared.mkdir(mode=0o777)
+    os.chown(shared, 65534, 65534)
+    fleet.write_inventory(
+        extra_hosts={
+            "odd": {"address": "127.0.0.1", "port": fleet.sshds[0].port, "workdir": str(shared)}
+        }
+    )
+    out = fleet.cli("gpu-clean", "--hosts", "odd")
+    assert out.returncode == 1
+    assert (
+        f"odd: FAILED: refusing to run the agent: workdir {shared} is owned by another user"
+        in out.stderr
+    )
+
+    # an agent file with the right name but other bytes: its hash is checked before it runs
+    canary = tmp_path / "CANARY"
+    workdir = fleet.workdir("h0")
+    workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    planted = workdir / agentzip.build().filename
+    with zipfile.ZipFile(planted, "w") as zf:
+        zf.writestr("__main__.py", f"open({str(canary)!r}, 'w').write('ran')\n")
+    out = fleet.cli("gpu-clean", "--hosts", "h0")
+    assert out.returncode == 1 and not canary.exists()
+    assert "does not match the agent gpufleet built" in out.stderr
+    planted.unlink()
+    assert fleet.cli("gpu-clean", "--hosts", "h0").returncode == 0  # re-uploaded, runs
+
+
+def test_proxy_jump_checks_the_bastions_key_too(fleet, tmp_path):
+    bastion, target = fleet.sshds[0], fleet.sshds[1]
+    jump = {
+        "address": "127.0.0.1",
+        "port": target.port,
+        "workdir": str(tmp_path / "jumped"),
+        "proxy_jump": f"root@127.0.0.1:{bastion.port}",
+    }
+    fleet.write_inventory(extra_hosts={"jumped": jump})
+    out = fleet.cli("status", "--hosts", "jumped")
+    assert out.returncode == 0, out.stdout + out.stderr  # through the bastion, both keys known
+
+    # the bastion's key unknown: refused (Fabric's gateway alone would have trusted it)
+    only_target = tmp_path / "ssh" / "known_hosts"
+    only_target.parent.mkdir()
+    only_target.write_text(target.known_hosts_line())
+    fleet.write_inventory(extra_hosts={"jumped": {**jump, "known_hosts": str(only_target)}})
+    out = fleet.cli("status", "--hosts", "jumped")
+    assert out.returncode == 1
+    assert f"unknown host key for [127.0.0.1]:{bastion.port}" in out.stderr, out.stderr
+
+
+def test_the_keyscan_hint_works_where_the_folder_does_not_exist(fleet, tmp_path):
+    missing = tmp_path / "no-such-dir" / "known_hosts"
+    fleet.write_inventory(known_hosts=str(missing))
+    out = fleet.cli("status", "--hosts", "h0")
+    assert out.returncode == 1
+    hint = out.stderr.split("trust it with `", 1)[1].split("`", 1)[0]
+    assert hint.startswith(f"mkdir -p -m 700 {missing.parent} && ssh-keyscan -p ")
+    subprocess.run(["bash", "-c", hint], check=True, capture_output=True)  # pasted as is
+    assert fleet.cli("status", "--hosts", "h0").returncode == 0

@@ -8,6 +8,7 @@ StrictHostKeyChecking=accept-new; a *changed* key is refused in both modes.
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 import paramiko
@@ -29,7 +30,11 @@ class RefuseUnknownKey(paramiko.MissingHostKeyPolicy):
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey):
         host, _, port = hostname.removeprefix("[").partition("]:")
-        keyscan = f"ssh-keyscan{f' -p {port}' if port else ''} {host} >> {self.known_hosts}"
+        path = self.known_hosts
+        shown = path if path.startswith("~/") and " " not in path else shlex.quote(path)
+        folder = os.path.dirname(os.path.expanduser(path))
+        mkdir = "" if os.path.isdir(folder) else f"mkdir -p -m 700 {shlex.quote(folder)} && "
+        keyscan = f"{mkdir}ssh-keyscan{f' -p {port}' if port else ''} {host} >> {shown}"
         raise HostError(
             f"unknown host key for {hostname} ({key.get_name()} {fingerprint(key)}); "
             f"check the fingerprint, then trust it with `{keyscan}` "

@@ -56,6 +56,7 @@ class Host(BaseModel):
     host_key_policy: Literal["strict", "accept-new"] = "strict"
     known_hosts: str | None = None
     connect_timeout: float = Field(default=10.0, gt=0)
+    proxy_jump: str | None = None  # "[user@]bastion[:port]", as ssh -J (keys checked too)
     vars: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("name")

@@ -68,6 +68,16 @@ def _describe(exc: BaseException, host: Host, conn: Connection) -> HostError:
     return HostError(f"cannot connect to {where}: {exc}", kind="unreachable")
 
 
+def _strict_on_every_hop(conn: Connection, host: Host) -> None:
+    """The host's key policy on the host and on every jump host before it: Fabric builds
+    ProxyJump gateways (from `proxy_jump` or ~/.ssh/config) with AutoAddPolicy, which
+    would trust any bastion's key."""
+    hop: object = conn
+    while isinstance(hop, Connection):
+        hostkeys.configure(hop.client, host.host_key_policy, host.known_hosts)
+        hop = hop.gateway
+
+
 def open_connection(host: Host, attempts: int = 8) -> Connection:
     connect_kwargs: dict = {
         "banner_timeout": max(host.connect_timeout, 15.0),
@@ -78,14 +88,20 @@ def open_connection(host: Host, attempts: int = 8) -> Connection:
         connect_kwargs["key_filename"] = [os.path.expanduser(host.identity_file)]
         connect_kwargs["look_for_keys"] = False
         connect_kwargs["allow_agent"] = False
+    gateway = None
+    if host.proxy_jump:
+        gateway = Connection(
+            host.proxy_jump, connect_timeout=host.connect_timeout, connect_kwargs=connect_kwargs
+        )
     conn = Connection(
         host.address,
         user=host.user,
         port=host.port,
         connect_timeout=host.connect_timeout,
         connect_kwargs=connect_kwargs,
+        gateway=gateway,
     )
-    hostkeys.configure(conn.client, host.host_key_policy, host.known_hosts)
+    _strict_on_every_hop(conn, host)
 
     @retry(
         retry=retry_if_exception(is_transient),

@@ -78,6 +78,17 @@ class _LineParser:
 
 
 MISSING = "gpufleet-agent-missing"
+# Run the agent only if its bytes hash to what this control plane built (exit 91 if not).
+VERIFY_AND_RUN = (
+    "import hashlib,runpy,sys\n"
+    "f,h=sys.argv[1],sys.argv[2]\n"
+    "if hashlib.sha256(open(f,'rb').read()).hexdigest()!=h:\n"
+    " sys.stderr.write(f'{f} does not match the agent gpufleet built (sha256 {h[:12]}...): '\n"
+    "  'remove it and gpufleet uploads its own\\n')\n"
+    " sys.exit(91)\n"
+    "sys.argv=[f]+sys.argv[3:]\n"
+    "runpy.run_path(f,run_name='__main__')\n"
+)
 
 
 class Session:
@@ -124,8 +135,14 @@ class Session:
         return sink.other[-1]
 
     def _enter_workdir(self) -> str:
+        """Enter the workdir, created 0700; refuse one another user owns (a shared /tmp:
+        whoever owns it could plant an agent for root to run)."""
         wd = _workdir_shell(self.host.workdir)
-        return f"umask 077; mkdir -p -- {wd} && cd -- {wd} && chmod 700 . || exit 90; "
+        return (
+            f"umask 077; mkdir -p -- {wd} && cd -- {wd} || exit 90; "
+            f'[ -O . ] || {{ echo "workdir $PWD is owned by another user" >&2; exit 91; }}; '
+            "chmod 700 . || exit 90; "
+        )
 
     def with_host(self, args: VerbArgs) -> VerbArgs:
         """Fill in what every verb needs to know about the host (name, simulation, GPU count).
@@ -155,10 +172,14 @@ class Session:
         """Run one agent verb; return its result or raise HostError with the agent's message."""
         bundle = agentzip.build()
         agent = shlex.quote(bundle.filename)
-        argv = [self.host.python_path, bundle.filename, args.VERB]
+        argv = [self.host.python_path, "-c", VERIFY_AND_RUN, bundle.filename, bundle.digest]
         script = (
             self._enter_workdir()
-            + f'if [ -f {agent} ]; then exec {shlex.join(argv)}; fi; echo {MISSING} "$PWD"'
+            + f"if [ -f {agent} ]; then "
+            + f"if [ -L {agent} ] || [ ! -O {agent} ]; then "
+            + f'echo "$PWD/{bundle.filename} is not a file of $(id -un)" >&2; exit 91; fi; '
+            + f"exec {shlex.join([*argv, args.VERB])}; fi; "
+            + f'echo {MISSING} "$PWD"'
         )
         stdin = self.with_host(args).to_wire()
         for _attempt in range(2):
@@ -172,6 +193,9 @@ class Session:
                 self._upload(bundle.data, missing[-1][len(MISSING) + 1 :] + "/" + bundle.filename)
         if code == 90:
             raise HostError(f"cannot create workdir {self.host.workdir}: {err.strip()}", "workdir")
+        if code == 91:
+            last = (err.strip().splitlines() or ["unsafe workdir"])[-1]
+            raise HostError(f"refusing to run the agent: {last}", kind="unsafe_workdir")
         if sink.final is None:
             raise HostError(self._explain_failure(code, err, sink.other), kind="agent")
         if not sink.final.get("ok"):
