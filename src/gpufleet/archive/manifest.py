@@ -13,7 +13,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 SCHEMA = 1
-SERVER_KEYS = ("argv", "env", "engine", "engine_version", "port", "profile", "log", "started_at")
+SERVER_KEYS = (
+    "argv", "env", "engine", "engine_version", "port", "profile", "log", "started_at",
+    "flag_renames",
+)  # fmt: skip
 HOST_FACT_KEYS = ("driver", "cuda", "gpus", "packages", "hostname", "simulated")
 
 

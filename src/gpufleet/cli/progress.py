@@ -18,6 +18,8 @@ def launch_progress() -> Progress:
     def show(host: str, event: dict[str, Any]) -> None:
         if "warning" in event:
             line(f"{host}: warning: {event['warning']}")
+        elif "note" in event:
+            line(f"{host}: note: {event['note']}")
         elif "line" in event:
             line(f"{host}| {event['line']}")
         elif event.get("phase") == "started":

@@ -101,6 +101,8 @@ def launch_on(
             "preflight refused the launch: " + "; ".join(started["errors"]), kind="preflight"
         )
     if progress:
+        for note in started.get("renames", []):
+            progress(session.host.name, {"note": note})
         for warning in started.get("warnings", []):
             progress(session.host.name, {"warning": warning})
         progress(

@@ -99,6 +99,7 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
         existing = read_state(spec["port"])
         if existing and server_alive(existing) and args.replace:
             stop_server(existing, args.grace_s)
+        spec = {**spec, "argv": check["argv"]}  # known flag renames applied
         proc = _spawn(spec)
         ref = ProcRef.capture(proc.pid) or ProcRef(proc.pid, -1)  # -1: died at once
         state = {
@@ -116,12 +117,18 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
             "log_offset": 0,
             "gpus": spec["gpus"],
             "resolved_profile": spec.get("resolved_profile"),
+            "flag_renames": check["renames"],
             "node_rank": spec.get("node_rank", 0),
             "started_at": now_iso(),
             "status": "starting",
         }
         write_state(state)
-    return {"started": True, "state": state, "warnings": check["warnings"]}
+    return {
+        "started": True,
+        "state": state,
+        "warnings": check["warnings"],
+        "renames": check["renames"],
+    }
 
 
 # -- wait until healthy ---------------------------------------------------------------

@@ -12,9 +12,11 @@ import re
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.host import flagrenames
 from gpufleet.host import nvml as nvmlread
 from gpufleet.host.protocol import AgentError, LaunchArgs
 from gpufleet.host.servers import read_state, server_alive
@@ -69,7 +71,8 @@ def _port_free(host: str, port: int) -> str | None:
     return None
 
 
-def _help_flags(argv_head: list[str], env: dict[str, str]) -> tuple[set[str], str]:
+def help_text(argv_head: list[str], env: dict[str, str]) -> str:
+    """The engine's own `--help` on this host (SGLang's takes ~16 s on a CPU)."""
     out = subprocess.run(
         [*argv_head, "--help"],
         capture_output=True,
@@ -83,19 +86,29 @@ def _help_flags(argv_head: list[str], env: dict[str, str]) -> tuple[set[str], st
         raise AgentError(
             f"`{' '.join(argv_head[1:])} --help` failed: {text.strip()[-300:]}", kind="preflight"
         )
-    return set(re.findall(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_-]*)", text)), text
+    return text
 
 
-def check_flags(argv: list[str], head: int, env: dict[str, str]) -> tuple[list[str], list[str]]:
-    """Every `--flag` in argv must be one the engine's own --help lists on this host."""
-    known, text = _help_flags(argv[:head], env)
-    errors, warnings = [], []
-    for word in argv[head:]:
+@dataclass
+class FlagCheck:
+    argv: list[str]  # with known renames applied
+    renames: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def check_flags_against(argv: list[str], head: int, help_text: str, engine: str) -> FlagCheck:
+    """Every `--flag` in argv must be one this --help lists, after known renames."""
+    known = set(re.findall(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_-]*)", help_text))
+    renamed, notes = flagrenames.apply(argv, head, known, help_text, engine)
+    check = FlagCheck(argv=renamed, renames=notes)
+    errors, warnings = check.errors, check.warnings
+    for word in renamed[head:]:
         if not word.startswith("--"):
             continue
         flag = word.split("=", 1)[0]
         if flag in known:
-            if re.search(re.escape(flag) + r"[^\n]*\n?[^\n]*deprecated", text, re.I):
+            if flagrenames.deprecated(flag, help_text):
                 warnings.append(f"{flag} is deprecated in this engine version")
             continue
         prefixed = sorted(k for k in known if k.startswith(flag))
@@ -105,7 +118,7 @@ def check_flags(argv: list[str], head: int, env: dict[str, str]) -> tuple[list[s
             errors.append(f"{flag} is ambiguous here (could be {', '.join(prefixed[:4])})")
         else:
             errors.append(f"{flag} is not accepted by this engine version")
-    return errors, warnings
+    return check
 
 
 def _gpus_in_use(gpus: list[int]) -> list[str]:
@@ -150,8 +163,18 @@ def preflight(args: LaunchArgs) -> dict[str, Any]:
         except AgentError as exc:
             if spec["engine"] != "custom":
                 errors.append(str(exc))
+    argv, renames = spec["argv"], []
     if engine in ENGINE_MODULES and not errors and not args.skip_flag_check:
-        flag_errors, flag_warnings = check_flags(spec["argv"], 3, launch_env(spec))
-        errors += [f"flag {e}" for e in flag_errors]
-        warnings += flag_warnings
-    return {"ok": not errors, "errors": errors, "warnings": warnings, "engine_version": version}
+        text = help_text(spec["argv"][:3], launch_env(spec))
+        check = check_flags_against(spec["argv"], 3, text, f"{engine} {version or ''}".strip())
+        argv, renames = check.argv, check.renames
+        errors += [f"flag {e}" for e in check.errors]
+        warnings += check.warnings
+    return {
+        "ok": not errors,
+        "errors": errors,
+        "warnings": warnings,
+        "renames": renames,
+        "argv": argv,
+        "engine_version": version,
+    }

@@ -230,6 +230,7 @@ class LaunchAnswer(TypedDict, total=False):
     state: dict[str, Any]  # the host state file (servers/<port>.json)
     errors: list[str]  # preflight refusals when not started
     warnings: list[str]
+    renames: list[str]  # flags rewritten for this host's engine version
     engine_version: str | None
 
 

@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--port", type=int, default=30000)
     a("--trust-remote-code", action="store_true")
     a("--cuda-graph-max-bs", type=int)
+    a("--cuda-graph-max-bs-decode", type=int)  # 0.5.14+ names
+    a("--cuda-graph-max-bs-prefill", type=int)
+    a("--flashinfer-allreduce-fusion-backend")
     a("--disable-cuda-graph", action="store_true")
     a("--disable-custom-all-reduce", action="store_true")
     a("--attention-backend")
