@@ -183,3 +183,45 @@ def test_the_keyscan_hint_works_where_the_folder_does_not_exist(fleet, tmp_path)
     assert hint.startswith(f"mkdir -p -m 700 {missing.parent} && ssh-keyscan -p ")
     subprocess.run(["bash", "-c", hint], check=True, capture_output=True)  # pasted as is
     assert fleet.cli("status", "--hosts", "h0").returncode == 0
+
+
+def test_a_lost_host_is_reported_at_once_with_a_pasteable_attach(fleet, fresh_sshd, tmp_path):
+    import os
+
+    import psutil
+
+    from helpers import read_run_id
+
+    flaky_sshd = fresh_sshd()
+    with open(fleet.known_hosts, "a") as fh:
+        fh.write(flaky_sshd.known_hosts_line())
+    fleet.write_inventory(
+        extra_hosts={
+            "flaky": {
+                "address": "127.0.0.1", "port": flaky_sshd.port,
+                "workdir": str(fleet.workdir("flaky")), "vars": {"server_port_offset": 50},
+            }
+        }
+    )  # fmt: skip
+    profile = fleet.profile("lost", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "flaky,h1").returncode == 0
+    try:
+        proc = fleet.popen(
+            "bench", "--hosts", "flaky,h1", "--concurrency", "4", "--num-prompts", "60",
+            "--output-len", "64", "--archive", str(tmp_path / "a"),
+        )  # fmt: skip
+        run_id = read_run_id(proc, until="C=4: 60 requests")
+        for p in [flaky_sshd.proc, *psutil.Process(flaky_sshd.proc.pid).children(recursive=True)]:
+            if p.pid and psutil.Process(p.pid).name().startswith("sshd"):
+                os.kill(p.pid, 9)
+        lines = proc.communicate(timeout=120)[0].splitlines()
+        lost = next(i for i, ln in enumerate(lines) if ln.startswith("flaky: FAILED: lost"))
+        h1_done = next(i for i, ln in enumerate(lines) if ln.startswith("h1: archived"))
+        assert lost < h1_done, "\n".join(lines)  # said when it happened, not at the end
+        assert sum(ln.startswith("flaky: FAILED") for ln in lines) == 1
+        hint = lines[lost].split("fetch it with `", 1)[1].split("`", 1)[0]
+        assert hint == (f"inv bench --attach {run_id} --hosts flaky --inventory {fleet.inventory}")
+    finally:
+        flaky_sshd.proc = None
+        flaky_sshd.start()
+        fleet.cli("stop", "--hosts", "flaky,h1")

@@ -64,7 +64,7 @@ def bench(
     """Run the load sweep against the launched server and archive it per host."""
     import re
 
-    from gpufleet.cli.output import line, print_runs, table
+    from gpufleet.cli.output import line, print_runs, report_lost_hosts_at_once, table
     from gpufleet.cli.progress import bench_progress
     from gpufleet.control import bench as bench_control
     from gpufleet.errors import UserError
@@ -90,13 +90,14 @@ def bench(
         )
     run_id = attach or bench_control.make_run_id(request, [h.name for h in selected])
     try:
+        now = report_lost_hosts_at_once
         if attach:
             results = bench_control.attach(
-                selected, attach, request, forks_for(inv, forks), bench_progress()
+                selected, attach, request, forks_for(inv, forks), bench_progress(), now
             )
         else:
             results = bench_control.bench(
-                selected, request, run_id, forks_for(inv, forks), bench_progress()
+                selected, request, run_id, forks_for(inv, forks), bench_progress(), now
             )
     except KeyboardInterrupt:
         hint = bench_control.attach_hint(run_id, selected)

@@ -46,7 +46,7 @@ def line(text: str, stream: TextIO | None = None) -> None:
 def print_failures(results: list[Any], with_tail: bool = False) -> None:
     """`host: FAILED: why` on stderr for each failed host, and the server log's tail."""
     for res in results:
-        if res.ok:
+        if res.ok or res.reported:
             continue
         line(f"{res.host.name}: FAILED: {res.error}", sys.stderr)
         if with_tail and res.tail:
@@ -55,6 +55,14 @@ def print_failures(results: list[Any], with_tail: bool = False) -> None:
             )
             for text in res.tail:
                 line(f"{res.host.name}| {text}", sys.stderr)
+
+
+def report_lost_hosts_at_once(res: Any) -> None:
+    """A host lost mid-run is said the moment it happens (with its resume hint), not after
+    the other hosts finish."""
+    if not res.ok and res.kind == "connection":
+        line(f"{res.host.name}: FAILED: {res.error}", sys.stderr)
+        res.reported = True
 
 
 def exit_code(results: list[Any]) -> tuple[int, str]:

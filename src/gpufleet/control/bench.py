@@ -216,10 +216,13 @@ def bench(
     run_id: str,
     forks: int,
     progress: Progress | None = None,
+    on_done: Callable[[HostResult[dict]], None] | None = None,
 ) -> list[HostResult[dict]]:
     """Run one benchmark (run id from make_run_id) on every host and archive it per host."""
     build_plan(request, run_id)  # bad input fails here, before any host is touched
-    results = run_on_hosts(hosts, lambda s: bench_on(s, request, run_id, progress), forks=forks)
+    results = run_on_hosts(
+        hosts, lambda s: bench_on(s, request, run_id, progress), forks=forks, on_done=on_done
+    )
     return _fail_unfinished(results)
 
 
@@ -229,9 +232,12 @@ def attach(
     request: BenchRequest,
     forks: int,
     progress: Progress | None = None,
+    on_done: Callable[[HostResult[dict]], None] | None = None,
 ) -> list[HostResult[dict]]:
     return _fail_unfinished(
-        run_on_hosts(hosts, lambda s: fetch(s, run_id, request, progress), forks=forks)
+        run_on_hosts(
+            hosts, lambda s: fetch(s, run_id, request, progress), forks=forks, on_done=on_done
+        )
     )
 
 

@@ -30,6 +30,7 @@ class HostResult(Generic[T]):
     error: str | None = None
     kind: str | None = None
     tail: list[str] = field(default_factory=list)
+    reported: bool = False  # already shown to the user as it happened
 
     @property
     def ok(self) -> bool:
@@ -40,8 +41,12 @@ def run_on_hosts(
     hosts: Iterable[Host],
     work: Callable[[Session], T],
     forks: int = 32,
+    on_done: Callable[[HostResult[T]], None] | None = None,
 ) -> list[HostResult[T]]:
-    """Open a session per host, run `work(session)`, close it; results in inventory order."""
+    """Open a session per host, run `work(session)`, close it; results in inventory order.
+
+    `on_done` sees each host's result as soon as that host finishes (e.g. to say at once
+    that a host was lost, with its resume hint, while the others go on)."""
     hosts = list(hosts)
 
     def one(host: Host) -> HostResult[T]:
@@ -76,7 +81,9 @@ def run_on_hosts(
                 index = todo.get_nowait()
             except queue.Empty:
                 return
-            results[index] = one(hosts[index])
+            results[index] = result = one(hosts[index])
+            if on_done is not None:
+                on_done(result)
 
     threads = [
         threading.Thread(target=worker, name="gpufleet-host", daemon=True)
