@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -78,7 +81,10 @@ class _Devtools:
 async def _visit(page: Path, width: int, height: int) -> PageVisit:
     port = free_port()
     visit = PageVisit()
-    with tempfile.TemporaryDirectory(prefix="gpufleet-chromium-") as profile:
+    # chromium's helpers may still be writing their profile as it exits: ignore that
+    with tempfile.TemporaryDirectory(
+        prefix="gpufleet-chromium-", ignore_cleanup_errors=True
+    ) as profile:
         proc = subprocess.Popen(
             [
                 CHROMIUM,
@@ -92,6 +98,7 @@ async def _visit(page: Path, width: int, height: int) -> PageVisit:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its renderer and GPU helpers go with it
         )
         try:
             async with aiohttp.ClientSession() as http:
@@ -132,7 +139,8 @@ async def _visit(page: Path, width: int, height: int) -> PageVisit:
                 visit.phone_width = int(result["result"]["value"])
                 await ws.close()
         finally:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return visit
 
