@@ -80,7 +80,12 @@ def test_flag_values_true_false_none_and_lists(tmp_path):
         "--e",
         "0.5",
     ]
-    assert spec.env == {"X": "1", "Y": "true", "CUDA_VISIBLE_DEVICES": "2,3"}
+    assert spec.env == {
+        "X": "1",
+        "Y": "true",
+        "CUDA_VISIBLE_DEVICES": "2,3",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # CUDA's indexes = NVML's, which gpufleet uses
+    }
     assert spec.gpus == [2, 3]
 
 

@@ -7,6 +7,7 @@ import pwd
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -132,6 +133,9 @@ def test_launch_real_gpu_server_then_stop_clean(gpu_host, tmp_path):
     assert "local: starting" in out.stdout and "local: READY gpuserver" in out.stdout
     held = nvml_memory()[0]
     assert held["v2_used_mib"] >= 4096 and held["pids"]
+    # the server sees the GPUs in NVML's (PCI bus) order: `gpus: [0]` is NVML's GPU 0
+    environ = Path(f"/proc/{held['pids'][0]}/environ").read_bytes().split(b"\0")
+    assert b"CUDA_DEVICE_ORDER=PCI_BUS_ID" in environ and b"CUDA_VISIBLE_DEVICES=0" in environ
     start = time.perf_counter()
     out = run_cli("stop", "--inventory", str(gpu_host.inventory))
     stop_wall = time.perf_counter() - start
@@ -163,3 +167,40 @@ def test_shipped_local_inventory_works_here():
     out = run_cli("status", "--inventory", str(REPO / "hosts/local.yaml"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "NVIDIA" in out.stdout
+
+
+def test_a_real_gpu_process_in_another_pid_namespace_is_another_tenants(gpu_host):
+    """A torch process in its own PID namespace (as a container's): NVML names it by its host
+    PID; gpu-clean leaves it alone unless --all-tenants, then SIGKILL (a namespace's init
+    ignores SIGTERM from outside) and the GPU reads 0 MiB again."""
+    tenant = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+         "import time, torch; x = torch.empty(2**31, dtype=torch.uint8, device='cuda');"
+         " torch.cuda.synchronize(); print('ready', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert tenant.stdout.readline().strip() == "ready"
+        [holder] = nvml_memory()[0]["pids"]
+        assert Path(f"/proc/{holder}/ns/pid").resolve() != Path("/proc/self/ns/pid").resolve()
+        out = run_cli(
+            "gpu-clean", "--inventory", str(gpu_host.inventory), "--grace", "2", "--timeout", "5"
+        )
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert f"left {holder} alone: in another PID namespace" in out.stdout
+        assert pid_alive(holder) and nvml_memory()[0]["v2_used_mib"] >= 2048
+        start = time.perf_counter()
+        out = run_cli(
+            "gpu-clean", "--inventory", str(gpu_host.inventory), "--grace", "2", "--all-tenants"
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"{holder} (SIGKILL after 2s)" in out.stdout
+        assert nvml_memory()[0]["v2_used_mib"] == 0
+        record(
+            "other_tenant",
+            {"refused": 1, "killed_with_all_tenants": 1,
+             "clean_wall_s": round(time.perf_counter() - start, 2)},
+        )  # fmt: skip
+    finally:
+        tenant.kill()
+        tenant.wait()

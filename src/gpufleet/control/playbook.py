@@ -310,6 +310,9 @@ def _spec_for(
     gpus = profile.gpus if profile.gpus is not None else list(range(profile.tp // profile.nnodes))
     if profile.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in profile.gpus)
+        # CUDA numbers GPUs fastest-first by default; NVML (and so gpufleet's indexes,
+        # preflight's busy check and gpu-clean) by PCI bus id: make CUDA count like NVML
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     health_host = "127.0.0.1" if profile.host in ("0.0.0.0", "::", "") else profile.host
     resolved = profile.model_dump()
     resolved["env"] = redact_env({k: str(v) for k, v in profile.env.items()})
