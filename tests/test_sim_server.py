@@ -111,7 +111,7 @@ def test_sigkill_of_launcher_orphans_schedulers_for_gpu_clean(sim_server, tmp_pa
 
     found = procs.find_pattern_matches(procs.DEFAULT_PATTERNS, str(server.state_dir))
     assert {k.pid for k in kids} <= set(found)
-    tree, _ = procs.collect_trees(found, procs.protected_pids(), all_users=False)
+    tree, _ = procs.collect_trees(found, procs.KillPolicy(frozenset(procs.protected_pids())))
     procs.kill_trees(tree, grace_s=2)
     assert gpustate.live_allocations(server.state_dir) == []
 
