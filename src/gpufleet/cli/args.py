@@ -19,6 +19,7 @@ LIMITS: dict[str, float] = {
     "--grace": 3_600,
     "--duration": 7 * 86_400,
     "--request-rate": 1_000_000,  # requests/s
+    "--telemetry-interval": 60,  # s
 }
 
 

@@ -34,6 +34,7 @@ from gpufleet.cli.common import (
         "engine": "gpufleet (default) or sglang-bench: SGLang's own bench_serving on the host",
         "tokenizer": "tokenizer path for --engine sglang-bench (default: the served model)",
         "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
+        "telemetry-interval": "seconds between GPU power/utilisation samples (default 0.5; 0: off)",
         **FLEET_HELP,
     },
 )
@@ -57,6 +58,7 @@ def bench(
     engine="gpufleet",
     tokenizer=None,
     archive=None,
+    telemetry_interval=None,
     hosts=None,
     inventory=None,
     forks=None,
@@ -74,7 +76,7 @@ def bench(
         raise UserError(f"--client {client!r}: expected host or local")
     request = _bench_request(
         concurrency, profile, port, num_prompts, duration, request_rate, output_len, prompts,
-        seed, backend, warmup, url, archive, engine, tokenizer, attach,
+        seed, backend, warmup, url, archive, engine, tokenizer, attach, telemetry_interval,
     )  # fmt: skip
     if client == "local":
         run_id, value = bench_control.bench_local(request, bench_progress())
@@ -111,7 +113,7 @@ def bench(
 
 def _bench_request(
     concurrency, profile, port, num_prompts, duration, request_rate, output_len, prompts,
-    seed, backend, warmup, url, archive, engine, tokenizer, attach,
+    seed, backend, warmup, url, archive, engine, tokenizer, attach, telemetry_interval=None,
 ):  # fmt: skip
     """`inv bench` options checked and turned into one BenchRequest."""
     from pathlib import Path
@@ -140,7 +142,17 @@ def _bench_request(
         archive_root=Path(archive) if archive else DEFAULT_ROOT,
         engine=engine,
         tokenizer=tokenizer,
+        telemetry_interval_s=_interval(telemetry_interval),
     )
+
+
+def _interval(value):
+    """--telemetry-interval: seconds (0 turns sampling off)."""
+    from gpufleet.cli.args import positive_float
+
+    if value is not None and str(value).strip() in ("0", "0.0"):
+        return 0.0
+    return positive_float(value, "--telemetry-interval", 0.5)
 
 
 @task(

@@ -54,6 +54,7 @@ class BenchRequest:
     fixed_levels: list[dict[str, int]] | None = None  # explicit requests per level
     engine: str = "gpufleet"  # or sglang-bench: SGLang's own bench_serving on the host
     tokenizer: str | None = None  # for sglang-bench (default: the served model's path)
+    telemetry_interval_s: float = 0.5  # GPU sampling during each level; 0 = off
 
     def levels(self) -> list[dict[str, int]]:
         if self.fixed_levels:
@@ -106,6 +107,7 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[dict[str, Any], byte
         "seed": request.seed,
         "ignore_eos": True,
         "metrics": request.metrics,
+        "telemetry_interval_s": request.telemetry_interval_s,
         "prompt_set": label,
         "prompt_set_sha256": prompt_sets.digest(texts),
         "prompts_sha256": prompt_sets.digest(chosen),

@@ -79,7 +79,27 @@ def sentence(a: Arm, b: Arm, levels: list[int]) -> str:
         last = f"; at C={top} {winner} delivers {ratio:.1f}x"
     else:
         last = ""
-    return f"{first} and {second}{last}."
+    return f"{first} and {second}{last}{_energy_clause(a, b, levels)}."
+
+
+def _energy_clause(a: Arm, b: Arm, levels: list[int]) -> str:
+    """Energy, where it changes the verdict: at a level where one side is faster per
+    request but the other spends less energy per token, say so."""
+    for c in levels:
+        per_a = _metric(a.levels[c], "median_per_request_output_tps")
+        per_b = _metric(b.levels[c], "median_per_request_output_tps")
+        tpj_a = _metric(a.levels[c], "output_tokens_per_joule")
+        tpj_b = _metric(b.levels[c], "output_tokens_per_joule")
+        if None in (per_a, per_b, tpj_a, tpj_b) or not tpj_a or not tpj_b:
+            continue
+        faster, frugal = (b, a) if per_b > per_a else (a, b)  # type: ignore[operator]
+        ratio = max(tpj_a, tpj_b) / min(tpj_a, tpj_b)  # type: ignore[type-var]
+        if (tpj_b > tpj_a) != (faster is b) and ratio >= 1.05:
+            return (
+                f"; but at C={c}, where {faster.label} is faster per request, "
+                f"{frugal.label} gets {ratio:.2f}x the tokens per joule"
+            )
+    return ""
 
 
 def _flag(argv: list[str] | None, name: str) -> str | None:
@@ -154,8 +174,16 @@ TABLE_METRICS = [
     ("TTFT p99 ms", "p99_ttft_ms", "{:.1f}"),
     ("ITL p50 ms", "median_itl_ms", "{:.2f}"),
     ("accept len", "accept_length", "{:.2f}"),
+    ("GPU W avg", "gpu_power_avg_w", "{:.0f}"),
+    ("tok/J", "output_tokens_per_joule", "{:.2f}"),
+    ("J/tok", "joules_per_output_token", "{:.3f}"),
 ]
-RATIO_KEYS = {"output_throughput", "median_per_request_output_tps", "median_ttft_ms"}
+RATIO_KEYS = {
+    "output_throughput",
+    "median_per_request_output_tps",
+    "median_ttft_ms",
+    "output_tokens_per_joule",
+}
 
 
 def common_levels(arms: list[Arm]) -> list[int]:

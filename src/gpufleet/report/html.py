@@ -24,6 +24,7 @@ VERDICT_METRICS = [  # (heading, key, format, higher is better)
     ("TTFT p50 ms", "median_ttft_ms", "{:.1f}", False),
     ("TTFT p99 ms", "p99_ttft_ms", "{:.1f}", False),
     ("ITL p50 ms", "median_itl_ms", "{:.2f}", False),
+    ("output tok/J", "output_tokens_per_joule", "{:.2f}", True),
 ]
 PLOTS = [  # (title, [(key, series suffix)], y label)
     ("Total output throughput", [("output_throughput", "")], "tok/s"),

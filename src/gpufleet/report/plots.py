@@ -12,6 +12,7 @@ PLOTS = [
     ("throughput", "output_throughput", "total output throughput (tok/s)"),
     ("per_request", "median_per_request_output_tps", "per-request output speed, median (tok/s)"),
     ("ttft", "median_ttft_ms", "time to first token, median (ms)"),
+    ("tokens_per_joule", "output_tokens_per_joule", "output tokens per joule (GPU energy)"),
 ]
 
 
@@ -25,6 +26,8 @@ def write(host: str, arms: list[Arm], out_dir: Path) -> list[Path]:
     levels = common_levels(arms)
     written = []
     for name, key, ylabel in PLOTS:
+        if not any(arm.levels[c].get(key) is not None for arm in arms for c in levels):
+            continue  # e.g. no GPU telemetry in these runs
         fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
         for arm in arms:
             ys = [arm.levels[c].get(key) for c in levels]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -164,3 +165,27 @@ def host_pids(path: str | os.PathLike[str] | None = None) -> set[int]:
         else:
             file.unlink(missing_ok=True)
     return out
+
+
+def write_activity(
+    gpu: int, data: dict[str, Any], path: str | os.PathLike[str] | None = None
+) -> None:
+    """What a simulated server's work does to GPU `gpu` (power, energy above idle, load)."""
+    _write_json_atomic(state_dir(path) / "activity" / f"{gpu}.json", data)
+
+
+def read_activity(gpu: int, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    try:
+        return json.loads((state_dir(path) / "activity" / f"{gpu}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def energy_epoch(path: str | os.PathLike[str] | None = None) -> float:
+    """When the simulated driver "loaded": the energy counter counts idle power from here."""
+    file = state_dir(path) / "energy_epoch"
+    try:
+        return float(file.read_text())
+    except (OSError, ValueError):
+        _write_json_atomic(file, time.time())
+        return float(file.read_text())

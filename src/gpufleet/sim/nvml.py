@@ -7,10 +7,11 @@ processes are listed with `usedGpuMemory` in bytes.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from gpufleet.sim import gpustate
+from gpufleet.sim import gpustate, power
 
 MIB = 1024 * 1024
 nvmlMemory_v1 = 0x1000018
@@ -169,3 +170,56 @@ nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
 def nvmlDeviceGetGraphicsRunningProcesses(handle: _Handle) -> list[c_nvmlProcessInfo_t]:
     _topology()
     return []
+
+
+# -- power, energy, load (sim/power.py publishes what the rehearsal server's work draws) --
+NVML_CLOCK_SM = 1
+NVML_TEMPERATURE_GPU = 0
+_STALE_S = 1.0  # no fresh activity: the server is idle (or gone)
+
+
+@dataclass
+class c_nvmlUtilization_t:
+    gpu: int
+    memory: int
+
+
+def _activity(index: int) -> dict[str, Any]:
+    data = gpustate.read_activity(index)
+    fresh = data and time.time() - data.get("t", 0) <= _STALE_S
+    return data if fresh else {"extra_j": data.get("extra_j", 0.0) if data else 0.0}
+
+
+def nvmlDeviceGetPowerUsage(handle: _Handle) -> int:
+    """Milliwatts, as NVML: idle, or what the server's last steps drew."""
+    _topology()
+    return int(_activity(handle.index).get("power_w", power.IDLE_W) * 1000)
+
+
+def nvmlDeviceGetTotalEnergyConsumption(handle: _Handle) -> int:
+    """Millijoules since the simulated driver loaded: idle power all along plus the energy
+    the server's work drew above idle. Never decreases."""
+    _topology()
+    idle_j = power.IDLE_W * (time.time() - gpustate.energy_epoch())
+    return int((idle_j + _activity(handle.index).get("extra_j", 0.0)) * 1000)
+
+
+def nvmlDeviceGetUtilizationRates(handle: _Handle) -> c_nvmlUtilization_t:
+    _topology()
+    data = _activity(handle.index)
+    return c_nvmlUtilization_t(int(data.get("sm_util", 0)), int(data.get("mem_util", 0)))
+
+
+def nvmlDeviceGetClockInfo(handle: _Handle, clock_type: int) -> int:
+    _topology()
+    return 1980 if _activity(handle.index).get("sm_util", 0) else 345
+
+
+def nvmlDeviceGetTemperature(handle: _Handle, sensor: int) -> int:
+    _topology()
+    return int(30 + 0.06 * nvmlDeviceGetPowerUsage(handle) / 1000)
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle: _Handle) -> int:
+    _topology()
+    return 0  # no throttling in rehearsal

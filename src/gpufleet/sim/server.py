@@ -21,6 +21,7 @@ from typing import Any
 
 from gpufleet.sim import gpustate, serverargs
 from gpufleet.sim.hold import set_title
+from gpufleet.sim.power import ActivityMeter
 from gpufleet.sim.timing import Engine, TimingModel
 
 READY_LINE = "The server is fired up and ready to roll!"
@@ -137,7 +138,15 @@ async def serve(launcher: Launcher) -> int:
             crashed["done"] = True
             launcher.crash(size)
 
-    engine = Engine(_model(a), a.max_running_requests, a.sim_zero_cost, a.sim_seed, on_batch)
+    meter = None
+    if os.environ.get(gpustate.STATE_ENV):
+        per_node = max(1, a.tp_size // max(1, a.nnodes))
+        gpus = [_visible_gpu(a.base_gpu_id + i) for i in range(per_node)]
+        meter = ActivityMeter(gpus, speculative=bool(a.speculative_algorithm))
+    engine = Engine(
+        _model(a), a.max_running_requests, a.sim_zero_cost, a.sim_seed, on_batch,
+        on_step=meter.step if meter else None,
+    )  # fmt: skip
     state = ServerState(engine, a)
     app = web.Application()
     app.add_routes(Api(state).routes())

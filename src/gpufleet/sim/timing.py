@@ -74,12 +74,14 @@ class Engine:
         zero_cost: bool = False,
         seed: int = 0,
         on_batch: Callable[[int], None] | None = None,
+        on_step: Callable[[float, int], None] | None = None,
     ) -> None:
         self.model = model
         self.max_running = max_running
         self.zero_cost = zero_cost
         self.rng = random.Random(seed)
         self.on_batch = on_batch
+        self.on_step = on_step  # (seconds of GPU work, batch): for the simulated power
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.wakeup = asyncio.Event()
@@ -135,6 +137,7 @@ class Engine:
                 continue
             if self.on_batch:
                 self.on_batch(len(self.running))
+            step = 0.0
             if self.zero_cost:
                 await asyncio.sleep(0)
             else:
@@ -163,4 +166,6 @@ class Engine:
                 emitted += n
             self.generated_total += emitted
             self.steps += 1
+            if self.on_step is not None:
+                self.on_step(step, len(self.running))
             self._recent.append((now, emitted))

@@ -10,6 +10,7 @@ Files written in the run directory:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -19,8 +20,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpufleet.host.bench import telemetry
 from gpufleet.host.bench.loadgen import Prompt, RequestRecord, run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
+from gpufleet.host.nvml import load_pynvml
 from gpufleet.host.redact import process_secrets, scrub
 from gpufleet.host.servers import server_alive
 
@@ -297,6 +300,17 @@ def _summary(plan: dict[str, Any], run: Any, samples: list[dict[str, Any]]) -> d
     return summary
 
 
+def _telemetry(plan: dict[str, Any], state: dict[str, Any] | None) -> telemetry.Sampler | None:
+    """A sampler of the server's GPUs, or None (no server state, no NVML, or turned off)."""
+    interval = plan.get("telemetry_interval_s", 0.5)
+    if not interval or not state or not state.get("gpus"):
+        return None
+    try:
+        return telemetry.Sampler(load_pynvml(), list(state["gpus"]), interval)
+    except Exception:  # no NVML here (AgentError or a driver error): no telemetry, run goes on
+        return None
+
+
 def _gpufleet_level(
     plan: dict[str, Any],
     level: dict[str, Any],
@@ -308,12 +322,17 @@ def _gpufleet_level(
     """Run one level with gpufleet's generator and write its files: (status, reason, stop)."""
     c = level["concurrency"]
     prompts = [Prompt(text=t, output_len=plan["output_len"]) for t in texts[: level["num_prompts"]]]
+    gauge = _telemetry(plan, server_state)
     try:
-        run, samples = run_async(_level(plan, prompts, level, writer))
+        with gauge or contextlib.nullcontext():
+            run, samples = run_async(_level(plan, prompts, level, writer))
     except Exception as exc:  # the generator itself failed: keep what we know
         return "failed", f"level C={c}: load generator error: {exc!r}", True
     marks.append((_log_size(server_state), f"level C={c} ends"))
     summary = _summary(plan, run, samples)
+    if gauge is not None:
+        writer.lines(f"telemetry-c{c}.jsonl", gauge.rows)
+        summary.update(telemetry.summarize(gauge.rows, int(summary["total_output_tokens"])))
     if samples:
         writer.lines(f"metrics-c{c}.jsonl", samples)
     writer.lines(f"requests-c{c}.jsonl", [r.to_json() for r in run.records])
