@@ -204,3 +204,59 @@ def test_a_real_gpu_process_in_another_pid_namespace_is_another_tenants(gpu_host
     finally:
         tenant.kill()
         tenant.wait()
+
+
+def test_telemetry_on_a_real_gpu_load_counter_agrees_with_power(gpu_host, tmp_path):
+    """A custom-engine server doing a real 8192^2 fp16 matmul per token: GPU telemetry during
+    `inv bench`, the energy counter against the integral of sampled power, J/token."""
+    import json
+
+    import pynvml
+    from test_multi_gpu import TP_SERVER
+
+    from gpufleet.host.bench import telemetry
+    from gpufleet.sim.sshd import free_port
+
+    pynvml.nvmlInit()
+    with telemetry.Sampler(pynvml, [0], 0.25) as idle:
+        time.sleep(3)
+    idle_w = telemetry.summarize(idle.rows, 1)["gpu_power_avg_w"]
+    script = tmp_path / "server.py"
+    script.write_text(TP_SERVER.replace("4096, 4096", "8192, 8192"))
+    port = free_port()
+    profile = tmp_path / "watts.yaml"
+    profile.write_text(
+        yaml.safe_dump(
+            {
+                "engine": "custom", "model_path": "/none", "check_model_path": False,
+                "port": port, "command": ["{python}", str(script), "{port}", "1"],
+                "health_timeout": 240, "gpus": [0],
+            }
+        )
+    )  # fmt: skip
+    inv = ["--inventory", str(gpu_host.inventory)]
+    assert run_cli("launch", "--profile", str(profile), *inv, timeout=300).returncode == 0
+    try:
+        out = run_cli(
+            "bench", "--profile", "watts", "-c", "1,8", "--num-prompts", "16",
+            "--output-len", "1024", "--telemetry-interval", "0.2",
+            "--archive", str(tmp_path / "a"), *inv, timeout=500,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+    finally:
+        run_cli("stop", *inv)
+    [run] = list((tmp_path / "a" / "local").iterdir())
+    rows = {r["max_concurrency"]: r for r in map(json.loads, (run / "results.jsonl").open())}
+    figures = {"idle_w": idle_w}
+    keys = ("gpu_energy_j", "gpu_energy_integrated_j", "gpu_power_avg_w", "gpu_power_peak_w",
+            "gpu_util_avg", "joules_per_output_token", "output_throughput", "duration")  # fmt: skip
+    for c, row in rows.items():
+        figures[f"c{c}"] = {k: row[k] for k in keys}
+        record("telemetry", figures)
+        agreement = row["gpu_energy_j"] / row["gpu_energy_integrated_j"] - 1
+        assert abs(agreement) < 0.05, (c, figures)
+        assert 0 < row["joules_per_output_token"] < 10, row
+        assert row["gpu_power_avg_w"] > idle_w
+        figures[f"c{c}"]["counter_vs_integral"] = round(agreement, 4)
+    assert rows[8]["gpu_util_avg"] >= rows[1]["gpu_util_avg"]
+    record("telemetry", figures)
