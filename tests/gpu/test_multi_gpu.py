@@ -273,6 +273,10 @@ def test_tp_server_across_gpus_launch_bench_stop_then_orphaned_ranks(gpu_host, t
     [run] = list((archive / "local").iterdir())
     rows = [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines()]
     assert [r["max_concurrency"] for r in rows] == [1, 8] and all(r["failed"] == 0 for r in rows)
+    for r in rows:  # telemetry from every GPU the server used
+        samples = [json.loads(x) for x in (run / f"telemetry-c{r['max_concurrency']}.jsonl").open()]
+        assert {s["gpu"] for s in samples} == set(range(count)) == set(r["gpus_sampled"])
+        assert r["gpu_energy_j"] > 0 and r["joules_per_output_token"] > 0
     start = time.perf_counter()
     out = run_cli("stop", *inv)
     stop_s = time.perf_counter() - start
@@ -300,6 +304,9 @@ def test_tp_server_across_gpus_launch_bench_stop_then_orphaned_ranks(gpu_host, t
             "launch_to_ready_s": round(ready_s, 1),
             "stop_to_clean_s": round(stop_s, 2),
             "bench_output_tok_s": [round(r["output_throughput"], 1) for r in rows],
+            "gpus_sampled": rows[0]["gpus_sampled"],
+            "joules_per_output_token": [round(r["joules_per_output_token"], 3) for r in rows],
+            "avg_power_w_all_gpus": [r["gpu_power_avg_w"] for r in rows],
             "orphaned_ranks_killed": len(ranks),
         },
     )
