@@ -212,3 +212,37 @@ def test_resume_reruns_a_failed_archived_cell_and_compare_picks_the_success(flee
     assert compared.returncode == 0, compared.stderr
     arms = json.loads(compared.stdout)["h0"]["arms"]
     assert arms[1]["run_ids"] == [success["run_id"]]
+
+
+def test_a_second_ctrl_c_aborts_at_once_and_resume_still_finishes(fleet, tmp_path):
+    playbooks = _profiles(fleet)
+    archive = tmp_path / "a"
+    args = [
+        "sweep", "--profiles", f"{playbooks}/ia.yaml,{playbooks}/ib.yaml",
+        "--concurrency", "1", "--num-prompts", "6", "--output-len", "48",
+        "--archive", str(archive), "--inventory", str(fleet.inventory), "--hosts", "h0,h1",
+    ]  # fmt: skip
+    proc = _start(args)
+    output = []
+    for line in proc.stdout:
+        output.append(line)
+        if re.search(r"^h0: C=1: \d+ requests", line):
+            os.killpg(proc.pid, signal.SIGINT)
+            time.sleep(0.3)
+            sent = time.monotonic()
+            os.killpg(proc.pid, signal.SIGINT)  # the impatient second press
+            break
+    output.append(proc.communicate(timeout=30)[0])
+    aborted_in = time.monotonic() - sent
+    text = "".join(output)
+    assert proc.returncode == 130 and aborted_in < 5, (aborted_in, text[-2000:])
+    command = re.search(r"aborted; finish the sweep with `([^`]+)`", text).group(1)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    out = subprocess.run(
+        ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    state = json.loads(next((archive / "sweeps").glob("*.json")).read_text())
+    assert state["status"] == "done"
+    assert _leftovers(fleet) == []
+    record("ctrl_c_twice", {"exit_s": round(aborted_in, 2)})
