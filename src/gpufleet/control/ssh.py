@@ -70,7 +70,7 @@ def _describe(exc: BaseException, host: Host, conn: Connection) -> HostError:
 
 def _strict_on_every_hop(conn: Connection, host: Host) -> None:
     """The host's key policy on the host and on every jump host before it: Fabric builds
-    ProxyJump gateways (from `proxy_jump` or ~/.ssh/config) with AutoAddPolicy, which
+    ProxyJump gateways (from `proxy_jump` or ~/.ssh/config) with an auto-add key policy, which
     would trust any bastion's key."""
     hop: object = conn
     while isinstance(hop, Connection):
