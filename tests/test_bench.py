@@ -120,6 +120,17 @@ def test_sweep_archived_per_host_on_three_hosts(fleet, tmp_path):
         victim.write_text(victim.read_text() + "\n")
         listing = run_cli("runs", "--archive", str(tmp_path / "a"), "--verify")
         assert listing.returncode == 1 and "results.jsonl: checksum mismatch" in listing.stdout
+        # a run archived without a file its format requires (the NVML snapshot after the
+        # run was once written after "done"): --verify says so even with no file changed
+        run_dir = next((tmp_path / "a" / "h0").iterdir())
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        assert "nvml_after.json" in manifest["files"]  # written before the run says done
+        del manifest["files"]["nvml_after.json"]
+        (run_dir / "nvml_after.json").unlink()
+        (run_dir / "manifest.json").write_text(json.dumps(manifest))
+        listing = run_cli("runs", "--archive", str(tmp_path / "a"), "--host", "h0", "--verify")
+        assert listing.returncode == 1, listing.stdout
+        assert "nvml_after.json: required by the run format" in listing.stdout
     finally:
         fleet.cli("stop")
 

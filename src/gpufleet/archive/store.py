@@ -113,13 +113,32 @@ def list_runs(root: Path = DEFAULT_ROOT) -> list[dict[str, Any]]:
     return sorted(runs, key=lambda r: r.get("started_at") or "")
 
 
+# What a finished run must hold (format schema 1): a manifest that lacks one of them was
+# archived incomplete, whatever its checksums say.
+REQUIRED_FILES = ("plan.json", "status.json", "results.jsonl", "summary.csv")
+REQUIRED_FROM_A_HOST = ("sysinfo.json", "nvml_before.json", "nvml_after.json")
+
+
+def required_files(manifest: dict[str, Any]) -> tuple[str, ...]:
+    if manifest.get("schema") != 1 or manifest.get("status") != "done":
+        return ()
+    from_host = bool((manifest.get("host_facts") or {}).get("hostname"))
+    return REQUIRED_FILES + (REQUIRED_FROM_A_HOST if from_host else ())
+
+
 def verify(run_dir: Path) -> list[str]:
-    """Problems found: missing files, changed files, unlisted files. Empty list = intact."""
+    """Problems found: missing files, changed files, unlisted files, files the run format
+    requires that the manifest lacks. Empty list = intact."""
     try:
-        listed = read_manifest(run_dir).get("files", {})
+        manifest = read_manifest(run_dir)
     except (OSError, ValueError) as exc:
         return [f"manifest unreadable: {exc}"]
-    problems = []
+    listed = manifest.get("files", {})
+    problems = [
+        f"{name}: required by the run format, not in the manifest"
+        for name in required_files(manifest)
+        if name not in listed
+    ]
     for name, digest in listed.items():
         path = run_dir / name
         if not path.exists():
