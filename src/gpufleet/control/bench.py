@@ -21,7 +21,7 @@ from gpufleet.control import prompts as prompt_sets
 from gpufleet.control.cancel import SLICE_S, CancelToken
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
-from gpufleet.control.transport import Session
+from gpufleet.control.transport import Session, host_events
 from gpufleet.errors import UserError
 from gpufleet.host.bench.loadgen import BACKENDS
 from gpufleet.host.protocol import BenchStartArgs, BenchWatchArgs
@@ -155,10 +155,7 @@ def watch(
     """Stream a run's progress until it ends. With a cancel token, watch in slices and raise
     Cancelled when a stop is asked: the run goes on on the host, to be fetched later."""
     name = session.host.name
-
-    def on_event(event: dict[str, Any]) -> None:
-        if progress:
-            progress(name, event)
+    on_event = host_events(name, progress)
 
     args = BenchWatchArgs(run_id=run_id)
     if cancel is not None:

@@ -10,7 +10,7 @@ from gpufleet.control.cancel import SLICE_S, CancelToken
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
 from gpufleet.control.playbook import LaunchSpec, Profile, build_specs
-from gpufleet.control.transport import Session
+from gpufleet.control.transport import Session, host_events
 from gpufleet.errors import HostError
 from gpufleet.host.protocol import LaunchArgs, LogsArgs, StopArgs, WaitReadyArgs
 from gpufleet.report.gpu import dirty_gpus
@@ -50,10 +50,7 @@ def wait_on(
     rank = spec.get("node_rank", 0) if isinstance(spec, dict) else spec.node_rank
     timeout = timeout_s or (spec.health_timeout if isinstance(spec, LaunchSpec) else 1800)
     name = session.host.name
-
-    def on_event(event: dict[str, Any]) -> None:
-        if progress:
-            progress(name, event)
+    on_event = host_events(name, progress)
 
     args = WaitReadyArgs(port=port, timeout_s=timeout, health=rank == 0)
     if cancel is not None:
@@ -177,6 +174,6 @@ def logs(
     args = LogsArgs(profile=profile, port=port, lines=lines, follow=follow)
     return run_on_hosts(
         hosts,
-        lambda s: s.call(args, on_event=(lambda e: progress(s.host.name, e)) if progress else None),
+        lambda s: s.call(args, on_event=host_events(s.host.name, progress)),
         forks=forks,
     )

@@ -26,6 +26,15 @@ from gpufleet.host.protocol import MARK, VerbArgs
 EventHandler = Callable[[dict[str, Any]], None]
 
 
+def host_events(
+    host_name: str, progress: Callable[[str, dict[str, Any]], None] | None
+) -> EventHandler | None:
+    """An agent's progress events, handed to a per-host progress printer (if any)."""
+    if progress is None:
+        return None
+    return lambda event: progress(host_name, event)
+
+
 def _workdir_shell(workdir: str) -> str:
     """Quote a workdir for sh, keeping a leading `~/` expandable."""
     if workdir == "~":
