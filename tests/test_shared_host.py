@@ -210,12 +210,15 @@ def test_a_lost_host_is_reported_at_once_with_a_pasteable_attach(fleet, fresh_ss
             "bench", "--hosts", "flaky,h1", "--concurrency", "4", "--num-prompts", "60",
             "--output-len", "64", "--archive", str(tmp_path / "a"),
         )  # fmt: skip
-        run_id = read_run_id(proc, until="C=4: 60 requests")
+        # flaky's own level has started: its benchmark is being watched when sshd dies
+        run_id = read_run_id(proc, until="flaky: C=4: 60 requests")
         for p in [flaky_sshd.proc, *psutil.Process(flaky_sshd.proc.pid).children(recursive=True)]:
             if p.pid and psutil.Process(p.pid).name().startswith("sshd"):
                 os.kill(p.pid, 9)
         lines = proc.communicate(timeout=120)[0].splitlines()
-        lost = next(i for i, ln in enumerate(lines) if ln.startswith("flaky: FAILED: lost"))
+        lost = [i for i, ln in enumerate(lines) if ln.startswith("flaky: FAILED: lost")]
+        assert lost, "\n".join(lines)
+        lost = lost[0]
         h1_done = next(i for i, ln in enumerate(lines) if ln.startswith("h1: archived"))
         assert lost < h1_done, "\n".join(lines)  # said when it happened, not at the end
         assert sum(ln.startswith("flaky: FAILED") for ln in lines) == 1
