@@ -20,6 +20,10 @@ LIMITS: dict[str, float] = {
     "--duration": 7 * 86_400,
     "--request-rate": 1_000_000,  # requests/s
     "--telemetry-interval": 60,  # s
+    "--random-input-len": 1_000_000,  # tokens
+    "--random-output-len": 1_000_000,
+    "--random-range-ratio": 1,
+    "--trace-speedup": 10_000,
 }
 
 

@@ -7,6 +7,8 @@ from invoke.exceptions import Exit
 
 from gpufleet.cli.common import (
     FLEET_HELP,
+    WORKLOAD_HELP,
+    apply_workload,
     finish,
     forks_for,
     select_hosts,
@@ -24,7 +26,9 @@ from gpufleet.cli.common import (
         "duration": "seconds per level instead of a request count",
         "request-rate": "Poisson arrivals per second (default: all at once, capped by C)",
         "output-len": "output tokens per request, ignore_eos on (default 256)",
-        "prompts": "coding (default), chat, random, a JSONL file or a ShareGPT JSON file",
+        "prompts": "coding (default), chat, random (words), random-ids (token-exact), a JSONL "
+        "file or a ShareGPT JSON file",
+        **WORKLOAD_HELP,
         "seed": "prompt order seed (same seed = same prompts for every profile)",
         "backend": "sglang (/generate), openai (/v1/completions), openai-chat",
         "warmup": "warm-up requests per level, excluded from figures (default 1)",
@@ -59,6 +63,12 @@ def bench(
     tokenizer=None,
     archive=None,
     telemetry_interval=None,
+    workload=None,
+    trace=None,
+    trace_speedup=None,
+    random_input_len=None,
+    random_output_len=None,
+    random_range_ratio=None,
     hosts=None,
     inventory=None,
     forks=None,
@@ -77,6 +87,10 @@ def bench(
     request = _bench_request(
         concurrency, profile, port, num_prompts, duration, request_rate, output_len, prompts,
         seed, backend, warmup, url, archive, engine, tokenizer, attach, telemetry_interval,
+    )  # fmt: skip
+    apply_workload(
+        request, workload, trace, trace_speedup, random_input_len, random_output_len,
+        random_range_ratio,
     )  # fmt: skip
     if client == "local":
         run_id, value = bench_control.bench_local(request, bench_progress())

@@ -65,3 +65,39 @@ def forks_for(inv: Any, forks: str | None) -> int:
     from gpufleet.cli.args import non_negative_int
 
     return non_negative_int(forks, "--forks", 0) or inv.forks
+
+
+WORKLOAD_HELP = {
+    "workload": "single (default), multiturn[:turns=N] (sessions; C counts sessions), "
+    "shared-prefix[:groups=G,per_group=P,prefix_len=L,question_len=Q]",
+    "trace": "replay a Mooncake-format JSONL trace at its timestamps "
+    "(e.g. playbooks/traces/mooncake-sample.jsonl)",
+    "trace-speedup": "replay the trace this many times faster (default 1)",
+    "random-input-len": "prompt length: words for --prompts random, tokens for random-ids "
+    "(default 256)",
+    "random-output-len": "random-ids: output tokens (default --output-len)",
+    "random-range-ratio": "random-ids: lengths uniform in [len x ratio, len] (default 1: exact)",
+}
+
+
+def apply_workload(
+    request: Any,
+    workload: str | None,
+    trace: str | None,
+    trace_speedup: str | None,
+    random_input_len: str | None,
+    random_output_len: str | None,
+    random_range_ratio: str | None,
+) -> None:
+    """The workload options of bench and sweep, checked, into the BenchRequest."""
+    from gpufleet.cli.args import positive_float, positive_int
+    from gpufleet.control.workloads import parse_workload
+
+    parse_workload(workload)  # a bad name or option: one line now
+    request.workload = workload or "single"
+    request.trace = trace
+    request.trace_speedup = positive_float(trace_speedup, "--trace-speedup", 1.0)
+    request.random_input_len = positive_int(random_input_len, "--random-input-len", 256)
+    if random_output_len is not None:
+        request.random_output_len = positive_int(random_output_len, "--random-output-len", 1)
+    request.random_range_ratio = positive_float(random_range_ratio, "--random-range-ratio", 1.0)

@@ -12,6 +12,8 @@ from invoke.exceptions import Exit
 from gpufleet.cli.common import (
     HOSTS_HELP,
     INVENTORY_HELP,
+    WORKLOAD_HELP,
+    apply_workload,
     forks_for,
     select_hosts,
     user_errors,
@@ -125,7 +127,8 @@ SWEEP_HELP = {
     "concurrency": "levels, comma separated and/or repeated",
     "num-prompts": "requests per level (default max(10, 4 x C))",
     "output-len": "output tokens per request (default 256)",
-    "prompts": "coding (default), chat, random, or a file",
+    "prompts": "coding (default), chat, random (words), random-ids, or a file",
+    **WORKLOAD_HELP,
     "seed": "prompt order seed",
     "resume": "finish the latest sweep of these profiles (re-attach, re-run failed cells)",
     "dry-run": "print the plan; start nothing",
@@ -153,12 +156,22 @@ def sweep(
     fail_fast=False,
     engine=None,
     archive=None,
+    workload=None,
+    trace=None,
+    trace_speedup=None,
+    random_input_len=None,
+    random_output_len=None,
+    random_range_ratio=None,
     hosts=None,
     inventory=None,
     forks=None,
 ):
     """For each profile on all hosts: gpu-clean, launch, bench, stop, verify; then compare."""
     request = _sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive)
+    apply_workload(
+        request, workload, trace, trace_speedup, random_input_len, random_output_len,
+        random_range_ratio,
+    )  # fmt: skip
     names = [p.strip() for p in profiles.split(",") if p.strip()]
     options = {
         "--profiles": profiles,
@@ -171,6 +184,12 @@ def sweep(
         "--engine": engine,
         "--archive": archive,
         "--forks": forks,
+        "--workload": workload,
+        "--trace": trace,
+        "--trace-speedup": trace_speedup,
+        "--random-input-len": random_input_len,
+        "--random-output-len": random_output_len,
+        "--random-range-ratio": random_range_ratio,
     }
     command = _resume_command(["inv", "sweep"], options)
     _do_sweep(names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks, command)

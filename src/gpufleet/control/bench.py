@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 from gpufleet import __version__
 from gpufleet.archive import manifest, store
 from gpufleet.control import prompts as prompt_sets
+from gpufleet.control import workloads
 from gpufleet.control.cancel import SLICE_S, CancelToken
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
@@ -44,6 +45,11 @@ class BenchRequest:
     output_len: int = 256
     prompts: str = "coding"
     random_input_len: int = 256
+    random_output_len: int | None = None  # random-ids: default output_len
+    random_range_ratio: float = 1.0  # random-ids: lengths uniform in [len x ratio, len]
+    workload: str = "single"  # single, multiturn[:turns=N], shared-prefix[:...]
+    trace: str | None = None  # a Mooncake-format JSONL replayed at its timestamps
+    trace_speedup: float = 1.0
     seed: int = 0
     backend: str = "sglang"
     warmup: int = 1
@@ -56,9 +62,13 @@ class BenchRequest:
     tokenizer: str | None = None  # for sglang-bench (default: the served model's path)
     telemetry_interval_s: float = 0.5  # GPU sampling during each level; 0 = off
 
-    def levels(self) -> list[dict[str, int]]:
+    def levels(self, available: int | None = None) -> list[dict[str, int]]:
+        """Requests (sessions for multiturn) per level; `available` caps them (a trace)."""
         if self.fixed_levels:
             return [dict(level) for level in self.fixed_levels]
+        if available is not None:
+            count = min(self.num_prompts or available, available)
+            return [{"concurrency": c, "num_prompts": count} for c in self.concurrency]
         return [
             {
                 "concurrency": c,
@@ -83,14 +93,62 @@ def make_run_id(request: BenchRequest, hosts: list[str]) -> str:
     return f"{stamp}-{label}-{digest.hexdigest()[:6]}"
 
 
+def _rows(
+    request: BenchRequest,
+) -> tuple[str, str, list[dict[str, Any]], list[dict[str, int]], dict[str, Any]]:
+    """(label, digest of the source set, prompts.jsonl rows, levels, extra plan keys)."""
+    workload = workloads.parse_workload(request.workload)
+    if request.trace:
+        if workload.name != "single" or request.prompts not in ("coding", request.trace):
+            raise UserError("--trace replays its own requests: drop --workload and --prompts")
+        rows = workloads.load_trace(request.trace, request.trace_speedup)
+        speed = f"x{request.trace_speedup:g}" if request.trace_speedup != 1 else ""
+        label = f"trace:{Path(request.trace).name}{speed}"
+        return label, _digest(rows), rows, request.levels(len(rows)), {}
+    levels = request.levels()
+    count = max(lv["num_prompts"] for lv in levels)
+    if request.prompts == "random-ids":
+        if workload.name != "single":
+            raise UserError(f"--prompts random-ids: not with --workload {workload.name}")
+        out = request.random_output_len or request.output_len
+        ratio = request.random_range_ratio
+        rows = workloads.random_ids(count, request.seed, request.random_input_len, out, ratio)
+        label = f"random-ids-{request.random_input_len}-{out}"
+        label += f"-r{ratio:g}" if ratio < 1 else ""
+        return label, _digest(rows), rows, levels, {}
+    if workload.name == "shared-prefix":
+        rows = workloads.shared_prefix(count, request.seed, workload.options)
+        return workload.label, _digest(rows), rows, levels, {}
+    label, texts = prompt_sets.load_texts(request.prompts, request.seed, request.random_input_len)
+    if workload.name == "multiturn":
+        rows = workloads.multiturn(texts, count, request.seed, workload.options["turns"])
+        extra = {"system_prompt": workloads.system_prompt()}
+        return f"{label}+{workload.label}", prompt_sets.digest(texts), rows, levels, extra
+    rows = [{"prompt": t} for t in prompt_sets.sample(texts, count, request.seed)]
+    return label, prompt_sets.digest(texts), rows, levels, {}
+
+
+def _digest(rows: list[dict[str, Any]]) -> str:
+    return prompt_sets.digest([json.dumps(row, sort_keys=True) for row in rows])
+
+
+def _check_combination(request: BenchRequest, rows: list[dict[str, Any]], label: str) -> None:
+    """Refuse what a backend or engine cannot send, before any host is touched."""
+    if request.engine == "sglang-bench" and any("prompt" not in row for row in rows):
+        raise UserError(f"--engine sglang-bench: prompt set {label} needs --engine gpufleet")
+    if request.backend == "openai-chat" and any("input_ids" in row for row in rows):
+        raise UserError(
+            f"--backend openai-chat: {label} sends token ids; use --backend sglang or openai"
+        )
+
+
 def build_plan(request: BenchRequest, run_id: str) -> tuple[dict[str, Any], bytes]:
     if request.engine not in ("gpufleet", "sglang-bench"):
         raise UserError(f"--engine {request.engine!r}: expected gpufleet or sglang-bench")
     if request.backend not in BACKENDS:
         raise UserError(f"--backend {request.backend!r}: expected one of {', '.join(BACKENDS)}")
-    label, texts = prompt_sets.load_texts(request.prompts, request.seed, request.random_input_len)
-    levels = request.levels()
-    chosen = prompt_sets.sample(texts, max(lv["num_prompts"] for lv in levels), request.seed)
+    label, set_digest, rows, levels, extra = _rows(request)
+    _check_combination(request, rows, label)
     plan = {
         "run_id": run_id,
         "profile": Path(request.profile).stem if request.profile else None,
@@ -109,10 +167,14 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[dict[str, Any], byte
         "metrics": request.metrics,
         "telemetry_interval_s": request.telemetry_interval_s,
         "prompt_set": label,
-        "prompt_set_sha256": prompt_sets.digest(texts),
-        "prompts_sha256": prompt_sets.digest(chosen),
+        "workload": workloads.parse_workload(request.workload).label
+        if not request.trace
+        else "trace",
+        "prompt_set_sha256": set_digest,
+        "prompts_sha256": _digest(rows),
+        **extra,
     }
-    body = "".join(json.dumps({"prompt": t}) + "\n" for t in chosen).encode()
+    body = "".join(json.dumps(row) + "\n" for row in rows).encode()
     return plan, body
 
 

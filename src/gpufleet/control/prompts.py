@@ -38,7 +38,7 @@ WORDS = (
 )
 
 
-def _bundled_dir() -> Path:
+def bundled_dir() -> Path:
     for candidate in (Path("playbooks/prompts"), BUNDLED):
         if candidate.is_dir():
             return candidate
@@ -78,17 +78,22 @@ def _from_sharegpt(path: Path) -> list[str]:
 
 
 def load_texts(name: str, seed: int, random_input_len: int = 256) -> tuple[str, list[str]]:
-    """`coding`, `chat`, `random`, or a path; returns (label, texts)."""
-    if name == "random":
+    """`coding`, `chat`, `random` (words), or a path; returns (label, texts).
+
+    `random` is that many *words*, not tokens (a word is one to three tokens): the label says
+    so. Token-exact random prompts are `random-ids` (control/workloads.py)."""
+    if name in ("random", "random-words"):
         rng = random.Random(seed)
         texts = [" ".join(rng.choice(WORDS) for _ in range(random_input_len)) for _ in range(1000)]
-        return f"random-{random_input_len}", texts
+        return f"random-words-{random_input_len}", texts
     path = Path(name)
     if not path.exists():
-        bundled = _bundled_dir() / f"{name}.jsonl"
+        bundled = bundled_dir() / f"{name}.jsonl"
         if not bundled.exists():
-            known = ", ".join(sorted(p.stem for p in _bundled_dir().glob("*.jsonl")))
-            raise UserError(f"--prompts {name!r}: no such file or bundled set ({known}, random)")
+            known = ", ".join(sorted(p.stem for p in bundled_dir().glob("*.jsonl")))
+            raise UserError(
+                f"--prompts {name!r}: no such file or bundled set ({known}, random, random-ids)"
+            )
         path = bundled
     texts = _from_sharegpt(path) if path.suffix == ".json" else _from_jsonl(path)
     return path.stem, texts

@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gpufleet.sim.prefixcache import id_blocks, text_blocks
 from gpufleet.sim.timing import Engine, SimRequest
 
 WORDS = ("the", "model", "returns", "a", "value", "for", "each", "token", "in", "code")
@@ -77,6 +78,38 @@ def _max_tokens(value: Any, default: int = 128) -> int:
         return max(1, int(value)) if value is not None else default
     except (TypeError, ValueError):
         return default
+
+
+CHAT_SEP = "\n\n"  # the rehearsal's chat template: message contents joined by a blank line
+
+
+class _Prompt:
+    """A request's prompt as the engine sees it: tokens, prefix-cache blocks, and the text
+    (None for input_ids) after which its output is cached."""
+
+    def __init__(self, body: dict[str, Any], text_key: str, chat: bool = False) -> None:
+        self.output_sep = ""
+        self.text: str | None = None
+        ids = body.get("input_ids") if not chat else None
+        value = body.get(text_key, "") if not chat else None
+        if ids is None and isinstance(value, list) and value and isinstance(value[0], int):
+            ids = value  # OpenAI completions accept token ids as the prompt
+        if ids is not None:
+            ids = ids[0] if ids and isinstance(ids[0], list) else ids
+            self.tokens = max(1, len(ids))
+            self.blocks = id_blocks(ids)
+            return
+        if chat:
+            messages = body.get("messages") or []
+            value = CHAT_SEP.join(
+                str(m.get("content", "")) for m in messages if isinstance(m, dict)
+            )
+            self.output_sep = CHAT_SEP
+        elif isinstance(value, list):
+            value = value[0] if value and isinstance(value[0], str) else " ".join(map(str, value))
+        self.text = str(value)
+        self.tokens = count_tokens(self.text)
+        self.blocks = text_blocks(self.text)
 
 
 class Api:
@@ -164,9 +197,12 @@ class Api:
         )
 
     async def flush_cache(self, request: web.Request) -> web.Response:
+        """SGLang's answers: 200 when flushed, 400 while requests run (nothing flushed)."""
         engine = self.state.engine
         if engine and (engine.running or engine.waiting):
             return web.Response(status=400, text="Cache not flushed: requests are running.\n")
+        if engine and engine.cache is not None:
+            engine.cache.flush()
         return web.Response(status=200, text="Cache flushed.\n")
 
     async def trace(self, request: web.Request) -> web.Response:
@@ -198,23 +234,21 @@ class Api:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     # -- generation ----------------------------------------------------------
-    def _admit(self, prompt_tokens: int, max_new: int) -> SimRequest:
+    def _admit(self, prompt: _Prompt, max_new: int) -> SimRequest:
         if self.state.phase != "ready" and not self.state.args.node_rank:
             raise web.HTTPServiceUnavailable(text="server is not ready")
-        req = SimRequest(uuid.uuid4().hex, prompt_tokens, max_new)
+        req = SimRequest(uuid.uuid4().hex, prompt.tokens, max_new, blocks=prompt.blocks)
         assert self.state.engine is not None
         self.state.engine.submit(req)
         return req
 
-    @staticmethod
-    def _prompt_len(body: dict[str, Any], text_key: str) -> int:
-        if body.get("input_ids") is not None:
-            ids = body["input_ids"]
-            return len(ids[0] if ids and isinstance(ids[0], list) else ids)
-        value = body.get(text_key, "")
-        if isinstance(value, list):
-            value = value[0] if value and isinstance(value[0], str) else " ".join(map(str, value))
-        return count_tokens(str(value))
+    def _remember_output(self, prompt: _Prompt, output: str, req: SimRequest) -> None:
+        """A finished request's prompt and output stay cached, as SGLang's radix tree keeps
+        them: the next turn of a conversation, which resends both, finds them there."""
+        engine = self.state.engine
+        if engine is None or engine.cache is None or prompt.text is None or not req.finished:
+            return
+        engine.cache.insert(text_blocks(prompt.text + prompt.output_sep + output))
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -225,7 +259,8 @@ class Api:
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await _read_json(request)
         params = body.get("sampling_params") or {}
-        req = self._admit(self._prompt_len(body, "text"), _max_tokens(params.get("max_new_tokens")))
+        prompt = _Prompt(body, "text")
+        req = self._admit(prompt, _max_tokens(params.get("max_new_tokens")))
         spec = bool(self.state.args.speculative_algorithm)
 
         def meta(final: bool) -> dict[str, Any]:
@@ -234,7 +269,7 @@ class Api:
                 "finish_reason": {"type": "length", "length": req.generated} if final else None,
                 "prompt_tokens": req.prompt_tokens,
                 "completion_tokens": req.generated,
-                "cached_tokens": 0,
+                "cached_tokens": req.cached_tokens,
             }
             if final:
                 m["e2e_latency"] = time.time() - req.arrived
@@ -259,6 +294,7 @@ class Api:
             return resp
         finally:
             req.aborted = not req.finished
+            self._remember_output(prompt, text, req)
             self.state.keep_trace(req)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -269,43 +305,53 @@ class Api:
 
     async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
         body = await _read_json(request)
-        if chat:
-            messages = body.get("messages") or []
-            prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
-            prompt_tokens = count_tokens(prompt)
-        else:
-            prompt_tokens = self._prompt_len(body, "prompt")
+        prompt = _Prompt(body, "prompt", chat=chat)
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        req = self._admit(prompt_tokens, _max_tokens(limit, default=16))
-        reply = _OpenAIReply(req, chat, body.get("model") or self.state.model_name)
+        req = self._admit(prompt, _max_tokens(limit, default=16))
+        reply = _OpenAIReply(
+            req,
+            chat,
+            body.get("model") or self.state.model_name,
+            report_cache=bool(getattr(self.state.args, "enable_cache_report", False)),
+        )
         try:
             if not body.get("stream"):
                 return await reply.whole()
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await reply.stream(await self._stream(request), include_usage)
+            options = body.get("stream_options") or {}
+            return await reply.stream(
+                await self._stream(request),
+                bool(options.get("include_usage")),
+                bool(options.get("continuous_usage_stats")),
+            )
         finally:
             req.aborted = not req.finished
+            self._remember_output(prompt, reply.text, req)
             self.state.keep_trace(req)
 
 
 class _OpenAIReply:
     """One OpenAI-format answer (completion or chat), whole or streamed as SGLang sends it."""
 
-    def __init__(self, req: SimRequest, chat: bool, model: str) -> None:
+    def __init__(self, req: SimRequest, chat: bool, model: str, report_cache: bool) -> None:
         self.req = req
+        self.report_cache = report_cache  # SGLang's --enable-cache-report
+        self.text = ""  # the output so far
         self.chat = chat
         self.model = model
         self.kind = "chat.completion" if chat else "text_completion"
         self.rid = ("chatcmpl-" if chat else "cmpl-") + req.rid
         self.created = int(time.time())
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         req = self.req
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": req.prompt_tokens,
             "completion_tokens": req.generated,
             "total_tokens": req.prompt_tokens + req.generated,
         }
+        if self.report_cache:
+            usage["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
+        return usage
 
     def envelope(self, obj: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {
@@ -329,17 +375,20 @@ class _OpenAIReply:
 
     async def whole(self) -> web.Response:
         req = self.req
-        text = ""
         while not req.finished:
             n, _ = await req.queue.get()
-            text += token_text(req.generated - n, n)
+            self.text += token_text(req.generated - n, n)
+        text = self.text
         message = (
             {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
         )
         only = {"index": 0, **message, "finish_reason": "length", "logprobs": None}
         return web.json_response(self.envelope(self.kind, [only], usage=self.usage()))
 
-    async def stream(self, resp: web.StreamResponse, include_usage: bool) -> web.StreamResponse:
+    async def stream(
+        self, resp: web.StreamResponse, include_usage: bool, every_chunk: bool = False
+    ) -> web.StreamResponse:
+        """`every_chunk` (SGLang's `continuous_usage_stats`): usage in each chunk too."""
         req = self.req
         obj = self.kind + ".chunk" if self.chat else self.kind
         if self.chat:
@@ -353,8 +402,10 @@ class _OpenAIReply:
         while not req.finished:
             n, _ = await req.queue.get()
             piece = token_text(req.generated - n, n)
+            self.text += piece
             finish = "length" if req.finished else None
-            await resp.write(_sse(self.envelope(obj, [self.choice(piece, finish)])))
+            extra = {"usage": self.usage()} if include_usage and every_chunk else {}
+            await resp.write(_sse(self.envelope(obj, [self.choice(piece, finish)], **extra)))
         if include_usage:
             await resp.write(_sse(self.envelope(obj, [], usage=self.usage())))
         await resp.write(b"data: [DONE]\n\n")

@@ -22,6 +22,7 @@ from typing import Any
 from gpufleet.sim import gpustate, serverargs
 from gpufleet.sim.hold import set_title
 from gpufleet.sim.power import ActivityMeter
+from gpufleet.sim.prefixcache import PrefixCache
 from gpufleet.sim.timing import Engine, TimingModel
 
 READY_LINE = "The server is fired up and ready to roll!"
@@ -146,6 +147,7 @@ async def serve(launcher: Launcher) -> int:
     engine = Engine(
         _model(a), a.max_running_requests, a.sim_zero_cost, a.sim_seed, on_batch,
         on_step=meter.step if meter else None,
+        cache=None if a.disable_radix_cache else PrefixCache(a.sim_cache_tokens),
     )  # fmt: skip
     state = ServerState(engine, a)
     app = web.Application()

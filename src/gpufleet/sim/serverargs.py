@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--speculative-eagle-topk", type=int)
     a("--speculative-num-draft-tokens", type=int)
     a("--speculative-adaptive", action="store_true")
+    a("--speculative-adaptive-config")
+    a("--disable-radix-cache", action="store_true")
+    a("--enable-cache-report", action="store_true")
 
     s = p.add_argument_group("simulation (gpufleet only)")
     s.add_argument(
@@ -93,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--sim-crash-during-load",
         action="store_true",
         help="fail while loading: 'Initialization failed. warmup error'",
+    )
+    s.add_argument(
+        "--sim-cache-tokens",
+        type=int,
+        default=400_000,
+        help="prefix (radix) cache capacity in tokens (default 400000; 0: no cache)",
     )
     s.add_argument("--sim-seed", type=int, default=0)
     s.add_argument(

@@ -1,7 +1,8 @@
 """Continuous batching with a timing model: what makes the rehearsal numbers look like SGLang's.
 
 Each step, waiting requests join the running batch up to max-running-requests; the step
-costs `decode_base + decode_per_req * batch` (+ prefill of newly joined prompt tokens) and
+costs `decode_base + decode_per_req * batch` (+ prefill of newly joined prompt tokens not
+already in the prefix cache, sim/prefixcache.py) and
 every running request receives one token, or with speculation a draw of accepted tokens.
 Defaults reproduce the seeds: baseline ~60 tok/s per request at C=1 and ~780 tok/s total
 at C=64; EAGLE-3 ~80 tok/s at C=1 and ~350 tok/s total at C=64.
@@ -15,6 +16,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from gpufleet.sim.prefixcache import PrefixCache
 
 
 @dataclass
@@ -59,6 +62,8 @@ class SimRequest:
     emit_times: list[float] = field(default_factory=list)  # engine step that made tokens
     sent_times: list[float] = field(default_factory=list)  # chunk written to the socket
     accepted_steps: int = 0
+    blocks: list[bytes] = field(default_factory=list)  # prefix-cache block hashes of the prompt
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache: no prefill for them
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     finished: bool = False
     aborted: bool = False
@@ -75,6 +80,7 @@ class Engine:
         seed: int = 0,
         on_batch: Callable[[int], None] | None = None,
         on_step: Callable[[float, int], None] | None = None,
+        cache: PrefixCache | None = None,
     ) -> None:
         self.model = model
         self.max_running = max_running
@@ -82,6 +88,7 @@ class Engine:
         self.rng = random.Random(seed)
         self.on_batch = on_batch
         self.on_step = on_step  # (seconds of GPU work, batch): for the simulated power
+        self.cache = cache
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.wakeup = asyncio.Event()
@@ -131,7 +138,10 @@ class Engine:
                 if req.aborted:
                     continue
                 self.running.append(req)
-                new_tokens += req.prompt_tokens
+                if self.cache is not None:
+                    req.cached_tokens = self.cache.match(req.blocks, req.prompt_tokens)
+                    self.cache.insert(req.blocks)
+                new_tokens += req.prompt_tokens - req.cached_tokens
                 self.prompt_total += req.prompt_tokens
             if not self.running:
                 continue

@@ -1,9 +1,14 @@
 """Closed-loop load generator (asyncio, bench/httpstream.py), SGLang bench_serving's semantics.
 
 One level = one concurrency cap (a semaphore, like `--max-concurrency`) and an optional
-Poisson request rate (inf = all at once). Warm-up requests run first and are excluded.
-Token counts come from the server (`completion_tokens` / `usage`), never from chunks: a
-speculative server sends several tokens per chunk.
+Poisson request rate (inf = all at once), or a trace's own timestamps. Warm-up requests run
+first and are excluded. Token counts come from the server (`completion_tokens` / `usage`),
+never from chunks: a speculative server sends several tokens per chunk.
+
+A prompt is one request (text or token ids), or a multi-turn session: each turn sends the
+whole conversation so far (the shared system prompt, every earlier user message and the
+server's own earlier answers) plus the next user message; the cap then counts sessions.
+Only the requests in flight exist as tasks, so memory follows the cap, not the total.
 """
 
 from __future__ import annotations
@@ -23,11 +28,21 @@ BACKENDS = ("sglang", "openai", "openai-chat")
 WARMUP_TOKENS = 16
 
 
+USER_TURN = "\n\nUser: {}\n\nAssistant:"  # the text template of a multi-turn conversation
+
+
 @dataclass
 class Prompt:
-    text: str
+    text: str = ""  # the prompt; for a session, the system prompt all sessions share
     prompt_tokens: int = 0  # our estimate; the server's count wins when it reports one
     output_len: int = 128
+    input_ids: list[int] | None = None  # token-exact prompt (random-ids, shared-prefix, trace)
+    at: float | None = None  # trace replay: seconds after the level starts
+    turns: list[str] | None = None  # a multi-turn session's user messages
+
+    @property
+    def requests(self) -> int:
+        return len(self.turns) if self.turns else 1
 
 
 @dataclass
@@ -45,9 +60,17 @@ class RequestRecord:
     rid: str | None = None
     skipped: bool = False  # not sent: the level's --duration had passed
     start_wall: float = 0.0  # time.time() at send, to compare with server-side clocks
+    cached_tokens: int = 0  # prompt tokens the server found in its prefix cache
+    session: int | None = None  # multi-turn: the session and the turn (0-based)
+    turn: int | None = None
+    text: str = field(default="", repr=False)  # the answer, kept only for the next turn
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        row = asdict(self)
+        del row["text"]
+        if self.session is None:
+            del row["session"], row["turn"]
+        return row
 
 
 # completion_tokens from an SGLang stream chunk without decoding the cumulative text: the text
@@ -58,10 +81,19 @@ _COMPLETION = b'"completion_tokens":'
 _COMPLETION_VALUE = re.compile(rb'"completion_tokens":\s*(\d+)')
 
 
-def _payload(backend: str, prompt: Prompt, model: str, ignore_eos: bool) -> tuple[str, dict]:
+def _payload(
+    backend: str,
+    prompt: Prompt,
+    model: str,
+    ignore_eos: bool,
+    messages: list[dict[str, str]] | None = None,
+) -> tuple[str, dict]:
+    """The request body; `messages` (a multi-turn conversation) is used by openai-chat, the
+    other backends get it as one text (see Session)."""
     if backend == "sglang":
+        source = {"input_ids": prompt.input_ids} if prompt.input_ids else {"text": prompt.text}
         return "/generate", {
-            "text": prompt.text,
+            **source,
             "sampling_params": {
                 "max_new_tokens": prompt.output_len,
                 "temperature": 0.0,
@@ -74,14 +106,15 @@ def _payload(backend: str, prompt: Prompt, model: str, ignore_eos: bool) -> tupl
         "max_tokens": prompt.output_len,
         "temperature": 0.0,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        # usage in every chunk: how many tokens each chunk carried, for per-token ITL
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         "ignore_eos": ignore_eos,
     }
     if backend == "openai":
-        return "/v1/completions", {**common, "prompt": prompt.text}
+        return "/v1/completions", {**common, "prompt": prompt.input_ids or prompt.text}
     return "/v1/chat/completions", {
         **common,
-        "messages": [{"role": "user", "content": prompt.text}],
+        "messages": messages or [{"role": "user", "content": prompt.text}],
     }
 
 
@@ -92,13 +125,26 @@ class _StreamTracker:
     SGLang path is kept lean: after the first chunk, only `completion_tokens` is read.
     """
 
-    def __init__(self, backend: str, record: RequestRecord, start: float) -> None:
+    def __init__(
+        self, backend: str, record: RequestRecord, start: float, keep_text: bool = False
+    ) -> None:
         self.record = record
         self.start = start
         self.last = start
         self.seen_tokens = 0
         self.stopped = False  # an error event arrived: ignore the rest
+        self.keep_text = keep_text  # a session's next turn needs this answer's text
+        self.last_payload = b""
         self.on_event = self._sglang_event if backend == "sglang" else self._openai_event
+
+    def final_text(self) -> str:
+        """The whole answer (SGLang's chunks carry the cumulative text: parse the last)."""
+        if self.last_payload:
+            try:
+                return str(json.loads(self.last_payload).get("text", ""))
+            except ValueError:
+                return ""
+        return self.record.text
 
     def _sglang_event(self, payload: bytes, now: float) -> None:
         if self.stopped:
@@ -119,7 +165,10 @@ class _StreamTracker:
             meta = chunk.get("meta_info") or {}
             total = int(meta.get("completion_tokens", seen + 1))
             record.prompt_tokens = int(meta.get("prompt_tokens", record.prompt_tokens))
+            record.cached_tokens = int(meta.get("cached_tokens") or 0)
             record.rid = meta.get("id", record.rid)
+        if self.keep_text:
+            self.last_payload = payload
         new = total - seen
         if new <= 0:
             return
@@ -142,22 +191,31 @@ class _StreamTracker:
             self._error(chunk)
             return
         usage = chunk.get("usage")
+        seen = self.seen_tokens
         if usage:
             record.prompt_tokens = int(usage.get("prompt_tokens", 0))
-            self.seen_tokens = int(usage.get("completion_tokens", self.seen_tokens))
+            details = usage.get("prompt_tokens_details") or {}
+            record.cached_tokens = int(details.get("cached_tokens") or record.cached_tokens)
         choices = chunk.get("choices") or []
-        if not choices:
+        piece = None
+        if choices:
+            c = choices[0]
+            piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
+        if not piece:  # the role chunk, or the final usage-only chunk
+            if usage:
+                self.seen_tokens = max(seen, int(usage.get("completion_tokens", seen)))
             return
-        c = choices[0]
-        piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
-        if not piece:
-            return
+        # With usage in every chunk (continuous_usage_stats) a chunk of k tokens counts as k
+        # gaps of 1/k, like the sglang backend; a server that omits it gives one per chunk.
+        total = int(usage["completion_tokens"]) if usage else seen + 1
+        new = max(1, total - seen)
         if record.chunks == 0:
             record.ttft = now - self.start
         else:
-            record.itl.append(now - self.last)
-        if not usage:
-            self.seen_tokens += 1
+            record.itl.extend([(now - self.last) / new] * new)
+        self.seen_tokens = max(total, seen + 1)
+        if self.keep_text:
+            record.text += piece
         record.chunks += 1
         self.last = now
 
@@ -176,13 +234,15 @@ async def _one_request(
     ignore_eos: bool,
     t0: float,
     timeout: float,
+    messages: list[dict[str, str]] | None = None,
+    keep_text: bool = False,
 ) -> None:
-    path, body = _payload(backend, prompt, model, ignore_eos)
+    path, body = _payload(backend, prompt, model, ignore_eos, messages)
     start = time.perf_counter()
     record.start_wall = time.time()
     record.start = start - t0
     record.prompt_tokens = prompt.prompt_tokens
-    tracker = _StreamTracker(backend, record, start)
+    tracker = _StreamTracker(backend, record, start, keep_text)
     try:
         response = await client.post_stream(path, body, tracker.on_event, timeout)
     except asyncio.CancelledError:
@@ -202,10 +262,56 @@ async def _one_request(
     record.e2e = tracker.last - start
     record.completion_tokens = tracker.seen_tokens
     record.ok = tracker.seen_tokens > 0
+    if keep_text:
+        record.text = tracker.final_text()
     if not record.ok:
         record.error = "no tokens received" + (
             f": {response.text[:200].strip()}" if response.body else ""
         )
+
+
+class _Conversation:
+    """One multi-turn session's growing conversation, as text and as chat messages."""
+
+    def __init__(self, system: str) -> None:
+        self.text = system
+        self.messages = [{"role": "system", "content": system}] if system else []
+
+    def ask(self, user: str) -> None:
+        self.text += USER_TURN.format(user)
+        self.messages.append({"role": "user", "content": user})
+
+    def answer(self, reply: str) -> None:
+        self.text += reply
+        self.messages.append({"role": "assistant", "content": reply})
+
+
+async def _session(
+    client: StreamClient,
+    backend: str,
+    prompt: Prompt,
+    records: list[RequestRecord],
+    model: str,
+    ignore_eos: bool,
+    t0: float,
+    timeout: float,
+) -> None:
+    """Run a session's turns in order; a failed turn ends the session (the rest are not
+    sent, and count as failed: the conversation cannot go on without that answer)."""
+    conversation = _Conversation(prompt.text)
+    for turn, (user, record) in enumerate(zip(prompt.turns or [], records, strict=True)):
+        conversation.ask(user)
+        request = Prompt(conversation.text, output_len=prompt.output_len)
+        await _one_request(
+            client, backend, request, record, model, ignore_eos, t0, timeout,
+            messages=conversation.messages, keep_text=turn + 1 < len(records),
+        )  # fmt: skip
+        if not record.ok:
+            for rest in records[turn + 1 :]:
+                rest.error = f"not sent: turn {turn + 1} of the session failed"
+            return
+        conversation.answer(record.text)
+        record.text = ""
 
 
 @dataclass
@@ -232,13 +338,33 @@ async def _warm_up(
     for i in range(warmup):
         rec = RequestRecord(index=-1 - i)
         base = prompts[i % len(prompts)]
-        short = Prompt(base.text, base.prompt_tokens, min(base.output_len, WARMUP_TOKENS))
+        text = base.text + USER_TURN.format(base.turns[0]) if base.turns else base.text
+        short = Prompt(
+            text, base.prompt_tokens, min(base.output_len, WARMUP_TOKENS), base.input_ids
+        )
         await _one_request(
             client, backend, short, rec, model, ignore_eos, time.perf_counter(), request_timeout
         )
         if not rec.ok:
             errors.append(rec.error or "failed")
     return errors
+
+
+def _records_for(prompts: list[Prompt]) -> list[list[RequestRecord]]:
+    """One record per request: a session gets one per turn."""
+    out, index = [], 0
+    for number, prompt in enumerate(prompts):
+        if prompt.turns:
+            out.append(
+                [
+                    RequestRecord(index=index + t, session=number, turn=t)
+                    for t in range(len(prompt.turns))
+                ]
+            )
+        else:
+            out.append([RequestRecord(index=index)])
+        index += prompt.requests
+    return out
 
 
 async def run_level(
@@ -256,25 +382,48 @@ async def run_level(
     request_timeout: float = 3600.0,
     duration: float | None = None,
 ) -> LevelRun:
+    """Send every prompt, at most `concurrency` at once (sessions for multi-turn prompts).
+
+    Arrivals: all at once, Poisson at `request_rate`, or each prompt's own `at` (a trace).
+    A prompt waits for a free slot and then for its arrival time, so a late slot sends it
+    at once, as bench_serving's queue of arrived requests does.
+    """
     client = StreamClient(base_url)
     try:
         warm_errors = await _warm_up(
             client, prompts, warmup, backend, model, ignore_eos, request_timeout
         )
-        records = [RequestRecord(index=i) for i in range(len(prompts))]
-        semaphore = asyncio.Semaphore(concurrency)
+        grouped = _records_for(prompts)
+        records = [r for group in grouped for r in group]
+        slots = asyncio.Semaphore(concurrency)
         rng = random.Random(seed)
         started_at = time.time()
         t0 = time.perf_counter()
+        in_flight: set[asyncio.Task] = set()
 
-        async def limited(i: int) -> None:
-            async with semaphore:
-                if duration is not None and time.perf_counter() - t0 >= duration:
-                    records[i].skipped = True
-                    return
-                await _one_request(
-                    client, backend, prompts[i], records[i], model, ignore_eos, t0, request_timeout
-                )
+        crashes: list[BaseException] = []
+
+        def finished(task: asyncio.Task) -> None:
+            in_flight.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                crashes.append(task.exception())  # type: ignore[arg-type]
+
+        def past_duration() -> bool:
+            return duration is not None and time.perf_counter() - t0 >= duration
+
+        async def send(i: int) -> None:
+            try:
+                prompt, group = prompts[i], grouped[i]
+                if prompt.turns:
+                    await _session(
+                        client, backend, prompt, group, model, ignore_eos, t0, request_timeout
+                    )
+                else:
+                    await _one_request(
+                        client, backend, prompt, group[0], model, ignore_eos, t0, request_timeout
+                    )
+            finally:
+                slots.release()
 
         async def reporter() -> None:
             while True:
@@ -283,16 +432,29 @@ async def run_level(
                     on_progress(records, time.perf_counter() - t0)
 
         report_task = asyncio.create_task(reporter()) if on_progress else None
-        tasks = []
-        for i in range(len(prompts)):
-            tasks.append(asyncio.create_task(limited(i)))
-            if request_rate != float("inf"):
-                await asyncio.sleep(rng.expovariate(request_rate))
-            if duration is not None and time.perf_counter() - t0 >= duration:
-                for j in range(i + 1, len(prompts)):
-                    records[j].skipped = True
+        arrival = 0.0
+        for i, prompt in enumerate(prompts):
+            if prompt.at is not None:
+                arrival = prompt.at
+            elif request_rate != float("inf") and i:
+                arrival += rng.expovariate(request_rate)
+            await slots.acquire()
+            wait = arrival - (time.perf_counter() - t0)
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if past_duration():
+                slots.release()
+                for group in grouped[i:]:
+                    for record in group:
+                        record.skipped = True
                 break
-        await asyncio.gather(*tasks)
+            task = asyncio.create_task(send(i))
+            in_flight.add(task)
+            task.add_done_callback(finished)
+        if in_flight:
+            await asyncio.gather(*in_flight)
+        if crashes:  # the generator itself failed (not a request: those are recorded)
+            raise crashes[0]
         elapsed = time.perf_counter() - t0
         if report_task:
             report_task.cancel()

@@ -76,6 +76,31 @@ def summarize(run: LevelRun, backend: str, extra: dict[str, Any] | None = None) 
         "median_per_request_output_tps": statistics.median(per_request) if per_request else 0.0,
         "p10_per_request_output_tps": percentile(per_request, 10),
         "errors": sorted({r.error or "" for r in failed})[:20],
+        "total_cached_tokens": sum(r.cached_tokens for r in ok),
+        "cache_hit_rate": sum(r.cached_tokens for r in ok) / in_tokens if in_tokens else 0.0,
     }
+    if any(r.turn is not None for r in run.records):
+        result["per_turn"] = per_turn(run.records)
     result.update(extra or {})
     return result
+
+
+def per_turn(records: list[Any]) -> list[dict[str, Any]]:
+    """Multi-turn sessions, turn by turn: later turns resend the conversation, so their
+    prompts grow and, with a prefix cache, most of each prompt is cached."""
+    out = []
+    for turn in sorted({r.turn for r in records if r.turn is not None}):
+        ok = [r for r in records if r.turn == turn and r.ok]
+        prompt = sum(r.prompt_tokens for r in ok)
+        out.append(
+            {
+                "turn": turn + 1,
+                "completed": len(ok),
+                "failed": sum(1 for r in records if r.turn == turn and not r.ok),
+                "mean_prompt_tokens": prompt / len(ok) if ok else 0.0,
+                "cache_hit_rate": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
+                "mean_ttft_ms": statistics.fmean(r.ttft for r in ok) * 1000 if ok else 0.0,
+                "median_ttft_ms": statistics.median(r.ttft for r in ok) * 1000 if ok else 0.0,
+            }
+        )
+    return out

@@ -160,12 +160,13 @@ async def _level(
     plan: dict[str, Any], prompts: list[Prompt], level: dict[str, Any], writer: RunWriter
 ) -> tuple[Any, list[dict[str, Any]]]:
     concurrency = level["concurrency"]
-    total = len(prompts)
+    total = sum(p.requests for p in prompts)
     last = {"t": time.perf_counter(), "tokens": 0}
     # With ignore_eos every request streams exactly output_len tokens, so tokens received
     # say how far the level is; counting finished requests would not (at C=64 the first
     # 64 all finish together, and after the first one the estimate read ~1,300 s).
-    expected_tokens = sum(p.output_len for p in prompts) if plan.get("ignore_eos", True) else 0
+    expected = sum(p.output_len * p.requests for p in prompts)
+    expected_tokens = expected if plan.get("ignore_eos", True) else 0
 
     def progress(records: list[RequestRecord], elapsed: float) -> None:
         done = [r for r in records if r.ok or r.error]
@@ -195,6 +196,8 @@ async def _level(
     stop = asyncio.Event()
     sampler = None
     if plan.get("metrics_url"):
+        import aiohttp  # noqa: F401  # imported here: inside the task it would stall the first send
+
         sampler = asyncio.create_task(_sample_metrics(plan["metrics_url"], samples, stop))
     run = await run_level(
         plan["base_url"],
@@ -262,12 +265,23 @@ def _sglang_bench_level(
     return "done", None
 
 
-def _read_prompts(run_dir: Path) -> list[str]:
+def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """prompts.jsonl: one row per prompt (control/workloads.py says which shapes)."""
     return [
-        json.loads(line)["prompt"]
+        json.loads(line)
         for line in (run_dir / "prompts.jsonl").read_text().splitlines()
         if line.strip()
     ]
+
+
+def _prompt(plan: dict[str, Any], row: dict[str, Any]) -> Prompt:
+    return Prompt(
+        text=row.get("prompt", plan.get("system_prompt", "")),
+        output_len=int(row.get("output_len", plan["output_len"])),
+        input_ids=row.get("input_ids"),
+        at=row.get("at"),
+        turns=row.get("turns"),
+    )
 
 
 def _accept_length(info: dict[str, Any] | None) -> float | None:
@@ -314,14 +328,14 @@ def _telemetry(plan: dict[str, Any], state: dict[str, Any] | None) -> telemetry.
 def _gpufleet_level(
     plan: dict[str, Any],
     level: dict[str, Any],
-    texts: list[str],
+    rows: list[dict[str, Any]],
     writer: RunWriter,
     server_state: dict[str, Any] | None,
     marks: list[tuple[int | None, str]],
 ) -> tuple[str, str | None, bool]:
     """Run one level with gpufleet's generator and write its files: (status, reason, stop)."""
     c = level["concurrency"]
-    prompts = [Prompt(text=t, output_len=plan["output_len"]) for t in texts[: level["num_prompts"]]]
+    prompts = [_prompt(plan, row) for row in rows[: level["num_prompts"]]]
     gauge = _telemetry(plan, server_state)
     try:
         with gauge or contextlib.nullcontext():
@@ -371,7 +385,7 @@ def run_plan(
     if server_state is not None and _server_alive(server_state):
         writer.secrets = process_secrets(server_state["pid"])
     plan = json.loads((run_dir / "plan.json").read_text())
-    texts = _read_prompts(run_dir)
+    rows = _read_rows(run_dir)
     writer.status("running", pid=os.getpid())
     for name, data in (host_facts or {}).items():
         writer.json(name, data)
@@ -388,6 +402,7 @@ def run_plan(
         marks.append((_log_size(server_state), f"level C={c} begins ({n} prompts)"))
         writer.event({"level": c, "phase": "start", "total": n, "at": now_iso()})
         if plan.get("engine") == "sglang-bench":
+            texts = [row["prompt"] for row in rows]
             level_status, level_reason = _sglang_bench_level(
                 plan, level, texts, writer, before, server_state
             )
@@ -395,7 +410,7 @@ def run_plan(
             stop = level_status == "failed"
         else:
             level_status, level_reason, stop = _gpufleet_level(
-                plan, level, texts, writer, server_state, marks
+                plan, level, rows, writer, server_state, marks
             )
         if level_status == "failed":
             status, reason = level_status, level_reason
