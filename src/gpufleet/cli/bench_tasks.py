@@ -39,6 +39,7 @@ from gpufleet.cli.common import (
         "tokenizer": "tokenizer path for --engine sglang-bench (default: the served model)",
         "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
         "telemetry-interval": "seconds between GPU power/utilisation samples (default 0.5; 0: off)",
+        "output-details": "add bench_serving's per-request arrays (ttfts, itls, ...) to results",
         **FLEET_HELP,
     },
 )
@@ -69,6 +70,9 @@ def bench(
     random_input_len=None,
     random_output_len=None,
     random_range_ratio=None,
+    slo=None,
+    flush=True,
+    output_details=False,
     hosts=None,
     inventory=None,
     forks=None,
@@ -90,11 +94,12 @@ def bench(
     )  # fmt: skip
     apply_workload(
         request, workload, trace, trace_speedup, random_input_len, random_output_len,
-        random_range_ratio,
+        random_range_ratio, slo, flush,
     )  # fmt: skip
+    request.output_details = bool(output_details)
     if client == "local":
         run_id, value = bench_control.bench_local(request, bench_progress())
-        table(f"{run_id} ({value['status']})", headers(), rows(value["results"]))
+        table(f"{run_id} ({value['status']})", headers(value["results"]), rows(value["results"]))
         line(f"archived {value['path']}")
         if value["status"] != "done":
             raise Exit(f"gpufleet: run archived as FAILED: {value['reason']}", code=1)

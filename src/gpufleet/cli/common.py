@@ -77,6 +77,8 @@ WORKLOAD_HELP = {
     "(default 256)",
     "random-output-len": "random-ids: output tokens (default --output-len)",
     "random-range-ratio": "random-ids: lengths uniform in [len x ratio, len] (default 1: exact)",
+    "slo": "per-request SLO, e.g. ttft_ms=500,tpot_ms=50,e2e_ms=20000: goodput and attainment",
+    "flush": "flush the server's prefix cache before each level (default; --no-flush keeps it)",
 }
 
 
@@ -88,10 +90,20 @@ def apply_workload(
     random_input_len: str | None,
     random_output_len: str | None,
     random_range_ratio: str | None,
+    slo: str | None = None,
+    flush: bool = True,
 ) -> None:
     """The workload options of bench and sweep, checked, into the BenchRequest."""
     from gpufleet.cli.args import positive_float, positive_int
     from gpufleet.control.workloads import parse_workload
+    from gpufleet.errors import UserError
+    from gpufleet.host.bench.slo import parse_slo
+
+    try:
+        request.slo = parse_slo(slo)
+    except ValueError as exc:
+        raise UserError(f"--slo {slo}: {exc}") from None
+    request.flush_cache = bool(flush)
 
     parse_workload(workload)  # a bad name or option: one line now
     request.workload = workload or "single"

@@ -83,7 +83,7 @@ def print_runs(results: list[Any]) -> None:
             continue
         table(
             f"{res.host.name}: {value['run_id']} ({value['status']})",
-            headers(),
+            headers(value["results"]),
             rows(value["results"]),
         )
         line(f"{res.host.name}: archived {value['path']}")

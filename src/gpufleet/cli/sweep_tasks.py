@@ -162,6 +162,8 @@ def sweep(
     random_input_len=None,
     random_output_len=None,
     random_range_ratio=None,
+    slo=None,
+    flush=True,
     hosts=None,
     inventory=None,
     forks=None,
@@ -170,7 +172,7 @@ def sweep(
     request = _sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive)
     apply_workload(
         request, workload, trace, trace_speedup, random_input_len, random_output_len,
-        random_range_ratio,
+        random_range_ratio, slo, flush,
     )  # fmt: skip
     names = [p.strip() for p in profiles.split(",") if p.strip()]
     options = {
@@ -190,6 +192,8 @@ def sweep(
         "--random-input-len": random_input_len,
         "--random-output-len": random_output_len,
         "--random-range-ratio": random_range_ratio,
+        "--slo": slo,
+        "--no-flush": not flush,
     }
     command = _resume_command(["inv", "sweep"], options)
     _do_sweep(names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks, command)

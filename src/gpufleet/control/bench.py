@@ -50,6 +50,9 @@ class BenchRequest:
     workload: str = "single"  # single, multiturn[:turns=N], shared-prefix[:...]
     trace: str | None = None  # a Mooncake-format JSONL replayed at its timestamps
     trace_speedup: float = 1.0
+    flush_cache: bool = True  # empty the server's prefix cache before each level
+    slo: dict[str, float] = field(default_factory=dict)  # per-request bounds, ms (host/bench/slo)
+    output_details: bool = False  # bench_serving's per-request arrays in results.jsonl
     seed: int = 0
     backend: str = "sglang"
     warmup: int = 1
@@ -115,7 +118,8 @@ def _rows(
         rows = workloads.random_ids(count, request.seed, request.random_input_len, out, ratio)
         label = f"random-ids-{request.random_input_len}-{out}"
         label += f"-r{ratio:g}" if ratio < 1 else ""
-        return label, _digest(rows), rows, levels, {}
+        lengths = {"input_len": request.random_input_len, "output_len": out, "range_ratio": ratio}
+        return label, _digest(rows), rows, levels, {"random": lengths}
     if workload.name == "shared-prefix":
         rows = workloads.shared_prefix(count, request.seed, workload.options)
         return workload.label, _digest(rows), rows, levels, {}
@@ -166,6 +170,9 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[dict[str, Any], byte
         "ignore_eos": True,
         "metrics": request.metrics,
         "telemetry_interval_s": request.telemetry_interval_s,
+        "flush_cache": request.flush_cache,
+        "slo": request.slo,
+        "output_details": request.output_details,
         "prompt_set": label,
         "workload": workloads.parse_workload(request.workload).label
         if not request.trace

@@ -177,12 +177,15 @@ TABLE_METRICS = [
     ("GPU W avg", "gpu_power_avg_w", "{:.0f}"),
     ("tok/J", "output_tokens_per_joule", "{:.2f}"),
     ("J/tok", "joules_per_output_token", "{:.3f}"),
+    ("SLO met", "slo_attainment", "{:.1%}"),
+    ("goodput tok/s", "goodput_output_throughput", "{:.1f}"),
 ]
 RATIO_KEYS = {
     "output_throughput",
     "median_per_request_output_tps",
     "median_ttft_ms",
     "output_tokens_per_joule",
+    "goodput_output_throughput",
 }
 
 

@@ -19,8 +19,21 @@ COLUMNS = [
     ("TPOT p50 ms", "median_tpot_ms", "{:.2f}"),
     ("E2E p50 ms", "median_e2e_latency_ms", "{:.0f}"),
     ("accept length", "accept_length", "{:.2f}"),
+    ("cached", "cache_hit_rate", "{:.0%}"),
+    ("SLO met", "slo_attainment", "{:.1%}"),
+    ("goodput tok/s", "goodput_output_throughput", "{:.1f}"),
     ("status", "level_status", "{}"),
 ]
+# Shown only when some level has them: a prefix cache that served tokens, an SLO given.
+OPTIONAL = {"cache_hit_rate", "slo_attainment", "goodput_output_throughput"}
+
+
+def _columns(results: list[dict[str, Any]] | None) -> list[tuple[str, str, str]]:
+    return [
+        col
+        for col in COLUMNS
+        if col[1] not in OPTIONAL or any(r.get(col[1]) for r in results or [])
+    ]
 
 
 def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
@@ -34,11 +47,12 @@ def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
 
 
 def rows(results: list[dict[str, Any]]) -> list[list[str]]:
-    return [[_cell(r, key, fmt) for _, key, fmt in COLUMNS] for r in results]
+    columns = _columns(results)
+    return [[_cell(r, key, fmt) for _, key, fmt in columns] for r in results]
 
 
-def headers() -> list[str]:
-    return [name for name, _, _ in COLUMNS]
+def headers(results: list[dict[str, Any]] | None = None) -> list[str]:
+    return [name for name, _, _ in _columns(results)]
 
 
 def summary_csv(results: list[dict[str, Any]]) -> str:
@@ -62,7 +76,7 @@ def summary_md(manifest: dict[str, Any], results: list[dict[str, Any]]) -> str:
         f"output length {manifest['plan'].get('output_len')}",
         "- metrics use SGLang bench_serving's definitions (see definitions.json)",
         "",
-        "| " + " | ".join(headers()) + " |",
+        "| " + " | ".join(headers(results)) + " |",
         "|" + "---|" * len(COLUMNS),
     ]
     lines += ["| " + " | ".join(r) + " |" for r in rows(results)]

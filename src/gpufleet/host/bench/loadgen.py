@@ -322,6 +322,7 @@ class LevelRun:
     records: list[RequestRecord]
     started_at: float  # wall clock, for slicing server logs
     warmup_errors: list[str] = field(default_factory=list)
+    after_warmup: Any = None  # what after_warmup returned (e.g. whether the cache was flushed)
 
 
 async def _warm_up(
@@ -381,18 +382,21 @@ async def run_level(
     progress_every: float = 1.0,
     request_timeout: float = 3600.0,
     duration: float | None = None,
+    after_warmup: Callable[[], Any] | None = None,
 ) -> LevelRun:
     """Send every prompt, at most `concurrency` at once (sessions for multi-turn prompts).
 
     Arrivals: all at once, Poisson at `request_rate`, or each prompt's own `at` (a trace).
     A prompt waits for a free slot and then for its arrival time, so a late slot sends it
-    at once, as bench_serving's queue of arrived requests does.
+    at once, as bench_serving's queue of arrived requests does. `after_warmup` runs between
+    the warm-up and the level (bench_serving flushes the prefix cache there).
     """
     client = StreamClient(base_url)
     try:
         warm_errors = await _warm_up(
             client, prompts, warmup, backend, model, ignore_eos, request_timeout
         )
+        after = await asyncio.to_thread(after_warmup) if after_warmup else None
         grouped = _records_for(prompts)
         records = [r for group in grouped for r in group]
         slots = asyncio.Semaphore(concurrency)
@@ -463,7 +467,7 @@ async def run_level(
     finally:
         client.close()
     sent = [r for r in records if not r.skipped]
-    return LevelRun(concurrency, request_rate, elapsed, sent, started_at, warm_errors)
+    return LevelRun(concurrency, request_rate, elapsed, sent, started_at, warm_errors, after)
 
 
 def run_async(coro: Any) -> Any:

@@ -13,7 +13,8 @@ import math
 import statistics
 from typing import Any
 
-from gpufleet.host.bench.loadgen import LevelRun
+from gpufleet.host.bench import slo as slos
+from gpufleet.host.bench.loadgen import LevelRun, RequestRecord
 
 DEFINITIONS = (
     "SGLang bench_serving definitions: TTFT = first token latency; TPOT = (e2e - ttft) / "
@@ -45,7 +46,54 @@ def _stats(prefix: str, values: list[float], scale: float = 1.0) -> dict[str, fl
     }
 
 
-def summarize(run: LevelRun, backend: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def _token_times(record: RequestRecord) -> list[float]:
+    """When each output token arrived, seconds after the level began."""
+    first = record.start + record.ttft
+    times = [first] * max(1, record.completion_tokens - len(record.itl))
+    at = first
+    for gap in record.itl:
+        at += gap
+        times.append(at)
+    return times
+
+
+def peaks(ok: list[RequestRecord]) -> dict[str, float]:
+    """bench_serving's `max_output_tokens_per_s` (the most tokens arriving within one whole
+    second of the level) and `max_concurrent_requests` (the most requests running at some
+    point of one whole second)."""
+    tokens: dict[int, int] = {}
+    running: dict[int, int] = {}
+    for r in ok:
+        for t in _token_times(r):
+            tokens[int(t)] = tokens.get(int(t), 0) + 1
+        for second in range(int(r.start), int(r.start + r.e2e) + 1):
+            running[second] = running.get(second, 0) + 1
+    return {
+        "max_output_tokens_per_s": float(max(tokens.values(), default=0)),
+        "max_concurrent_requests": max(running.values(), default=0),
+    }
+
+
+def details(records: list[RequestRecord]) -> dict[str, list[Any]]:
+    """bench_serving's per-request arrays (`--output-details`), in request order."""
+    return {
+        "input_lens": [r.prompt_tokens for r in records],
+        "output_lens": [r.completion_tokens for r in records],
+        "ttfts": [r.ttft for r in records],
+        "itls": [r.itl for r in records],
+        "errors": [r.error or "" for r in records],
+    }
+
+
+def summarize(
+    run: LevelRun,
+    backend: str,
+    extra: dict[str, Any] | None = None,
+    slo: dict[str, float] | None = None,
+    with_details: bool = False,
+) -> dict[str, Any]:
+    """One results.jsonl row, bench_serving's keys and meanings (request_rate as the string
+    "inf" when unlimited: JSON has no Infinity), plus gpufleet's own figures."""
     ok = [r for r in run.records if r.ok]
     failed = [r for r in run.records if not r.ok]
     duration = run.duration or 1e-9
@@ -56,12 +104,15 @@ def summarize(run: LevelRun, backend: str, extra: dict[str, Any] | None = None) 
     per_request = [r.completion_tokens / r.e2e for r in ok if r.e2e > 0]
     result: dict[str, Any] = {
         "backend": backend,
-        "request_rate": run.request_rate,
+        "request_rate": run.request_rate if math.isfinite(run.request_rate) else "inf",
         "max_concurrency": run.concurrency,
+        "sharegpt_output_len": None,
         "duration": duration,
         "completed": len(ok),
         "failed": len(failed),
         "total_input_tokens": in_tokens,
+        "total_input_text_tokens": in_tokens,
+        "total_input_vision_tokens": 0,
         "total_output_tokens": out_tokens,
         "request_throughput": len(ok) / duration,
         "input_throughput": in_tokens / duration,
@@ -76,11 +127,15 @@ def summarize(run: LevelRun, backend: str, extra: dict[str, Any] | None = None) 
         "median_per_request_output_tps": statistics.median(per_request) if per_request else 0.0,
         "p10_per_request_output_tps": percentile(per_request, 10),
         "errors": sorted({r.error or "" for r in failed})[:20],
+        **peaks(ok),
         "total_cached_tokens": sum(r.cached_tokens for r in ok),
         "cache_hit_rate": sum(r.cached_tokens for r in ok) / in_tokens if in_tokens else 0.0,
     }
     if any(r.turn is not None for r in run.records):
         result["per_turn"] = per_turn(run.records)
+    result.update(slos.goodput(run.records, duration, slo or {}))
+    if with_details:
+        result.update(details(run.records))
     result.update(extra or {})
     return result
 

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -212,6 +213,7 @@ async def _level(
         on_progress=progress,
         progress_every=1.0,
         duration=plan.get("duration"),
+        after_warmup=(lambda: flush_cache(plan["base_url"])) if plan.get("flush_cache") else None,
     )
     stop.set()
     if sampler:
@@ -291,8 +293,11 @@ def _accept_length(info: dict[str, Any] | None) -> float | None:
     return None
 
 
-def _summary(plan: dict[str, Any], run: Any, samples: list[dict[str, Any]]) -> dict[str, Any]:
+def _summary(
+    plan: dict[str, Any], run: Any, samples: list[dict[str, Any]], flushed: bool | None
+) -> dict[str, Any]:
     """One results.jsonl row: bench_serving's figures plus Prometheus maxima and means."""
+    info = server_info(plan["base_url"])
     summary = summarize(
         run,
         plan["backend"],
@@ -301,10 +306,15 @@ def _summary(plan: dict[str, Any], run: Any, samples: list[dict[str, Any]]) -> d
             "tag": plan.get("profile"),
             "seed": plan["seed"],
             "output_len": plan["output_len"],
-            "accept_length": _accept_length(server_info(plan["base_url"])),
+            **random_lengths(plan),
+            "accept_length": _accept_length(info),
+            "server_info": info,
             "started_at": datetime.fromtimestamp(run.started_at, UTC).isoformat(),
             "warmup_errors": run.warmup_errors,
+            "cache_flushed": flushed,
         },
+        slo=plan.get("slo"),
+        with_details=bool(plan.get("output_details")),
     )
     for key in PROM_KEYS:
         vals = [s[key] for s in samples if key in s]
@@ -312,6 +322,32 @@ def _summary(plan: dict[str, Any], run: Any, samples: list[dict[str, Any]]) -> d
             summary[f"prom_{key.split(':')[1]}_max"] = max(vals)
             summary[f"prom_{key.split(':')[1]}_mean"] = sum(vals) / len(vals)
     return summary
+
+
+def random_lengths(plan: dict[str, Any]) -> dict[str, Any]:
+    """bench_serving's random_* keys: the lengths of a random-ids set, else None."""
+    random = plan.get("random") or {}
+    return {
+        "random_input_len": random.get("input_len"),
+        "random_output_len": random.get("output_len"),
+        "random_range_ratio": random.get("range_ratio"),
+    }
+
+
+def flush_cache(base_url: str) -> bool:
+    """Empty the server's prefix cache before a level (SGLang's /flush_cache: 200 when done,
+    400 while requests still run), so an earlier level's prompts do not warm this one."""
+    for method in ("POST", "GET"):
+        request = urllib.request.Request(base_url + "/flush_cache", method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                return resp.status == 200
+        except urllib.error.HTTPError as exc:
+            if exc.code != 405:
+                return False
+        except OSError:
+            return False
+    return False
 
 
 def _telemetry(plan: dict[str, Any], state: dict[str, Any] | None) -> telemetry.Sampler | None:
@@ -343,7 +379,7 @@ def _gpufleet_level(
     except Exception as exc:  # the generator itself failed: keep what we know
         return "failed", f"level C={c}: load generator error: {exc!r}", True
     marks.append((_log_size(server_state), f"level C={c} ends"))
-    summary = _summary(plan, run, samples)
+    summary = _summary(plan, run, samples, run.after_warmup)
     if gauge is not None:
         writer.lines(f"telemetry-c{c}.jsonl", gauge.rows)
         summary.update(telemetry.summarize(gauge.rows, int(summary["total_output_tokens"])))

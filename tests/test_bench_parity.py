@@ -1,0 +1,109 @@
+"""results.jsonl speaks bench_serving's schema (valid JSON), SLO goodput, cache hygiene."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
+from gpufleet.host.bench.metrics import summarize
+from gpufleet.host.bench.slo import parse_slo
+from helpers import run_cli
+
+FIXTURE = (
+    Path(__file__).resolve().parents[2] / "shared/fixtures/sglang-0.5.23-bench_serving-result.json"
+)
+LOCAL_FIXTURE = Path(__file__).parent / "fixtures" / "bench_serving-0.5.23-result-keys.json"
+# bench_serving keys gpufleet does not write, and why: it has no tokenizer to re-count
+# outputs with, and it does not keep the generated texts.
+NOT_WRITTEN = {"total_output_tokens_retokenized", "generated_texts"}
+
+
+def _no_constants(name: str) -> None:
+    raise AssertionError(f"{name} is not JSON")
+
+
+def _bench(url: str, tmp: Path, *args: str) -> list[dict]:
+    archive = tmp / "archive"
+    out = run_cli(
+        "bench", "--client", "local", "--url", url, "--archive", str(archive), *args,
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    [host_dir] = list(archive.iterdir())
+    [run_dir] = list(host_dir.iterdir())
+    text = (run_dir / "results.jsonl").read_text()
+    return [json.loads(line, parse_constant=_no_constants) for line in text.splitlines()]
+
+
+def test_results_have_bench_serving_keys_and_are_valid_json(sim_server, tmp_path):
+    server = sim_server("--enable-metrics")
+    [row] = _bench(
+        server.url, tmp_path, "--concurrency", "4", "--num-prompts", "8",
+        "--prompts", "random-ids", "--random-input-len", "64", "--output-len", "16",
+        "--output-details",
+    )  # fmt: skip
+    expected = set(json.loads(LOCAL_FIXTURE.read_text())["keys"])
+    missing = expected - set(row) - NOT_WRITTEN
+    assert missing == set(), f"bench_serving keys not written: {sorted(missing)}"
+    assert row["request_rate"] == "inf"
+    assert (row["random_input_len"], row["random_output_len"], row["random_range_ratio"]) == (
+        64, 16, 1.0,
+    )  # fmt: skip
+    assert row["total_input_text_tokens"] == row["total_input_tokens"] == 8 * 64
+    assert len(row["ttfts"]) == len(row["itls"]) == len(row["input_lens"]) == 8
+    assert row["server_info"]["model_path"] == "/models/sim"
+    assert row["max_concurrent_requests"] > 0 and row["max_output_tokens_per_s"] > 0
+    assert row["cache_flushed"] is True
+
+
+def test_the_key_list_matches_the_captured_bench_serving_output():
+    """The key list in tests/fixtures came from bench_serving 0.5.23's own output file."""
+    if not FIXTURE.exists():
+        pytest.skip("the shared fixture is not on this machine")
+    captured = json.loads(FIXTURE.read_text())
+    assert sorted(captured) == json.loads(LOCAL_FIXTURE.read_text())["keys"]
+
+
+def test_flush_before_each_level_keeps_one_level_from_warming_the_next(sim_server, tmp_path):
+    server = sim_server()
+    args = ["--concurrency", "1,2", "--num-prompts", "4", "--prompts", "random-ids",
+            "--random-input-len", "256", "--output-len", "4", "--warmup", "0"]  # fmt: skip
+    flushed = _bench(server.url, tmp_path / "a", *args)
+    kept = _bench(server.url, tmp_path / "b", *args, "--no-flush")
+    assert [r["cache_flushed"] for r in flushed] == [True, True]
+    assert flushed[1]["cache_hit_rate"] == 0.0  # level 2 resends level 1's prompts
+    assert kept[1]["cache_flushed"] is None and kept[1]["cache_hit_rate"] > 0.9
+
+
+def test_slo_goodput_follows_the_timing_model(sim_server):
+    """Baseline rehearsal steps cost 15.6 + 1.03 x batch ms: TPOT ~16.6 ms at C=1 and ~23.8 ms
+    at C=8, so a 20 ms TPOT bound holds for every request at C=1 and for none at C=8."""
+    server = sim_server()
+    slo = parse_slo("tpot_ms=20")
+    prompts = [Prompt("def f(x): return x\n" * 4, output_len=40)] * 8
+    one = summarize(run_async(run_level(server.url, prompts[:3], 1)), "sglang", slo=slo)
+    eight = summarize(run_async(run_level(server.url, prompts, 8)), "sglang", slo=slo)
+    assert one["slo_attainment"] == 1.0 and one["good_requests"] == 3
+    assert one["goodput_output_throughput"] == pytest.approx(one["output_throughput"])
+    assert eight["slo_attainment"] == 0.0 and eight["goodput_output_throughput"] == 0.0
+    assert one["slo"] == {"tpot_ms": 20.0}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("ttft=500", "expected KEY=MILLISECONDS with KEY one of ttft_ms, tpot_ms, e2e_ms"),
+        ("ttft_ms=fast", "'fast' is not a number"),
+        ("tpot_ms=0", "expected more than 0"),
+    ],
+)
+def test_bad_slo_is_one_line(text, message):
+    out = run_cli("bench", "--client", "local", "--url", "http://192.0.2.1:30000",
+                  "--concurrency", "1", "--slo", text)  # fmt: skip
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert out.stderr.startswith(f"gpufleet: --slo {text}: ") and message in out.stderr
+    with pytest.raises(ValueError, match=r"KEY|number|more than"):
+        parse_slo(text)
