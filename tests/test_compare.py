@@ -174,12 +174,12 @@ def test_sweep_records_failed_cell_and_resume_finishes(fleet, tmp_path):
     assert "swa on h0: done" in out.stdout and "swb on h0: FAILED" in out.stdout
     [state_file] = (tmp_path / "a" / "sweeps").glob("*.json")
     state = json.loads(state_file.read_text())
-    assert state["cells"][f"{playbooks}/swa.yaml"]["h1"]["status"] == "done"
-    done_run = state["cells"][f"{playbooks}/swa.yaml"]["h0"]["run_id"]
+    assert state["cells"]["swa"]["h1"]["status"] == "done"
+    done_run = state["cells"]["swa"]["h0"]["run_id"]
     # where each cell's time went: every step of a finished cell, up to the failing one
-    steps = state["cells"][f"{playbooks}/swa.yaml"]["h1"]["steps_s"]
+    steps = state["cells"]["swa"]["h1"]["steps_s"]
     assert list(steps) == ["clean", "launch", "bench", "stop"] and min(steps.values()) >= 0
-    assert list(state["cells"][f"{playbooks}/swb.yaml"]["h0"]["steps_s"]) == ["clean"]
+    assert list(state["cells"]["swb"]["h0"]["steps_s"]) == ["clean"]
 
     # fix the second profile, resume: the first is not redone
     data = yaml.safe_load((playbooks / "swb.yaml").read_text())
@@ -193,7 +193,7 @@ def test_sweep_records_failed_cell_and_resume_finishes(fleet, tmp_path):
     )
     state = json.loads(state_file.read_text())
     assert state["status"] == "done"
-    assert state["cells"][f"{playbooks}/swa.yaml"]["h0"]["run_id"] == done_run
+    assert state["cells"]["swa"]["h0"]["run_id"] == done_run
     assert len(list((tmp_path / "a" / "h0").iterdir())) == 2
     assert list((tmp_path / "a" / "compare").glob("*/h0-throughput.png"))
 

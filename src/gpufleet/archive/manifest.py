@@ -71,6 +71,7 @@ def build(
                 "concurrency": r["max_concurrency"],
                 "status": r.get("level_status"),
                 "output_throughput": r["output_throughput"],
+                **({"repeat": r["repeat"]} if r.get("repeat", 1) != 1 else {}),
             }
             for r in results
         ],

@@ -14,16 +14,21 @@ from gpufleet.errors import UserError
 from gpufleet.report import html
 from gpufleet.report.compare import Arm
 from gpufleet.report.html import Failure, ReportInput
+from gpufleet.report.stats import aggregate
 
 
 def load_arm(label: str, run_dirs: list[Path]) -> Arm:
+    """One arm from its runs: a level measured several times (`--repeat`, or several runs
+    of a sweep's repeated cells) becomes the mean with its confidence interval."""
     arm = Arm(label=label, manifests=[])
+    samples: dict[int, list[dict]] = {}
     for run_dir in run_dirs:
         arm.manifests.append(store.read_manifest(run_dir))
         for line in (run_dir / "results.jsonl").read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
-                arm.levels[int(row["max_concurrency"])] = row
+                samples.setdefault(int(row["max_concurrency"]), []).append(row)
+    arm.levels = {c: aggregate(rows) for c, rows in sorted(samples.items())}
     return arm
 
 
@@ -62,12 +67,14 @@ def resolve(args: list[str], root: Path, hosts: list[str] | None = None) -> dict
     return {h: [load_arm(arg, f[h]) for arg, f in zip(args, per_arg, strict=True)] for h in common}
 
 
-def from_run_ids(root: Path, by_profile: dict[str, dict[str, str]]) -> dict[str, list[Arm]]:
-    """host -> arms, from a sweep's finished cells (profile -> host -> run id)."""
-    hosts = sorted(set.intersection(*(set(h) for h in by_profile.values()))) if by_profile else []
+def from_run_ids(root: Path, by_label: dict[str, dict[str, list[str]]]) -> dict[str, list[Arm]]:
+    """host -> arms, from a sweep's finished cells (label -> host -> run ids: a repeated
+    cell has one run per repeat)."""
+    hosts = sorted(set.intersection(*(set(h) for h in by_label.values()))) if by_label else []
     return {
         host: [
-            load_arm(profile, [root / host / runs[host]]) for profile, runs in by_profile.items()
+            load_arm(label, [root / host / run_id for run_id in runs[host]])
+            for label, runs in by_label.items()
         ]
         for host in hosts
     }
@@ -118,11 +125,13 @@ def sweep_state_path(root: Path, sweep_id: str | None) -> Path:
 def report_for_sweep(root: Path, state_path: Path) -> ReportInput:
     """A report on a sweep: its finished cells compared, its failed cells listed."""
     state = json.loads(state_path.read_text())
-    finished = {
-        profile: {h: c["run_id"] for h, c in cells.items() if c.get("status") == "done"}
-        for profile, cells in state["cells"].items()
-    }
-    finished = {p: r for p, r in finished.items() if r}
+    labels = {a["key"]: a["label"] for a in state.get("arms", [])}
+    finished: dict[str, dict[str, list[str]]] = {}
+    for key, cells in state["cells"].items():
+        for host, cell in cells.items():
+            if cell.get("status") == "done":
+                by_host = finished.setdefault(labels.get(key, Path(key).stem), {})
+                by_host.setdefault(host, []).append(cell["run_id"])
     per_host = from_run_ids(root, finished) if finished else {}
     data = _report_input(f"sweep {state['sweep_id']}", per_host, root)
     for profile, cells in state["cells"].items():

@@ -24,6 +24,7 @@ LIMITS: dict[str, float] = {
     "--random-output-len": 1_000_000,
     "--random-range-ratio": 1,
     "--trace-speedup": 10_000,
+    "--repeat": 100,
 }
 
 

@@ -40,6 +40,7 @@ from gpufleet.cli.common import (
         "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
         "telemetry-interval": "seconds between GPU power/utilisation samples (default 0.5; 0: off)",
         "output-details": "add bench_serving's per-request arrays (ttfts, itls, ...) to results",
+        "repeat": "run the levels N times, in rounds, for 95% confidence intervals (default 1)",
         **FLEET_HELP,
     },
 )
@@ -73,6 +74,7 @@ def bench(
     slo=None,
     flush=True,
     output_details=False,
+    repeat=None,
     hosts=None,
     inventory=None,
     forks=None,
@@ -80,7 +82,13 @@ def bench(
     """Run the load sweep against the launched server and archive it per host."""
     import re
 
-    from gpufleet.cli.output import line, print_runs, report_lost_hosts_at_once, table
+    from gpufleet.cli.output import (
+        line,
+        print_runs,
+        repeat_lines,
+        report_lost_hosts_at_once,
+        table,
+    )
     from gpufleet.cli.progress import bench_progress
     from gpufleet.control import bench as bench_control
     from gpufleet.errors import UserError
@@ -97,9 +105,14 @@ def bench(
         random_range_ratio, slo, flush,
     )  # fmt: skip
     request.output_details = bool(output_details)
+    from gpufleet.cli.args import positive_int
+
+    request.repeat = positive_int(repeat, "--repeat", 1)
     if client == "local":
         run_id, value = bench_control.bench_local(request, bench_progress())
         table(f"{run_id} ({value['status']})", headers(value["results"]), rows(value["results"]))
+        for text in repeat_lines(value["results"]):
+            line(text)
         line(f"archived {value['path']}")
         if value["status"] != "done":
             raise Exit(f"gpufleet: run archived as FAILED: {value['reason']}", code=1)

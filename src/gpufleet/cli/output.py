@@ -86,7 +86,31 @@ def print_runs(results: list[Any]) -> None:
             headers(value["results"]),
             rows(value["results"]),
         )
+        for text in repeat_lines(value["results"]):
+            line(f"{res.host.name}: {text}")
         line(f"{res.host.name}: archived {value['path']}")
+
+
+def repeat_lines(results: list[dict[str, Any]]) -> list[str]:
+    """With --repeat: each level's mean and 95% interval of the headline figures."""
+    from gpufleet.report.stats import aggregate
+
+    by_level: dict[int, list[dict[str, Any]]] = {}
+    for row in results:
+        by_level.setdefault(int(row["max_concurrency"]), []).append(row)
+    out = []
+    for c, rows in sorted(by_level.items()):
+        if len(rows) < 2:
+            continue
+        agg = aggregate(rows)
+        parts = []
+        for name, key in (("output tok/s", "output_throughput"),
+                          ("per-request tok/s", "median_per_request_output_tps"),
+                          ("TTFT p50 ms", "median_ttft_ms")):  # fmt: skip
+            low, high = agg["ci"].get(key, (agg[key], agg[key]))
+            parts.append(f"{name} {agg[key]:.1f} [{low:.1f}-{high:.1f}]")
+        out.append(f"C={c}, {len(rows)} repeats, mean [95% CI]: " + "; ".join(parts))
+    return out
 
 
 def print_compare(per_host: dict[str, Any], fmt: str, wide: bool = False) -> None:

@@ -85,22 +85,24 @@ def _ctrl_c_stops(cancel: Any, hint: Callable[[], str]):
 
 def _do_sweep(
     profile_names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks,
-    resume_command, fmt="table",
+    resume_command, fmt="table", arms=None, kind="sweep",
 ):  # fmt: skip
     from gpufleet.cli.output import line
     from gpufleet.cli.progress import bench_progress, launch_progress
     from gpufleet.control import sweep
+    from gpufleet.control.arms import expand
     from gpufleet.control.cancel import CancelToken
 
-    sweep.check_profiles(profile_names)  # a bad profile fails before anything starts
+    arms = arms or expand(profile_names, [], 1)
+    sweep.check_arms(profile_names, arms)  # a bad profile or flag fails before anything starts
     inv, selected = select_hosts(inventory, hosts)
     if dry_run:
-        for text in sweep.plan_lines(profile_names, selected, request, engine):
+        for text in sweep.plan_lines(arms, selected, request, engine):
             line(text)
         line("dry run: nothing started")
         return None
     state = sweep.open_state(
-        request.archive_root, profile_names, selected, request.concurrency, resume
+        request.archive_root, profile_names, selected, request.concurrency, resume, arms, kind
     )
     if resume:
         line(f"resuming sweep {state.data['sweep_id']} ({state.data['status']})")
@@ -133,6 +135,9 @@ SWEEP_HELP = {
     "resume": "finish the latest sweep of these profiles (re-attach, re-run failed cells)",
     "dry-run": "print the plan; start nothing",
     "fail-fast": "stop at the first failed cell",
+    "grid": "server flag values to sweep, repeatable: FLAG=V1,V2 (e.g. speculative-num-steps="
+    "1,3,5); every combination is a cell, relaunched",
+    "repeat": "measure every cell N times, interleaved, for confidence intervals (default 1)",
     "engine": "override the engine (sim to rehearse)",
     "archive": "archive root",
     "hosts": HOSTS_HELP,
@@ -141,7 +146,7 @@ SWEEP_HELP = {
 }
 
 
-@task(iterable=["concurrency"], help=SWEEP_HELP)
+@task(iterable=["concurrency", "grid"], help=SWEEP_HELP)
 @user_errors
 def sweep(
     c,
@@ -164,17 +169,25 @@ def sweep(
     random_range_ratio=None,
     slo=None,
     flush=True,
+    grid=None,
+    repeat=None,
     hosts=None,
     inventory=None,
     forks=None,
 ):
-    """For each profile on all hosts: gpu-clean, launch, bench, stop, verify; then compare."""
+    """For each profile (and grid point, and repeat) on all hosts: gpu-clean, launch, bench,
+    stop, verify; then compare."""
+    from gpufleet.cli.args import positive_int
+    from gpufleet.control.arms import expand, parse_grid
+
     request = _sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive)
     apply_workload(
         request, workload, trace, trace_speedup, random_input_len, random_output_len,
         random_range_ratio, slo, flush,
     )  # fmt: skip
     names = [p.strip() for p in profiles.split(",") if p.strip()]
+    repeats = positive_int(repeat, "--repeat", 1)
+    arms = expand(names, parse_grid(grid), repeats)
     options = {
         "--profiles": profiles,
         "--concurrency": ",".join(map(str, request.concurrency)),
@@ -194,9 +207,14 @@ def sweep(
         "--random-range-ratio": random_range_ratio,
         "--slo": slo,
         "--no-flush": not flush,
+        "--repeat": repeat,
     }
-    command = _resume_command(["inv", "sweep"], options)
-    _do_sweep(names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks, command)
+    base = ["inv", "sweep"] + [w for g in grid or [] for w in ("--grid", g)]
+    command = _resume_command(base, options)
+    _do_sweep(
+        names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks, command,
+        arms=arms,
+    )  # fmt: skip
 
 
 REHEARSAL_LEVELS = [

@@ -53,6 +53,7 @@ class BenchRequest:
     flush_cache: bool = True  # empty the server's prefix cache before each level
     slo: dict[str, float] = field(default_factory=dict)  # per-request bounds, ms (host/bench/slo)
     output_details: bool = False  # bench_serving's per-request arrays in results.jsonl
+    repeat: int = 1  # every level this many times, in rounds (1,10,64, 1,10,64, ...)
     seed: int = 0
     backend: str = "sglang"
     warmup: int = 1
@@ -153,6 +154,8 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[dict[str, Any], byte
         raise UserError(f"--backend {request.backend!r}: expected one of {', '.join(BACKENDS)}")
     label, set_digest, rows, levels, extra = _rows(request)
     _check_combination(request, rows, label)
+    if request.repeat > 1:  # rounds, not back to back: a slow drift spreads over every level
+        levels = [{**lv, "repeat": r} for r in range(1, request.repeat + 1) for lv in levels]
     plan = {
         "run_id": run_id,
         "profile": Path(request.profile).stem if request.profile else None,

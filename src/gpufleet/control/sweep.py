@@ -1,6 +1,7 @@
-"""inv sweep: for each profile, on all hosts in parallel, gpu-clean -> launch -> bench -> stop
--> verify clean; then compare. State is saved after every step so `--resume` finishes an
-interrupted sweep without redoing what succeeded.
+"""inv sweep: for each cell (a profile, at a point of its flag grid, per repeat: see
+control/arms.py), on all hosts in parallel, gpu-clean -> launch -> bench -> stop -> verify
+clean; then compare. State is saved after every step so `--resume` finishes an interrupted
+sweep without redoing what succeeded.
 
 Interruption (docs/RELIABILITY.md, "Ctrl-C during a sweep"): once a stop is asked (the
 cancel token), no new cell starts. A cell still cleaning, launching or waiting for health
@@ -24,11 +25,12 @@ from typing import Any
 from gpufleet.archive import select, store
 from gpufleet.control import bench as benchrun
 from gpufleet.control import lifecycle as server
+from gpufleet.control.arms import ArmSpec, profile_label
 from gpufleet.control.cancel import Cancelled, CancelToken
 from gpufleet.control.fanout import run_on_hosts
 from gpufleet.control.gpuclean import CleanOptions, clean_on
 from gpufleet.control.inventory import Host
-from gpufleet.control.playbook import build_specs, load_profile
+from gpufleet.control.playbook import build_specs
 from gpufleet.control.transport import Session
 from gpufleet.errors import HostError, UserError
 from gpufleet.host.protocol import StopArgs
@@ -48,18 +50,29 @@ class SweepState:
 
     @classmethod
     def new(
-        cls, root: Path, profiles: list[str], hosts: list[str], levels: list[int]
+        cls,
+        root: Path,
+        profiles: list[str],
+        hosts: list[str],
+        levels: list[int],
+        arms: list[ArmSpec] | None = None,
+        kind: str = "sweep",
     ) -> SweepState:
+        arms = arms or [ArmSpec(p, label=profile_label(p)) for p in profiles]
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         sweep_id = f"{stamp}-{'-vs-'.join(Path(p).stem for p in profiles)}"
+        if kind != "sweep":
+            sweep_id += f"-{kind}"
         data = {
             "sweep_id": sweep_id,
+            "kind": kind,
             "profiles": profiles,
+            "arms": [a.to_json() for a in arms],
             "hosts": hosts,
             "concurrency": levels,
             "created_at": datetime.now(UTC).isoformat(),
             "status": "running",
-            "cells": {p: {h: {"status": "pending"} for h in hosts} for p in profiles},
+            "cells": {a.key: {h: {"status": "pending"} for h in hosts} for a in arms},
             "durations_s": {},
         }
         state = cls(root / "sweeps" / f"{sweep_id}.json", data)
@@ -67,14 +80,30 @@ class SweepState:
         return state
 
     @classmethod
-    def latest(cls, root: Path, profiles: list[str]) -> SweepState:
-        """The newest sweep of these profiles (a finished one resumes to its compare)."""
+    def latest(
+        cls,
+        root: Path,
+        profiles: list[str],
+        arms: list[ArmSpec] | None = None,
+        kind: str = "sweep",
+    ) -> SweepState:
+        """The newest sweep of these profiles and cells (a finished one resumes to its
+        compare)."""
+        keys = [a.key for a in arms] if arms else None
         candidates = sorted((root / "sweeps").glob("*.json"))
         for path in reversed(candidates):
             data = json.loads(path.read_text())
-            if data["profiles"] == profiles:
+            if data["profiles"] != profiles or data.get("kind", "sweep") != kind:
+                continue
+            if keys is None or [a["key"] for a in data.get("arms", [])] == keys:
                 return cls(path, data)
-        raise UserError(f"--resume: no sweep of {','.join(profiles)} under {root / 'sweeps'}/")
+        raise UserError(f"--resume: no {kind} of {','.join(profiles)} under {root / 'sweeps'}/")
+
+    def arms(self) -> list[ArmSpec]:
+        """The cells' specs in the order they run (older state files: one per profile)."""
+        if "arms" not in self.data:
+            return [ArmSpec(p, label=profile_label(p)) for p in self.data["profiles"]]
+        return [ArmSpec.from_json(a) for a in self.data["arms"]]
 
     def save(self) -> None:
         with self.lock:
@@ -89,27 +118,33 @@ class SweepState:
         self.save()
 
 
-def label(profile: str) -> str:
-    """A profile given as a path is shown by its file name."""
-    return Path(profile).stem if profile.endswith((".yaml", ".yml")) else profile
+label = profile_label  # a cell key reads as is; a profile path by its file name
 
 
 def plan_lines(
-    profiles: list[str], hosts: list[Host], request: benchrun.BenchRequest, engine: str | None
+    arms: list[ArmSpec], hosts: list[Host], request: benchrun.BenchRequest, engine: str | None
 ) -> list[str]:
+    """What a sweep would do, cell by cell (the first repeat; the others say how many)."""
     lines = []
-    for name in profiles:
-        prof = load_profile(name)
+    repeats = max(a.repeat for a in arms)
+    levels = ", ".join(f"C={lv['concurrency']} x {lv['num_prompts']}" for lv in request.levels())
+    for arm in (a for a in arms if a.repeat == 1):
+        prof = arm.resolved_profile()
         engines = {spec.engine for _, spec in build_specs(prof, hosts, engine)}
-        levels = ", ".join(
-            f"C={lv['concurrency']} x {lv['num_prompts']}" for lv in request.levels()
-        )
         lines.append(
-            f"{prof.name} ({'/'.join(sorted(engines))}) on {', '.join(h.name for h in hosts)}:"
+            f"{arm.label} ({'/'.join(sorted(engines))}) on {', '.join(h.name for h in hosts)}:"
             f" gpu-clean -> launch -> bench [{levels}; {request.output_len} tokens each]"
             " -> stop -> verify clean"
         )
+        if arm.overrides or arm.remove:
+            changes = [f"--{k} {v}" for k, v in arm.overrides.items()]
+            changes += [f"without --{k}" for k in arm.remove]
+            lines.append(f"  flags: {', '.join(changes)}")
         lines += [f"  warning: {w}" for w in prof.warnings()]
+    if repeats > 1:
+        lines.append(
+            f"{repeats} repeats: {len(arms)} cells, interleaved (every cell once, then again)"
+        )
     return lines
 
 
@@ -133,7 +168,7 @@ class _Cell:
         self,
         session: Session,
         state: SweepState,
-        profile: str,
+        arm: ArmSpec,
         request: benchrun.BenchRequest,
         engine: str | None,
         cancel: CancelToken,
@@ -141,9 +176,10 @@ class _Cell:
     ) -> None:
         self.session = session
         self.state = state
-        self.profile = profile
+        self.arm = arm
+        self.profile = arm.key  # the cell's key in the sweep state
         self.host = session.host.name
-        self.request = replace(request, profile=profile)
+        self.request = replace(request, profile=arm.label)
         self.engine = engine
         self.cancel = cancel
         self.launch_progress, self.bench_progress = progress
@@ -221,7 +257,8 @@ class _Cell:
         return self.bench()
 
     def launch(self) -> None:
-        [(_, spec)] = build_specs(load_profile(self.profile), [self.session.host], self.engine)
+        profile = self.arm.resolved_profile()
+        [(_, spec)] = build_specs(profile, [self.session.host], self.engine)
         options = server.LaunchOptions(replace=True, engine=self.engine)
         server.launch_on(self.session, spec, options, self.launch_progress, self.cancel)
 
@@ -318,24 +355,25 @@ def run(
     bench_progress: Any = None,
     cancel: CancelToken | None = None,
 ) -> SweepState:
-    """Run every profile's cells, one profile at a time, all hosts in parallel."""
+    """Run every cell, one at a time, all hosts in parallel."""
     cancel = cancel or CancelToken()
     state.say = say
-    profiles = state.data["profiles"]
-    for index, name in enumerate(profiles):
+    arms = state.arms()
+    for index, arm in enumerate(arms):
+        name = arm.key
         if cancel.requested:
             break
         todo = [h for h in hosts if state.cell(name, h.name)["status"] != "done"]
         if not todo:
-            say(f"[sweep {index + 1}/{len(profiles)}] {label(name)}: already done, skipped")
+            say(f"[sweep {index + 1}/{len(arms)}] {name}: already done, skipped")
             continue
-        say(f"[sweep {index + 1}/{len(profiles)}] {name} on {', '.join(h.name for h in todo)}"
-            + _eta(state, len(profiles) - index))  # fmt: skip
+        say(f"[sweep {index + 1}/{len(arms)}] {name} on {', '.join(h.name for h in todo)}"
+            + _eta(state, len(arms) - index))  # fmt: skip
         started = time.monotonic()
         results = run_on_hosts(
             todo,
-            lambda s, name=name: _pipeline(
-                _Cell(s, state, name, request, engine, cancel, (launch_progress, bench_progress))
+            lambda s, arm=arm: _pipeline(
+                _Cell(s, state, arm, request, engine, cancel, (launch_progress, bench_progress))
             ),
             forks=forks,
         )
@@ -345,7 +383,7 @@ def run(
         if any(failed) and fail_fast:
             say("[sweep] stopping: --fail-fast")
             break
-    cells = [c for p in profiles for c in state.data["cells"][p].values()]
+    cells = [c for a in arms for c in state.data["cells"][a.key].values()]
     if all(c["status"] == "done" for c in cells):
         state.data["status"] = "done"
     else:
@@ -361,21 +399,28 @@ def _eta(state: SweepState, profiles_left: int) -> str:
     return f", ~{(sum(done_times) / len(done_times)) * profiles_left:.0f}s left"
 
 
-def check_profiles(names: list[str]) -> None:
-    """Every profile loads (UserError otherwise), before anything starts."""
+def check_arms(names: list[str], arms: list[ArmSpec]) -> None:
+    """Every cell's profile loads with its flags (UserError otherwise), before anything
+    starts."""
     if not names:
         raise UserError("--profiles needs at least one profile (e.g. baseline,eagle3)")
-    for name in names:
-        load_profile(name)
+    for arm in arms:
+        arm.resolved_profile()
 
 
 def open_state(
-    root: Path, profiles: list[str], hosts: list[Host], levels: list[int], resume: bool
+    root: Path,
+    profiles: list[str],
+    hosts: list[Host],
+    levels: list[int],
+    resume: bool,
+    arms: list[ArmSpec] | None = None,
+    kind: str = "sweep",
 ) -> SweepState:
-    """The latest unfinished sweep of these profiles (--resume), or a new one."""
+    """The latest sweep of these cells (--resume), or a new one."""
     if resume:
-        return SweepState.latest(root, profiles)
-    return SweepState.new(root, profiles, [h.name for h in hosts], levels)
+        return SweepState.latest(root, profiles, arms, kind)
+    return SweepState.new(root, profiles, [h.name for h in hosts], levels, arms, kind)
 
 
 def hosts_of(state: SweepState, selected: list[Host]) -> list[Host]:

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.report.stats import ratio_text
+
 SPECULATIVE_CAP = 48
 
 
@@ -47,27 +49,56 @@ def crossover(levels: list[int], a: list[float], b: list[float]) -> tuple[str, f
     return "never", None
 
 
+def _bound(arm: Arm, c: int, key: str, side: int) -> float:
+    """The mean (side 0), or the low (-1) / high (+1) end of its interval with repeats."""
+    row = arm.levels[c]
+    ci = (row.get("ci") or {}).get(key)
+    if side and ci:
+        return float(ci[0] if side < 0 else ci[1])
+    return _metric(row, key) or 0.0
+
+
+def crossover_text(a: Arm, b: Arm, levels: list[int], key: str) -> tuple[str, str]:
+    """(kind, "C~4" or, with repeats, the interval "C~3-5") of where b falls below a."""
+    mean = [[_bound(arm, c, key, 0) for c in levels] for arm in (a, b)]
+    kind, at = crossover(levels, *mean)
+    if kind != "cross":
+        return kind, ""
+    ends = []
+    for side_a, side_b in ((1, -1), (-1, 1)):  # b falls earliest / latest
+        got = crossover(
+            levels,
+            [_bound(a, c, key, side_a) for c in levels],
+            [_bound(b, c, key, side_b) for c in levels],
+        )
+        ends.append(got[1] if got[0] == "cross" else None)
+    low, high = ends
+    if low is None or high is None or round(low) == round(high):
+        return kind, f"C~{at:.0f}"
+    low, high = sorted((low, high))
+    return kind, f"C~{low:.0f}-{high:.0f}"
+
+
 def sentence(a: Arm, b: Arm, levels: list[int]) -> str:
     """The answer in one plain sentence, e.g. 'eagle3 is faster per request up to C~7 and
-    loses total throughput from C~4; at C=64 baseline delivers 2.2x.'"""
+    loses total throughput from C~4; at C=64 baseline delivers 2.2x.' With repeats the
+    crossovers carry their interval ('C~3-5')."""
     if len(levels) < 1:
         return "no common concurrency levels to compare"
-    per_a = [_metric(a.levels[c], "median_per_request_output_tps") or 0 for c in levels]
-    per_b = [_metric(b.levels[c], "median_per_request_output_tps") or 0 for c in levels]
     tot_a = [_metric(a.levels[c], "output_throughput") or 0 for c in levels]
     tot_b = [_metric(b.levels[c], "output_throughput") or 0 for c in levels]
-    kind, at = crossover(levels, per_a, per_b)
+    kind, where = crossover_text(a, b, levels, "median_per_request_output_tps")
     if kind == "cross":
-        first = f"{b.label} is faster per request up to C~{at:.0f}"
+        first = f"{b.label} is faster per request up to {where}"
     elif kind == "never":
         first = (
             f"{b.label} is at least as fast per request at every measured level (C<={levels[-1]})"
         )
     else:
         first = f"{b.label} is slower per request at every measured level"
-    kind, at = crossover(levels, tot_a, tot_b)
+    kind, where = crossover_text(a, b, levels, "output_throughput")
     if kind == "cross":
-        second = f"loses total throughput from C~{at:.0f}"
+        second = f"loses total throughput from {where}"
     elif kind == "never":
         second = f"keeps total throughput at or above {a.label}'s up to C={levels[-1]}"
     else:
@@ -222,10 +253,7 @@ def table(arms: list[Arm], wide: bool = True) -> tuple[list[str], list[list[str]
             values = [_metric(arm.levels[c], key) for arm in arms]
             row += [fmt.format(v) if v is not None else "-" for v in values]
             if key in RATIO_KEYS:
-                row += [
-                    f"{v / values[0]:.2f}x" if v is not None and values[0] else "-"
-                    for v in values[1:]
-                ]
+                row += [ratio_text(arms[0].levels[c], arm.levels[c], key) for arm in arms[1:]]
         rows.append(row)
     return headers, rows
 
@@ -245,10 +273,7 @@ def _headline_table(arms: list[Arm]) -> tuple[list[str], list[list[str]]]:
             values = [_metric(arm.levels[c], key) for arm in arms]
             row += [fmt.format(v) if v is not None else "-" for v in values]
             if key != "median_ttft_ms":
-                row += [
-                    f"{v / values[0]:.2f}x" if v is not None and values[0] else "-"
-                    for v in values[1:]
-                ]
+                row += [ratio_text(arms[0].levels[c], arm.levels[c], key) for arm in arms[1:]]
         rows.append(row)
     return headers, rows
 

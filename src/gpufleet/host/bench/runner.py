@@ -2,7 +2,8 @@
 
 Files written in the run directory:
     plan.json (input), prompts.jsonl (input), status.json (running/done/failed),
-    progress.jsonl (events), results.jsonl (one line per level), requests-c<N>.jsonl,
+    progress.jsonl (events), results.jsonl (one line per level and repeat),
+    requests-c<N>.jsonl (requests-c<N>-r<k>.jsonl for the k-th repeat, k > 1),
     metrics-c<N>.jsonl (Prometheus samples), server_info_before/after.json, sysinfo.json,
     nvml_before/after.json, server.log (the server's log, the run's slice marked)
 """
@@ -380,12 +381,15 @@ def _gpufleet_level(
         return "failed", f"level C={c}: load generator error: {exc!r}", True
     marks.append((_log_size(server_state), f"level C={c} ends"))
     summary = _summary(plan, run, samples, run.after_warmup)
+    repeat = int(level.get("repeat", 1))
+    summary["repeat"] = repeat
+    tag = f"c{c}" if repeat == 1 else f"c{c}-r{repeat}"  # --repeat: one file set per repeat
     if gauge is not None:
-        writer.lines(f"telemetry-c{c}.jsonl", gauge.rows)
+        writer.lines(f"telemetry-{tag}.jsonl", gauge.rows)
         summary.update(telemetry.summarize(gauge.rows, int(summary["total_output_tokens"])))
     if samples:
-        writer.lines(f"metrics-c{c}.jsonl", samples)
-    writer.lines(f"requests-c{c}.jsonl", [r.to_json() for r in run.records])
+        writer.lines(f"metrics-{tag}.jsonl", samples)
+    writer.lines(f"requests-{tag}.jsonl", [r.to_json() for r in run.records])
     alive = _server_alive(server_state)
     summary["level_status"] = "ok" if (summary["failed"] == 0 and alive) else "failed"
     writer.lines("results.jsonl", [summary])

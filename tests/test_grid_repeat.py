@@ -1,0 +1,122 @@
+"""Grid sweeps over server flags, repeats with confidence intervals, and compare on them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpufleet.control.arms import expand, parse_grid, short_names
+from gpufleet.errors import UserError
+from gpufleet.report import stats
+from helpers import run_cli
+
+
+def test_grid_cells_are_named_readably_and_interleaved_by_repeat():
+    grid = parse_grid(["speculative-num-steps=1,3", "--speculative-eagle-topk=1,4"])
+    arms = expand(["eagle3", "playbooks/baseline.yaml"], grid, 2)
+    assert len(arms) == 2 * 4 * 2
+    assert [a.key for a in arms[:4]] == [
+        "eagle3[steps=1,topk=1]",
+        "eagle3[steps=1,topk=4]",
+        "eagle3[steps=3,topk=1]",
+        "eagle3[steps=3,topk=4]",
+    ]
+    assert arms[4].key == "baseline[steps=1,topk=1]"
+    # the second round comes after every cell ran once: drift cannot favour one side
+    assert [a.key for a in arms[8:10]] == ["eagle3[steps=1,topk=1]#2", "eagle3[steps=1,topk=4]#2"]
+    assert arms[3].overrides == {"speculative-num-steps": 3, "speculative-eagle-topk": 4}
+    profile = arms[3].resolved_profile()
+    assert (
+        profile.flags["speculative-num-steps"] == 3 and profile.flags["speculative-eagle-topk"] == 4
+    )
+    assert short_names(["a-tokens", "b-tokens", "c-x"]) == {
+        "a-tokens": "a-tokens", "b-tokens": "b-tokens", "c-x": "x",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("speculative-num-steps", "expected FLAG=V1,V2"),
+        ("=1,2", "expected FLAG=V1,V2"),
+        ("bad flag=1", "expected FLAG=V1,V2"),
+    ],
+)
+def test_bad_grid_is_one_line(entry, message):
+    with pytest.raises(UserError, match=message):
+        parse_grid([entry])
+    out = run_cli("sweep", "--profiles", "rehearsal-baseline", "--concurrency", "1",
+                  "--grid", entry, "--dry-run")  # fmt: skip
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_grid_dry_run_lists_every_cell(tmp_path):
+    out = run_cli(
+        "sweep", "--profiles", "rehearsal-eagle3", "--concurrency", "1,4",
+        "--grid", "speculative-num-steps=1,3", "--repeat", "2", "--dry-run",
+        "--inventory", "hosts/rehearsal.yaml", "--archive", str(tmp_path),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "rehearsal-eagle3[steps=1] (sim)" in out.stdout
+    assert "flags: --speculative-num-steps 3" in out.stdout
+    assert "2 repeats: 4 cells, interleaved" in out.stdout
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_t_interval_and_ratio_interval():
+    mean, _low, high = stats.mean_ci([10.0, 12.0, 11.0])
+    assert mean == 11.0 and high - mean == pytest.approx(4.303 * 1.0 / 3**0.5)
+    a = stats.aggregate([{"output_throughput": v, "completed": 4} for v in (100.0, 102.0, 98.0)])
+    b = stats.aggregate([{"output_throughput": v, "completed": 4} for v in (150.0, 149.0, 151.0)])
+    same = stats.aggregate([{"output_throughput": v, "completed": 4} for v in (99.0, 103.0, 97.0)])
+    assert a["repeats"] == 3 and a["completed"] == 12
+    assert stats.ratio_text(a, b, "output_throughput").startswith("1.50x [1.4")
+    assert stats.ratio_text(a, same, "output_throughput").endswith(" n.s.")
+
+
+def test_sweep_grid_with_repeats_on_the_rehearsal_engine(fleet, tmp_path):
+    """Two depths x two repeats on one simulated host: four cells (four launches), then
+    compare shows each ratio with its interval."""
+    profile = fleet.profile(
+        "spec", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1},
+        flags={"speculative-algorithm": "EAGLE3", "speculative-eagle-topk": 1,
+               "max-running-requests": 64},
+    )  # fmt: skip
+    out = fleet.cli(
+        "sweep", "--profiles", str(profile), "--hosts", "h0", "--concurrency", "1,8",
+        "--num-prompts", "8", "--output-len", "32", "--grid", "speculative-num-steps=1,5",
+        "--repeat", "2", "--archive", str(tmp_path / "a"), timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    [state_file] = (tmp_path / "a" / "sweeps").glob("*.json")
+    state = json.loads(state_file.read_text())
+    assert list(state["cells"]) == [
+        "spec[steps=1]", "spec[steps=5]", "spec[steps=1]#2", "spec[steps=5]#2",
+    ]  # fmt: skip
+    assert state["status"] == "done"
+    assert len(list((tmp_path / "a" / "h0").iterdir())) == 4
+    assert "A=spec[steps=1] vs B=spec[steps=5]" in out.stdout
+    assert "x [" in out.stdout  # ratios carry their interval
+
+
+def test_bench_repeat_runs_rounds_and_prints_intervals(sim_server, tmp_path):
+    server = sim_server()
+    archive = tmp_path / "archive"
+    out = run_cli(
+        "bench", "--client", "local", "--url", server.url, "--concurrency", "1,4",
+        "--num-prompts", "4", "--output-len", "16", "--repeat", "3", "--archive", str(archive),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    [host] = list(archive.iterdir())
+    [run_dir] = list(host.iterdir())
+    rows = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
+    # rounds: 1,4, 1,4, 1,4 (not 1,1,1, 4,4,4)
+    assert [(r["max_concurrency"], r["repeat"]) for r in rows] == [
+        (1, 1), (4, 1), (1, 2), (4, 2), (1, 3), (4, 3),
+    ]  # fmt: skip
+    assert (run_dir / "requests-c4-r3.jsonl").exists() and (run_dir / "requests-c4.jsonl").exists()
+    assert "C=4, 3 repeats, mean [95% CI]: output tok/s" in out.stdout
+    compared = run_cli("compare", run_dir.name, run_dir.name, "--archive", str(archive))
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    assert "1.00x [" in compared.stdout and "n.s." in compared.stdout
