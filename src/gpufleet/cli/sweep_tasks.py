@@ -175,8 +175,10 @@ def sweep(
     inventory=None,
     forks=None,
 ):
-    """For each profile (and grid point, and repeat) on all hosts: gpu-clean, launch, bench,
-    stop, verify; then compare."""
+    """Each profile (x grid point x repeat) on all hosts: clean, launch, bench, stop; compare.
+
+    Every cell runs gpu-clean, launch, bench, stop and a clean check, all hosts in parallel.
+    """
     from gpufleet.cli.args import positive_int
     from gpufleet.control.arms import expand, parse_grid
 

@@ -13,6 +13,7 @@ from gpufleet.cli.compare_tasks import compare, report
 from gpufleet.cli.gpu_tasks import gpu_clean, hosts, status, sysinfo
 from gpufleet.cli.server_tasks import launch, logs, profiles, stop, wait
 from gpufleet.cli.sweep_tasks import rehearse, sweep
+from gpufleet.cli.tune_tasks import tune
 
 ns = Collection(
     gpu_clean,
@@ -28,6 +29,7 @@ ns = Collection(
     runs,
     compare,
     sweep,
+    tune,
     rehearse,
     report,
 )

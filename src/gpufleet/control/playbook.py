@@ -50,6 +50,15 @@ class Profile(BaseModel):
     health_timeout: float = Field(default=1800.0, gt=0)
     log: str = "logs/{profile}-{port}-{stamp}.log"
     check_model_path: bool = True
+    files: dict[str, str] = Field(default_factory=dict)  # name -> local path; `{file:name}`
+
+    @field_validator("files")
+    @classmethod
+    def _file_names(cls, files: dict[str, str]) -> dict[str, str]:
+        for key in files:
+            if not SAFE_NAME.match(key):
+                raise ValueError(f"file name {key!r}: letters, digits, '-', '_' and '.' only")
+        return files
 
     @field_validator("flags", "sim")
     @classmethod
@@ -94,6 +103,24 @@ class Profile(BaseModel):
         value = self.flags.get("max-running-requests")
         return int(value) if value not in (None, False) else None
 
+    def adaptive_problem(self) -> str | None:
+        """Why SGLang would silently run this adaptive profile with static speculation
+        (its conditions, speculative/adaptive_spec_params.py), or None."""
+        if not self.flags.get("speculative-adaptive"):
+            return None
+        algorithm = self.speculative_algorithm
+        if algorithm not in ("EAGLE", "EAGLE3"):
+            return (
+                "speculative-adaptive needs speculative-algorithm EAGLE or EAGLE3 "
+                f"(got {algorithm})"
+            )
+        topk = self.flags.get("speculative-eagle-topk")
+        if topk not in (None, 1, "1"):
+            return f"speculative-adaptive needs speculative-eagle-topk 1 (got {topk})"
+        if self.flags.get("enable-dp-attention"):
+            return "speculative-adaptive does not work with enable-dp-attention"
+        return None
+
     def warnings(self) -> list[str]:
         out = []
         if self.speculative_algorithm in SPECULATIVE_CAPPED and self.max_running_requests is None:
@@ -137,6 +164,7 @@ class LaunchSpec(BaseModel):
     nnodes: int = 1
     warnings: list[str] = Field(default_factory=list)
     resolved_profile: dict[str, Any] = Field(default_factory=dict)  # env redacted
+    files: dict[str, str] = Field(default_factory=dict)  # stored name -> content (host/files)
 
 
 def load_profile(name: str, directory: Path = PLAYBOOKS) -> Profile:
@@ -208,6 +236,9 @@ def build_specs(
     profile: Profile, hosts: list[Host], engine_override: str | None = None
 ) -> list[tuple[Host, LaunchSpec]]:
     """One LaunchSpec per host. Multi-node profiles take `nnodes` hosts, ranks in order."""
+    problem = profile.adaptive_problem()
+    if problem:
+        raise UserError(f"profile {profile.name}: {problem}; SGLang would fall back to static")
     if profile.nnodes > 1 and len(hosts) % profile.nnodes:
         raise UserError(
             f"profile {profile.name} has nnodes {profile.nnodes}: select a multiple of "
@@ -291,6 +322,54 @@ def _argv_for(
     return [python, "-m", "gpufleet.sim.server", *flags, *_flag_args(sim)]
 
 
+FILE_REF = re.compile(r"\{file:([^}]*)\}")
+MAX_FILE_BYTES = 1 << 20
+
+
+def _with_files(
+    profile: Profile, argv: list[str]
+) -> tuple[list[str], dict[str, str], dict[str, dict[str, str]]]:
+    """Files that travel with the profile: `{file:NAME}` in a flag becomes the path of the
+    file's content-hashed copy in the host workdir (`{files}/<sha256[:12]>-<basename>`,
+    written by the agent before launch). Returns (argv, name -> content, what the manifest
+    records: name -> path and sha256)."""
+    import hashlib
+
+    stored: dict[str, str] = {}
+    contents: dict[str, str] = {}
+    recorded: dict[str, dict[str, str]] = {}
+    for name, local in profile.files.items():
+        path = Path(local)
+        try:
+            data = path.read_bytes()
+            text = data.decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(
+                f"profile {profile.name}: files.{name}: cannot read {local} "
+                f"({exc.__class__.__name__})"
+            ) from None
+        if len(data) > MAX_FILE_BYTES:
+            raise UserError(f"profile {profile.name}: files.{name}: {local} is over 1 MiB")
+        digest = hashlib.sha256(data).hexdigest()
+        remote = f"{digest[:12]}-{path.name}"
+        stored[name], contents[remote] = remote, text
+        recorded[name] = {"path": local, "sha256": digest, "stored_as": remote}
+
+    def substitute(word: str) -> str:
+        def one(match: re.Match[str]) -> str:
+            if match.group(1) not in stored:
+                known = ", ".join(sorted(stored)) or "none"
+                raise UserError(
+                    f"profile {profile.name}: {{file:{match.group(1)}}}: no such entry in "
+                    f"files ({known})"
+                )
+            return "{files}/" + stored[match.group(1)]
+
+        return FILE_REF.sub(one, word)
+
+    return [substitute(word) for word in argv], contents, recorded
+
+
 def _log_path(profile: Profile, port: int, stamp: str, host: Host) -> str:
     try:
         return profile.log.format(profile=profile.name, port=port, stamp=stamp, host=host.name)
@@ -318,10 +397,13 @@ def _spec_for(
     resolved["env"] = redact_env({k: str(v) for k, v in profile.env.items()})
     resolved["flags"] = redact_flags(profile.flags)
     resolved = redact_tree(resolved)
+    argv, files, recorded = _with_files(profile, _argv_for(profile, host, engine, port, rank, head))
+    resolved["files"] = recorded
     return LaunchSpec(
         profile=profile.name,
         engine=engine,
-        argv=_argv_for(profile, host, engine, port, rank, head),
+        argv=argv,
+        files=files,
         env=env,
         host=profile.host,
         port=port,

@@ -90,8 +90,30 @@ def _spawn(spec: dict[str, Any]) -> subprocess.Popen[bytes]:
         )
 
 
+def write_files(spec: dict[str, Any]) -> dict[str, Any]:
+    """Write the profile's files into `<workdir>/files/` (content-hashed names: an equal
+    file is written once) and put their paths into argv in place of `{files}`."""
+    files = spec.get("files") or {}
+    if not files:
+        return spec
+    folder = Path.cwd() / "files"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for name, content in files.items():
+        if "/" in name or name.startswith("."):
+            raise AgentError(f"file name {name!r} is not a plain name", kind="usage")
+        target = folder / name
+        if not target.exists():
+            tmp = folder / f".{name}.{os.getpid()}.tmp"
+            tmp.write_text(content)
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, target)
+    argv = [word.replace("{files}", str(folder)) for word in spec["argv"]]
+    return {**spec, "argv": argv, "files": {}}
+
+
 def launch(args: LaunchArgs) -> LaunchAnswer:
-    spec = args.spec
+    spec = write_files(args.spec)
+    args.spec = spec
     with port_lock(spec["port"]):
         check = preflight(args)
         if not check["ok"]:

@@ -172,6 +172,8 @@ class Api:
         internal: dict[str, Any] = {"last_gen_throughput": engine.throughput() if engine else 0.0}
         if a.speculative_algorithm and engine:
             internal["avg_spec_accept_length"] = engine.avg_accept_length
+            if engine.adaptive is not None:  # SGLang reports the live depth
+                internal["speculative_num_steps"] = engine.adaptive[0].last_steps
         info.update(
             version="0.5.3+gpufleet.sim",
             internal_states=[internal],

@@ -40,8 +40,9 @@ class ActivityMeter:
         self.power_w = IDLE_W
         self.batch = 0
 
-    def step(self, seconds: float, batch: int) -> None:
-        power = step_power_w(batch, self.speculative)
+    def step(self, seconds: float, batch: int, speculative: bool | None = None) -> None:
+        """One decode step; `speculative` says whether it drafted (adaptive depth 0 does not)."""
+        power = step_power_w(batch, self.speculative if speculative is None else speculative)
         for gpu in self.gpus:
             self.extra_j[gpu] += (power - IDLE_W) * seconds
         self.busy_s += seconds

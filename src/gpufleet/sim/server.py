@@ -23,6 +23,7 @@ from gpufleet.sim import gpustate, serverargs
 from gpufleet.sim.hold import set_title
 from gpufleet.sim.power import ActivityMeter
 from gpufleet.sim.prefixcache import PrefixCache
+from gpufleet.sim.speculation import AdaptiveDepth, adaptive_refusal
 from gpufleet.sim.timing import Engine, TimingModel
 
 READY_LINE = "The server is fired up and ready to roll!"
@@ -111,9 +112,11 @@ class Launcher:
         os._exit(1)
 
 
-def _model(args: Any) -> TimingModel:
+def _model(args: Any, steps: int | None = None) -> TimingModel:
+    """The timing of this server (at `steps` draft depth, for adaptive speculation)."""
     if args.speculative_algorithm:
-        model = TimingModel.speculative(args.speculative_num_draft_tokens)
+        depth = args.speculative_num_steps if steps is None else steps
+        model = TimingModel.speculative(depth, args.speculative_eagle_topk)
     else:
         model = TimingModel.baseline()
     if args.sim_decode_base_ms is not None:
@@ -121,9 +124,30 @@ def _model(args: Any) -> TimingModel:
     if args.sim_decode_per_req_ms is not None:
         model.decode_per_req_s = args.sim_decode_per_req_ms / 1000
     model.prefill_per_token_s = args.sim_prefill_per_token_us / 1e6
-    if args.sim_accept_length is not None and args.speculative_algorithm:
+    if args.sim_accept_length is not None and model.max_accept > 1:
         model.accept_length = max(1.0, min(args.sim_accept_length, model.max_accept))
     return model
+
+
+def _adaptive(args: Any) -> tuple[AdaptiveDepth, Any] | None:
+    """SGLang's adaptive speculation when asked and allowed (else static, with its log)."""
+    if not (args.speculative_algorithm and args.speculative_adaptive):
+        return None
+    reason = adaptive_refusal(args)
+    if reason:
+        log(f"Adaptive speculative decoding disabled: {reason}; using static speculation.")
+        return None
+    depth = AdaptiveDepth(args.speculative_num_steps or 3, args.speculative_adaptive_config)
+    models = {}
+
+    def model_for(steps: int) -> TimingModel:
+        if steps not in models:
+            models[steps] = _model(args, steps)
+        return models[steps]
+
+    log(f"AdaptiveSpeculativeParams initialized: candidate_steps by batch size "
+        f"{ {k: s.candidates for k, s in depth.slots.items()} }")  # fmt: skip
+    return depth, model_for
 
 
 async def serve(launcher: Launcher) -> int:
@@ -148,6 +172,7 @@ async def serve(launcher: Launcher) -> int:
         _model(a), a.max_running_requests, a.sim_zero_cost, a.sim_seed, on_batch,
         on_step=meter.step if meter else None,
         cache=None if a.disable_radix_cache else PrefixCache(a.sim_cache_tokens),
+        adaptive=_adaptive(a),
     )  # fmt: skip
     state = ServerState(engine, a)
     app = web.Application()

@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--speculative-num-draft-tokens", type=int)
     a("--speculative-adaptive", action="store_true")
     a("--speculative-adaptive-config")
+    a("--enable-dp-attention", action="store_true")
     a("--disable-radix-cache", action="store_true")
     a("--enable-cache-report", action="store_true")
 

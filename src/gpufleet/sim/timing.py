@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpufleet.sim.prefixcache import PrefixCache
+from gpufleet.sim.speculation import AdaptiveDepth, accept_length, step_costs_ms
 
 
 @dataclass
@@ -34,14 +35,19 @@ class TimingModel:
         return cls(decode_base_s=0.0156, decode_per_req_s=0.00103, prefill_per_token_s=20e-6)
 
     @classmethod
-    def speculative(cls, num_draft_tokens: int | None) -> TimingModel:
-        # 2.4 tokens per 29.7 ms step ~ 80 tok/s at C=1; 64*2.4/(23.3 + 64*6.4) ms ~ 350 at C=64.
+    def speculative(cls, num_steps: int | None = None, topk: int | None = None) -> TimingModel:
+        """Drafting `num_steps` deep (sim/speculation.py); 0 is plain decoding. Steps 3,
+        topk 4: 2.4 tokens per 29.8 ms step ~ 80 tok/s at C=1, ~350 tok/s at C=64."""
+        steps = 3 if num_steps is None else max(0, num_steps)
+        if steps == 0:
+            return cls.baseline()
+        base_ms, per_req_ms = step_costs_ms(steps)
         return cls(
-            decode_base_s=0.0233,
-            decode_per_req_s=0.0064,
+            decode_base_s=base_ms / 1000,
+            decode_per_req_s=per_req_ms / 1000,
             prefill_per_token_s=20e-6,
-            accept_length=2.4,
-            max_accept=max(2, num_draft_tokens or 4),
+            accept_length=accept_length(steps, topk or 1),
+            max_accept=steps + 1,
         )
 
     def step_seconds(self, batch: int, new_prompt_tokens: int) -> float:
@@ -79,16 +85,18 @@ class Engine:
         zero_cost: bool = False,
         seed: int = 0,
         on_batch: Callable[[int], None] | None = None,
-        on_step: Callable[[float, int], None] | None = None,
+        on_step: Callable[[float, int, bool], None] | None = None,
         cache: PrefixCache | None = None,
+        adaptive: tuple[AdaptiveDepth, Callable[[int], TimingModel]] | None = None,
     ) -> None:
         self.model = model
         self.max_running = max_running
         self.zero_cost = zero_cost
         self.rng = random.Random(seed)
         self.on_batch = on_batch
-        self.on_step = on_step  # (seconds of GPU work, batch): for the simulated power
+        self.on_step = on_step  # (GPU seconds, batch, drafted?): for the simulated power
         self.cache = cache
+        self.adaptive = adaptive  # SGLang's adaptive depth and the model of each depth
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.wakeup = asyncio.Event()
@@ -147,6 +155,9 @@ class Engine:
                 continue
             if self.on_batch:
                 self.on_batch(len(self.running))
+            if self.adaptive is not None:
+                depth, model_for = self.adaptive
+                self.model = model_for(depth.steps_for(len(self.running)))
             step = 0.0
             if self.zero_cost:
                 await asyncio.sleep(0)
@@ -161,10 +172,12 @@ class Engine:
                     await asyncio.sleep(delay)
             now = time.time()
             emitted = 0
+            drafts: list[int] = []
             for req in self.running:
                 if req.aborted:
                     continue
                 n = self._accepted(req.max_new_tokens - req.generated)
+                drafts.append(n - 1)
                 req.generated += n
                 req.emit_times.append(now)
                 if self.model.max_accept > 1:
@@ -176,6 +189,10 @@ class Engine:
                 emitted += n
             self.generated_total += emitted
             self.steps += 1
+            if self.adaptive is not None and self.model.max_accept > 1:
+                self.adaptive[0].observe(len(self.running), drafts)
+            elif self.adaptive is not None:
+                self.adaptive[0].observe(len(self.running), [0])  # counts a no-draft batch
             if self.on_step is not None:
-                self.on_step(step, len(self.running))
+                self.on_step(step, len(self.running), self.model.max_accept > 1)
             self._recent.append((now, emitted))

@@ -1,0 +1,285 @@
+"""inv tune: measure static draft depths across a concurrency ladder, turn the measurements
+into SGLang's `--speculative-adaptive-config` table, and write a profile that uses it.
+
+The seeds wanted one EAGLE-3 server that drafts at low load and stops under load. SGLang
+0.5.x applies a depth per decode-batch range itself (sim/speculation.py describes the
+table); this module chooses the table from the user's own measurements:
+
+1. cells: depth 0 (no drafting: the profile without its speculative flags) and each depth
+   d in `--depths` (topk 1, d + 1 draft tokens, adaptive off), one launch per depth, every
+   level of the ladder on that server (control/sweep.py runs them, resumably);
+2. per level, the depth with the highest output throughput among those that keep the
+   per-request speed floor (`--min-request-speed`), else the fastest per request;
+3. the table: a key at the first level of each run of equal choices, one candidate each
+   (a single candidate is a fixed depth; SGLang's EMA only moves between several). More
+   load never gets a deeper draft than less load unless the deeper one measured better by
+   more than MONOTONE_MARGIN, and then the reasoning says so.
+
+Batch size vs concurrency: with closed-loop load at C, the decode batch is about C (the
+server caps it at max-running-requests), so the ladder's levels are the table's keys.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpufleet.archive import store
+from gpufleet.control.arms import ArmSpec, profile_label
+from gpufleet.control.playbook import PLAYBOOKS, load_profile
+from gpufleet.errors import UserError
+
+DEFAULT_DEPTHS = (1, 2, 3, 5, 7)
+DEFAULT_LADDER = (1, 2, 4, 8, 16, 32, 64)
+MONOTONE_MARGIN = 0.02  # a deeper draft at more load must win by more than 2% to be kept
+SPEC_FLAGS = (
+    "speculative-algorithm",
+    "speculative-draft-model-path",
+    "speculative-num-steps",
+    "speculative-eagle-topk",
+    "speculative-num-draft-tokens",
+    "speculative-adaptive",
+    "speculative-adaptive-config",
+)
+
+
+def depth_arms(profile: str, depths: list[int]) -> list[ArmSpec]:
+    """The tune's cells: depth 0 (no speculation) and each static depth, topk 1."""
+    base = load_profile(profile)
+    if base.speculative_algorithm not in ("EAGLE", "EAGLE3"):
+        raise UserError(
+            f"profile {base.name}: inv tune needs speculative-algorithm EAGLE or EAGLE3 "
+            f"(got {base.speculative_algorithm}); adaptive speculation supports only those"
+        )
+    if base.flags.get("enable-dp-attention"):
+        raise UserError(f"profile {base.name}: adaptive speculation does not support DP attention")
+    name = profile_label(profile)
+    arms = [ArmSpec(profile, {}, 1, f"{name}[depth=0]", remove=list(SPEC_FLAGS))]
+    for d in depths:
+        overrides = {
+            "speculative-num-steps": d,
+            "speculative-eagle-topk": 1,
+            "speculative-num-draft-tokens": d + 1,
+        }
+        remove = ["speculative-adaptive", "speculative-adaptive-config"]
+        arms.append(ArmSpec(profile, overrides, 1, f"{name}[depth={d}]", remove=remove))
+    return arms
+
+
+def parse_depths(text: str | None) -> list[int]:
+    if not text:
+        return list(DEFAULT_DEPTHS)
+    try:
+        depths = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise UserError(f"--depths {text!r}: expected draft depths such as 1,2,3,5,7") from None
+    if not depths or depths[0] < 1 or depths[-1] > 16:
+        raise UserError(f"--depths {text!r}: each depth from 1 to 16 (0 is always measured)")
+    return depths
+
+
+@dataclass
+class Choice:
+    concurrency: int
+    depth: int
+    why: str
+
+
+@dataclass
+class TuneResult:
+    table: dict[str, dict[str, Any]]  # SGLang's adaptive config
+    choices: list[Choice]
+    ranges: list[str]  # one line of reasoning per key
+    notes: list[str] = field(default_factory=list)
+    measured: dict[int, dict[int, dict[str, float]]] = field(default_factory=dict)
+
+
+def _measured(per_depth: dict[int, dict[int, list[dict[str, Any]]]]) -> dict:
+    """depth -> C -> mean throughput and per-request speed over the hosts (and repeats)."""
+    out: dict[int, dict[int, dict[str, float]]] = {}
+    for depth, levels in per_depth.items():
+        for c, rows in levels.items():
+            out.setdefault(depth, {})[c] = {
+                "output_throughput": statistics.fmean(r["output_throughput"] for r in rows),
+                "per_request": statistics.fmean(r["median_per_request_output_tps"] for r in rows),
+            }
+    return out
+
+
+def choose(
+    per_depth: dict[int, dict[int, list[dict[str, Any]]]], min_request_speed: float | None = None
+) -> TuneResult:
+    """The table from measurements: depth -> concurrency -> result rows (any hosts)."""
+    measured = _measured(per_depth)
+    ladder = sorted(set.intersection(*(set(levels) for levels in measured.values())))
+    if not ladder:
+        raise UserError("inv tune: the depths share no measured concurrency level")
+    choices: list[Choice] = []
+    notes: list[str] = []
+    for c in ladder:
+        figures = {d: measured[d][c] for d in sorted(measured)}
+        allowed = [
+            d for d, f in figures.items()
+            if min_request_speed is None or f["per_request"] >= min_request_speed
+        ]  # fmt: skip
+        if allowed:
+            best = max(allowed, key=lambda d: figures[d]["output_throughput"])
+            why = "highest output throughput"
+            if min_request_speed is not None:
+                why += f" of the depths at or above {min_request_speed:g} tok/s per request"
+        else:
+            best = max(figures, key=lambda d: figures[d]["per_request"])
+            why = f"no depth reaches {min_request_speed:g} tok/s per request: the fastest"
+        previous = choices[-1].depth if choices else None
+        if previous is not None and best > previous:  # deeper under more load
+            gain = figures[best]["output_throughput"] / figures[previous]["output_throughput"] - 1
+            if gain <= MONOTONE_MARGIN:
+                why = (
+                    f"depth {best} measured {gain:+.1%}, within {MONOTONE_MARGIN:.0%}: kept "
+                    f"depth {previous} so more load never drafts deeper"
+                )
+                best = previous
+            else:
+                notes.append(
+                    f"C={c}: depth {best} drafts deeper than at lower load (depth {previous}) "
+                    f"because it measured {gain:+.1%} more throughput there"
+                )
+        f = figures[best]
+        detail = ", ".join(
+            f"depth {d}: {figures[d]['output_throughput']:.0f} tok/s, "
+            f"{figures[d]['per_request']:.1f} per request"
+            for d in figures
+        )
+        choices.append(Choice(c, best, f"{why} ({detail}; chose {f['output_throughput']:.0f})"))
+    table: dict[str, dict[str, Any]] = {}
+    ranges: list[str] = []
+    for i, choice in enumerate(choices):
+        if i and choice.depth == choices[i - 1].depth:
+            continue
+        key = "1" if not table else str(choice.concurrency)
+        table[key] = {"candidate_steps": [choice.depth]}
+        ends = [c.concurrency for c in choices[i:]]
+        last = next((c.concurrency for c in choices[i + 1 :] if c.depth != choice.depth), None)
+        span = f"batch {key}-{last - 1}" if last else f"batch >= {key}"
+        ranges.append(f"{span}: depth {choice.depth} (C={ends[0]}: {choice.why})")
+    return TuneResult(table, choices, ranges, notes, measured)
+
+
+def rows_by_depth(
+    arms: list[ArmSpec], state: dict[str, Any], root: Path
+) -> dict[int, dict[int, list[dict[str, Any]]]]:
+    """The finished cells' result rows: depth -> concurrency -> rows (all hosts)."""
+    out: dict[int, dict[int, list[dict[str, Any]]]] = {}
+    for arm in arms:
+        depth = int(arm.label.rsplit("depth=", 1)[1].rstrip("]"))
+        for host, cell in state["cells"][arm.key].items():
+            if cell.get("status") != "done":
+                continue
+            results = root / host / cell["run_id"] / "results.jsonl"
+            for line in results.read_text().splitlines():
+                row = json.loads(line)
+                out.setdefault(depth, {}).setdefault(int(row["max_concurrency"]), []).append(row)
+    return out
+
+
+def write_outputs(profile: str, result: TuneResult, name: str | None) -> tuple[Path, Path]:
+    """playbooks/files/<name>.json (the table) and playbooks/<name>.yaml (the profile that
+    ships it and passes it), written atomically; beside the profile when given as a path."""
+    is_path = profile.endswith((".yaml", ".yml"))
+    playbooks = Path(profile).parent if is_path else PLAYBOOKS
+    base = profile_label(profile)
+    name = name or f"{base}-tuned"
+    config_path = playbooks / "files" / f"{name}.json"
+    profile_path = playbooks / f"{name}.yaml"
+    store.make_dirs(config_path.parent)
+    deepest = max(c.depth for c in result.choices)
+    first = result.table["1"]["candidate_steps"][0]
+    config_ref = _relative_to_cwd(config_path)
+    extends = base
+    data = {
+        "description": f"{base} with the adaptive table inv tune measured",
+        "extends": extends,
+        "files": {"adaptive-config": str(config_ref)},
+        "flags": {
+            "speculative-adaptive": True,
+            "speculative-adaptive-config": "{file:adaptive-config}",
+            "speculative-eagle-topk": 1,
+            "speculative-num-steps": max(1, first),
+            "speculative-num-draft-tokens": max(1, deepest) + 1,
+        },
+    }
+    header = "".join(f"# {line}\n" for line in ["Written by `inv tune`:", *result.ranges])
+    _write_text(config_path, json.dumps(result.table, indent=2) + "\n")
+    _write_text(profile_path, header + yaml.safe_dump(data, sort_keys=False))
+    return config_path, profile_path
+
+
+def _relative_to_cwd(path: Path) -> Path:
+    """Profile file paths are read relative to where `inv` runs (the repository)."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return path.resolve()
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def verification_arms(profile: str, tuned_profile: str) -> list[ArmSpec]:
+    """Tuned against both things it must match: no drafting, and the profile's own static
+    speculation (the profile without its adaptive flags)."""
+    name = profile_label(profile)
+    return [
+        ArmSpec(profile, {}, 1, f"{name}[depth=0]", remove=list(SPEC_FLAGS)),
+        ArmSpec(profile, {}, 1, f"{name}-static",
+                remove=["speculative-adaptive", "speculative-adaptive-config"]),
+        ArmSpec(tuned_profile, {}, 1, profile_label(tuned_profile)),
+    ]  # fmt: skip
+
+
+@dataclass
+class VerdictRow:
+    concurrency: int
+    winner: str  # "speculation" or "no drafting": which the tuned server must match
+    per_request: dict[str, float]  # arm -> median per-request tok/s
+    throughput: dict[str, float]  # arm -> output tok/s
+    kept: float  # tuned / winner on the winner's figure
+
+
+def verdict(arms: list[Any]) -> tuple[list[VerdictRow], str]:
+    """Per level: the tuned server against the better of no drafting and static
+    speculation, on the figure where that one wins (per-request speed for speculation,
+    total throughput for no drafting); and the one-sentence answer."""
+    base, static, tuned = arms
+    levels = sorted(set(base.levels) & set(static.levels) & set(tuned.levels))
+    rows = []
+    for c in levels:
+        per = {a.label: float(a.levels[c]["median_per_request_output_tps"]) for a in arms}
+        tput = {a.label: float(a.levels[c]["output_throughput"]) for a in arms}
+        if per[static.label] > per[base.label]:
+            winner, kept = "speculation", per[tuned.label] / per[static.label]
+        else:
+            winner, kept = "no drafting", tput[tuned.label] / tput[base.label]
+        rows.append(VerdictRow(c, winner, per, tput, kept))
+    spec = [r for r in rows if r.winner == "speculation"]
+    plain = [r for r in rows if r.winner == "no drafting"]
+    parts = []
+    if spec:
+        r = spec[0]
+        parts.append(f"{r.kept:.0%} of static speculation's per-request speed at C={r.concurrency}")
+    if plain:
+        r = plain[-1]
+        parts.append(f"{r.kept:.0%} of no-drafting throughput at C={r.concurrency}")
+    worst = min(rows, key=lambda r: r.kept) if rows else None
+    text = f"{tuned.label} keeps " + " and ".join(parts) if parts else "no common levels"
+    if worst is not None:
+        text += f"; its worst level is C={worst.concurrency} at {worst.kept:.0%}"
+    return rows, text + "."

@@ -1,0 +1,152 @@
+"""Speculative decoding in the rehearsal engine: what a draft depth costs and yields, and
+SGLang's adaptive depth (`--speculative-adaptive`, `--speculative-adaptive-config`).
+
+Depth model (EAGLE-style chain drafting, topk 1; a wider tree accepts slightly more): each
+drafted token is accepted with probability a = 0.65 (+0.005 per extra topk branch), so a
+step with `steps` draft tokens emits 1 + a + a^2 + ... + a^steps tokens per request on
+average; the step costs the target's decode (15.6 ms + 1.03 ms per request) plus, per
+draft step, 2.6 ms of draft model and 1.8 ms per request of drafting and verification.
+Depth 0 is plain decoding. With steps 3 and topk 4 this gives the seeds' EAGLE-3 figures
+(2.4 tokens per step; ~80 tok/s per request at C=1, ~350 tok/s total at C=64).
+
+Adaptive: SGLang 0.5.23's `AdaptiveStepSlot` (speculative/adaptive_spec_params.py), one per
+batch-size key; the decode batch picks the slot with the largest key not above it (CUDA
+graph padding is ignored here); each slot moves between its `candidate_steps` by an EMA of
+accepted drafts (ema_alpha, warmup_batches, update_interval, up/down hysteresis as
+configured). A slot with a single candidate is a fixed depth: what `inv tune` writes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+ACCEPT_P = 0.65
+TOPK_BONUS = 0.005
+DRAFT_BASE_MS = 2.6
+DRAFT_PER_REQ_MS = 1.8
+DEFAULT_CONFIG: dict[str, dict[str, Any]] = {
+    "1": {"candidate_steps": [1, 3, 5, 7], "down_hysteresis": -0.25},
+    "8": {"candidate_steps": [0, 1, 3], "down_hysteresis": 0.0},
+    "32": {"candidate_steps": [0, 1], "down_hysteresis": 0.0},
+    "64": {"candidate_steps": [0], "down_hysteresis": 0.0},
+}
+
+
+def accept_length(steps: int, topk: int = 1) -> float:
+    """Mean tokens emitted per request per step at this depth."""
+    a = ACCEPT_P + TOPK_BONUS * (max(1, topk) - 1)
+    return sum(a**i for i in range(steps + 1))
+
+
+def step_costs_ms(steps: int) -> tuple[float, float]:
+    """(base, per running request) of one decode step at this depth, in ms."""
+    return 15.6 + DRAFT_BASE_MS * steps, 1.03 + DRAFT_PER_REQ_MS * steps
+
+
+class AdaptiveSlot:
+    """SGLang's per-batch-size slot: an EMA of accepted drafts picks the depth."""
+
+    def __init__(self, initial_steps: int, cfg: dict[str, Any]) -> None:
+        self.candidates = sorted(set(cfg["candidate_steps"]))
+        self.ema_alpha = cfg.get("ema_alpha", 0.2)
+        self.update_interval = cfg.get("update_interval", 5)
+        self.warmup_batches = cfg.get("warmup_batches", 10)
+        self.down_hysteresis = cfg.get("down_hysteresis", -0.25)
+        self.up_hysteresis = cfg.get("up_hysteresis", 0.0)
+        if initial_steps in self.candidates:
+            self.steps = initial_steps
+        else:
+            self.steps = self.candidates[len(self.candidates) // 2]
+        self.ema = float(self.steps - 1)
+        self.batches = 0
+
+    def observe(self, accepted_drafts: list[int]) -> None:
+        if not accepted_drafts:
+            return
+        if self.steps > 0:
+            mean = sum(accepted_drafts) / len(accepted_drafts)
+            self.ema = (1 - self.ema_alpha) * self.ema + self.ema_alpha * mean
+        self.batches += 1
+        if self.batches <= self.warmup_batches:
+            return
+        if (self.batches - self.warmup_batches) % self.update_interval == 0:
+            self._recompute()
+
+    def _recompute(self) -> None:
+        index = self.candidates.index(self.steps)
+        if self.steps == 0:  # probe the smallest positive depth after a no-draft interval
+            index = min(index + 1, len(self.candidates) - 1)
+            if self.candidates[index] > 0 and self.ema < 0:
+                self.ema = float(self.candidates[index] - 1)
+            self.steps = self.candidates[index]
+            return
+        old = index
+        while index > 0:
+            prev = self.candidates[index - 1]
+            drop = (0.5 if prev == 0 else prev - 0.5) + self.down_hysteresis
+            if self.ema > drop:
+                break
+            index -= 1
+        if index == old:
+            while index < len(self.candidates) - 1:
+                if self.ema <= self.candidates[index] - 0.5 + self.up_hysteresis:
+                    break
+                index += 1
+        self.steps = self.candidates[index]
+
+
+class AdaptiveDepth:
+    """Routes a decode batch to its slot; the engine asks the depth before each step and
+    reports the accepted drafts after it."""
+
+    def __init__(self, initial_steps: int, config_path: str | None = None) -> None:
+        config = DEFAULT_CONFIG
+        if config_path:
+            with open(config_path) as fh:
+                config = json.load(fh)
+        entries = {int(k): v for k, v in config.items() if k.isdigit()}
+        if not entries:
+            raise ValueError(
+                "speculative_adaptive_config must contain at least one integer-string BS key"
+            )
+        for key, entry in entries.items():
+            steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
+            if (
+                not isinstance(steps, list)
+                or not steps
+                or not all(isinstance(s, int) and s >= 0 for s in steps)
+            ):
+                raise ValueError(
+                    f"BS {key}: candidate_steps must be a list of non-negative ints, got {steps!r}"
+                )
+        shared = {k: v for k, v in config.items() if not k.isdigit()}
+        self.slots = {k: AdaptiveSlot(initial_steps, {**shared, **v}) for k, v in entries.items()}
+        self.keys = sorted(self.slots)
+        self.last_steps = self.slots[self.keys[0]].steps
+
+    def slot(self, batch: int) -> AdaptiveSlot:
+        key = self.keys[0]
+        for k in self.keys:
+            if k <= batch:
+                key = k
+        return self.slots[key]
+
+    def steps_for(self, batch: int) -> int:
+        self.last_steps = self.slot(batch).steps
+        return self.last_steps
+
+    def observe(self, batch: int, accepted_drafts: list[int]) -> None:
+        self.slot(batch).observe(accepted_drafts)
+
+
+def adaptive_refusal(args: Any) -> str | None:
+    """Why SGLang would run this server with static speculation instead (it logs and falls
+    back), or None."""
+    if args.speculative_algorithm not in ("EAGLE", "EAGLE3"):
+        return f"speculative_algorithm={args.speculative_algorithm} (only EAGLE/EAGLE3)"
+    if args.speculative_eagle_topk not in (None, 1):
+        return f"speculative_eagle_topk={args.speculative_eagle_topk} (only topk=1)"
+    if (args.dp_size or 1) > 1 and getattr(args, "enable_dp_attention", False):
+        return "attention DP is not supported"
+    return None
