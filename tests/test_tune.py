@@ -1,0 +1,148 @@
+"""inv tune: the table from measurements (monotone unless the data says otherwise), the
+tuned profile and its file shipped to the host, SGLang's adaptive depth in rehearsal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from gpufleet.control import tune
+from gpufleet.errors import UserError
+from gpufleet.sim.speculation import AdaptiveDepth, accept_length, step_costs_ms
+
+
+def _rows(table: dict[int, dict[int, tuple[float, float]]]) -> dict:
+    """depth -> C -> (throughput, per-request) as result rows."""
+    return {
+        d: {
+            c: [{"output_throughput": t, "median_per_request_output_tps": p}]
+            for c, (t, p) in levels.items()
+        }
+        for d, levels in table.items()
+    }
+
+
+def test_the_table_follows_the_measurements():
+    result = tune.choose(_rows({
+        0: {1: (60, 60), 4: (200, 50), 16: (480, 30), 64: (780, 12)},
+        1: {1: (77, 77), 4: (220, 55), 16: (400, 25), 64: (480, 7.5)},
+        3: {1: (80, 80), 4: (190, 48), 16: (280, 18), 64: (340, 5.3)},
+    }))  # fmt: skip
+    assert [c.depth for c in result.choices] == [3, 1, 0, 0]
+    assert result.table == {
+        "1": {"candidate_steps": [3]},
+        "4": {"candidate_steps": [1]},
+        "16": {"candidate_steps": [0]},
+    }
+    assert result.ranges[0].startswith("batch 1-3: depth 3")
+    assert result.ranges[-1].startswith("batch >= 16: depth 0")
+
+
+def test_more_load_never_drafts_deeper_unless_the_data_says_so():
+    """A deeper draft at more load within 2% is noise: the shallower depth stays. Beyond 2%
+    the deeper depth is kept and the note says why."""
+    noisy = tune.choose(_rows({
+        0: {1: (60, 60), 8: (300, 37), 16: (480, 30)},
+        1: {1: (77, 77), 8: (320, 40), 16: (400, 25)},
+        3: {1: (70, 70), 8: (325, 40.5), 16: (280, 18)},
+    }))  # fmt: skip
+    assert [c.depth for c in noisy.choices] == [1, 1, 0]
+    assert "kept depth 1 so more load never drafts deeper" in noisy.choices[1].why
+    assert noisy.notes == []
+    real = tune.choose(_rows({
+        0: {1: (60, 60), 8: (300, 37)},
+        1: {1: (77, 77), 8: (320, 40)},
+        3: {1: (70, 70), 8: (360, 45)},
+    }))  # fmt: skip
+    assert [c.depth for c in real.choices] == [1, 3]
+    assert real.notes and "because it measured +12.5% more throughput" in real.notes[0]
+    depths = [c.depth for c in noisy.choices]
+    assert depths == sorted(depths, reverse=True)  # monotone where the data is
+
+
+def test_a_speed_floor_rules_out_depths_below_it():
+    result = tune.choose(_rows({
+        0: {1: (60, 60), 16: (480, 30)},
+        1: {1: (77, 77), 16: (400, 25)},
+    }), min_request_speed=65)  # fmt: skip
+    assert [c.depth for c in result.choices] == [1, 0]
+    assert "no depth reaches 65 tok/s per request: the fastest" in result.choices[1].why
+
+
+def test_bad_depths_and_profiles_are_one_line():
+    with pytest.raises(UserError, match="each depth from 1 to 16"):
+        tune.parse_depths("0,3")
+    with pytest.raises(UserError, match="expected draft depths"):
+        tune.parse_depths("one")
+    with pytest.raises(UserError, match="inv tune needs speculative-algorithm EAGLE or EAGLE3"):
+        tune.depth_arms("baseline", [1])
+
+
+def test_rehearsal_depth_model_and_adaptive_slots(tmp_path):
+    assert accept_length(3, 4) == pytest.approx(2.40, abs=0.01)  # the seeds' EAGLE-3
+    assert step_costs_ms(3) == pytest.approx((23.4, 6.43))
+    config = tmp_path / "a.json"
+    config.write_text(json.dumps({"1": {"candidate_steps": [3]}, "16": {"candidate_steps": [0]}}))
+    depth = AdaptiveDepth(3, str(config))
+    assert depth.steps_for(1) == 3 and depth.steps_for(15) == 3 and depth.steps_for(64) == 0
+    default = AdaptiveDepth(3)
+    assert default.steps_for(64) == 0 and default.steps_for(8) in (0, 1, 3)
+    config.write_text(json.dumps({"x": 1}))
+    with pytest.raises(ValueError, match="at least one integer-string BS key"):
+        AdaptiveDepth(3, str(config))
+
+
+def test_adaptive_conditions_are_checked_before_launch(fleet):
+    bad = fleet.profile(
+        "bad-adaptive", tp=1,
+        flags={"speculative-algorithm": "EAGLE3", "speculative-adaptive": True,
+               "speculative-eagle-topk": 4},
+    )  # fmt: skip
+    out = fleet.cli("launch", "--profile", str(bad), "--dry-run")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "speculative-adaptive needs speculative-eagle-topk 1 (got 4)" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path):
+    """Depths 0 and 1 at C=1 and 16 on one simulated host over sshd: two launches, a table
+    that drafts at C=1 and not at C=16, a profile whose file travels to the host, and the
+    verification that the tuned server matches the better side at both levels."""
+    profile = fleet.profile(
+        "tspec", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1},
+        flags={"speculative-algorithm": "EAGLE3", "speculative-num-steps": 3,
+               "speculative-eagle-topk": 1, "speculative-num-draft-tokens": 4,
+               "speculative-adaptive": True, "max-running-requests": 64},
+    )  # fmt: skip
+    archive = tmp_path / "a"
+    out = fleet.cli(
+        "tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1,16",
+        "--num-prompts", "16", "--output-len", "32", "--hosts", "h0", "--archive", str(archive),
+        timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    [record_path] = (archive / "tunes").glob("*.json")
+    record = json.loads(record_path.read_text())
+    assert record["launches"] == 2  # one per depth, every level on that server
+    assert record["table"] == {"1": {"candidate_steps": [1]}, "16": {"candidate_steps": [0]}}
+    tuned = profile.parent / "tspec-tuned.yaml"
+    data = yaml.safe_load(tuned.read_text())
+    assert data["flags"]["speculative-adaptive-config"] == "{file:adaptive-config}"
+    assert (
+        json.loads((profile.parent / "files" / "tspec-tuned.json").read_text()) == (record["table"])
+    )
+    rows = record["verify"]["h0"]["rows"]
+    assert [r["winner"] for r in rows] == ["speculation", "no drafting"]
+    assert all(r["kept"] >= 0.9 for r in rows), rows
+    assert "tspec-tuned keeps" in out.stdout
+    # the table travelled: the tuned run's manifest records it, the server read it
+    tuned_runs = [
+        p for p in (archive / "h0").iterdir()
+        if json.loads((p / "manifest.json").read_text())["profile"] == "tspec-tuned"
+    ]  # fmt: skip
+    manifest = json.loads((tuned_runs[0] / "manifest.json").read_text())
+    files = manifest["resolved_profile"]["files"]
+    assert files["adaptive-config"]["sha256"] and files["adaptive-config"]["stored_as"]
+    assert "AdaptiveSpeculativeParams initialized" in (tuned_runs[0] / "server.log").read_text()
