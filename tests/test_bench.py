@@ -281,6 +281,8 @@ def test_sglang_bench_engine_command_and_parsing(tmp_path):
         "output_len": 32,
         "seed": 3,
         "request_rate": None,
+        "warmup": 2,
+        "flush_cache": True,
     }
     level = {"concurrency": 10, "num_prompts": 20}
     data = sglang_bench.sharegpt_file(["a prompt", "b; $(x)"], tmp_path / "s.json")
@@ -296,6 +298,9 @@ def test_sglang_bench_engine_command_and_parsing(tmp_path):
         "--request-rate inf",
         "--tokenizer /tok",
         "--base-url http://127.0.0.1:30000",
+        "--warmup-requests 2",
+        "--output-details",
+        "--flush-cache",
     ):
         assert part in joined
     convs = json.loads(data.read_text())
@@ -308,12 +313,21 @@ def test_sglang_bench_engine_command_and_parsing(tmp_path):
             "median_tpot_ms": 25.0,
             "median_ttft_ms": 67.6,
             "max_concurrency": 10,
+            "input_lens": [5, 5, 5],
+            "output_lens": [4, 4, 0],
+            "ttfts": [0.1, 0.3, 0.0],
+            "itls": [[0.1, 0.1, 0.1], [0.1, 0.05, 0.05], []],
+            "errors": ["", "", "Connection reset"],
         }
     )
     row = sglang_bench.parse(line, level, plan)
     assert row["failed"] == 2 and row["engine"] == "sglang-bench"
-    assert row["median_per_request_output_tps"] == pytest.approx(40.0)
-    assert row["output_throughput"] == 364.6
+    # per request as gpufleet computes it: tokens / (TTFT + sum of ITLs), not 1000 / TPOT
+    assert row["median_per_request_output_tps"] == pytest.approx((4 / 0.4 + 4 / 0.5) / 2)
+    assert row["output_throughput"] == 364.6 and row["error_messages"] == ["Connection reset"]
+    records = sglang_bench.requests(row)
+    assert [r["ok"] for r in records] == [True, True, False]
+    assert records[0]["e2e"] == pytest.approx(0.4)
 
 
 def test_progress_estimates_time_left_from_tokens_before_any_request_ends(sim_server, tmp_path):

@@ -143,6 +143,16 @@ def report_for_sweep(root: Path, state_path: Path) -> ReportInput:
     return data
 
 
+def find_max_answers(root: Path, host: str, labels: list[str]) -> dict[str, dict]:
+    """The latest `inv bench --find-max` answer of each profile on this host, if any."""
+    answers = {}
+    for label in labels:
+        found = sorted((root / "findmax" / host).glob(f"*-{label}.json"))
+        if found:
+            answers[label] = json.loads(found[-1].read_text())
+    return answers
+
+
 def write_report(data: ReportInput, out_dir: Path) -> Path:
     """Render the report and write `out_dir/report.html` (archive mode, atomically)."""
     target = out_dir / "report.html"

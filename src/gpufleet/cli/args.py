@@ -25,6 +25,9 @@ LIMITS: dict[str, float] = {
     "--random-range-ratio": 1,
     "--trace-speedup": 10_000,
     "--repeat": 100,
+    "--max-load": 1_000_000,
+    "--max-probes": 100,
+    "--target": 1,
 }
 
 

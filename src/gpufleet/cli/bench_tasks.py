@@ -41,6 +41,12 @@ from gpufleet.cli.common import (
         "telemetry-interval": "seconds between GPU power/utilisation samples (default 0.5; 0: off)",
         "output-details": "add bench_serving's per-request arrays (ttfts, itls, ...) to results",
         "repeat": "run the levels N times, in rounds, for 95% confidence intervals (default 1)",
+        "find-max": "search the highest load that holds --slo (each probe archived)",
+        "by": "--find-max searches concurrency (default; --concurrency = where to start) or "
+        "request-rate",
+        "target": "--find-max: share of requests that must meet the SLO (default 0.99)",
+        "max-load": "--find-max: highest load to try (default 1024 / 1000 req/s)",
+        "max-probes": "--find-max: at most this many runs per host (default 12)",
         **FLEET_HELP,
     },
 )
@@ -75,6 +81,11 @@ def bench(
     flush=True,
     output_details=False,
     repeat=None,
+    find_max=False,
+    by="concurrency",
+    target=None,
+    max_load=None,
+    max_probes=None,
     hosts=None,
     inventory=None,
     forks=None,
@@ -98,7 +109,8 @@ def bench(
         raise UserError(f"--client {client!r}: expected host or local")
     request = _bench_request(
         concurrency, profile, port, num_prompts, duration, request_rate, output_len, prompts,
-        seed, backend, warmup, url, archive, engine, tokenizer, attach, telemetry_interval,
+        seed, backend, warmup, url, archive, engine, tokenizer, attach or find_max,
+        telemetry_interval,
     )  # fmt: skip
     apply_workload(
         request, workload, trace, trace_speedup, random_input_len, random_output_len,
@@ -108,6 +120,8 @@ def bench(
     from gpufleet.cli.args import positive_int
 
     request.repeat = positive_int(repeat, "--repeat", 1)
+    if client == "local" and find_max:
+        raise UserError("--find-max runs on the hosts: drop --client local")
     if client == "local":
         run_id, value = bench_control.bench_local(request, bench_progress())
         table(f"{run_id} ({value['status']})", headers(value["results"]), rows(value["results"]))
@@ -118,6 +132,9 @@ def bench(
             raise Exit(f"gpufleet: run archived as FAILED: {value['reason']}", code=1)
         return
     inv, selected = select_hosts(inventory, hosts)
+    if find_max:
+        _find_max(request, selected, inv, forks, by, target, max_load, max_probes)
+        return
     if attach and not re.match(r"^[0-9]{8}T[0-9]{6}Z-[A-Za-z0-9_.-]+$", attach):
         raise UserError(
             f"--attach {attach!r}: expected a run id such as 20261129T101500Z-eagle3-1a2b3c"
@@ -141,6 +158,28 @@ def bench(
         ) from None
     print_runs(results)
     finish(results, with_tail=True)
+
+
+def _find_max(request, selected, inv, forks, by, target, max_load, max_probes):
+    """`inv bench --find-max`: the search per host, its answer, the exit code."""
+    from gpufleet.cli.args import positive_float, positive_int
+    from gpufleet.cli.output import line
+    from gpufleet.cli.progress import bench_progress
+    from gpufleet.control import findmax
+    from gpufleet.report.capacity import describe
+
+    share = positive_float(target, "--target", 0.99)
+    default_limit = 1024 if by == "concurrency" else 1000
+    results = findmax.find_max(
+        selected, request, by, share,
+        positive_float(max_load, "--max-load", default_limit),
+        positive_int(max_probes, "--max-probes", 12),
+        forks_for(inv, forks), bench_progress(),
+    )  # fmt: skip
+    for res in results:
+        if res.ok and res.value:
+            line(f"{res.host.name}: {describe(res.value)}; archived {res.value['path']}")
+    finish(results)
 
 
 def _bench_request(

@@ -54,6 +54,14 @@ def compare(
     data = select.report_for_runs(root, names, hosts.split(",") if hosts else None)
     out_dir = root / "compare" / safe_name("-vs-".join(names))
     show_compare(data, format, out_dir, plots=not no_plots, wide=wide)
+    if format != "json":
+        from gpufleet.cli.output import line
+        from gpufleet.report.capacity import compare_line
+
+        for host in data.per_host:
+            answers = select.find_max_answers(root, host, names)
+            if answers:
+                line(f"{host}: {compare_line(answers)}")
 
 
 def show_compare(data: Any, fmt: str, out_dir: Any, plots: bool = True, wide: bool = False) -> None:

@@ -139,8 +139,13 @@ def _digest(rows: list[dict[str, Any]]) -> str:
 
 def _check_combination(request: BenchRequest, rows: list[dict[str, Any]], label: str) -> None:
     """Refuse what a backend or engine cannot send, before any host is touched."""
-    if request.engine == "sglang-bench" and any("prompt" not in row for row in rows):
-        raise UserError(f"--engine sglang-bench: prompt set {label} needs --engine gpufleet")
+    if request.engine == "sglang-bench":
+        if any("prompt" not in row for row in rows):
+            raise UserError(f"--engine sglang-bench: prompt set {label} needs --engine gpufleet")
+        if request.duration:
+            raise UserError(
+                "--engine sglang-bench: bench_serving has no --duration; give --num-prompts"
+            )
     if request.backend == "openai-chat" and any("input_ids" in row for row in rows):
         raise UserError(
             f"--backend openai-chat: {label} sends token ids; use --backend sglang or openai"

@@ -132,6 +132,7 @@ class Api:
             web.post("/flush_cache", self.flush_cache),
             web.get("/flush_cache", self.flush_cache),
             web.get("/sim/trace/{rid}", self.trace),
+            web.get("/sim/traces", self.traces),
         ]
         if self.state.args.enable_metrics:
             r.append(web.get("/metrics", self.metrics))
@@ -213,6 +214,16 @@ class Api:
         if trace is None:
             return _json_body_error("unknown request id", status=404)
         return web.json_response(trace)
+
+    async def traces(self, request: web.Request) -> web.Response:
+        """Every kept trace that arrived at or after `?since=<unix time>`: the server's own
+        clock for any client's requests (bench_serving's included)."""
+        try:
+            since = float(request.query.get("since", "0"))
+        except ValueError:
+            return _json_body_error("since: expected a unix time")
+        rows = [t for t in self.state.traces.values() if t["arrived"] >= since]
+        return web.json_response(rows)
 
     async def metrics(self, request: web.Request) -> web.Response:
         e = self.state.engine

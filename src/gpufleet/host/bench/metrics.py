@@ -126,7 +126,10 @@ def summarize(
         "mean_per_request_output_tps": statistics.fmean(per_request) if per_request else 0.0,
         "median_per_request_output_tps": statistics.median(per_request) if per_request else 0.0,
         "p10_per_request_output_tps": percentile(per_request, 10),
+        # distinct messages; with --output-details `errors` becomes bench_serving's
+        # per-request list ("" for a success) and the messages stay in error_messages
         "errors": sorted({r.error or "" for r in failed})[:20],
+        "error_messages": sorted({r.error or "" for r in failed})[:20],
         **peaks(ok),
         "total_cached_tokens": sum(r.cached_tokens for r in ok),
         "cache_hit_rate": sum(r.cached_tokens for r in ok) / in_tokens if in_tokens else 0.0,

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpufleet.host.bench import slo as slos
 from gpufleet.host.bench import telemetry
 from gpufleet.host.bench.loadgen import Prompt, RequestRecord, run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
@@ -239,10 +240,27 @@ def _sglang_bench_level(
         or (info or {}).get("tokenizer_path")
         or (info or {}).get("model_path")
     )
+    gauge = _telemetry(plan, server_state)
     try:
-        row = sglang_bench.run_level(plan, level, texts, writer.dir, tokenizer)
+        with gauge or contextlib.nullcontext():
+            row = sglang_bench.run_level(plan, level, texts, writer.dir, tokenizer)
     except (RuntimeError, OSError, ValueError) as exc:
         return "failed", f"level C={c}: {exc}"
+    records = sglang_bench.requests(row)
+    repeat = int(level.get("repeat", 1))
+    tag = f"c{c}" if repeat == 1 else f"c{c}-r{repeat}"
+    writer.lines(f"requests-{tag}.jsonl", records)
+    row["repeat"] = repeat
+    row.update(
+        slos.goodput([RequestRecord(**r) for r in records], row["duration"], plan.get("slo") or {})
+    )
+    if gauge is not None:
+        writer.lines(f"telemetry-{tag}.jsonl", gauge.rows)
+        row.update(telemetry.summarize(gauge.rows, int(row.get("total_output_tokens", 0))))
+    if not plan.get("output_details"):  # the arrays live in requests-c<N>.jsonl
+        for key in ("input_lens", "output_lens", "ttfts", "itls", "generated_texts"):
+            row.pop(key, None)
+        row["errors"] = row["error_messages"]
     alive = _server_alive(server_state)
     row.update(
         dataset_name=plan["prompt_set"],
@@ -405,7 +423,7 @@ def _gpufleet_level(
     if not alive:
         return "failed", f"the server process exited during level C={c}", True
     if summary["failed"]:
-        first = summary["errors"][:1]
+        first = summary["error_messages"][:1]
         return "failed", f"{summary['failed']} request(s) failed at C={c}: {first}", False
     return "done", None, False
 

@@ -4,6 +4,13 @@ host, with gpufleet's prompt set, parsed into the same results schema.
 bench_serving is installed wherever SGLang is. Prompts travel as a ShareGPT file (every
 version reads `--dataset-name sharegpt --dataset-path`); bench_serving tokenizes them with
 `--tokenizer` (default: the served model's path) and shuffles them with its own seed.
+
+Every gpufleet option is passed on or refused (control/bench.py refuses --duration and
+non-text workloads): warm-up as `--warmup-requests`, the cache flush as `--flush-cache`,
+and `--output-details` always, so each level's requests are archived as
+`requests-c<N>.jsonl` like gpufleet's own and every figure recomputes from them. The
+per-request speed is computed as gpufleet computes it (output tokens / e2e latency, e2e =
+TTFT + the sum of ITLs), not from TPOT.
 """
 
 from __future__ import annotations
@@ -56,30 +63,58 @@ def command(
         "inf" if not rate or math.isinf(rate) else str(rate),
         "--seed",
         str(plan.get("seed", 0)),
+        "--warmup-requests",
+        str(plan.get("warmup", 1)),
+        "--output-details",
         "--output-file",
         str(out),
     ]
+    if plan.get("flush_cache"):
+        argv.append("--flush-cache")
     if tokenizer:
         argv += ["--tokenizer", tokenizer]
     return argv
 
 
+def requests(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """bench_serving's per-request arrays (`--output-details`) as gpufleet request records."""
+    out = []
+    arrays = zip(
+        row.get("input_lens") or [], row.get("output_lens") or [], row.get("ttfts") or [],
+        row.get("itls") or [], row.get("errors") or [], strict=False,
+    )  # fmt: skip
+    for index, (prompt, output, ttft, itl, error) in enumerate(arrays):
+        ok = not error and output > 0
+        out.append(
+            {
+                "index": index, "ok": ok, "error": error or None, "ttft": ttft,
+                "e2e": ttft + sum(itl) if ok else 0.0, "itl": itl,
+                "prompt_tokens": prompt, "completion_tokens": output,
+            }
+        )  # fmt: skip
+    return out
+
+
 def parse(line: str, level: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
-    """One bench_serving JSONL line -> gpufleet's results row (bench_serving keys kept)."""
-    row = json.loads(line)
+    """One bench_serving JSONL line -> gpufleet's results row (bench_serving keys kept);
+    per-request figures from its per-request arrays, as gpufleet computes them."""
+    import statistics
+
+    row = json.loads(line, parse_constant=lambda name: float(name.replace("Infinity", "inf")))
     completed = int(row.get("completed", 0))
+    records = requests(row)
+    speeds = [r["completion_tokens"] / r["e2e"] for r in records if r["ok"] and r["e2e"] > 0]
+    rate = row.get("request_rate")
     row.update(
         max_concurrency=level["concurrency"],
         failed=max(0, level["num_prompts"] - completed),
         engine="sglang-bench",
         accept_length=row.get("accept_length"),
-        median_per_request_output_tps=None,
-        errors=[],
+        request_rate=rate if isinstance(rate, int | float) and math.isfinite(rate) else "inf",
+        median_per_request_output_tps=statistics.median(speeds) if speeds else None,
+        mean_per_request_output_tps=statistics.fmean(speeds) if speeds else None,
+        error_messages=sorted({r["error"] for r in records if r["error"]})[:20],
     )
-    # bench_serving reports no per-request speed: derive it from its median TPOT
-    tpot = row.get("median_tpot_ms")
-    if tpot:
-        row["median_per_request_output_tps"] = 1000.0 / tpot
     return row
 
 
