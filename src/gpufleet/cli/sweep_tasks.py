@@ -219,10 +219,11 @@ def sweep(
     )  # fmt: skip
 
 
+REHEARSAL_REPEATS = 3  # every figure of the rehearsal comes with its interval
 REHEARSAL_LEVELS = [
     {"concurrency": 1, "num_prompts": 8},
     {"concurrency": 10, "num_prompts": 20},
-    {"concurrency": 64, "num_prompts": 128},
+    {"concurrency": 64, "num_prompts": 64},
 ]
 
 
@@ -236,7 +237,7 @@ REHEARSAL_LEVELS = [
 )
 @user_errors
 def rehearse(c, inventory="hosts/rehearsal.yaml", hosts=None, archive=None, resume=False):
-    """The seeds' experiment on simulated 8-GPU hosts: baseline vs eagle3 at C=1,10,64."""
+    """The seeds' experiment on simulated 8-GPU hosts: baseline vs eagle3 at C=1,10,64, x3."""
     import time
 
     from gpufleet.cli.output import line
@@ -246,5 +247,11 @@ def rehearse(c, inventory="hosts/rehearsal.yaml", hosts=None, archive=None, resu
     request.fixed_levels = REHEARSAL_LEVELS
     command = _resume_command(["inv", "rehearse"], {"--archive": archive})
     profiles = ["baseline", "eagle3"]
-    _do_sweep(profiles, request, hosts, inventory, resume, False, False, "sim", None, command)
+    from gpufleet.control.arms import expand
+
+    arms = expand(profiles, [], REHEARSAL_REPEATS)  # interleaved: baseline, eagle3, again
+    _do_sweep(
+        profiles, request, hosts, inventory, resume, False, False, "sim", None, command,
+        arms=arms,
+    )  # fmt: skip
     line(f"rehearsal finished in {time.monotonic() - start:.0f}s")
