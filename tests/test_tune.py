@@ -146,3 +146,14 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     files = manifest["resolved_profile"]["files"]
     assert files["adaptive-config"]["sha256"] and files["adaptive-config"]["stored_as"]
     assert "AdaptiveSpeculativeParams initialized" in (tuned_runs[0] / "server.log").read_text()
+    # --resume of a finished tune relaunches nothing and reaches the same table
+    runs_before = len(list((archive / "h0").iterdir()))
+    again = fleet.cli(
+        "tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1,16",
+        "--num-prompts", "16", "--output-len", "32", "--hosts", "h0", "--archive", str(archive),
+        "--resume", timeout=600,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert again.stdout.count("already done, skipped") == 5  # 2 depth cells + 3 verify cells
+    assert len(list((archive / "h0").iterdir())) == runs_before
+    assert '{"1": {"candidate_steps": [1]}, "16": {"candidate_steps": [0]}}' in again.stdout

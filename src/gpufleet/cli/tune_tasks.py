@@ -117,9 +117,11 @@ def tune(
     store.write_private_file(record_path, json.dumps(record, indent=2).encode())
     if verify:
         tuned = str(profile_path) if profile.endswith((".yaml", ".yml")) else profile_path.stem
+        checks = tuning.verification_arms(profile, tuned)
+        again = resume and _has_state(root, [profile, tuned], checks, "tune-verify")
         check = _do_sweep(
-            [profile, tuned], request, hosts, inventory, resume, False, False, engine, forks,
-            command, arms=tuning.verification_arms(profile, tuned), kind="tune-verify",
+            [profile, tuned], request, hosts, inventory, again, False, False, engine, forks,
+            command, arms=checks, kind="tune-verify",
         )  # fmt: skip
         data = select.report_for_sweep(root, check.path)
         for host, host_arms in data.per_host.items():
@@ -143,3 +145,15 @@ def tune(
             }
         store.write_private_file(record_path, json.dumps(record, indent=2).encode())
     line(f"tune: archived {record_path}")
+
+
+def _has_state(root, profiles, arms, kind) -> bool:
+    """Whether an earlier (interrupted) tune got as far as this sweep."""
+    from gpufleet.control.sweep import SweepState
+    from gpufleet.errors import UserError
+
+    try:
+        SweepState.latest(root, profiles, arms, kind)
+    except UserError:
+        return False
+    return True

@@ -165,7 +165,10 @@ def choose(
         table[key] = {"candidate_steps": [choice.depth]}
         ends = [c.concurrency for c in choices[i:]]
         last = next((c.concurrency for c in choices[i + 1 :] if c.depth != choice.depth), None)
-        span = f"batch {key}-{last - 1}" if last else f"batch >= {key}"
+        if last is None:
+            span = f"batch >= {key}"
+        else:
+            span = f"batch {key}" if last - 1 == int(key) else f"batch {key}-{last - 1}"
         ranges.append(f"{span}: depth {choice.depth} (C={ends[0]}: {choice.why})")
     return TuneResult(table, choices, ranges, notes, measured)
 
