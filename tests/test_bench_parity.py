@@ -107,3 +107,27 @@ def test_bad_slo_is_one_line(text, message):
     assert out.stderr.startswith(f"gpufleet: --slo {text}: ") and message in out.stderr
     with pytest.raises(ValueError, match=r"KEY|number|more than"):
         parse_slo(text)
+
+
+def test_all_three_backends_agree_on_itl_on_a_speculative_server(sim_server):
+    """EAGLE-3 sends several tokens per chunk: every backend counts a chunk of k tokens as k
+    gaps (OpenAI ones from the usage SGLang sends in every chunk when asked), so their ITLs
+    agree, and agree with the server's own emission times; one gap per chunk would read
+    about 2.4x longer."""
+    server = sim_server(
+        "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "16",
+    )  # fmt: skip
+    itl = {}
+    chunks = {}
+    for backend in ("sglang", "openai", "openai-chat"):
+        prompts = [Prompt("def f(x): return x\n" * 8, output_len=96)] * 3
+        run = run_async(run_level(server.url, prompts, 1, backend=backend))
+        s = summarize(run, backend)
+        itl[backend] = s["median_itl_ms"]
+        chunks[backend] = sum(r.chunks for r in run.records) / sum(
+            r.completion_tokens for r in run.records
+        )
+    assert max(itl.values()) / min(itl.values()) < 1.05, itl
+    # the server's step is ~29.8 ms for ~2.4 tokens: ~12.4 ms per token, not per chunk
+    assert 9 < itl["openai"] < 16 and all(c < 0.6 for c in chunks.values()), (itl, chunks)

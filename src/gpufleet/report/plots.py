@@ -1,4 +1,5 @@
-"""PNG plots of a comparison: total throughput, per-request speed and TTFT vs concurrency."""
+"""PNG plots of a comparison: total throughput, per-request speed, TTFT, energy and goodput
+vs concurrency; with repeats, each point carries its 95% interval as an error bar."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ PLOTS = [
     ("per_request", "median_per_request_output_tps", "per-request output speed, median (tok/s)"),
     ("ttft", "median_ttft_ms", "time to first token, median (ms)"),
     ("tokens_per_joule", "output_tokens_per_joule", "output tokens per joule (GPU energy)"),
+    ("goodput", "goodput_output_throughput", "goodput: output tok/s of requests within the SLO"),
 ]
 
 
@@ -31,7 +33,13 @@ def write(host: str, arms: list[Arm], out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
         for arm in arms:
             ys = [arm.levels[c].get(key) for c in levels]
-            ax.plot(levels, ys, marker="o", linewidth=2, label=arm.label)
+            line = ax.plot(levels, ys, marker="o", linewidth=2, label=arm.label)[0]
+            intervals = [(arm.levels[c].get("ci") or {}).get(key) for c in levels]
+            if all(intervals) and all(y is not None for y in ys):
+                below = [y - ci[0] for y, ci in zip(ys, intervals, strict=True)]
+                above = [ci[1] - y for y, ci in zip(ys, intervals, strict=True)]
+                ax.errorbar(levels, ys, yerr=[below, above], fmt="none", capsize=3,
+                            ecolor=line.get_color())  # fmt: skip
             for x, y in zip(levels, ys, strict=True):
                 if y is not None:
                     ax.annotate(
