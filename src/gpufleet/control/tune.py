@@ -8,12 +8,14 @@ table); this module chooses the table from the user's own measurements:
 1. cells: depth 0 (no drafting: the profile without its speculative flags) and each depth
    d in `--depths` (topk 1, d + 1 draft tokens, adaptive off), one launch per depth, every
    level of the ladder on that server (control/sweep.py runs them, resumably);
-2. per level, the depth with the highest output throughput among those that keep the
-   per-request speed floor (`--min-request-speed`), else the fastest per request;
+2. per level, the shallowest depth within MARGIN of the highest output throughput among
+   those that keep the per-request speed floor (`--min-request-speed`), else the fastest
+   per request;
 3. the table: a key at the first level of each run of equal choices, one candidate each
-   (a single candidate is a fixed depth; SGLang's EMA only moves between several). More
-   load never gets a deeper draft than less load unless the deeper one measured better by
-   more than MONOTONE_MARGIN, and then the reasoning says so.
+   (a single candidate is a fixed depth; SGLang's EMA only moves between several). Within
+   MARGIN of the best throughput the shallowest depth wins (less GPU work per token, and
+   measurement noise does not buy a deeper draft), so more load gets a deeper draft than
+   less load only where it measured better by more than MARGIN, and the notes say so.
 
 Batch size vs concurrency: with closed-loop load at C, the decode batch is about C (the
 server caps it at max-running-requests), so the ladder's levels are the table's keys.
@@ -36,7 +38,7 @@ from gpufleet.errors import UserError
 
 DEFAULT_DEPTHS = (1, 2, 3, 5, 7)
 DEFAULT_LADDER = (1, 2, 4, 8, 16, 32, 64)
-MONOTONE_MARGIN = 0.02  # a deeper draft at more load must win by more than 2% to be kept
+MARGIN = 0.02  # within 2% of the best throughput, the shallowest depth is chosen
 SPEC_FLAGS = (
     "speculative-algorithm",
     "speculative-draft-model-path",
@@ -128,27 +130,25 @@ def choose(
             if min_request_speed is None or f["per_request"] >= min_request_speed
         ]  # fmt: skip
         if allowed:
-            best = max(allowed, key=lambda d: figures[d]["output_throughput"])
+            top = max(figures[d]["output_throughput"] for d in allowed)
+            near = [d for d in allowed if figures[d]["output_throughput"] >= top * (1 - MARGIN)]
+            best = min(near)  # within the margin of the best, the least drafting
             why = "highest output throughput"
+            if len(near) > 1:
+                why = f"shallowest depth within {MARGIN:.0%} of the highest output throughput"
             if min_request_speed is not None:
-                why += f" of the depths at or above {min_request_speed:g} tok/s per request"
+                why += f" among depths at or above {min_request_speed:g} tok/s per request"
         else:
             best = max(figures, key=lambda d: figures[d]["per_request"])
             why = f"no depth reaches {min_request_speed:g} tok/s per request: the fastest"
         previous = choices[-1].depth if choices else None
-        if previous is not None and best > previous:  # deeper under more load
+        if previous is not None and best > previous:  # deeper under more load: say why
             gain = figures[best]["output_throughput"] / figures[previous]["output_throughput"] - 1
-            if gain <= MONOTONE_MARGIN:
-                why = (
-                    f"depth {best} measured {gain:+.1%}, within {MONOTONE_MARGIN:.0%}: kept "
-                    f"depth {previous} so more load never drafts deeper"
-                )
-                best = previous
-            else:
-                notes.append(
-                    f"C={c}: depth {best} drafts deeper than at lower load (depth {previous}) "
-                    f"because it measured {gain:+.1%} more throughput there"
-                )
+            notes.append(
+                f"C={c}: depth {best} drafts deeper than at lower load (depth {previous}) "
+                f"because it measured {gain:+.1%} more throughput there (more than the "
+                f"{MARGIN:.0%} margin)"
+            )
         f = figures[best]
         detail = ", ".join(
             f"depth {d}: {figures[d]['output_throughput']:.0f} tok/s, "

@@ -116,7 +116,8 @@ def _model(args: Any, steps: int | None = None) -> TimingModel:
     """The timing of this server (at `steps` draft depth, for adaptive speculation)."""
     if args.speculative_algorithm:
         depth = args.speculative_num_steps if steps is None else steps
-        model = TimingModel.speculative(depth, args.speculative_eagle_topk)
+        tokens = args.speculative_num_draft_tokens if steps is None else None
+        model = TimingModel.speculative(depth, args.speculative_eagle_topk, tokens)
     else:
         model = TimingModel.baseline()
     if args.sim_decode_base_ms is not None:

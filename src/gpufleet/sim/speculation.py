@@ -1,13 +1,16 @@
 """Speculative decoding in the rehearsal engine: what a draft depth costs and yields, and
 SGLang's adaptive depth (`--speculative-adaptive`, `--speculative-adaptive-config`).
 
-Depth model (EAGLE-style chain drafting, topk 1; a wider tree accepts slightly more): each
-drafted token is accepted with probability a = 0.65 (+0.005 per extra topk branch), so a
-step with `steps` draft tokens emits 1 + a + a^2 + ... + a^steps tokens per request on
-average; the step costs the target's decode (15.6 ms + 1.03 ms per request) plus, per
-draft step, 2.6 ms of draft model and 1.8 ms per request of drafting and verification.
-Depth 0 is plain decoding. With steps 3 and topk 4 this gives the seeds' EAGLE-3 figures
-(2.4 tokens per step; ~80 tok/s per request at C=1, ~350 tok/s total at C=64).
+Depth model: each drafted position is accepted with probability a = 0.65 (+0.005 per extra
+topk branch: a tree accepts a little more than a chain), so a step `steps` deep emits on
+average 1 + a + a^2 + ... + a^steps tokens per request (diminishing returns). A step costs
+the target's decode (15.6 ms + 1.03 ms per running request), plus drafting (per draft step
+2.6 ms, and 0.314 ms per request scaled by 0.75 + 0.25 x topk), plus the verify pass
+(0.931 ms per request x sqrt(draft tokens): verifying a tree is batched like a small
+prefill, so it grows slower than the tokens it checks). Depth 0 is plain decoding. The
+constants reproduce the seeds' EAGLE-3 (steps 3, topk 4, 16 draft tokens: 2.40 tokens per
+29.8 ms step at C=1, ~80 tok/s per request; 6.4 ms per request, ~350 tok/s total at C=64)
+and make a topk-1 chain win at low load and lose from about C=8 (docs/REHEARSAL.md).
 
 Adaptive: SGLang 0.5.23's `AdaptiveStepSlot` (speculative/adaptive_spec_params.py), one per
 batch-size key; the decode batch picks the slot with the largest key not above it (CUDA
@@ -23,8 +26,9 @@ from typing import Any
 
 ACCEPT_P = 0.65
 TOPK_BONUS = 0.005
-DRAFT_BASE_MS = 2.6
-DRAFT_PER_REQ_MS = 1.8
+DRAFT_BASE_MS = 2.6  # per draft step
+DRAFT_PER_REQ_MS = 0.314  # per draft step and running request, x (0.75 + 0.25 x topk)
+VERIFY_PER_REQ_MS = 0.931  # per running request, x sqrt(draft tokens)
 DEFAULT_CONFIG: dict[str, dict[str, Any]] = {
     "1": {"candidate_steps": [1, 3, 5, 7], "down_hysteresis": -0.25},
     "8": {"candidate_steps": [0, 1, 3], "down_hysteresis": 0.0},
@@ -39,9 +43,16 @@ def accept_length(steps: int, topk: int = 1) -> float:
     return sum(a**i for i in range(steps + 1))
 
 
-def step_costs_ms(steps: int) -> tuple[float, float]:
+def step_costs_ms(
+    steps: int, topk: int = 1, draft_tokens: int | None = None
+) -> tuple[float, float]:
     """(base, per running request) of one decode step at this depth, in ms."""
-    return 15.6 + DRAFT_BASE_MS * steps, 1.03 + DRAFT_PER_REQ_MS * steps
+    if steps <= 0:
+        return 15.6, 1.03
+    topk = max(1, topk)
+    tokens = draft_tokens or (steps + 1 if topk == 1 else min(steps * topk + 1, 64))
+    draft = steps * DRAFT_PER_REQ_MS * (0.75 + 0.25 * topk)
+    return 15.6 + DRAFT_BASE_MS * steps, 1.03 + draft + VERIFY_PER_REQ_MS * tokens**0.5
 
 
 class AdaptiveSlot:

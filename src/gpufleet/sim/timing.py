@@ -35,13 +35,19 @@ class TimingModel:
         return cls(decode_base_s=0.0156, decode_per_req_s=0.00103, prefill_per_token_s=20e-6)
 
     @classmethod
-    def speculative(cls, num_steps: int | None = None, topk: int | None = None) -> TimingModel:
+    def speculative(
+        cls,
+        num_steps: int | None = None,
+        topk: int | None = None,
+        draft_tokens: int | None = None,
+    ) -> TimingModel:
         """Drafting `num_steps` deep (sim/speculation.py); 0 is plain decoding. Steps 3,
-        topk 4: 2.4 tokens per 29.8 ms step ~ 80 tok/s at C=1, ~350 tok/s at C=64."""
+        topk 4, 16 draft tokens: 2.4 tokens per 29.8 ms step ~ 80 tok/s at C=1, ~350 tok/s
+        at C=64."""
         steps = 3 if num_steps is None else max(0, num_steps)
         if steps == 0:
             return cls.baseline()
-        base_ms, per_req_ms = step_costs_ms(steps)
+        base_ms, per_req_ms = step_costs_ms(steps, topk or 1, draft_tokens)
         return cls(
             decode_base_s=base_ms / 1000,
             decode_per_req_s=per_req_ms / 1000,
