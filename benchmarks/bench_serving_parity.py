@@ -7,7 +7,9 @@ clients send the same shape of load (256-token prompts, 128 output tokens, ignor
 one after the other. Printed: output throughput, median TPOT, median ITL, median TTFT for
 each client and the ratio gpufleet / bench_serving, plus the median TTFT the *server*
 measured for each client's requests (first chunk written minus request arrival, from
-/sim/traces), which says whose TTFT is right.
+/sim/traces), which says whose TTFT is right, and the prompt length the server counted
+(bench_serving's chat and OpenAI paths send the random ids decoded to text, which the
+rehearsal tokenizer counts at 4 characters per token).
 
 sglang is never a gpufleet dependency: point SGLANG_PYTHON at a throwaway venv with
 sglang 0.5.23 and TOKENIZER_DIR at a sentencepiece tokenizer (see bench_serving_compat.py):
@@ -37,11 +39,16 @@ BACKENDS = (("sglang", "sglang"), ("openai", "sglang-oai"), ("openai-chat", "sgl
 KEYS = ("output_throughput", "median_tpot_ms", "median_itl_ms", "median_ttft_ms")
 
 
-def server_ttft_ms(url: str, since: float) -> float:
+def server_side(url: str, since: float) -> tuple[float, float]:
+    """(median TTFT, median prompt tokens) of the requests that arrived since `since`, by
+    the server's own clock and count."""
     with urllib.request.urlopen(f"{url}/sim/traces?since={since}", timeout=30) as resp:
         traces = json.loads(resp.read())
     firsts = [(t["sent_times"][0] - t["arrived"]) * 1000 for t in traces if t["sent_times"]]
-    return statistics.median(firsts) if firsts else float("nan")
+    tokens = [t["prompt_tokens"] for t in traces]
+    if not firsts:
+        return float("nan"), float("nan")
+    return statistics.median(firsts), statistics.median(tokens)
 
 
 def bench_serving(python: str, tok: str, url: str, backend: str, c: int, n: int) -> dict:
@@ -86,7 +93,7 @@ def main() -> None:
                     "--max-running-requests", "128")),
     )  # fmt: skip
     print(f"{'server':8} {'backend':11} {'C':>3}  " + "  ".join(f"{k:>24}" for k in KEYS)
-          + "  server-side TTFT (gpufleet / bench_serving)")  # fmt: skip
+          + "  server-side TTFT and prompt tokens (gpufleet / bench_serving)")  # fmt: skip
     for name, flags in servers:
         server = BenchServer(*flags)
         try:
@@ -94,13 +101,14 @@ def main() -> None:
                 for c, n in LEVELS:
                     t0 = time.time()
                     g = gpufleet(server.url, ours, c, n)
-                    srv_g = server_ttft_ms(server.url, t0)
+                    srv_g, tok_g = server_side(server.url, t0)
                     t1 = time.time()
                     b = bench_serving(python, tok, server.url, theirs, c, n)
-                    srv_b = server_ttft_ms(server.url, t1)
+                    srv_b, tok_b = server_side(server.url, t1)
                     cells = [f"{g[k]:8.2f} {b[k]:8.2f} {g[k] / b[k]:5.3f}" for k in KEYS]
                     print(f"{name:8} {ours:11} {c:3d}  " + "  ".join(cells)
-                          + f"  {srv_g:.1f} / {srv_b:.1f} ms", flush=True)  # fmt: skip
+                          + f"  {srv_g:.1f} / {srv_b:.1f} ms, prompt {tok_g:.0f} / {tok_b:.0f} tok",
+                          flush=True)  # fmt: skip
         finally:
             server.stop()
 

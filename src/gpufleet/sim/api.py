@@ -419,6 +419,7 @@ class _OpenAIReply:
             finish = "length" if req.finished else None
             extra = {"usage": self.usage()} if include_usage and every_chunk else {}
             await resp.write(_sse(self.envelope(obj, [self.choice(piece, finish)], **extra)))
+            req.sent_times.append(time.time())  # the server's clock, for /sim/trace
         if include_usage:
             await resp.write(_sse(self.envelope(obj, [], usage=self.usage())))
         await resp.write(b"data: [DONE]\n\n")
