@@ -18,9 +18,13 @@ from gpufleet.host.bench.metrics import summarize
 
 PROFILES = {
     "baseline": [],
-    "eagle3": [
+    "eagle3": [  # playbooks/eagle3.yaml's speculation: steps 3, topk 4, 16 draft tokens
         "--speculative-algorithm",
         "EAGLE3",
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "4",
         "--speculative-num-draft-tokens",
         "16",
         "--max-running-requests",

@@ -225,3 +225,17 @@ class SimServer:
                 os.killpg(self.proc.pid, _signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
+
+
+def bench_local_run(url: str, tmp: Path, *args: str) -> Path:
+    """`inv bench --client local --url URL ARGS` archived under tmp/archive: its run dir
+    (the command must succeed)."""
+    archive = tmp / "archive"
+    out = run_cli(
+        "bench", "--client", "local", "--url", url, "--archive", str(archive), *args,
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    [host_dir] = list(archive.iterdir())
+    [run_dir] = list(host_dir.iterdir())
+    return run_dir

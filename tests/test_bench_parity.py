@@ -10,7 +10,7 @@ import pytest
 from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
 from gpufleet.host.bench.metrics import summarize
 from gpufleet.host.bench.slo import parse_slo
-from helpers import run_cli
+from helpers import bench_local_run, run_cli
 
 FIXTURE = (
     Path(__file__).resolve().parents[2] / "shared/fixtures/sglang-0.5.23-bench_serving-result.json"
@@ -26,15 +26,7 @@ def _no_constants(name: str) -> None:
 
 
 def _bench(url: str, tmp: Path, *args: str) -> list[dict]:
-    archive = tmp / "archive"
-    out = run_cli(
-        "bench", "--client", "local", "--url", url, "--archive", str(archive), *args,
-        timeout=300,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
-    [host_dir] = list(archive.iterdir())
-    [run_dir] = list(host_dir.iterdir())
-    text = (run_dir / "results.jsonl").read_text()
+    text = (bench_local_run(url, tmp, *args) / "results.jsonl").read_text()
     return [json.loads(line, parse_constant=_no_constants) for line in text.splitlines()]
 
 

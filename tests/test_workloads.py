@@ -12,20 +12,13 @@ import pytest
 from gpufleet.control.bench import BenchRequest, build_plan
 from gpufleet.errors import UserError
 from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
-from helpers import REPO, run_cli
+from helpers import REPO, bench_local_run, run_cli
 
 SAMPLE_TRACE = REPO / "playbooks" / "traces" / "mooncake-sample.jsonl"
 
 
 def _bench_local(url: str, tmp: Path, *args: str) -> tuple[dict, Path]:
-    archive = tmp / "archive"
-    out = run_cli(
-        "bench", "--client", "local", "--url", url, "--archive", str(archive), *args,
-        timeout=300,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
-    [host_dir] = list(archive.iterdir())
-    [run_dir] = list(host_dir.iterdir())
+    run_dir = bench_local_run(url, tmp, *args)
     rows = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
     return rows[0], run_dir
 
