@@ -4,10 +4,12 @@ the client and server compete for the CPU, so any disturbance shows), with the
 telemetry sampler off and on (0.5 s, all 8 GPUs), alternating, median of 5 each.
 
     python benchmarks/telemetry_overhead.py
+    GPUFLEET_REAL_NVML=1 python benchmarks/telemetry_overhead.py   # sample the real GPUs
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -25,9 +27,9 @@ from gpufleet.host.bench.metrics import summarize
 C, N, OUT = 64, 256, 256
 
 
-def one(url: str, sampled: bool) -> tuple[float, float, int]:
+def one(url: str, sampled: bool, gpus: list[int]) -> tuple[float, float, int]:
     prompts = [Prompt(text="write a function " * 20, output_len=OUT) for _ in range(N)]
-    gauge = telemetry.Sampler(nvmlread.load_pynvml(), list(range(8)), 0.5) if sampled else None
+    gauge = telemetry.Sampler(nvmlread.load_pynvml(), gpus, 0.5) if sampled else None
     cpu0 = time.process_time()
     if gauge:
         with gauge:
@@ -43,14 +45,18 @@ def one(url: str, sampled: bool) -> tuple[float, float, int]:
 def main() -> None:
     server = BenchServer("--tp-size", "8", "--sim-zero-cost")  # CPU-bound: the strictest case
     try:
-        nvmlread.activate_simulation(
-            {"state_dir": str(server.state), "count": 8}, "bench"
-        )  # this process reads the same simulated GPUs the server draws power on
+        if os.environ.get("GPUFLEET_REAL_NVML") == "1":  # a GPU machine: real NVML calls
+            gpus = list(range(nvmlread.load_pynvml().nvmlDeviceGetCount()))
+        else:
+            nvmlread.activate_simulation(
+                {"state_dir": str(server.state), "count": 8}, "bench"
+            )  # this process reads the same simulated GPUs the server draws power on
+            gpus = list(range(8))
         results: dict[bool, list[tuple[float, float, int]]] = {False: [], True: []}
-        one(server.url, False)  # warm the server and the client
+        one(server.url, False, gpus)  # warm the server and the client
         for _ in range(5):
             for sampled in (False, True):
-                results[sampled].append(one(server.url, sampled))
+                results[sampled].append(one(server.url, sampled, gpus))
         for sampled, rows in results.items():
             cpu = statistics.median(r[0] for r in rows)
             tput = statistics.median(r[1] for r in rows)
