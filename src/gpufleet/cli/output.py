@@ -44,7 +44,11 @@ def line(text: str, stream: TextIO | None = None) -> None:
 
 
 def print_failures(results: list[Any], with_tail: bool = False) -> None:
-    """`host: FAILED: why` on stderr for each failed host, and the server log's tail."""
+    """`host: FAILED: why` on stderr for each failed host, and the server log's tail;
+    before them, each host's warnings about itself (a python other users can change)."""
+    for res in results:
+        for warning in getattr(res, "warnings", []):
+            line(f"{res.host.name}: warning: {warning}", sys.stderr)
     for res in results:
         if res.ok or res.reported:
             continue

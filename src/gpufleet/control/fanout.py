@@ -31,6 +31,7 @@ class HostResult(Generic[T]):
     kind: str | None = None
     tail: list[str] = field(default_factory=list)
     reported: bool = False  # already shown to the user as it happened
+    warnings: list[str] = field(default_factory=list)  # about the host itself, said once
 
     @property
     def ok(self) -> bool:
@@ -53,22 +54,25 @@ def run_on_hosts(
         session: Session | None = None
         try:
             session = open_session(host)
-            return HostResult(host, value=work(session))
+            result = HostResult(host, value=work(session))
         except HostError as exc:
-            return HostResult(host, error=str(exc), kind=exc.kind, tail=exc.tail)
+            result = HostResult(host, error=str(exc), kind=exc.kind, tail=exc.tail)
         except Cancelled as exc:
-            return HostResult(host, error=f"interrupted while {exc}", kind="cancelled")
+            result = HostResult(host, error=f"interrupted while {exc}", kind="cancelled")
         except UserError as exc:
-            return HostResult(host, error=str(exc), kind="bad_input")
+            result = HostResult(host, error=str(exc), kind="bad_input")
         except Exception as exc:  # a bug: keep it on this host, with enough to report it
             detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            return HostResult(host, error=f"internal error: {detail}", kind="crash")
+            result = HostResult(host, error=f"internal error: {detail}", kind="crash")
         finally:
             if session is not None:
                 try:
                     session.close()
                 except Exception:
                     pass
+        if session is not None:
+            result.warnings = sorted(session.warnings)
+        return result
 
     results: list[HostResult[T] | None] = [None] * len(hosts)
     todo: queue.SimpleQueue[int] = queue.SimpleQueue()

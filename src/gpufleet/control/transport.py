@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpufleet.control import agentzip
+from gpufleet.control import agentzip, bootstrap
 from gpufleet.control.inventory import Host
 from gpufleet.errors import HostError
 from gpufleet.host.protocol import MARK, VerbArgs
@@ -33,15 +33,6 @@ def host_events(
     if progress is None:
         return None
     return lambda event: progress(host_name, event)
-
-
-def _workdir_shell(workdir: str) -> str:
-    """Quote a workdir for sh, keeping a leading `~/` expandable."""
-    if workdir == "~":
-        return '"$HOME"'
-    if workdir.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(workdir[2:])
-    return shlex.quote(workdir)
 
 
 class _LineParser:
@@ -86,26 +77,17 @@ class _LineParser:
             self.final = obj
 
 
-MISSING = "gpufleet-agent-missing"
-# Run the agent only if its bytes hash to what this control plane built (exit 91 if not).
-VERIFY_AND_RUN = (
-    "import hashlib,runpy,sys\n"
-    "f,h=sys.argv[1],sys.argv[2]\n"
-    "if hashlib.sha256(open(f,'rb').read()).hexdigest()!=h:\n"
-    " sys.stderr.write(f'{f} does not match the agent gpufleet built (sha256 {h[:12]}...): '\n"
-    "  'remove it and gpufleet uploads its own\\n')\n"
-    " sys.exit(91)\n"
-    "sys.argv=[f]+sys.argv[3:]\n"
-    "runpy.run_path(f,run_name='__main__')\n"
-)
+MISSING = bootstrap.MISSING
+BOOTSTRAP = Path(bootstrap.__file__).read_text()
 
 
 class Session:
     """Runs agent verbs on one host; subclasses provide how to execute and upload.
 
-    One agent call is one remote command: it creates the 0700 workdir, enters it and execs
-    the agent if this version is there; otherwise it answers MISSING, the agent is uploaded
-    and the command runs again. (Every SSH command pays for the login shell's rc files,
+    One agent call is one remote command: the bootstrap checks the workdir path (creating
+    what is missing, 0700), enters it and runs the agent if this version is there with the
+    right hash; otherwise it answers MISSING, the agent is uploaded and the command runs
+    again. (Every SSH command pays for the login shell's rc files,
     often 100 ms or more, so round trips are kept to one.)
     """
 
@@ -113,6 +95,7 @@ class Session:
         self.host = host
         self._uploaded = False
         self._lock = threading.Lock()
+        self.warnings: set[str] = set()  # said once per host (a python others can change)
 
     def _exec(
         self, script: str, stdin: str, sink: _LineParser, timeout: float | None
@@ -137,21 +120,32 @@ class Session:
     def workdir(self) -> str:
         """Absolute workdir on the host (one extra round trip; calls do not need it)."""
         sink = _LineParser(None)
-        code, err = self._exec(self._enter_workdir() + "pwd", "", sink, 30)
+        code, err = self._exec(self._bootstrap("-", "-", []), "", sink, 30)
         sink.close()
+        self._raise_for_workdir(code, err)
         if code != 0 or not sink.other:
             raise HostError(f"cannot create workdir {self.host.workdir}: {err.strip()}", "workdir")
         return sink.other[-1]
 
-    def _enter_workdir(self) -> str:
-        """Enter the workdir, created 0700; refuse one another user owns (a shared /tmp:
-        whoever owns it could plant an agent for root to run)."""
-        wd = _workdir_shell(self.host.workdir)
-        return (
-            f"umask 077; mkdir -p -- {wd} && cd -- {wd} || exit 90; "
-            f'[ -O . ] || {{ echo "workdir $PWD is owned by another user" >&2; exit 91; }}; '
-            "chmod 700 . || exit 90; "
-        )
+    def _bootstrap(self, agent: str, digest: str, verb: list[str]) -> str:
+        """The one remote command: the isolated bootstrap checks the workdir path and the
+        agent's hash before anything from the host's disk is imported (control/bootstrap.py).
+        """
+        argv = [self.host.python_path, "-I", "-c", BOOTSTRAP, self.host.workdir, agent, digest]
+        return f"umask 077; exec {shlex.join([*argv, *verb])}"
+
+    def _raise_for_workdir(self, code: int | None, err: str) -> None:
+        lines = [ln for ln in err.strip().splitlines() if not ln.startswith(bootstrap.WARNING)]
+        for warning in err.splitlines():
+            if warning.startswith(bootstrap.WARNING):
+                self.warnings.add(warning[len(bootstrap.WARNING) :].strip())
+        if code == 90:
+            raise HostError(f"{(lines or ['cannot create workdir'])[-1]}", "workdir")
+        if code == 91:
+            raise HostError(
+                f"refusing to run the agent: {(lines or ['unsafe workdir'])[-1]}",
+                kind="unsafe_workdir",
+            )
 
     def with_host(self, args: VerbArgs) -> VerbArgs:
         """Fill in what every verb needs to know about the host (name, simulation, GPU count).
@@ -180,16 +174,7 @@ class Session:
     ) -> Any:
         """Run one agent verb; return its result or raise HostError with the agent's message."""
         bundle = agentzip.build()
-        agent = shlex.quote(bundle.filename)
-        argv = [self.host.python_path, "-c", VERIFY_AND_RUN, bundle.filename, bundle.digest]
-        script = (
-            self._enter_workdir()
-            + f"if [ -f {agent} ]; then "
-            + f"if [ -L {agent} ] || [ ! -O {agent} ]; then "
-            + f'echo "$PWD/{bundle.filename} is not a file of $(id -un)" >&2; exit 91; fi; '
-            + f"exec {shlex.join([*argv, args.VERB])}; fi; "
-            + f'echo {MISSING} "$PWD"'
-        )
+        script = self._bootstrap(bundle.filename, bundle.digest, [args.VERB])
         stdin = self.with_host(args).to_wire()
         for _attempt in range(2):
             sink = _LineParser(on_event)
@@ -200,11 +185,7 @@ class Session:
                 break
             with self._lock:
                 self._upload(bundle.data, missing[-1][len(MISSING) + 1 :] + "/" + bundle.filename)
-        if code == 90:
-            raise HostError(f"cannot create workdir {self.host.workdir}: {err.strip()}", "workdir")
-        if code == 91:
-            last = (err.strip().splitlines() or ["unsafe workdir"])[-1]
-            raise HostError(f"refusing to run the agent: {last}", kind="unsafe_workdir")
+        self._raise_for_workdir(code, err)
         if sink.final is None:
             raise HostError(self._explain_failure(code, err, sink.other), kind="agent")
         if not sink.final.get("ok"):

@@ -1,0 +1,181 @@
+"""Root on a shared host: no local user gets code run through the workdir (issue 22.1).
+
+Every case over real sshd, as root, with a second user (uid 65534) playing the attacker.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpufleet.control import bootstrap
+from test_reliability import record
+
+NOBODY = 65534
+PLANT = "import pathlib; pathlib.Path({canary!r}).write_text('ran as root')\n"
+
+
+def _plant(directory: Path, canary: Path) -> None:
+    """What an attacker drops where the agent would run: modules the bootstrap imports."""
+    for module in ("hashlib", "runpy", "os", "stat", "zipimport", "encodings"):
+        (directory / f"{module}.py").write_text(PLANT.format(canary=str(canary)))
+
+
+def _attacker_dir(path: Path, mode: int = 0o755) -> Path:
+    path.mkdir(parents=True)
+    path.chmod(mode)
+    os.chown(path, NOBODY, NOBODY)
+    return path
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _clean_on(fleet, host: str):
+    return fleet.cli("gpu-clean", "--hosts", host)
+
+
+def test_a_module_planted_in_the_workdir_is_never_imported(fleet, tmp_path):
+    # the workdir itself is safe (root's, 0700) but a hashlib.py sits in it: the old
+    # bootstrap (`python -c` with the workdir as cwd) imported it before the hash check
+    canary = tmp_path / "CANARY"
+    workdir = fleet.workdir("h0")
+    workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _plant(workdir, canary)
+    out = _clean_on(fleet, "h0")
+    assert out.returncode == 0, out.stderr
+    assert not canary.exists()
+    # PYTHONPATH/PYTHONSTARTUP in the login environment are ignored too (python -I)
+    record("root_planted_module", {"exit": out.returncode, "canary": canary.exists()})
+
+
+@pytest.mark.parametrize("case", ["sticky-symlink", "link-to-root-dir", "world-writable"])
+def test_an_unsafe_workdir_path_is_refused_and_left_unchanged(fleet, tmp_path, case):
+    canary = tmp_path / "CANARY"
+    sticky = tmp_path / "shared-tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # like /tmp
+    if case == "sticky-symlink":
+        # another user points /tmp/gpufleet at a directory they own, full of bait
+        bait = _attacker_dir(tmp_path / "bait", 0o777)
+        _plant(bait, canary)
+        workdir = sticky / "gpufleet"
+        workdir.symlink_to(bait)
+        os.lchown(workdir, NOBODY, NOBODY)
+        victim, expected = bait, "goes through a symlink another user owns"
+    elif case == "link-to-root-dir":
+        # the link points at a root-owned directory: it must not be chmod'ed 700
+        victim = tmp_path / "victim"
+        victim.mkdir(mode=0o755)
+        victim.chmod(0o755)
+        workdir = sticky / "gpufleet"
+        workdir.symlink_to(victim)
+        os.lchown(workdir, NOBODY, NOBODY)
+        expected = "goes through a symlink another user owns"
+    else:
+        # `workdir: /tmp`: root's, but everyone writes there
+        victim = workdir = sticky
+        _plant(sticky, canary)
+        expected = "is writable by other users"
+    before = _mode(victim)
+    fleet.write_inventory(
+        extra_hosts={
+            "odd": {"address": "127.0.0.1", "port": fleet.sshds[0].port, "workdir": str(workdir)}
+        }
+    )
+    out = _clean_on(fleet, "odd")
+    assert out.returncode == 1
+    [failed] = [ln for ln in out.stderr.splitlines() if ln.startswith("odd: FAILED")]
+    assert "refusing to run the agent" in failed and expected in failed, out.stderr
+    assert "Traceback" not in out.stderr
+    assert not canary.exists()
+    assert _mode(victim) == before  # never chmod'ed
+    assert not any(p.name.endswith(".pyz") for p in victim.iterdir())  # nothing uploaded
+    record(f"root_unsafe_workdir_{case}", {"line": failed, "mode": oct(_mode(victim))})
+
+
+def test_a_parent_writable_by_another_user_is_refused(fleet, tmp_path):
+    parent = _attacker_dir(tmp_path / "theirs", 0o755)  # they could swap our dir inside
+    fleet.write_inventory(
+        extra_hosts={
+            "odd": {
+                "address": "127.0.0.1",
+                "port": fleet.sshds[0].port,
+                "workdir": str(parent / "gpufleet"),
+            }
+        }
+    )
+    out = _clean_on(fleet, "odd")
+    assert out.returncode == 1
+    assert "a directory another user owns" in out.stderr
+    assert not (parent / "gpufleet").exists()  # not even created
+
+
+def test_own_symlink_and_missing_dirs_are_fine_and_created_0700(fleet, tmp_path):
+    real = fleet.workdir("h1")
+    real.mkdir(parents=True, exist_ok=True, mode=0o700)
+    link = tmp_path / "wd-link"
+    link.symlink_to(real)
+    fresh = tmp_path / "new" / "deeper"
+    fleet.write_inventory(
+        extra_hosts={
+            "viaLink": {
+                "address": "127.0.0.1",
+                "port": fleet.sshds[1].port,
+                "workdir": str(link),
+                "vars": {"server_port_offset": 7},
+            },
+            "fresh": {
+                "address": "127.0.0.1",
+                "port": fleet.sshds[2].port,
+                "workdir": str(fresh),
+                "vars": {"server_port_offset": 14},
+            },
+        }
+    )
+    out = fleet.cli("gpu-clean", "--hosts", "viaLink,fresh")
+    assert out.returncode == 0, out.stderr
+    assert _mode(fresh) == 0o700 and _mode(fresh.parent) == 0o700
+
+
+def test_a_python_other_users_can_change_is_warned_about(fleet, tmp_path, host_python):
+    venv = tmp_path / "shared-venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True
+    )
+    # the test host's packages, reachable from the new venv
+    site = subprocess.run(
+        [host_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    purelib = next((venv / "lib").glob("python3*/site-packages"))
+    (purelib / "host.pth").write_text(site + "\n")
+    venv.chmod(0o777)
+    fleet.write_inventory(python=str(venv / "bin" / "python"))
+    out = _clean_on(fleet, "h2")
+    assert out.returncode == 0, out.stderr
+    [warning] = [ln for ln in out.stderr.splitlines() if "warning" in ln]
+    assert warning.startswith("h2: warning: its environment") and str(venv) in warning
+    record("root_python_warning", warning)
+
+
+def test_bootstrap_rules_without_ssh(tmp_path):
+    # the rules themselves, for the paths a user is likely to write
+    uid = os.geteuid()
+    assert bootstrap.safe_workdir(str(tmp_path / "a" / "b"), uid) == str(tmp_path / "a" / "b")
+    with pytest.raises(bootstrap.Unsafe):
+        bootstrap.safe_workdir("/", uid)
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o775)  # group-writable, not sticky: a group member could swap entries
+    with pytest.raises(bootstrap.Unsafe, match="writable by other users"):
+        bootstrap.safe_workdir(str(loose / "wd"), uid)
+    assert not (loose / "wd").exists()
