@@ -11,7 +11,8 @@ owned by root or the user (then its target is checked the same way); the workdir
 the user's and writable by the user alone. Missing directories are created 0700; nothing
 that already exists is chmod'ed. Standard library only, imported from the stdlib alone.
 
-`AGENT` "-" prints the workdir's real path instead. Exit codes: 90 the workdir cannot be created, 91 refused (unsafe path or agent file).
+`AGENT` "-" prints the workdir's real path instead. Exit codes: 90 the workdir cannot be
+created, 91 refused (unsafe path or agent file).
 """
 
 import sys

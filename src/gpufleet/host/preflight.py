@@ -27,14 +27,24 @@ ENGINE_MODULES = {
 }
 
 
-def engine_version(engine: str) -> str | None:
+def engine_version(engine: str, env: dict[str, str] | None = None) -> str | None:
+    """The engine's version as the server will see it: asked of a Python started in the
+    server's environment (the agent itself runs isolated, `python -I`, and ignores a
+    PYTHONPATH that the host's login or the profile sets for SGLang)."""
     if engine == "sglang":
-        from importlib import metadata
-
+        probe = "from importlib import metadata; print(metadata.version('sglang'))"
         try:
-            return metadata.version("sglang")
-        except metadata.PackageNotFoundError:
+            out = subprocess.run(
+                [sys.executable, "-c", probe],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+        except (OSError, subprocess.TimeoutExpired):
             return None
+        return out.stdout.strip() or None if out.returncode == 0 else None
     if engine == "sim":
         from gpufleet import __version__
 
@@ -154,7 +164,7 @@ def preflight(args: LaunchArgs) -> dict[str, Any]:
     if spec["check_model_path"] and not Path(spec["model_path"]).exists():
         errors.append(f"model path {spec['model_path']!r} does not exist on this host")
     engine = spec["engine"]
-    version = engine_version(engine)
+    version = engine_version(engine, launch_env(spec))
     if engine == "sglang" and version is None:
         errors.append(f"{sys.executable} has no sglang installed (pip show sglang found nothing)")
     if not args.skip_gpu_check and not (existing and args.replace):
