@@ -179,3 +179,87 @@ def test_bootstrap_rules_without_ssh(tmp_path):
     with pytest.raises(bootstrap.Unsafe, match="writable by other users"):
         bootstrap.safe_workdir(str(loose / "wd"), uid)
     assert not (loose / "wd").exists()
+
+
+# -- 22.5 infrastructure and 22.6 live servers are not stale --------------------------------
+def test_gpu_infrastructure_is_never_killed(fleet):
+    import json
+
+    from helpers import pid_alive
+
+    # the MPS daemon holds GPU memory for every tenant's clients; persistenced holds none
+    mps, [mps_pid] = fleet.hold("h0", "--gpu", "3", "--mib", "600", "--title",
+                                "nvidia-cuda-mps-server")  # fmt: skip
+    persist, [persist_pid] = fleet.hold("h0", "--title", "nvidia-persistenced")
+    try:
+        out = fleet.cli("gpu-clean", "--hosts", "h0", "--all-users", "--all-tenants",
+                        "--grace", "1", "--timeout", "3", "--pattern", "nvidia-")  # fmt: skip
+        assert pid_alive(mps_pid) and pid_alive(persist_pid)
+        assert (
+            f"h0: left {mps_pid} alone: infrastructure (nvidia-cuda-mps-server) is never killed"
+            in out.stdout
+        ), out.stdout + out.stderr
+        assert f"left {persist_pid} alone: infrastructure (nvidia-persistenced)" in out.stdout
+        dry = fleet.cli("gpu-clean", "--hosts", "h0", "--dry-run", "--json")
+        answer = json.loads(dry.stdout)["h0"]
+        assert mps_pid not in [p["pid"] for p in answer["would_kill"]]
+        record("infrastructure_left_alone", {"exit": out.returncode, "alive": 2})
+    finally:
+        for proc in (mps, persist):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_live_server_is_left_running_with_a_pasteable_stop(fleet):
+    import json
+    import shlex
+
+    import psutil
+    import yaml
+
+    from helpers import pid_alive
+
+    profile = fleet.profile("live", tp=2)
+    port = yaml.safe_load(profile.read_text())["port"]
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h1").returncode == 0
+    state = json.loads((fleet.workdir("h1") / "servers" / f"{port + 7}.json").read_text())
+    pids = {state["pid"], *(c.pid for c in psutil.Process(state["pid"]).children(True))}
+
+    dry = fleet.cli("gpu-clean", "--hosts", "h1", "--dry-run", "--json")
+    answer = json.loads(dry.stdout)["h1"]
+    assert answer["ok"], answer
+    assert not pids & {p["pid"] for p in answer["would_kill"]}
+    [live] = answer["live"]
+    assert live["port"] == port + 7 and live["profile"] == "live" and live["gpus"] == [0, 1]
+
+    out = fleet.cli("gpu-clean", "--hosts", "h1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert all(pid_alive(p) for p in pids)
+    [said] = [ln for ln in out.stdout.splitlines() if "left the live" in ln]
+    assert f"port {port + 7}" in said and "GPUs 0,1" in said
+    hint = said.split("free them with `")[1].rstrip("`")
+    record("live_server_left", said)
+
+    # the printed hint, pasted as it is, frees the GPUs
+    pasted = subprocess.run(
+        [sys.executable, "-m", "gpufleet", *shlex.split(hint)[1:]],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert pasted.returncode == 0, pasted.stdout + pasted.stderr
+    assert not any(pid_alive(p) for p in pids)
+
+
+def test_include_running_kills_a_live_server_and_a_dead_one_stays_stale(fleet):
+    import json
+
+    import yaml
+
+    from helpers import pid_alive
+
+    profile = fleet.profile("live2", tp=1)
+    port = yaml.safe_load(profile.read_text())["port"]
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h2").returncode == 0
+    state = json.loads((fleet.workdir("h2") / "servers" / f"{port + 14}.json").read_text())
+    out = fleet.cli("gpu-clean", "--hosts", "h2", "--include-running", "--grace", "2")
+    assert out.returncode == 0 and not pid_alive(state["pid"]), out.stdout + out.stderr
+    assert "left the live" not in out.stdout

@@ -24,6 +24,7 @@ def print_clean(results: list[HostResult[dict]], options: CleanOptions) -> None:
             continue
         value = res.value
         per_gpu = killed_by_gpu(value)
+        held = {i: s for s in value.get("live", []) for i in s["gpus"]}
         how = {k["pid"]: k["signal"] for k in value.get("killed", [])}
         for g in value["gpus"]:
             pids = per_gpu.get(g["index"], [])
@@ -32,6 +33,8 @@ def print_clean(results: list[HostResult[dict]], options: CleanOptions) -> None:
             )
             killed = killed or "-"
             verdict = gpu_verdict(g, options.tolerance_mib)
+            if verdict != "clean" and g["index"] in held:
+                verdict = f"live server :{held[g['index']]['port']} (left running)"
             rows.append(
                 [
                     res.host.name,
@@ -64,6 +67,8 @@ def print_clean(results: list[HostResult[dict]], options: CleanOptions) -> None:
                     line(f"{res.host.name}: killed {k['pid']} ({k['signal']}): {command}")
                 else:
                     line(f"{res.host.name}: {k['pid']} exited by itself: {command}")
+        for s in value.get("live", []):
+            line(f"{res.host.name}: {live_server_line(res.host, s)}")
         for p in value.get("refused", []):
             line(
                 f"{res.host.name}: left {p['pid']} alone: {p['reason']}: {_short_cmd(p['cmdline'])}"
@@ -76,6 +81,21 @@ def print_clean(results: list[HostResult[dict]], options: CleanOptions) -> None:
         if not options.dry_run:
             state = "verified clean" if value["clean"] else "NOT clean"
             line(f"{res.host.name}: {state} in {value['elapsed_s']:.2f}s")
+
+
+def live_server_line(host: Any, server: dict[str, Any]) -> str:
+    """Which live server holds which GPUs, and the command that frees them."""
+    gpus = ",".join(str(i) for i in server["gpus"]) or "none"
+    if server.get("profile"):
+        who = f"gpufleet server {server['profile']} (pid {server['pid']})"
+        free = f"`inv stop --hosts {host.name} --port {server['port']}{host.cli_hint()}`"
+    else:
+        who = f"server pid {server['pid']} (not launched by gpufleet)"
+        free = "stop it, or run gpu-clean with --include-running"
+    return (
+        f"left the live {who} on port {server['port']} alone (/health 200), "
+        f"GPUs {gpus}: free them with {free}"
+    )
 
 
 def clean_json(results: list[HostResult[dict]]) -> dict[str, Any]:

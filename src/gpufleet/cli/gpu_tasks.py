@@ -32,6 +32,7 @@ from gpufleet.cli.common import (
         "command line (repeatable; default: the SGLang family and gpufleet's rehearsal server)",
         "forks": "hosts handled in parallel (default: inventory forks, 32)",
         "json": "print the per-host results as JSON",
+        "include-running": "also kill servers that answer /health 200 (left alone by default)",
     },
 )
 @user_errors
@@ -48,6 +49,7 @@ def gpu_clean(
     pattern=None,
     forks=None,
     json=False,
+    include_running=False,
 ):
     """Kill stale GPU processes and verify every GPU reads 0 MiB (NVML v2 used)."""
     from gpufleet.cli import gpu_output
@@ -62,6 +64,7 @@ def gpu_clean(
         grace_s=positive_float(grace, "--grace", 10.0),
         tolerance_mib=non_negative_int(tolerance, "--tolerance", 0),
         patterns=list(pattern or []),
+        include_running=include_running,
     )
     gpuclean.check_patterns(options.patterns)
     inv, selected = select_hosts(inventory, hosts)

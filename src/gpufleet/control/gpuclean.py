@@ -23,6 +23,7 @@ class CleanOptions:
     grace_s: float = 10.0
     tolerance_mib: int = 0
     patterns: list[str] = field(default_factory=list)
+    include_running: bool = False
 
     def agent_args(self) -> CleanArgs:
         return CleanArgs(
@@ -33,6 +34,7 @@ class CleanOptions:
             grace_s=self.grace_s,
             tolerance_mib=self.tolerance_mib,
             patterns=self.patterns or None,
+            include_running=self.include_running,
         )
 
 

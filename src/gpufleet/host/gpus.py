@@ -9,8 +9,8 @@ import sys
 import time
 from typing import Any
 
+from gpufleet.host import liveservers, procs
 from gpufleet.host import nvml as nvmlread
-from gpufleet.host import procs
 from gpufleet.host.protocol import (
     AgentError,
     CleanAnswer,
@@ -85,28 +85,50 @@ def clean(args: CleanArgs) -> CleanAnswer:
                 unattributed.append({"gpu": gpu["index"], **entry})
     roots += procs.find_pattern_matches(patterns, sim_state)
     roots = list(dict.fromkeys(roots))
+    live: list[dict[str, Any]] = []
+    live_pids: set[int] = set()
+    if not args.include_running:
+        for server in liveservers.find(roots, procs._psutil()):
+            live_pids |= server.pids
+            on = [
+                g["index"] for g in before if any(p["pid"] in server.pids for p in g["processes"])
+            ]
+            live.append(server.to_wire(on))
+        roots = [pid for pid in roots if pid not in live_pids]
     policy = procs.KillPolicy(frozenset(procs.protected_pids()), all_users, args.all_tenants)
     tree, refused = procs.collect_trees(roots, policy)
+    for pid in live_pids:
+        tree.pop(pid, None)  # a live server's children are not stale either
+    live_gpus = {index for server in live for index in server["gpus"]}
 
-    result: CleanAnswer = {"before": before, "refused": refused, "unattributed": unattributed}
+    def verified(gpus: list[dict[str, Any]]) -> bool:
+        """Every GPU reads 0 MiB, but for those a live server was left holding."""
+        return all(_gpu_is_clean(g, tolerance) or g["index"] in live_gpus for g in gpus)
+
+    result: CleanAnswer = {
+        "before": before,
+        "refused": refused,
+        "unattributed": unattributed,
+        "live": live,
+    }
     if dry_run:
         result["would_kill"] = [
             {k: info[k] for k in ("pid", "ppid", "user", "name", "cmdline", "age_s")}
             for _, info in tree.values()
         ]
         result["gpus"] = before
-        result["clean"] = all(_gpu_is_clean(g, tolerance) for g in before)
+        result["clean"] = verified(before)
         result["elapsed_s"] = round(time.monotonic() - started, 3)
         return result
 
     result["killed"] = procs.kill_trees(tree, args.grace_s)
     # Memory held by processes we may not kill (other users, protected) or cannot see will
     # not go away by waiting: stop polling as soon as only those remain.
-    untouchable = {p["pid"] for p in refused} | {u["pid"] for u in unattributed}
+    untouchable = {p["pid"] for p in refused} | {u["pid"] for u in unattributed} | live_pids
     deadline = time.monotonic() + args.timeout_s
     while True:
         after = nvmlread.snapshot(nvml)
-        clean_now = all(_gpu_is_clean(g, tolerance) for g in after)
+        clean_now = verified(after)
         remaining = {p["pid"] for g in after for p in g["processes"]}
         hopeless = bool(remaining) and remaining <= untouchable
         if clean_now or hopeless or time.monotonic() >= deadline:

@@ -28,6 +28,13 @@ DISPLAY_SERVERS = {
     "Xorg", "X", "Xwayland", "gnome-shell", "kwin_wayland", "kwin_x11", "sway", "weston",
     "mutter", "gdm-x-session", "sddm", "lightdm", "plasmashell", "Hyprland",
 }  # fmt: skip
+# The GPU's own plumbing: killing the MPS daemon ends every tenant's MPS clients; the others
+# keep the driver, NVSwitch fabric and monitoring up. Matched on the program (argv[0]) or on
+# the kernel's 15-byte name, which is what `nvidia-cuda-mps-server` shows as its comm.
+INFRASTRUCTURE = {
+    "nvidia-cuda-mps-server", "nvidia-cuda-mps-control", "nvidia-persistenced",
+    "nv-fabricmanager", "nv-hostengine", "nvidia-fabricmanager", "dcgm-exporter",
+}  # fmt: skip
 CONTAINER_CGROUP = re.compile(r"docker|containerd|kubepods|libpod|lxc|slurm|machine\.slice")
 PYTHONS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*)$")
 
@@ -75,6 +82,15 @@ def matches(patterns: list[re.Pattern[str]], cmdline: list[str], name: str) -> b
         return False
     ids = identities(cmdline, name)
     return any(p.search(i) for p in patterns for i in ids)
+
+
+def infrastructure(cmdline: list[str], name: str) -> str | None:
+    """The infrastructure program this process runs (never stale), or None."""
+    program = _base(cmdline[0]) if cmdline else ""
+    for known in INFRASTRUCTURE | DISPLAY_SERVERS:
+        if program == known or name == known or (name and name == known[:15]):
+            return known
+    return None
 
 
 def _read(path: str) -> str | None:

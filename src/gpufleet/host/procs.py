@@ -14,6 +14,7 @@ from typing import Any
 
 from gpufleet.host import identity
 from gpufleet.host.protocol import AgentError
+from gpufleet.host.redact import redact_argv
 
 # Upstream SGLang's own cleanup pattern (docs/FACTS.md, "SGLang's HTTP server").
 # gpufleet's rehearsal server counts as SGLang: it too must not survive gpu-clean.
@@ -45,7 +46,7 @@ def describe(proc: Any) -> dict[str, Any] | None:
                 "user": proc.username(),
                 "uid": proc.uids().real,
                 "name": proc.name(),
-                "cmdline": proc.cmdline(),
+                "cmdline": redact_argv(proc.cmdline()),  # --api-key values stay here
                 "age_s": round(time.time() - created, 1),
                 "status": proc.status(),
             }
@@ -82,6 +83,9 @@ def refusal(info: dict[str, Any], policy: KillPolicy) -> str | None:
         return "agent, ancestor or init"
     if info.get("name") in NEVER_KILL_NAMES:
         return f"{info['name']} is never killed"
+    infra = identity.infrastructure(info.get("cmdline") or [], info.get("name") or "")
+    if infra:
+        return f"infrastructure ({infra}) is never killed"
     if not policy.all_users and info.get("uid") != os.geteuid():
         return f"owned by {info.get('user')} (use --all-users)"
     if not policy.all_tenants:

@@ -123,6 +123,7 @@ class CleanArgs(VerbArgs):
     grace_s: float = 10.0
     tolerance_mib: int = 0
     patterns: list[str] | None = None
+    include_running: bool = False  # also kill servers whose /health answers 200
 
 
 @dataclass
@@ -221,6 +222,7 @@ class CleanAnswer(TypedDict, total=False):
     would_kill: list[dict[str, Any]]  # dry run only
     refused: list[dict[str, Any]]
     unattributed: list[dict[str, Any]]
+    live: list[dict[str, Any]]  # servers answering /health 200, left alone
     clean: bool
     elapsed_s: float
 
