@@ -11,6 +11,7 @@ import yaml
 from gpufleet.control import tune
 from gpufleet.errors import UserError
 from gpufleet.sim.speculation import AdaptiveDepth, accept_length, step_costs_ms
+from helpers import pid_alive
 
 
 def _rows(table: dict[int, dict[int, tuple[float, float]]]) -> dict:
@@ -121,12 +122,19 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
                "speculative-adaptive": True, "max-running-requests": 64},
     )  # fmt: skip
     archive = tmp_path / "a"
+    # someone else's server on GPUs 6-7 of the same host: every cell stops only its own
+    bystander = fleet.profile("bystander", tp=2, gpus=[6, 7], sim={"load-seconds": 0.2})
+    by_port = yaml.safe_load(bystander.read_text())["port"]
+    assert fleet.cli("launch", "--profile", str(bystander), "--hosts", "h0").returncode == 0
+    by_state = json.loads((fleet.workdir("h0") / "servers" / f"{by_port}.json").read_text())
     out = fleet.cli(
         "tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1,16",
         "--num-prompts", "16", "--output-len", "32", "--hosts", "h0", "--archive", str(archive),
         timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert pid_alive(by_state["pid"]), "a sweep cell stopped a server that was not its own"
+    assert fleet.cli("stop", "--hosts", "h0", "--port", str(by_port)).returncode == 0
     [record_path] = (archive / "tunes").glob("*.json")
     record = json.loads(record_path.read_text())
     assert record["launches"] == 2  # one per depth, every level on that server

@@ -13,6 +13,7 @@ cell whose archived run failed (the failed archive stays, marked superseded).
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -30,7 +31,7 @@ from gpufleet.control.cancel import Cancelled, CancelToken
 from gpufleet.control.fanout import run_on_hosts
 from gpufleet.control.gpuclean import CleanOptions, clean_on
 from gpufleet.control.inventory import Host
-from gpufleet.control.playbook import build_specs
+from gpufleet.control.playbook import LaunchSpec, build_specs
 from gpufleet.control.transport import Session
 from gpufleet.errors import HostError, UserError
 from gpufleet.host.protocol import StopArgs
@@ -256,11 +257,15 @@ class _Cell:
         self.cancel_cleanly_if_asked("before the benchmark", server=True)
         return self.bench()
 
+    @functools.cached_property
+    def spec(self) -> LaunchSpec:
+        """What this cell launches on its host (its port is the one server it may stop)."""
+        [(_, spec)] = build_specs(self.arm.resolved_profile(), [self.session.host], self.engine)
+        return spec
+
     def launch(self) -> None:
-        profile = self.arm.resolved_profile()
-        [(_, spec)] = build_specs(profile, [self.session.host], self.engine)
         options = server.LaunchOptions(replace=True, engine=self.engine)
-        server.launch_on(self.session, spec, options, self.launch_progress, self.cancel)
+        server.launch_on(self.session, self.spec, options, self.launch_progress, self.cancel)
 
     def bench(self) -> dict[str, Any]:
         run_id = benchrun.make_run_id(self.request, [self.host])
@@ -293,7 +298,10 @@ class _Cell:
         raise Cancelled(doing)
 
     def stop_server(self) -> None:
-        result = self.session.call(StopArgs(grace_s=10, timeout_s=60), timeout=180)
+        """Stop this cell's own server (its port): another server on the host's other GPUs
+        is someone else's and lives on."""
+        stop = StopArgs(port=self.spec.port, grace_s=10, timeout_s=60)
+        result = self.session.call(stop, timeout=180)
         verify = result.get("verify")
         if verify and not verify["clean"]:
             raise HostError("GPUs not clean after stopping the server", kind="not_clean")
