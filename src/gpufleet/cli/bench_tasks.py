@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from invoke import task
 from invoke.exceptions import Exit
 
 from gpufleet.cli.common import (
@@ -12,6 +11,7 @@ from gpufleet.cli.common import (
     finish,
     forks_for,
     select_hosts,
+    task,
     user_errors,
 )
 

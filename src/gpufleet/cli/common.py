@@ -10,7 +10,38 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import invoke
 from invoke.exceptions import Exit
+
+# Short flags chosen by hand: one letter has one meaning in every task, and -h is always
+# help (Invoke's automatic ones gave -h to --hosts in most tasks but --archive in bench).
+SHORT_FLAGS = {
+    "hosts": "H",
+    "inventory": "i",
+    "concurrency": "c",
+    "profile": "p",
+    "dry_run": "n",
+    "archive": "a",
+    "forks": "f",
+}
+
+
+class GpufleetTask(invoke.Task):
+    """An Invoke task whose only short flags are SHORT_FLAGS."""
+
+    def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
+        opts = super().arg_opts(name, default, taken_names)
+        if name in SHORT_FLAGS:
+            opts["names"].append(SHORT_FLAGS[name])
+        return opts
+
+
+def task(*args: Any, **kwargs: Any) -> Any:
+    """`@task` for gpufleet's tasks: hand-picked short flags, none made up by Invoke."""
+    kwargs.setdefault("klass", GpufleetTask)
+    kwargs.setdefault("auto_shortflags", False)
+    return invoke.task(*args, **kwargs)
+
 
 HOSTS_HELP = "hosts, groups or a comma list from the inventory (default: all)"
 INVENTORY_HELP = "inventory file or name under hosts/ (default: $GPUFLEET_INVENTORY or rehearsal)"

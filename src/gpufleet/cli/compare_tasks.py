@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from invoke import task
-
 from gpufleet.cli.common import (
+    task,
     user_errors,
 )
 

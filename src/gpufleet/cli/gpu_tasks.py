@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json as _json
 
-from invoke import task
-
 from gpufleet.cli.common import (
     HOSTS_HELP,
     INVENTORY_HELP,
     finish,
     forks_for,
     select_hosts,
+    task,
     user_errors,
 )
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from invoke import task
-
 from gpufleet.cli.common import (
     FLEET_HELP,
     HOSTS_HELP,
@@ -11,6 +9,7 @@ from gpufleet.cli.common import (
     finish,
     forks_for,
     select_hosts,
+    task,
     user_errors,
 )
 

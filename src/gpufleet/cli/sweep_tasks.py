@@ -6,7 +6,6 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from invoke import task
 from invoke.exceptions import Exit
 
 from gpufleet.cli.common import (
@@ -16,6 +15,7 @@ from gpufleet.cli.common import (
     apply_workload,
     forks_for,
     select_hosts,
+    task,
     user_errors,
 )
 from gpufleet.cli.compare_tasks import show_compare

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from invoke import Collection
 
+from gpufleet.cli import parsing
 from gpufleet.cli.bench_tasks import bench, runs
 from gpufleet.cli.compare_tasks import compare, report
 from gpufleet.cli.gpu_tasks import gpu_clean, hosts, status, sysinfo
 from gpufleet.cli.server_tasks import launch, logs, profiles, stop, wait
 from gpufleet.cli.sweep_tasks import rehearse, sweep
 from gpufleet.cli.tune_tasks import tune
+
+parsing.install()
 
 ns = Collection(
     gpu_clean,

@@ -3,9 +3,7 @@ written and verified against no drafting and static speculation (control/tune.py
 
 from __future__ import annotations
 
-from invoke import task
-
-from gpufleet.cli.common import HOSTS_HELP, INVENTORY_HELP, user_errors
+from gpufleet.cli.common import HOSTS_HELP, INVENTORY_HELP, task, user_errors
 from gpufleet.cli.sweep_tasks import _do_sweep, _resume_command
 
 
