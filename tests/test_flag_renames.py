@@ -99,6 +99,14 @@ def test_launch_on_a_host_with_sglang_0_5_23_renames_and_records(fleet, tmp_path
     )  # fmt: skip
     port = yaml.safe_load(profile.read_text())["port"]
     fleet.write_inventory(python=str(python))
+    # the dry run shows what will run on that host: the argv after its renames
+    dry = fleet.cli(
+        "launch", "--profile", str(profile), "--engine", "sglang", "--hosts", "h0", "--dry-run"
+    )
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    [argv] = [ln for ln in dry.stdout.splitlines() if ln.startswith("h0: argv: ")]
+    assert "--cuda-graph-max-bs-decode 128" in argv and "--cuda-graph-max-bs " not in argv
+    assert "h0: note: --cuda-graph-max-bs -> --cuda-graph-max-bs-decode" in dry.stdout
     out = fleet.cli("launch", "--profile", str(profile), "--engine", "sglang", "--hosts", "h0")
     try:
         assert out.returncode == 0, out.stdout + out.stderr

@@ -142,6 +142,22 @@ def test_unknown_and_changed_host_keys_are_refused(fleet, fresh_sshd, tmp_path):
     assert out.returncode == 1
     assert f"HOST KEY CHANGED for [127.0.0.1]:{new.port}" in out.stderr
 
+    # both printed hints, pasted into a shell as they are, make the host usable
+    remove = out.stderr.split("remove the old key with `")[1].split("`")[0]
+    assert f"-f {fleet.known_hosts}" in remove
+    subprocess.run(["bash", "-c", remove], check=True, capture_output=True)
+    out = fleet.cli("status", "--hosts", "new")
+    assert "unknown host key" in out.stderr
+    trust = out.stderr.split("trust it with `")[1].split("`")[0]
+    subprocess.run(["bash", "-c", trust], check=True, capture_output=True)
+    fleet.write_inventory(
+        extra_hosts={
+            "new": {"address": "127.0.0.1", "port": new.port, "workdir": str(tmp_path / "wn")}
+        }
+    )
+    out = fleet.cli("status", "--hosts", "new")
+    assert out.returncode == 0, out.stderr
+
 
 def test_accept_new_records_the_key_only_when_asked(fleet, fresh_sshd):
     new = fresh_sshd()

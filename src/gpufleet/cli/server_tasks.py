@@ -67,9 +67,9 @@ def launch(
     from gpufleet.cli.output import line
     from gpufleet.cli.progress import launch_progress
     from gpufleet.control import lifecycle
-    from gpufleet.control.playbook import build_specs, load_profile
+    from gpufleet.control.playbook import load_profile
     from gpufleet.errors import UserError
-    from gpufleet.host.redact import redact_argv, redact_env
+    from gpufleet.host.redact import redact_env
 
     if not profile:
         raise UserError("launch needs --profile NAME (see `inv profiles`)")
@@ -77,17 +77,6 @@ def launch(
         raise UserError(f"--engine {engine!r}: expected sglang, sim or custom")
     prof = load_profile(profile)
     inv, selected = select_hosts(inventory, hosts)
-    if dry_run:
-        for host, spec in build_specs(prof, selected, engine):
-            line(f"{host.name}: engine {spec.engine}, node rank {spec.node_rank}/{spec.nnodes}")
-            line(f"{host.name}: argv: {shlex.join(redact_argv(spec.argv))}")
-            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in redact_env(spec.env).items())
-            line(f"{host.name}: env: {env or '-'}")
-            line(f"{host.name}: log: <workdir>/{spec.log}")
-            for warning in spec.warnings:
-                line(f"{host.name}: warning: {warning}")
-        line("dry run: nothing started")
-        return
     options = lifecycle.LaunchOptions(
         replace=replace,
         clean=clean,
@@ -95,6 +84,24 @@ def launch(
         skip_flag_check=skip_flag_check,
         timeout_s=positive_float(timeout, "--timeout", 0) or None,
     )
+    if dry_run:
+        checked = lifecycle.dry_run(selected, prof, options, forks_for(inv, forks))
+        for spec, res in checked:
+            name = res.host.name
+            line(f"{name}: engine {spec.engine}, node rank {spec.node_rank}/{spec.nnodes}")
+            if res.value is None:
+                continue  # unreachable: said below
+            line(f"{name}: argv: {shlex.join(res.value['argv'])}")
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in redact_env(spec.env).items())
+            line(f"{name}: env: {env or '-'}")
+            line(f"{name}: log: <workdir>/{spec.log}")
+            for note in res.value["renames"]:
+                line(f"{name}: note: {note}")
+            for warning in res.value["warnings"]:
+                line(f"{name}: warning: {warning}")
+        line("dry run: nothing started")
+        finish([res for _, res in checked])
+        return
     results = lifecycle.launch(selected, prof, options, forks_for(inv, forks), launch_progress())
     for res in results:
         if res.ok:

@@ -70,9 +70,25 @@ def configure(client: paramiko.SSHClient, policy: str, known_hosts: str | None) 
         client.set_missing_host_key_policy(RefuseUnknownKey(path))
 
 
-def describe_bad_key(exc: paramiko.BadHostKeyException, name: str) -> str:
+def file_holding(name: str, known_hosts: str | None) -> str | None:
+    """The inventory's known_hosts file when it holds a key for `name` (else the user's
+    own ~/.ssh/known_hosts does, which `ssh-keygen -R` edits by default)."""
+    if not known_hosts:
+        return None
+    path = os.path.expanduser(known_hosts)
+    try:
+        return known_hosts if paramiko.HostKeys(path).lookup(name) else None
+    except (OSError, paramiko.SSHException):
+        return None
+
+
+def describe_bad_key(
+    exc: paramiko.BadHostKeyException, name: str, known_hosts: str | None = None
+) -> str:
+    where = file_holding(name, known_hosts)
+    remove = f"ssh-keygen -R {shlex.quote(name)}" + (f" -f {shlex.quote(where)}" if where else "")
     return (
-        f"HOST KEY CHANGED for {name}: known_hosts has {fingerprint(exc.expected_key)}, "
-        f"the server offered {fingerprint(exc.key)}; refusing to connect. If the change is "
-        f"expected, remove the old key with `ssh-keygen -R '{name}'`"
+        f"HOST KEY CHANGED for {name}: {where or 'known_hosts'} has "
+        f"{fingerprint(exc.expected_key)}, the server offered {fingerprint(exc.key)}; refusing "
+        f"to connect. If the change is expected, remove the old key with `{remove}`"
     )

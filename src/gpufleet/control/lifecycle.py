@@ -127,6 +127,29 @@ def launch(
     )
 
 
+def dry_run(
+    hosts: list[Host], profile: Profile, options: LaunchOptions, forks: int
+) -> list[tuple[LaunchSpec, HostResult[dict]]]:
+    """Each host's preflight without a launch: the argv that would run there (the engine's
+    flag renames on that host applied, secrets hidden), its notes and refusals."""
+    specs = {host.name: spec for host, spec in build_specs(profile, hosts, options.engine)}
+
+    def one(session: Session) -> dict[str, Any]:
+        args = LaunchArgs(
+            spec=specs[session.host.name].model_dump(),
+            skip_flag_check=options.skip_flag_check,
+            dry_run=True,
+        )
+        return session.call(args, timeout=600)
+
+    results = run_on_hosts(hosts, one, forks=forks)
+    for res in results:
+        if res.ok and res.value["errors"]:
+            res.error = "preflight would refuse the launch: " + "; ".join(res.value["errors"])
+            res.kind = "preflight"
+    return [(specs[res.host.name], res) for res in results]
+
+
 def wait(
     hosts: list[Host],
     port: int,

@@ -52,7 +52,7 @@ def _describe(exc: BaseException, host: Host, conn: Connection) -> HostError:
     if isinstance(exc, HostError):
         return exc
     if isinstance(exc, paramiko.BadHostKeyException):
-        return HostError(hostkeys.describe_bad_key(exc, name), kind="host_key")
+        return HostError(hostkeys.describe_bad_key(exc, name, host.known_hosts), kind="host_key")
     if isinstance(exc, paramiko.AuthenticationException):
         key = f" with {host.identity_file}" if host.identity_file else ""
         return HostError(f"authentication failed for {where}{key}: {exc}", kind="auth")

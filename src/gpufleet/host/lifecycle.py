@@ -116,8 +116,8 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
     args.spec = spec
     with port_lock(spec["port"]):
         check = preflight(args)
-        if not check["ok"]:
-            return {"started": False, **check}
+        if args.dry_run or not check["ok"]:
+            return {"started": False, **check, "argv": redact_argv(check["argv"])}
         existing = read_state(spec["port"])
         if existing and server_alive(existing) and args.replace:
             stop_server(existing, args.grace_s)

@@ -140,6 +140,7 @@ class LaunchArgs(VerbArgs):
     grace_s: float = 15.0
     skip_flag_check: bool = False
     skip_gpu_check: bool = False
+    dry_run: bool = False  # preflight only: the argv that would run (renames applied)
 
 
 @dataclass
