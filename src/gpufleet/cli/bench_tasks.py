@@ -34,6 +34,8 @@ from gpufleet.cli.common import (
         "warmup": "warm-up requests per level, excluded from figures (default 1)",
         "client": "host (default: the generator runs on the GPU host) or local",
         "url": "server URL for --client local",
+        "api-key-env": "--client local: name of the environment variable holding the "
+        "server's API key (sent as Authorization: Bearer; never printed or archived)",
         "attach": "re-attach to RUN_ID on the hosts and fetch it",
         "engine": "gpufleet (default) or sglang-bench: SGLang's own bench_serving on the host",
         "tokenizer": "tokenizer path for --engine sglang-bench (default: the served model)",
@@ -66,6 +68,7 @@ def bench(
     warmup=None,
     client="host",
     url=None,
+    api_key_env=None,
     attach=None,
     engine="gpufleet",
     tokenizer=None,
@@ -122,7 +125,11 @@ def bench(
     request.repeat = positive_int(repeat, "--repeat", 1)
     if client == "local" and find_max:
         raise UserError("--find-max runs on the hosts: drop --client local")
+    if api_key_env and client != "local":
+        raise UserError("--api-key-env is for --client local (on the hosts the key is read "
+                        "from the launched server)")  # fmt: skip
     if client == "local":
+        request.api_key_env = api_key_env
         run_id, value = bench_control.bench_local(request, bench_progress())
         table(f"{run_id} ({value['status']})", headers(value["results"]), rows(value["results"]))
         for text in repeat_lines(value["results"]):

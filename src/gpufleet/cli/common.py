@@ -53,12 +53,15 @@ FLEET_HELP = {
 
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a UserError into one line on stderr and exit code 2, never a traceback."""
+    """Turn a UserError into one line on stderr and exit code 2, never a traceback; and
+    scrub everything the task prints (cli/scrubbing.py)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from gpufleet.cli import scrubbing
         from gpufleet.errors import UserError
 
+        scrubbing.install()  # every byte printed from here on is scrubbed of secrets
         try:
             return fn(*args, **kwargs)
         except UserError as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from gpufleet.control.transport import Session, host_events
 from gpufleet.errors import UserError
 from gpufleet.host.bench.loadgen import BACKENDS
 from gpufleet.host.protocol import BenchStartArgs, BenchWatchArgs
-from gpufleet.host.redact import redact_argv, redact_tree
+from gpufleet.host.redact import redact_argv, redact_tree, remember
 from gpufleet.report.tables import summary_csv, summary_md
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -59,6 +60,7 @@ class BenchRequest:
     warmup: int = 1
     metrics: bool = True
     url: str | None = None
+    api_key_env: str | None = None  # --client local: the variable holding the server's key
     archive_root: Path = field(default_factory=lambda: store.DEFAULT_ROOT)
     command_line: list[str] = field(default_factory=lambda: list(sys.argv))
     fixed_levels: list[dict[str, int]] | None = None  # explicit requests per level
@@ -327,6 +329,17 @@ def _fail_unfinished(results: list[HostResult[dict]]) -> list[HostResult[dict]]:
     return results
 
 
+def _local_keys(variable: str | None) -> dict[str, str]:
+    """The server's key for `--client local`, from the environment variable the user named."""
+    if not variable:
+        return {}
+    value = os.environ.get(variable)
+    if not value:
+        raise UserError(f"--api-key-env {variable}: the environment variable is not set")
+    remember([value])
+    return {"api-key": value}
+
+
 def bench_local(request: BenchRequest, progress: Progress | None = None) -> tuple[str, dict]:
     """`--client local`: the same runner in this process against `--url`; archived here."""
     from gpufleet.host.bench.runner import run_plan
@@ -352,7 +365,7 @@ def bench_local(request: BenchRequest, progress: Progress | None = None) -> tupl
             )
         )
         (run_dir / "prompts.jsonl").write_bytes(body)
-        outcome = run_plan(run_dir, None, {})
+        outcome = run_plan(run_dir, None, {}, keys=_local_keys(request.api_key_env))
         files = {
             p.name: p.read_bytes()
             for p in run_dir.iterdir()

@@ -15,6 +15,8 @@ that already exists is chmod'ed. Standard library only, imported from the stdlib
 created, 91 refused (unsafe path or agent file).
 """
 
+from __future__ import annotations
+
 import sys
 
 sys.path[:] = [p for p in sys.path if p not in ("", ".")]  # belt and braces beside -I

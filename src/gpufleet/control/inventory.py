@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
+from gpufleet.host.redact import remember, secrets_in
 
 DEFAULT_INVENTORY = Path("hosts/rehearsal.yaml")
 DEFAULT_FORKS = 32
@@ -195,6 +196,7 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
         for member in members:
             if member not in hosts and member not in raw.groups:
                 raise UserError(f"{source}: groups.{group}: unknown host or group {member!r}")
+    remember(secrets_in(data))  # a token in vars never reaches the terminal
     inv = Inventory(source=source, hosts=hosts, groups=raw.groups, forks=raw.forks)
     for group in raw.groups:
         inv.select(group)  # detects cycles early

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gpufleet.control.inventory import Host
 from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
-from gpufleet.host.redact import redact_env, redact_flags, redact_tree
+from gpufleet.host.redact import redact_env, redact_flags, redact_tree, remember, secrets_in
 
 PLAYBOOKS = Path("playbooks")
 FlagValue = bool | int | float | str | list[bool | int | float | str] | None
@@ -51,6 +51,7 @@ class Profile(BaseModel):
     log: str = "logs/{profile}-{port}-{stamp}.log"
     check_model_path: bool = True
     files: dict[str, str] = Field(default_factory=dict)  # name -> local path; `{file:name}`
+    secret_env: list[str] = Field(default_factory=list)  # env names to hide beyond the rules
 
     @field_validator("files")
     @classmethod
@@ -165,6 +166,7 @@ class LaunchSpec(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     resolved_profile: dict[str, Any] = Field(default_factory=dict)  # env redacted
     files: dict[str, str] = Field(default_factory=dict)  # stored name -> content (host/files)
+    secret_env: list[str] = Field(default_factory=list)  # the profile's declared secret names
 
 
 def load_profile(name: str, directory: Path = PLAYBOOKS) -> Profile:
@@ -196,7 +198,9 @@ def load_profile(name: str, directory: Path = PLAYBOOKS) -> Profile:
             f"profile {merged['name']!r}: a profile name becomes a file and archive name: "
             "use letters, digits, '.', '_' and '-' (or give a path ending in .yaml)"
         )
-    return validate(Profile, merged, sources[0])
+    profile = validate(Profile, merged, sources[0])
+    remember(secrets_in(profile.model_dump(), profile.secret_env))  # hidden from all output
+    return profile
 
 
 def _profile_path(name: str, directory: Path, referenced_by: str | None) -> Path:
@@ -394,7 +398,7 @@ def _spec_for(
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     health_host = "127.0.0.1" if profile.host in ("0.0.0.0", "::", "") else profile.host
     resolved = profile.model_dump()
-    resolved["env"] = redact_env({k: str(v) for k, v in profile.env.items()})
+    resolved["env"] = redact_env({k: str(v) for k, v in profile.env.items()}, profile.secret_env)
     resolved["flags"] = redact_flags(profile.flags)
     resolved = redact_tree(resolved)
     argv, files, recorded = _with_files(profile, _argv_for(profile, host, engine, port, rank, head))
@@ -418,4 +422,5 @@ def _spec_for(
         nnodes=profile.nnodes,
         warnings=profile.warnings(),
         resolved_profile=resolved,
+        secret_env=profile.secret_env,
     )

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpufleet.host import gpus, health
+from gpufleet.host import gpus, health, serverkeys
 from gpufleet.host.preflight import launch_env, preflight
 from gpufleet.host.procstat import ProcRef, command_name, group_members
 from gpufleet.host.protocol import (
@@ -33,7 +33,13 @@ from gpufleet.host.protocol import (
     WaitReadyArgs,
     emit_event,
 )
-from gpufleet.host.redact import redact_argv, redact_env
+from gpufleet.host.redact import (
+    process_secrets,
+    redact_argv,
+    redact_env,
+    remember,
+    secret_values,
+)
 from gpufleet.host.servers import (
     SERVERS,
     all_states,
@@ -111,7 +117,28 @@ def write_files(spec: dict[str, Any]) -> dict[str, Any]:
     return {**spec, "argv": argv, "files": {}}
 
 
+KEYS_IN_ARGV = (
+    "this engine takes its API key only on the command line (no --config): every local "
+    "user can read it in `ps`; recorded in the run manifest"
+)
+
+
+def _keep_keys_out_of_argv(port: int, check: dict[str, Any]) -> tuple[list[str], str | None, bool]:
+    """argv with secret flags moved into `servers/<port>.keys.yaml` (read by the engine
+    through `--config`), the key file's path, and whether secrets stayed in argv."""
+    argv = check["argv"]
+    public, secrets = serverkeys.split(argv, 3)
+    if not secrets:
+        return argv, None, False
+    path = str(serverkeys.write(port, secrets))
+    if check.get("accepts_config") and "--config" not in public:
+        return [*public, "--config", path], path, False
+    return argv, path, True
+
+
 def launch(args: LaunchArgs) -> LaunchAnswer:
+    remember(secret_values(args.spec["argv"], args.spec["env"]))
+    remember(args.spec["env"][k] for k in args.spec.get("secret_env", []) if k in args.spec["env"])
     spec = write_files(args.spec)
     args.spec = spec
     with port_lock(spec["port"]):
@@ -121,7 +148,10 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
         existing = read_state(spec["port"])
         if existing and server_alive(existing) and args.replace:
             stop_server(existing, args.grace_s)
-        spec = {**spec, "argv": check["argv"]}  # known flag renames applied
+        argv, key_file, in_argv = _keep_keys_out_of_argv(spec["port"], check)
+        if in_argv:
+            check["warnings"].append(KEYS_IN_ARGV)
+        spec = {**spec, "argv": argv}  # known flag renames applied, keys in their file
         proc = _spawn(spec)
         ref = ProcRef.capture(proc.pid) or ProcRef(proc.pid, -1)  # -1: died at once
         state = {
@@ -129,7 +159,7 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
             "proc": ref.to_wire(),
             "pgid": proc.pid,
             "argv": redact_argv(spec["argv"]),
-            "env": redact_env(spec["env"]),
+            "env": redact_env(spec["env"], spec.get("secret_env", [])),
             "port": spec["port"],
             "health_url": f"http://{spec['health_host']}:{spec['port']}{spec['health_path']}",
             "profile": spec["profile"],
@@ -140,6 +170,8 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
             "gpus": spec["gpus"],
             "resolved_profile": spec.get("resolved_profile"),
             "flag_renames": check["renames"],
+            "key_file": key_file,  # the server's secret flags (0600), read by gpufleet's client
+            "secrets_in_argv": in_argv,
             "node_rank": spec.get("node_rank", 0),
             "started_at": now_iso(),
             "status": "starting",
@@ -184,6 +216,7 @@ def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
     state = read_state(args.port)
     if state is None:
         raise AgentError(f"no server launched by gpufleet on port {args.port}", kind="no_server")
+    remember(process_secrets(state["pid"]) if server_alive(state) else [])
     started = time.monotonic() - args.elapsed_before_s
     slice_end = time.monotonic() + args.slice_s if args.slice_s else None
     log = _LogScanner(state["log"], state.get("log_offset", 0))
@@ -346,6 +379,7 @@ def logs(args: LogsArgs) -> dict[str, Any]:
     if not states:
         raise AgentError("no server launched by gpufleet matches", kind="no_server")
     state = max(states, key=lambda s: s["started_at"])
+    remember(process_secrets(state["pid"]) if server_alive(state) else [])
     lines = tail(state["log"], args.lines)
     if not args.follow:
         return {"log": state["log"], "lines": lines}

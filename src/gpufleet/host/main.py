@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import traceback
 
-from gpufleet.host import nvml
+from gpufleet.host import nvml, serverkeys
 from gpufleet.host.protocol import AgentError, emit_error, emit_result, read_args
 
 
@@ -17,6 +17,7 @@ def main(argv: list[str]) -> int:
         return 2
     verb = argv[0]
     try:
+        serverkeys.remember_all()  # no answer carries a server's key
         args = read_args(verb, sys.stdin)
         if args.sim:
             nvml.activate_simulation(args.sim, args.host or "sim")

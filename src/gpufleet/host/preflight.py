@@ -173,11 +173,12 @@ def preflight(args: LaunchArgs) -> dict[str, Any]:
         except AgentError as exc:
             if spec["engine"] != "custom":
                 errors.append(str(exc))
-    argv, renames = spec["argv"], []
+    argv, renames, accepts_config = spec["argv"], [], False
     if engine in ENGINE_MODULES and not errors and not args.skip_flag_check:
         text = help_text(spec["argv"][:3], launch_env(spec))
         check = check_flags_against(spec["argv"], 3, text, f"{engine} {version or ''}".strip())
         argv, renames = check.argv, check.renames
+        accepts_config = "--config CONFIG" in text or "--config " in text
         errors += [f"flag {e}" for e in check.errors]
         warnings += check.warnings
     return {
@@ -187,4 +188,5 @@ def preflight(args: LaunchArgs) -> dict[str, Any]:
         "renames": renames,
         "argv": argv,
         "engine_version": version,
+        "accepts_config": accepts_config,  # `--config FILE.yaml` (SGLang 0.5.16+)
     }

@@ -20,6 +20,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict
 
+from gpufleet.host.redact import scrub_known
+
 MARK = "gpufleet_agent"
 
 
@@ -281,7 +283,9 @@ def read_args(verb: str, stream: typing.TextIO) -> VerbArgs:
 
 
 def _write(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    """One JSON line to the control plane, scrubbed like the archive: the values of the
+    servers' keys and secret-looking ones (a crash tail echoing `api_key='...'`) hidden."""
+    sys.stdout.write(scrub_known(json.dumps(obj, default=str)) + "\n")
     sys.stdout.flush()
 
 

@@ -10,6 +10,7 @@ runs, manifests and recorded command lines. Standard library only: this module s
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 SECRET_NAME = re.compile(
@@ -21,11 +22,64 @@ SECRET_FLAG_WORD = re.compile(
 )
 URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^/\s:@]+:)([^/\s@]+)(@)", re.I)
 REDACTED = "***"
+# `api_key='abc'` (a ServerArgs repr), `"hf_token": "abc"` (JSON, also inside a JSON
+# string), `HF_TOKEN=abc` (an environment dump)
+KEY_VALUE = re.compile(
+    r"(?P<key>(?<![\w-])[A-Za-z_][\w-]*)(?P<q1>\\?[\"'])?(?P<sep>\s*[=:]\s*)"
+    r"(?P<q2>\\?[\"'])?(?=(?P<value>[^\s\"'\\,;()}\][{&=]+))"
+)
+# `--api-key abc`, `--api-key=abc`, `"--api-key", "abc"` (an argv list as JSON)
+FLAG_VALUE = re.compile(
+    r"(?P<key>--[A-Za-z0-9][\w-]*)(?P<sep>=|\s+|\\?[\"']\s*,\s*\\?[\"'])"
+    r"(?=(?P<value>[^\s\"'\\,\]]+))"
+)
+NOT_SECRET = re.compile(r"^(-.*|\*\*\*|none|null|true|false|[-+]?[0-9.]+(e[-+]?[0-9]+)?)$", re.I)
 
 
-def redact_env(env: dict[str, str]) -> dict[str, str]:
-    """Values of variables that look like secrets never reach a manifest, log or dry run."""
-    return {k: (REDACTED if SECRET_NAME.search(k) else redact_text(v)) for k, v in env.items()}
+def redact_env(env: dict[str, str], secret_names: Iterable[str] = ()) -> dict[str, str]:
+    """Values of variables that look like secrets (or a profile declares, `secret_env:`)
+    never reach a manifest, log or dry run."""
+    declared = set(secret_names)
+    return {
+        k: (REDACTED if SECRET_NAME.search(k) or k in declared else redact_text(v))
+        for k, v in env.items()
+    }
+
+
+_KNOWN: set[str] = set()
+
+
+def remember(values: Iterable[str]) -> None:
+    """Secret values this process has seen (a profile's key, an inventory's token): from
+    now on scrub_known hides them wherever they appear, whatever the surrounding text."""
+    _KNOWN.update(v for v in values if isinstance(v, str) and len(v) >= 4 and v != REDACTED)
+
+
+def scrub_known(text: str) -> str:
+    """`text` with every remembered secret value and every secret-looking value hidden."""
+    return scrub(text, sorted(_KNOWN, key=len, reverse=True))
+
+
+def secrets_in(value: Any, secret_names: Iterable[str] = ()) -> list[str]:
+    """Secret values inside nested config (a profile, inventory vars): the values of
+    secret-looking or declared names, and passwords in URLs."""
+    declared = set(secret_names)
+    found: list[str] = []
+
+    def walk(item: Any, name: str = "") -> None:
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                walk(inner, str(key))
+        elif isinstance(item, list):
+            for inner in item:
+                walk(inner, name)
+        elif isinstance(item, str):
+            if name and (is_secret_name(name) or SECRET_NAME.search(name) or name in declared):
+                found.append(item)
+            found.extend(m.group(2) for m in URL_PASSWORD.finditer(item))
+
+    walk(value)
+    return found
 
 
 def is_secret_flag(flag: str) -> bool:
@@ -33,9 +87,35 @@ def is_secret_flag(flag: str) -> bool:
     return flag.startswith("-") and bool(SECRET_FLAG_WORD.search(flag.lstrip("-")))
 
 
+def is_secret_name(name: str) -> bool:
+    """`api_key`, `admin-api-key`, `HF_TOKEN`, `password`: yes. `max_new_tokens`: no."""
+    name = name.strip("-")
+    return bool(SECRET_FLAG_WORD.search(name)) or (
+        name.isupper() and bool(SECRET_NAME.search(name))
+    )
+
+
+def _hide_values(text: str, pattern: re.Pattern[str]) -> str:
+    """Replace the value after every secret-looking name. Values are matched ahead, not
+    consumed, so `env: HF_TOKEN=abc` still finds HF_TOKEN after the non-secret `env:`."""
+    out, last = [], 0
+    for match in pattern.finditer(text):
+        start, end = match.span("value")
+        if start < last or not is_secret_name(match.group("key")):
+            continue
+        if NOT_SECRET.match(match.group("value")):
+            continue
+        out += [text[last:start], REDACTED]
+        last = end
+    return "".join(out) + text[last:]
+
+
 def redact_text(text: str) -> str:
-    """Passwords in URLs hidden: `https://user:***@host`."""
-    return URL_PASSWORD.sub(rf"\g<1>{REDACTED}\g<3>", text)
+    """Secrets in free text hidden: passwords in URLs (`https://user:***@host`), values of
+    secret-looking names (`api_key='***'`, `"hf_token": "***"`, `HF_TOKEN=***`) and of
+    secret flags (`--api-key ***`). Numbers, booleans and None are left: not secrets."""
+    text = URL_PASSWORD.sub(rf"\g<1>{REDACTED}\g<3>", text)
+    return _hide_values(_hide_values(text, FLAG_VALUE), KEY_VALUE)
 
 
 def redact_argv(argv: list[str]) -> list[str]:

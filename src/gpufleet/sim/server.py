@@ -19,7 +19,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from gpufleet.sim import gpustate, serverargs
+from gpufleet.sim import auth, gpustate, serverargs
 from gpufleet.sim.hold import set_title
 from gpufleet.sim.power import ActivityMeter
 from gpufleet.sim.prefixcache import PrefixCache
@@ -176,7 +176,7 @@ async def serve(launcher: Launcher) -> int:
         adaptive=_adaptive(a),
     )  # fmt: skip
     state = ServerState(engine, a)
-    app = web.Application()
+    app = web.Application(middlewares=[auth.middleware(a.api_key, a.admin_api_key)])
     app.add_routes(Api(state).routes())
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()

@@ -6,6 +6,8 @@ Unknown flags fail exactly like argparse does in `python -m sglang.launch_server
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 SPECULATIVE_ALGORITHMS = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
 CAPPED_ALGORITHMS = {"EAGLE", "EAGLE3", "STANDALONE"}
@@ -47,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--watchdog-timeout", type=float, default=300)
     a("--base-gpu-id", type=int, default=0)
     a("--log-level", default="info")
-    a("--api-key")  # SGLang checks it on requests; the rehearsal accepts any
+    a("--api-key")  # checked on requests as SGLang does (sim/auth.py)
     a("--admin-api-key")
+    a("--config", help="read options from a YAML file (SGLang 0.5.16+); the command line wins")
     a("--speculative-algorithm", choices=SPECULATIVE_ALGORITHMS)
     a("--speculative-draft-model-path")
     a("--speculative-num-steps", type=int)
@@ -114,7 +117,44 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def config_argv(path: str) -> list[str]:
+    """The options of a `--config` file as argv, as SGLang's ConfigArgumentMerger makes them:
+    `name: value` pairs, true booleans as bare flags, false ones left out. JSON (which YAML
+    includes) or flat `key: value` lines: the rehearsal needs no YAML library."""
+    if not path.endswith((".yaml", ".yml")):
+        raise SystemExit(f"error: config file must be YAML (.yaml or .yml): {path}")
+    with open(path) as fh:
+        text = fh.read()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = {}
+        for line in text.splitlines():
+            key, sep, value = line.partition(":")
+            if sep and not line.lstrip().startswith("#"):
+                data[key.strip()] = value.strip().strip("'\"")
+    out: list[str] = []
+    for key, value in data.items():
+        flag = "--" + str(key).replace("_", "-")
+        if value is True or value in ("true", "True"):
+            out.append(flag)
+        elif value not in (False, None, "false", "False"):
+            out += [flag, str(value)]
+    return out
+
+
+def _with_config(argv: list[str]) -> list[str]:
+    for i, word in enumerate(argv):
+        path = word.split("=", 1)[1] if word.startswith("--config=") else None
+        if word == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+        if path is not None:
+            return config_argv(path) + argv  # later (command-line) values win
+    return argv
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(_with_config(argv))
     args.explicit_max_running = args.max_running_requests is not None
     return args

@@ -355,7 +355,11 @@ class StreamClient:
     """POST JSON to one server and stream the SSE answer to a callback, over pooled keep-alive."""
 
     def __init__(
-        self, base_url: str, connect_timeout: float = 30.0, kernel_timestamps: bool = True
+        self,
+        base_url: str,
+        connect_timeout: float = 30.0,
+        kernel_timestamps: bool = True,
+        headers: dict[str, str] | None = None,
     ) -> None:
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -366,6 +370,7 @@ class StreamClient:
         self.prefix = parts.path.rstrip("/")
         self.host_header = parts.netloc.rpartition("@")[2]
         self.connect_timeout = connect_timeout
+        self.extra_head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         # kernel receive timestamps need a socket we read ourselves: plain HTTP on Linux
         self.kernel_timestamps = (
             kernel_timestamps and self.ssl is None and sys.platform.startswith("linux")
@@ -406,7 +411,8 @@ class StreamClient:
         data = json.dumps(body).encode()
         head = (
             f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
-            "User-Agent: gpufleet\r\nAccept: text/event-stream, application/json\r\n"
+            f"User-Agent: gpufleet\r\n{self.extra_head}"
+            "Accept: text/event-stream, application/json\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
         )
         return head.encode("latin-1") + data

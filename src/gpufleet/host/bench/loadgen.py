@@ -383,15 +383,17 @@ async def run_level(
     request_timeout: float = 3600.0,
     duration: float | None = None,
     after_warmup: Callable[[], Any] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> LevelRun:
     """Send every prompt, at most `concurrency` at once (sessions for multi-turn prompts).
 
     Arrivals: all at once, Poisson at `request_rate`, or each prompt's own `at` (a trace).
     A prompt waits for a free slot and then for its arrival time, so a late slot sends it
     at once, as bench_serving's queue of arrived requests does. `after_warmup` runs between
-    the warm-up and the level (bench_serving flushes the prefix cache there).
+    the warm-up and the level (bench_serving flushes the prefix cache there). `headers` go
+    with every request (the server's API key).
     """
-    client = StreamClient(base_url)
+    client = StreamClient(base_url, headers=headers)
     try:
         warm_errors = await _warm_up(
             client, prompts, warmup, backend, model, ignore_eos, request_timeout

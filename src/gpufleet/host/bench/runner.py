@@ -15,58 +15,23 @@ import contextlib
 import json
 import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpufleet.host import serverkeys
+from gpufleet.host.bench import serverapi, telemetry
 from gpufleet.host.bench import slo as slos
-from gpufleet.host.bench import telemetry
 from gpufleet.host.bench.loadgen import Prompt, RequestRecord, run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
 from gpufleet.host.nvml import load_pynvml
 from gpufleet.host.redact import process_secrets, scrub
 from gpufleet.host.servers import server_alive
 
-PROM_KEYS = (
-    "sglang:num_running_reqs",
-    "sglang:num_queue_reqs",
-    "sglang:gen_throughput",
-    "sglang:token_usage",
-    "sglang:spec_accept_length",
-)
-
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _get_json(url: str) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return json.loads(resp.read())
-    except (OSError, ValueError):
-        return None
-
-
-def server_info(base_url: str) -> dict[str, Any] | None:
-    return _get_json(base_url + "/server_info") or _get_json(base_url + "/get_server_info")
-
-
-def _prometheus(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in PROM_KEYS:
-            try:
-                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                continue
-    return out
 
 
 class RunWriter:
@@ -140,27 +105,12 @@ def write_server_log(
     (writer.dir / "server.log").write_text(scrub(text, secrets or []))
 
 
-async def _sample_metrics(url: str, samples: list[dict[str, Any]], stop: asyncio.Event) -> None:
-    import aiohttp
-
-    async with aiohttp.ClientSession() as session:
-        while not stop.is_set():
-            try:
-                async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                    if resp.status != 200:
-                        return
-                    values = _prometheus(await resp.text())
-                    samples.append({"t": time.time(), **values})
-            except (TimeoutError, aiohttp.ClientError):
-                pass
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
-
-
 async def _level(
-    plan: dict[str, Any], prompts: list[Prompt], level: dict[str, Any], writer: RunWriter
+    plan: dict[str, Any],
+    prompts: list[Prompt],
+    level: dict[str, Any],
+    writer: RunWriter,
+    keys: dict[str, str],
 ) -> tuple[Any, list[dict[str, Any]]]:
     concurrency = level["concurrency"]
     total = sum(p.requests for p in prompts)
@@ -201,7 +151,9 @@ async def _level(
     if plan.get("metrics_url"):
         import aiohttp  # noqa: F401  # imported here: inside the task it would stall the first send
 
-        sampler = asyncio.create_task(_sample_metrics(plan["metrics_url"], samples, stop))
+        sampler = asyncio.create_task(
+            serverapi.sample_metrics(plan["metrics_url"], samples, stop, keys)
+        )
     run = await run_level(
         plan["base_url"],
         prompts,
@@ -215,7 +167,12 @@ async def _level(
         on_progress=progress,
         progress_every=1.0,
         duration=plan.get("duration"),
-        after_warmup=(lambda: flush_cache(plan["base_url"])) if plan.get("flush_cache") else None,
+        after_warmup=(
+            (lambda: serverapi.flush_cache(plan["base_url"], keys))
+            if plan.get("flush_cache")
+            else None
+        ),
+        headers=serverkeys.headers(keys),
     )
     stop.set()
     if sampler:
@@ -230,6 +187,7 @@ def _sglang_bench_level(
     writer: RunWriter,
     info: dict[str, Any] | None,
     server_state: dict[str, Any] | None,
+    keys: dict[str, str],
 ) -> tuple[str, str | None]:
     """One level through SGLang's own bench_serving; same results schema."""
     from gpufleet.host.bench import sglang_bench
@@ -243,7 +201,7 @@ def _sglang_bench_level(
     gauge = _telemetry(plan, server_state)
     try:
         with gauge or contextlib.nullcontext():
-            row = sglang_bench.run_level(plan, level, texts, writer.dir, tokenizer)
+            row = sglang_bench.run_level(plan, level, texts, writer.dir, tokenizer, keys)
     except (RuntimeError, OSError, ValueError) as exc:
         return "failed", f"level C={c}: {exc}"
     records = sglang_bench.requests(row)
@@ -313,10 +271,14 @@ def _accept_length(info: dict[str, Any] | None) -> float | None:
 
 
 def _summary(
-    plan: dict[str, Any], run: Any, samples: list[dict[str, Any]], flushed: bool | None
+    plan: dict[str, Any],
+    run: Any,
+    samples: list[dict[str, Any]],
+    flushed: bool | None,
+    keys: dict[str, str],
 ) -> dict[str, Any]:
     """One results.jsonl row: bench_serving's figures plus Prometheus maxima and means."""
-    info = server_info(plan["base_url"])
+    info = serverapi.server_info(plan["base_url"], keys)
     summary = summarize(
         run,
         plan["backend"],
@@ -335,7 +297,7 @@ def _summary(
         slo=plan.get("slo"),
         with_details=bool(plan.get("output_details")),
     )
-    for key in PROM_KEYS:
+    for key in serverapi.PROM_KEYS:
         vals = [s[key] for s in samples if key in s]
         if vals:
             summary[f"prom_{key.split(':')[1]}_max"] = max(vals)
@@ -351,22 +313,6 @@ def random_lengths(plan: dict[str, Any]) -> dict[str, Any]:
         "random_output_len": random.get("output_len"),
         "random_range_ratio": random.get("range_ratio"),
     }
-
-
-def flush_cache(base_url: str) -> bool:
-    """Empty the server's prefix cache before a level (SGLang's /flush_cache: 200 when done,
-    400 while requests still run), so an earlier level's prompts do not warm this one."""
-    for method in ("POST", "GET"):
-        request = urllib.request.Request(base_url + "/flush_cache", method=method)
-        try:
-            with urllib.request.urlopen(request, timeout=30) as resp:
-                return resp.status == 200
-        except urllib.error.HTTPError as exc:
-            if exc.code != 405:
-                return False
-        except OSError:
-            return False
-    return False
 
 
 def _telemetry(plan: dict[str, Any], state: dict[str, Any] | None) -> telemetry.Sampler | None:
@@ -387,6 +333,7 @@ def _gpufleet_level(
     writer: RunWriter,
     server_state: dict[str, Any] | None,
     marks: list[tuple[int | None, str]],
+    keys: dict[str, str],
 ) -> tuple[str, str | None, bool]:
     """Run one level with gpufleet's generator and write its files: (status, reason, stop)."""
     c = level["concurrency"]
@@ -394,11 +341,11 @@ def _gpufleet_level(
     gauge = _telemetry(plan, server_state)
     try:
         with gauge or contextlib.nullcontext():
-            run, samples = run_async(_level(plan, prompts, level, writer))
+            run, samples = run_async(_level(plan, prompts, level, writer, keys))
     except Exception as exc:  # the generator itself failed: keep what we know
         return "failed", f"level C={c}: load generator error: {exc!r}", True
     marks.append((_log_size(server_state), f"level C={c} ends"))
-    summary = _summary(plan, run, samples, run.after_warmup)
+    summary = _summary(plan, run, samples, run.after_warmup, keys)
     repeat = int(level.get("repeat", 1))
     summary["repeat"] = repeat
     tag = f"c{c}" if repeat == 1 else f"c{c}-r{repeat}"  # --repeat: one file set per repeat
@@ -433,8 +380,12 @@ def run_plan(
     server_state: dict[str, Any] | None = None,
     host_facts: dict[str, Any] | None = None,
     finish: Callable[[RunWriter], None] | None = None,
+    keys: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Execute plan.json in `run_dir`; always ends with status.json done or failed.
+
+    `keys` are the server's secret flags (its API key): sent in Authorization headers,
+    scrubbed from every file the run writes, never written themselves.
 
     `finish` writes the last files (e.g. the NVML snapshot after the run) before the run is
     marked done, so a watcher that fetches on done never misses them.
@@ -442,6 +393,8 @@ def run_plan(
     writer = RunWriter(run_dir)
     if server_state is not None and _server_alive(server_state):
         writer.secrets = process_secrets(server_state["pid"])
+    keys = keys or {}
+    writer.secrets = sorted({*writer.secrets, *keys.values()}, key=len, reverse=True)
     plan = json.loads((run_dir / "plan.json").read_text())
     rows = _read_rows(run_dir)
     writer.status("running", pid=os.getpid())
@@ -449,7 +402,7 @@ def run_plan(
         writer.json(name, data)
     if server_state:
         writer.json("server_state.json", server_state)
-    before = server_info(plan["base_url"])
+    before = serverapi.server_info(plan["base_url"], keys)
     writer.json("server_info_before.json", before)
     marks: list[tuple[int | None, str]] = [
         (_log_size(server_state), f"run {plan['run_id']} begins")
@@ -462,19 +415,19 @@ def run_plan(
         if plan.get("engine") == "sglang-bench":
             texts = [row["prompt"] for row in rows]
             level_status, level_reason = _sglang_bench_level(
-                plan, level, texts, writer, before, server_state
+                plan, level, texts, writer, before, server_state, keys
             )
             marks.append((_log_size(server_state), f"level C={c} ends"))
             stop = level_status == "failed"
         else:
             level_status, level_reason, stop = _gpufleet_level(
-                plan, level, rows, writer, server_state, marks
+                plan, level, rows, writer, server_state, marks, keys
             )
         if level_status == "failed":
             status, reason = level_status, level_reason
         if stop:
             break
-    writer.json("server_info_after.json", server_info(plan["base_url"]))
+    writer.json("server_info_after.json", serverapi.server_info(plan["base_url"], keys))
     marks.append((_log_size(server_state), f"run {plan['run_id']} ends ({status})"))
     write_server_log(writer, server_state, marks, writer.secrets)
     writer.json("definitions.json", {"metrics": DEFINITIONS})

@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpufleet.host import serverkeys
+
 BACKENDS = {"sglang": "sglang", "openai": "sglang-oai", "openai-chat": "sglang-oai-chat"}
 
 
@@ -124,8 +126,17 @@ def run_level(
     texts: list[str],
     run_dir: Path,
     tokenizer: str | None,
+    keys: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """One level through bench_serving; the server's key in OPENAI_API_KEY, which it sends
+    as `Authorization: Bearer` (its documented way: never on its command line)."""
+    import os
     from datetime import UTC, datetime
+
+    env = dict(os.environ)
+    bearer = serverkeys.headers(keys or {}).get("Authorization")
+    if bearer:
+        env["OPENAI_API_KEY"] = bearer.removeprefix("Bearer ")
 
     started_at = datetime.now(UTC).isoformat()
     c = level["concurrency"]
@@ -140,6 +151,7 @@ def run_level(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=run_dir,
+            env=env,
         )
     dataset.unlink(missing_ok=True)
     lines = out.read_text().splitlines() if out.exists() else []

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpufleet.host import gpus
+from gpufleet.host import gpus, serverkeys
 from gpufleet.host import nvml as nvmlread
 from gpufleet.host.procstat import ProcRef
 from gpufleet.host.protocol import (
@@ -89,7 +89,7 @@ def _spawn_runner(run_dir: Path, args: BenchRunArgs) -> ProcRef:
     agent = os.path.abspath(sys.argv[0])
     with open(run_dir / "runner.log", "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, agent, BenchRunArgs.VERB],
+            [sys.executable, "-I", agent, BenchRunArgs.VERB],
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -122,6 +122,7 @@ def bench_run(args: BenchRunArgs) -> dict[str, Any]:
             state,
             facts,
             finish=lambda writer: writer.json("nvml_after.json", _nvml_snapshot()),
+            keys=serverkeys.read((state or {}).get("key_file")),
         )
     except Exception as exc:
         (run_dir / "status.json").write_text(

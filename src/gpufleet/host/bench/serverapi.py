@@ -1,0 +1,90 @@
+"""What the runner asks of the server besides its load: /server_info, /flush_cache and
+/metrics samples, each with the server's key when it has one (host/serverkeys.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from gpufleet.host import serverkeys
+
+PROM_KEYS = (
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:gen_throughput",
+    "sglang:token_usage",
+    "sglang:spec_accept_length",
+)
+
+
+def _get_json(url: str, keys: dict[str, str]) -> dict[str, Any] | None:
+    request = urllib.request.Request(url, headers=serverkeys.headers(keys))
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+
+
+def server_info(base_url: str, keys: dict[str, str]) -> dict[str, Any] | None:
+    """SGLang's /server_info (the older name as a fallback), with the server's key."""
+    return _get_json(base_url + "/server_info", keys) or _get_json(
+        base_url + "/get_server_info", keys
+    )
+
+
+def prometheus(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in PROM_KEYS:
+            try:
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return out
+
+
+async def sample_metrics(
+    url: str, samples: list[dict[str, Any]], stop: asyncio.Event, keys: dict[str, str]
+) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession(headers=serverkeys.headers(keys)) as session:
+        while not stop.is_set():
+            try:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                    if resp.status != 200:
+                        return
+                    values = prometheus(await resp.text())
+                    samples.append({"t": time.time(), **values})
+            except (TimeoutError, aiohttp.ClientError):
+                pass
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+
+
+def flush_cache(base_url: str, keys: dict[str, str]) -> bool:
+    """Empty the server's prefix cache before a level (SGLang's /flush_cache: 200 when done,
+    400 while requests still run), so an earlier level's prompts do not warm this one."""
+    for method in ("POST", "GET"):
+        request = urllib.request.Request(
+            base_url + "/flush_cache", method=method, headers=serverkeys.headers(keys, admin=True)
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                return resp.status == 200
+        except urllib.error.HTTPError as exc:
+            if exc.code != 405:
+                return False
+        except OSError:
+            return False
+    return False
