@@ -15,7 +15,7 @@ from typing import Any
 SCHEMA = 1
 SERVER_KEYS = (
     "argv", "env", "engine", "engine_version", "port", "profile", "log", "started_at",
-    "flag_renames",
+    "flag_renames", "secrets_in_argv",
 )  # fmt: skip
 HOST_FACT_KEYS = ("driver", "cuda", "gpus", "packages", "hostname", "simulated")
 

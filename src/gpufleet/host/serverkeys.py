@@ -16,21 +16,25 @@ import json
 import os
 from pathlib import Path
 
-from gpufleet.host.redact import is_secret_flag, remember
+from gpufleet.host.redact import URL_PASSWORD, is_secret_flag, remember
 from gpufleet.host.servers import SERVERS
 
 API_KEY, ADMIN_KEY = "api-key", "admin-api-key"
 
 
 def split(argv: list[str], head: int) -> tuple[list[str], dict[str, str]]:
-    """argv without its secret flags and their values; the secrets by option name."""
+    """argv without its secret flags (and flags whose value holds a URL password) and
+    their values; the secrets by option name."""
     public, secrets = list(argv[:head]), {}
     words = argv[head:]
     i = 0
     while i < len(words):
         word = words[i]
         flag, eq, value = word.partition("=")
-        if word.startswith("--") and is_secret_flag(flag):
+        if not eq and i + 1 < len(words):
+            value = words[i + 1]
+        secret = is_secret_flag(flag) or bool(URL_PASSWORD.search(value))
+        if word.startswith("--") and secret:
             if not eq:
                 if i + 1 >= len(words) or words[i + 1].startswith("--"):
                     public.append(word)  # a bare flag: nothing secret to move
