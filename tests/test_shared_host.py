@@ -108,7 +108,8 @@ def test_rehearsal_server_without_process_titles_dies_with_gpu_clean(fleet):
     main = state["pid"]
     cmdline = (Path("/proc") / str(main) / "cmdline").read_bytes().split(b"\0")
     assert cmdline[1:3] == [b"-m", b"gpufleet.sim.server"]  # no title to match
-    out = fleet.cli("gpu-clean", "--hosts", "h2", "--grace", "2")
+    # healthy, it is live and left alone; --include-running finds it by its module name
+    out = fleet.cli("gpu-clean", "--hosts", "h2", "--grace", "2", "--include-running")
     assert out.returncode == 0, out.stdout + out.stderr
     assert not pid_alive(main), out.stdout
     status = fleet.cli("status", "--hosts", "h2")
