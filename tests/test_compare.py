@@ -66,6 +66,20 @@ def test_crossover_interpolated_on_log_axis():
     assert kind == "cross" and 10 < at < 64
 
 
+def test_a_side_that_starts_below_and_crosses_upward_is_said_so(tmp_path):
+    # B is slower at C=1 and faster from C=2 on: the table shows 1.07x at C=2, and the
+    # sentence used to say "slower per request at every measured level"
+    assert compare.crossover([1, 2, 4], [10, 10, 10], [9, 10.7, 12])[0] == "cross-up"
+    _run(tmp_path, "gpu-a", "r1-a", "slowstart", {1: (100, 50), 2: (150, 40), 4: (200, 30)})
+    _run(tmp_path, "gpu-a", "r2-b", "latebloom", {1: (90, 45), 2: (160, 43), 4: (240, 36)})
+    out = run_cli("compare", "slowstart", "latebloom", "--archive", str(tmp_path), "--no-plots")
+    assert out.returncode == 0, out.stderr
+    said = next(ln for ln in out.stdout.splitlines() if ln.startswith("gpu-a: latebloom"))
+    assert "slower per request below C~" in said and "faster from there" in said, said
+    assert "gains total throughput over slowstart from C~" in said
+    assert "every measured level" not in said
+
+
 def test_compare_profiles_sentence_and_plots(tmp_path):
     eagle_argv = ["python", "-m", "sglang.launch_server", "--speculative-algorithm", "EAGLE3"]
     _run(tmp_path, "gpu-a", "r1-baseline", "baseline", SEEDS["baseline"])
@@ -84,6 +98,8 @@ def test_compare_profiles_sentence_and_plots(tmp_path):
         "gpu-a-ttft.png",
     ]
     assert all(p.stat().st_size > 10_000 for p in pngs)
+    [plots_line] = [ln for ln in out.stdout.splitlines() if ln.startswith("plots: ")]
+    assert plots_line.endswith("(3 PNG files)") and len(plots_line) < 120 + len(str(tmp_path))
 
     data = json.loads(
         run_cli(

@@ -212,3 +212,15 @@ def test_memory_follows_what_is_in_flight(sim_server):
 
     asyncio.run(run())
     assert peak["tasks"] <= 4 + 3  # the requests, the level, the watcher, the event loop's own
+
+
+def test_multiturn_progress_counts_requests_not_sessions(fleet, tmp_path):
+    # was: "C=2: 3 requests", then counting up to 6/3 done
+    profile = fleet.profile("mt", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1})
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h0").returncode == 0
+    out = fleet.cli("bench", "--hosts", "h0", "-c", "2", "--num-prompts", "3", "--output-len",
+                    "8", "--workload", "multiturn:turns=2", "--archive", str(tmp_path / "a"))  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "h0: C=2: 6 requests (3 sessions)" in out.stdout
+    assert "h0: C=2: done, 6 ok, 0 failed" in out.stdout
+    assert fleet.cli("stop", "--hosts", "h0").returncode == 0

@@ -74,8 +74,8 @@ def show_compare(data: Any, fmt: str, out_dir: Any, plots: bool = True, wide: bo
     written = write_all(data.per_host, out_dir) if plots else []
     page = select.write_report(data, out_dir)
     if fmt != "json":
-        if written:
-            line("plots: " + ", ".join(str(p) for p in written))
+        if written:  # the folder, not every path: one short line, not 200 columns
+            line(f"plots: {out_dir}/ ({len(written)} PNG files)")
         line(f"report: {page}")
 
 

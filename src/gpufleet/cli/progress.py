@@ -40,7 +40,8 @@ def bench_progress() -> Progress:
         if event.get("phase") == "started":
             line(f"{host}: run {event['run_id']} started against {event['base_url']}")
         elif event.get("phase") == "start":
-            line(f"{host}: C={event['level']}: {event['total']} requests")
+            sessions = f" ({event['sessions']} sessions)" if event.get("sessions") else ""
+            line(f"{host}: C={event['level']}: {event['total']} requests{sessions}")
         elif event.get("phase") == "end":
             line(
                 f"{host}: C={event['level']}: done, {event['completed']} ok, "

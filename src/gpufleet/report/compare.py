@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from gpufleet.report.stats import ratio_text
@@ -35,18 +36,27 @@ def _metric(row: dict[str, Any] | None, key: str) -> float | None:
     return float(row[key])
 
 
-def crossover(levels: list[int], a: list[float], b: list[float]) -> tuple[str, float | None]:
-    """Where b - a turns from >= 0 to < 0: ('cross', C), ('never', None) or ('below', None)."""
+class Crossing(StrEnum):
+    """How b compares with a along the levels (the first change of side counts)."""
+
+    DOWN = "cross"  # b at or above a, then below from C
+    UP = "cross-up"  # b below a, then at or above from C
+    NEVER = "never"  # b at or above a at every level
+    BELOW = "below"  # b below a at every level
+
+
+def crossover(levels: list[int], a: list[float], b: list[float]) -> tuple[Crossing, float | None]:
+    """Where b - a first changes sign, interpolated on log C; (kind, C or None)."""
     diffs = [y - x for x, y in zip(a, b, strict=True)]
-    if diffs[0] < 0:
-        return "below", None
     for i in range(1, len(levels)):
-        if diffs[i] < 0 <= diffs[i - 1]:
+        if (diffs[i] < 0) != (diffs[i - 1] < 0):
             x0, x1 = math.log(levels[i - 1]), math.log(levels[i])
-            d0, d1 = diffs[i - 1] / a[i - 1], diffs[i] / a[i]
+            d0 = diffs[i - 1] / (a[i - 1] or 1.0)
+            d1 = diffs[i] / (a[i] or 1.0)
             t = d0 / (d0 - d1) if d0 != d1 else 0.0
-            return "cross", math.exp(x0 + t * (x1 - x0))
-    return "never", None
+            kind = Crossing.DOWN if diffs[i] < 0 else Crossing.UP
+            return kind, math.exp(x0 + t * (x1 - x0))
+    return (Crossing.BELOW if diffs[0] < 0 else Crossing.NEVER), None
 
 
 def _bound(arm: Arm, c: int, key: str, side: int) -> float:
@@ -58,11 +68,11 @@ def _bound(arm: Arm, c: int, key: str, side: int) -> float:
     return _metric(row, key) or 0.0
 
 
-def crossover_text(a: Arm, b: Arm, levels: list[int], key: str) -> tuple[str, str]:
-    """(kind, "C~4" or, with repeats, the interval "C~3-5") of where b falls below a."""
+def crossover_text(a: Arm, b: Arm, levels: list[int], key: str) -> tuple[Crossing, str]:
+    """(kind, "C~4" or, with repeats, the interval "C~3-5") of where b crosses a."""
     mean = [[_bound(arm, c, key, 0) for c in levels] for arm in (a, b)]
     kind, at = crossover(levels, *mean)
-    if kind != "cross":
+    if kind not in (Crossing.DOWN, Crossing.UP) or at is None:
         return kind, ""
     ends = []
     for side_a, side_b in ((1, -1), (-1, 1)):  # b falls earliest / latest
@@ -71,7 +81,7 @@ def crossover_text(a: Arm, b: Arm, levels: list[int], key: str) -> tuple[str, st
             [_bound(a, c, key, side_a) for c in levels],
             [_bound(b, c, key, side_b) for c in levels],
         )
-        ends.append(got[1] if got[0] == "cross" else None)
+        ends.append(got[1] if got[0] == kind else None)
     low, high = ends
     if low is None or high is None or round(low) == round(high):
         return kind, f"C~{at:.0f}"
@@ -88,21 +98,20 @@ def sentence(a: Arm, b: Arm, levels: list[int]) -> str:
     tot_a = [_metric(a.levels[c], "output_throughput") or 0 for c in levels]
     tot_b = [_metric(b.levels[c], "output_throughput") or 0 for c in levels]
     kind, where = crossover_text(a, b, levels, "median_per_request_output_tps")
-    if kind == "cross":
-        first = f"{b.label} is faster per request up to {where}"
-    elif kind == "never":
-        first = (
-            f"{b.label} is at least as fast per request at every measured level (C<={levels[-1]})"
-        )
-    else:
-        first = f"{b.label} is slower per request at every measured level"
+    first = {
+        Crossing.DOWN: f"{b.label} is faster per request up to {where}",
+        Crossing.UP: f"{b.label} is slower per request below {where} and faster from there",
+        Crossing.NEVER: f"{b.label} is at least as fast per request at every measured level "
+        f"(C<={levels[-1]})",
+        Crossing.BELOW: f"{b.label} is slower per request at every measured level",
+    }[kind]
     kind, where = crossover_text(a, b, levels, "output_throughput")
-    if kind == "cross":
-        second = f"loses total throughput from {where}"
-    elif kind == "never":
-        second = f"keeps total throughput at or above {a.label}'s up to C={levels[-1]}"
-    else:
-        second = f"has lower total throughput than {a.label} at every level"
+    second = {
+        Crossing.DOWN: f"loses total throughput from {where}",
+        Crossing.UP: f"gains total throughput over {a.label} from {where}",
+        Crossing.NEVER: f"keeps total throughput at or above {a.label}'s up to C={levels[-1]}",
+        Crossing.BELOW: f"has lower total throughput than {a.label} at every level",
+    }[kind]
     top = levels[-1]
     ta, tb = tot_a[-1], tot_b[-1]
     if ta and tb:

@@ -411,7 +411,11 @@ def run_plan(
     for level in plan["levels"]:
         c, n = level["concurrency"], level["num_prompts"]
         marks.append((_log_size(server_state), f"level C={c} begins ({n} prompts)"))
-        writer.event({"level": c, "phase": "start", "total": n, "at": now_iso()})
+        requests = n
+        if plan.get("engine") != "sglang-bench":  # a multi-turn session is several requests
+            requests = sum(_prompt(plan, row).requests for row in rows[:n])
+        start = {"level": c, "phase": "start", "total": requests, "at": now_iso()}
+        writer.event({**start, "sessions": n} if requests != n else start)
         if plan.get("engine") == "sglang-bench":
             texts = [row["prompt"] for row in rows]
             level_status, level_reason = _sglang_bench_level(
