@@ -97,6 +97,7 @@ def print_runs(results: list[Any]) -> None:
 
 def repeat_lines(results: list[dict[str, Any]]) -> list[str]:
     """With --repeat: each level's mean and 95% interval of the headline figures."""
+    from gpufleet.report import metrics
     from gpufleet.report.stats import aggregate
 
     by_level: dict[int, list[dict[str, Any]]] = {}
@@ -108,11 +109,10 @@ def repeat_lines(results: list[dict[str, Any]]) -> list[str]:
             continue
         agg = aggregate(rows)
         parts = []
-        for name, key in (("output tok/s", "output_throughput"),
-                          ("per-request tok/s", "median_per_request_output_tps"),
-                          ("TTFT p50 ms", "median_ttft_ms")):  # fmt: skip
+        for metric in metrics.where(metrics.Place.REPEATS):
+            key = metric.key
             low, high = agg["ci"].get(key, (agg[key], agg[key]))
-            parts.append(f"{name} {agg[key]:.1f} [{low:.1f}-{high:.1f}]")
+            parts.append(f"{metric.label} {agg[key]:.1f} [{low:.1f}-{high:.1f}]")
         out.append(f"C={c}, {len(rows)} repeats, mean [95% CI]: " + "; ".join(parts))
     return out
 

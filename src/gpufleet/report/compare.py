@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from gpufleet.report import metrics
 from gpufleet.report.stats import ratio_text
 
 SPECULATIVE_CAP = 48
@@ -207,26 +208,8 @@ def fairness(arms: list[Arm], levels: list[int]) -> list[str]:
     return warnings
 
 
-TABLE_METRICS = [
-    ("total tok/s", "output_throughput", "{:.1f}"),
-    ("per-req tok/s p50", "median_per_request_output_tps", "{:.1f}"),
-    ("TTFT p50 ms", "median_ttft_ms", "{:.1f}"),
-    ("TTFT p99 ms", "p99_ttft_ms", "{:.1f}"),
-    ("ITL p50 ms", "median_itl_ms", "{:.2f}"),
-    ("accept len", "accept_length", "{:.2f}"),
-    ("GPU W avg", "gpu_power_avg_w", "{:.0f}"),
-    ("tok/J", "output_tokens_per_joule", "{:.2f}"),
-    ("J/tok", "joules_per_output_token", "{:.3f}"),
-    ("SLO met", "slo_attainment", "{:.1%}"),
-    ("goodput tok/s", "goodput_output_throughput", "{:.1f}"),
-]
-RATIO_KEYS = {
-    "output_throughput",
-    "median_per_request_output_tps",
-    "median_ttft_ms",
-    "output_tokens_per_joule",
-    "goodput_output_throughput",
-}
+TABLE_METRICS = [(m.compare_label, m.key, m.fmt) for m in metrics.where(metrics.Place.COMPARE)]
+RATIO_KEYS = {m.key for m in metrics.where(metrics.Place.RATIO)}
 
 
 def common_levels(arms: list[Arm]) -> list[int]:
@@ -234,9 +217,8 @@ def common_levels(arms: list[Arm]) -> list[int]:
 
 
 HEADLINE_METRICS = [  # the terminal's default: fits 100 columns for two arms
-    ("tok/s", "output_throughput", "{:.0f}", True),
-    ("req tok/s", "median_per_request_output_tps", "{:.1f}", True),
-    ("TTFT ms", "median_ttft_ms", "{:.0f}", False),
+    (m.headline, m.key, m.headline_fmt or m.fmt, bool(m.higher_is_better))
+    for m in metrics.where(metrics.Place.HEADLINE)
 ]
 
 
@@ -270,18 +252,18 @@ def table(arms: list[Arm], wide: bool = True) -> tuple[list[str], list[list[str]
 def _headline_table(arms: list[Arm]) -> tuple[list[str], list[list[str]]]:
     names = [chr(65 + i) for i in range(len(arms))]
     headers = ["C"]
-    metrics = HEADLINE_METRICS if len(arms) <= 2 else HEADLINE_METRICS[:2]
-    for name, key, _, _ in metrics:
+    shown = HEADLINE_METRICS if len(arms) <= 2 else HEADLINE_METRICS[:2]
+    for name, _, _, higher in shown:
         headers += [f"{n} {name}" for n in names]
-        if key != "median_ttft_ms":
+        if higher:  # ratios where more is better; TTFT's would not fit 100 columns
             headers += [f"{n}/A" for n in names[1:]]
     rows = []
     for c in common_levels(arms):
         row = [str(c)]
-        for _, key, fmt, _ in metrics:
+        for _, key, fmt, higher in shown:
             values = [_metric(arm.levels[c], key) for arm in arms]
             row += [fmt.format(v) if v is not None else "-" for v in values]
-            if key != "median_ttft_ms":
+            if higher:
                 row += [ratio_text(arms[0].levels[c], arm.levels[c], key) for arm in arms[1:]]
         rows.append(row)
     return headers, rows

@@ -16,23 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.report import metrics
 from gpufleet.report.compare import Arm, common_levels, fairness, sentence
 
-VERDICT_METRICS = [  # (heading, key, format, higher is better)
-    ("total tok/s", "output_throughput", "{:.1f}", True),
-    ("per-request tok/s (p50)", "median_per_request_output_tps", "{:.1f}", True),
-    ("TTFT p50 ms", "median_ttft_ms", "{:.1f}", False),
-    ("TTFT p99 ms", "p99_ttft_ms", "{:.1f}", False),
-    ("ITL p50 ms", "median_itl_ms", "{:.2f}", False),
-    ("output tok/J", "output_tokens_per_joule", "{:.2f}", True),
-]
-PLOTS = [  # (title, [(key, series suffix)], y label)
-    ("Total output throughput", [("output_throughput", "")], "tok/s"),
-    ("Per-request speed (median)", [("median_per_request_output_tps", "")], "tok/s"),
-    ("Time to first token", [("median_ttft_ms", " p50"), ("p99_ttft_ms", " p99")], "ms"),
-    ("Inter-token latency", [("median_itl_ms", " p50"), ("p99_itl_ms", " p99")], "ms"),
-    ("SLO goodput", [("goodput_output_tps", "")], "tok/s"),  # drawn only where archived
-    ("Output tokens per joule", [("output_tokens_per_joule", "")], "tok/J"),
+VERDICT_METRICS = [  # (heading, key, format, higher is better): from the catalogue
+    (m.label, m.key, m.fmt, bool(m.higher_is_better)) for m in metrics.where(metrics.Place.VERDICT)
 ]
 COLORS = ["#1f6feb", "#d1495b", "#2e9f6b", "#8a5cd1", "#e08a00", "#3b9bb3"]
 
@@ -165,29 +153,37 @@ def _verdict_table(arms: list[Arm]) -> str:
     )
 
 
+Series = tuple[str, str, bool, list[tuple[int, float, tuple[float, float] | None]]]
+
+
 def _plots(host: str, arms: list[Arm]) -> list[str]:
+    """The catalogue's plots (the same ones as the PNGs), with the same 95% intervals."""
     levels = common_levels(arms)
     out = []
-    for title, series_keys, unit in PLOTS:
-        series = []
+    for spec in metrics.PLOTS:
+        series: list[Series] = []
         for index, arm in enumerate(arms):
-            for key, suffix in series_keys:
-                points = [(c, arm.levels[c].get(key)) for c in levels]
-                points = [(c, float(v)) for c, v in points if isinstance(v, int | float)]
+            for n, key in enumerate(spec.keys):
+                points = []
+                for c in levels:
+                    value = arm.levels[c].get(key)
+                    if isinstance(value, int | float):
+                        ci = (arm.levels[c].get("ci") or {}).get(key)
+                        points.append((c, float(value), tuple(ci) if ci else None))
                 if points:
-                    dashed = suffix.strip() == "p99"
-                    series.append((arm.label + suffix, COLORS[index % len(COLORS)], dashed, points))
+                    suffix = f" {metrics.BY_KEY[key].label}" if len(spec.keys) > 1 else ""
+                    color = COLORS[index % len(COLORS)]
+                    series.append((arm.label + suffix, color, n > 0, points))
         if series:
-            out.append(_svg_plot(f"{host}: {title}", unit, levels, series))
+            out.append(_svg_plot(f"{host}: {spec.title}", spec.unit, levels, series))
     return out
 
 
-def _svg_plot(
-    title: str, unit: str, levels: list[int], series: list[tuple[str, str, bool, list]]
-) -> str:
-    """A line plot on a log-concurrency axis; each point's value shows on hover."""
+def _svg_plot(title: str, unit: str, levels: list[int], series: list[Series]) -> str:
+    """A line plot on a log-concurrency axis; each point's value (and 95% interval, with
+    repeats) shows on hover, the interval also as an error bar."""
     width, height, left, right, top, bottom = 560, 320, 64, 16, 34, 44
-    ymax = max(v for _, _, _, pts in series for _, v in pts) or 1.0
+    ymax = max(max(v, ci[1] if ci else v) for _, _, _, pts in series for _, v, ci in pts) or 1.0
     ymax *= 1.1
     lo, hi = math.log(min(levels)), math.log(max(levels))
     span = (hi - lo) or 1.0
@@ -213,7 +209,7 @@ def _svg_plot(
         parts.append(
             f'<line x1="{left}" y1="{ty:.1f}" x2="{width - right}" y2="{ty:.1f}" class="grid"/>'
             f'<text x="{left - 6}" y="{ty + 4:.1f}" text-anchor="end" class="tick">'
-            f"{value:.0f}</text>"
+            f"{_e(metrics.tick(value))}</text>"
         )
     for c in levels:
         parts.append(
@@ -228,15 +224,22 @@ def _svg_plot(
         f"{_e(unit)}</text>"
     )
     for index, (name, color, dashed, points) in enumerate(series):
-        path = " ".join(f"{x(c):.1f},{y(v):.1f}" for c, v in points)
+        path = " ".join(f"{x(c):.1f},{y(v):.1f}" for c, v, _ in points)
         dash = ' stroke-dasharray="5 4"' if dashed else ""
         parts.append(
             f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"{dash}/>'
         )
-        for c, v in points:
+        for c, v, ci in points:
+            interval = f" (95% CI {ci[0]:,.2f}-{ci[1]:,.2f})" if ci else ""
+            if ci:
+                parts.append(
+                    f'<line x1="{x(c):.1f}" y1="{y(ci[0]):.1f}" x2="{x(c):.1f}" '
+                    f'y2="{y(ci[1]):.1f}" stroke="{color}" class="ci"/>'
+                )
             parts.append(
                 f'<circle cx="{x(c):.1f}" cy="{y(v):.1f}" r="4" fill="{color}" class="pt">'
-                f"<title>{_e(name)} at C={c}: {v:,.2f} {_e(unit)}</title></circle>"
+                f"<title>{_e(name)} at C={c}: {v:,.2f} {_e(unit)}{_e(interval)}"
+                "</title></circle>"
             )
         ly = top + 4 + 14 * index
         parts.append(

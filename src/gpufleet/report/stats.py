@@ -13,6 +13,8 @@ import math
 import statistics
 from typing import Any
 
+from gpufleet.report import metrics
+
 # Two-sided 95% Student t quantiles by degrees of freedom (1-30); 1.96 beyond.
 T95 = [
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
@@ -20,23 +22,8 @@ T95 = [
     2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
 ]  # fmt: skip
 
-# Figures that get an interval (the ones compare and the report show).
-CI_KEYS = (
-    "output_throughput",
-    "request_throughput",
-    "median_per_request_output_tps",
-    "mean_per_request_output_tps",
-    "median_ttft_ms",
-    "p99_ttft_ms",
-    "median_tpot_ms",
-    "p99_tpot_ms",
-    "median_itl_ms",
-    "p99_itl_ms",
-    "median_e2e_latency_ms",
-    "output_tokens_per_joule",
-    "slo_attainment",
-    "goodput_output_throughput",
-)
+# Figures that get an interval (the catalogue says which).
+CI_KEYS = metrics.interval_keys()
 
 
 def t95(dof: int) -> float:

@@ -6,26 +6,11 @@ import csv
 import io
 from typing import Any
 
-COLUMNS = [
-    ("concurrency", "max_concurrency", "{}"),
-    ("completed", "completed", "{}"),
-    ("failed", "failed", "{}"),
-    ("output tok/s", "output_throughput", "{:.1f}"),
-    ("per-request tok/s (median)", "median_per_request_output_tps", "{:.1f}"),
-    ("per-request tok/s (p10)", "p10_per_request_output_tps", "{:.1f}"),
-    ("TTFT p50 ms", "median_ttft_ms", "{:.1f}"),
-    ("TTFT p99 ms", "p99_ttft_ms", "{:.1f}"),
-    ("ITL p50 ms", "median_itl_ms", "{:.2f}"),
-    ("TPOT p50 ms", "median_tpot_ms", "{:.2f}"),
-    ("E2E p50 ms", "median_e2e_latency_ms", "{:.0f}"),
-    ("accept length", "accept_length", "{:.2f}"),
-    ("cached", "cache_hit_rate", "{:.0%}"),
-    ("SLO met", "slo_attainment", "{:.1%}"),
-    ("goodput tok/s", "goodput_output_throughput", "{:.1f}"),
-    ("status", "level_status", "{}"),
-]
+from gpufleet.report import metrics
+
+COLUMNS = [(m.label, m.key, m.fmt) for m in metrics.where(metrics.Place.RUN_TABLE)]
 # Shown only when some level has them: a prefix cache that served tokens, an SLO given.
-OPTIONAL = {"cache_hit_rate", "slo_attainment", "goodput_output_throughput"}
+OPTIONAL = {m.key for m in metrics.where(metrics.Place.OPTIONAL)}
 
 
 def _columns(results: list[dict[str, Any]] | None) -> list[tuple[str, str, str]]:

@@ -1,0 +1,150 @@
+"""The metric catalogue: every figure gpufleet shows, declared once.
+
+Each entry names the results.jsonl key, its labels, unit, which direction is better, how it
+is printed, whether it gets a 95% interval with repeats, and where it appears. The run table
+and CSV (report/tables.py), compare's tables and ratios (report/compare.py), the intervals
+(report/stats.py), the PNG plots (report/plots.py), the HTML verdict table and plots
+(report/html.py) and the repeat lines all read it. To add a metric: write it in the runner's
+summary (host/bench/), add one Metric here with its places; tests/test_metric_catalogue.py
+fails until both are done.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Place(StrEnum):
+    RUN_TABLE = "run table"  # inv bench's table, summary.csv and summary.md
+    OPTIONAL = "only when present"  # in the run table only if some level has it
+    COMPARE = "compare"  # inv compare's full table (--wide, md, csv)
+    RATIO = "ratio"  # ... with a B/A ratio column
+    HEADLINE = "headline"  # inv compare's default terminal table
+    REPEATS = "repeat line"  # the mean [95% CI] line printed with --repeat
+    VERDICT = "verdict"  # the HTML report's verdict table
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str  # run table and HTML verdict heading
+    unit: str
+    higher_is_better: bool | None  # None: neither (a count, a status)
+    fmt: str = "{:.1f}"
+    short: str = ""  # compare's column name (default: label)
+    headline: str = ""  # compare's default table column name
+    headline_fmt: str = ""
+    interval: bool = False  # gets a 95% t interval with --repeat
+    places: frozenset[Place] = frozenset()
+
+    @property
+    def compare_label(self) -> str:
+        return self.short or self.label
+
+
+def _m(key: str, label: str, unit: str, higher: bool | None, fmt: str, *places: Place,
+       **extra: object) -> Metric:  # fmt: skip
+    return Metric(key, label, unit, higher, fmt, places=frozenset(places), **extra)  # type: ignore[arg-type]
+
+
+R, OPT, C, X, H, P, V = (
+    Place.RUN_TABLE, Place.OPTIONAL, Place.COMPARE, Place.RATIO, Place.HEADLINE,
+    Place.REPEATS, Place.VERDICT,
+)  # fmt: skip
+
+CATALOGUE: list[Metric] = [
+    _m("max_concurrency", "concurrency", "requests", None, "{}", R),
+    _m("completed", "completed", "requests", None, "{}", R),
+    _m("failed", "failed", "requests", False, "{}", R),
+    _m("output_throughput", "output tok/s", "tok/s", True, "{:.1f}", R, C, X, H, P, V,
+       short="total tok/s", headline="tok/s", headline_fmt="{:.0f}", interval=True),
+    _m("request_throughput", "requests/s", "req/s", True, "{:.2f}", interval=True),
+    _m("median_per_request_output_tps", "per-request tok/s (median)", "tok/s", True, "{:.1f}",
+       R, C, X, H, P, V, short="per-req tok/s p50", headline="req tok/s", headline_fmt="{:.1f}",
+       interval=True),
+    _m("mean_per_request_output_tps", "per-request tok/s (mean)", "tok/s", True, "{:.1f}",
+       interval=True),
+    _m("p10_per_request_output_tps", "per-request tok/s (p10)", "tok/s", True, "{:.1f}", R),
+    _m("median_ttft_ms", "TTFT p50 ms", "ms", False, "{:.1f}", R, C, X, H, P, V,
+       headline="TTFT ms", headline_fmt="{:.0f}", interval=True),
+    _m("p99_ttft_ms", "TTFT p99 ms", "ms", False, "{:.1f}", R, C, V, interval=True),
+    _m("median_itl_ms", "ITL p50 ms", "ms", False, "{:.2f}", R, C, V, interval=True),
+    _m("p99_itl_ms", "ITL p99 ms", "ms", False, "{:.2f}", interval=True),
+    _m("median_tpot_ms", "TPOT p50 ms", "ms", False, "{:.2f}", R, interval=True),
+    _m("p99_tpot_ms", "TPOT p99 ms", "ms", False, "{:.2f}", interval=True),
+    _m("median_e2e_latency_ms", "E2E p50 ms", "ms", False, "{:.0f}", R, interval=True),
+    _m("accept_length", "accept length", "tokens/step", True, "{:.2f}", R, C,
+       short="accept len"),
+    _m("cache_hit_rate", "cached", "share", None, "{:.0%}", R, OPT),
+    _m("gpu_power_avg_w", "GPU W avg", "W", None, "{:.0f}", C),
+    _m("output_tokens_per_joule", "output tok/J", "tok/J", True, "{:.2f}", C, X, V,
+       short="tok/J", interval=True),
+    _m("joules_per_output_token", "J/tok", "J/tok", False, "{:.3f}", C),
+    _m("slo_attainment", "SLO met", "share", True, "{:.1%}", R, OPT, C, interval=True),
+    _m("goodput_output_throughput", "goodput tok/s", "tok/s", True, "{:.1f}", R, OPT, C, X,
+       interval=True),
+    _m("level_status", "status", "", None, "{}", R),
+]  # fmt: skip
+BY_KEY = {m.key: m for m in CATALOGUE}
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    """One plot (a PNG file and an HTML figure): its series share a unit."""
+
+    name: str  # file stem: <host>-<name>.png
+    title: str
+    keys: tuple[str, ...]  # the first solid, the others dashed (p99 beside p50)
+
+    @property
+    def unit(self) -> str:
+        return BY_KEY[self.keys[0]].unit
+
+
+PLOTS = [
+    PlotSpec("throughput", "Total output throughput", ("output_throughput",)),
+    PlotSpec("per_request", "Per-request speed (median)", ("median_per_request_output_tps",)),
+    PlotSpec("ttft", "Time to first token", ("median_ttft_ms", "p99_ttft_ms")),
+    PlotSpec("itl", "Inter-token latency", ("median_itl_ms", "p99_itl_ms")),
+    PlotSpec("goodput", "SLO goodput", ("goodput_output_throughput",)),
+    PlotSpec("tokens_per_joule", "Output tokens per joule", ("output_tokens_per_joule",)),
+]
+
+# What results.jsonl holds and no table shows (it stays in the archive): bench_serving's
+# other statistics, bookkeeping and per-level details. A new numeric key that is neither
+# here nor in the catalogue fails tests/test_metric_catalogue.py.
+ARCHIVE_ONLY = re.compile(
+    r"^((mean|median|std|p\d+)_(ttft|tpot|itl|e2e_latency)_ms"
+    r"|(mean|std|p\d+|median|min|max)_per_request_output_tps"
+    r"|total_\w+|input_throughput|good_requests"
+    r"|duration|concurrency|request_rate|repeat|seed|output_len|random_\w+|warmup_errors"
+    r"|gpu_\w+|energy_\w+|prom_\w+|sglang_\w+|max_\w+|mean_\w+|cached_tokens\w*"
+    r"|goodput|goodput_\w+|slo_\w+|cache_\w+|\w+_count|\w+_s)$"
+)
+
+
+def where(place: Place) -> list[Metric]:
+    """The metrics shown in `place`, in catalogue order."""
+    return [m for m in CATALOGUE if place in m.places]
+
+
+def interval_keys() -> tuple[str, ...]:
+    return tuple(m.key for m in CATALOGUE if m.interval)
+
+
+def plotted_keys() -> set[str]:
+    return {key for plot in PLOTS for key in plot.keys}
+
+
+def tick(value: float) -> str:
+    """An axis label that stays readable at every magnitude (0.012 tok/J, 41,000 tok/s)."""
+    magnitude = abs(value)
+    if magnitude == 0:
+        return "0"
+    if magnitude >= 100:
+        return f"{value:,.0f}"
+    if magnitude >= 1:
+        return f"{value:.3g}"
+    return f"{value:.2g}"

@@ -1,0 +1,56 @@
+"""The metric catalogue (report/metrics.py) against what runs really write and what the
+report really shows: a metric asked for but never written, or written but neither shown
+nor declared archive-only, fails here."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from gpufleet.report import metrics
+from helpers import run_cli
+
+
+def test_catalogue_matches_what_runs_write_and_the_report_shows(fleet, tmp_path):
+    profile = fleet.profile(
+        "cat", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1},
+        flags={"speculative-algorithm": "EAGLE3", "max-running-requests": 16,
+               "enable-metrics": True},
+    )  # fmt: skip
+    archive = tmp_path / "a"
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h0").returncode == 0
+    for _ in range(2):
+        out = fleet.cli("bench", "--hosts", "h0", "-c", "1,4", "--num-prompts", "8",
+                        "--output-len", "16", "--slo", "ttft_ms=5000,tpot_ms=500",
+                        "--telemetry-interval", "0.1", "--archive", str(archive))  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+    assert fleet.cli("stop", "--hosts", "h0").returncode == 0
+    runs = sorted((archive / "h0").iterdir())
+    rows = [json.loads(ln) for r in runs for ln in (r / "results.jsonl").read_text().splitlines()]
+    written = {k for row in rows for k, v in row.items() if v is not None}
+
+    # everything the catalogue shows is written by a run (the HTML report once plotted
+    # `goodput_output_tps`, which nothing writes)
+    missing = [m.key for m in metrics.CATALOGUE if m.key not in written]
+    assert missing == [], f"catalogue metrics no run writes: {missing}"
+    # every number a run writes is shown somewhere or declared archive-only
+    numeric = {k for row in rows for k, v in row.items() if isinstance(v, int | float)}
+    undeclared = sorted(
+        k for k in numeric if k not in metrics.BY_KEY and not metrics.ARCHIVE_ONLY.match(k)
+    )
+    assert undeclared == [], f"written but neither in the catalogue nor archive-only: {undeclared}"
+
+    # the PNGs and the page show every catalogue plot, from the same data
+    out = run_cli("compare", runs[0].name, runs[1].name, "--archive", str(archive))
+    assert out.returncode == 0, out.stdout + out.stderr
+    folder = next((archive / "compare").iterdir())
+    pngs = {p.name for p in folder.glob("*.png")}
+    assert pngs == {f"h0-{spec.name}.png" for spec in metrics.PLOTS}
+    page = (folder / "report.html").read_text()
+    shown = set(re.findall(r'aria-label="h0: ([^"]+)"', page))
+    assert shown == {spec.title for spec in metrics.PLOTS}
+    # tokens per joule is well under 10: its axis must not read 0, 0, 0, 0
+    [energy] = re.findall(r'aria-label="h0: Output tokens per joule".*?</svg>', page, re.S)
+    ticks = re.findall(r'class="tick">([^<]+)</text>', energy)
+    numbers = [t for t in ticks if re.fullmatch(r"[\d.,]+", t)]
+    assert len(set(numbers)) >= 4, numbers
