@@ -26,6 +26,15 @@ def test_host_names_that_would_escape_the_archive_are_refused(tmp_path, name):
     _one_line_exit_2(out, "a host name becomes an archive folder")
 
 
+@pytest.mark.parametrize("name", ["sweeps", "compare", "findmax", "tunes"])
+def test_host_names_that_are_archive_folders_are_refused(tmp_path, name):
+    # a host named `sweeps` would mix its runs with the sweep states (archive/layout.py)
+    path = tmp_path / "inv.yaml"
+    path.write_text(f'hosts: {{"{name}": {{address: 192.0.2.1}}}}\n')
+    out = run_cli("hosts", "--inventory", str(path))
+    _one_line_exit_2(out, f"'{name}' is a folder of the archive (logs/{name}/)")
+
+
 def test_the_archive_never_writes_outside_its_root(tmp_path):
     for host, run_id in [("..", "x"), ("h", "../../x"), ("h", "..")]:
         with pytest.raises(UserError, match="refusing to archive outside"):

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from gpufleet.archive import store
+from gpufleet.archive.layout import Layout
 from gpufleet.errors import UserError
 from gpufleet.report import html
 from gpufleet.report.compare import Arm
@@ -73,7 +74,7 @@ def from_run_ids(root: Path, by_label: dict[str, dict[str, list[str]]]) -> dict[
     hosts = sorted(set.intersection(*(set(h) for h in by_label.values()))) if by_label else []
     return {
         host: [
-            load_arm(label, [root / host / run_id for run_id in runs[host]])
+            load_arm(label, [Layout(root).run_dir(host, run_id) for run_id in runs[host]])
             for label, runs in by_label.items()
         ]
         for host in hosts
@@ -93,7 +94,7 @@ def _report_input(title: str, per_host: dict[str, list[Arm]], root: Path) -> Rep
     for host, arms in per_host.items():
         for arm in arms:
             for manifest in arm.manifests:
-                run_dir = root / host / manifest["run_id"]
+                run_dir = Layout(root).run_dir(host, manifest["run_id"])
                 data.run_dirs[manifest["run_id"]] = run_dir
                 problems = store.verify(run_dir)
                 manifest["checksums"] = "ok" if not problems else "; ".join(problems[:3])
@@ -111,14 +112,15 @@ def report_for_runs(root: Path, names: list[str], hosts: list[str] | None = None
 
 def sweep_state_path(root: Path, sweep_id: str | None) -> Path:
     """A sweep's state file by id (`--latest`: the newest); UserError if there is none."""
-    sweeps = sorted((root / "sweeps").glob("*.json"))
+    where = Layout(root)
+    sweeps = sorted(where.sweeps_dir.glob("*.json"))
     if sweep_id is None:
         if not sweeps:
-            raise UserError(f"no sweep under {root / 'sweeps'}/ (run inv sweep first)")
+            raise UserError(f"no sweep under {where.sweeps_dir}/ (run inv sweep first)")
         return sweeps[-1]
-    path = root / "sweeps" / f"{sweep_id}.json"
+    path = where.sweep_state(sweep_id)
     if not path.is_file():
-        raise UserError(f"{sweep_id!r}: no sweep of that id under {root / 'sweeps'}/")
+        raise UserError(f"{sweep_id!r}: no sweep of that id under {where.sweeps_dir}/")
     return path
 
 
@@ -137,7 +139,7 @@ def report_for_sweep(root: Path, state_path: Path) -> ReportInput:
     for profile, cells in state["cells"].items():
         for host, cell in cells.items():
             if cell.get("status") not in ("done", None) and cell.get("error"):
-                run_dir = root / host / str(cell.get("run_id"))
+                run_dir = Layout(root).run_dir(host, str(cell.get("run_id")))
                 tail = _log_tail(run_dir) if cell.get("run_id") else []
                 data.failures.append(Failure(host, Path(profile).stem, cell["error"], tail))
     return data
@@ -147,7 +149,7 @@ def find_max_answers(root: Path, host: str, labels: list[str]) -> dict[str, dict
     """The latest `inv bench --find-max` answer of each profile on this host, if any."""
     answers = {}
     for label in labels:
-        found = sorted((root / "findmax" / host).glob(f"*-{label}.json"))
+        found = sorted(Layout(root).findmax_dir(host).glob(f"*-{label}.json"))
         if found:
             answers[label] = json.loads(found[-1].read_text())
     return answers

@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpufleet.archive.layout import DEFAULT_ROOT, Layout
 from gpufleet.errors import UserError
 
-DEFAULT_ROOT = Path(os.environ.get("GPUFLEET_ARCHIVE", "logs"))
 # Archives hold server argv, hosts and timings: private by default (files 0600, directories
 # 0700); GPUFLEET_ARCHIVE_MODE=group shares them with the group (0640 / 0750).
 _GROUP = os.environ.get("GPUFLEET_ARCHIVE_MODE") == "group"
@@ -33,14 +33,14 @@ def sha256(data: bytes) -> str:
 def write_run(
     root: Path, host: str, run_id: str, files: dict[str, bytes], manifest: dict[str, Any]
 ) -> Path:
-    final = root / host / run_id
+    final = Layout(root).run_dir(host, run_id)
     if not _inside(root, final) or {host, run_id} & {"", ".", ".."} or "/" in host + run_id:
         raise UserError(f"refusing to archive outside {root}/: host {host!r}, run {run_id!r}")
     if final.exists():
         raise UserError(f"{final} already exists: a run is archived once")
-    tmp = root / host / f".tmp-{run_id}-{os.getpid()}"
+    tmp = Layout(root).partial_run_dir(host, run_id)
     try:
-        make_dirs(root / host)
+        make_dirs(Layout(root).host_dir(host))
         tmp.mkdir(mode=DIR_MODE)
         os.chmod(tmp, DIR_MODE)
         sums = {}
@@ -55,7 +55,8 @@ def write_run(
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(
-            f"cannot write the archive under {root / host} ({exc.strerror or exc}); "
+            f"cannot write the archive under {Layout(root).host_dir(host)} "
+            f"({exc.strerror or exc}); "
             "nothing was archived for this run"
         ) from None
     except BaseException:

@@ -196,7 +196,7 @@ def _bench_request(
     """`inv bench` options checked and turned into one BenchRequest."""
     from pathlib import Path
 
-    from gpufleet.archive.store import DEFAULT_ROOT
+    from gpufleet.archive.layout import DEFAULT_ROOT
     from gpufleet.cli.args import int_list, non_negative_int, positive_float, positive_int
     from gpufleet.control.bench import BenchRequest
     from gpufleet.errors import UserError
@@ -248,9 +248,10 @@ def runs(c, host=None, profile=None, since=None, verify=False, archive=None):
     from pathlib import Path
 
     from gpufleet.archive import store
+    from gpufleet.archive.layout import DEFAULT_ROOT
     from gpufleet.cli.output import line, table
 
-    root = Path(archive) if archive else store.DEFAULT_ROOT
+    root = Path(archive) if archive else DEFAULT_ROOT
     items = [
         r
         for r in store.list_runs(root)

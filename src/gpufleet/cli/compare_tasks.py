@@ -40,9 +40,8 @@ def compare(
     from pathlib import Path
 
     from gpufleet.archive import select
-    from gpufleet.archive.store import DEFAULT_ROOT
+    from gpufleet.archive.layout import DEFAULT_ROOT, Layout
     from gpufleet.errors import UserError
-    from gpufleet.report.compare import safe_name
 
     names = [n for n in (first, second, *(more or [])) if n]
     if len(names) < 2:
@@ -51,7 +50,7 @@ def compare(
         raise UserError(f"--format {format!r}: expected table, md, csv or json")
     root = Path(archive) if archive else DEFAULT_ROOT
     data = select.report_for_runs(root, names, hosts.split(",") if hosts else None)
-    out_dir = root / "compare" / safe_name("-vs-".join(names))
+    out_dir = Layout(root).compare_dir("-vs-".join(names))
     show_compare(data, format, out_dir, plots=not no_plots, wide=wide)
     if format != "json":
         from gpufleet.cli.output import line
@@ -97,10 +96,9 @@ def report(c, sweep=None, runs=None, latest=False, hosts=None, archive=None):
     from pathlib import Path
 
     from gpufleet.archive import select
-    from gpufleet.archive.store import DEFAULT_ROOT
+    from gpufleet.archive.layout import DEFAULT_ROOT, Layout
     from gpufleet.cli.output import line
     from gpufleet.errors import UserError
-    from gpufleet.report.compare import safe_name
 
     root = Path(archive) if archive else DEFAULT_ROOT
     if sum(bool(x) for x in (sweep, runs, latest)) != 1:
@@ -108,9 +106,9 @@ def report(c, sweep=None, runs=None, latest=False, hosts=None, archive=None):
     if runs:
         names = [n.strip() for n in runs.split(",") if n.strip()]
         data = select.report_for_runs(root, names, hosts.split(",") if hosts else None)
-        out_dir = root / "compare" / safe_name("-vs-".join(names))
+        out_dir = Layout(root).compare_dir("-vs-".join(names))
     else:
         state_path = select.sweep_state_path(root, sweep)
         data = select.report_for_sweep(root, state_path)
-        out_dir = root / "compare" / state_path.stem
+        out_dir = Layout(root).compare_dir(state_path.stem)
     line(f"report: {select.write_report(data, out_dir)}")

@@ -24,7 +24,7 @@ from gpufleet.cli.compare_tasks import show_compare
 def _sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive):
     from pathlib import Path
 
-    from gpufleet.archive.store import DEFAULT_ROOT
+    from gpufleet.archive.layout import DEFAULT_ROOT
     from gpufleet.cli.args import int_list, non_negative_int, positive_int
     from gpufleet.control import bench as bench_control
     from gpufleet.errors import UserError
@@ -87,6 +87,7 @@ def _do_sweep(
     profile_names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks,
     resume_command, fmt="table", arms=None, kind="sweep",
 ):  # fmt: skip
+    from gpufleet.archive.layout import Layout
     from gpufleet.cli.output import line
     from gpufleet.cli.progress import bench_progress, launch_progress
     from gpufleet.control import sweep
@@ -115,7 +116,9 @@ def _do_sweep(
         )  # fmt: skip
         data = sweep.report_input(state, request.archive_root)
         if data.per_host or data.failures:
-            show_compare(data, fmt, request.archive_root / "compare" / state.data["sweep_id"])
+            show_compare(
+                data, fmt, Layout(request.archive_root).compare_dir(state.data["sweep_id"])
+            )
         line(f"sweep {state.data['sweep_id']}: {state.data['status']} (state: {state.path})")
     if state.data["status"] == "interrupted":
         raise Exit(f"gpufleet: interrupted; finish the sweep with `{hint()}`", code=130)

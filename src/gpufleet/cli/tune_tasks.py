@@ -49,6 +49,7 @@ def tune(
     import json
 
     from gpufleet.archive import select, store
+    from gpufleet.archive.layout import Layout
     from gpufleet.cli.args import positive_float
     from gpufleet.cli.output import line, table
     from gpufleet.cli.sweep_tasks import _sweep_request
@@ -110,7 +111,7 @@ def tune(
         "tuned_profile": str(profile_path),
         "launches": sum(len(cells) for cells in state.data["cells"].values()),
     }
-    record_path = root / "tunes" / f"{state.data['sweep_id']}.json"
+    record_path = Layout(root).tune_record(state.data["sweep_id"])
     store.make_dirs(record_path.parent)
     store.write_private_file(record_path, json.dumps(record, indent=2).encode())
     if verify:

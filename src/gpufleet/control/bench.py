@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 
 from gpufleet import __version__
 from gpufleet.archive import manifest, store
+from gpufleet.archive.layout import DEFAULT_ROOT
 from gpufleet.control import prompts as prompt_sets
 from gpufleet.control import workloads
 from gpufleet.control.cancel import SLICE_S, CancelToken
@@ -61,7 +62,7 @@ class BenchRequest:
     metrics: bool = True
     url: str | None = None
     api_key_env: str | None = None  # --client local: the variable holding the server's key
-    archive_root: Path = field(default_factory=lambda: store.DEFAULT_ROOT)
+    archive_root: Path = field(default_factory=lambda: DEFAULT_ROOT)
     command_line: list[str] = field(default_factory=lambda: list(sys.argv))
     fixed_levels: list[dict[str, int]] | None = None  # explicit requests per level
     engine: str = "gpufleet"  # or sglang-bench: SGLang's own bench_serving on the host

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.archive import store
+from gpufleet.archive.layout import Layout
 from gpufleet.control import bench as benchrun
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
@@ -152,11 +153,8 @@ def find_max(
         search = Search(by, target, start, limit, max_probes)
         answer = find_on(session, request, search, progress)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        path = (
-            request.archive_root
-            / "findmax"
-            / session.host.name
-            / (f"{stamp}-{answer['profile'] or 'adhoc'}.json")
+        path = Layout(request.archive_root).findmax_record(
+            session.host.name, stamp, answer["profile"]
         )
         store.make_dirs(path.parent)
         store.write_private_file(path, json.dumps(answer, indent=2).encode())

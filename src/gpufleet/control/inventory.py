@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from gpufleet.archive.layout import RESERVED
 from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
 from gpufleet.host.redact import remember, secrets_in
@@ -67,6 +68,11 @@ class Host(BaseModel):
             raise ValueError(
                 "a host name becomes an archive folder: use letters, digits, '.', '_', '@' "
                 "and '-', starting with a letter or digit (set `address:` for the real name)"
+            )
+        if value in RESERVED:
+            raise ValueError(
+                f"{value!r} is a folder of the archive (logs/{value}/): name the host otherwise "
+                "and set `address:` for the real name"
             )
         return value
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.archive import select, store
+from gpufleet.archive.layout import Layout
 from gpufleet.control import bench as benchrun
 from gpufleet.control import lifecycle as server
 from gpufleet.control.arms import ArmSpec, profile_label
@@ -76,7 +77,7 @@ class SweepState:
             "cells": {a.key: {h: {"status": "pending"} for h in hosts} for a in arms},
             "durations_s": {},
         }
-        state = cls(root / "sweeps" / f"{sweep_id}.json", data)
+        state = cls(Layout(root).sweep_state(sweep_id), data)
         state.save()
         return state
 
@@ -91,14 +92,16 @@ class SweepState:
         """The newest sweep of these profiles and cells (a finished one resumes to its
         compare)."""
         keys = [a.key for a in arms] if arms else None
-        candidates = sorted((root / "sweeps").glob("*.json"))
+        candidates = sorted(Layout(root).sweeps_dir.glob("*.json"))
         for path in reversed(candidates):
             data = json.loads(path.read_text())
             if data["profiles"] != profiles or data.get("kind", "sweep") != kind:
                 continue
             if keys is None or [a["key"] for a in data.get("arms", [])] == keys:
                 return cls(path, data)
-        raise UserError(f"--resume: no {kind} of {','.join(profiles)} under {root / 'sweeps'}/")
+        raise UserError(
+            f"--resume: no {kind} of {','.join(profiles)} under {Layout(root).sweeps_dir}/"
+        )
 
     def arms(self) -> list[ArmSpec]:
         """The cells' specs in the order they run (older state files: one per profile)."""
@@ -200,7 +203,7 @@ class _Cell:
 
     def archived_dir(self) -> Path | None:
         run_id = self.entry.get("run_id")
-        path = self.request.archive_root / self.host / str(run_id)
+        path = Layout(self.request.archive_root).run_dir(self.host, str(run_id))
         return path if run_id and (path / "manifest.json").exists() else None
 
     # -- resuming what an interruption left ---------------------------------------------

@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from gpufleet.archive import store
+from gpufleet.archive.layout import Layout
 from gpufleet.control.arms import ArmSpec, profile_label
 from gpufleet.control.playbook import PLAYBOOKS, load_profile
 from gpufleet.errors import UserError
@@ -179,11 +180,11 @@ def rows_by_depth(
     """The finished cells' result rows: depth -> concurrency -> rows (all hosts)."""
     out: dict[int, dict[int, list[dict[str, Any]]]] = {}
     for arm in arms:
-        depth = int(arm.label.rsplit("depth=", 1)[1].rstrip("]"))
+        depth = int(arm.overrides.get("speculative-num-steps", 0))  # depth 0: flags removed
         for host, cell in state["cells"][arm.key].items():
             if cell.get("status") != "done":
                 continue
-            results = root / host / cell["run_id"] / "results.jsonl"
+            results = Layout(root).run_dir(host, cell["run_id"]) / "results.jsonl"
             for line in results.read_text().splitlines():
                 row = json.loads(line)
                 out.setdefault(depth, {}).setdefault(int(row["max_concurrency"]), []).append(row)

@@ -9,7 +9,6 @@ measured levels.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -282,7 +281,3 @@ def as_json(per_host: dict[str, list[Arm]]) -> dict[str, Any]:
             "warnings": fairness(arms, levels),
         }
     return out
-
-
-def safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]

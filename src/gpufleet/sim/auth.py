@@ -12,13 +12,11 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
-from aiohttp import web
-
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
 ADMIN_OPTIONAL = ("/flush_cache",)
 
 
-def _bearer(request: web.Request) -> str | None:
+def _bearer(request: Any) -> str | None:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" else None
 
@@ -37,6 +35,10 @@ def allowed(path: str, given: str | None, api_key: str | None, admin_key: str | 
 
 
 def middleware(api_key: str | None, admin_key: str | None) -> Any:
+    """aiohttp middleware answering 401 where SGLang would (aiohttp imported here: the
+    shipped modules import only the standard library at import time)."""
+    from aiohttp import web
+
     @web.middleware
     async def check(request: web.Request, handler: Any) -> web.StreamResponse:
         if not allowed(request.path, _bearer(request), api_key, admin_key):

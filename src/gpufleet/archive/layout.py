@@ -1,0 +1,65 @@
+"""Where everything lives under the archive root: the one module that builds `logs/` paths.
+
+    <root>/<host>/<run-id>/            one archived run (manifest.json and its files)
+    <root>/<host>/.tmp-<run-id>-<pid>/ a run being written (renamed into place when whole)
+    <root>/sweeps/<sweep-id>.json      a sweep's state (cells, their runs, resume data)
+    <root>/tunes/<sweep-id>.json       a tune's record (table, choices, verification)
+    <root>/findmax/<host>/<stamp>-<profile>.json   a find-max search and its probes
+    <root>/compare/<name>/             a comparison's plots and report.html
+
+`sweeps`, `tunes`, `findmax` and `compare` are therefore not host names (the inventory
+refuses them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_ROOT = Path(os.environ.get("GPUFLEET_ARCHIVE", "logs"))
+RESERVED = frozenset({"sweeps", "tunes", "findmax", "compare"})
+
+
+def safe_name(text: str) -> str:
+    """A file or folder name made of `text` (letters, digits, '_', '.', '-'; 80 at most)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path = DEFAULT_ROOT
+
+    def host_dir(self, host: str) -> Path:
+        return self.root / host
+
+    def run_dir(self, host: str, run_id: str) -> Path:
+        return self.root / host / run_id
+
+    def partial_run_dir(self, host: str, run_id: str) -> Path:
+        return self.root / host / f".tmp-{run_id}-{os.getpid()}"
+
+    @property
+    def sweeps_dir(self) -> Path:
+        return self.root / "sweeps"
+
+    def sweep_state(self, sweep_id: str) -> Path:
+        return self.sweeps_dir / f"{sweep_id}.json"
+
+    def tune_record(self, sweep_id: str) -> Path:
+        return self.root / "tunes" / f"{sweep_id}.json"
+
+    def findmax_dir(self, host: str) -> Path:
+        return self.root / "findmax" / host
+
+    def findmax_record(self, host: str, stamp: str, profile: str | None) -> Path:
+        return self.findmax_dir(host) / f"{stamp}-{profile or 'adhoc'}.json"
+
+    def compare_dir(self, name: str) -> Path:
+        return self.root / "compare" / safe_name(name)
+
+
+def layout(root: Path | str | None = None) -> Layout:
+    """The layout under `root` (default: logs/ or $GPUFLEET_ARCHIVE)."""
+    return Layout(Path(root) if root else DEFAULT_ROOT)
