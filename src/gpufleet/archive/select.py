@@ -12,6 +12,7 @@ from pathlib import Path
 from gpufleet.archive import store
 from gpufleet.archive.layout import Layout
 from gpufleet.errors import UserError
+from gpufleet.host.kinds import CellStatus, RunStatus
 from gpufleet.report import html
 from gpufleet.report.compare import Arm
 from gpufleet.report.html import Failure, ReportInput
@@ -46,7 +47,7 @@ def _runs_named(arg: str, runs: list[dict]) -> dict[str, list[Path]]:
     for r in usable:
         found[r["host"]] = [Path(r["path"])]
     for r in usable:
-        if r.get("status") == "done" and not r.get("superseded"):
+        if r.get("status") == RunStatus.DONE and not r.get("superseded"):
             found[r["host"]] = [Path(r["path"])]
     return found
 
@@ -98,7 +99,7 @@ def _report_input(title: str, per_host: dict[str, list[Arm]], root: Path) -> Rep
                 data.run_dirs[manifest["run_id"]] = run_dir
                 problems = store.verify(run_dir)
                 manifest["checksums"] = "ok" if not problems else "; ".join(problems[:3])
-                if manifest.get("status") != "done":
+                if manifest.get("status") != RunStatus.DONE:
                     data.failures.append(
                         Failure(host, arm.label, str(manifest.get("reason")), _log_tail(run_dir))
                     )
@@ -131,14 +132,14 @@ def report_for_sweep(root: Path, state_path: Path) -> ReportInput:
     finished: dict[str, dict[str, list[str]]] = {}
     for key, cells in state["cells"].items():
         for host, cell in cells.items():
-            if cell.get("status") == "done":
+            if cell.get("status") == CellStatus.DONE:
                 by_host = finished.setdefault(labels.get(key, Path(key).stem), {})
                 by_host.setdefault(host, []).append(cell["run_id"])
     per_host = from_run_ids(root, finished) if finished else {}
     data = _report_input(f"sweep {state['sweep_id']}", per_host, root)
     for profile, cells in state["cells"].items():
         for host, cell in cells.items():
-            if cell.get("status") not in ("done", None) and cell.get("error"):
+            if cell.get("status") not in (CellStatus.DONE, None) and cell.get("error"):
                 run_dir = Layout(root).run_dir(host, str(cell.get("run_id")))
                 tail = _log_tail(run_dir) if cell.get("run_id") else []
                 data.failures.append(Failure(host, Path(profile).stem, cell["error"], tail))

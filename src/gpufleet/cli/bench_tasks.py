@@ -106,6 +106,7 @@ def bench(
     from gpufleet.cli.progress import bench_progress
     from gpufleet.control import bench as bench_control
     from gpufleet.errors import UserError
+    from gpufleet.host.kinds import RunStatus
     from gpufleet.report.tables import headers, rows
 
     if client not in ("host", "local"):
@@ -135,7 +136,7 @@ def bench(
         for text in repeat_lines(value["results"]):
             line(text)
         line(f"archived {value['path']}")
-        if value["status"] != "done":
+        if value["status"] != RunStatus.DONE:
             raise Exit(f"gpufleet: run archived as FAILED: {value['reason']}", code=1)
         return
     inv, selected = select_hosts(inventory, hosts)

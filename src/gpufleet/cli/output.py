@@ -6,6 +6,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from gpufleet.host.kinds import Kind
+
 
 def _plain(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
@@ -64,7 +66,7 @@ def print_failures(results: list[Any], with_tail: bool = False) -> None:
 def report_lost_hosts_at_once(res: Any) -> None:
     """A host lost mid-run is said the moment it happens (with its resume hint), not after
     the other hosts finish."""
-    if not res.ok and res.kind == "connection":
+    if not res.ok and res.kind == Kind.CONNECTION:
         line(f"{res.host.name}: FAILED: {res.error}", sys.stderr)
         res.reported = True
 

@@ -93,6 +93,7 @@ def _do_sweep(
     from gpufleet.control import sweep
     from gpufleet.control.arms import expand
     from gpufleet.control.cancel import CancelToken
+    from gpufleet.host.kinds import SweepStatus
 
     arms = arms or expand(profile_names, [], 1)
     sweep.check_arms(profile_names, arms)  # a bad profile or flag fails before anything starts
@@ -120,9 +121,9 @@ def _do_sweep(
                 data, fmt, Layout(request.archive_root).compare_dir(state.data["sweep_id"])
             )
         line(f"sweep {state.data['sweep_id']}: {state.data['status']} (state: {state.path})")
-    if state.data["status"] == "interrupted":
+    if state.data["status"] == SweepStatus.INTERRUPTED:
         raise Exit(f"gpufleet: interrupted; finish the sweep with `{hint()}`", code=130)
-    if state.data["status"] != "done":
+    if state.data["status"] != SweepStatus.DONE:
         raise Exit(f"gpufleet: some sweep cells failed (see above); retry them with `{hint()}`", 1)
     return state
 

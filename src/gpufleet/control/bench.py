@@ -27,6 +27,7 @@ from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session, host_events
 from gpufleet.errors import UserError
 from gpufleet.host.bench.loadgen import BACKENDS
+from gpufleet.host.kinds import Kind, RunStatus
 from gpufleet.host.protocol import BenchStartArgs, BenchWatchArgs
 from gpufleet.host.redact import redact_argv, redact_tree, remember
 from gpufleet.report.tables import summary_csv, summary_md
@@ -203,7 +204,7 @@ def archive_run(
     if "plan.json" in files:  # a URL given with a password stays out of the archive
         plan = redact_tree(json.loads(files["plan.json"]))
         files = {**files, "plan.json": json.dumps(plan, indent=2).encode()}
-    run = manifest.FetchedRun(files, watch.get("status", "failed"))
+    run = manifest.FetchedRun(files, watch.get("status", RunStatus.FAILED))
     command_line = redact_argv(request.command_line)
     record = manifest.build(host, run_id, run, command_line, __version__)
     kept = {k: v for k, v in files.items() if k not in CONTROL_FILES}
@@ -211,7 +212,7 @@ def archive_run(
     kept["summary.md"] = summary_md(record, run.results).encode()
     path = store.write_run(request.archive_root, host, run_id, kept, record)
     tail = []
-    if run.status["status"] != "done" and "server.log" in kept:
+    if run.status["status"] != RunStatus.DONE and "server.log" in kept:
         tail = kept["server.log"].decode(errors="replace").splitlines()[-40:]
     return {
         "path": str(path),
@@ -248,7 +249,7 @@ def watch(
             doing="the benchmark runs",
             resume=f"fetch it with `{attach_hint(run_id, [session.host])}`",
         )
-        if answer["status"] != "watching":
+        if answer["status"] != RunStatus.WATCHING:
             return answer
         args.offset = answer["offset"]
         cancel.check("watching the benchmark")  # type: ignore[union-attr]
@@ -323,9 +324,9 @@ def attach(
 def _fail_unfinished(results: list[HostResult[dict]]) -> list[HostResult[dict]]:
     """A run archived as failed fails its host (the archive and its table are kept)."""
     for res in results:
-        if res.ok and res.value is not None and res.value["status"] != "done":
+        if res.ok and res.value is not None and res.value["status"] != RunStatus.DONE:
             res.error = f"run archived as FAILED: {res.value['reason']}"
-            res.kind = "run_failed"
+            res.kind = Kind.RUN_FAILED
             res.tail = res.value["tail"]
     return results
 

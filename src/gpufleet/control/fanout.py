@@ -19,6 +19,7 @@ from gpufleet.control.cancel import Cancelled
 from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session, open_session
 from gpufleet.errors import HostError, UserError
+from gpufleet.host.kinds import Kind
 
 T = TypeVar("T")
 
@@ -28,7 +29,7 @@ class HostResult(Generic[T]):
     host: Host
     value: T | None = None
     error: str | None = None
-    kind: str | None = None
+    kind: Kind | None = None
     tail: list[str] = field(default_factory=list)
     reported: bool = False  # already shown to the user as it happened
     warnings: list[str] = field(default_factory=list)  # about the host itself, said once
@@ -58,12 +59,12 @@ def run_on_hosts(
         except HostError as exc:
             result = HostResult(host, error=str(exc), kind=exc.kind, tail=exc.tail)
         except Cancelled as exc:
-            result = HostResult(host, error=f"interrupted while {exc}", kind="cancelled")
+            result = HostResult(host, error=f"interrupted while {exc}", kind=Kind.CANCELLED)
         except UserError as exc:
-            result = HostResult(host, error=str(exc), kind="bad_input")
+            result = HostResult(host, error=str(exc), kind=Kind.BAD_INPUT)
         except Exception as exc:  # a bug: keep it on this host, with enough to report it
             detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            result = HostResult(host, error=f"internal error: {detail}", kind="crash")
+            result = HostResult(host, error=f"internal error: {detail}", kind=Kind.CRASH)
         finally:
             if session is not None:
                 try:

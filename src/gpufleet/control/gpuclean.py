@@ -9,6 +9,7 @@ from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session
 from gpufleet.errors import HostError, UserError
+from gpufleet.host.kinds import Kind
 from gpufleet.host.procs import compile_patterns
 from gpufleet.host.protocol import AgentError, CleanArgs, StatusArgs
 from gpufleet.report.gpu import verdict_reason
@@ -47,8 +48,8 @@ def check_patterns(patterns: list[str]) -> None:
 
 
 def _driver_message(exc: HostError, host: Host) -> HostError:
-    if exc.kind == "no_driver":
-        return HostError(f"no NVIDIA driver on {host.name}", kind="no_driver")
+    if exc.kind == Kind.NO_DRIVER:
+        return HostError(f"no NVIDIA driver on {host.name}", kind=Kind.NO_DRIVER)
     return exc
 
 
@@ -66,7 +67,7 @@ def clean(hosts: list[Host], options: CleanOptions, forks: int) -> list[HostResu
     for res in results:
         if res.ok and not options.dry_run and not res.value["clean"]:
             res.error = verdict_reason(res.value)
-            res.kind = "not_clean"
+            res.kind = Kind.NOT_CLEAN
     return results
 
 

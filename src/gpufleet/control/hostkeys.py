@@ -14,6 +14,7 @@ from pathlib import Path
 import paramiko
 
 from gpufleet.errors import HostError
+from gpufleet.host.kinds import Kind
 
 
 def known_host_name(address: str, port: int) -> str:
@@ -39,7 +40,7 @@ class RefuseUnknownKey(paramiko.MissingHostKeyPolicy):
             f"unknown host key for {hostname} ({key.get_name()} {fingerprint(key)}); "
             f"check the fingerprint, then trust it with `{keyscan}` "
             "or set host_key_policy: accept-new for this host",
-            kind="host_key",
+            kind=Kind.HOST_KEY,
         )
 
 

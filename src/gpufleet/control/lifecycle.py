@@ -12,6 +12,7 @@ from gpufleet.control.inventory import Host
 from gpufleet.control.playbook import LaunchSpec, Profile, build_specs
 from gpufleet.control.transport import Session, host_events
 from gpufleet.errors import HostError
+from gpufleet.host.kinds import Kind
 from gpufleet.host.protocol import LaunchArgs, LogsArgs, StopArgs, WaitReadyArgs
 from gpufleet.report.gpu import dirty_gpus
 
@@ -31,7 +32,9 @@ class LaunchOptions:
 def _raise_not_ready(wait: dict[str, Any]) -> None:
     if not wait.get("ready"):
         raise HostError(
-            f"{wait['phase']}: {wait['reason']}", kind=wait["phase"], tail=wait.get("tail", [])
+            f"{wait['phase']}: {wait['reason']}",
+            kind=Kind(wait["phase"]),
+            tail=wait.get("tail", []),
         )
 
 
@@ -83,7 +86,7 @@ def launch_on(
 
         cleaned = clean_on(session, CleanOptions())
         if not cleaned["clean"]:
-            raise HostError("gpu-clean before launch did not verify clean", kind="not_clean")
+            raise HostError("gpu-clean before launch did not verify clean", kind=Kind.NOT_CLEAN)
     started = session.call(
         LaunchArgs(
             spec=spec.model_dump(),
@@ -95,7 +98,7 @@ def launch_on(
     )
     if not started["started"]:
         raise HostError(
-            "preflight refused the launch: " + "; ".join(started["errors"]), kind="preflight"
+            "preflight refused the launch: " + "; ".join(started["errors"]), kind=Kind.PREFLIGHT
         )
     if progress:
         for note in started.get("renames", []):
@@ -146,7 +149,7 @@ def dry_run(
     for res in results:
         if res.ok and res.value["errors"]:
             res.error = "preflight would refuse the launch: " + "; ".join(res.value["errors"])
-            res.kind = "preflight"
+            res.kind = Kind.PREFLIGHT
     return [(specs[res.host.name], res) for res in results]
 
 
@@ -178,7 +181,7 @@ def stop(
         if verify and not verify["clean"]:
             dirty = dirty_gpus(verify["gpus"])
             raise HostError(
-                "server stopped but GPUs are not clean: " + "; ".join(dirty), kind="not_clean"
+                "server stopped but GPUs are not clean: " + "; ".join(dirty), kind=Kind.NOT_CLEAN
             )
         return result
 

@@ -25,6 +25,7 @@ from tenacity import (
 from gpufleet.control import hostkeys
 from gpufleet.control.inventory import Host
 from gpufleet.errors import HostError
+from gpufleet.host.kinds import Kind
 
 # paramiko logs every failed handshake with a traceback; gpufleet reports them itself.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -52,20 +53,20 @@ def _describe(exc: BaseException, host: Host, conn: Connection) -> HostError:
     if isinstance(exc, HostError):
         return exc
     if isinstance(exc, paramiko.BadHostKeyException):
-        return HostError(hostkeys.describe_bad_key(exc, name, host.known_hosts), kind="host_key")
+        return HostError(hostkeys.describe_bad_key(exc, name, host.known_hosts), kind=Kind.HOST_KEY)
     if isinstance(exc, paramiko.AuthenticationException):
         key = f" with {host.identity_file}" if host.identity_file else ""
-        return HostError(f"authentication failed for {where}{key}: {exc}", kind="auth")
+        return HostError(f"authentication failed for {where}{key}: {exc}", kind=Kind.AUTH)
     if isinstance(exc, socket.gaierror):
-        return HostError(f"cannot resolve {conn.host}: {exc.strerror}", kind="unreachable")
+        return HostError(f"cannot resolve {conn.host}: {exc.strerror}", kind=Kind.UNREACHABLE)
     if isinstance(exc, (TimeoutError, socket.timeout)):
         return HostError(
             f"cannot connect to {where}: timed out after {host.connect_timeout:g}s",
-            kind="unreachable",
+            kind=Kind.UNREACHABLE,
         )
     if isinstance(exc, (NoValidConnectionsError, ConnectionRefusedError)):
-        return HostError(f"cannot connect to {where}: connection refused", kind="unreachable")
-    return HostError(f"cannot connect to {where}: {exc}", kind="unreachable")
+        return HostError(f"cannot connect to {where}: connection refused", kind=Kind.UNREACHABLE)
+    return HostError(f"cannot connect to {where}: {exc}", kind=Kind.UNREACHABLE)
 
 
 def _strict_on_every_hop(conn: Connection, host: Host) -> None:

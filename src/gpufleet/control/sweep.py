@@ -35,6 +35,7 @@ from gpufleet.control.inventory import Host
 from gpufleet.control.playbook import LaunchSpec, build_specs
 from gpufleet.control.transport import Session
 from gpufleet.errors import HostError, UserError
+from gpufleet.host.kinds import CellStatus, Kind, RunStatus, SweepStatus
 from gpufleet.host.protocol import StopArgs
 from gpufleet.report.html import ReportInput
 
@@ -73,8 +74,8 @@ class SweepState:
             "hosts": hosts,
             "concurrency": levels,
             "created_at": datetime.now(UTC).isoformat(),
-            "status": "running",
-            "cells": {a.key: {h: {"status": "pending"} for h in hosts} for a in arms},
+            "status": SweepStatus.RUNNING,
+            "cells": {a.key: {h: {"status": CellStatus.PENDING} for h in hosts} for a in arms},
             "durations_s": {},
         }
         state = cls(Layout(root).sweep_state(sweep_id), data)
@@ -196,7 +197,7 @@ class _Cell:
     def update(self, **fields: Any) -> None:
         self.state.update(self.profile, self.host, **fields)
 
-    def phase(self, status: str) -> None:
+    def phase(self, status: CellStatus) -> None:
         """Record and announce the step this cell enters."""
         self.update(status=status, steps_s=self.steps.seconds)
         self.state.say(f"[sweep] {label(self.profile)} on {self.host}: {status}")
@@ -212,12 +213,12 @@ class _Cell:
         archived = self.archived_dir()
         if archived is not None:
             manifest = store.read_manifest(archived)
-            if manifest["status"] == "done":
+            if manifest["status"] == RunStatus.DONE:
                 self.stop_server()  # archived just before an interruption
                 return _archived_result(manifest, archived)
             store.mark_superseded(archived, f"re-run by sweep {self.state.data['sweep_id']}")
             return None
-        if self.entry.get("status") == "benching" and self.entry.get("run_id"):
+        if self.entry.get("status") == CellStatus.BENCHING and self.entry.get("run_id"):
             self.state.say(
                 f"[sweep] {label(self.profile)} on {self.host}: re-attaching run "
                 f"{self.entry['run_id']}"
@@ -232,7 +233,7 @@ class _Cell:
                 )
             except (HostError, UserError):
                 return None  # not on the host any more: run the cell again
-            self.update(status="archived", path=result["path"])
+            self.update(status=CellStatus.ARCHIVED, path=result["path"])
             self.stop_server()
             return result
         return None
@@ -241,13 +242,13 @@ class _Cell:
     def run(self) -> dict[str, Any]:
         self.cancel.check("starting the cell")
         self.update(run_id=None, path=None, error=None)
-        self.phase("cleaning")
+        self.phase(CellStatus.CLEANING)
         cleaned = clean_on(self.session, CleanOptions(grace_s=5))
         if not cleaned["clean"]:
-            raise HostError("gpu-clean before launch did not verify clean", kind="not_clean")
+            raise HostError("gpu-clean before launch did not verify clean", kind=Kind.NOT_CLEAN)
         self.steps.done("clean")
         self.cancel_cleanly_if_asked("before launching", server=False)
-        self.phase("launching")
+        self.phase(CellStatus.LAUNCHING)
         try:
             self.launch()
         except Cancelled:
@@ -272,7 +273,7 @@ class _Cell:
 
     def bench(self) -> dict[str, Any]:
         run_id = benchrun.make_run_id(self.request, [self.host])
-        self.update(status="benching", run_id=run_id, steps_s=self.steps.seconds)
+        self.update(status=CellStatus.BENCHING, run_id=run_id, steps_s=self.steps.seconds)
         try:
             benchrun.start(self.session, self.request, run_id, self.bench_progress)
             result = benchrun.fetch(
@@ -284,8 +285,8 @@ class _Cell:
             self.stop_server()
             raise
         self.steps.done("bench")
-        self.update(status="archived", path=result["path"])
-        self.phase("stopping")
+        self.update(status=CellStatus.ARCHIVED, path=result["path"])
+        self.phase(CellStatus.STOPPING)
         self.stop_server()
         self.steps.done("stop")
         self.update(steps_s=self.steps.seconds)
@@ -297,7 +298,7 @@ class _Cell:
             return
         if server:
             self.stop_server()
-        self.update(status="interrupted", steps_s=self.steps.seconds)
+        self.update(status=CellStatus.INTERRUPTED, steps_s=self.steps.seconds)
         raise Cancelled(doing)
 
     def stop_server(self) -> None:
@@ -307,7 +308,7 @@ class _Cell:
         result = self.session.call(stop, timeout=180)
         verify = result.get("verify")
         if verify and not verify["clean"]:
-            raise HostError("GPUs not clean after stopping the server", kind="not_clean")
+            raise HostError("GPUs not clean after stopping the server", kind=Kind.NOT_CLEAN)
 
 
 def _archived_result(manifest: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -329,9 +330,9 @@ def _pipeline(cell: _Cell) -> dict[str, Any]:
 def _record(state: SweepState, name: str, res: Any) -> bool:
     """Write one cell's outcome into the state and say it; True if the cell failed."""
     say = state.say
-    if res.ok and res.value["status"] == "done":
+    if res.ok and res.value["status"] == RunStatus.DONE:
         state.update(
-            name, res.host.name, status="done", run_id=res.value["run_id"],
+            name, res.host.name, status=CellStatus.DONE, run_id=res.value["run_id"],
             path=res.value["path"], error=None,
         )  # fmt: skip
         steps = state.cell(name, res.host.name).get("steps_s") or {}
@@ -342,14 +343,14 @@ def _record(state: SweepState, name: str, res: Any) -> bool:
             + f", archived {res.value['path']}"
         )
         return False
-    if not res.ok and res.kind == "cancelled":
+    if not res.ok and res.kind == Kind.CANCELLED:
         where = state.cell(name, res.host.name)["status"]
         then = "--resume re-attaches it" if where == "benching" else "--resume runs it again"
         say(f"[sweep] {label(name)} on {res.host.name}: {res.error} ({where}; {then})")
         return True
     error = res.error if not res.ok else f"run failed: {res.value['reason']}"
     extra = {"run_id": res.value["run_id"], "path": res.value["path"]} if res.ok else {}
-    state.update(name, res.host.name, status="failed", error=error, **extra)
+    state.update(name, res.host.name, status=CellStatus.FAILED, error=error, **extra)
     say(f"[sweep] {label(name)} on {res.host.name}: FAILED: {error}")
     return True
 
@@ -374,7 +375,7 @@ def run(
         name = arm.key
         if cancel.requested:
             break
-        todo = [h for h in hosts if state.cell(name, h.name)["status"] != "done"]
+        todo = [h for h in hosts if state.cell(name, h.name)["status"] != CellStatus.DONE]
         if not todo:
             say(f"[sweep {index + 1}/{len(arms)}] {name}: already done, skipped")
             continue
@@ -395,10 +396,12 @@ def run(
             say("[sweep] stopping: --fail-fast")
             break
     cells = [c for a in arms for c in state.data["cells"][a.key].values()]
-    if all(c["status"] == "done" for c in cells):
-        state.data["status"] = "done"
+    if all(c["status"] == CellStatus.DONE for c in cells):
+        state.data["status"] = SweepStatus.DONE
     else:
-        state.data["status"] = "interrupted" if cancel.requested else "incomplete"
+        state.data["status"] = (
+            SweepStatus.INTERRUPTED if cancel.requested else SweepStatus.INCOMPLETE
+        )
     state.save()
     return state
 

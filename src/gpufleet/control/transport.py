@@ -22,6 +22,7 @@ from typing import Any
 from gpufleet.control import agentzip, bootstrap
 from gpufleet.control.inventory import Host
 from gpufleet.errors import HostError
+from gpufleet.host.kinds import Kind
 from gpufleet.host.protocol import MARK, VerbArgs
 
 EventHandler = Callable[[dict[str, Any]], None]
@@ -100,6 +101,14 @@ def _compact(source: str) -> str:
 BOOTSTRAP = _compact(Path(bootstrap.__file__).read_text())
 
 
+def _kind(value: Any) -> Kind:
+    """The kind an agent answered (an older agent's unknown kind is just an error)."""
+    try:
+        return Kind(value)
+    except ValueError:
+        return Kind.ERROR
+
+
 class Session:
     """Runs agent verbs on one host; subclasses provide how to execute and upload.
 
@@ -143,7 +152,9 @@ class Session:
         sink.close()
         self._raise_for_workdir(code, err)
         if code != 0 or not sink.other:
-            raise HostError(f"cannot create workdir {self.host.workdir}: {err.strip()}", "workdir")
+            raise HostError(
+                f"cannot create workdir {self.host.workdir}: {err.strip()}", Kind.WORKDIR
+            )
         return sink.other[-1]
 
     def _bootstrap(self, agent: str, digest: str, verb: list[str]) -> str:
@@ -159,11 +170,11 @@ class Session:
             if warning.startswith(bootstrap.WARNING):
                 self.warnings.add(warning[len(bootstrap.WARNING) :].strip())
         if code == 90:
-            raise HostError(f"{(lines or ['cannot create workdir'])[-1]}", "workdir")
+            raise HostError(f"{(lines or ['cannot create workdir'])[-1]}", Kind.WORKDIR)
         if code == 91:
             raise HostError(
                 f"refusing to run the agent: {(lines or ['unsafe workdir'])[-1]}",
-                kind="unsafe_workdir",
+                kind=Kind.UNSAFE_WORKDIR,
             )
 
     def with_host(self, args: VerbArgs) -> VerbArgs:
@@ -206,11 +217,9 @@ class Session:
                 self._upload(bundle.data, missing[-1][len(MISSING) + 1 :] + "/" + bundle.filename)
         self._raise_for_workdir(code, err)
         if sink.final is None:
-            raise HostError(self._explain_failure(code, err, sink.other), kind="agent")
+            raise HostError(self._explain_failure(code, err, sink.other), kind=Kind.AGENT)
         if not sink.final.get("ok"):
-            raise HostError(
-                sink.final.get("error", "agent failed"), sink.final.get("kind", "error")
-            )
+            raise HostError(sink.final.get("error", "agent failed"), _kind(sink.final.get("kind")))
         return sink.final.get("result")
 
     def call_resumable(
@@ -226,10 +235,10 @@ class Session:
         try:
             return self.call(args, on_event=on_event, timeout=timeout)
         except HostError as exc:
-            if exc.kind in ("connection", "agent"):
+            if exc.kind in (Kind.CONNECTION, Kind.AGENT):
                 raise HostError(
                     f"lost the host while {doing} ({exc}); it keeps running there: {resume}",
-                    kind="connection",
+                    kind=Kind.CONNECTION,
                 ) from None
             raise
 
@@ -320,7 +329,7 @@ class SSHSession(Session):
         try:
             self.conn.sftp().getfo(path, buffer)
         except (OSError, EOFError) as exc:
-            raise HostError(f"cannot fetch {path}: {exc}", kind="connection") from None
+            raise HostError(f"cannot fetch {path}: {exc}", kind=Kind.CONNECTION) from None
         return buffer.getvalue()
 
     def _exec(
@@ -341,7 +350,7 @@ class SSHSession(Session):
         except CommandTimedOut:
             return None, f"timed out after {timeout}s"
         except (OSError, EOFError) as exc:
-            raise HostError(f"connection lost: {exc}", kind="connection") from None
+            raise HostError(f"connection lost: {exc}", kind=Kind.CONNECTION) from None
         return result.exited, result.stderr
 
     def close(self) -> None:

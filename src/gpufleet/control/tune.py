@@ -36,6 +36,7 @@ from gpufleet.archive.layout import Layout
 from gpufleet.control.arms import ArmSpec, profile_label
 from gpufleet.control.playbook import PLAYBOOKS, load_profile
 from gpufleet.errors import UserError
+from gpufleet.host.kinds import CellStatus
 
 DEFAULT_DEPTHS = (1, 2, 3, 5, 7)
 DEFAULT_LADDER = (1, 2, 4, 8, 16, 32, 64)
@@ -182,7 +183,7 @@ def rows_by_depth(
     for arm in arms:
         depth = int(arm.overrides.get("speculative-num-steps", 0))  # depth 0: flags removed
         for host, cell in state["cells"][arm.key].items():
-            if cell.get("status") != "done":
+            if cell.get("status") != CellStatus.DONE:
                 continue
             results = Layout(root).run_dir(host, cell["run_id"]) / "results.jsonl"
             for line in results.read_text().splitlines():

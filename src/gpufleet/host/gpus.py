@@ -11,6 +11,7 @@ from typing import Any
 
 from gpufleet.host import liveservers, procs
 from gpufleet.host import nvml as nvmlread
+from gpufleet.host.kinds import Kind
 from gpufleet.host.protocol import (
     AgentError,
     CleanAnswer,
@@ -23,7 +24,7 @@ from gpufleet.host.protocol import (
 
 def _check_count(gpus: list[dict[str, Any]], expected: int | None) -> None:
     if expected is not None and len(gpus) != expected:
-        raise AgentError(f"expected {expected} GPUs, NVML sees {len(gpus)}", kind="gpu_count")
+        raise AgentError(f"expected {expected} GPUs, NVML sees {len(gpus)}", kind=Kind.GPU_COUNT)
 
 
 def _gpu_is_clean(gpu: dict[str, Any], tolerance_mib: int) -> bool:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.host import gpus, health, serverkeys
+from gpufleet.host.kinds import Kind, ServerStatus
 from gpufleet.host.preflight import launch_env, preflight
 from gpufleet.host.procstat import ProcRef, command_name, group_members
 from gpufleet.host.protocol import (
@@ -72,7 +73,7 @@ def port_lock(port: int):
         except BlockingIOError:
             raise AgentError(
                 f"another gpufleet launch on port {port} is in progress on this host",
-                kind="locked",
+                kind=Kind.LOCKED,
             ) from None
         yield
     finally:
@@ -106,7 +107,7 @@ def write_files(spec: dict[str, Any]) -> dict[str, Any]:
     folder.mkdir(mode=0o700, exist_ok=True)
     for name, content in files.items():
         if "/" in name or name.startswith("."):
-            raise AgentError(f"file name {name!r} is not a plain name", kind="usage")
+            raise AgentError(f"file name {name!r} is not a plain name", kind=Kind.USAGE)
         target = folder / name
         if not target.exists():
             tmp = folder / f".{name}.{os.getpid()}.tmp"
@@ -174,7 +175,7 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
             "secrets_in_argv": in_argv,
             "node_rank": spec.get("node_rank", 0),
             "started_at": now_iso(),
-            "status": "starting",
+            "status": ServerStatus.STARTING,
         }
         write_state(state)
     return {
@@ -215,7 +216,7 @@ def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
     """Poll until /health answers 200 (or, without health, the process runs); stream phases."""
     state = read_state(args.port)
     if state is None:
-        raise AgentError(f"no server launched by gpufleet on port {args.port}", kind="no_server")
+        raise AgentError(f"no server launched by gpufleet on port {args.port}", kind=Kind.NO_SERVER)
     remember(process_secrets(state["pid"]) if server_alive(state) else [])
     started = time.monotonic() - args.elapsed_before_s
     slice_end = time.monotonic() + args.slice_s if args.slice_s else None
@@ -231,7 +232,10 @@ def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
             return _failed(state, "crashed", "the server process exited")
         new_phase = health.probe(state["health_url"]) if args.health else "running"
         if new_phase in ("ready", "running"):
-            state.update(status="ready" if args.health else "running", ready_at=now_iso())
+            state.update(
+                status=ServerStatus.READY if args.health else ServerStatus.RUNNING,
+                ready_at=now_iso(),
+            )
             write_state(state)
             emit_event(
                 {"phase": new_phase, "elapsed_s": round(elapsed, 2), "last_line": log.last_line}
@@ -256,7 +260,7 @@ def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
 
 
 def _failed(state: dict[str, Any], status: str, reason: str) -> WaitReadyAnswer:
-    state.update(status="failed", failure=reason, failed_at=now_iso())
+    state.update(status=ServerStatus.FAILED, failure=reason, failed_at=now_iso())
     write_state(state)
     return {
         "ready": False,
@@ -311,7 +315,9 @@ def stop_server(state: dict[str, Any], grace_s: float) -> str:
     try:
         ours = _group_is_ours(state)
     except StaleState:
-        state.update(status="stale", stopped_at=now_iso(), stop_signal="none (stale state)")
+        state.update(
+            status=ServerStatus.STALE, stopped_at=now_iso(), stop_signal="none (stale state)"
+        )
         write_state(state)
         raise
     signal_used = "none (already gone)"
@@ -320,7 +326,7 @@ def stop_server(state: dict[str, Any], grace_s: float) -> str:
         if not _signal_group(state["pgid"], signal.SIGTERM, grace_s):
             signal_used = "SIGKILL"
             _signal_group(state["pgid"], signal.SIGKILL, 5)
-    state.update(status="stopped", stopped_at=now_iso(), stop_signal=signal_used)
+    state.update(status=ServerStatus.STOPPED, stopped_at=now_iso(), stop_signal=signal_used)
     write_state(state)
     return signal_used
 
@@ -333,7 +339,7 @@ def stop(args: StopArgs) -> StopAnswer:
     refused = []
     used_gpus: set[int] = set()
     for state in states:
-        if state.get("status") in ("stopped", "stale"):
+        if state.get("status") in (ServerStatus.STOPPED, ServerStatus.STALE):
             continue
         try:
             how = stop_server(state, args.grace_s)
@@ -355,13 +361,16 @@ def servers() -> dict[str, Any]:
     out = []
     for state in all_states():
         alive = server_alive(state)
-        if state.get("status") in ("stopped", "stale") and not alive:
+        if state.get("status") in (ServerStatus.STOPPED, ServerStatus.STALE) and not alive:
             continue
         keys = ("profile", "pid", "port", "status", "started_at", "engine", "engine_version", "log")
         entry = {k: state.get(k) for k in keys}
         entry["alive"] = alive
-        if not alive and entry["status"] in ("starting", "ready", "running"):
-            entry["status"] = "dead"  # it was up; its process is gone (crash, kill, reboot)
+        up = (ServerStatus.STARTING, ServerStatus.READY, ServerStatus.RUNNING)
+        if not alive and entry["status"] in up:
+            entry["status"] = (
+                ServerStatus.DEAD
+            )  # it was up; its process is gone (crash, kill, reboot)
         entry["health"] = health.probe(state["health_url"]) if alive else "down"
         if alive:
             started = datetime.fromisoformat(state["started_at"].replace("Z", "+00:00"))
@@ -377,7 +386,7 @@ def logs(args: LogsArgs) -> dict[str, Any]:
     if args.profile:
         states = [s for s in states if s["profile"] == args.profile]
     if not states:
-        raise AgentError("no server launched by gpufleet matches", kind="no_server")
+        raise AgentError("no server launched by gpufleet matches", kind=Kind.NO_SERVER)
     state = max(states, key=lambda s: s["started_at"])
     remember(process_secrets(state["pid"]) if server_alive(state) else [])
     lines = tail(state["log"], args.lines)

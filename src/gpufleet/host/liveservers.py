@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.host import health
+from gpufleet.host.kinds import ServerStatus
 from gpufleet.host.procstat import group_members
 from gpufleet.host.servers import all_states, server_alive
 
@@ -73,7 +74,9 @@ def find(candidates: list[int], psutil: Any) -> list[LiveServer]:
     live: list[LiveServer] = []
     covered: set[int] = set()
     for state in all_states():
-        if state.get("status") in ("stopped", "stale") or not server_alive(state):
+        if state.get("status") in (ServerStatus.STOPPED, ServerStatus.STALE) or not server_alive(
+            state
+        ):
             continue
         if not health.is_ready(state["health_url"], PROBE_TIMEOUT_S):
             continue

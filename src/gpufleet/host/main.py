@@ -6,6 +6,7 @@ import sys
 import traceback
 
 from gpufleet.host import nvml, serverkeys
+from gpufleet.host.kinds import Kind
 from gpufleet.host.protocol import AgentError, emit_error, emit_result, read_args
 
 
@@ -27,5 +28,5 @@ def main(argv: list[str]) -> int:
         emit_error(str(exc), kind=exc.kind)
         return 0
     except Exception as exc:  # a bug: report it with its traceback for the control plane
-        emit_error(f"agent {verb} crashed: {exc!r}\n{traceback.format_exc()}", kind="crash")
+        emit_error(f"agent {verb} crashed: {exc!r}\n{traceback.format_exc()}", kind=Kind.CRASH)
         return 1

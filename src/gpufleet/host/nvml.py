@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpufleet.host.kinds import Kind
 from gpufleet.host.protocol import AgentError
 
 MIB = 1024 * 1024
@@ -54,14 +55,14 @@ def load_pynvml() -> Any:
     except ImportError:
         raise AgentError(
             f"the host Python ({sys.executable}) lacks nvidia-ml-py (import pynvml failed)",
-            kind="missing_package",
+            kind=Kind.MISSING_PACKAGE,
         ) from None
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError_LibraryNotFound:
-        raise AgentError("no NVIDIA driver (NVML library not found)", kind="no_driver") from None
+        raise AgentError("no NVIDIA driver (NVML library not found)", kind=Kind.NO_DRIVER) from None
     except pynvml.NVMLError as exc:
-        raise AgentError(f"NVML failed to initialise: {exc}", kind="no_driver") from None
+        raise AgentError(f"NVML failed to initialise: {exc}", kind=Kind.NO_DRIVER) from None
     return pynvml
 
 

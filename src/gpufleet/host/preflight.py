@@ -18,6 +18,7 @@ from typing import Any
 
 from gpufleet.host import flagrenames
 from gpufleet.host import nvml as nvmlread
+from gpufleet.host.kinds import Kind
 from gpufleet.host.protocol import AgentError, LaunchArgs
 from gpufleet.host.servers import read_state, server_alive
 
@@ -94,7 +95,7 @@ def help_text(argv_head: list[str], env: dict[str, str]) -> str:
     text = out.stdout + out.stderr
     if out.returncode != 0:
         raise AgentError(
-            f"`{' '.join(argv_head[1:])} --help` failed: {text.strip()[-300:]}", kind="preflight"
+            f"`{' '.join(argv_head[1:])} --help` failed: {text.strip()[-300:]}", kind=Kind.PREFLIGHT
         )
     return text
 

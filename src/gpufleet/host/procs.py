@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.host import identity
+from gpufleet.host.kinds import Kind
 from gpufleet.host.protocol import AgentError
 from gpufleet.host.redact import redact_argv
 
@@ -30,7 +31,7 @@ def _psutil() -> Any:
     try:
         import psutil
     except ImportError:
-        raise AgentError("the host Python lacks psutil", kind="missing_package") from None
+        raise AgentError("the host Python lacks psutil", kind=Kind.MISSING_PACKAGE) from None
     return psutil
 
 
@@ -101,7 +102,7 @@ def compile_patterns(patterns: list[str]) -> list[re.Pattern[str]]:
     try:
         regexes = [re.compile(p) for p in patterns]
     except re.error as exc:
-        raise AgentError(f"bad process pattern: {exc}", kind="bad_input") from None
+        raise AgentError(f"bad process pattern: {exc}", kind=Kind.BAD_INPUT) from None
     probes = {
         "the gpufleet agent": (["python3", "agent-0123456789ab.pyz", "clean"], "python3"),
         "sshd": (["sshd: root@notty"], "sshd"),
@@ -113,7 +114,7 @@ def compile_patterns(patterns: list[str]) -> list[re.Pattern[str]]:
                 raise AgentError(
                     f"process pattern {regex.pattern!r} matches {what}: name the server's "
                     "program or module instead (e.g. 'sglang\\.launch_server')",
-                    kind="bad_input",
+                    kind=Kind.BAD_INPUT,
                 )
     return regexes
 
@@ -143,7 +144,7 @@ def find_pattern_matches(patterns: list[str], sim_state: str | None) -> list[int
         raise AgentError(
             f"process patterns {patterns} match {len(found)} of {seen} processes: refusing "
             "to treat that many as stale servers (narrow the pattern)",
-            kind="bad_input",
+            kind=Kind.BAD_INPUT,
         )
     return found
 

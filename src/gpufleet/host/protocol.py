@@ -20,6 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict
 
+from gpufleet.host.kinds import Kind
 from gpufleet.host.redact import scrub_known
 
 MARK = "gpufleet_agent"
@@ -28,7 +29,7 @@ MARK = "gpufleet_agent"
 class AgentError(Exception):
     """A failure the agent reports as `{"ok": false, "kind": ..., "error": ...}`."""
 
-    def __init__(self, message: str, kind: str = "error") -> None:
+    def __init__(self, message: str, kind: Kind = Kind.ERROR) -> None:
         super().__init__(message)
         self.kind = kind
 
@@ -52,18 +53,18 @@ class VerbArgs:
     def from_wire(cls, data: Any) -> typing.Self:
         """Check a decoded JSON object against the declared fields; AgentError if it fails."""
         if not isinstance(data, dict):
-            raise AgentError(f"{cls.VERB}: arguments must be a JSON object", kind="bad_input")
+            raise AgentError(f"{cls.VERB}: arguments must be a JSON object", kind=Kind.BAD_INPUT)
         hints = typing.get_type_hints(cls)
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise AgentError(f"{cls.VERB}: unknown argument(s) {unknown}", kind="bad_input")
+            raise AgentError(f"{cls.VERB}: unknown argument(s) {unknown}", kind=Kind.BAD_INPUT)
         values = {}
         for f in dataclasses.fields(cls):
             if f.name in data:
                 values[f.name] = _check(data[f.name], hints[f.name], f"{cls.VERB}.{f.name}")
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise AgentError(f"{cls.VERB}: missing argument {f.name!r}", kind="bad_input")
+                raise AgentError(f"{cls.VERB}: missing argument {f.name!r}", kind=Kind.BAD_INPUT)
         return cls(**values)
 
 
@@ -76,7 +77,7 @@ def _check(value: Any, hint: Any, where: str) -> Any:
                 return _check(value, option, where)
             except AgentError:
                 continue
-        raise AgentError(f"{where}: {value!r} is not {hint}", kind="bad_input")
+        raise AgentError(f"{where}: {value!r} is not {hint}", kind=Kind.BAD_INPUT)
     if hint is type(None):
         ok = value is None
     elif hint is Any:
@@ -278,7 +279,7 @@ def read_args(verb: str, stream: typing.TextIO) -> VerbArgs:
     try:
         data = json.loads(line) if line.strip() else {}
     except ValueError as exc:
-        raise AgentError(f"{verb}: arguments are not JSON ({exc})", kind="bad_input") from None
+        raise AgentError(f"{verb}: arguments are not JSON ({exc})", kind=Kind.BAD_INPUT) from None
     return CONTRACT[verb].from_wire(data)
 
 
@@ -298,5 +299,5 @@ def emit_result(result: Any) -> None:
     _write({MARK: 1, "ok": True, "result": result})
 
 
-def emit_error(message: str, kind: str = "error") -> None:
+def emit_error(message: str, kind: Kind = Kind.ERROR) -> None:
     _write({MARK: 1, "ok": False, "kind": kind, "error": message})

@@ -17,6 +17,7 @@ from typing import Any
 
 from gpufleet.host import gpus, serverkeys
 from gpufleet.host import nvml as nvmlread
+from gpufleet.host.kinds import Kind, RunStatus
 from gpufleet.host.procstat import ProcRef
 from gpufleet.host.protocol import (
     AgentError,
@@ -34,7 +35,7 @@ RUNS = Path("runs")
 
 def _run_dir(run_id: str) -> Path:
     if not run_id or "/" in run_id or run_id.startswith("."):
-        raise AgentError(f"bad run id {run_id!r}", kind="bad_input")
+        raise AgentError(f"bad run id {run_id!r}", kind=Kind.BAD_INPUT)
     return RUNS / run_id
 
 
@@ -51,7 +52,7 @@ def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
     plan = args.plan
     run_dir = _run_dir(plan["run_id"])
     if run_dir.exists():
-        raise AgentError(f"run {plan['run_id']} already exists on this host", kind="exists")
+        raise AgentError(f"run {plan['run_id']} already exists on this host", kind=Kind.EXISTS)
     state = None
     if not plan.get("base_url"):
         state = _pick_server(plan.get("port"), plan.get("profile"))
@@ -59,7 +60,7 @@ def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
             what = f"profile {plan['profile']}" if plan.get("profile") else "any profile"
             where = f" on port {plan['port']}" if plan.get("port") else ""
             raise AgentError(
-                f"no running server of {what}{where} (inv launch first)", kind="no_server"
+                f"no running server of {what}{where} (inv launch first)", kind=Kind.NO_SERVER
             )
         plan["base_url"] = state["health_url"].rsplit("/", 1)[0]
         plan["server_port"] = state["port"]
@@ -70,7 +71,7 @@ def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
     incoming = Path(args.prompts_file)
     os.replace(incoming, run_dir / "prompts.jsonl")
     (run_dir / "plan.json").write_text(json.dumps(plan, indent=2))
-    (run_dir / "status.json").write_text(json.dumps({"status": "starting"}))
+    (run_dir / "status.json").write_text(json.dumps({"status": RunStatus.STARTING}))
     runner = _spawn_runner(
         run_dir, BenchRunArgs(args.host, args.expected_gpus, args.sim, plan["run_id"])
     )
@@ -126,7 +127,7 @@ def bench_run(args: BenchRunArgs) -> dict[str, Any]:
         )
     except Exception as exc:
         (run_dir / "status.json").write_text(
-            json.dumps({"status": "failed", "reason": f"runner crashed: {exc!r}"})
+            json.dumps({"status": RunStatus.FAILED, "reason": f"runner crashed: {exc!r}"})
         )
         raise
 
@@ -159,7 +160,7 @@ def _read_status(run_dir: Path) -> dict[str, Any]:
     try:
         return json.loads((run_dir / "status.json").read_text())
     except (OSError, ValueError):
-        return {"status": "starting"}
+        return {"status": RunStatus.STARTING}
 
 
 def bench_watch(args: BenchWatchArgs) -> BenchWatchAnswer:
@@ -168,25 +169,31 @@ def bench_watch(args: BenchWatchArgs) -> BenchWatchAnswer:
     watching at any time without touching the run)."""
     run_dir = _run_dir(args.run_id)
     if not run_dir.exists():
-        raise AgentError(f"no run {args.run_id} on this host", kind="no_run")
+        raise AgentError(f"no run {args.run_id} on this host", kind=Kind.NO_RUN)
     offset = args.offset
     deadline = time.monotonic() + args.timeout_s
     while True:
         offset = _emit_progress(run_dir, offset)
         status = _read_status(run_dir)
-        if status["status"] in ("done", "failed"):
+        if status["status"] in (RunStatus.DONE, RunStatus.FAILED):
             break
-        if status["status"] in ("starting", "running") and not _runner_alive(run_dir):
+        if status["status"] in (RunStatus.STARTING, RunStatus.RUNNING) and not _runner_alive(
+            run_dir
+        ):
             time.sleep(0.5)  # it may have just written its last status
             status = _read_status(run_dir)
-            if status["status"] not in ("done", "failed"):
+            if status["status"] not in (RunStatus.DONE, RunStatus.FAILED):
                 log_tail = tail(str(run_dir / "runner.log"), 20)
-                status = {"status": "failed", "reason": "the bench runner died", "tail": log_tail}
+                status = {
+                    "status": RunStatus.FAILED,
+                    "reason": "the bench runner died",
+                    "tail": log_tail,
+                }
                 (run_dir / "status.json").write_text(json.dumps(status))
             break
         if time.monotonic() > deadline:
             return {
-                "status": "watching",
+                "status": RunStatus.WATCHING,
                 "reason": None,
                 "files": [],
                 "run_dir": str(run_dir.resolve()),
