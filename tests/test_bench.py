@@ -274,17 +274,23 @@ def test_sglang_bench_engine_command_and_parsing(tmp_path):
     (The run itself needs SGLang on the host; it was checked against sglang 0.5.23's
     bench_serving, see docs in the README.)"""
     from gpufleet.host.bench import sglang_bench
+    from gpufleet.host.records import BenchPlan, Level
 
-    plan = {
-        "backend": "openai",
-        "base_url": "http://127.0.0.1:30000",
-        "output_len": 32,
-        "seed": 3,
-        "request_rate": None,
-        "warmup": 2,
-        "flush_cache": True,
-    }
-    level = {"concurrency": 10, "num_prompts": 20}
+    plan = BenchPlan.from_wire(
+        {
+            "run_id": "r",
+            "levels": [{"concurrency": 10, "num_prompts": 20}],
+            "backend": "openai",
+            "base_url": "http://127.0.0.1:30000",
+            "output_len": 32,
+            "seed": 3,
+            "request_rate": None,
+            "warmup": 2,
+            "flush_cache": True,
+        }
+    )
+    [level] = plan.levels
+    assert isinstance(level, Level)
     data = sglang_bench.sharegpt_file(["a prompt", "b; $(x)"], tmp_path / "s.json")
     argv = sglang_bench.command(plan, level, data, tmp_path / "o.jsonl", "/tok")
     assert argv[1:3] == ["-m", "sglang.bench_serving"]

@@ -20,7 +20,8 @@ from gpufleet.host.verbs import VERBS
 SRC = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = SRC / "gpufleet"
 RANK = {"cli": 0, "control": 1, "host": 2, "sim": 2, "archive": 3, "report": 4}
-BASE = {"gpufleet", "gpufleet.errors"}  # shared by the control-plane packages
+BASE = {"gpufleet", "gpufleet.errors", "gpufleet.kinds"}  # shared by every package
+SHIPPED_BASE = {"gpufleet", "gpufleet.kinds"}  # ... and shipped in the zipapp too
 SHIPPED = ("host", "sim")
 # Modules of a separate process, never imported by the agent: the simulated server's HTTP
 # app needs aiohttp, as SGLang's does (the host venv has it). Nothing imports it at module
@@ -80,7 +81,7 @@ def test_no_module_imports_a_package_above_its_own():
         src_pkg = _package(source)
         for target in targets:
             if target in BASE:
-                if src_pkg in SHIPPED and target != "gpufleet":
+                if src_pkg in SHIPPED and target not in SHIPPED_BASE:
                     upward.append(f"{source} -> {target} (shipped code imports the control plane)")
                 continue
             dst_pkg = _package(target)
@@ -119,9 +120,8 @@ def test_no_import_cycles():
 
 def test_the_zipapp_ships_host_and_sim_whole_and_nothing_else():
     shipped = {name for name, _ in agentzip.shipped_files()}
-    outside = sorted(
-        n for n in shipped if n != "gpufleet/__init__.py" and n.split("/")[1] not in SHIPPED
-    )
+    base = {"gpufleet/__init__.py", "gpufleet/kinds.py"}
+    outside = sorted(n for n in shipped if n not in base and n.split("/")[1] not in SHIPPED)
     assert not outside, f"shipped from outside host/ and sim/: {outside}"
     expected = {
         f"gpufleet/{p.relative_to(PACKAGE).as_posix()}"

@@ -109,6 +109,9 @@ def test_secrets_never_written(fleet, tmp_path):
     finally:
         fleet.cli("stop", "--hosts", "h0")
     server_logs = {p for p in fleet.workdir("h0").glob("logs/*.log")}  # the server's own output
+    # ... and the key file the server reads through --config (0600), instead of its argv
+    server_logs |= {p for p in fleet.workdir("h0").glob("servers/*.keys.yaml")}
+    assert all(p.stat().st_mode & 0o077 == 0 for p in server_logs)
     written = [p for p in archive.rglob("*") if p.is_file()]
     written += [p for p in fleet.workdir("h0").rglob("*") if p.is_file() and p not in server_logs]
     assert len(written) > 20

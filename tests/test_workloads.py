@@ -63,7 +63,7 @@ def test_multiturn_is_the_same_for_every_profile_and_chat_sends_messages(sim_ser
     plan_b, body_b = build_plan(
         BenchRequest([2], num_prompts=3, workload="multiturn:turns=2", seed=5), "b"
     )
-    assert body_a == body_b and plan_a["prompts_sha256"] == plan_b["prompts_sha256"]
+    assert body_a == body_b and plan_a.prompts_sha256 == plan_b.prompts_sha256
     server = sim_server("--enable-cache-report")  # SGLang reports cached tokens to OpenAI
     # clients only with it
     row, _ = _bench_local(
@@ -125,7 +125,7 @@ def test_random_ids_are_token_exact_and_named_for_what_they_are(sim_server, tmp_
         BenchRequest([1], num_prompts=50, prompts="random-ids", random_input_len=100,
                      random_range_ratio=0.5), "r",
     )  # fmt: skip
-    assert ranged["prompt_set"] == "random-ids-100-256-r0.5"
+    assert ranged.prompt_set == "random-ids-100-256-r0.5"
 
 
 def test_trace_replays_at_its_timestamps_with_shared_blocks(sim_server, tmp_path):

@@ -1,6 +1,6 @@
 """Errors a user can cause and fix; the CLI prints them as one line, never a traceback."""
 
-from gpufleet.host.kinds import Kind
+from gpufleet.kinds import Kind
 
 
 class UserError(Exception):

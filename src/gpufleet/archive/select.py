@@ -12,7 +12,7 @@ from pathlib import Path
 from gpufleet.archive import store
 from gpufleet.archive.layout import Layout
 from gpufleet.errors import UserError
-from gpufleet.host.kinds import CellStatus, RunStatus
+from gpufleet.kinds import CellStatus, RunStatus
 from gpufleet.report import html
 from gpufleet.report.compare import Arm
 from gpufleet.report.html import Failure, ReportInput

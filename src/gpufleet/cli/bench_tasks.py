@@ -106,7 +106,7 @@ def bench(
     from gpufleet.cli.progress import bench_progress
     from gpufleet.control import bench as bench_control
     from gpufleet.errors import UserError
-    from gpufleet.host.kinds import RunStatus
+    from gpufleet.kinds import RunStatus
     from gpufleet.report.tables import headers, rows
 
     if client not in ("host", "local"):

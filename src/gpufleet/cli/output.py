@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from gpufleet.host.kinds import Kind
+from gpufleet.kinds import Kind
 
 
 def _plain(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -93,7 +93,7 @@ def _do_sweep(
     from gpufleet.control import sweep
     from gpufleet.control.arms import expand
     from gpufleet.control.cancel import CancelToken
-    from gpufleet.host.kinds import SweepStatus
+    from gpufleet.kinds import SweepStatus
 
     arms = arms or expand(profile_names, [], 1)
     sweep.check_arms(profile_names, arms)  # a bad profile or flag fails before anything starts

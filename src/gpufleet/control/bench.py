@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,10 @@ from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session, host_events
 from gpufleet.errors import UserError
 from gpufleet.host.bench.loadgen import BACKENDS
-from gpufleet.host.kinds import Kind, RunStatus
 from gpufleet.host.protocol import BenchStartArgs, BenchWatchArgs
+from gpufleet.host.records import BenchPlan, Level
 from gpufleet.host.redact import redact_argv, redact_tree, remember
+from gpufleet.kinds import Kind, RunStatus
 from gpufleet.report.tables import summary_csv, summary_md
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -70,18 +71,15 @@ class BenchRequest:
     tokenizer: str | None = None  # for sglang-bench (default: the served model's path)
     telemetry_interval_s: float = 0.5  # GPU sampling during each level; 0 = off
 
-    def levels(self, available: int | None = None) -> list[dict[str, int]]:
+    def levels(self, available: int | None = None) -> list[Level]:
         """Requests (sessions for multiturn) per level; `available` caps them (a trace)."""
         if self.fixed_levels:
-            return [dict(level) for level in self.fixed_levels]
+            return [Level(**level) for level in self.fixed_levels]
         if available is not None:
             count = min(self.num_prompts or available, available)
-            return [{"concurrency": c, "num_prompts": count} for c in self.concurrency]
+            return [Level(c, count) for c in self.concurrency]
         return [
-            {
-                "concurrency": c,
-                "num_prompts": self.num_prompts or default_num_prompts(c, self.duration),
-            }
+            Level(c, self.num_prompts or default_num_prompts(c, self.duration))
             for c in self.concurrency
         ]
 
@@ -103,7 +101,7 @@ def make_run_id(request: BenchRequest, hosts: list[str]) -> str:
 
 def _rows(
     request: BenchRequest,
-) -> tuple[str, str, list[dict[str, Any]], list[dict[str, int]], dict[str, Any]]:
+) -> tuple[str, str, list[dict[str, Any]], list[Level], dict[str, Any]]:
     """(label, digest of the source set, prompts.jsonl rows, levels, extra plan keys)."""
     workload = workloads.parse_workload(request.workload)
     if request.trace:
@@ -114,7 +112,7 @@ def _rows(
         label = f"trace:{Path(request.trace).name}{speed}"
         return label, _digest(rows), rows, request.levels(len(rows)), {}
     levels = request.levels()
-    count = max(lv["num_prompts"] for lv in levels)
+    count = max(lv.num_prompts for lv in levels)
     if request.prompts == "random-ids":
         if workload.name != "single":
             raise UserError(f"--prompts random-ids: not with --workload {workload.name}")
@@ -156,7 +154,7 @@ def _check_combination(request: BenchRequest, rows: list[dict[str, Any]], label:
         )
 
 
-def build_plan(request: BenchRequest, run_id: str) -> tuple[dict[str, Any], bytes]:
+def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
     if request.engine not in ("gpufleet", "sglang-bench"):
         raise UserError(f"--engine {request.engine!r}: expected gpufleet or sglang-bench")
     if request.backend not in BACKENDS:
@@ -164,35 +162,32 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[dict[str, Any], byte
     label, set_digest, rows, levels, extra = _rows(request)
     _check_combination(request, rows, label)
     if request.repeat > 1:  # rounds, not back to back: a slow drift spreads over every level
-        levels = [{**lv, "repeat": r} for r in range(1, request.repeat + 1) for lv in levels]
-    plan = {
-        "run_id": run_id,
-        "profile": Path(request.profile).stem if request.profile else None,
-        "port": request.port,
-        "base_url": request.url.rstrip("/") if request.url else None,
-        "backend": request.backend,
-        "engine": request.engine,
-        "tokenizer": request.tokenizer,
-        "levels": levels,
-        "output_len": request.output_len,
-        "request_rate": request.request_rate,
-        "duration": request.duration,
-        "warmup": request.warmup,
-        "seed": request.seed,
-        "ignore_eos": True,
-        "metrics": request.metrics,
-        "telemetry_interval_s": request.telemetry_interval_s,
-        "flush_cache": request.flush_cache,
-        "slo": request.slo,
-        "output_details": request.output_details,
-        "prompt_set": label,
-        "workload": workloads.parse_workload(request.workload).label
-        if not request.trace
-        else "trace",
-        "prompt_set_sha256": set_digest,
-        "prompts_sha256": _digest(rows),
+        levels = [replace(lv, repeat=r) for r in range(1, request.repeat + 1) for lv in levels]
+    plan = BenchPlan(
+        run_id=run_id,
+        levels=levels,
+        profile=Path(request.profile).stem if request.profile else None,
+        port=request.port,
+        base_url=request.url.rstrip("/") if request.url else None,
+        backend=request.backend,
+        engine=request.engine,
+        tokenizer=request.tokenizer,
+        output_len=request.output_len,
+        request_rate=request.request_rate,
+        duration=request.duration,
+        warmup=request.warmup,
+        seed=request.seed,
+        metrics=request.metrics,
+        telemetry_interval_s=request.telemetry_interval_s,
+        flush_cache=request.flush_cache,
+        slo=dict(request.slo or {}),
+        output_details=request.output_details,
+        prompt_set=label,
+        workload=workloads.parse_workload(request.workload).label if not request.trace else "trace",
+        prompt_set_sha256=set_digest,
+        prompts_sha256=_digest(rows),
         **extra,
-    }
+    )
     body = "".join(json.dumps(row) + "\n" for row in rows).encode()
     return plan, body
 
@@ -356,16 +351,9 @@ def bench_local(request: BenchRequest, progress: Progress | None = None) -> tupl
     plan, body = build_plan(request, run_id)
     with tempfile.TemporaryDirectory(prefix="gpufleet-run-") as tmp:
         run_dir = Path(tmp)
-        (run_dir / "plan.json").write_text(
-            json.dumps(
-                {
-                    **plan,
-                    "metrics_url": (request.url.rstrip("/") + "/metrics")
-                    if request.metrics
-                    else None,
-                }
-            )
-        )
+        if request.metrics:
+            plan.metrics_url = request.url.rstrip("/") + "/metrics"
+        (run_dir / "plan.json").write_text(plan.to_json())
         (run_dir / "prompts.jsonl").write_bytes(body)
         outcome = run_plan(run_dir, None, {}, keys=_local_keys(request.api_key_env))
         files = {

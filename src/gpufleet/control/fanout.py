@@ -19,7 +19,7 @@ from gpufleet.control.cancel import Cancelled
 from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session, open_session
 from gpufleet.errors import HostError, UserError
-from gpufleet.host.kinds import Kind
+from gpufleet.kinds import Kind
 
 T = TypeVar("T")
 

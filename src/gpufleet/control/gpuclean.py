@@ -9,9 +9,9 @@ from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session
 from gpufleet.errors import HostError, UserError
-from gpufleet.host.kinds import Kind
 from gpufleet.host.procs import compile_patterns
 from gpufleet.host.protocol import AgentError, CleanArgs, StatusArgs
+from gpufleet.kinds import Kind
 from gpufleet.report.gpu import verdict_reason
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import paramiko
 
 from gpufleet.errors import HostError
-from gpufleet.host.kinds import Kind
+from gpufleet.kinds import Kind
 
 
 def known_host_name(address: str, port: int) -> str:

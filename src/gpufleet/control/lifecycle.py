@@ -12,8 +12,8 @@ from gpufleet.control.inventory import Host
 from gpufleet.control.playbook import LaunchSpec, Profile, build_specs
 from gpufleet.control.transport import Session, host_events
 from gpufleet.errors import HostError
-from gpufleet.host.kinds import Kind
 from gpufleet.host.protocol import LaunchArgs, LogsArgs, StopArgs, WaitReadyArgs
+from gpufleet.kinds import Kind
 from gpufleet.report.gpu import dirty_gpus
 
 Progress = Callable[[str, dict[str, Any]], None]

@@ -25,7 +25,7 @@ from tenacity import (
 from gpufleet.control import hostkeys
 from gpufleet.control.inventory import Host
 from gpufleet.errors import HostError
-from gpufleet.host.kinds import Kind
+from gpufleet.kinds import Kind
 
 # paramiko logs every failed handshake with a traceback; gpufleet reports them itself.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())

@@ -35,8 +35,8 @@ from gpufleet.control.inventory import Host
 from gpufleet.control.playbook import LaunchSpec, build_specs
 from gpufleet.control.transport import Session
 from gpufleet.errors import HostError, UserError
-from gpufleet.host.kinds import CellStatus, Kind, RunStatus, SweepStatus
 from gpufleet.host.protocol import StopArgs
+from gpufleet.kinds import CellStatus, Kind, RunStatus, SweepStatus
 from gpufleet.report.html import ReportInput
 
 Say = Callable[[str], None]
@@ -132,7 +132,7 @@ def plan_lines(
     """What a sweep would do, cell by cell (the first repeat; the others say how many)."""
     lines = []
     repeats = max(a.repeat for a in arms)
-    levels = ", ".join(f"C={lv['concurrency']} x {lv['num_prompts']}" for lv in request.levels())
+    levels = ", ".join(f"C={lv.concurrency} x {lv.num_prompts}" for lv in request.levels())
     for arm in (a for a in arms if a.repeat == 1):
         prof = arm.resolved_profile()
         engines = {spec.engine for _, spec in build_specs(prof, hosts, engine)}

@@ -22,8 +22,8 @@ from typing import Any
 from gpufleet.control import agentzip, bootstrap
 from gpufleet.control.inventory import Host
 from gpufleet.errors import HostError
-from gpufleet.host.kinds import Kind
 from gpufleet.host.protocol import MARK, VerbArgs
+from gpufleet.kinds import Kind
 
 EventHandler = Callable[[dict[str, Any]], None]
 

@@ -36,7 +36,7 @@ from gpufleet.archive.layout import Layout
 from gpufleet.control.arms import ArmSpec, profile_label
 from gpufleet.control.playbook import PLAYBOOKS, load_profile
 from gpufleet.errors import UserError
-from gpufleet.host.kinds import CellStatus
+from gpufleet.kinds import CellStatus
 
 DEFAULT_DEPTHS = (1, 2, 3, 5, 7)
 DEFAULT_LADDER = (1, 2, 4, 8, 16, 32, 64)

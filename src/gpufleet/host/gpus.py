@@ -11,7 +11,6 @@ from typing import Any
 
 from gpufleet.host import liveservers, procs
 from gpufleet.host import nvml as nvmlread
-from gpufleet.host.kinds import Kind
 from gpufleet.host.protocol import (
     AgentError,
     CleanAnswer,
@@ -20,6 +19,7 @@ from gpufleet.host.protocol import (
     StatusArgs,
     VerbArgs,
 )
+from gpufleet.kinds import Kind
 
 
 def _check_count(gpus: list[dict[str, Any]], expected: int | None) -> None:

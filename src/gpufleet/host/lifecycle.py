@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.host import gpus, health, serverkeys
-from gpufleet.host.kinds import Kind, ServerStatus
 from gpufleet.host.preflight import launch_env, preflight
 from gpufleet.host.procstat import ProcRef, command_name, group_members
 from gpufleet.host.protocol import (
@@ -51,6 +50,7 @@ from gpufleet.host.servers import (
     tail,
     write_state,
 )
+from gpufleet.kinds import Kind, ServerStatus
 
 FATAL_PATTERNS = [
     ("Traceback (most recent call last)", "Python traceback"),

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.host import health
-from gpufleet.host.kinds import ServerStatus
 from gpufleet.host.procstat import group_members
 from gpufleet.host.servers import all_states, server_alive
+from gpufleet.kinds import ServerStatus
 
 PROBE_TIMEOUT_S = 2.0
 

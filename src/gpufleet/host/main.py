@@ -6,8 +6,8 @@ import sys
 import traceback
 
 from gpufleet.host import nvml, serverkeys
-from gpufleet.host.kinds import Kind
 from gpufleet.host.protocol import AgentError, emit_error, emit_result, read_args
+from gpufleet.kinds import Kind
 
 
 def main(argv: list[str]) -> int:

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpufleet.host.kinds import Kind
 from gpufleet.host.protocol import AgentError
+from gpufleet.kinds import Kind
 
 MIB = 1024 * 1024
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.host import identity
-from gpufleet.host.kinds import Kind
 from gpufleet.host.protocol import AgentError
 from gpufleet.host.redact import redact_argv
+from gpufleet.kinds import Kind
 
 # Upstream SGLang's own cleanup pattern (docs/FACTS.md, "SGLang's HTTP server").
 # gpufleet's rehearsal server counts as SGLang: it too must not survive gpu-clean.

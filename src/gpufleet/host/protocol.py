@@ -15,13 +15,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict
 
-from gpufleet.host.kinds import Kind
+from gpufleet.host.records import BenchPlan, WireError, check
 from gpufleet.host.redact import scrub_known
+from gpufleet.kinds import Kind
 
 MARK = "gpufleet_agent"
 
@@ -62,45 +62,13 @@ class VerbArgs:
         values = {}
         for f in dataclasses.fields(cls):
             if f.name in data:
-                values[f.name] = _check(data[f.name], hints[f.name], f"{cls.VERB}.{f.name}")
+                try:
+                    values[f.name] = check(data[f.name], hints[f.name], f"{cls.VERB}.{f.name}")
+                except WireError as exc:
+                    raise AgentError(str(exc), kind=Kind.BAD_INPUT) from None
             elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise AgentError(f"{cls.VERB}: missing argument {f.name!r}", kind=Kind.BAD_INPUT)
         return cls(**values)
-
-
-def _check(value: Any, hint: Any, where: str) -> Any:
-    """`value` if it has the declared JSON type (ints accepted for floats), else AgentError."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(hint):
-            try:
-                return _check(value, option, where)
-            except AgentError:
-                continue
-        raise AgentError(f"{where}: {value!r} is not {hint}", kind=Kind.BAD_INPUT)
-    if hint is type(None):
-        ok = value is None
-    elif hint is Any:
-        ok = True
-    elif hint is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif hint is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif origin is list:
-        ok = isinstance(value, list)
-        if ok:
-            [item_hint] = typing.get_args(hint) or [Any]
-            value = [_check(v, item_hint, where) for v in value]
-    elif origin is dict or hint is dict:
-        ok = isinstance(value, dict)
-    else:
-        ok = isinstance(value, hint)
-    if not ok:
-        raise AgentError(
-            f"{where}: {value!r} is not {getattr(hint, '__name__', hint)}", "bad_input"
-        )
-    return value
 
 
 @dataclass
@@ -180,7 +148,7 @@ class LogsArgs(VerbArgs):
 @dataclass
 class BenchStartArgs(VerbArgs):
     VERB: ClassVar[str] = "bench-start"
-    plan: dict[str, Any] = field(default_factory=dict)  # control.bench.build_plan's plan
+    plan: BenchPlan | None = None  # control.bench.build_plan's plan (required)
     prompts_file: str = ""
 
 

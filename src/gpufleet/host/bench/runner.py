@@ -26,6 +26,7 @@ from gpufleet.host.bench import slo as slos
 from gpufleet.host.bench.loadgen import Prompt, RequestRecord, run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
 from gpufleet.host.nvml import load_pynvml
+from gpufleet.host.records import BenchPlan, Level
 from gpufleet.host.redact import process_secrets, scrub
 from gpufleet.host.servers import server_alive
 
@@ -106,20 +107,20 @@ def write_server_log(
 
 
 async def _level(
-    plan: dict[str, Any],
+    plan: BenchPlan,
     prompts: list[Prompt],
-    level: dict[str, Any],
+    level: Level,
     writer: RunWriter,
     keys: dict[str, str],
 ) -> tuple[Any, list[dict[str, Any]]]:
-    concurrency = level["concurrency"]
+    concurrency = level.concurrency
     total = sum(p.requests for p in prompts)
     last = {"t": time.perf_counter(), "tokens": 0}
     # With ignore_eos every request streams exactly output_len tokens, so tokens received
     # say how far the level is; counting finished requests would not (at C=64 the first
     # 64 all finish together, and after the first one the estimate read ~1,300 s).
     expected = sum(p.output_len * p.requests for p in prompts)
-    expected_tokens = expected if plan.get("ignore_eos", True) else 0
+    expected_tokens = expected if plan.ignore_eos else 0
 
     def progress(records: list[RequestRecord], elapsed: float) -> None:
         done = [r for r in records if r.ok or r.error]
@@ -131,8 +132,8 @@ async def _level(
             eta = elapsed * max(0, expected_tokens - tokens) / tokens
         else:
             eta = (elapsed / len(done)) * (total - len(done)) if done else None
-        if plan.get("duration"):
-            eta = max(0.0, plan["duration"] - elapsed)
+        if plan.duration:
+            eta = max(0.0, plan.duration - elapsed)
         writer.event(
             {
                 "level": concurrency,
@@ -148,29 +149,27 @@ async def _level(
     samples: list[dict[str, Any]] = []
     stop = asyncio.Event()
     sampler = None
-    if plan.get("metrics_url"):
+    if plan.metrics_url:
         import aiohttp  # noqa: F401  # imported here: inside the task it would stall the first send
 
         sampler = asyncio.create_task(
-            serverapi.sample_metrics(plan["metrics_url"], samples, stop, keys)
+            serverapi.sample_metrics(plan.metrics_url, samples, stop, keys)
         )
     run = await run_level(
-        plan["base_url"],
+        plan.base_url,
         prompts,
         concurrency,
-        backend=plan["backend"],
-        request_rate=plan.get("request_rate") or float("inf"),
-        warmup=plan.get("warmup", 1),
-        model=plan.get("model", ""),
-        ignore_eos=plan.get("ignore_eos", True),
-        seed=plan.get("seed", 0),
+        backend=plan.backend,
+        request_rate=plan.request_rate or float("inf"),
+        warmup=plan.warmup,
+        model=plan.model,
+        ignore_eos=plan.ignore_eos,
+        seed=plan.seed,
         on_progress=progress,
         progress_every=1.0,
-        duration=plan.get("duration"),
+        duration=plan.duration,
         after_warmup=(
-            (lambda: serverapi.flush_cache(plan["base_url"], keys))
-            if plan.get("flush_cache")
-            else None
+            (lambda: serverapi.flush_cache(plan.base_url, keys)) if plan.flush_cache else None
         ),
         headers=serverkeys.headers(keys),
     )
@@ -181,8 +180,8 @@ async def _level(
 
 
 def _sglang_bench_level(
-    plan: dict[str, Any],
-    level: dict[str, Any],
+    plan: BenchPlan,
+    level: Level,
     texts: list[str],
     writer: RunWriter,
     info: dict[str, Any] | None,
@@ -192,11 +191,9 @@ def _sglang_bench_level(
     """One level through SGLang's own bench_serving; same results schema."""
     from gpufleet.host.bench import sglang_bench
 
-    c = level["concurrency"]
+    c = level.concurrency
     tokenizer = (
-        plan.get("tokenizer")
-        or (info or {}).get("tokenizer_path")
-        or (info or {}).get("model_path")
+        plan.tokenizer or (info or {}).get("tokenizer_path") or (info or {}).get("model_path")
     )
     gauge = _telemetry(plan, server_state)
     try:
@@ -205,26 +202,24 @@ def _sglang_bench_level(
     except (RuntimeError, OSError, ValueError) as exc:
         return "failed", f"level C={c}: {exc}"
     records = sglang_bench.requests(row)
-    repeat = int(level.get("repeat", 1))
+    repeat = level.repeat
     tag = f"c{c}" if repeat == 1 else f"c{c}-r{repeat}"
     writer.lines(f"requests-{tag}.jsonl", records)
     row["repeat"] = repeat
-    row.update(
-        slos.goodput([RequestRecord(**r) for r in records], row["duration"], plan.get("slo") or {})
-    )
+    row.update(slos.goodput([RequestRecord(**r) for r in records], row["duration"], plan.slo or {}))
     if gauge is not None:
         writer.lines(f"telemetry-{tag}.jsonl", gauge.rows)
         row.update(telemetry.summarize(gauge.rows, int(row.get("total_output_tokens", 0))))
-    if not plan.get("output_details"):  # the arrays live in requests-c<N>.jsonl
+    if not plan.output_details:  # the arrays live in requests-c<N>.jsonl
         for key in ("input_lens", "output_lens", "ttfts", "itls", "generated_texts"):
             row.pop(key, None)
         row["errors"] = row["error_messages"]
     alive = _server_alive(server_state)
     row.update(
-        dataset_name=plan["prompt_set"],
-        tag=plan.get("profile"),
-        seed=plan["seed"],
-        output_len=plan["output_len"],
+        dataset_name=plan.prompt_set,
+        tag=plan.profile,
+        seed=plan.seed,
+        output_len=plan.output_len,
         level_status="ok" if row["failed"] == 0 and alive else "failed",
     )
     writer.lines("results.jsonl", [row])
@@ -253,10 +248,10 @@ def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
     ]
 
 
-def _prompt(plan: dict[str, Any], row: dict[str, Any]) -> Prompt:
+def _prompt(plan: BenchPlan, row: dict[str, Any]) -> Prompt:
     return Prompt(
-        text=row.get("prompt", plan.get("system_prompt", "")),
-        output_len=int(row.get("output_len", plan["output_len"])),
+        text=row.get("prompt", plan.system_prompt),
+        output_len=int(row.get("output_len", plan.output_len)),
         input_ids=row.get("input_ids"),
         at=row.get("at"),
         turns=row.get("turns"),
@@ -271,22 +266,22 @@ def _accept_length(info: dict[str, Any] | None) -> float | None:
 
 
 def _summary(
-    plan: dict[str, Any],
+    plan: BenchPlan,
     run: Any,
     samples: list[dict[str, Any]],
     flushed: bool | None,
     keys: dict[str, str],
 ) -> dict[str, Any]:
     """One results.jsonl row: bench_serving's figures plus Prometheus maxima and means."""
-    info = serverapi.server_info(plan["base_url"], keys)
+    info = serverapi.server_info(plan.base_url, keys)
     summary = summarize(
         run,
-        plan["backend"],
+        plan.backend,
         {
-            "dataset_name": plan["prompt_set"],
-            "tag": plan.get("profile"),
-            "seed": plan["seed"],
-            "output_len": plan["output_len"],
+            "dataset_name": plan.prompt_set,
+            "tag": plan.profile,
+            "seed": plan.seed,
+            "output_len": plan.output_len,
             **random_lengths(plan),
             "accept_length": _accept_length(info),
             "server_info": info,
@@ -294,8 +289,8 @@ def _summary(
             "warmup_errors": run.warmup_errors,
             "cache_flushed": flushed,
         },
-        slo=plan.get("slo"),
-        with_details=bool(plan.get("output_details")),
+        slo=plan.slo,
+        with_details=bool(plan.output_details),
     )
     for key in serverapi.PROM_KEYS:
         vals = [s[key] for s in samples if key in s]
@@ -305,9 +300,9 @@ def _summary(
     return summary
 
 
-def random_lengths(plan: dict[str, Any]) -> dict[str, Any]:
+def random_lengths(plan: BenchPlan) -> dict[str, Any]:
     """bench_serving's random_* keys: the lengths of a random-ids set, else None."""
-    random = plan.get("random") or {}
+    random = plan.random or {}
     return {
         "random_input_len": random.get("input_len"),
         "random_output_len": random.get("output_len"),
@@ -315,9 +310,9 @@ def random_lengths(plan: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _telemetry(plan: dict[str, Any], state: dict[str, Any] | None) -> telemetry.Sampler | None:
+def _telemetry(plan: BenchPlan, state: dict[str, Any] | None) -> telemetry.Sampler | None:
     """A sampler of the server's GPUs, or None (no server state, no NVML, or turned off)."""
-    interval = plan.get("telemetry_interval_s", 0.5)
+    interval = plan.telemetry_interval_s
     if not interval or not state or not state.get("gpus"):
         return None
     try:
@@ -327,8 +322,8 @@ def _telemetry(plan: dict[str, Any], state: dict[str, Any] | None) -> telemetry.
 
 
 def _gpufleet_level(
-    plan: dict[str, Any],
-    level: dict[str, Any],
+    plan: BenchPlan,
+    level: Level,
     rows: list[dict[str, Any]],
     writer: RunWriter,
     server_state: dict[str, Any] | None,
@@ -336,8 +331,8 @@ def _gpufleet_level(
     keys: dict[str, str],
 ) -> tuple[str, str | None, bool]:
     """Run one level with gpufleet's generator and write its files: (status, reason, stop)."""
-    c = level["concurrency"]
-    prompts = [_prompt(plan, row) for row in rows[: level["num_prompts"]]]
+    c = level.concurrency
+    prompts = [_prompt(plan, row) for row in rows[: level.num_prompts]]
     gauge = _telemetry(plan, server_state)
     try:
         with gauge or contextlib.nullcontext():
@@ -346,7 +341,7 @@ def _gpufleet_level(
         return "failed", f"level C={c}: load generator error: {exc!r}", True
     marks.append((_log_size(server_state), f"level C={c} ends"))
     summary = _summary(plan, run, samples, run.after_warmup, keys)
-    repeat = int(level.get("repeat", 1))
+    repeat = level.repeat
     summary["repeat"] = repeat
     tag = f"c{c}" if repeat == 1 else f"c{c}-r{repeat}"  # --repeat: one file set per repeat
     if gauge is not None:
@@ -395,28 +390,26 @@ def run_plan(
         writer.secrets = process_secrets(server_state["pid"])
     keys = keys or {}
     writer.secrets = sorted({*writer.secrets, *keys.values()}, key=len, reverse=True)
-    plan = json.loads((run_dir / "plan.json").read_text())
+    plan = BenchPlan.from_wire(json.loads((run_dir / "plan.json").read_text()), "plan.json")
     rows = _read_rows(run_dir)
     writer.status("running", pid=os.getpid())
     for name, data in (host_facts or {}).items():
         writer.json(name, data)
     if server_state:
         writer.json("server_state.json", server_state)
-    before = serverapi.server_info(plan["base_url"], keys)
+    before = serverapi.server_info(plan.base_url, keys)
     writer.json("server_info_before.json", before)
-    marks: list[tuple[int | None, str]] = [
-        (_log_size(server_state), f"run {plan['run_id']} begins")
-    ]
+    marks: list[tuple[int | None, str]] = [(_log_size(server_state), f"run {plan.run_id} begins")]
     status, reason = "done", None
-    for level in plan["levels"]:
-        c, n = level["concurrency"], level["num_prompts"]
+    for level in plan.levels:
+        c, n = level.concurrency, level.num_prompts
         marks.append((_log_size(server_state), f"level C={c} begins ({n} prompts)"))
         requests = n
-        if plan.get("engine") != "sglang-bench":  # a multi-turn session is several requests
+        if plan.engine != "sglang-bench":  # a multi-turn session is several requests
             requests = sum(_prompt(plan, row).requests for row in rows[:n])
         start = {"level": c, "phase": "start", "total": requests, "at": now_iso()}
         writer.event({**start, "sessions": n} if requests != n else start)
-        if plan.get("engine") == "sglang-bench":
+        if plan.engine == "sglang-bench":
             texts = [row["prompt"] for row in rows]
             level_status, level_reason = _sglang_bench_level(
                 plan, level, texts, writer, before, server_state, keys
@@ -431,8 +424,8 @@ def run_plan(
             status, reason = level_status, level_reason
         if stop:
             break
-    writer.json("server_info_after.json", serverapi.server_info(plan["base_url"], keys))
-    marks.append((_log_size(server_state), f"run {plan['run_id']} ends ({status})"))
+    writer.json("server_info_after.json", serverapi.server_info(plan.base_url, keys))
+    marks.append((_log_size(server_state), f"run {plan.run_id} ends ({status})"))
     write_server_log(writer, server_state, marks, writer.secrets)
     writer.json("definitions.json", {"metrics": DEFINITIONS})
     if finish is not None:

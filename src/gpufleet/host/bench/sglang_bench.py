@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.host import serverkeys
+from gpufleet.host.records import BenchPlan, Level
 
 BACKENDS = {"sglang": "sglang", "openai": "sglang-oai", "openai-chat": "sglang-oai-chat"}
 
@@ -40,38 +41,38 @@ def sharegpt_file(texts: list[str], path: Path) -> Path:
 
 
 def command(
-    plan: dict[str, Any], level: dict[str, Any], dataset: Path, out: Path, tokenizer: str | None
+    plan: BenchPlan, level: Level, dataset: Path, out: Path, tokenizer: str | None
 ) -> list[str]:
-    rate = plan.get("request_rate")
+    rate = plan.request_rate
     argv = [
         sys.executable,
         "-m",
         "sglang.bench_serving",
         "--backend",
-        BACKENDS.get(plan["backend"], "sglang"),
+        BACKENDS.get(plan.backend, "sglang"),
         "--base-url",
-        plan["base_url"],
+        plan.base_url,
         "--dataset-name",
         "sharegpt",
         "--dataset-path",
         str(dataset),
         "--sharegpt-output-len",
-        str(plan["output_len"]),
+        str(plan.output_len),
         "--num-prompts",
-        str(level["num_prompts"]),
+        str(level.num_prompts),
         "--max-concurrency",
-        str(level["concurrency"]),
+        str(level.concurrency),
         "--request-rate",
         "inf" if not rate or math.isinf(rate) else str(rate),
         "--seed",
-        str(plan.get("seed", 0)),
+        str(plan.seed),
         "--warmup-requests",
-        str(plan.get("warmup", 1)),
+        str(plan.warmup),
         "--output-details",
         "--output-file",
         str(out),
     ]
-    if plan.get("flush_cache"):
+    if plan.flush_cache:
         argv.append("--flush-cache")
     if tokenizer:
         argv += ["--tokenizer", tokenizer]
@@ -97,7 +98,7 @@ def requests(row: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def parse(line: str, level: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def parse(line: str, level: Level, plan: BenchPlan) -> dict[str, Any]:
     """One bench_serving JSONL line -> gpufleet's results row (bench_serving keys kept);
     per-request figures from its per-request arrays, as gpufleet computes them."""
     import statistics
@@ -108,8 +109,8 @@ def parse(line: str, level: dict[str, Any], plan: dict[str, Any]) -> dict[str, A
     speeds = [r["completion_tokens"] / r["e2e"] for r in records if r["ok"] and r["e2e"] > 0]
     rate = row.get("request_rate")
     row.update(
-        max_concurrency=level["concurrency"],
-        failed=max(0, level["num_prompts"] - completed),
+        max_concurrency=level.concurrency,
+        failed=max(0, level.num_prompts - completed),
         engine="sglang-bench",
         accept_length=row.get("accept_length"),
         request_rate=rate if isinstance(rate, int | float) and math.isfinite(rate) else "inf",
@@ -121,8 +122,8 @@ def parse(line: str, level: dict[str, Any], plan: dict[str, Any]) -> dict[str, A
 
 
 def run_level(
-    plan: dict[str, Any],
-    level: dict[str, Any],
+    plan: BenchPlan,
+    level: Level,
     texts: list[str],
     run_dir: Path,
     tokenizer: str | None,
@@ -139,9 +140,9 @@ def run_level(
         env["OPENAI_API_KEY"] = bearer.removeprefix("Bearer ")
 
     started_at = datetime.now(UTC).isoformat()
-    c = level["concurrency"]
+    c = level.concurrency
     run_dir = run_dir.resolve()  # bench_serving runs with the run directory as cwd
-    dataset = sharegpt_file(texts[: level["num_prompts"]], run_dir / f".sharegpt-c{c}.json")
+    dataset = sharegpt_file(texts[: level.num_prompts], run_dir / f".sharegpt-c{c}.json")
     out = run_dir / f"bench_serving-c{c}.jsonl"
     log = run_dir / f"bench_serving-c{c}.log"
     with open(log, "wb") as fh:

@@ -17,7 +17,6 @@ from typing import Any
 
 from gpufleet.host import gpus, serverkeys
 from gpufleet.host import nvml as nvmlread
-from gpufleet.host.kinds import Kind, RunStatus
 from gpufleet.host.procstat import ProcRef
 from gpufleet.host.protocol import (
     AgentError,
@@ -28,7 +27,9 @@ from gpufleet.host.protocol import (
     BenchWatchArgs,
     emit_event,
 )
+from gpufleet.host.records import BenchPlan
 from gpufleet.host.servers import all_states, read_state, server_alive, tail
+from gpufleet.kinds import Kind, RunStatus
 
 RUNS = Path("runs")
 
@@ -50,38 +51,40 @@ def _pick_server(port: int | None, profile: str | None) -> dict[str, Any] | None
 
 def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
     plan = args.plan
-    run_dir = _run_dir(plan["run_id"])
+    if plan is None:
+        raise AgentError("bench-start: missing argument 'plan'", kind=Kind.BAD_INPUT)
+    run_dir = _run_dir(plan.run_id)
     if run_dir.exists():
-        raise AgentError(f"run {plan['run_id']} already exists on this host", kind=Kind.EXISTS)
+        raise AgentError(f"run {plan.run_id} already exists on this host", kind=Kind.EXISTS)
     state = None
-    if not plan.get("base_url"):
-        state = _pick_server(plan.get("port"), plan.get("profile"))
+    if not plan.base_url:
+        state = _pick_server(plan.port, plan.profile)
         if state is None:
-            what = f"profile {plan['profile']}" if plan.get("profile") else "any profile"
-            where = f" on port {plan['port']}" if plan.get("port") else ""
+            what = f"profile {plan.profile}" if plan.profile else "any profile"
+            where = f" on port {plan.port}" if plan.port else ""
             raise AgentError(
                 f"no running server of {what}{where} (inv launch first)", kind=Kind.NO_SERVER
             )
-        plan["base_url"] = state["health_url"].rsplit("/", 1)[0]
-        plan["server_port"] = state["port"]
-        plan["profile"] = plan.get("profile") or state["profile"]
-    if plan.get("metrics", True):
-        plan["metrics_url"] = plan["base_url"] + "/metrics"
+        plan.base_url = state["health_url"].rsplit("/", 1)[0]
+        plan.server_port = state["port"]
+        plan.profile = plan.profile or state["profile"]
+    if plan.metrics:
+        plan.metrics_url = plan.base_url + "/metrics"
     run_dir.mkdir(parents=True, mode=0o700)
     incoming = Path(args.prompts_file)
     os.replace(incoming, run_dir / "prompts.jsonl")
-    (run_dir / "plan.json").write_text(json.dumps(plan, indent=2))
+    (run_dir / "plan.json").write_text(plan.to_json())
     (run_dir / "status.json").write_text(json.dumps({"status": RunStatus.STARTING}))
     runner = _spawn_runner(
-        run_dir, BenchRunArgs(args.host, args.expected_gpus, args.sim, plan["run_id"])
+        run_dir, BenchRunArgs(args.host, args.expected_gpus, args.sim, plan.run_id)
     )
     (run_dir / "runner.json").write_text(json.dumps(runner.to_wire()))
     return {
-        "run_id": plan["run_id"],
+        "run_id": plan.run_id,
         "run_dir": str(run_dir.resolve()),
         "pid": runner.pid,
-        "base_url": plan["base_url"],
-        "profile": plan.get("profile"),
+        "base_url": plan.base_url,
+        "profile": plan.profile,
     }
 
 
@@ -114,8 +117,8 @@ def bench_run(args: BenchRunArgs) -> dict[str, Any]:
     from gpufleet.host.bench.runner import run_plan
 
     run_dir = _run_dir(args.run_id)
-    plan = json.loads((run_dir / "plan.json").read_text())
-    state = read_state(plan["server_port"]) if plan.get("server_port") else None
+    plan = BenchPlan.from_wire(json.loads((run_dir / "plan.json").read_text()), "plan.json")
+    state = read_state(plan.server_port) if plan.server_port else None
     facts = {"sysinfo.json": gpus.sysinfo(args), "nvml_before.json": _nvml_snapshot()}
     try:
         return run_plan(

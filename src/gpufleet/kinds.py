@@ -1,5 +1,5 @@
-"""The words both sides route on: why a host failed (Kind) and the states of servers,
-runs, sweep cells and sweeps.
+"""The words every layer routes on: why a host failed (Kind) and the states of servers,
+runs, sweep cells and sweeps. Shipped in the zipapp beside host/ and sim/.
 
 On the wire and in state files they are plain strings (`{"ok": false, "kind": ...}`,
 `"status": "done"`); in code they are always members of these enums, so a typo is an
