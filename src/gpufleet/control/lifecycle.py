@@ -9,10 +9,11 @@ from typing import Any
 from gpufleet.control.cancel import SLICE_S, CancelToken
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
-from gpufleet.control.playbook import LaunchSpec, Profile, build_specs
+from gpufleet.control.playbook import Profile, build_specs
 from gpufleet.control.transport import Session, host_events
 from gpufleet.errors import HostError
 from gpufleet.host.protocol import LaunchArgs, LogsArgs, StopArgs, WaitReadyArgs
+from gpufleet.host.records import LaunchSpec
 from gpufleet.kinds import Kind
 from gpufleet.report.gpu import dirty_gpus
 
@@ -89,7 +90,7 @@ def launch_on(
             raise HostError("gpu-clean before launch did not verify clean", kind=Kind.NOT_CLEAN)
     started = session.call(
         LaunchArgs(
-            spec=spec.model_dump(),
+            spec=spec,
             replace=options.replace,
             grace_s=options.grace_s,
             skip_flag_check=options.skip_flag_check,
@@ -139,7 +140,7 @@ def dry_run(
 
     def one(session: Session) -> dict[str, Any]:
         args = LaunchArgs(
-            spec=specs[session.host.name].model_dump(),
+            spec=specs[session.host.name],
             skip_flag_check=options.skip_flag_check,
             dry_run=True,
         )

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gpufleet.control.inventory import Host
 from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
+from gpufleet.host.records import LaunchSpec
 from gpufleet.host.redact import redact_env, redact_flags, redact_tree, remember, secrets_in
 
 PLAYBOOKS = Path("playbooks")
@@ -143,30 +144,6 @@ def _flag_args(flags: dict[str, FlagValue]) -> list[str]:
             if v is not True:
                 argv.append(str(v))
     return argv
-
-
-class LaunchSpec(BaseModel):
-    """What one host will run: built on the control side, executed by the agent."""
-
-    profile: str
-    engine: str
-    argv: list[str]
-    env: dict[str, str]
-    host: str
-    port: int
-    health_host: str
-    health_path: str
-    model_path: str
-    check_model_path: bool
-    gpus: list[int]
-    log: str
-    health_timeout: float
-    node_rank: int = 0
-    nnodes: int = 1
-    warnings: list[str] = Field(default_factory=list)
-    resolved_profile: dict[str, Any] = Field(default_factory=dict)  # env redacted
-    files: dict[str, str] = Field(default_factory=dict)  # stored name -> content (host/files)
-    secret_env: list[str] = Field(default_factory=list)  # the profile's declared secret names
 
 
 def load_profile(name: str, directory: Path = PLAYBOOKS) -> Profile:

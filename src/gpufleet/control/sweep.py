@@ -32,10 +32,11 @@ from gpufleet.control.cancel import Cancelled, CancelToken
 from gpufleet.control.fanout import run_on_hosts
 from gpufleet.control.gpuclean import CleanOptions, clean_on
 from gpufleet.control.inventory import Host
-from gpufleet.control.playbook import LaunchSpec, build_specs
+from gpufleet.control.playbook import build_specs
 from gpufleet.control.transport import Session
 from gpufleet.errors import HostError, UserError
 from gpufleet.host.protocol import StopArgs
+from gpufleet.host.records import LaunchSpec
 from gpufleet.kinds import CellStatus, Kind, RunStatus, SweepStatus
 from gpufleet.report.html import ReportInput
 

@@ -10,6 +10,7 @@ was launched (host/procstat.py), so a stale state file never kills a stranger.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import signal
@@ -33,6 +34,7 @@ from gpufleet.host.protocol import (
     WaitReadyArgs,
     emit_event,
 )
+from gpufleet.host.records import LaunchSpec
 from gpufleet.host.redact import (
     process_secrets,
     redact_argv,
@@ -80,14 +82,14 @@ def port_lock(port: int):
         os.close(fd)
 
 
-def _spawn(spec: dict[str, Any]) -> subprocess.Popen[bytes]:
+def _spawn(spec: LaunchSpec) -> subprocess.Popen[bytes]:
     """Start the server in its own session, stdout and stderr appended to its log."""
-    log = Path(spec["log"])
+    log = Path(spec.log)
     log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(log, "ab", buffering=0) as out:
-        out.write(f"[gpufleet] {now_iso()} launching {spec['profile']}\n".encode())
+        out.write(f"[gpufleet] {now_iso()} launching {spec.profile}\n".encode())
         return subprocess.Popen(
-            spec["argv"],
+            spec.argv,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -97,10 +99,10 @@ def _spawn(spec: dict[str, Any]) -> subprocess.Popen[bytes]:
         )
 
 
-def write_files(spec: dict[str, Any]) -> dict[str, Any]:
+def write_files(spec: LaunchSpec) -> LaunchSpec:
     """Write the profile's files into `<workdir>/files/` (content-hashed names: an equal
     file is written once) and put their paths into argv in place of `{files}`."""
-    files = spec.get("files") or {}
+    files = spec.files or {}
     if not files:
         return spec
     folder = Path.cwd() / "files"
@@ -114,8 +116,8 @@ def write_files(spec: dict[str, Any]) -> dict[str, Any]:
             tmp.write_text(content)
             os.chmod(tmp, 0o600)
             os.replace(tmp, target)
-    argv = [word.replace("{files}", str(folder)) for word in spec["argv"]]
-    return {**spec, "argv": argv, "files": {}}
+    argv = [word.replace("{files}", str(folder)) for word in spec.argv]
+    return dataclasses.replace(spec, argv=argv, files={})
 
 
 KEYS_IN_ARGV = (
@@ -138,42 +140,44 @@ def _keep_keys_out_of_argv(port: int, check: dict[str, Any]) -> tuple[list[str],
 
 
 def launch(args: LaunchArgs) -> LaunchAnswer:
-    remember(secret_values(args.spec["argv"], args.spec["env"]))
-    remember(args.spec["env"][k] for k in args.spec.get("secret_env", []) if k in args.spec["env"])
+    if args.spec is None:
+        raise AgentError("launch: missing argument 'spec'", kind=Kind.BAD_INPUT)
+    remember(secret_values(args.spec.argv, args.spec.env))
+    remember(args.spec.env[k] for k in args.spec.secret_env if k in args.spec.env)
     spec = write_files(args.spec)
     args.spec = spec
-    with port_lock(spec["port"]):
+    with port_lock(spec.port):
         check = preflight(args)
         if args.dry_run or not check["ok"]:
             return {"started": False, **check, "argv": redact_argv(check["argv"])}
-        existing = read_state(spec["port"])
+        existing = read_state(spec.port)
         if existing and server_alive(existing) and args.replace:
             stop_server(existing, args.grace_s)
-        argv, key_file, in_argv = _keep_keys_out_of_argv(spec["port"], check)
+        argv, key_file, in_argv = _keep_keys_out_of_argv(spec.port, check)
         if in_argv:
             check["warnings"].append(KEYS_IN_ARGV)
-        spec = {**spec, "argv": argv}  # known flag renames applied, keys in their file
+        spec = dataclasses.replace(spec, argv=argv)  # renames applied, keys in their file
         proc = _spawn(spec)
         ref = ProcRef.capture(proc.pid) or ProcRef(proc.pid, -1)  # -1: died at once
         state = {
             "pid": proc.pid,
             "proc": ref.to_wire(),
             "pgid": proc.pid,
-            "argv": redact_argv(spec["argv"]),
-            "env": redact_env(spec["env"], spec.get("secret_env", [])),
-            "port": spec["port"],
-            "health_url": f"http://{spec['health_host']}:{spec['port']}{spec['health_path']}",
-            "profile": spec["profile"],
-            "engine": spec["engine"],
+            "argv": redact_argv(spec.argv),
+            "env": redact_env(spec.env, spec.secret_env),
+            "port": spec.port,
+            "health_url": f"http://{spec.health_host}:{spec.port}{spec.health_path}",
+            "profile": spec.profile,
+            "engine": spec.engine,
             "engine_version": check["engine_version"],
-            "log": str(Path.cwd() / spec["log"]),
+            "log": str(Path.cwd() / spec.log),
             "log_offset": 0,
-            "gpus": spec["gpus"],
-            "resolved_profile": spec.get("resolved_profile"),
+            "gpus": spec.gpus,
+            "resolved_profile": spec.resolved_profile,
             "flag_renames": check["renames"],
             "key_file": key_file,  # the server's secret flags (0600), read by gpufleet's client
             "secrets_in_argv": in_argv,
-            "node_rank": spec.get("node_rank", 0),
+            "node_rank": spec.node_rank,
             "started_at": now_iso(),
             "status": ServerStatus.STARTING,
         }

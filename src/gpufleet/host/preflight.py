@@ -19,6 +19,7 @@ from typing import Any
 from gpufleet.host import flagrenames
 from gpufleet.host import nvml as nvmlread
 from gpufleet.host.protocol import AgentError, LaunchArgs
+from gpufleet.host.records import LaunchSpec
 from gpufleet.host.servers import read_state, server_alive
 from gpufleet.kinds import Kind
 
@@ -59,11 +60,11 @@ def _agent_pythonpath() -> list[str]:
     return [root]
 
 
-def launch_env(spec: dict[str, Any]) -> dict[str, str]:
+def launch_env(spec: LaunchSpec) -> dict[str, str]:
     """The server's environment: ours, the profile's, and the rehearsal engine's paths."""
     env = dict(os.environ)
-    env.update(spec["env"])
-    if spec["engine"] == "sim":
+    env.update(spec.env)
+    if spec.engine == "sim":
         parts = _agent_pythonpath()
         if os.environ.get("GPUFLEET_SIM_STATE"):
             parts.insert(0, nvmlread.shim_dir())
@@ -149,35 +150,36 @@ def _gpus_in_use(gpus: list[int]) -> list[str]:
 def preflight(args: LaunchArgs) -> dict[str, Any]:
     """Everything that can refuse a launch in seconds rather than after a model load."""
     spec = args.spec
+    assert spec is not None, "launch checks its spec before preflight"
     errors: list[str] = []
-    warnings: list[str] = list(spec.get("warnings", []))
-    existing = read_state(spec["port"])
+    warnings: list[str] = list(spec.warnings)
+    existing = read_state(spec.port)
     if existing and server_alive(existing):
         if not args.replace:
             errors.append(
                 f"a server ({existing['profile']}, pid {existing['pid']}) already runs on port "
-                f"{spec['port']}; stop it or use --replace"
+                f"{spec.port}; stop it or use --replace"
             )
     else:
-        problem = _port_free(spec["host"], spec["port"])
+        problem = _port_free(spec.host, spec.port)
         if problem:
             errors.append(problem)
-    if spec["check_model_path"] and not Path(spec["model_path"]).exists():
-        errors.append(f"model path {spec['model_path']!r} does not exist on this host")
-    engine = spec["engine"]
+    if spec.check_model_path and not Path(spec.model_path).exists():
+        errors.append(f"model path {spec.model_path!r} does not exist on this host")
+    engine = spec.engine
     version = engine_version(engine, launch_env(spec))
     if engine == "sglang" and version is None:
         errors.append(f"{sys.executable} has no sglang installed (pip show sglang found nothing)")
     if not args.skip_gpu_check and not (existing and args.replace):
         try:
-            errors += _gpus_in_use(spec["gpus"])
+            errors += _gpus_in_use(spec.gpus)
         except AgentError as exc:
-            if spec["engine"] != "custom":
+            if spec.engine != "custom":
                 errors.append(str(exc))
-    argv, renames, accepts_config = spec["argv"], [], False
+    argv, renames, accepts_config = spec.argv, [], False
     if engine in ENGINE_MODULES and not errors and not args.skip_flag_check:
-        text = help_text(spec["argv"][:3], launch_env(spec))
-        check = check_flags_against(spec["argv"], 3, text, f"{engine} {version or ''}".strip())
+        text = help_text(spec.argv[:3], launch_env(spec))
+        check = check_flags_against(spec.argv, 3, text, f"{engine} {version or ''}".strip())
         argv, renames = check.argv, check.renames
         accepts_config = "--config CONFIG" in text or "--config " in text
         errors += [f"flag {e}" for e in check.errors]

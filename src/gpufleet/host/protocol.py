@@ -19,7 +19,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict
 
-from gpufleet.host.records import BenchPlan, WireError, check
+from gpufleet.host.records import BenchPlan, LaunchSpec, WireError, check
 from gpufleet.host.redact import scrub_known
 from gpufleet.kinds import Kind
 
@@ -106,7 +106,7 @@ class StatusArgs(VerbArgs):
 @dataclass
 class LaunchArgs(VerbArgs):
     VERB: ClassVar[str] = "launch"
-    spec: dict[str, Any] = field(default_factory=dict)  # control.playbook.LaunchSpec, dumped
+    spec: LaunchSpec | None = None  # built by control/playbook.py (required)
     replace: bool = False
     grace_s: float = 15.0
     skip_flag_check: bool = False

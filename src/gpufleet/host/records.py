@@ -1,6 +1,6 @@
 """Records that cross a boundary (SSH, a file on the host, the archive), each with one
-declared type that both sides import: the bench plan and its levels; the verb arguments in
-protocol.py are records too.
+declared type that both sides import: the launch spec, the bench plan and its levels; the
+verb arguments in protocol.py are checked the same way.
 
 `Record.from_wire` checks a decoded JSON object against the declared fields, nested records
 included, so a renamed or mistyped key fails where the record is read, with its path
@@ -137,3 +137,29 @@ class BenchPlan(Record):
     system_prompt: str | None = None  # multi-turn sessions share it
     random: dict[str, Any] | None = None  # random-ids lengths
     model: str = ""
+
+
+@dataclass
+class LaunchSpec(Record):
+    """What one host will run: built on the control side from a profile
+    (control/playbook.py), sent with launch, executed by the agent (host/lifecycle.py)."""
+
+    profile: str
+    engine: str  # sglang, sim or custom
+    argv: list[str]
+    env: dict[str, str]
+    host: str  # the address the server binds
+    port: int
+    health_host: str
+    health_path: str
+    model_path: str
+    check_model_path: bool
+    gpus: list[int]
+    log: str  # relative to the workdir
+    health_timeout: float
+    node_rank: int = 0
+    nnodes: int = 1
+    warnings: list[str] = field(default_factory=list)
+    resolved_profile: dict[str, Any] = field(default_factory=dict)  # env redacted
+    files: dict[str, str] = field(default_factory=dict)  # stored name -> content (host/files)
+    secret_env: list[str] = field(default_factory=list)  # the profile's declared secret names
