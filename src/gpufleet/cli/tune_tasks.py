@@ -4,7 +4,7 @@ written and verified against no drafting and static speculation (control/tune.py
 from __future__ import annotations
 
 from gpufleet.cli.common import HOSTS_HELP, INVENTORY_HELP, task, user_errors
-from gpufleet.cli.sweep_tasks import _do_sweep, _resume_command
+from gpufleet.cli.experiments import resume_command, run_sweep, sweep_request
 
 
 @task(
@@ -48,18 +48,15 @@ def tune(
     """Measure draft depths by load, write SGLang's adaptive table and a profile using it."""
     import json
 
-    from gpufleet.archive import select, store
-    from gpufleet.archive.layout import Layout
     from gpufleet.cli.args import positive_float
     from gpufleet.cli.output import line, table
-    from gpufleet.cli.sweep_tasks import _sweep_request
     from gpufleet.control import tune as tuning
+    from gpufleet.control import tunerun
 
     ladder = concurrency or ",".join(map(str, tuning.DEFAULT_LADDER))
-    request = _sweep_request([ladder], num_prompts, output_len, prompts, None, archive)
+    request = sweep_request([ladder], num_prompts, output_len, prompts, None, archive)
     floor = positive_float(min_request_speed, "--min-request-speed", 0) or None
     depth_list = tuning.parse_depths(depths)
-    arms = tuning.depth_arms(profile, depth_list)
     options = {
         "--profile": profile, "--depths": depths, "--concurrency": concurrency,
         "--min-request-speed": min_request_speed, "--name": name,
@@ -67,92 +64,50 @@ def tune(
         "--prompts": prompts if prompts != "coding" else None, "--verify": None,
         "--no-verify": not verify, "--engine": engine, "--archive": archive, "--forks": forks,
     }  # fmt: skip
-    command = _resume_command(["inv", "tune"], options)
-    state = _do_sweep(
-        [profile], request, hosts, inventory, resume, False, False, engine, forks, command,
-        arms=arms, kind="tune",
-    )  # fmt: skip
-    root = request.archive_root
-    result = tuning.choose(tuning.rows_by_depth(arms, state.data, root), floor)
-    config_path, profile_path = tuning.write_outputs(profile, result, name)
-    table(
-        "measured: output tok/s (per-request tok/s) by depth",
-        ["C", *(f"depth {d}" for d in sorted(result.measured)), "chosen"],
-        [
-            [str(ch.concurrency)]
-            + [
-                f"{result.measured[d][ch.concurrency]['output_throughput']:.0f} "
-                f"({result.measured[d][ch.concurrency]['per_request']:.1f})"
-                for d in sorted(result.measured)
-            ]
-            + [str(ch.depth)]
-            for ch in result.choices
-        ],
+    command = resume_command(["inv", "tune"], options)
+
+    def sweep(profiles, arms, kind, again):  # the CLI's: Ctrl-C, progress, resume line
+        return run_sweep(profiles, request, hosts, inventory, again, False, False, engine,
+                         forks, command, arms=arms, kind=kind)  # fmt: skip
+
+    def show_choice(outcome: tunerun.TuneOutcome) -> None:
+        result = outcome.result
+        table(
+            "measured: output tok/s (per-request tok/s) by depth",
+            ["C", *(f"depth {d}" for d in sorted(result.measured)), "chosen"],
+            [
+                [str(ch.concurrency)]
+                + [
+                    f"{result.measured[d][ch.concurrency]['output_throughput']:.0f} "
+                    f"({result.measured[d][ch.concurrency]['per_request']:.1f})"
+                    for d in sorted(result.measured)
+                ]
+                + [str(ch.depth)]
+                for ch in result.choices
+            ],
+        )
+        for text in result.ranges:
+            line(f"tune: {text}")
+        for text in result.notes:
+            line(f"tune: note: {text}")
+        line(f"tune: wrote {outcome.config_path} {json.dumps(result.table)}")
+        line(f"tune: wrote {outcome.profile_path} (inv launch --profile "
+             f"{outcome.profile_path.stem})")  # fmt: skip
+
+    outcome = tunerun.run(
+        profile, depth_list, request, floor, name, verify, resume, sweep, show_choice
     )
-    for text in result.ranges:
-        line(f"tune: {text}")
-    for text in result.notes:
-        line(f"tune: note: {text}")
-    line(f"tune: wrote {config_path} {json.dumps(result.table)}")
-    line(f"tune: wrote {profile_path} (inv launch --profile {profile_path.stem})")
-    record = {
-        "tune_id": state.data["sweep_id"],
-        "profile": profile,
-        "depths": [0, *depth_list],
-        "concurrency": request.concurrency,
-        "min_request_speed": floor,
-        "sweep_state": str(state.path),
-        "measured": {str(d): {str(c): v for c, v in m.items()} for d, m in result.measured.items()},
-        "choices": [ch.__dict__ for ch in result.choices],
-        "table": result.table,
-        "ranges": result.ranges,
-        "notes": result.notes,
-        "config": str(config_path),
-        "tuned_profile": str(profile_path),
-        "launches": sum(len(cells) for cells in state.data["cells"].values()),
-    }
-    record_path = Layout(root).tune_record(state.data["sweep_id"])
-    store.make_dirs(record_path.parent)
-    store.write_private_file(record_path, json.dumps(record, indent=2).encode())
-    if verify:
-        tuned = str(profile_path) if profile.endswith((".yaml", ".yml")) else profile_path.stem
-        checks = tuning.verification_arms(profile, tuned)
-        again = resume and _has_state(root, [profile, tuned], checks, "tune-verify")
-        check = _do_sweep(
-            [profile, tuned], request, hosts, inventory, again, False, False, engine, forks,
-            command, arms=checks, kind="tune-verify",
+    for v in outcome.verdicts:
+        table(
+            f"{v.host}: tuned vs the better of no drafting and static speculation",
+            ["C", "wins", *(f"{a.label} req tok/s" for a in v.arms),
+             *(f"{a.label} tok/s" for a in v.arms), "tuned kept"],
+            [
+                [str(r.concurrency), r.winner,
+                 *(f"{x:.1f}" for x in r.per_request.values()),
+                 *(f"{x:.0f}" for x in r.throughput.values()), f"{r.kept:.0%}"]
+                for r in v.rows
+            ],
         )  # fmt: skip
-        data = select.report_for_sweep(root, check.path)
-        for host, host_arms in data.per_host.items():
-            rows, sentence = tuning.verdict(host_arms)
-            table(
-                f"{host}: tuned vs the better of no drafting and static speculation",
-                ["C", "wins", *(f"{a.label} req tok/s" for a in host_arms),
-                 *(f"{a.label} tok/s" for a in host_arms), "tuned kept"],
-                [
-                    [str(r.concurrency), r.winner,
-                     *(f"{v:.1f}" for v in r.per_request.values()),
-                     *(f"{v:.0f}" for v in r.throughput.values()), f"{r.kept:.0%}"]
-                    for r in rows
-                ],
-            )  # fmt: skip
-            line(f"{host}: {sentence}")
-            record.setdefault("verify", {})[host] = {
-                "sweep_id": check.data["sweep_id"],
-                "rows": [r.__dict__ for r in rows],
-                "sentence": sentence,
-            }
-        store.write_private_file(record_path, json.dumps(record, indent=2).encode())
-    line(f"tune: archived {record_path}")
-
-
-def _has_state(root, profiles, arms, kind) -> bool:
-    """Whether an earlier (interrupted) tune got as far as this sweep."""
-    from gpufleet.control.sweep import SweepState
-    from gpufleet.errors import UserError
-
-    try:
-        SweepState.latest(root, profiles, arms, kind)
-    except UserError:
-        return False
-    return True
+        line(f"{v.host}: {v.sentence}")
+    line(f"tune: archived {outcome.record_path}")

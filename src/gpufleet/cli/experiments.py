@@ -1,0 +1,122 @@
+"""Running a sweep from a task: the request from options, the pasteable `--resume` line,
+Ctrl-C handling and the printed progress and comparison. Used by `inv sweep`, `inv tune`
+and `inv rehearse` (the orchestration itself is control/sweep.py and control/tunerun.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from invoke.exceptions import Exit
+
+from gpufleet.cli.common import forks_for, select_hosts
+from gpufleet.cli.compare_tasks import show_compare
+
+
+def sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive):
+    from pathlib import Path
+
+    from gpufleet.archive.layout import DEFAULT_ROOT
+    from gpufleet.cli.args import int_list, non_negative_int, positive_int
+    from gpufleet.control import bench as bench_control
+    from gpufleet.errors import UserError
+
+    levels = int_list(concurrency, "--concurrency")
+    if not levels:
+        raise UserError("--concurrency is required (e.g. --concurrency 1,10,64)")
+    return bench_control.BenchRequest(
+        concurrency=levels,
+        num_prompts=non_negative_int(num_prompts, "--num-prompts", 0) or None,
+        output_len=positive_int(output_len, "--output-len", 256),
+        prompts=prompts,
+        seed=non_negative_int(seed, "--seed", 0),
+        archive_root=Path(archive) if archive else DEFAULT_ROOT,
+    )
+
+
+def resume_command(base: list[str], options: dict[str, Any]) -> Callable[[Any, Any], str]:
+    """Build the pasteable `--resume` line: the same options, inventory and hosts."""
+    import shlex
+
+    def command(inv: Any, hosts: list[str]) -> str:
+        words = list(base)
+        for flag, value in options.items():
+            if value not in (None, False, ""):
+                words += [flag] if value is True else [flag, str(value)]
+        words += ["--inventory", inv.source, "--hosts", ",".join(hosts), "--resume"]
+        return shlex.join(words)
+
+    return command
+
+
+@contextlib.contextmanager
+def ctrl_c_stops(cancel: Any, hint: Callable[[], str]):
+    """First Ctrl-C: nothing new starts, the cells in flight stop cleanly (see sweep.py).
+    Second Ctrl-C: exit at once; what runs on the hosts goes on and --resume finishes it."""
+    import os
+    import signal
+    import sys
+
+    from gpufleet.cli.output import line
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if not cancel.requested:
+            cancel.request()
+            line("gpufleet: stopping: no new cell starts, cells in flight stop cleanly "
+                 "(Ctrl-C again to abort now)", sys.stderr)  # fmt: skip
+            return
+        line(f"gpufleet: aborted; finish the sweep with `{hint()}`", sys.stderr)
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run_sweep(
+    profile_names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks,
+    resume_command, fmt="table", arms=None, kind="sweep",
+):  # fmt: skip
+    from gpufleet.archive.layout import Layout
+    from gpufleet.cli.output import line
+    from gpufleet.cli.progress import bench_progress, launch_progress
+    from gpufleet.control import sweep
+    from gpufleet.control.arms import expand
+    from gpufleet.control.cancel import CancelToken
+    from gpufleet.kinds import SweepStatus
+
+    arms = arms or expand(profile_names, [], 1)
+    sweep.check_arms(profile_names, arms)  # a bad profile or flag fails before anything starts
+    inv, selected = select_hosts(inventory, hosts)
+    if dry_run:
+        for text in sweep.plan_lines(arms, selected, request, engine):
+            line(text)
+        line("dry run: nothing started")
+        return None
+    state = sweep.open_state(
+        request.archive_root, profile_names, selected, request.concurrency, resume, arms, kind
+    )
+    if resume:
+        line(f"resuming sweep {state.data['sweep_id']} ({state.data['status']})")
+    cancel = CancelToken()
+    hint = lambda: resume_command(inv, state.data["hosts"])  # noqa: E731
+    with ctrl_c_stops(cancel, hint):
+        state = sweep.run(
+            state, sweep.hosts_of(state, selected), request, engine, fail_fast,
+            forks_for(inv, forks), line, launch_progress(), bench_progress(), cancel,
+        )  # fmt: skip
+        data = sweep.report_input(state, request.archive_root)
+        if data.per_host or data.failures:
+            show_compare(
+                data, fmt, Layout(request.archive_root).compare_dir(state.data["sweep_id"])
+            )
+        line(f"sweep {state.data['sweep_id']}: {state.data['status']} (state: {state.path})")
+    if state.data["status"] == SweepStatus.INTERRUPTED:
+        raise Exit(f"gpufleet: interrupted; finish the sweep with `{hint()}`", code=130)
+    if state.data["status"] != SweepStatus.DONE:
+        raise Exit(f"gpufleet: some sweep cells failed (see above); retry them with `{hint()}`", 1)
+    return state

@@ -1,0 +1,138 @@
+"""`inv tune` as one orchestration: measure every depth (a sweep), choose the table, write
+the tuned profile, verify it (a second sweep) and archive the tune record.
+
+The sweeps themselves are run by the caller's `Sweeper` (the CLI's, which owns Ctrl-C and
+progress printing), so this module holds the order of steps and the record, and no output.
+The record is saved once measured and again with the verification: a tune interrupted
+during its verification keeps its table (`--resume` finishes it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufleet.archive import select, store
+from gpufleet.archive.layout import Layout
+from gpufleet.control import tune as tuning
+from gpufleet.control.arms import ArmSpec
+from gpufleet.control.bench import BenchRequest
+from gpufleet.control.sweep import SweepState
+from gpufleet.errors import UserError
+
+# (profiles, cells, kind, resume) -> the finished sweep's state
+Sweeper = Callable[[list[str], list[ArmSpec], str, bool], SweepState]
+
+
+@dataclass
+class TuneRecord:
+    """`<root>/tunes/<tune-id>.json`: what was measured, chosen, written and verified."""
+
+    tune_id: str
+    profile: str
+    depths: list[int]
+    concurrency: list[int]
+    min_request_speed: float | None
+    sweep_state: str
+    measured: dict[str, dict[str, Any]]
+    choices: list[dict[str, Any]]
+    table: dict[str, Any]
+    ranges: list[str]
+    notes: list[str]
+    config: str
+    tuned_profile: str
+    launches: int
+    verify: dict[str, Any] = field(default_factory=dict)  # host -> sweep id, rows, sentence
+
+    def save(self, path: Path) -> None:
+        store.make_dirs(path.parent)
+        store.write_private_file(path, json.dumps(dataclasses.asdict(self), indent=2).encode())
+
+
+@dataclass
+class Verdict:
+    host: str
+    arms: list[Any]
+    rows: list[tuning.VerdictRow]
+    sentence: str
+
+
+@dataclass
+class TuneOutcome:
+    result: tuning.TuneResult
+    config_path: Path
+    profile_path: Path
+    record: TuneRecord
+    record_path: Path
+    verdicts: list[Verdict] = field(default_factory=list)
+
+
+def run(
+    profile: str,
+    depths: list[int],
+    request: BenchRequest,
+    floor: float | None,
+    name: str | None,
+    verify: bool,
+    resume: bool,
+    sweep: Sweeper,
+    on_chosen: Callable[[TuneOutcome], None] | None = None,
+) -> TuneOutcome:
+    """The whole tune; `on_chosen` sees the table as soon as it is written (before the
+    verification sweep, which takes as long again)."""
+    root = request.archive_root
+    arms = tuning.depth_arms(profile, depths)
+    state = sweep([profile], arms, "tune", resume)
+    result = tuning.choose(tuning.rows_by_depth(arms, state.data, root), floor)
+    config_path, profile_path = tuning.write_outputs(profile, result, name)
+    record = TuneRecord(
+        tune_id=state.data["sweep_id"],
+        profile=profile,
+        depths=[0, *depths],
+        concurrency=list(request.concurrency),
+        min_request_speed=floor,
+        sweep_state=str(state.path),
+        measured={str(d): {str(c): v for c, v in m.items()} for d, m in result.measured.items()},
+        choices=[dataclasses.asdict(ch) for ch in result.choices],
+        table=result.table,
+        ranges=result.ranges,
+        notes=result.notes,
+        config=str(config_path),
+        tuned_profile=str(profile_path),
+        launches=sum(len(cells) for cells in state.data["cells"].values()),
+    )
+    record_path = Layout(root).tune_record(record.tune_id)
+    record.save(record_path)
+    outcome = TuneOutcome(result, config_path, profile_path, record, record_path)
+    if on_chosen is not None:
+        on_chosen(outcome)
+    if not verify:
+        return outcome
+    tuned = str(profile_path) if profile.endswith((".yaml", ".yml")) else profile_path.stem
+    checks = tuning.verification_arms(profile, tuned)
+    again = resume and _has_state(root, [profile, tuned], checks, "tune-verify")
+    check = sweep([profile, tuned], checks, "tune-verify", again)
+    data = select.report_for_sweep(root, check.path)
+    for host, host_arms in data.per_host.items():
+        rows, sentence = tuning.verdict(host_arms)
+        outcome.verdicts.append(Verdict(host, host_arms, rows, sentence))
+        record.verify[host] = {
+            "sweep_id": check.data["sweep_id"],
+            "rows": [dataclasses.asdict(r) for r in rows],
+            "sentence": sentence,
+        }
+    record.save(record_path)
+    return outcome
+
+
+def _has_state(root: Path, profiles: list[str], arms: list[ArmSpec], kind: str) -> bool:
+    """Whether an earlier (interrupted) tune got as far as this sweep."""
+    try:
+        SweepState.latest(root, profiles, arms, kind)
+    except UserError:
+        return False
+    return True
