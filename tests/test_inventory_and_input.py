@@ -161,3 +161,18 @@ def test_inv_list_is_fast_and_lazy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--request-rate", "abc"], "--request-rate 'abc': expected a rate in requests per second"),
+        (["--trace-speedup", "x"], "--trace-speedup 'x': expected a factor"),
+        (["--duration", "soon"], "--duration 'soon': expected a number of seconds"),
+    ],
+)
+def test_a_bad_number_says_what_it_should_be(args, expected):
+    # was: "--request-rate 'abc': expected a number of seconds, such as 60"
+    out = run_cli("bench", "-c", "1", "--client", "local", "--url", "http://192.0.2.1:1", *args)
+    assert out.returncode == 2 and expected in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

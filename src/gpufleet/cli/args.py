@@ -31,6 +31,17 @@ LIMITS: dict[str, float] = {
 }
 
 
+# What a number means, for the one line a bad value gets (default: seconds).
+EXPECTED: dict[str, str] = {
+    "--request-rate": "a rate in requests per second, such as 4",
+    "--trace-speedup": "a factor, such as 2",
+    "--random-range-ratio": "a ratio above 0 and at most 1, such as 0.5",
+    "--target": "a share above 0 and at most 1, such as 0.99",
+    "--max-load": "a load (concurrency or requests per second), such as 256",
+    "--min-request-speed": "a speed in tokens per second, such as 20",
+}
+
+
 def _bounded(number: float, flag: str, raw: object) -> None:
     limit = LIMITS.get(flag)
     if limit is not None and number > limit:
@@ -43,7 +54,8 @@ def positive_float(value: str | float | None, flag: str, default: float) -> floa
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise UserError(f"{flag} {value!r}: expected a number of seconds, such as 60") from None
+        expected = EXPECTED.get(flag, "a number of seconds, such as 60")
+        raise UserError(f"{flag} {value!r}: expected {expected}") from None
     if not number > 0 or number != number or number == float("inf"):
         raise UserError(f"{flag} {value!r}: expected a positive number")
     _bounded(number, flag, value)
