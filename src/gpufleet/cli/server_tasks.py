@@ -12,6 +12,7 @@ from gpufleet.cli.common import (
     task,
     user_errors,
 )
+from gpufleet.host.records import HEALTH_TIMEOUT_S  # stdlib-only: --list stays fast
 
 
 @task
@@ -118,7 +119,7 @@ def launch(
         **FLEET_HELP,
         "profile": "take the port from this profile",
         "port": "server port (default 30000)",
-        "timeout": "seconds to wait for health",
+        "timeout": f"seconds to wait for health (default {HEALTH_TIMEOUT_S:g})",
     }
 )
 @user_errors
@@ -137,7 +138,7 @@ def wait(c, hosts=None, inventory=None, profile=None, port=None, timeout=None, f
     results = lifecycle.wait(
         selected,
         port_number,
-        positive_float(timeout, "--timeout", 1800),
+        positive_float(timeout, "--timeout", HEALTH_TIMEOUT_S),
         forks_for(inv, forks),
         launch_progress(),
     )

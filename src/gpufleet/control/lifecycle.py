@@ -13,7 +13,7 @@ from gpufleet.control.playbook import Profile, build_specs
 from gpufleet.control.transport import Session, host_events
 from gpufleet.errors import HostError
 from gpufleet.host.protocol import LaunchArgs, LogsArgs, StopArgs, WaitReadyArgs
-from gpufleet.host.records import LaunchSpec
+from gpufleet.host.records import HEALTH_TIMEOUT_S, LaunchSpec
 from gpufleet.kinds import Kind
 from gpufleet.report.gpu import dirty_gpus
 
@@ -52,7 +52,9 @@ def wait_on(
     """
     port = spec["port"] if isinstance(spec, dict) else spec.port
     rank = spec.get("node_rank", 0) if isinstance(spec, dict) else spec.node_rank
-    timeout = timeout_s or (spec.health_timeout if isinstance(spec, LaunchSpec) else 1800)
+    timeout = timeout_s or (
+        spec.health_timeout if isinstance(spec, LaunchSpec) else HEALTH_TIMEOUT_S
+    )
     name = session.host.name
     on_event = host_events(name, progress)
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gpufleet.control.inventory import Host
 from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
-from gpufleet.host.records import LaunchSpec
+from gpufleet.host.records import HEALTH_TIMEOUT_S, LaunchSpec
 from gpufleet.host.redact import redact_env, redact_flags, redact_tree, remember, secrets_in
 
 PLAYBOOKS = Path("playbooks")
@@ -48,7 +48,7 @@ class Profile(BaseModel):
     gpus: list[int] | None = None
     nnodes: int = Field(default=1, ge=1)
     dist_init_port: int = Field(default=50000, ge=1, le=65535)
-    health_timeout: float = Field(default=1800.0, gt=0)
+    health_timeout: float = Field(default=HEALTH_TIMEOUT_S, gt=0)
     log: str = "logs/{profile}-{port}-{stamp}.log"
     check_model_path: bool = True
     files: dict[str, str] = Field(default_factory=dict)  # name -> local path; `{file:name}`

@@ -19,7 +19,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict
 
-from gpufleet.host.records import BenchPlan, LaunchSpec, WireError, check
+from gpufleet.host.records import HEALTH_TIMEOUT_S, BenchPlan, LaunchSpec, WireError, check
 from gpufleet.host.redact import scrub_known
 from gpufleet.kinds import Kind
 
@@ -118,7 +118,7 @@ class LaunchArgs(VerbArgs):
 class WaitReadyArgs(VerbArgs):
     VERB: ClassVar[str] = "wait-ready"
     port: int = 30000
-    timeout_s: float = 1800.0  # in all slices together; then the launch has failed
+    timeout_s: float = HEALTH_TIMEOUT_S  # in all slices together; then the launch failed
     poll_s: float = 0.2
     health: bool = True  # False on non-zero node ranks: they serve no HTTP
     slice_s: float | None = None  # answer "waiting" after this long; the caller asks again

@@ -19,6 +19,8 @@ from typing import Any
 
 from gpufleet.kinds import Kind
 
+HEALTH_TIMEOUT_S = 1800.0  # a big model's load, CUDA graphs and warm-up: the default wait
+
 
 class WireError(Exception):
     """A record that does not match its declared type (the agent answers bad_input)."""
@@ -156,7 +158,7 @@ class LaunchSpec(Record):
     check_model_path: bool
     gpus: list[int]
     log: str  # relative to the workdir
-    health_timeout: float
+    health_timeout: float = HEALTH_TIMEOUT_S
     node_rank: int = 0
     nnodes: int = 1
     warnings: list[str] = field(default_factory=list)
