@@ -255,6 +255,7 @@ def test_stop_refuses_a_state_file_whose_pid_now_belongs_to_another_process(flee
             "pgid": stranger.pid,
             "port": 31999,
             "profile": "ghost",
+            "engine": "sglang",
             "argv": ["python", "-m", "sglang.launch_server"],
             "gpus": [0],
             "status": "ready",

@@ -34,7 +34,7 @@ from gpufleet.host.protocol import (
     WaitReadyArgs,
     emit_event,
 )
-from gpufleet.host.records import LaunchSpec
+from gpufleet.host.records import LaunchSpec, ServerState
 from gpufleet.host.redact import (
     process_secrets,
     redact_argv,
@@ -159,32 +159,31 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
         spec = dataclasses.replace(spec, argv=argv)  # renames applied, keys in their file
         proc = _spawn(spec)
         ref = ProcRef.capture(proc.pid) or ProcRef(proc.pid, -1)  # -1: died at once
-        state = {
-            "pid": proc.pid,
-            "proc": ref.to_wire(),
-            "pgid": proc.pid,
-            "argv": redact_argv(spec.argv),
-            "env": redact_env(spec.env, spec.secret_env),
-            "port": spec.port,
-            "health_url": f"http://{spec.health_host}:{spec.port}{spec.health_path}",
-            "profile": spec.profile,
-            "engine": spec.engine,
-            "engine_version": check["engine_version"],
-            "log": str(Path.cwd() / spec.log),
-            "log_offset": 0,
-            "gpus": spec.gpus,
-            "resolved_profile": spec.resolved_profile,
-            "flag_renames": check["renames"],
-            "key_file": key_file,  # the server's secret flags (0600), read by gpufleet's client
-            "secrets_in_argv": in_argv,
-            "node_rank": spec.node_rank,
-            "started_at": now_iso(),
-            "status": ServerStatus.STARTING,
-        }
+        state = ServerState(
+            pid=proc.pid,
+            proc=ref.to_wire(),
+            pgid=proc.pid,
+            argv=redact_argv(spec.argv),
+            env=redact_env(spec.env, spec.secret_env),
+            port=spec.port,
+            health_url=f"http://{spec.health_host}:{spec.port}{spec.health_path}",
+            profile=spec.profile,
+            engine=spec.engine,
+            engine_version=check["engine_version"],
+            log=str(Path.cwd() / spec.log),
+            gpus=spec.gpus,
+            resolved_profile=spec.resolved_profile,
+            flag_renames=check["renames"],
+            key_file=key_file,
+            secrets_in_argv=in_argv,
+            node_rank=spec.node_rank,
+            started_at=now_iso(),
+            status=ServerStatus.STARTING,
+        )
         write_state(state)
     return {
         "started": True,
-        "state": state,
+        "state": state.to_wire(),
         "warnings": check["warnings"],
         "renames": check["renames"],
     }
@@ -221,10 +220,10 @@ def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
     state = read_state(args.port)
     if state is None:
         raise AgentError(f"no server launched by gpufleet on port {args.port}", kind=Kind.NO_SERVER)
-    remember(process_secrets(state["pid"]) if server_alive(state) else [])
+    remember(process_secrets(state.pid) if server_alive(state) else [])
     started = time.monotonic() - args.elapsed_before_s
     slice_end = time.monotonic() + args.slice_s if args.slice_s else None
-    log = _LogScanner(state["log"], state.get("log_offset", 0))
+    log = _LogScanner(state.log, state.log_offset)
     phase = ""
     last_event = 0.0
     while True:
@@ -234,7 +233,7 @@ def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
             return _failed(state, "crashed", f"{fatal} in the server log")
         if not server_alive(state):
             return _failed(state, "crashed", "the server process exited")
-        new_phase = health.probe(state["health_url"]) if args.health else "running"
+        new_phase = health.probe(state.health_url) if args.health else "running"
         if new_phase in ("ready", "running"):
             state.update(
                 status=ServerStatus.READY if args.health else ServerStatus.RUNNING,
@@ -248,7 +247,7 @@ def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
                 "ready": True,
                 "phase": new_phase,
                 "elapsed_s": round(elapsed, 3),
-                "state": state,
+                "state": state.to_wire(),
             }
         if new_phase != phase or time.monotonic() - last_event >= 1.0:
             phase = new_phase
@@ -263,15 +262,15 @@ def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
         time.sleep(args.poll_s)
 
 
-def _failed(state: dict[str, Any], status: str, reason: str) -> WaitReadyAnswer:
+def _failed(state: ServerState, status: str, reason: str) -> WaitReadyAnswer:
     state.update(status=ServerStatus.FAILED, failure=reason, failed_at=now_iso())
     write_state(state)
     return {
         "ready": False,
         "phase": status,
         "reason": reason,
-        "tail": tail(state["log"]),
-        "state": state,
+        "tail": tail(state.log),
+        "state": state.to_wire(),
     }
 
 
@@ -280,7 +279,7 @@ class StaleState(Exception):
     """The state file's process group now belongs to someone else: nothing may be signalled."""
 
 
-def _group_is_ours(state: dict[str, Any]) -> bool:
+def _group_is_ours(state: ServerState) -> bool:
     """Whether the saved process group still runs what gpufleet launched.
 
     True while the leader is our process, or while the leader is gone but its group lives
@@ -295,10 +294,10 @@ def _group_is_ours(state: dict[str, Any]) -> bool:
         return True
     if ref.reused():
         raise StaleState(
-            f"server state for port {state['port']} is stale: pid {ref.pid} is now "
+            f"server state for port {state.port} is stale: pid {ref.pid} is now "
             f"`{command_name(ref.pid)}`; state cleared, nothing killed"
         )
-    return bool(group_members(state["pgid"]))
+    return bool(group_members(state.pgid))
 
 
 def _signal_group(pgid: int, sig: signal.Signals, wait_s: float) -> bool:
@@ -311,7 +310,7 @@ def _signal_group(pgid: int, sig: signal.Signals, wait_s: float) -> bool:
     return not group_members(pgid)
 
 
-def stop_server(state: dict[str, Any], grace_s: float) -> str:
+def stop_server(state: ServerState, grace_s: float) -> str:
     """SIGTERM the server's group, SIGKILL after the grace; which signal ended it.
 
     Raises StaleState (after marking the state file) when the PID was reused.
@@ -327,23 +326,23 @@ def stop_server(state: dict[str, Any], grace_s: float) -> str:
     signal_used = "none (already gone)"
     if ours:
         signal_used = "SIGTERM"
-        if not _signal_group(state["pgid"], signal.SIGTERM, grace_s):
+        if not _signal_group(state.pgid, signal.SIGTERM, grace_s):
             signal_used = "SIGKILL"
-            _signal_group(state["pgid"], signal.SIGKILL, 5)
+            _signal_group(state.pgid, signal.SIGKILL, 5)
     state.update(status=ServerStatus.STOPPED, stopped_at=now_iso(), stop_signal=signal_used)
     write_state(state)
     return signal_used
 
 
 def stop(args: StopArgs) -> StopAnswer:
-    states = [s for s in all_states() if args.profile in (None, s["profile"])]
+    states = [s for s in all_states() if args.profile in (None, s.profile)]
     if args.port is not None:
-        states = [s for s in states if s["port"] == args.port]
+        states = [s for s in states if s.port == args.port]
     stopped = []
     refused = []
     used_gpus: set[int] = set()
     for state in states:
-        if state.get("status") in (ServerStatus.STOPPED, ServerStatus.STALE):
+        if state.status in (ServerStatus.STOPPED, ServerStatus.STALE):
             continue
         try:
             how = stop_server(state, args.grace_s)
@@ -351,9 +350,9 @@ def stop(args: StopArgs) -> StopAnswer:
             refused.append(str(exc))
             continue
         stopped.append(
-            {"port": state["port"], "profile": state["profile"], "pid": state["pid"], "signal": how}
+            {"port": state.port, "profile": state.profile, "pid": state.pid, "signal": how}
         )
-        used_gpus.update(state.get("gpus", []))
+        used_gpus.update(state.gpus)
     verify = None
     if used_gpus and args.verify:
         verify = gpus.wait_gpus_clean(sorted(used_gpus), args.timeout_s)
@@ -365,19 +364,19 @@ def servers() -> dict[str, Any]:
     out = []
     for state in all_states():
         alive = server_alive(state)
-        if state.get("status") in (ServerStatus.STOPPED, ServerStatus.STALE) and not alive:
+        if state.status in (ServerStatus.STOPPED, ServerStatus.STALE) and not alive:
             continue
         keys = ("profile", "pid", "port", "status", "started_at", "engine", "engine_version", "log")
-        entry = {k: state.get(k) for k in keys}
+        entry = {k: getattr(state, k) for k in keys}
         entry["alive"] = alive
         up = (ServerStatus.STARTING, ServerStatus.READY, ServerStatus.RUNNING)
         if not alive and entry["status"] in up:
             entry["status"] = (
                 ServerStatus.DEAD
             )  # it was up; its process is gone (crash, kill, reboot)
-        entry["health"] = health.probe(state["health_url"]) if alive else "down"
+        entry["health"] = health.probe(state.health_url) if alive else "down"
         if alive:
-            started = datetime.fromisoformat(state["started_at"].replace("Z", "+00:00"))
+            started = datetime.fromisoformat(state.started_at.replace("Z", "+00:00"))
             entry["uptime_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)
         out.append(entry)
     return {"servers": out}
@@ -386,19 +385,19 @@ def servers() -> dict[str, Any]:
 def logs(args: LogsArgs) -> dict[str, Any]:
     states = all_states()
     if args.port is not None:
-        states = [s for s in states if s["port"] == args.port]
+        states = [s for s in states if s.port == args.port]
     if args.profile:
-        states = [s for s in states if s["profile"] == args.profile]
+        states = [s for s in states if s.profile == args.profile]
     if not states:
         raise AgentError("no server launched by gpufleet matches", kind=Kind.NO_SERVER)
-    state = max(states, key=lambda s: s["started_at"])
-    remember(process_secrets(state["pid"]) if server_alive(state) else [])
-    lines = tail(state["log"], args.lines)
+    state = max(states, key=lambda s: s.started_at)
+    remember(process_secrets(state.pid) if server_alive(state) else [])
+    lines = tail(state.log, args.lines)
     if not args.follow:
-        return {"log": state["log"], "lines": lines}
+        return {"log": state.log, "lines": lines}
     for line in lines:
         emit_event({"line": line})
-    with open(state["log"], "rb") as fh:
+    with open(state.log, "rb") as fh:
         fh.seek(0, os.SEEK_END)
         deadline = time.monotonic() + args.follow_s
         while time.monotonic() < deadline:
@@ -407,4 +406,4 @@ def logs(args: LogsArgs) -> dict[str, Any]:
                 emit_event({"line": data.decode(errors="replace").rstrip("\n")})
             else:
                 time.sleep(0.2)
-    return {"log": state["log"], "lines": []}
+    return {"log": state.log, "lines": []}

@@ -74,14 +74,12 @@ def find(candidates: list[int], psutil: Any) -> list[LiveServer]:
     live: list[LiveServer] = []
     covered: set[int] = set()
     for state in all_states():
-        if state.get("status") in (ServerStatus.STOPPED, ServerStatus.STALE) or not server_alive(
-            state
-        ):
+        if state.status in (ServerStatus.STOPPED, ServerStatus.STALE) or not server_alive(state):
             continue
-        if not health.is_ready(state["health_url"], PROBE_TIMEOUT_S):
+        if not health.is_ready(state.health_url, PROBE_TIMEOUT_S):
             continue
-        pids = _tree(psutil, state["pid"]) | {m.pid for m in group_members(state["pgid"])}
-        live.append(LiveServer(state["pid"], state["port"], pids, state.get("profile")))
+        pids = _tree(psutil, state.pid) | {m.pid for m in group_members(state.pgid)}
+        live.append(LiveServer(state.pid, state.port, pids, state.profile))
         covered |= pids
     wanted = set(candidates) - covered
     for pid in sorted(wanted):

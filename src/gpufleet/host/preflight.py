@@ -157,7 +157,7 @@ def preflight(args: LaunchArgs) -> dict[str, Any]:
     if existing and server_alive(existing):
         if not args.replace:
             errors.append(
-                f"a server ({existing['profile']}, pid {existing['pid']}) already runs on port "
+                f"a server ({existing.profile}, pid {existing.pid}) already runs on port "
                 f"{spec.port}; stop it or use --replace"
             )
     else:

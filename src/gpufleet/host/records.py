@@ -165,3 +165,44 @@ class LaunchSpec(Record):
     resolved_profile: dict[str, Any] = field(default_factory=dict)  # env redacted
     files: dict[str, str] = field(default_factory=dict)  # stored name -> content (host/files)
     secret_env: list[str] = field(default_factory=list)  # the profile's declared secret names
+
+
+@dataclass
+class ServerState(Record):
+    """`<workdir>/servers/<port>.json`: what was launched and what became of it. Written
+    by host/lifecycle.py, read by every verb that finds a server, copied into each run as
+    server_state.json (the manifest's `server` comes from it). Secrets already redacted."""
+
+    pid: int
+    port: int
+    profile: str
+    engine: str
+    health_url: str
+    log: str  # absolute path of the server's log
+    started_at: str
+    status: str = "starting"  # kinds.ServerStatus
+    pgid: int | None = None  # the server's own process group (setsid)
+    proc: dict[str, Any] | None = None  # procstat.ProcRef: pid and start time
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    engine_version: str | None = None
+    log_offset: int = 0
+    gpus: list[int] = field(default_factory=list)
+    resolved_profile: dict[str, Any] | None = None
+    flag_renames: list[str] = field(default_factory=list)
+    key_file: str | None = None  # the server's secret flags (0600), read by gpufleet's client
+    secrets_in_argv: bool = False  # the engine had no --config: its key shows in `ps`
+    node_rank: int = 0
+    ready_at: str | None = None
+    failure: str | None = None
+    failed_at: str | None = None
+    stopped_at: str | None = None
+    stop_signal: str | None = None
+    pid_start: int | None = None  # state files written before `proc` existed
+
+    def update(self, **fields: Any) -> None:
+        """Set fields by name (an unknown name is a bug: AttributeError)."""
+        for name, value in fields.items():
+            if not hasattr(self, name):
+                raise AttributeError(f"ServerState has no field {name!r}")
+            setattr(self, name, value)

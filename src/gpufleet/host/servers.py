@@ -11,9 +11,9 @@ import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from gpufleet.host.procstat import ProcRef
+from gpufleet.host.records import ServerState, WireError
 
 SERVERS = Path("servers")
 
@@ -26,41 +26,41 @@ def _state_path(port: int) -> Path:
     return SERVERS / f"{int(port)}.json"
 
 
-def write_state(state: dict[str, Any]) -> None:
+def write_state(state: ServerState) -> None:
     SERVERS.mkdir(mode=0o700, exist_ok=True)
-    tmp = SERVERS / f".{state['port']}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, _state_path(state["port"]))
+    tmp = SERVERS / f".{state.port}.{os.getpid()}.tmp"
+    tmp.write_text(state.to_json())
+    os.replace(tmp, _state_path(state.port))
 
 
-def read_state(port: int) -> dict[str, Any] | None:
+def _load(path: Path) -> ServerState | None:
+    """A state file, checked; None when it is unreadable or not a state gpufleet wrote
+    (a state it cannot read is no server of its own: preflight still finds the port taken)."""
     try:
-        return json.loads(_state_path(port).read_text())
-    except (OSError, ValueError):
+        return ServerState.from_wire(json.loads(path.read_text()), str(path))
+    except (OSError, ValueError, WireError):
         return None
 
 
-def all_states() -> list[dict[str, Any]]:
-    out = []
-    for path in sorted(SERVERS.glob("*.json")):
-        try:
-            out.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return out
+def read_state(port: int) -> ServerState | None:
+    return _load(_state_path(port))
 
 
-def server_ref(state: dict[str, Any]) -> ProcRef | None:
+def all_states() -> list[ServerState]:
+    return [s for s in map(_load, sorted(SERVERS.glob("*.json"))) if s is not None]
+
+
+def server_ref(state: ServerState) -> ProcRef | None:
     """The launched process's identity, or None for a state file that lacks one."""
-    proc = state.get("proc")
+    proc = state.proc
     if isinstance(proc, dict):
         return ProcRef.from_wire(proc)
-    if state.get("pid_start"):  # state files written before `proc` existed
-        return ProcRef(int(state["pid"]), int(state["pid_start"]))
+    if state.pid_start:  # state files written before `proc` existed
+        return ProcRef(int(state.pid), int(state.pid_start))
     return None
 
 
-def server_alive(state: dict[str, Any]) -> bool:
+def server_alive(state: ServerState) -> bool:
     """The process gpufleet launched is still running (a reused PID does not count)."""
     ref = server_ref(state)
     return ref is not None and ref.alive()

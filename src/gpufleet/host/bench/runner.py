@@ -26,7 +26,7 @@ from gpufleet.host.bench import slo as slos
 from gpufleet.host.bench.loadgen import Prompt, RequestRecord, run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
 from gpufleet.host.nvml import load_pynvml
-from gpufleet.host.records import BenchPlan, Level
+from gpufleet.host.records import BenchPlan, Level, ServerState
 from gpufleet.host.redact import process_secrets, scrub
 from gpufleet.host.servers import server_alive
 
@@ -61,22 +61,22 @@ class RunWriter:
         self.json("status.json", {"status": status, "at": now_iso(), **extra})
 
 
-def _server_alive(state: dict[str, Any] | None) -> bool:
+def _server_alive(state: ServerState | None) -> bool:
     return server_alive(state) if state else True
 
 
-def _log_size(state: dict[str, Any] | None) -> int | None:
+def _log_size(state: ServerState | None) -> int | None:
     if not state:
         return None
     try:
-        return os.path.getsize(state["log"])
+        return os.path.getsize(state.log)
     except OSError:
         return None
 
 
 def write_server_log(
     writer: RunWriter,
-    state: dict[str, Any] | None,
+    state: ServerState | None,
     marks: list[tuple[int, str]],
     secrets: list[str] | None = None,
     limit: int = 20 * 2**20,
@@ -88,7 +88,7 @@ def write_server_log(
     if not state:
         return
     try:
-        with open(state["log"], "rb") as fh:
+        with open(state.log, "rb") as fh:
             data = fh.read()
     except OSError:
         return
@@ -185,7 +185,7 @@ def _sglang_bench_level(
     texts: list[str],
     writer: RunWriter,
     info: dict[str, Any] | None,
-    server_state: dict[str, Any] | None,
+    server_state: ServerState | None,
     keys: dict[str, str],
 ) -> tuple[str, str | None]:
     """One level through SGLang's own bench_serving; same results schema."""
@@ -310,13 +310,13 @@ def random_lengths(plan: BenchPlan) -> dict[str, Any]:
     }
 
 
-def _telemetry(plan: BenchPlan, state: dict[str, Any] | None) -> telemetry.Sampler | None:
+def _telemetry(plan: BenchPlan, state: ServerState | None) -> telemetry.Sampler | None:
     """A sampler of the server's GPUs, or None (no server state, no NVML, or turned off)."""
     interval = plan.telemetry_interval_s
-    if not interval or not state or not state.get("gpus"):
+    if not interval or not state or not state.gpus:
         return None
     try:
-        return telemetry.Sampler(load_pynvml(), list(state["gpus"]), interval)
+        return telemetry.Sampler(load_pynvml(), list(state.gpus), interval)
     except Exception:  # no NVML here (AgentError or a driver error): no telemetry, run goes on
         return None
 
@@ -326,7 +326,7 @@ def _gpufleet_level(
     level: Level,
     rows: list[dict[str, Any]],
     writer: RunWriter,
-    server_state: dict[str, Any] | None,
+    server_state: ServerState | None,
     marks: list[tuple[int | None, str]],
     keys: dict[str, str],
 ) -> tuple[str, str | None, bool]:
@@ -372,7 +372,7 @@ def _gpufleet_level(
 
 def run_plan(
     run_dir: Path,
-    server_state: dict[str, Any] | None = None,
+    server_state: ServerState | None = None,
     host_facts: dict[str, Any] | None = None,
     finish: Callable[[RunWriter], None] | None = None,
     keys: dict[str, str] | None = None,
@@ -387,7 +387,7 @@ def run_plan(
     """
     writer = RunWriter(run_dir)
     if server_state is not None and _server_alive(server_state):
-        writer.secrets = process_secrets(server_state["pid"])
+        writer.secrets = process_secrets(server_state.pid)
     keys = keys or {}
     writer.secrets = sorted({*writer.secrets, *keys.values()}, key=len, reverse=True)
     plan = BenchPlan.from_wire(json.loads((run_dir / "plan.json").read_text()), "plan.json")
@@ -396,7 +396,7 @@ def run_plan(
     for name, data in (host_facts or {}).items():
         writer.json(name, data)
     if server_state:
-        writer.json("server_state.json", server_state)
+        writer.json("server_state.json", server_state.to_wire())
     before = serverapi.server_info(plan.base_url, keys)
     writer.json("server_info_before.json", before)
     marks: list[tuple[int | None, str]] = [(_log_size(server_state), f"run {plan.run_id} begins")]

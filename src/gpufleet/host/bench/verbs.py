@@ -27,7 +27,7 @@ from gpufleet.host.protocol import (
     BenchWatchArgs,
     emit_event,
 )
-from gpufleet.host.records import BenchPlan
+from gpufleet.host.records import BenchPlan, ServerState
 from gpufleet.host.servers import all_states, read_state, server_alive, tail
 from gpufleet.kinds import Kind, RunStatus
 
@@ -40,13 +40,13 @@ def _run_dir(run_id: str) -> Path:
     return RUNS / run_id
 
 
-def _pick_server(port: int | None, profile: str | None) -> dict[str, Any] | None:
+def _pick_server(port: int | None, profile: str | None) -> ServerState | None:
     states = [s for s in all_states() if server_alive(s)]
     if port is not None:
-        states = [s for s in states if s["port"] == port]
+        states = [s for s in states if s.port == port]
     if profile:
-        states = [s for s in states if s["profile"] == profile]
-    return max(states, key=lambda s: s["started_at"]) if states else None
+        states = [s for s in states if s.profile == profile]
+    return max(states, key=lambda s: s.started_at) if states else None
 
 
 def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
@@ -65,9 +65,9 @@ def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
             raise AgentError(
                 f"no running server of {what}{where} (inv launch first)", kind=Kind.NO_SERVER
             )
-        plan.base_url = state["health_url"].rsplit("/", 1)[0]
-        plan.server_port = state["port"]
-        plan.profile = plan.profile or state["profile"]
+        plan.base_url = state.health_url.rsplit("/", 1)[0]
+        plan.server_port = state.port
+        plan.profile = plan.profile or state.profile
     if plan.metrics:
         plan.metrics_url = plan.base_url + "/metrics"
     run_dir.mkdir(parents=True, mode=0o700)
@@ -126,7 +126,7 @@ def bench_run(args: BenchRunArgs) -> dict[str, Any]:
             state,
             facts,
             finish=lambda writer: writer.json("nvml_after.json", _nvml_snapshot()),
-            keys=serverkeys.read((state or {}).get("key_file")),
+            keys=serverkeys.read(state.key_file if state else None),
         )
     except Exception as exc:
         (run_dir / "status.json").write_text(
