@@ -233,3 +233,15 @@ def test_sweep_dry_run_starts_nothing(fleet, tmp_path):
     assert "gpu-clean -> launch -> bench [C=1 x 10, C=10 x 40, C=64 x 256" in out.stdout
     assert "dry run: nothing started" in out.stdout
     assert not (tmp_path / "sweeps").exists()
+
+
+def test_a_manifest_from_a_newer_gpufleet_is_one_line(tmp_path):
+    _run(tmp_path, "gpu-a", "r1-new", "newer", SEEDS["baseline"])
+    _run(tmp_path, "gpu-a", "r2-old", "older", SEEDS["eagle3"])
+    path = tmp_path / "gpu-a" / "r1-new" / "manifest.json"
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "schema": 99}))
+    out = run_cli("compare", "r1-new", "r2-old", "--archive", str(tmp_path), "--no-plots")
+    assert out.returncode == 2
+    assert "archived by a newer gpufleet (manifest schema 99)" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.archive.layout import DEFAULT_ROOT, Layout
+from gpufleet.archive.manifest import SCHEMA
 from gpufleet.errors import UserError
 
 # Archives hold server argv, hosts and timings: private by default (files 0600, directories
@@ -96,7 +97,16 @@ def _inside(root: Path, path: Path) -> bool:
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / MANIFEST).read_text())
+    """A run's manifest; one line (UserError) for one written by a newer gpufleet, whose
+    fields this version cannot vouch for. Schema 1 is every manifest so far."""
+    data = json.loads((run_dir / MANIFEST).read_text())
+    schema = data.get("schema", 1)
+    if not isinstance(schema, int) or schema > SCHEMA:
+        raise UserError(
+            f"{run_dir}: archived by a newer gpufleet (manifest schema {schema!r}); this "
+            f"version reads schema {SCHEMA} and older: upgrade gpufleet to read it"
+        )
+    return data
 
 
 def list_runs(root: Path = DEFAULT_ROOT) -> list[dict[str, Any]]:
@@ -132,7 +142,7 @@ def verify(run_dir: Path) -> list[str]:
     requires that the manifest lacks. Empty list = intact."""
     try:
         manifest = read_manifest(run_dir)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, UserError) as exc:
         return [f"manifest unreadable: {exc}"]
     listed = manifest.get("files", {})
     problems = [
