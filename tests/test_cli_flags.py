@@ -57,3 +57,24 @@ def test_parse_errors_are_one_line_and_exit_2(argv, expected):
     out = run_cli(*argv)
     assert out.returncode == 2
     assert out.stderr.strip() == expected
+
+
+def test_the_resume_line_repeats_what_the_task_was_given():
+    # derived from the task's own signature: a new option cannot be forgotten in it
+    from gpufleet.cli.experiments import given_options, resume_command
+    from gpufleet.cli.sweep_tasks import sweep
+    from gpufleet.cli.tune_tasks import tune
+
+    class Inv:
+        source = "hosts/x.yaml"
+
+    args = {"c": None, "profiles": "a,b", "concurrency": ["1,10", "64"], "flush": False,
+            "grid": ["speculative-num-steps=1,3"], "prompts": "coding", "resume": False,
+            "hosts": "h0", "seed": "7"}  # fmt: skip
+    line = resume_command(["inv", "sweep"], given_options(sweep.body, args))(Inv(), ["h0"])
+    assert line == (
+        "inv sweep --profiles a,b --concurrency 1,10 --concurrency 64 --seed 7 --no-flush "
+        "--grid speculative-num-steps=1,3 --inventory hosts/x.yaml --hosts h0 --resume"
+    )
+    tuned = given_options(tune.body, {"profile": "eagle3", "verify": False, "depths": "1,3"})
+    assert tuned == {"--profile": "eagle3", "--depths": "1,3", "--no-verify": True}

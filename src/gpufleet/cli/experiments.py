@@ -6,6 +6,7 @@ and `inv rehearse` (the orchestration itself is control/sweep.py and control/tun
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -36,15 +37,40 @@ def sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive):
     )
 
 
+LEFT_OUT = ("c", "resume", "dry_run", "hosts", "inventory")  # the resume line sets these
+
+
+def given_options(body: Callable[..., Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """The options a task was given, as `--flag: value`, read off its own signature: what
+    its `--resume` line repeats, with no hand-kept copy of the options to drift. A bool
+    given against its default True becomes `--no-<flag>`."""
+    params = inspect.signature(body).parameters
+    out: dict[str, Any] = {}
+    for name, param in params.items():  # in the order the task declares them
+        if name in LEFT_OUT or name not in arguments:
+            continue
+        value, default = arguments[name], param.default
+        if value is None or value == default or value == []:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(default, bool):
+            out[flag if value else f"--no-{flag[2:]}"] = True
+        else:
+            out[flag] = value
+    return out
+
+
 def resume_command(base: list[str], options: dict[str, Any]) -> Callable[[Any, Any], str]:
-    """Build the pasteable `--resume` line: the same options, inventory and hosts."""
+    """Build the pasteable `--resume` line: the same options, inventory and hosts (a list
+    value is the flag repeated, as it was given)."""
     import shlex
 
     def command(inv: Any, hosts: list[str]) -> str:
         words = list(base)
         for flag, value in options.items():
-            if value not in (None, False, ""):
-                words += [flag] if value is True else [flag, str(value)]
+            for item in value if isinstance(value, list | tuple) else [value]:
+                if item not in (None, False, ""):
+                    words += [flag] if item is True else [flag, str(item)]
         words += ["--inventory", inv.source, "--hosts", ",".join(hosts), "--resume"]
         return shlex.join(words)
 

@@ -10,7 +10,7 @@ from gpufleet.cli.common import (
     task,
     user_errors,
 )
-from gpufleet.cli.experiments import resume_command, run_sweep, sweep_request
+from gpufleet.cli.experiments import given_options, resume_command, run_sweep, sweep_request
 
 SWEEP_HELP = {
     "profiles": "comma-separated profiles, the first is the reference (e.g. baseline,eagle3)",
@@ -67,6 +67,7 @@ def sweep(
 
     Every cell runs gpu-clean, launch, bench, stop and a clean check, all hosts in parallel.
     """
+    given = given_options(sweep.body, dict(locals()))  # first: only the task's arguments
     from gpufleet.cli.args import positive_int
     from gpufleet.control.arms import expand, parse_grid
 
@@ -78,29 +79,7 @@ def sweep(
     names = [p.strip() for p in profiles.split(",") if p.strip()]
     repeats = positive_int(repeat, "--repeat", 1)
     arms = expand(names, parse_grid(grid), repeats)
-    options = {
-        "--profiles": profiles,
-        "--concurrency": ",".join(map(str, request.concurrency)),
-        "--num-prompts": num_prompts,
-        "--output-len": output_len,
-        "--prompts": prompts if prompts != "coding" else None,
-        "--seed": seed,
-        "--fail-fast": fail_fast,
-        "--engine": engine,
-        "--archive": archive,
-        "--forks": forks,
-        "--workload": workload,
-        "--trace": trace,
-        "--trace-speedup": trace_speedup,
-        "--random-input-len": random_input_len,
-        "--random-output-len": random_output_len,
-        "--random-range-ratio": random_range_ratio,
-        "--slo": slo,
-        "--no-flush": not flush,
-        "--repeat": repeat,
-    }
-    base = ["inv", "sweep"] + [w for g in grid or [] for w in ("--grid", g)]
-    command = resume_command(base, options)
+    command = resume_command(["inv", "sweep"], given)
     run_sweep(
         names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks, command,
         arms=arms,

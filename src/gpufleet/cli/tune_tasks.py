@@ -4,7 +4,7 @@ written and verified against no drafting and static speculation (control/tune.py
 from __future__ import annotations
 
 from gpufleet.cli.common import HOSTS_HELP, INVENTORY_HELP, task, user_errors
-from gpufleet.cli.experiments import resume_command, run_sweep, sweep_request
+from gpufleet.cli.experiments import given_options, resume_command, run_sweep, sweep_request
 
 
 @task(
@@ -46,6 +46,7 @@ def tune(
     forks=None,
 ):
     """Measure draft depths by load, write SGLang's adaptive table and a profile using it."""
+    given = given_options(tune.body, dict(locals()))  # first: only the task's arguments
     import json
 
     from gpufleet.cli.args import positive_float
@@ -57,14 +58,7 @@ def tune(
     request = sweep_request([ladder], num_prompts, output_len, prompts, None, archive)
     floor = positive_float(min_request_speed, "--min-request-speed", 0) or None
     depth_list = tuning.parse_depths(depths)
-    options = {
-        "--profile": profile, "--depths": depths, "--concurrency": concurrency,
-        "--min-request-speed": min_request_speed, "--name": name,
-        "--num-prompts": num_prompts, "--output-len": output_len,
-        "--prompts": prompts if prompts != "coding" else None, "--verify": None,
-        "--no-verify": not verify, "--engine": engine, "--archive": archive, "--forks": forks,
-    }  # fmt: skip
-    command = resume_command(["inv", "tune"], options)
+    command = resume_command(["inv", "tune"], given)
 
     def sweep(profiles, arms, kind, again):  # the CLI's: Ctrl-C, progress, resume line
         return run_sweep(profiles, request, hosts, inventory, again, False, False, engine,
