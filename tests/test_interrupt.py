@@ -22,6 +22,7 @@ import yaml
 
 from gpufleet.archive import store
 from gpufleet.host.procstat import ProcRef
+from gpufleet.host.records import ServerState
 from gpufleet.host.servers import server_alive
 from helpers import REPO, run_cli
 from test_reliability import record
@@ -64,9 +65,9 @@ def _leftovers(fleet) -> list[str]:
     for name in ("h0", "h1"):
         work = fleet.workdir(name)
         for state_file in (work / "servers").glob("*.json"):
-            state = json.loads(state_file.read_text())
+            state = ServerState.from_wire(json.loads(state_file.read_text()))
             if server_alive(state):
-                found.append(f"{name}: server pid {state['pid']} ({state['profile']})")
+                found.append(f"{name}: server pid {state.pid} ({state.profile})")
         for runner in (work / "runs").glob("*/runner.json"):
             if ProcRef.from_wire(json.loads(runner.read_text())).alive():
                 found.append(f"{name}: bench runner of {runner.parent.name}")
