@@ -52,7 +52,7 @@ def main() -> None:
     request = BenchRequest([c], num_prompts=sessions, workload=f"multiturn:turns={TURNS}")
     plan, body = build_plan(request, "cache-effect")
     rows = [json.loads(line) for line in body.decode().splitlines()]
-    prompts = [Prompt(plan["system_prompt"], output_len=64, turns=r["turns"]) for r in rows]
+    prompts = [Prompt(plan.system_prompt, output_len=64, turns=r["turns"]) for r in rows]
     with tempfile.TemporaryDirectory() as tmp:
         server = SimServer(Path(tmp) / "gpus")
         server.wait_ready()
