@@ -392,13 +392,13 @@ def logs(args: LogsArgs) -> dict[str, Any]:
         raise AgentError("no server launched by gpufleet matches", kind=Kind.NO_SERVER)
     state = max(states, key=lambda s: s.started_at)
     remember(process_secrets(state.pid) if server_alive(state) else [])
-    lines = tail(state.log, args.lines)
     if not args.follow:
-        return {"log": state.log, "lines": lines}
-    for line in lines:
-        emit_event({"line": line})
+        return {"log": state.log, "lines": tail(state.log, args.lines)}
     with open(state.log, "rb") as fh:
+        # the tail ends where following begins: a line written in between is not lost
         fh.seek(0, os.SEEK_END)
+        for line in tail(state.log, args.lines, end=fh.tell()):
+            emit_event({"line": line})
         deadline = time.monotonic() + args.follow_s
         while time.monotonic() < deadline:
             data = fh.readline()

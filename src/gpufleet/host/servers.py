@@ -66,14 +66,15 @@ def server_alive(state: ServerState) -> bool:
     return ref is not None and ref.alive()
 
 
-def tail(path: str, lines: int = 40) -> list[str]:
-    """The last `lines` lines of a file (reads at most its last 256 KiB)."""
+def tail(path: str, lines: int = 40, end: int | None = None) -> list[str]:
+    """The last `lines` lines of a file, or of its first `end` bytes (reads at most
+    256 KiB)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
-            size = fh.tell()
+            size = fh.tell() if end is None else min(end, fh.tell())
             fh.seek(max(0, size - 256 * 1024))
-            data = fh.read().decode(errors="replace")
+            data = fh.read(size - fh.tell()).decode(errors="replace")
     except OSError:
         return []
     return data.splitlines()[-lines:]
