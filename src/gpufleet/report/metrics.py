@@ -134,10 +134,6 @@ def interval_keys() -> tuple[str, ...]:
     return tuple(m.key for m in CATALOGUE if m.interval)
 
 
-def plotted_keys() -> set[str]:
-    return {key for plot in PLOTS for key in plot.keys}
-
-
 def tick(value: float) -> str:
     """An axis label that stays readable at every magnitude (0.012 tok/J, 41,000 tok/s)."""
     magnitude = abs(value)
