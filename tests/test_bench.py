@@ -274,7 +274,7 @@ def test_sglang_bench_engine_command_and_parsing(tmp_path):
     (The run itself needs SGLang on the host; it was checked against sglang 0.5.23's
     bench_serving, see docs in the README.)"""
     from gpufleet.host.bench import sglang_bench
-    from gpufleet.host.records import BenchPlan, Level
+    from gpufleet.records import BenchPlan, Level
 
     plan = BenchPlan.from_wire(
         {

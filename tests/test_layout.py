@@ -20,8 +20,19 @@ from gpufleet.host.verbs import VERBS
 SRC = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = SRC / "gpufleet"
 RANK = {"cli": 0, "control": 1, "host": 2, "sim": 2, "archive": 3, "report": 4}
-BASE = {"gpufleet", "gpufleet.errors", "gpufleet.kinds"}  # shared by every package
-SHIPPED_BASE = {"gpufleet", "gpufleet.kinds"}  # ... and shipped in the zipapp too
+BASE = {
+    "gpufleet",
+    "gpufleet.errors",
+    "gpufleet.kinds",
+    "gpufleet.wire",
+    "gpufleet.records",
+}  # shared by every package
+SHIPPED_BASE = {
+    "gpufleet",
+    "gpufleet.kinds",
+    "gpufleet.wire",
+    "gpufleet.records",
+}  # ... and shipped in the zipapp too
 SHIPPED = ("host", "sim")
 # Modules of a separate process, never imported by the agent: the simulated server's HTTP
 # app needs aiohttp, as SGLang's does (the host venv has it). Nothing imports it at module
@@ -120,7 +131,7 @@ def test_no_import_cycles():
 
 def test_the_zipapp_ships_host_and_sim_whole_and_nothing_else():
     shipped = {name for name, _ in agentzip.shipped_files()}
-    base = {"gpufleet/__init__.py", "gpufleet/kinds.py"}
+    base = {"gpufleet/__init__.py", "gpufleet/kinds.py", "gpufleet/wire.py", "gpufleet/records.py"}
     outside = sorted(n for n in shipped if n not in base and n.split("/")[1] not in SHIPPED)
     assert not outside, f"shipped from outside host/ and sim/: {outside}"
     expected = {

@@ -12,7 +12,7 @@ from gpufleet.cli.common import (
     task,
     user_errors,
 )
-from gpufleet.host.records import HEALTH_TIMEOUT_S  # stdlib-only: --list stays fast
+from gpufleet.records import HEALTH_TIMEOUT_S  # stdlib-only: --list stays fast
 
 
 @task

@@ -28,9 +28,9 @@ from gpufleet.control.transport import Session, host_events
 from gpufleet.errors import UserError
 from gpufleet.host.bench.loadgen import BACKENDS
 from gpufleet.host.protocol import BenchStartArgs, BenchWatchArgs
-from gpufleet.host.records import BenchPlan, Level
 from gpufleet.host.redact import redact_argv, redact_tree, remember
 from gpufleet.kinds import Kind, RunStatus
+from gpufleet.records import BenchPlan, Level
 from gpufleet.report.tables import summary_csv, summary_md
 
 Progress = Callable[[str, dict[str, Any]], None]

@@ -13,8 +13,8 @@ from gpufleet.control.playbook import Profile, build_specs
 from gpufleet.control.transport import Session, host_events
 from gpufleet.errors import HostError
 from gpufleet.host.protocol import LaunchArgs, LogsArgs, StopArgs, WaitReadyArgs
-from gpufleet.host.records import HEALTH_TIMEOUT_S, LaunchSpec
 from gpufleet.kinds import Kind
+from gpufleet.records import HEALTH_TIMEOUT_S, LaunchSpec
 from gpufleet.report.gpu import dirty_gpus
 
 Progress = Callable[[str, dict[str, Any]], None]

@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gpufleet.control.inventory import Host
 from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
-from gpufleet.host.records import HEALTH_TIMEOUT_S, LaunchSpec
 from gpufleet.host.redact import redact_env, redact_flags, redact_tree, remember, secrets_in
+from gpufleet.records import HEALTH_TIMEOUT_S, LaunchSpec
 
 PLAYBOOKS = Path("playbooks")
 FlagValue = bool | int | float | str | list[bool | int | float | str] | None

@@ -36,8 +36,8 @@ from gpufleet.control.playbook import build_specs
 from gpufleet.control.transport import Session
 from gpufleet.errors import HostError, UserError
 from gpufleet.host.protocol import StopArgs
-from gpufleet.host.records import LaunchSpec
 from gpufleet.kinds import CellStatus, Kind, RunStatus, SweepStatus
+from gpufleet.records import LaunchSpec
 from gpufleet.report.html import ReportInput
 
 Say = Callable[[str], None]

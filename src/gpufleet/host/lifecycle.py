@@ -34,7 +34,6 @@ from gpufleet.host.protocol import (
     WaitReadyArgs,
     emit_event,
 )
-from gpufleet.host.records import LaunchSpec, ServerState
 from gpufleet.host.redact import (
     process_secrets,
     redact_argv,
@@ -53,6 +52,7 @@ from gpufleet.host.servers import (
     write_state,
 )
 from gpufleet.kinds import Kind, ServerStatus
+from gpufleet.records import LaunchSpec, ServerState
 
 FATAL_PATTERNS = [
     ("Traceback (most recent call last)", "Python traceback"),

@@ -19,9 +19,9 @@ from typing import Any
 from gpufleet.host import flagrenames
 from gpufleet.host import nvml as nvmlread
 from gpufleet.host.protocol import AgentError, LaunchArgs
-from gpufleet.host.records import LaunchSpec
 from gpufleet.host.servers import read_state, server_alive
 from gpufleet.kinds import Kind
+from gpufleet.records import LaunchSpec
 
 ENGINE_MODULES = {
     "sglang": ("sglang", "sglang.launch_server"),

@@ -19,9 +19,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict
 
-from gpufleet.host.records import HEALTH_TIMEOUT_S, BenchPlan, LaunchSpec, WireError, check
 from gpufleet.host.redact import scrub_known
 from gpufleet.kinds import Kind
+from gpufleet.records import HEALTH_TIMEOUT_S, BenchPlan, LaunchSpec
+from gpufleet.wire import WireError, check
 
 MARK = "gpufleet_agent"
 

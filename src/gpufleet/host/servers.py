@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpufleet.host.procstat import ProcRef
-from gpufleet.host.records import ServerState, WireError
+from gpufleet.records import ServerState
+from gpufleet.wire import WireError
 
 SERVERS = Path("servers")
 

@@ -26,9 +26,9 @@ from gpufleet.host.bench import slo as slos
 from gpufleet.host.bench.loadgen import Prompt, RequestRecord, run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
 from gpufleet.host.nvml import load_pynvml
-from gpufleet.host.records import BenchPlan, Level, ServerState
 from gpufleet.host.redact import process_secrets, scrub
 from gpufleet.host.servers import server_alive
+from gpufleet.records import BenchPlan, Level, ServerState
 
 
 def now_iso() -> str:

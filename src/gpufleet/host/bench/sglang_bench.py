@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.host import serverkeys
-from gpufleet.host.records import BenchPlan, Level
+from gpufleet.records import BenchPlan, Level
 
 BACKENDS = {"sglang": "sglang", "openai": "sglang-oai", "openai-chat": "sglang-oai-chat"}
 

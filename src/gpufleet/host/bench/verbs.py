@@ -27,9 +27,9 @@ from gpufleet.host.protocol import (
     BenchWatchArgs,
     emit_event,
 )
-from gpufleet.host.records import BenchPlan, ServerState
 from gpufleet.host.servers import all_states, read_state, server_alive, tail
 from gpufleet.kinds import Kind, RunStatus
+from gpufleet.records import BenchPlan, ServerState
 
 RUNS = Path("runs")
 

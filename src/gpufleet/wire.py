@@ -1,0 +1,92 @@
+"""Checked JSON records: a dataclass that reads itself from decoded JSON and says, with a
+path, where the data does not match its declared type
+(`bench-start.plan.levels[0].concurrency: 'x' is not int`), so a renamed or mistyped key
+fails where the record is read, not later as a KeyError on a GPU host.
+
+Standard library only: this module ships in the host agent and is used by the archive too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from typing import Any
+
+from gpufleet.kinds import Kind
+
+
+class WireError(Exception):
+    """A record that does not match its declared type (the agent answers bad_input)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.kind = Kind.BAD_INPUT
+
+
+class Record:
+    """A dataclass that reads and writes itself as JSON-compatible data, checked."""
+
+    @classmethod
+    def from_wire(cls, data: Any, where: str = "") -> typing.Self:
+        where = where or cls.__name__
+        if not isinstance(data, dict):
+            raise WireError(f"{where}: expected a JSON object")
+        hints = typing.get_type_hints(cls)
+        fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+        unknown = sorted(set(data) - {f.name for f in fields})
+        if unknown:
+            raise WireError(f"{where}: unknown field(s) {unknown}")
+        values = {}
+        for f in fields:
+            if f.name in data:
+                values[f.name] = check(data[f.name], hints[f.name], f"{where}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise WireError(f"{where}: missing field {f.name!r}")
+        return cls(**values)
+
+    def to_wire(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_wire(), indent=2)
+
+
+def check(value: Any, hint: Any, where: str) -> Any:
+    """`value` if it has the declared JSON type (ints accepted for floats, nested records
+    read with their own from_wire), else WireError."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return check(value, option, where)
+            except WireError:
+                continue
+        raise WireError(f"{where}: {value!r} is not {hint}")
+    if isinstance(hint, type) and issubclass(hint, Record):
+        return hint.from_wire(value, where)
+    if hint is type(None):
+        ok = value is None
+    elif hint is Any:
+        ok = True
+    elif hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif origin is list:
+        ok = isinstance(value, list)
+        if ok:
+            [item_hint] = typing.get_args(hint) or [Any]
+            value = [check(v, item_hint, f"{where}[{i}]") for i, v in enumerate(value)]
+    elif origin is dict or hint is dict:
+        ok = isinstance(value, dict)
+        if ok and typing.get_args(hint):
+            _, value_hint = typing.get_args(hint)
+            value = {k: check(v, value_hint, f"{where}.{k}") for k, v in value.items()}
+    else:
+        ok = isinstance(value, hint)
+    if not ok:
+        raise WireError(f"{where}: {value!r} is not {getattr(hint, '__name__', hint)}")
+    return value
