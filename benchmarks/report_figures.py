@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from browser import CHROMIUM, visit
 from gpufleet.archive import select, store
+from gpufleet.archived import Manifest
 from gpufleet.report import html
 
 
@@ -38,12 +39,16 @@ def _synthetic(root: Path, runs: int, levels: int) -> list[str]:
         files = {"results.jsonl": "".join(json.dumps(r) + "\n" for r in rows).encode()}
         manifest = {
             "run_id": run_id, "host": "h0", "profile": profile, "status": "done",
-            "started_at": run_id, "plan": {"output_len": 256, "backend": "sglang"},
+            "started_at": run_id,
+            "plan": {"run_id": run_id, "levels": [], "output_len": 256, "backend": "sglang"},
             "prompt_set": {"prompts_sha256": "x"}, "server": {"argv": ["python"]},
             "host_facts": {"gpus": [{"name": "NVIDIA H200", "uuid": f"GPU-{i}"}]},
-            "levels": [{"concurrency": r["max_concurrency"]} for r in rows],
+            "levels": [
+                {"concurrency": r["max_concurrency"], "output_throughput": r["output_throughput"]}
+                for r in rows
+            ],
         }  # fmt: skip
-        store.write_run(root, "h0", run_id, files, manifest)
+        store.write_run(root, "h0", run_id, files, Manifest.from_wire(manifest))
         ids.append(run_id)
     return ids
 

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from gpufleet.archive import store as archive
+from gpufleet.archived import Manifest
 from gpufleet.host.bench.loadgen import Prompt, run_level
 from gpufleet.host.bench.metrics import percentile, summarize
 from helpers import REPO, read_run_id, run_cli
@@ -85,8 +86,8 @@ def test_sweep_archived_per_host_on_three_hosts(fleet, tmp_path):
         for host in ("h0", "h1", "h2"):
             [run_dir] = list((tmp_path / "a" / host).iterdir())
             manifest = archive.read_manifest(run_dir)
-            assert manifest["status"] == "done" and manifest["profile"] == "bench"
-            assert [lv["concurrency"] for lv in manifest["levels"]] == [1, 10, 64]
+            assert manifest.status == "done" and manifest.profile == "bench"
+            assert [lv.concurrency for lv in manifest.levels] == [1, 10, 64]
             assert archive.verify(run_dir) == []
             results = [
                 json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()
@@ -103,7 +104,7 @@ def test_sweep_archived_per_host_on_three_hosts(fleet, tmp_path):
             ):
                 assert key in results[0]
             assert len((run_dir / "requests-c64.jsonl").read_text().splitlines()) == 64
-            assert manifest["host_facts"]["gpus"][0]["uuid"].startswith("GPU-")
+            assert manifest.host_facts.gpus[0]["uuid"].startswith("GPU-")
             assert "run " in (run_dir / "server.log").read_text()
             assert (run_dir / "summary.csv").read_text().startswith("max_concurrency,")
         same = {
@@ -192,9 +193,9 @@ def test_server_crash_mid_run_is_archived_as_failed(fleet, tmp_path):
         assert "The size of tensor a (160) must match the size of tensor b (2)" in out.stderr
         [run_dir] = list((tmp_path / "a" / "h2").iterdir())
         manifest = archive.read_manifest(run_dir)
-        assert manifest["status"] == "failed"
-        assert "server process exited during level C=16" in manifest["reason"]
-        levels = {lv["concurrency"]: lv["status"] for lv in manifest["levels"]}
+        assert manifest.status == "failed"
+        assert "server process exited during level C=16" in manifest.reason
+        levels = {lv.concurrency: lv.status for lv in manifest.levels}
         assert levels == {4: "ok", 16: "failed"}
         assert archive.verify(run_dir) == []
     finally:
@@ -211,7 +212,9 @@ def test_unwritable_archive_leaves_nothing_half_written(tmp_path):
             os.chmod(root / "hostx", 0o700)
             (root / "hostx" / f".tmp-run1-{os.getpid()}").write_text("in the way")
         with pytest.raises(Exception) as err:
-            archive.write_run(root, "hostx", "run1", {"a.txt": b"x"}, {"run_id": "run1"})
+            archive.write_run(
+                root, "hostx", "run1", {"a.txt": b"x"}, Manifest("run1", "hostx", "done")
+            )
         assert "nothing was archived" in str(err.value)
         assert not (root / "hostx" / "run1").exists()
     finally:

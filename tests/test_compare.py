@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from gpufleet.archive import store as archive
+from gpufleet.archived import Manifest
 from gpufleet.report import compare
 from helpers import run_cli
 
@@ -37,16 +38,16 @@ def _run(root, host, run_id, profile, per_level, status="done", argv=None, promp
         "status": status,
         "started_at": run_id,
         "reason": None if status == "done" else "crashed",
-        "plan": {"output_len": 256, "backend": "sglang"},
+        "plan": {"run_id": run_id, "levels": [], "output_len": 256, "backend": "sglang"},
         "prompt_set": {"prompts_sha256": prompts},
         "server": {
             "argv": argv or ["python", "-m", "sglang.launch_server"],
             "engine_version": "0.5.3",
         },
         "host_facts": {"gpus": [{"name": "NVIDIA H200"}], "driver": "580"},
-        "levels": [{"concurrency": c} for c in per_level],
+        "levels": [{"concurrency": c, "output_throughput": v[0]} for c, v in per_level.items()],
     }
-    archive.write_run(root, host, run_id, files, manifest)
+    archive.write_run(root, host, run_id, files, Manifest.from_wire(manifest))
 
 
 SEEDS = {  # the seeds' shape: EAGLE-3 ahead per request at C=1 only

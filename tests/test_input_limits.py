@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.archive import store
+from gpufleet.archived import Manifest
 from gpufleet.control.inventory import load_inventory
 from gpufleet.errors import UserError
 from helpers import run_cli
@@ -38,7 +39,9 @@ def test_host_names_that_are_archive_folders_are_refused(tmp_path, name):
 def test_the_archive_never_writes_outside_its_root(tmp_path):
     for host, run_id in [("..", "x"), ("h", "../../x"), ("h", "..")]:
         with pytest.raises(UserError, match="refusing to archive outside"):
-            store.write_run(tmp_path / "logs", host, run_id, {"a": b"1"}, {})
+            store.write_run(
+                tmp_path / "logs", host, run_id, {"a": b"1"}, Manifest(run_id, host, "done")
+            )
     assert not (tmp_path / "x").exists()
 
 

@@ -135,16 +135,16 @@ def test_ctrl_c_at_each_phase_then_one_resume_finishes(fleet, tmp_path, phase):
         for host, cell in cells.items():
             assert cell["status"] == "done", (profile, host, cell)
             manifest = store.read_manifest(archive / host / cell["run_id"])
-            assert manifest["status"] == "done"
+            assert manifest.status == "done"
     runs = store.list_runs(archive)
     for profile in ("ia", "ib"):
         for host in ("h0", "h1"):
             good = [
                 r for r in runs
-                if r["host"] == host and r["profile"] == profile and r["status"] == "done"
+                if r.host == host and r.manifest.profile == profile and r.status == "done"
             ]  # fmt: skip
             assert len(good) == 1, f"{profile} on {host}: {len(good)} successful runs"
-    assert all(store.verify(Path(r["path"])) == [] for r in runs)
+    assert all(store.verify(r.path) == [] for r in runs)
     assert _leftovers(fleet) == []
     record(
         f"ctrl_c_{phase}",
@@ -177,7 +177,7 @@ def test_ctrl_c_during_inv_bench_prints_a_pasteable_attach(fleet, tmp_path):
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     [run] = store.list_runs(tmp_path / "a")
-    assert run["status"] == "done" and run["levels"][0]["concurrency"] == 2
+    assert run.status == "done" and run.manifest.levels[0].concurrency == 2
     fleet.cli("stop", "--hosts", "h1")
 
 
@@ -195,24 +195,24 @@ def test_resume_reruns_a_failed_archived_cell_and_compare_picks_the_success(flee
     out = fleet.cli(*args, timeout=300)
     assert out.returncode == 1, out.stdout[-2000:]
     assert "retry them with `inv sweep" in out.stderr and "--resume" in out.stderr
-    [failed] = [r for r in store.list_runs(archive) if r["status"] == "failed"]
+    [failed] = [r for r in store.list_runs(archive) if r.status == "failed"]
 
     data["sim"].pop("crash-at-batch")
     (playbooks / "ib.yaml").write_text(yaml.safe_dump(data))
     out = fleet.cli(*args, "--resume", timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "ia: already done, skipped" in out.stdout
-    runs = {r["run_id"]: r for r in store.list_runs(archive)}
-    assert runs[failed["run_id"]]["superseded"]  # kept, marked
-    assert store.verify(Path(failed["path"])) == []  # its checksummed files untouched
-    [success] = [r for r in runs.values() if r["profile"] == "ib" and r["status"] == "done"]
+    runs = {r.run_id: r for r in store.list_runs(archive)}
+    assert runs[failed.run_id].manifest.superseded  # kept, marked
+    assert store.verify(failed.path) == []  # its checksummed files untouched
+    [success] = [r for r in runs.values() if r.manifest.profile == "ib" and r.status == "done"]
 
     listing = run_cli("runs", "--archive", str(archive))
-    assert "failed (superseded)" in listing.stdout and success["run_id"] in listing.stdout
+    assert "failed (superseded)" in listing.stdout and success.run_id in listing.stdout
     compared = run_cli("compare", "ia", "ib", "--archive", str(archive), "--format", "json")
     assert compared.returncode == 0, compared.stderr
     arms = json.loads(compared.stdout)["h0"]["arms"]
-    assert arms[1]["run_ids"] == [success["run_id"]]
+    assert arms[1]["run_ids"] == [success.run_id]
 
 
 def test_a_second_ctrl_c_aborts_at_once_and_resume_still_finishes(fleet, tmp_path):

@@ -322,7 +322,7 @@ def test_server_sigkilled_mid_bench_fails_fast(fleet, tmp_path):
         assert elapsed < 20
         record("server_sigkill_bench_exit_s", round(elapsed - 2.0, 1))
         [run_dir] = list((tmp_path / "a" / "h1").iterdir())
-        assert archive.read_manifest(run_dir)["status"] == "failed"
+        assert archive.read_manifest(run_dir).status == "failed"
     finally:
         for k in kids:
             k.kill()

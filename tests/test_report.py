@@ -30,6 +30,7 @@ def _sweep_archive(root):
         "sweep_id": "20261129T100000Z-baseline-vs-eagle3",
         "profiles": ["baseline", "eagle3", "crashy"],
         "hosts": ["h0", "h1"],
+        "concurrency": [1, 10, 64],
         "status": "incomplete",
         "cells": {
             **{

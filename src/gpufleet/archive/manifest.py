@@ -8,16 +8,16 @@ before the files get here (control/bench.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-SCHEMA = 1
-SERVER_KEYS = (
-    "argv", "env", "engine", "engine_version", "port", "profile", "log", "started_at",
-    "flag_renames", "secrets_in_argv",
-)  # fmt: skip
-HOST_FACT_KEYS = ("driver", "cuda", "gpus", "packages", "hostname", "simulated")
+from gpufleet.archived import HostFacts, LevelOutcome, Manifest, PromptSetRef, ServerFacts
+from gpufleet.records import BenchPlan
+from gpufleet.wire import Record, WireError
+
+R = TypeVar("R", bound=Record)
 
 
 class FetchedRun:
@@ -25,7 +25,11 @@ class FetchedRun:
 
     def __init__(self, files: dict[str, bytes], watched_status: str) -> None:
         self.files = files
-        self.plan = self._load("plan.json") or {}
+        plan = self._load("plan.json")
+        try:
+            self.plan = BenchPlan.from_wire(plan, "plan.json") if plan else None
+        except WireError:
+            self.plan = None  # written by another gpufleet: the run is archived, unplanned
         self.status = self._load("status.json") or {"status": watched_status}
         self.server_state = self._load("server_state.json") or {}
         self.sysinfo = self._load("sysinfo.json") or {}
@@ -39,40 +43,45 @@ class FetchedRun:
             return None
 
 
+def _pick(record: type[R], data: dict[str, Any]) -> R:
+    """The fields of `record` that `data` has (the rest of a state file stays on the host)."""
+    names = {f.name for f in dataclasses.fields(record)}  # type: ignore[arg-type]
+    return record.from_wire({k: v for k, v in data.items() if k in names})
+
+
 def build(
     host: str, run_id: str, run: FetchedRun, command_line: list[str], version: str
-) -> dict[str, Any]:
+) -> Manifest:
     """The manifest of one run (store.write_run adds the sha256 of every file)."""
     plan, status, results = run.plan, run.status, run.results
-    return {
-        "schema": SCHEMA,
-        "run_id": run_id,
-        "host": host,
-        "profile": plan.get("profile") or run.server_state.get("profile"),
-        "status": status["status"],
-        "reason": status.get("reason"),
-        "started_at": (results[0].get("started_at") if results else None) or status.get("at"),
-        "finished_at": status.get("at"),
-        "archived_at": datetime.now(UTC).isoformat(),
-        "gpufleet_version": version,
-        "command_line": command_line,
-        "plan": plan,
-        "server": {k: run.server_state.get(k) for k in SERVER_KEYS},
-        "resolved_profile": run.server_state.get("resolved_profile"),
-        "host_facts": {k: run.sysinfo.get(k) for k in HOST_FACT_KEYS},
-        "prompt_set": {
-            "name": plan.get("prompt_set"),
-            "sha256": plan.get("prompt_set_sha256"),
-            "prompts_sha256": plan.get("prompts_sha256"),
-            "seed": plan.get("seed"),
-        },
-        "levels": [
-            {
-                "concurrency": r["max_concurrency"],
-                "status": r.get("level_status"),
-                "output_throughput": r["output_throughput"],
-                **({"repeat": r["repeat"]} if r.get("repeat", 1) != 1 else {}),
-            }
+    return Manifest(
+        run_id=run_id,
+        host=host,
+        profile=(plan.profile if plan else None) or run.server_state.get("profile"),
+        status=status["status"],
+        reason=status.get("reason"),
+        started_at=(results[0].get("started_at") if results else None) or status.get("at"),
+        finished_at=status.get("at"),
+        archived_at=datetime.now(UTC).isoformat(),
+        gpufleet_version=version,
+        command_line=command_line,
+        plan=plan,
+        server=_pick(ServerFacts, run.server_state),
+        resolved_profile=run.server_state.get("resolved_profile"),
+        host_facts=_pick(HostFacts, run.sysinfo),
+        prompt_set=PromptSetRef(
+            name=plan.prompt_set if plan else None,
+            sha256=plan.prompt_set_sha256 if plan else None,
+            prompts_sha256=plan.prompts_sha256 if plan else None,
+            seed=plan.seed if plan else None,
+        ),
+        levels=[
+            LevelOutcome(
+                concurrency=r["max_concurrency"],
+                status=r.get("level_status"),
+                output_throughput=r["output_throughput"],
+                repeat=r.get("repeat", 1),
+            )
             for r in results
         ],
-    }
+    )

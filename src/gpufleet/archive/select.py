@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpufleet.archive import store
 from gpufleet.archive.layout import Layout
+from gpufleet.archived import FindMaxRecord, SweepRecord
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus, RunStatus
 from gpufleet.report import html
@@ -34,21 +35,23 @@ def load_arm(label: str, run_dirs: list[Path]) -> Arm:
     return arm
 
 
-def _runs_named(arg: str, runs: list[dict]) -> dict[str, list[Path]]:
+def _runs_named(arg: str, runs: list[store.ListedRun]) -> dict[str, list[Path]]:
     """host -> run dir for one argument: a run id, else a profile's latest run per host."""
     found: dict[str, list[Path]] = {}
-    by_id = [r for r in runs if r.get("run_id") == arg]
-    if by_id:
-        for r in by_id:
-            found[r["host"]] = [Path(r["path"])]
+    by_id = [r for r in runs if r.run_id == arg]
+    for r in by_id:
+        if r.manifest is None:
+            raise UserError(f"{r.path / store.MANIFEST}: {r.problem}")
+        found[r.host] = [r.path]
+    if found:
         return found
     # sorted by start time: the latest wins, and a successful run beats any failed one
-    usable = [r for r in runs if r.get("profile") == arg and r.get("levels")]
+    usable = [r for r in runs if r.manifest and r.manifest.profile == arg and r.manifest.levels]
     for r in usable:
-        found[r["host"]] = [Path(r["path"])]
+        found[r.host] = [r.path]
     for r in usable:
-        if r.get("status") == RunStatus.DONE and not r.get("superseded"):
-            found[r["host"]] = [Path(r["path"])]
+        if r.status == RunStatus.DONE:  # superseded runs read "failed (superseded)"
+            found[r.host] = [r.path]
     return found
 
 
@@ -95,13 +98,13 @@ def _report_input(title: str, per_host: dict[str, list[Arm]], root: Path) -> Rep
     for host, arms in per_host.items():
         for arm in arms:
             for manifest in arm.manifests:
-                run_dir = Layout(root).run_dir(host, manifest["run_id"])
-                data.run_dirs[manifest["run_id"]] = run_dir
+                run_dir = Layout(root).run_dir(host, manifest.run_id)
+                data.run_dirs[manifest.run_id] = run_dir
                 problems = store.verify(run_dir)
-                manifest["checksums"] = "ok" if not problems else "; ".join(problems[:3])
-                if manifest.get("status") != RunStatus.DONE:
+                data.checksums[manifest.run_id] = "ok" if not problems else "; ".join(problems[:3])
+                if manifest.status != RunStatus.DONE:
                     data.failures.append(
-                        Failure(host, arm.label, str(manifest.get("reason")), _log_tail(run_dir))
+                        Failure(host, arm.label, str(manifest.reason), _log_tail(run_dir))
                     )
     return data
 
@@ -127,32 +130,32 @@ def sweep_state_path(root: Path, sweep_id: str | None) -> Path:
 
 def report_for_sweep(root: Path, state_path: Path) -> ReportInput:
     """A report on a sweep: its finished cells compared, its failed cells listed."""
-    state = json.loads(state_path.read_text())
-    labels = {a["key"]: a["label"] for a in state.get("arms", [])}
+    state = SweepRecord.load(state_path)
+    labels = {a["key"]: a["label"] for a in state.arms or []}
     finished: dict[str, dict[str, list[str]]] = {}
-    for key, cells in state["cells"].items():
+    for key, cells in state.cells.items():
         for host, cell in cells.items():
-            if cell.get("status") == CellStatus.DONE:
+            if cell.status == CellStatus.DONE and cell.run_id:
                 by_host = finished.setdefault(labels.get(key, Path(key).stem), {})
-                by_host.setdefault(host, []).append(cell["run_id"])
+                by_host.setdefault(host, []).append(cell.run_id)
     per_host = from_run_ids(root, finished) if finished else {}
-    data = _report_input(f"sweep {state['sweep_id']}", per_host, root)
-    for profile, cells in state["cells"].items():
+    data = _report_input(f"sweep {state.sweep_id}", per_host, root)
+    for profile, cells in state.cells.items():
         for host, cell in cells.items():
-            if cell.get("status") not in (CellStatus.DONE, None) and cell.get("error"):
-                run_dir = Layout(root).run_dir(host, str(cell.get("run_id")))
-                tail = _log_tail(run_dir) if cell.get("run_id") else []
-                data.failures.append(Failure(host, Path(profile).stem, cell["error"], tail))
+            if cell.status != CellStatus.DONE and cell.error:
+                run_dir = Layout(root).run_dir(host, str(cell.run_id))
+                tail = _log_tail(run_dir) if cell.run_id else []
+                data.failures.append(Failure(host, Path(profile).stem, cell.error, tail))
     return data
 
 
-def find_max_answers(root: Path, host: str, labels: list[str]) -> dict[str, dict]:
+def find_max_answers(root: Path, host: str, labels: list[str]) -> dict[str, FindMaxRecord]:
     """The latest `inv bench --find-max` answer of each profile on this host, if any."""
     answers = {}
     for label in labels:
         found = sorted(Layout(root).findmax_dir(host).glob(f"*-{label}.json"))
         if found:
-            answers[label] = json.loads(found[-1].read_text())
+            answers[label] = FindMaxRecord.load(found[-1])
     return answers
 
 

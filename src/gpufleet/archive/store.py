@@ -8,15 +8,14 @@ a crash or a full disk never leaves a partial run looking complete.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from gpufleet.archive.layout import DEFAULT_ROOT, Layout
-from gpufleet.archive.manifest import SCHEMA
+from gpufleet.archived import Manifest, Superseded
 from gpufleet.errors import UserError
 
 # Archives hold server argv, hosts and timings: private by default (files 0600, directories
@@ -32,7 +31,7 @@ def sha256(data: bytes) -> str:
 
 
 def write_run(
-    root: Path, host: str, run_id: str, files: dict[str, bytes], manifest: dict[str, Any]
+    root: Path, host: str, run_id: str, files: dict[str, bytes], manifest: Manifest
 ) -> Path:
     final = Layout(root).run_dir(host, run_id)
     if not _inside(root, final) or {host, run_id} & {"", ".", ".."} or "/" in host + run_id:
@@ -50,8 +49,8 @@ def write_run(
                 raise UserError(f"refusing to archive a file named {name!r}")
             _write_private(tmp / name, data)
             sums[name] = sha256(data)
-        manifest = {**manifest, "files": sums}
-        _write_private(tmp / MANIFEST, json.dumps(manifest, indent=2, default=str).encode())
+        manifest.files = sums
+        _write_private(tmp / MANIFEST, manifest.to_json().encode())
         os.rename(tmp, final)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -96,32 +95,48 @@ def _inside(root: Path, path: Path) -> bool:
     return path.resolve().is_relative_to(root.resolve())
 
 
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    """A run's manifest; one line (UserError) for one written by a newer gpufleet, whose
-    fields this version cannot vouch for. Schema 1 is every manifest so far."""
-    data = json.loads((run_dir / MANIFEST).read_text())
-    schema = data.get("schema", 1)
-    if not isinstance(schema, int) or schema > SCHEMA:
-        raise UserError(
-            f"{run_dir}: archived by a newer gpufleet (manifest schema {schema!r}); this "
-            f"version reads schema {SCHEMA} and older: upgrade gpufleet to read it"
-        )
-    return data
+def read_manifest(run_dir: Path) -> Manifest:
+    """A run's manifest, checked; one line (UserError) for one written by a newer gpufleet,
+    whose fields this version cannot vouch for, or one that is not a manifest."""
+    return Manifest.load(run_dir / MANIFEST)
 
 
-def list_runs(root: Path = DEFAULT_ROOT) -> list[dict[str, Any]]:
+@dataclass
+class ListedRun:
+    """One run of the archive as `inv runs` lists it: its manifest, or why it has none."""
+
+    path: Path
+    host: str
+    run_id: str
+    manifest: Manifest | None
+    problem: str | None = None  # the manifest is unreadable or not one
+
+    @property
+    def status(self) -> str:
+        """`done`, `failed`, `failed (superseded)`, or what is wrong with the manifest."""
+        if self.manifest is None:
+            return f"unreadable manifest: {self.problem}"
+        status = str(self.manifest.status)
+        return f"{status} (superseded)" if self.manifest.superseded else status
+
+    @property
+    def started_at(self) -> str:
+        return (self.manifest.started_at if self.manifest else None) or ""
+
+
+def list_runs(root: Path = DEFAULT_ROOT) -> list[ListedRun]:
     runs = []
-    for manifest in sorted(root.glob(f"*/*/{MANIFEST}")):
-        if manifest.parent.name.startswith("."):
+    for path in sorted(root.glob(f"*/*/{MANIFEST}")):
+        run_dir = path.parent
+        if run_dir.name.startswith("."):
             continue
         try:
-            data = json.loads(manifest.read_text())
-        except (OSError, ValueError):
-            data = {"run_id": manifest.parent.name, "status": "unreadable manifest"}
-        data["path"] = str(manifest.parent)
-        data.setdefault("host", manifest.parent.parent.name)
-        runs.append(data)
-    return sorted(runs, key=lambda r: r.get("started_at") or "")
+            manifest, problem = read_manifest(run_dir), None
+        except UserError as exc:
+            manifest, problem = None, str(exc).removeprefix(f"{path}: ")
+        host = manifest.host if manifest else run_dir.parent.name
+        runs.append(ListedRun(run_dir, host, run_dir.name, manifest, problem))
+    return sorted(runs, key=lambda r: r.started_at)
 
 
 # What a finished run must hold (format schema 1): a manifest that lacks one of them was
@@ -130,10 +145,10 @@ REQUIRED_FILES = ("plan.json", "status.json", "results.jsonl", "summary.csv")
 REQUIRED_FROM_A_HOST = ("sysinfo.json", "nvml_before.json", "nvml_after.json")
 
 
-def required_files(manifest: dict[str, Any]) -> tuple[str, ...]:
-    if manifest.get("schema") != 1 or manifest.get("status") != "done":
+def required_files(manifest: Manifest) -> tuple[str, ...]:
+    if manifest.status != "done":
         return ()
-    from_host = bool((manifest.get("host_facts") or {}).get("hostname"))
+    from_host = bool(manifest.host_facts.hostname)
     return REQUIRED_FILES + (REQUIRED_FROM_A_HOST if from_host else ())
 
 
@@ -144,7 +159,7 @@ def verify(run_dir: Path) -> list[str]:
         manifest = read_manifest(run_dir)
     except (OSError, ValueError, UserError) as exc:
         return [f"manifest unreadable: {exc}"]
-    listed = manifest.get("files", {})
+    listed = manifest.files
     problems = [
         f"{name}: required by the run format, not in the manifest"
         for name in required_files(manifest)
@@ -168,13 +183,7 @@ def mark_superseded(run_dir: Path, note: str) -> None:
     Only the manifest changes (rewritten atomically); the checksummed files stay as they were.
     """
     manifest = read_manifest(run_dir)
-    manifest["superseded"] = {"at": datetime.now(UTC).isoformat(), "note": note}
+    manifest.superseded = Superseded(at=datetime.now(UTC).isoformat(), note=note)
     tmp = run_dir / f".{MANIFEST}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2, default=str))
+    tmp.write_text(manifest.to_json())
     os.replace(tmp, run_dir / MANIFEST)
-
-
-def status_label(run: dict[str, Any]) -> str:
-    """A run's status as `inv runs` shows it: `done`, `failed`, `failed (superseded)`."""
-    status = str(run.get("status"))
-    return f"{status} (superseded)" if run.get("superseded") else status

@@ -106,7 +106,6 @@ def bench(
     from gpufleet.cli.progress import bench_progress
     from gpufleet.control import bench as bench_control
     from gpufleet.errors import UserError
-    from gpufleet.kinds import RunStatus
     from gpufleet.report.tables import headers, rows
 
     if client not in ("host", "local"):
@@ -132,12 +131,12 @@ def bench(
     if client == "local":
         request.api_key_env = api_key_env
         run_id, value = bench_control.bench_local(request, bench_progress())
-        table(f"{run_id} ({value['status']})", headers(value["results"]), rows(value["results"]))
-        for text in repeat_lines(value["results"]):
+        table(f"{run_id} ({value.status})", headers(value.results), rows(value.results))
+        for text in repeat_lines(value.results):
             line(text)
-        line(f"archived {value['path']}")
-        if value["status"] != RunStatus.DONE:
-            raise Exit(f"gpufleet: run archived as FAILED: {value['reason']}", code=1)
+        line(f"archived {value.path}")
+        if not value.done:
+            raise Exit(f"gpufleet: run archived as FAILED: {value.reason}", code=1)
         return
     inv, selected = select_hosts(inventory, hosts)
     if find_max:
@@ -186,7 +185,8 @@ def _find_max(request, selected, inv, forks, by, target, max_load, max_probes):
     )  # fmt: skip
     for res in results:
         if res.ok and res.value:
-            line(f"{res.host.name}: {describe(res.value)}; archived {res.value['path']}")
+            record, path = res.value
+            line(f"{res.host.name}: {describe(record)}; archived {path}")
     finish(results)
 
 
@@ -256,27 +256,27 @@ def runs(c, host=None, profile=None, since=None, verify=False, archive=None):
     items = [
         r
         for r in store.list_runs(root)
-        if (host is None or r.get("host") == host)
-        and (profile is None or r.get("profile") == profile)
-        and (since is None or (r.get("started_at") or "") >= since)
+        if (host is None or r.host == host)
+        and (profile is None or (r.manifest and r.manifest.profile) == profile)
+        and (since is None or r.started_at >= since)
     ]
     rows = []
     bad = 0
     for r in items:
-        levels = ",".join(str(lv["concurrency"]) for lv in r.get("levels", []))
+        levels = ",".join(str(lv.concurrency) for lv in (r.manifest.levels if r.manifest else []))
         check = "-"
         if verify:
-            problems = store.verify(Path(r["path"]))
+            problems = store.verify(r.path)
             check = "ok" if not problems else "; ".join(problems[:3])
             bad += bool(problems)
         rows.append(
             [
-                r.get("host"),
-                r.get("run_id"),
-                r.get("profile"),
-                (r.get("started_at") or "")[:19],
+                r.host,
+                r.run_id,
+                r.manifest.profile if r.manifest else None,
+                r.started_at[:19],
                 levels,
-                store.status_label(r),
+                r.status,
                 check,
             ]
         )

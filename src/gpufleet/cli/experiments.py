@@ -127,9 +127,9 @@ def run_sweep(
         request.archive_root, profile_names, selected, request.concurrency, resume, arms, kind
     )
     if resume:
-        line(f"resuming sweep {state.data['sweep_id']} ({state.data['status']})")
+        line(f"resuming sweep {state.sweep_id} ({state.record.status})")
     cancel = CancelToken()
-    hint = lambda: resume_command(inv, state.data["hosts"])  # noqa: E731
+    hint = lambda: resume_command(inv, state.record.hosts)  # noqa: E731
     with ctrl_c_stops(cancel, hint):
         state = sweep.run(
             state, sweep.hosts_of(state, selected), request, engine, fail_fast,
@@ -137,12 +137,10 @@ def run_sweep(
         )  # fmt: skip
         data = sweep.report_input(state, request.archive_root)
         if data.per_host or data.failures:
-            show_compare(
-                data, fmt, Layout(request.archive_root).compare_dir(state.data["sweep_id"])
-            )
-        line(f"sweep {state.data['sweep_id']}: {state.data['status']} (state: {state.path})")
-    if state.data["status"] == SweepStatus.INTERRUPTED:
+            show_compare(data, fmt, Layout(request.archive_root).compare_dir(state.sweep_id))
+        line(f"sweep {state.sweep_id}: {state.record.status} (state: {state.path})")
+    if state.record.status == SweepStatus.INTERRUPTED:
         raise Exit(f"gpufleet: interrupted; finish the sweep with `{hint()}`", code=130)
-    if state.data["status"] != SweepStatus.DONE:
+    if state.record.status != SweepStatus.DONE:
         raise Exit(f"gpufleet: some sweep cells failed (see above); retry them with `{hint()}`", 1)
     return state

@@ -88,13 +88,13 @@ def print_runs(results: list[Any]) -> None:
         if value is None:
             continue
         table(
-            f"{res.host.name}: {value['run_id']} ({value['status']})",
-            headers(value["results"]),
-            rows(value["results"]),
+            f"{res.host.name}: {value.run_id} ({value.status})",
+            headers(value.results),
+            rows(value.results),
         )
-        for text in repeat_lines(value["results"]):
+        for text in repeat_lines(value.results):
             line(f"{res.host.name}: {text}")
-        line(f"{res.host.name}: archived {value['path']}")
+        line(f"{res.host.name}: archived {value.path}")
 
 
 def repeat_lines(results: list[dict[str, Any]]) -> list[str]:

@@ -39,6 +39,23 @@ CONTROL_FILES = {"runner.json"}
 
 
 @dataclass
+class ArchivedRun:
+    """A run once archived: where it is, how it ended, its level rows (results.jsonl) and,
+    for a failed run, the server log's last lines."""
+
+    run_id: str
+    path: str
+    status: str  # kinds.RunStatus
+    reason: str | None = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.status == RunStatus.DONE
+
+
+@dataclass
 class BenchRequest:
     concurrency: list[int]
     profile: str | None = None
@@ -194,7 +211,7 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
 
 def archive_run(
     host: str, run_id: str, files: dict[str, bytes], request: BenchRequest, watch: dict[str, Any]
-) -> dict[str, Any]:
+) -> ArchivedRun:
     """Archive a run's fetched files atomically under <root>/<host>/<run_id>/."""
     if "plan.json" in files:  # a URL given with a password stays out of the archive
         plan = redact_tree(json.loads(files["plan.json"]))
@@ -209,14 +226,9 @@ def archive_run(
     tail = []
     if run.status["status"] != RunStatus.DONE and "server.log" in kept:
         tail = kept["server.log"].decode(errors="replace").splitlines()[-40:]
-    return {
-        "path": str(path),
-        "status": run.status["status"],
-        "reason": run.status.get("reason"),
-        "results": run.results,
-        "tail": tail,
-        "run_id": run_id,
-    }
+    return ArchivedRun(
+        run_id, str(path), run.status["status"], run.status.get("reason"), run.results, tail
+    )
 
 
 def attach_hint(run_id: str, hosts: list[Host]) -> str:
@@ -256,7 +268,7 @@ def fetch(
     request: BenchRequest,
     progress: Progress | None,
     cancel: CancelToken | None = None,
-) -> dict[str, Any]:
+) -> ArchivedRun:
     """Watch a run on the host until it ends, download its files, archive them."""
     answer = watch(session, run_id, progress, cancel)
     files = {
@@ -280,7 +292,7 @@ def start(session: Session, request: BenchRequest, run_id: str, progress: Progre
 
 def bench_on(
     session: Session, request: BenchRequest, run_id: str, progress: Progress | None
-) -> dict[str, Any]:
+) -> ArchivedRun:
     start(session, request, run_id, progress)
     return fetch(session, run_id, request, progress)
 
@@ -291,8 +303,8 @@ def bench(
     run_id: str,
     forks: int,
     progress: Progress | None = None,
-    on_done: Callable[[HostResult[dict]], None] | None = None,
-) -> list[HostResult[dict]]:
+    on_done: Callable[[HostResult[ArchivedRun]], None] | None = None,
+) -> list[HostResult[ArchivedRun]]:
     """Run one benchmark (run id from make_run_id) on every host and archive it per host."""
     build_plan(request, run_id)  # bad input fails here, before any host is touched
     results = run_on_hosts(
@@ -307,8 +319,8 @@ def attach(
     request: BenchRequest,
     forks: int,
     progress: Progress | None = None,
-    on_done: Callable[[HostResult[dict]], None] | None = None,
-) -> list[HostResult[dict]]:
+    on_done: Callable[[HostResult[ArchivedRun]], None] | None = None,
+) -> list[HostResult[ArchivedRun]]:
     return _fail_unfinished(
         run_on_hosts(
             hosts, lambda s: fetch(s, run_id, request, progress), forks=forks, on_done=on_done
@@ -316,13 +328,13 @@ def attach(
     )
 
 
-def _fail_unfinished(results: list[HostResult[dict]]) -> list[HostResult[dict]]:
+def _fail_unfinished(results: list[HostResult[ArchivedRun]]) -> list[HostResult[ArchivedRun]]:
     """A run archived as failed fails its host (the archive and its table are kept)."""
     for res in results:
-        if res.ok and res.value is not None and res.value["status"] != RunStatus.DONE:
-            res.error = f"run archived as FAILED: {res.value['reason']}"
+        if res.ok and res.value is not None and not res.value.done:
+            res.error = f"run archived as FAILED: {res.value.reason}"
             res.kind = Kind.RUN_FAILED
-            res.tail = res.value["tail"]
+            res.tail = res.value.tail
     return results
 
 
@@ -337,7 +349,7 @@ def _local_keys(variable: str | None) -> dict[str, str]:
     return {"api-key": value}
 
 
-def bench_local(request: BenchRequest, progress: Progress | None = None) -> tuple[str, dict]:
+def bench_local(request: BenchRequest, progress: Progress | None = None) -> tuple[str, ArchivedRun]:
     """`--client local`: the same runner in this process against `--url`; archived here."""
     from gpufleet.host.bench.runner import run_plan
 

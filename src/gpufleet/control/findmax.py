@@ -10,7 +10,6 @@ rate until the bracket is within 5%.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -19,6 +18,8 @@ from typing import Any
 
 from gpufleet.archive import store
 from gpufleet.archive.layout import Layout
+from gpufleet.archived import FindMaxRecord
+from gpufleet.archived import ProbeRecord as Probe
 from gpufleet.control import bench as benchrun
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
@@ -27,14 +28,6 @@ from gpufleet.errors import UserError
 
 RATE_PRECISION = 1.05
 RATE_CAP = 4096  # in-flight cap while searching a request rate
-
-
-@dataclass
-class Probe:
-    load: float
-    attainment: float
-    run_id: str
-    status: str
 
 
 @dataclass
@@ -104,30 +97,29 @@ def find_on(
     request: benchrun.BenchRequest,
     search: Search,
     progress: Any,
-) -> dict[str, Any]:
+) -> FindMaxRecord:
     """The search on one host; every probe is a run archived under the host."""
 
     def measure(load: float) -> Probe:
         probe_request = _request_for(request, search.by, load)
         run_id = benchrun.make_run_id(probe_request, [session.host.name])
         value = benchrun.bench_on(session, probe_request, run_id, progress)
-        rows = value["results"]
-        attainment = min((r.get("slo_attainment", 0.0) for r in rows), default=0.0)
-        return Probe(load, attainment, run_id, value["status"])
+        attainment = min((r.get("slo_attainment", 0.0) for r in value.results), default=0.0)
+        return Probe(load, attainment, run_id, value.status)
 
     low, high = search.run(measure)
-    return {
-        "host": session.host.name,
-        "profile": Path(request.profile).stem if request.profile else None,
-        "by": search.by,
-        "slo": request.slo,
-        "target": search.target,
-        "holds_up_to": low,
-        "fails_from": high,
-        "probes": [p.__dict__ for p in search.probes],
-        "limit": search.limit,
-        "at": datetime.now(UTC).isoformat(),
-    }
+    return FindMaxRecord(
+        host=session.host.name,
+        profile=Path(request.profile).stem if request.profile else None,
+        by=search.by,
+        slo=dict(request.slo),
+        target=search.target,
+        holds_up_to=low,
+        fails_from=high,
+        probes=list(search.probes),
+        limit=search.limit,
+        at=datetime.now(UTC).isoformat(),
+    )
 
 
 def find_max(
@@ -139,7 +131,7 @@ def find_max(
     max_probes: int,
     forks: int,
     progress: Any = None,
-) -> list[HostResult[dict]]:
+) -> list[HostResult[tuple[FindMaxRecord, Path]]]:
     """Search every host in parallel; each host's answer is archived as
     `<archive>/findmax/<host>/<stamp>-<profile>.json`."""
     if not request.slo:
@@ -149,15 +141,13 @@ def find_max(
     start = float(request.concurrency[0]) if by == "concurrency" and request.concurrency else 1.0
     benchrun.build_plan(_request_for(request, by, start), "check")  # bad input: fail now
 
-    def on_host(session: Session) -> dict[str, Any]:
+    def on_host(session: Session) -> tuple[FindMaxRecord, Path]:
         search = Search(by, target, start, limit, max_probes)
         answer = find_on(session, request, search, progress)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        path = Layout(request.archive_root).findmax_record(
-            session.host.name, stamp, answer["profile"]
-        )
+        path = Layout(request.archive_root).findmax_record(session.host.name, stamp, answer.profile)
         store.make_dirs(path.parent)
-        store.write_private_file(path, json.dumps(answer, indent=2).encode())
-        return {**answer, "path": str(path)}
+        store.write_private_file(path, answer.to_json().encode())
+        return answer, path
 
     return run_on_hosts(hosts, on_host, forks=forks)

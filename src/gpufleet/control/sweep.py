@@ -14,7 +14,6 @@ cell whose archived run failed (the failed archive stays, marked superseded).
 from __future__ import annotations
 
 import functools
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from typing import Any
 
 from gpufleet.archive import select, store
 from gpufleet.archive.layout import Layout
+from gpufleet.archived import Cell, Manifest, SweepRecord
 from gpufleet.control import bench as benchrun
 from gpufleet.control import lifecycle as server
 from gpufleet.control.arms import ArmSpec, profile_label
@@ -44,11 +44,11 @@ Say = Callable[[str], None]
 
 
 class SweepState:
-    """The sweep's progress on disk (written atomically after every change)."""
+    """The sweep's progress on disk (a SweepRecord, written atomically after every change)."""
 
-    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+    def __init__(self, path: Path, record: SweepRecord) -> None:
         self.path = path
-        self.data = data
+        self.record = record
         self.lock = threading.Lock()
         self.say: Say = lambda text: None  # progress lines, set by run()
 
@@ -67,19 +67,17 @@ class SweepState:
         sweep_id = f"{stamp}-{'-vs-'.join(Path(p).stem for p in profiles)}"
         if kind != "sweep":
             sweep_id += f"-{kind}"
-        data = {
-            "sweep_id": sweep_id,
-            "kind": kind,
-            "profiles": profiles,
-            "arms": [a.to_json() for a in arms],
-            "hosts": hosts,
-            "concurrency": levels,
-            "created_at": datetime.now(UTC).isoformat(),
-            "status": SweepStatus.RUNNING,
-            "cells": {a.key: {h: {"status": CellStatus.PENDING} for h in hosts} for a in arms},
-            "durations_s": {},
-        }
-        state = cls(Layout(root).sweep_state(sweep_id), data)
+        record = SweepRecord(
+            sweep_id=sweep_id,
+            kind=kind,
+            profiles=profiles,
+            arms=[a.to_json() for a in arms],
+            hosts=hosts,
+            concurrency=levels,
+            created_at=datetime.now(UTC).isoformat(),
+            cells={a.key: {h: Cell() for h in hosts} for a in arms},
+        )
+        state = cls(Layout(root).sweep_state(sweep_id), record)
         state.save()
         return state
 
@@ -96,31 +94,40 @@ class SweepState:
         keys = [a.key for a in arms] if arms else None
         candidates = sorted(Layout(root).sweeps_dir.glob("*.json"))
         for path in reversed(candidates):
-            data = json.loads(path.read_text())
-            if data["profiles"] != profiles or data.get("kind", "sweep") != kind:
+            record = SweepRecord.load(path)
+            if record.profiles != profiles or record.kind != kind:
                 continue
-            if keys is None or [a["key"] for a in data.get("arms", [])] == keys:
-                return cls(path, data)
+            if keys is None or [a["key"] for a in record.arms or []] == keys:
+                return cls(path, record)
         raise UserError(
             f"--resume: no {kind} of {','.join(profiles)} under {Layout(root).sweeps_dir}/"
         )
 
+    @property
+    def sweep_id(self) -> str:
+        return self.record.sweep_id
+
     def arms(self) -> list[ArmSpec]:
         """The cells' specs in the order they run (older state files: one per profile)."""
-        if "arms" not in self.data:
-            return [ArmSpec(p, label=profile_label(p)) for p in self.data["profiles"]]
-        return [ArmSpec.from_json(a) for a in self.data["arms"]]
+        if self.record.arms is None:
+            return [ArmSpec(p, label=profile_label(p)) for p in self.record.profiles]
+        return [ArmSpec.from_json(a) for a in self.record.arms]
 
     def save(self) -> None:
         with self.lock:
-            store.write_private_file(self.path, json.dumps(self.data, indent=2).encode())
+            store.write_private_file(self.path, self.record.to_json().encode())
 
-    def cell(self, profile: str, host: str) -> dict[str, Any]:
-        return self.data["cells"][profile][host]
+    def cell(self, profile: str, host: str) -> Cell:
+        return self.record.cells[profile][host]
 
     def update(self, profile: str, host: str, **fields: Any) -> None:
+        """Set a cell's fields by name (an unknown name is a bug: AttributeError)."""
         with self.lock:
-            self.data["cells"][profile][host].update(fields)
+            cell = self.record.cells[profile][host]
+            for name, value in fields.items():
+                if not hasattr(cell, name):
+                    raise AttributeError(f"a sweep cell has no field {name!r}")
+                setattr(cell, name, value)
         self.save()
 
 
@@ -192,7 +199,7 @@ class _Cell:
         self.steps = _Steps()
 
     @property
-    def entry(self) -> dict[str, Any]:
+    def entry(self) -> Cell:
         return self.state.cell(self.profile, self.host)
 
     def update(self, **fields: Any) -> None:
@@ -204,43 +211,43 @@ class _Cell:
         self.state.say(f"[sweep] {label(self.profile)} on {self.host}: {status}")
 
     def archived_dir(self) -> Path | None:
-        run_id = self.entry.get("run_id")
+        run_id = self.entry.run_id
         path = Layout(self.request.archive_root).run_dir(self.host, str(run_id))
         return path if run_id and (path / "manifest.json").exists() else None
 
     # -- resuming what an interruption left ---------------------------------------------
-    def resume(self) -> dict[str, Any] | None:
+    def resume(self) -> benchrun.ArchivedRun | None:
         """The cell's result if an earlier attempt can be finished; None to run it again."""
         archived = self.archived_dir()
         if archived is not None:
             manifest = store.read_manifest(archived)
-            if manifest["status"] == RunStatus.DONE:
+            if manifest.status == RunStatus.DONE:
                 self.stop_server()  # archived just before an interruption
                 return _archived_result(manifest, archived)
-            store.mark_superseded(archived, f"re-run by sweep {self.state.data['sweep_id']}")
+            store.mark_superseded(archived, f"re-run by sweep {self.state.sweep_id}")
             return None
-        if self.entry.get("status") == CellStatus.BENCHING and self.entry.get("run_id"):
+        run_id = self.entry.run_id
+        if self.entry.status == CellStatus.BENCHING and run_id:
             self.state.say(
-                f"[sweep] {label(self.profile)} on {self.host}: re-attaching run "
-                f"{self.entry['run_id']}"
+                f"[sweep] {label(self.profile)} on {self.host}: re-attaching run {run_id}"
             )
             try:  # the run went on on the host: re-attach and archive it
                 result = benchrun.fetch(
                     self.session,
-                    self.entry["run_id"],
+                    run_id,
                     self.request,
                     self.bench_progress,
                     self.cancel,
                 )
             except (HostError, UserError):
                 return None  # not on the host any more: run the cell again
-            self.update(status=CellStatus.ARCHIVED, path=result["path"])
+            self.update(status=CellStatus.ARCHIVED, path=result.path)
             self.stop_server()
             return result
         return None
 
     # -- a fresh attempt -------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def run(self) -> benchrun.ArchivedRun:
         self.cancel.check("starting the cell")
         self.update(run_id=None, path=None, error=None)
         self.phase(CellStatus.CLEANING)
@@ -272,7 +279,7 @@ class _Cell:
         options = server.LaunchOptions(replace=True, engine=self.engine)
         server.launch_on(self.session, self.spec, options, self.launch_progress, self.cancel)
 
-    def bench(self) -> dict[str, Any]:
+    def bench(self) -> benchrun.ArchivedRun:
         run_id = benchrun.make_run_id(self.request, [self.host])
         self.update(status=CellStatus.BENCHING, run_id=run_id, steps_s=self.steps.seconds)
         try:
@@ -286,7 +293,7 @@ class _Cell:
             self.stop_server()
             raise
         self.steps.done("bench")
-        self.update(status=CellStatus.ARCHIVED, path=result["path"])
+        self.update(status=CellStatus.ARCHIVED, path=result.path)
         self.phase(CellStatus.STOPPING)
         self.stop_server()
         self.steps.done("stop")
@@ -312,18 +319,11 @@ class _Cell:
             raise HostError("GPUs not clean after stopping the server", kind=Kind.NOT_CLEAN)
 
 
-def _archived_result(manifest: dict[str, Any], path: Path) -> dict[str, Any]:
-    return {
-        "status": manifest["status"],
-        "reason": manifest.get("reason"),
-        "run_id": manifest["run_id"],
-        "path": str(path),
-        "results": [],
-        "tail": [],
-    }
+def _archived_result(manifest: Manifest, path: Path) -> benchrun.ArchivedRun:
+    return benchrun.ArchivedRun(manifest.run_id, str(path), manifest.status, manifest.reason)
 
 
-def _pipeline(cell: _Cell) -> dict[str, Any]:
+def _pipeline(cell: _Cell) -> benchrun.ArchivedRun:
     """One cell, resumed where an interruption left it or run afresh."""
     return cell.resume() or cell.run()
 
@@ -331,26 +331,26 @@ def _pipeline(cell: _Cell) -> dict[str, Any]:
 def _record(state: SweepState, name: str, res: Any) -> bool:
     """Write one cell's outcome into the state and say it; True if the cell failed."""
     say = state.say
-    if res.ok and res.value["status"] == RunStatus.DONE:
+    if res.ok and res.value.done:
         state.update(
-            name, res.host.name, status=CellStatus.DONE, run_id=res.value["run_id"],
-            path=res.value["path"], error=None,
+            name, res.host.name, status=CellStatus.DONE, run_id=res.value.run_id,
+            path=res.value.path, error=None,
         )  # fmt: skip
-        steps = state.cell(name, res.host.name).get("steps_s") or {}
+        steps = state.cell(name, res.host.name).steps_s
         took = ", ".join(f"{k} {v:.1f}s" for k, v in steps.items())
         say(
             f"[sweep] {label(name)} on {res.host.name}: done"
             + (f" ({took})" if took else "")
-            + f", archived {res.value['path']}"
+            + f", archived {res.value.path}"
         )
         return False
     if not res.ok and res.kind == Kind.CANCELLED:
-        where = state.cell(name, res.host.name)["status"]
+        where = state.cell(name, res.host.name).status
         then = "--resume re-attaches it" if where == "benching" else "--resume runs it again"
         say(f"[sweep] {label(name)} on {res.host.name}: {res.error} ({where}; {then})")
         return True
-    error = res.error if not res.ok else f"run failed: {res.value['reason']}"
-    extra = {"run_id": res.value["run_id"], "path": res.value["path"]} if res.ok else {}
+    error = res.error if not res.ok else f"run failed: {res.value.reason}"
+    extra = {"run_id": res.value.run_id, "path": res.value.path} if res.ok else {}
     state.update(name, res.host.name, status=CellStatus.FAILED, error=error, **extra)
     say(f"[sweep] {label(name)} on {res.host.name}: FAILED: {error}")
     return True
@@ -376,7 +376,7 @@ def run(
         name = arm.key
         if cancel.requested:
             break
-        todo = [h for h in hosts if state.cell(name, h.name)["status"] != CellStatus.DONE]
+        todo = [h for h in hosts if state.cell(name, h.name).status != CellStatus.DONE]
         if not todo:
             say(f"[sweep {index + 1}/{len(arms)}] {name}: already done, skipped")
             continue
@@ -391,16 +391,16 @@ def run(
             forks=forks,
         )
         failed = [_record(state, name, res) for res in results]
-        state.data["durations_s"][name] = round(time.monotonic() - started, 1)
+        state.record.durations_s[name] = round(time.monotonic() - started, 1)
         state.save()
         if any(failed) and fail_fast:
             say("[sweep] stopping: --fail-fast")
             break
-    cells = [c for a in arms for c in state.data["cells"][a.key].values()]
-    if all(c["status"] == CellStatus.DONE for c in cells):
-        state.data["status"] = SweepStatus.DONE
+    cells = [c for a in arms for c in state.record.cells[a.key].values()]
+    if all(c.status == CellStatus.DONE for c in cells):
+        state.record.status = SweepStatus.DONE
     else:
-        state.data["status"] = (
+        state.record.status = (
             SweepStatus.INTERRUPTED if cancel.requested else SweepStatus.INCOMPLETE
         )
     state.save()
@@ -408,7 +408,7 @@ def run(
 
 
 def _eta(state: SweepState, profiles_left: int) -> str:
-    done_times = list(state.data["durations_s"].values())
+    done_times = list(state.record.durations_s.values())
     if not done_times:
         return ""
     return f", ~{(sum(done_times) / len(done_times)) * profiles_left:.0f}s left"
@@ -440,7 +440,7 @@ def open_state(
 
 def hosts_of(state: SweepState, selected: list[Host]) -> list[Host]:
     """The selected hosts that belong to this sweep (a resumed sweep keeps its hosts)."""
-    return [h for h in selected if h.name in state.data["hosts"]]
+    return [h for h in selected if h.name in state.record.hosts]
 
 
 def report_input(state: SweepState, root: Path) -> ReportInput:

@@ -33,6 +33,7 @@ import yaml
 
 from gpufleet.archive import store
 from gpufleet.archive.layout import Layout
+from gpufleet.archived import SweepRecord
 from gpufleet.control.arms import ArmSpec, profile_label
 from gpufleet.control.playbook import PLAYBOOKS, load_profile
 from gpufleet.errors import UserError
@@ -176,16 +177,16 @@ def choose(
 
 
 def rows_by_depth(
-    arms: list[ArmSpec], state: dict[str, Any], root: Path
+    arms: list[ArmSpec], state: SweepRecord, root: Path
 ) -> dict[int, dict[int, list[dict[str, Any]]]]:
     """The finished cells' result rows: depth -> concurrency -> rows (all hosts)."""
     out: dict[int, dict[int, list[dict[str, Any]]]] = {}
     for arm in arms:
         depth = int(arm.overrides.get("speculative-num-steps", 0))  # depth 0: flags removed
-        for host, cell in state["cells"][arm.key].items():
-            if cell.get("status") != CellStatus.DONE:
+        for host, cell in state.cells[arm.key].items():
+            if cell.status != CellStatus.DONE:
                 continue
-            results = Layout(root).run_dir(host, cell["run_id"]) / "results.jsonl"
+            results = Layout(root).run_dir(host, str(cell.run_id)) / "results.jsonl"
             for line in results.read_text().splitlines():
                 row = json.loads(line)
                 out.setdefault(depth, {}).setdefault(int(row["max_concurrency"]), []).append(row)

@@ -10,7 +10,6 @@ during its verification keeps its table (`--resume` finishes it).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 from gpufleet.archive import select, store
 from gpufleet.archive.layout import Layout
+from gpufleet.archived import TuneRecord
 from gpufleet.control import tune as tuning
 from gpufleet.control.arms import ArmSpec
 from gpufleet.control.bench import BenchRequest
@@ -28,29 +28,9 @@ from gpufleet.errors import UserError
 Sweeper = Callable[[list[str], list[ArmSpec], str, bool], SweepState]
 
 
-@dataclass
-class TuneRecord:
-    """`<root>/tunes/<tune-id>.json`: what was measured, chosen, written and verified."""
-
-    tune_id: str
-    profile: str
-    depths: list[int]
-    concurrency: list[int]
-    min_request_speed: float | None
-    sweep_state: str
-    measured: dict[str, dict[str, Any]]
-    choices: list[dict[str, Any]]
-    table: dict[str, Any]
-    ranges: list[str]
-    notes: list[str]
-    config: str
-    tuned_profile: str
-    launches: int
-    verify: dict[str, Any] = field(default_factory=dict)  # host -> sweep id, rows, sentence
-
-    def save(self, path: Path) -> None:
-        store.make_dirs(path.parent)
-        store.write_private_file(path, json.dumps(dataclasses.asdict(self), indent=2).encode())
+def save_record(record: TuneRecord, path: Path) -> None:
+    store.make_dirs(path.parent)
+    store.write_private_file(path, record.to_json().encode())
 
 
 @dataclass
@@ -87,10 +67,10 @@ def run(
     root = request.archive_root
     arms = tuning.depth_arms(profile, depths)
     state = sweep([profile], arms, "tune", resume)
-    result = tuning.choose(tuning.rows_by_depth(arms, state.data, root), floor)
+    result = tuning.choose(tuning.rows_by_depth(arms, state.record, root), floor)
     config_path, profile_path = tuning.write_outputs(profile, result, name)
     record = TuneRecord(
-        tune_id=state.data["sweep_id"],
+        tune_id=state.sweep_id,
         profile=profile,
         depths=[0, *depths],
         concurrency=list(request.concurrency),
@@ -103,10 +83,10 @@ def run(
         notes=result.notes,
         config=str(config_path),
         tuned_profile=str(profile_path),
-        launches=sum(len(cells) for cells in state.data["cells"].values()),
+        launches=sum(len(cells) for cells in state.record.cells.values()),
     )
     record_path = Layout(root).tune_record(record.tune_id)
-    record.save(record_path)
+    save_record(record, record_path)
     outcome = TuneOutcome(result, config_path, profile_path, record, record_path)
     if on_chosen is not None:
         on_chosen(outcome)
@@ -121,11 +101,11 @@ def run(
         rows, sentence = tuning.verdict(host_arms)
         outcome.verdicts.append(Verdict(host, host_arms, rows, sentence))
         record.verify[host] = {
-            "sweep_id": check.data["sweep_id"],
+            "sweep_id": check.sweep_id,
             "rows": [dataclasses.asdict(r) for r in rows],
             "sentence": sentence,
         }
-    record.save(record_path)
+    save_record(record, record_path)
     return outcome
 
 

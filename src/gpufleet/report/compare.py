@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from gpufleet.archived import Manifest
 from gpufleet.report import metrics
 from gpufleet.report.stats import ratio_text
 
@@ -22,11 +23,11 @@ SPECULATIVE_CAP = 48
 @dataclass
 class Arm:
     label: str
-    manifests: list[dict[str, Any]]
+    manifests: list[Manifest]
     levels: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> Manifest:
         return self.manifests[-1]
 
 
@@ -152,8 +153,8 @@ def _flag(argv: list[str] | None, name: str) -> str | None:
     return None
 
 
-def effective_max_running(manifest: dict[str, Any]) -> int | None:
-    argv = (manifest.get("server") or {}).get("argv") or []
+def effective_max_running(manifest: Manifest) -> int | None:
+    argv = manifest.server.argv or []
     explicit = _flag(argv, "--max-running-requests")
     if explicit is not None:
         return int(explicit)
@@ -168,15 +169,15 @@ def fairness(arms: list[Arm], levels: list[int]) -> list[str]:
 
     def facts(arm: Arm) -> dict[str, Any]:
         m = arm.manifest
-        gpus = (m.get("host_facts") or {}).get("gpus") or [{}]
+        gpus = m.host_facts.gpus or [{}]
         return {
-            "prompt set": (m.get("prompt_set") or {}).get("prompts_sha256"),
-            "output length": (m.get("plan") or {}).get("output_len"),
-            "backend": (m.get("plan") or {}).get("backend"),
-            "GPU model": gpus[0].get("name") if gpus else None,
-            "driver": (m.get("host_facts") or {}).get("driver"),
-            "engine version": (m.get("server") or {}).get("engine_version"),
-            "host": m.get("host"),
+            "prompt set": m.prompt_set.prompts_sha256,
+            "output length": m.plan.output_len if m.plan else None,
+            "backend": m.plan.backend if m.plan else None,
+            "GPU model": gpus[0].get("name"),
+            "driver": m.host_facts.driver,
+            "engine version": m.server.engine_version,
+            "host": m.host,
         }
 
     ref = facts(base)
@@ -194,15 +195,14 @@ def fairness(arms: list[Arm], levels: list[int]) -> list[str]:
             why = (
                 "SGLang's silent cap of 48 for speculative decoding"
                 if cap == SPECULATIVE_CAP
-                and _flag((arm.manifest.get("server") or {}).get("argv"), "--max-running-requests")
-                is None
+                and _flag(arm.manifest.server.argv or [], "--max-running-requests") is None
                 else f"max-running-requests {cap}"
             )
             warnings.append(f"{arm.label}: at C={','.join(map(str, over))} requests queue ({why})")
-        if arm.manifest.get("status") != "done":
+        if arm.manifest.status != "done":
             warnings.append(
-                f"{arm.label}: run {arm.manifest['run_id']} is {arm.manifest['status']}"
-                f" ({arm.manifest.get('reason')})"
+                f"{arm.label}: run {arm.manifest.run_id} is {arm.manifest.status}"
+                f" ({arm.manifest.reason})"
             )
     return warnings
 
@@ -273,9 +273,7 @@ def as_json(per_host: dict[str, list[Arm]]) -> dict[str, Any]:
     for host, arms in per_host.items():
         levels = common_levels(arms)
         out[host] = {
-            "arms": [
-                {"label": a.label, "run_ids": [m["run_id"] for m in a.manifests]} for a in arms
-            ],
+            "arms": [{"label": a.label, "run_ids": [m.run_id for m in a.manifests]} for a in arms],
             "levels": {str(c): {a.label: a.levels[c] for a in arms} for c in levels},
             "sentence": sentence(arms[0], arms[1], levels) if len(arms) > 1 and levels else None,
             "warnings": fairness(arms, levels),

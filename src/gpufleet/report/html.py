@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.archived import Manifest
 from gpufleet.report import metrics
 from gpufleet.report.compare import Arm, common_levels, fairness, sentence
 
@@ -41,6 +42,7 @@ class ReportInput:
     per_host: dict[str, list[Arm]]
     failures: list[Failure] = field(default_factory=list)
     run_dirs: dict[str, Path] = field(default_factory=dict)  # run id -> its directory
+    checksums: dict[str, str] = field(default_factory=dict)  # run id -> ok, or the problems
 
 
 def render(data: ReportInput, out_dir: Path) -> str:
@@ -269,38 +271,43 @@ def _provenance(data: ReportInput, out_dir: Path) -> str:
     for host, arms in data.per_host.items():
         for arm in arms:
             for m in arm.manifests:
-                rows.append(_run_card(host, arm.label, m, data.run_dirs.get(m["run_id"]), out_dir))
+                run_dir = data.run_dirs.get(m.run_id)
+                rows.append(_run_card(host, arm.label, m, run_dir, data.checksums, out_dir))
     return '<section class="prov"><h2>Provenance and raw files</h2>' + "".join(rows) + "</section>"
 
 
-def _run_card(host: str, label: str, m: dict[str, Any], run_dir: Path | None, out_dir: Path) -> str:
-    facts = m.get("host_facts") or {}
-    server = m.get("server") or {}
-    prompts = m.get("prompt_set") or {}
-    gpus = facts.get("gpus") or []
+def _run_card(
+    host: str,
+    label: str,
+    m: Manifest,
+    run_dir: Path | None,
+    checksums: dict[str, str],
+    out_dir: Path,
+) -> str:
+    facts, server, prompts = m.host_facts, m.server, m.prompt_set
+    gpus = facts.gpus or []
     gpu_text = ", ".join(f"{g.get('name', '?')} {g.get('uuid', '')}".strip() for g in gpus)
-    argv = " ".join(server.get("argv") or []) or "-"
-    checks = m.get("checksums") or "-"
+    argv = " ".join(server.argv or []) or "-"
     fields = [
         ("host", host),
-        ("run", m.get("run_id")),
-        ("status", m.get("status") + (" (superseded)" if m.get("superseded") else "")),
+        ("run", m.run_id),
+        ("status", m.status + (" (superseded)" if m.superseded else "")),
         ("GPUs", gpu_text or "-"),
-        ("driver / CUDA", f"{facts.get('driver') or '-'} / {facts.get('cuda') or '-'}"),
-        ("engine", f"{server.get('engine') or '-'} {server.get('engine_version') or ''}"),
+        ("driver / CUDA", f"{facts.driver or '-'} / {facts.cuda or '-'}"),
+        ("engine", f"{server.engine or '-'} {server.engine_version or ''}"),
         ("server argv", argv),
-        ("prompt set", f"{prompts.get('name') or '-'} (seed {prompts.get('seed')})"),
-        ("checksums", checks),
+        ("prompt set", f"{prompts.name or '-'} (seed {prompts.seed})"),
+        ("checksums", checksums.get(m.run_id) or "-"),
     ]
     table = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in fields)
     links = ""
     if run_dir is not None:
         rel = Path(os.path.relpath(run_dir, out_dir))
-        names = sorted([*(m.get("files") or {}), "manifest.json"])
+        names = sorted([*m.files, "manifest.json"])
         links = " ".join(f'<a href="{_e((rel / n).as_posix())}">{_e(n)}</a>' for n in names)
     return (
-        f'<details class="run"><summary>{_e(label)} on {_e(host)}: {_e(m.get("run_id"))} '
-        f'({_e(m.get("status"))})</summary><table class="facts">{table}</table>'
+        f'<details class="run"><summary>{_e(label)} on {_e(host)}: {_e(m.run_id)} '
+        f'({_e(m.status)})</summary><table class="facts">{table}</table>'
         f'<p class="files">{links}</p></details>'
     )
 

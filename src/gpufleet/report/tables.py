@@ -6,6 +6,7 @@ import csv
 import io
 from typing import Any
 
+from gpufleet.archived import Manifest
 from gpufleet.report import metrics
 
 COLUMNS = [(m.label, m.key, m.fmt) for m in metrics.where(metrics.Place.RUN_TABLE)]
@@ -49,16 +50,16 @@ def summary_csv(results: list[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
-def summary_md(manifest: dict[str, Any], results: list[dict[str, Any]]) -> str:
+def summary_md(manifest: Manifest, results: list[dict[str, Any]]) -> str:
+    m = manifest
     lines = [
-        f"# {manifest['run_id']}",
+        f"# {m.run_id}",
         "",
-        f"- host: {manifest['host']}; profile: {manifest.get('profile')}; "
-        f"status: **{manifest['status']}**"
-        + (f" ({manifest['reason']})" if manifest.get("reason") else ""),
-        f"- engine: {manifest['server'].get('engine')} {manifest['server'].get('engine_version')}; "
-        f"prompts: {manifest['prompt_set']['name']} (seed {manifest['prompt_set']['seed']}); "
-        f"output length {manifest['plan'].get('output_len')}",
+        f"- host: {m.host}; profile: {m.profile}; status: **{m.status}**"
+        + (f" ({m.reason})" if m.reason else ""),
+        f"- engine: {m.server.engine} {m.server.engine_version}; "
+        f"prompts: {m.prompt_set.name} (seed {m.prompt_set.seed}); "
+        f"output length {m.plan.output_len if m.plan else None}",
         "- metrics use SGLang bench_serving's definitions (see definitions.json)",
         "",
         "| " + " | ".join(headers(results)) + " |",

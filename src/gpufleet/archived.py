@@ -1,0 +1,224 @@
+"""Records the archive keeps under `logs/` and every reader gets back, typed: the run
+manifest, the sweep state, the tune record and the find-max record (archive/layout.py says
+where each lives).
+
+Each carries a `schema` version. A reader gets the record through `load`, which upgrades
+an older version it knows and refuses, in one line, a newer one or one that does not match
+its type (a hand-edited or truncated file): UserError names the file and the field.
+The control plane, the archive and the report import this module; the host agent does not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gpufleet.errors import UserError
+from gpufleet.kinds import CellStatus, SweepStatus
+from gpufleet.records import BenchPlan
+from gpufleet.wire import Record, WireError
+
+R = TypeVar("R", bound="Archived")
+
+
+class Archived(Record):
+    """A record stored as a JSON file: versioned, read back checked."""
+
+    SCHEMA = 1
+    NOUN = "record"  # what the one-line refusal calls it
+    WRITTEN = "written"
+
+    @classmethod
+    def load(cls: type[R], path: Path, data: Any | None = None) -> R:
+        """The record in `path` (or its already-decoded `data`), checked and upgraded."""
+        what = f"{path}"
+        try:
+            if data is None:
+                data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{what}: unreadable ({exc})") from None
+        if not isinstance(data, dict):
+            raise UserError(f"{what}: expected a JSON object")
+        schema = data.get("schema", 1)
+        if not isinstance(schema, int) or schema > cls.SCHEMA:
+            raise UserError(
+                f"{what}: {cls.WRITTEN} by a newer gpufleet ({cls.NOUN} schema {schema!r}); this "
+                f"version reads schema {cls.SCHEMA} and older: upgrade gpufleet to read it"
+            )
+        try:
+            return cls.from_wire(cls.upgrade(dict(data), schema), cls.__name__)
+        except WireError as exc:
+            raise UserError(f"{what}: not a gpufleet {cls.NOUN} ({exc})") from None
+
+    @classmethod
+    def upgrade(cls, data: dict[str, Any], schema: int) -> dict[str, Any]:
+        """Bring an older schema's fields to this one (schema 1 is every record so far)."""
+        data["schema"] = cls.SCHEMA
+        return data
+
+
+# -- a run --------------------------------------------------------------------------------
+@dataclass
+class ServerFacts(Record):
+    """What was launched, from the host's state file (never from playbooks/ as it is now)."""
+
+    argv: list[str] | None = None
+    env: dict[str, str] | None = None
+    engine: str | None = None
+    engine_version: str | None = None
+    port: int | None = None
+    profile: str | None = None
+    log: str | None = None
+    started_at: str | None = None
+    flag_renames: list[str] | None = None
+    secrets_in_argv: bool | None = None
+
+
+@dataclass
+class HostFacts(Record):
+    """The host's software and GPUs when the run began (the agent's sysinfo)."""
+
+    driver: str | None = None
+    cuda: str | None = None
+    gpus: list[dict[str, Any]] | None = None
+    packages: dict[str, str | None] | None = None
+    hostname: str | None = None
+    simulated: bool | None = None
+
+
+@dataclass
+class PromptSetRef(Record):
+    name: str | None = None
+    sha256: str | None = None
+    prompts_sha256: str | None = None
+    seed: int | None = None
+
+
+@dataclass
+class LevelOutcome(Record):
+    """One level in a line: what `inv runs` and a failed run's summary show."""
+
+    concurrency: int
+    output_throughput: float
+    status: str | None = None
+    repeat: int = 1
+
+
+@dataclass
+class Superseded(Record):
+    at: str
+    note: str
+
+
+@dataclass
+class Manifest(Archived):
+    """`logs/<host>/<run-id>/manifest.json`: what a run was and the sha256 of every file."""
+
+    NOUN = "manifest"
+    WRITTEN = "archived"
+
+    run_id: str
+    host: str
+    status: str  # kinds.RunStatus
+    schema: int = 1
+    plan: BenchPlan | None = None  # None: the host never wrote plan.json
+    profile: str | None = None
+    reason: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    archived_at: str | None = None
+    gpufleet_version: str | None = None
+    command_line: list[str] = field(default_factory=list)
+    server: ServerFacts = field(default_factory=ServerFacts)
+    resolved_profile: dict[str, Any] | None = None
+    host_facts: HostFacts = field(default_factory=HostFacts)
+    prompt_set: PromptSetRef = field(default_factory=PromptSetRef)
+    levels: list[LevelOutcome] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)  # name -> sha256
+    superseded: Superseded | None = None
+
+
+# -- a sweep ------------------------------------------------------------------------------
+@dataclass
+class Cell(Record):
+    """One cell (a profile or grid point) on one host: where it got to."""
+
+    status: str = CellStatus.PENDING  # kinds.CellStatus
+    run_id: str | None = None
+    path: str | None = None
+    error: str | None = None
+    steps_s: dict[str, float] = field(default_factory=dict)  # clean, launch, bench, stop
+
+
+@dataclass
+class SweepRecord(Archived):
+    """`logs/sweeps/<sweep-id>.json`: the sweep's cells and how far each got (--resume
+    reads it)."""
+
+    NOUN = "sweep state"
+
+    sweep_id: str
+    profiles: list[str]
+    hosts: list[str]
+    concurrency: list[int]
+    cells: dict[str, dict[str, Cell]]  # cell key -> host -> cell
+    schema: int = 1
+    kind: str = "sweep"  # sweep, tune, tune-verify
+    arms: list[dict[str, Any]] | None = None  # control/arms.ArmSpec.to_json; None: one per profile
+    created_at: str | None = None
+    status: str = SweepStatus.RUNNING  # kinds.SweepStatus
+    durations_s: dict[str, float] = field(default_factory=dict)  # cell key -> seconds
+
+
+# -- tune and find-max --------------------------------------------------------------------
+@dataclass
+class TuneRecord(Archived):
+    """`logs/tunes/<tune-id>.json`: what was measured, chosen, written and verified."""
+
+    NOUN = "tune record"
+
+    tune_id: str
+    profile: str
+    depths: list[int]
+    concurrency: list[int]
+    min_request_speed: float | None
+    sweep_state: str
+    measured: dict[str, dict[str, Any]]  # depth -> concurrency -> figures
+    choices: list[dict[str, Any]]  # control/tune.Choice, one per batch range
+    table: dict[str, Any]  # SGLang's adaptive config as written
+    ranges: list[str]
+    notes: list[str]
+    config: str
+    tuned_profile: str
+    launches: int
+    schema: int = 1
+    verify: dict[str, Any] = field(default_factory=dict)  # host -> sweep id, rows, sentence
+
+
+@dataclass
+class ProbeRecord(Record):
+    load: float
+    attainment: float
+    run_id: str
+    status: str
+
+
+@dataclass
+class FindMaxRecord(Archived):
+    """`logs/findmax/<host>/<stamp>-<profile>.json`: the highest load that held an SLO."""
+
+    NOUN = "find-max record"
+
+    host: str
+    by: str  # concurrency or request-rate
+    target: float
+    limit: float
+    at: str
+    schema: int = 1
+    profile: str | None = None
+    slo: dict[str, float] = field(default_factory=dict)
+    holds_up_to: float | None = None
+    fails_from: float | None = None
+    probes: list[ProbeRecord] = field(default_factory=list)
