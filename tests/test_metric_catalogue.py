@@ -4,10 +4,15 @@ nor declared archive-only, fails here."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
+import pytest
+
+from gpufleet.records import ResultRow
 from gpufleet.report import metrics
+from gpufleet.wire import WireError
 from helpers import run_cli
 
 
@@ -54,3 +59,24 @@ def test_catalogue_matches_what_runs_write_and_the_report_shows(fleet, tmp_path)
     ticks = re.findall(r'class="tick">([^<]+)</text>', energy)
     numbers = [t for t in ticks if re.fullmatch(r"[\d.,]+", t)]
     assert len(set(numbers)) >= 4, numbers
+
+
+def test_every_catalogue_metric_is_a_declared_result_field():
+    """A metric the report reads by name is a field of the row's declared type, so a
+    renamed figure fails in a type check and on the host that writes it, not in a plot."""
+    declared = {f.name for f in dataclasses.fields(ResultRow)} - {"extra"}
+    undeclared = [m.key for m in metrics.CATALOGUE if m.key not in declared]
+    assert undeclared == []
+    plotted = {key for spec in metrics.PLOTS for key in spec.keys}
+    assert plotted <= declared
+
+
+def test_a_results_row_is_checked_and_keeps_other_tools_keys():
+    row = {"max_concurrency": 4, "completed": 8, "failed": 0, "output_throughput": 100,
+           "bench_serving_only": [1, 2]}  # fmt: skip
+    checked = ResultRow.from_wire(row)
+    assert checked.output_throughput == 100.0 and checked.get("bench_serving_only") == [1, 2]
+    assert checked.to_wire() == {**row, "output_throughput": 100.0, "repeat": 1,
+                                 "error_messages": [], "warmup_errors": []}  # fmt: skip
+    with pytest.raises(WireError, match=r"row\.completed: 'eight' is not int"):
+        ResultRow.from_wire({**row, "completed": "eight"}, "row")

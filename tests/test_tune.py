@@ -10,6 +10,7 @@ import yaml
 
 from gpufleet.control import tune
 from gpufleet.errors import UserError
+from gpufleet.records import ResultRow
 from gpufleet.sim.speculation import AdaptiveDepth, accept_length, step_costs_ms
 from helpers import pid_alive
 
@@ -18,7 +19,7 @@ def _rows(table: dict[int, dict[int, tuple[float, float]]]) -> dict:
     """depth -> C -> (throughput, per-request) as result rows."""
     return {
         d: {
-            c: [{"output_throughput": t, "median_per_request_output_tps": p}]
+            c: [ResultRow(c, 10, 0, t, median_per_request_output_tps=p)]
             for c, (t, p) in levels.items()
         }
         for d, levels in table.items()

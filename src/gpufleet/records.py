@@ -9,7 +9,7 @@ Defaults are declared once, here. Standard library only: this module ships.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from gpufleet.wire import Record
 
@@ -125,3 +125,122 @@ class ServerState(Record):
             if not hasattr(self, name):
                 raise AttributeError(f"ServerState has no field {name!r}")
             setattr(self, name, value)
+
+
+F = float | None  # a figure a level may not have (no successful request, another engine)
+
+
+@dataclass
+class ResultRow(Record):
+    """One line of results.jsonl: one level (one repeat) of a run, bench_serving's keys and
+    meanings plus gpufleet's own. Written by the host's runner (host/bench/), read back by
+    the control plane (tune, find-max) and the report (through the metric catalogue).
+
+    Open: a level measured by SGLang's own bench_serving (`--engine sglang-bench`) carries
+    that version's other keys, kept in `extra` and written back as they came.
+    """
+
+    OPEN: ClassVar[bool] = True
+
+    max_concurrency: int
+    completed: int
+    failed: int
+    output_throughput: float
+    backend: str | None = None
+    engine: str | None = None  # sglang-bench when bench_serving measured the level
+    level_status: str | None = None  # ok | failed
+    repeat: int = 1
+    started_at: str | None = None
+    request_rate: float | str | None = None  # "inf": all at once (JSON has no Infinity)
+    duration: F = None
+    total_input_tokens: int | None = None
+    total_output_tokens: int | None = None
+    request_throughput: F = None
+    input_throughput: F = None
+    total_throughput: F = None
+    concurrency: F = None  # bench_serving's: mean requests in flight
+    mean_per_request_output_tps: F = None
+    median_per_request_output_tps: F = None
+    p10_per_request_output_tps: F = None
+    mean_ttft_ms: F = None
+    median_ttft_ms: F = None
+    std_ttft_ms: F = None
+    p90_ttft_ms: F = None
+    p95_ttft_ms: F = None
+    p99_ttft_ms: F = None
+    mean_tpot_ms: F = None
+    median_tpot_ms: F = None
+    std_tpot_ms: F = None
+    p90_tpot_ms: F = None
+    p95_tpot_ms: F = None
+    p99_tpot_ms: F = None
+    mean_itl_ms: F = None
+    median_itl_ms: F = None
+    std_itl_ms: F = None
+    p90_itl_ms: F = None
+    p95_itl_ms: F = None
+    p99_itl_ms: F = None
+    mean_e2e_latency_ms: F = None
+    median_e2e_latency_ms: F = None
+    std_e2e_latency_ms: F = None
+    p90_e2e_latency_ms: F = None
+    p95_e2e_latency_ms: F = None
+    p99_e2e_latency_ms: F = None
+    max_output_tokens_per_s: F = None
+    max_concurrent_requests: int | None = None
+    error_messages: list[str] = field(default_factory=list)
+    total_cached_tokens: int | None = None
+    cache_hit_rate: F = None
+    per_turn: list[dict[str, Any]] | None = None  # multi-turn sessions, turn by turn
+    accept_length: F = None  # SGLang's average speculative acceptance (server_info)
+    server_info: dict[str, Any] | None = None
+    dataset_name: str | None = None
+    tag: str | None = None
+    seed: int | None = None
+    output_len: int | None = None
+    random_input_len: int | None = None
+    random_output_len: int | None = None
+    random_range_ratio: F = None
+    warmup_errors: list[str] = field(default_factory=list)  # failed warm-up requests
+    cache_flushed: bool | None = None
+    # --slo (host/bench/slo.py)
+    slo: dict[str, float] | None = None
+    slo_attainment: F = None
+    good_requests: int | None = None
+    goodput_request_throughput: F = None
+    goodput_output_throughput: F = None
+    # GPU telemetry (host/bench/telemetry.py)
+    gpu_energy_j: F = None
+    gpu_energy_source: str | None = None
+    gpu_energy_integrated_j: F = None
+    gpu_power_avg_w: F = None
+    gpu_power_peak_w: F = None
+    gpu_util_avg: F = None
+    gpus_sampled: list[int] | None = None
+    output_tokens_per_joule: F = None
+    joules_per_output_token: F = None
+    # the server's Prometheus gauges over the level (host/bench/serverapi.PROM_KEYS)
+    prom_num_running_reqs_max: F = None
+    prom_num_running_reqs_mean: F = None
+    prom_num_queue_reqs_max: F = None
+    prom_num_queue_reqs_mean: F = None
+    prom_gen_throughput_max: F = None
+    prom_gen_throughput_mean: F = None
+    prom_token_usage_max: F = None
+    prom_token_usage_mean: F = None
+    prom_spec_accept_length_max: F = None
+    prom_spec_accept_length_mean: F = None
+    extra: dict[str, Any] = field(default_factory=dict)  # bench_serving's other keys
+
+    def to_wire(self) -> dict[str, Any]:
+        """As results.jsonl has it: a figure the level does not have is absent, not null
+        (bench_serving's other keys are written as they came)."""
+        declared = {k: v for k, v in super().to_wire().items() if v is not None}
+        return {**declared, **self.extra}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A figure by its results.jsonl name, for code driven by the metric catalogue."""
+        if key in self.extra:
+            return self.extra[key]
+        value = getattr(self, key, None) if key != "extra" else None
+        return default if value is None else value

@@ -26,7 +26,14 @@ class WireError(Exception):
 
 
 class Record:
-    """A dataclass that reads and writes itself as JSON-compatible data, checked."""
+    """A dataclass that reads and writes itself as JSON-compatible data, checked.
+
+    An open record (OPEN = True, with an `extra` field) keeps keys it does not declare in
+    `extra` and writes them back flat: a row that also carries another tool's own keys
+    (bench_serving's, which change between its versions) passes them through unchecked.
+    """
+
+    OPEN: typing.ClassVar[bool] = False
 
     @classmethod
     def from_wire(cls, data: Any, where: str = "") -> typing.Self:
@@ -36,9 +43,12 @@ class Record:
         hints = typing.get_type_hints(cls)
         fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
         unknown = sorted(set(data) - {f.name for f in fields})
-        if unknown:
+        values: dict[str, Any] = {}
+        if cls.OPEN:
+            values["extra"] = {k: data[k] for k in unknown}
+            fields = [f for f in fields if f.name != "extra"]
+        elif unknown:
             raise WireError(f"{where}: unknown field(s) {unknown}")
-        values = {}
         for f in fields:
             if f.name in data:
                 values[f.name] = check(data[f.name], hints[f.name], f"{where}.{f.name}")
@@ -47,7 +57,10 @@ class Record:
         return cls(**values)
 
     def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        data = dataclasses.asdict(self)  # type: ignore[call-overload]
+        if self.OPEN:
+            data.update(data.pop("extra"))
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_wire(), indent=2)

@@ -13,6 +13,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from gpufleet.archive.store import parse_results
 from gpufleet.archived import HostFacts, LevelOutcome, Manifest, PromptSetRef, ServerFacts
 from gpufleet.records import BenchPlan
 from gpufleet.wire import Record, WireError
@@ -34,7 +35,7 @@ class FetchedRun:
         self.server_state = self._load("server_state.json") or {}
         self.sysinfo = self._load("sysinfo.json") or {}
         text = files.get("results.jsonl", b"").decode()
-        self.results = [json.loads(line) for line in text.splitlines() if line.strip()]
+        self.results = parse_results(text, "results.jsonl")
 
     def _load(self, name: str) -> Any:
         try:
@@ -60,7 +61,7 @@ def build(
         profile=(plan.profile if plan else None) or run.server_state.get("profile"),
         status=status["status"],
         reason=status.get("reason"),
-        started_at=(results[0].get("started_at") if results else None) or status.get("at"),
+        started_at=(results[0].started_at if results else None) or status.get("at"),
         finished_at=status.get("at"),
         archived_at=datetime.now(UTC).isoformat(),
         gpufleet_version=version,
@@ -77,10 +78,10 @@ def build(
         ),
         levels=[
             LevelOutcome(
-                concurrency=r["max_concurrency"],
-                status=r.get("level_status"),
-                output_throughput=r["output_throughput"],
-                repeat=r.get("repeat", 1),
+                concurrency=r.max_concurrency,
+                status=r.level_status,
+                output_throughput=r.output_throughput,
+                repeat=r.repeat,
             )
             for r in results
         ],

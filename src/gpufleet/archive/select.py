@@ -6,7 +6,6 @@ manifest each); the report never reads the archive itself.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from gpufleet.archive import store
@@ -27,10 +26,8 @@ def load_arm(label: str, run_dirs: list[Path]) -> Arm:
     samples: dict[int, list[dict]] = {}
     for run_dir in run_dirs:
         arm.manifests.append(store.read_manifest(run_dir))
-        for line in (run_dir / "results.jsonl").read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                samples.setdefault(int(row["max_concurrency"]), []).append(row)
+        for row in store.read_results(run_dir):  # the report reads figures by catalogue name
+            samples.setdefault(row.max_concurrency, []).append(row.to_wire())
     arm.levels = {c: aggregate(rows) for c, rows in sorted(samples.items())}
     return arm
 

@@ -8,6 +8,7 @@ a crash or a full disk never leaves a partial run looking complete.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from pathlib import Path
 from gpufleet.archive.layout import DEFAULT_ROOT, Layout
 from gpufleet.archived import Manifest, Superseded
 from gpufleet.errors import UserError
+from gpufleet.records import ResultRow
+from gpufleet.wire import WireError
 
 # Archives hold server argv, hosts and timings: private by default (files 0600, directories
 # 0700); GPUFLEET_ARCHIVE_MODE=group shares them with the group (0640 / 0750).
@@ -93,6 +96,27 @@ def write_private_file(path: Path, data: bytes) -> None:
 
 def _inside(root: Path, path: Path) -> bool:
     return path.resolve().is_relative_to(root.resolve())
+
+
+def parse_results(text: str, where: str) -> list[ResultRow]:
+    """The rows of a results.jsonl, checked; one line (UserError) naming the row if not."""
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(ResultRow.from_wire(json.loads(line), f"{where}:{number}"))
+        except ValueError as exc:
+            raise UserError(f"{where}:{number}: not JSON ({exc})") from None
+        except WireError as exc:
+            raise UserError(f"not a gpufleet results row: {exc}") from None
+    return rows
+
+
+def read_results(run_dir: Path) -> list[ResultRow]:
+    """An archived run's level rows (results.jsonl), checked."""
+    path = run_dir / "results.jsonl"
+    return parse_results(path.read_text(), str(path))
 
 
 def read_manifest(run_dir: Path) -> Manifest:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from gpufleet.kinds import Kind
+from gpufleet.records import ResultRow
 
 
 def _plain(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -97,14 +98,14 @@ def print_runs(results: list[Any]) -> None:
         line(f"{res.host.name}: archived {value.path}")
 
 
-def repeat_lines(results: list[dict[str, Any]]) -> list[str]:
+def repeat_lines(results: list[ResultRow]) -> list[str]:
     """With --repeat: each level's mean and 95% interval of the headline figures."""
     from gpufleet.report import metrics
     from gpufleet.report.stats import aggregate
 
     by_level: dict[int, list[dict[str, Any]]] = {}
     for row in results:
-        by_level.setdefault(int(row["max_concurrency"]), []).append(row)
+        by_level.setdefault(row.max_concurrency, []).append(row.to_wire())
     out = []
     for c, rows in sorted(by_level.items()):
         if len(rows) < 2:

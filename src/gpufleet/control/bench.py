@@ -30,7 +30,7 @@ from gpufleet.host.bench.loadgen import BACKENDS
 from gpufleet.host.protocol import BenchStartArgs, BenchWatchArgs
 from gpufleet.host.redact import redact_argv, redact_tree, remember
 from gpufleet.kinds import Kind, RunStatus
-from gpufleet.records import BenchPlan, Level
+from gpufleet.records import BenchPlan, Level, ResultRow
 from gpufleet.report.tables import summary_csv, summary_md
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -47,7 +47,7 @@ class ArchivedRun:
     path: str
     status: str  # kinds.RunStatus
     reason: str | None = None
-    results: list[dict[str, Any]] = field(default_factory=list)
+    results: list[ResultRow] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)
 
     @property

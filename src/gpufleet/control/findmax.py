@@ -104,7 +104,7 @@ def find_on(
         probe_request = _request_for(request, search.by, load)
         run_id = benchrun.make_run_id(probe_request, [session.host.name])
         value = benchrun.bench_on(session, probe_request, run_id, progress)
-        attainment = min((r.get("slo_attainment", 0.0) for r in value.results), default=0.0)
+        attainment = min((r.slo_attainment or 0.0 for r in value.results), default=0.0)
         return Probe(load, attainment, run_id, value.status)
 
     low, high = search.run(measure)

@@ -38,6 +38,7 @@ from gpufleet.control.arms import ArmSpec, profile_label
 from gpufleet.control.playbook import PLAYBOOKS, load_profile
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
+from gpufleet.records import ResultRow
 
 DEFAULT_DEPTHS = (1, 2, 3, 5, 7)
 DEFAULT_LADDER = (1, 2, 4, 8, 16, 32, 64)
@@ -104,20 +105,22 @@ class TuneResult:
     measured: dict[int, dict[int, dict[str, float]]] = field(default_factory=dict)
 
 
-def _measured(per_depth: dict[int, dict[int, list[dict[str, Any]]]]) -> dict:
+def _measured(per_depth: dict[int, dict[int, list[ResultRow]]]) -> dict:
     """depth -> C -> mean throughput and per-request speed over the hosts (and repeats)."""
     out: dict[int, dict[int, dict[str, float]]] = {}
     for depth, levels in per_depth.items():
         for c, rows in levels.items():
             out.setdefault(depth, {})[c] = {
-                "output_throughput": statistics.fmean(r["output_throughput"] for r in rows),
-                "per_request": statistics.fmean(r["median_per_request_output_tps"] for r in rows),
+                "output_throughput": statistics.fmean(r.output_throughput for r in rows),
+                "per_request": statistics.fmean(
+                    r.median_per_request_output_tps or 0.0 for r in rows
+                ),
             }
     return out
 
 
 def choose(
-    per_depth: dict[int, dict[int, list[dict[str, Any]]]], min_request_speed: float | None = None
+    per_depth: dict[int, dict[int, list[ResultRow]]], min_request_speed: float | None = None
 ) -> TuneResult:
     """The table from measurements: depth -> concurrency -> result rows (any hosts)."""
     measured = _measured(per_depth)
@@ -178,18 +181,16 @@ def choose(
 
 def rows_by_depth(
     arms: list[ArmSpec], state: SweepRecord, root: Path
-) -> dict[int, dict[int, list[dict[str, Any]]]]:
+) -> dict[int, dict[int, list[ResultRow]]]:
     """The finished cells' result rows: depth -> concurrency -> rows (all hosts)."""
-    out: dict[int, dict[int, list[dict[str, Any]]]] = {}
+    out: dict[int, dict[int, list[ResultRow]]] = {}
     for arm in arms:
         depth = int(arm.overrides.get("speculative-num-steps", 0))  # depth 0: flags removed
         for host, cell in state.cells[arm.key].items():
             if cell.status != CellStatus.DONE:
                 continue
-            results = Layout(root).run_dir(host, str(cell.run_id)) / "results.jsonl"
-            for line in results.read_text().splitlines():
-                row = json.loads(line)
-                out.setdefault(depth, {}).setdefault(int(row["max_concurrency"]), []).append(row)
+            for row in store.read_results(Layout(root).run_dir(host, str(cell.run_id))):
+                out.setdefault(depth, {}).setdefault(row.max_concurrency, []).append(row)
     return out
 
 

@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from gpufleet.archived import Manifest
 from gpufleet.report import metrics
+
+
+class Figures(Protocol):
+    """A level's figures by catalogue name: a results.jsonl row (records.ResultRow) or a
+    level aggregated over repeats (report/stats.py)."""
+
+    def get(self, key: str, default: Any = None, /) -> Any: ...
+
 
 COLUMNS = [(m.label, m.key, m.fmt) for m in metrics.where(metrics.Place.RUN_TABLE)]
 # Shown only when some level has them: a prefix cache that served tokens, an SLO given.
 OPTIONAL = {m.key for m in metrics.where(metrics.Place.OPTIONAL)}
 
 
-def _columns(results: list[dict[str, Any]] | None) -> list[tuple[str, str, str]]:
+def _columns(results: Sequence[Figures] | None) -> list[tuple[str, str, str]]:
     return [
         col
         for col in COLUMNS
@@ -22,7 +31,7 @@ def _columns(results: list[dict[str, Any]] | None) -> list[tuple[str, str, str]]
     ]
 
 
-def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
+def _cell(row: Figures, key: str, fmt: str) -> str:
     value = row.get(key)
     if value is None:
         return "-"
@@ -32,16 +41,16 @@ def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
         return str(value)
 
 
-def rows(results: list[dict[str, Any]]) -> list[list[str]]:
+def rows(results: Sequence[Figures]) -> list[list[str]]:
     columns = _columns(results)
     return [[_cell(r, key, fmt) for _, key, fmt in columns] for r in results]
 
 
-def headers(results: list[dict[str, Any]] | None = None) -> list[str]:
+def headers(results: Sequence[Figures] | None = None) -> list[str]:
     return [name for name, _, _ in _columns(results)]
 
 
-def summary_csv(results: list[dict[str, Any]]) -> str:
+def summary_csv(results: Sequence[Figures]) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow([key for _, key, _ in COLUMNS])
@@ -50,7 +59,7 @@ def summary_csv(results: list[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
-def summary_md(manifest: Manifest, results: list[dict[str, Any]]) -> str:
+def summary_md(manifest: Manifest, results: Sequence[Figures]) -> str:
     m = manifest
     lines = [
         f"# {m.run_id}",

@@ -28,7 +28,7 @@ from gpufleet.host.bench.metrics import DEFINITIONS, summarize
 from gpufleet.host.nvml import load_pynvml
 from gpufleet.host.redact import process_secrets, scrub
 from gpufleet.host.servers import server_alive
-from gpufleet.records import BenchPlan, Level, ServerState
+from gpufleet.records import BenchPlan, Level, ResultRow, ServerState
 
 
 def now_iso() -> str:
@@ -53,6 +53,13 @@ class RunWriter:
         with open(self.dir / name, "a") as fh:
             for row in rows:
                 fh.write(scrub(json.dumps(row, default=str), self.secrets) + "\n")
+
+    def result(self, row: dict[str, Any], level: Level) -> ResultRow:
+        """Append one level's row to results.jsonl, checked against its declared type: a
+        renamed or mistyped figure fails here, on the run that wrote it."""
+        checked = ResultRow.from_wire(row, f"results.jsonl C={level.concurrency}")
+        self.lines("results.jsonl", [checked.to_wire()])
+        return checked
 
     def event(self, event: dict[str, Any]) -> None:
         self.progress.write(json.dumps(event) + "\n")
@@ -222,20 +229,20 @@ def _sglang_bench_level(
         output_len=plan.output_len,
         level_status="ok" if row["failed"] == 0 and alive else "failed",
     )
-    writer.lines("results.jsonl", [row])
+    checked = writer.result(row, level)
     writer.event(
         {
             "level": c,
             "phase": "end",
-            "completed": row.get("completed", 0),
-            "failed": row["failed"],
-            "output_throughput": round(row.get("output_throughput", 0.0), 1),
+            "completed": checked.completed,
+            "failed": checked.failed,
+            "output_throughput": round(checked.output_throughput, 1),
         }
     )
     if not alive:
         return "failed", f"the server process exited during level C={c}"
-    if row["failed"]:
-        return "failed", f"{row['failed']} request(s) failed at C={c} (sglang.bench_serving)"
+    if checked.failed:
+        return "failed", f"{checked.failed} request(s) failed at C={c} (sglang.bench_serving)"
     return "done", None
 
 
@@ -352,21 +359,21 @@ def _gpufleet_level(
     writer.lines(f"requests-{tag}.jsonl", [r.to_json() for r in run.records])
     alive = _server_alive(server_state)
     summary["level_status"] = "ok" if (summary["failed"] == 0 and alive) else "failed"
-    writer.lines("results.jsonl", [summary])
+    row = writer.result(summary, level)
     writer.event(
         {
             "level": c,
             "phase": "end",
-            "completed": summary["completed"],
-            "failed": summary["failed"],
-            "output_throughput": round(summary["output_throughput"], 1),
+            "completed": row.completed,
+            "failed": row.failed,
+            "output_throughput": round(row.output_throughput, 1),
         }
     )
     if not alive:
         return "failed", f"the server process exited during level C={c}", True
-    if summary["failed"]:
-        first = summary["error_messages"][:1]
-        return "failed", f"{summary['failed']} request(s) failed at C={c}: {first}", False
+    if row.failed:
+        first = row.error_messages[:1]
+        return "failed", f"{row.failed} request(s) failed at C={c}: {first}", False
     return "done", None, False
 
 
