@@ -69,7 +69,7 @@ def test_the_resume_line_repeats_what_the_task_was_given():
         source = "hosts/x.yaml"
 
     args = {"c": None, "profiles": "a,b", "concurrency": ["1,10", "64"], "flush": False,
-            "grid": ["speculative-num-steps=1,3"], "prompts": "coding", "resume": False,
+            "grid": ["speculative-num-steps=1,3"], "prompts": None, "resume": False,
             "hosts": "h0", "seed": "7"}  # fmt: skip
     line = resume_command(["inv", "sweep"], given_options(sweep.body, args))(Inv(), ["h0"])
     assert line == (

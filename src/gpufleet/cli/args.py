@@ -77,6 +77,8 @@ def non_negative_int(value: str | int | None, flag: str, default: int) -> int:
 
 def positive_int(value: str | int | None, flag: str, default: int) -> int:
     """A whole number >= 1 (0 is refused, never silently replaced by the default)."""
+    if value is None or value == "":
+        return default
     number = non_negative_int(value, flag, default)
     if number < 1:
         raise UserError(f"{flag} {value!r}: expected a whole number >= 1")

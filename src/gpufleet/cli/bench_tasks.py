@@ -4,95 +4,15 @@ from __future__ import annotations
 
 from invoke.exceptions import Exit
 
-from gpufleet.cli.common import (
-    FLEET_HELP,
-    WORKLOAD_HELP,
-    apply_workload,
-    finish,
-    forks_for,
-    select_hosts,
-    task,
-    user_errors,
-)
+from gpufleet.cli.common import finish, forks_for, select_hosts, task, user_errors
+from gpufleet.cli.options import bench_options
+from gpufleet.control.benchrequest import BenchRequest
+
+BENCH = bench_options(BenchRequest)
 
 
-@task(
-    iterable=["concurrency"],
-    help={
-        "concurrency": "levels, comma separated and/or repeated (e.g. 1,10,64)",
-        "profile": "bench the running server of this profile (default: the one running)",
-        "port": "bench the server on this port",
-        "num-prompts": "requests per level (default max(10, 4 x C))",
-        "duration": "seconds per level instead of a request count",
-        "request-rate": "Poisson arrivals per second (default: all at once, capped by C)",
-        "output-len": "output tokens per request, ignore_eos on (default 256)",
-        "prompts": "coding (default), chat, random (words), random-ids (token-exact), a JSONL "
-        "file or a ShareGPT JSON file",
-        **WORKLOAD_HELP,
-        "seed": "prompt order seed (same seed = same prompts for every profile)",
-        "backend": "sglang (/generate), openai (/v1/completions), openai-chat",
-        "warmup": "warm-up requests per level, excluded from figures (default 1)",
-        "client": "host (default: the generator runs on the GPU host) or local",
-        "url": "server URL for --client local",
-        "api-key-env": "--client local: name of the environment variable holding the "
-        "server's API key (sent as Authorization: Bearer; never printed or archived)",
-        "attach": "re-attach to RUN_ID on the hosts and fetch it",
-        "engine": "gpufleet (default) or sglang-bench: SGLang's own bench_serving on the host",
-        "tokenizer": "tokenizer path for --engine sglang-bench (default: the served model)",
-        "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
-        "telemetry-interval": "seconds between GPU power/utilisation samples (default 0.5; 0: off)",
-        "output-details": "add bench_serving's per-request arrays (ttfts, itls, ...) to results",
-        "repeat": "run the levels N times, in rounds, for 95% confidence intervals (default 1)",
-        "find-max": "search the highest load that holds --slo (each probe archived)",
-        "by": "--find-max searches concurrency (default; --concurrency = where to start) or "
-        "request-rate",
-        "target": "--find-max: share of requests that must meet the SLO (default 0.99)",
-        "max-load": "--find-max: highest load to try (default 1024 / 1000 req/s)",
-        "max-probes": "--find-max: at most this many runs per host (default 12)",
-        **FLEET_HELP,
-    },
-)
-@user_errors
-def bench(
-    c,
-    concurrency=None,
-    profile=None,
-    port=None,
-    num_prompts=None,
-    duration=None,
-    request_rate=None,
-    output_len=None,
-    prompts="coding",
-    seed=None,
-    backend="sglang",
-    warmup=None,
-    client="host",
-    url=None,
-    api_key_env=None,
-    attach=None,
-    engine="gpufleet",
-    tokenizer=None,
-    archive=None,
-    telemetry_interval=None,
-    workload=None,
-    trace=None,
-    trace_speedup=None,
-    random_input_len=None,
-    random_output_len=None,
-    random_range_ratio=None,
-    slo=None,
-    flush=True,
-    output_details=False,
-    repeat=None,
-    find_max=False,
-    by="concurrency",
-    target=None,
-    max_load=None,
-    max_probes=None,
-    hosts=None,
-    inventory=None,
-    forks=None,
-):
+@BENCH.task()
+def bench(c, **given):
     """Run the load sweep against the launched server and archive it per host."""
     import re
 
@@ -108,28 +28,17 @@ def bench(
     from gpufleet.errors import UserError
     from gpufleet.report.tables import headers, rows
 
-    if client not in ("host", "local"):
-        raise UserError(f"--client {client!r}: expected host or local")
-    request = _bench_request(
-        concurrency, profile, port, num_prompts, duration, request_rate, output_len, prompts,
-        seed, backend, warmup, url, archive, engine, tokenizer, attach or find_max,
-        telemetry_interval,
-    )  # fmt: skip
-    apply_workload(
-        request, workload, trace, trace_speedup, random_input_len, random_output_len,
-        random_range_ratio, slo, flush,
-    )  # fmt: skip
-    request.output_details = bool(output_details)
-    from gpufleet.cli.args import positive_int
-
-    request.repeat = positive_int(repeat, "--repeat", 1)
-    if client == "local" and find_max:
+    o = BENCH.parse(given)
+    request = BenchRequest(**BENCH.request_fields(o))
+    if not request.concurrency and not (o["attach"] or o["find_max"]):
+        raise UserError("--concurrency is required (e.g. --concurrency 1,10,64)")
+    client, attach = o["client"], o["attach"]
+    if client == "local" and o["find_max"]:
         raise UserError("--find-max runs on the hosts: drop --client local")
-    if api_key_env and client != "local":
+    if o["api_key_env"] and client != "local":
         raise UserError("--api-key-env is for --client local (on the hosts the key is read "
                         "from the launched server)")  # fmt: skip
     if client == "local":
-        request.api_key_env = api_key_env
         run_id, value = bench_control.bench_local(request, bench_progress())
         table(f"{run_id} ({value.status})", headers(value.results), rows(value.results))
         for text in repeat_lines(value.results):
@@ -138,9 +47,10 @@ def bench(
         if not value.done:
             raise Exit(f"gpufleet: run archived as FAILED: {value.reason}", code=1)
         return
-    inv, selected = select_hosts(inventory, hosts)
-    if find_max:
-        _find_max(request, selected, inv, forks, by, target, max_load, max_probes)
+    inv, selected = select_hosts(o["inventory"], o["hosts"])
+    forks = forks_for(inv, o["forks"])
+    if o["find_max"]:
+        _find_max(request, selected, forks, o)
         return
     if attach and not re.match(r"^[0-9]{8}T[0-9]{6}Z-[A-Za-z0-9_.-]+$", attach):
         raise UserError(
@@ -150,13 +60,9 @@ def bench(
     try:
         now = report_lost_hosts_at_once
         if attach:
-            results = bench_control.attach(
-                selected, attach, request, forks_for(inv, forks), bench_progress(), now
-            )
+            results = bench_control.attach(selected, attach, request, forks, bench_progress(), now)
         else:
-            results = bench_control.bench(
-                selected, request, run_id, forks_for(inv, forks), bench_progress(), now
-            )
+            results = bench_control.bench(selected, request, run_id, forks, bench_progress(), now)
     except KeyboardInterrupt:
         hint = bench_control.attach_hint(run_id, selected)
         raise Exit(
@@ -167,71 +73,23 @@ def bench(
     finish(results, with_tail=True)
 
 
-def _find_max(request, selected, inv, forks, by, target, max_load, max_probes):
+def _find_max(request, selected, forks, o):
     """`inv bench --find-max`: the search per host, its answer, the exit code."""
-    from gpufleet.cli.args import positive_float, positive_int
     from gpufleet.cli.output import line
     from gpufleet.cli.progress import bench_progress
     from gpufleet.control import findmax
     from gpufleet.report.capacity import describe
 
-    share = positive_float(target, "--target", 0.99)
-    default_limit = 1024 if by == "concurrency" else 1000
+    by = o["by"]
+    limit = o["max_load"] or (1024 if by == "concurrency" else 1000)
     results = findmax.find_max(
-        selected, request, by, share,
-        positive_float(max_load, "--max-load", default_limit),
-        positive_int(max_probes, "--max-probes", 12),
-        forks_for(inv, forks), bench_progress(),
-    )  # fmt: skip
+        selected, request, by, o["target"], limit, o["max_probes"], forks, bench_progress()
+    )
     for res in results:
         if res.ok and res.value:
             record, path = res.value
             line(f"{res.host.name}: {describe(record)}; archived {path}")
     finish(results)
-
-
-def _bench_request(
-    concurrency, profile, port, num_prompts, duration, request_rate, output_len, prompts,
-    seed, backend, warmup, url, archive, engine, tokenizer, attach, telemetry_interval=None,
-):  # fmt: skip
-    """`inv bench` options checked and turned into one BenchRequest."""
-    from pathlib import Path
-
-    from gpufleet.archive.layout import DEFAULT_ROOT
-    from gpufleet.cli.args import int_list, non_negative_int, positive_float, positive_int
-    from gpufleet.control.bench import BenchRequest
-    from gpufleet.errors import UserError
-
-    levels = int_list(concurrency, "--concurrency")
-    if not levels and not attach:
-        raise UserError("--concurrency is required (e.g. --concurrency 1,10,64)")
-    return BenchRequest(
-        concurrency=levels,
-        profile=profile,
-        port=non_negative_int(port, "--port", 0) or None,
-        num_prompts=non_negative_int(num_prompts, "--num-prompts", 0) or None,
-        duration=positive_float(duration, "--duration", 0) or None,
-        request_rate=positive_float(request_rate, "--request-rate", 0) or None,
-        output_len=positive_int(output_len, "--output-len", 256),
-        prompts=prompts,
-        seed=non_negative_int(seed, "--seed", 0),
-        backend=backend,
-        warmup=non_negative_int(warmup, "--warmup", 1),
-        url=url,
-        archive_root=Path(archive) if archive else DEFAULT_ROOT,
-        engine=engine,
-        tokenizer=tokenizer,
-        telemetry_interval_s=_interval(telemetry_interval),
-    )
-
-
-def _interval(value):
-    """--telemetry-interval: seconds (0 turns sampling off)."""
-    from gpufleet.cli.args import positive_float
-
-    if value is not None and str(value).strip() in ("0", "0.0"):
-        return 0.0
-    return positive_float(value, "--telemetry-interval", 0.5)
 
 
 @task(

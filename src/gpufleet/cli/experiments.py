@@ -16,25 +16,15 @@ from gpufleet.cli.common import forks_for, select_hosts
 from gpufleet.cli.compare_tasks import show_compare
 
 
-def sweep_request(concurrency, num_prompts, output_len, prompts, seed, archive):
-    from pathlib import Path
-
-    from gpufleet.archive.layout import DEFAULT_ROOT
-    from gpufleet.cli.args import int_list, non_negative_int, positive_int
-    from gpufleet.control import bench as bench_control
+def experiment_request(options: Any, parsed: dict[str, Any]) -> Any:
+    """The request every cell of a sweep or tune benches with (one BenchRequest)."""
+    from gpufleet.control.benchrequest import BenchRequest
     from gpufleet.errors import UserError
 
-    levels = int_list(concurrency, "--concurrency")
-    if not levels:
+    request = BenchRequest(**options.request_fields(parsed))
+    if not request.concurrency:
         raise UserError("--concurrency is required (e.g. --concurrency 1,10,64)")
-    return bench_control.BenchRequest(
-        concurrency=levels,
-        num_prompts=non_negative_int(num_prompts, "--num-prompts", 0) or None,
-        output_len=positive_int(output_len, "--output-len", 256),
-        prompts=prompts,
-        seed=non_negative_int(seed, "--seed", 0),
-        archive_root=Path(archive) if archive else DEFAULT_ROOT,
-    )
+    return request
 
 
 LEFT_OUT = ("c", "resume", "dry_run", "hosts", "inventory")  # the resume line sets these

@@ -3,66 +3,31 @@ written and verified against no drafting and static speculation (control/tune.py
 
 from __future__ import annotations
 
-from gpufleet.cli.common import HOSTS_HELP, INVENTORY_HELP, task, user_errors
-from gpufleet.cli.experiments import given_options, resume_command, run_sweep, sweep_request
+from gpufleet.cli.experiments import experiment_request, given_options, resume_command, run_sweep
+from gpufleet.cli.options import tune_options
+from gpufleet.control.benchrequest import BenchRequest
+
+TUNE = tune_options(BenchRequest, ladder="1,2,4,8,16,32,64")
 
 
-@task(
-    help={
-        "profile": "an EAGLE/EAGLE3 profile to tune (e.g. eagle3-adaptive)",
-        "depths": "static draft depths to measure besides 0 (default 1,2,3,5,7; topk 1)",
-        "concurrency": "the load ladder (default 1,2,4,8,16,32,64)",
-        "min-request-speed": "per-request tok/s floor: a depth below it is not chosen",
-        "name": "name of the tuned profile (default <profile>-tuned)",
-        "num-prompts": "requests per level (default max(10, 4 x C))",
-        "output-len": "output tokens per request (default 256)",
-        "prompts": "coding (default), chat, random, random-ids, or a file",
-        "verify": "run tuned vs no drafting vs static afterwards (default; --no-verify skips)",
-        "resume": "finish the latest tune of this profile",
-        "engine": "override the engine (sim to rehearse)",
-        "archive": "archive root",
-        "hosts": HOSTS_HELP,
-        "inventory": INVENTORY_HELP,
-        "forks": "hosts in parallel",
-    }
-)
-@user_errors
-def tune(
-    c,
-    profile,
-    depths=None,
-    concurrency=None,
-    min_request_speed=None,
-    name=None,
-    num_prompts=None,
-    output_len=None,
-    prompts="coding",
-    verify=True,
-    resume=False,
-    engine=None,
-    archive=None,
-    hosts=None,
-    inventory=None,
-    forks=None,
-):
+@TUNE.task()
+def tune(c, **given):
     """Measure draft depths by load, write SGLang's adaptive table and a profile using it."""
-    given = given_options(tune.body, dict(locals()))  # first: only the task's arguments
     import json
 
-    from gpufleet.cli.args import positive_float
     from gpufleet.cli.output import line, table
     from gpufleet.control import tune as tuning
     from gpufleet.control import tunerun
 
-    ladder = concurrency or ",".join(map(str, tuning.DEFAULT_LADDER))
-    request = sweep_request([ladder], num_prompts, output_len, prompts, None, archive)
-    floor = positive_float(min_request_speed, "--min-request-speed", 0) or None
-    depth_list = tuning.parse_depths(depths)
-    command = resume_command(["inv", "tune"], given)
+    given["concurrency"] = given.get("concurrency") or [",".join(map(str, tuning.DEFAULT_LADDER))]
+    o = TUNE.parse(given)
+    request = experiment_request(TUNE, o)
+    depth_list = tuning.parse_depths(o["depths"])
+    command = resume_command(["inv", "tune"], given_options(tune.body, given))
 
     def sweep(profiles, arms, kind, again):  # the CLI's: Ctrl-C, progress, resume line
-        return run_sweep(profiles, request, hosts, inventory, again, False, False, engine,
-                         forks, command, arms=arms, kind=kind)  # fmt: skip
+        return run_sweep(profiles, request, o["hosts"], o["inventory"], again, False, False,
+                         o["engine"], o["forks"], command, arms=arms, kind=kind)  # fmt: skip
 
     def show_choice(outcome: tunerun.TuneOutcome) -> None:
         result = outcome.result
@@ -89,8 +54,9 @@ def tune(
              f"{outcome.profile_path.stem})")  # fmt: skip
 
     outcome = tunerun.run(
-        profile, depth_list, request, floor, name, verify, resume, sweep, show_choice
-    )
+        o["profile"], depth_list, request, o["min_request_speed"], o["name"], o["verify"],
+        o["resume"], sweep, show_choice,
+    )  # fmt: skip
     for v in outcome.verdicts:
         table(
             f"{v.host}: tuned vs the better of no drafting and static speculation",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -18,9 +17,9 @@ from urllib.parse import urlparse
 
 from gpufleet import __version__
 from gpufleet.archive import manifest, store
-from gpufleet.archive.layout import DEFAULT_ROOT
 from gpufleet.control import prompts as prompt_sets
 from gpufleet.control import workloads
+from gpufleet.control.benchrequest import BenchRequest
 from gpufleet.control.cancel import SLICE_S, CancelToken
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
@@ -34,7 +33,6 @@ from gpufleet.records import BenchPlan, Level, ResultRow
 from gpufleet.report.tables import summary_csv, summary_md
 
 Progress = Callable[[str, dict[str, Any]], None]
-MAX_PROMPTS = 100_000  # as --num-prompts allows
 CONTROL_FILES = {"runner.json"}
 
 
@@ -53,59 +51,6 @@ class ArchivedRun:
     @property
     def done(self) -> bool:
         return self.status == RunStatus.DONE
-
-
-@dataclass
-class BenchRequest:
-    concurrency: list[int]
-    profile: str | None = None
-    port: int | None = None
-    num_prompts: int | None = None
-    duration: float | None = None
-    request_rate: float | None = None
-    output_len: int = 256
-    prompts: str = "coding"
-    random_input_len: int = 256
-    random_output_len: int | None = None  # random-ids: default output_len
-    random_range_ratio: float = 1.0  # random-ids: lengths uniform in [len x ratio, len]
-    workload: str = "single"  # single, multiturn[:turns=N], shared-prefix[:...]
-    trace: str | None = None  # a Mooncake-format JSONL replayed at its timestamps
-    trace_speedup: float = 1.0
-    flush_cache: bool = True  # empty the server's prefix cache before each level
-    slo: dict[str, float] = field(default_factory=dict)  # per-request bounds, ms (host/bench/slo)
-    output_details: bool = False  # bench_serving's per-request arrays in results.jsonl
-    repeat: int = 1  # every level this many times, in rounds (1,10,64, 1,10,64, ...)
-    seed: int = 0
-    backend: str = "sglang"
-    warmup: int = 1
-    metrics: bool = True
-    url: str | None = None
-    api_key_env: str | None = None  # --client local: the variable holding the server's key
-    archive_root: Path = field(default_factory=lambda: DEFAULT_ROOT)
-    command_line: list[str] = field(default_factory=lambda: list(sys.argv))
-    fixed_levels: list[dict[str, int]] | None = None  # explicit requests per level
-    engine: str = "gpufleet"  # or sglang-bench: SGLang's own bench_serving on the host
-    tokenizer: str | None = None  # for sglang-bench (default: the served model's path)
-    telemetry_interval_s: float = 0.5  # GPU sampling during each level; 0 = off
-
-    def levels(self, available: int | None = None) -> list[Level]:
-        """Requests (sessions for multiturn) per level; `available` caps them (a trace)."""
-        if self.fixed_levels:
-            return [Level(**level) for level in self.fixed_levels]
-        if available is not None:
-            count = min(self.num_prompts or available, available)
-            return [Level(c, count) for c in self.concurrency]
-        return [
-            Level(c, self.num_prompts or default_num_prompts(c, self.duration))
-            for c in self.concurrency
-        ]
-
-
-def default_num_prompts(concurrency: int, duration: float | None) -> int:
-    """Enough requests for each slot to cycle a few times; with --duration, enough to last."""
-    if duration:
-        return min(max(100, 200 * concurrency), MAX_PROMPTS)
-    return min(max(10, 4 * concurrency), MAX_PROMPTS)
 
 
 def make_run_id(request: BenchRequest, hosts: list[str]) -> str:
