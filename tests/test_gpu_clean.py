@@ -84,7 +84,7 @@ def test_sigterm_ignored_escalates_to_sigkill(fleet):
         inv = load_inventory(fleet.inventory)
         results = gpu.clean(inv.select("h2"), gpu.CleanOptions(grace_s=0.5), forks=4)
         assert results[0].ok, results[0].error
-        killed = {k["pid"]: k["signal"] for k in results[0].value["killed"]}
+        killed = {k.pid: k.signal for k in results[0].value.killed}
         assert killed == {pids[0]: "SIGKILL after 0.5s"}  # the table says it took SIGKILL
         assert not pid_alive(pids[0])
     finally:

@@ -125,7 +125,8 @@ def test_ctrl_c_at_each_phase_then_one_resume_finishes(fleet, tmp_path, phase):
         ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
     resume_s = time.monotonic() - started
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    failed = [ln for ln in out.stdout.splitlines() if "FAILED" in ln]
+    assert out.returncode == 0, "\n".join(failed) + "\n" + out.stdout[-3000:] + out.stderr[-2000:]
     if phase in ("mid-level", "between-levels"):
         assert "ia on h0: re-attaching run" in out.stdout
 

@@ -26,12 +26,15 @@ BASE = {
     "gpufleet.kinds",
     "gpufleet.wire",
     "gpufleet.records",
+    "gpufleet.readings",
+    "gpufleet.archived",
 }  # shared by every package
 SHIPPED_BASE = {
     "gpufleet",
     "gpufleet.kinds",
     "gpufleet.wire",
     "gpufleet.records",
+    "gpufleet.readings",
 }  # ... and shipped in the zipapp too
 SHIPPED = ("host", "sim")
 # Modules of a separate process, never imported by the agent: the simulated server's HTTP
@@ -131,7 +134,13 @@ def test_no_import_cycles():
 
 def test_the_zipapp_ships_host_and_sim_whole_and_nothing_else():
     shipped = {name for name, _ in agentzip.shipped_files()}
-    base = {"gpufleet/__init__.py", "gpufleet/kinds.py", "gpufleet/wire.py", "gpufleet/records.py"}
+    base = {
+        "gpufleet/__init__.py",
+        "gpufleet/kinds.py",
+        "gpufleet/wire.py",
+        "gpufleet/records.py",
+        "gpufleet/readings.py",
+    }
     outside = sorted(n for n in shipped if n not in base and n.split("/")[1] not in SHIPPED)
     assert not outside, f"shipped from outside host/ and sim/: {outside}"
     expected = {

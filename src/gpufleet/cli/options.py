@@ -297,10 +297,12 @@ def fleet_options(request_type: type) -> OptionSet:
     )
 
 
+_SWITCH: dict[str, Any] = {"flag_default": False, "default": False, "to_request": False}
+
+
 def experiment_options(request_type: type) -> OptionSet:
     """What sweep and tune share: the request's options a cell benches with, and the
     experiment's own (resume, engine override, hosts)."""
-    flag = {"flag_default": False, "default": False, "to_request": False}
     return (
         request_options(request_type).only(
             "concurrency",
@@ -321,7 +323,8 @@ def experiment_options(request_type: type) -> OptionSet:
         | OptionSet(
             request_type,
             resume=Option(
-                "finish the latest run of this experiment (re-attach, re-run failed cells)", **flag
+                "finish the latest run of this experiment (re-attach, re-run failed cells)",
+                **_SWITCH,
             ),
             engine=Option(
                 "override the server engine (sim to rehearse)", default=None, to_request=False
@@ -332,7 +335,6 @@ def experiment_options(request_type: type) -> OptionSet:
 
 
 def sweep_options(request_type: type) -> OptionSet:
-    flag = {"flag_default": False, "default": False, "to_request": False}
     profiles = Option(
         "comma-separated profiles, the first is the reference (e.g. baseline,eagle3)",
         required=True,
@@ -341,8 +343,8 @@ def sweep_options(request_type: type) -> OptionSet:
     return OptionSet(request_type, profiles=profiles) | experiment_options(request_type) | (
         OptionSet(
             request_type,
-            dry_run=Option("print the plan; start nothing", **flag),
-            fail_fast=Option("stop at the first failed cell", **flag),
+            dry_run=Option("print the plan; start nothing", **_SWITCH),
+            fail_fast=Option("stop at the first failed cell", **_SWITCH),
             grid=Option("server flag values to sweep, repeatable: FLAG=V1,V2 (e.g. "
                         "speculative-num-steps=1,3,5); every combination is a cell, relaunched",
                         iterable=True, default=None, to_request=False),
@@ -353,7 +355,6 @@ def sweep_options(request_type: type) -> OptionSet:
 
 
 def tune_options(request_type: type, ladder: str) -> OptionSet:
-    own = {"to_request": False}
     options = experiment_options(request_type)
     options.options["concurrency"] = Option(
         "the load ladder", _levels, iterable=True, default_text=ladder
@@ -361,13 +362,13 @@ def tune_options(request_type: type, ladder: str) -> OptionSet:
     return OptionSet(
         request_type,
         profile=Option("an EAGLE/EAGLE3 profile to tune (e.g. eagle3-adaptive)", required=True,
-                       **own),
+                       to_request=False),
         depths=Option("static draft depths to measure besides 0 (topk 1)", default=None,
-                      default_text="1,2,3,5,7", **own),
+                      default_text="1,2,3,5,7", to_request=False),
         min_request_speed=Option("per-request tok/s floor: a depth below it is not chosen",
-                                 _nonzero(checks.positive_float), default=None, **own),
+                                 _nonzero(checks.positive_float), default=None, to_request=False),
         name=Option("name of the tuned profile", default=None, default_text="<profile>-tuned",
-                    **own),
+                    to_request=False),
         verify=Option("run tuned vs no drafting vs static afterwards (--no-verify skips)",
-                      flag_default=True, default=True, default_text="on", **own),
+                      flag_default=True, default=True, default_text="on", to_request=False),
     ) | options  # fmt: skip

@@ -177,20 +177,17 @@ def stop(
     )
     for res in results:
         if res.ok:
-            for s in res.value["stopped"]:
-                line(
-                    f"{res.host.name}: stopped {s['profile']} pid {s['pid']} port {s['port']} "
-                    f"({s['signal']})"
-                )
-            for refusal in res.value.get("refused", []):
+            answer = res.value
+            for s in answer.stopped:
+                line(f"{res.host.name}: stopped {s.profile} pid {s.pid} port {s.port} ({s.signal})")
+            for refusal in answer.refused:
                 line(f"{res.host.name}: {refusal}")
-            if not res.value["stopped"] and not res.value.get("refused"):
+            if not answer.stopped and not answer.refused:
                 line(f"{res.host.name}: no running server to stop")
-            verify = res.value.get("verify")
-            if verify:
+            if answer.verify:
+                gpus = ",".join(str(g.index) for g in answer.verify.gpus)
                 line(
-                    f"{res.host.name}: GPUs {','.join(str(g['index']) for g in verify['gpus'])} "
-                    f"verified clean in {verify['elapsed_s']:.2f}s"
+                    f"{res.host.name}: GPUs {gpus} verified clean in {answer.verify.elapsed_s:.2f}s"
                 )
     finish(results)
 

@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # src/gpufleet
-SHIPPED = ("__init__.py", "kinds.py", "wire.py", "records.py", "host", "sim")
+SHIPPED = ("__init__.py", "kinds.py", "wire.py", "records.py", "readings.py", "host", "sim")
 MAIN = "import sys\nfrom gpufleet.host.main import main\nsys.exit(main(sys.argv[1:]))\n"
 
 

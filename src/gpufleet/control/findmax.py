@@ -21,6 +21,7 @@ from gpufleet.archive.layout import Layout
 from gpufleet.archived import FindMaxRecord
 from gpufleet.archived import ProbeRecord as Probe
 from gpufleet.control import bench as benchrun
+from gpufleet.control.benchrequest import MAX_PROMPTS
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session
@@ -88,7 +89,7 @@ def _request_for(request: benchrun.BenchRequest, by: str, load: float) -> benchr
         request,
         concurrency=[cap],
         request_rate=load,
-        fixed_levels=[{"concurrency": cap, "num_prompts": min(count, benchrun.MAX_PROMPTS)}],
+        fixed_levels=[{"concurrency": cap, "num_prompts": min(count, MAX_PROMPTS)}],
     )
 
 

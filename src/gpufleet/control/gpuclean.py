@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
@@ -12,6 +11,7 @@ from gpufleet.errors import HostError, UserError
 from gpufleet.host.procs import compile_patterns
 from gpufleet.host.protocol import AgentError, CleanArgs, StatusArgs
 from gpufleet.kinds import Kind
+from gpufleet.readings import CleanAnswer, StatusAnswer
 from gpufleet.report.gpu import verdict_reason
 
 
@@ -53,7 +53,7 @@ def _driver_message(exc: HostError, host: Host) -> HostError:
     return exc
 
 
-def clean_on(session: Session, options: CleanOptions) -> dict[str, Any]:
+def clean_on(session: Session, options: CleanOptions) -> CleanAnswer:
     """gpu-clean on one host; raises HostError when the host does not verify clean."""
     try:
         result = session.call(options.agent_args(), timeout=options.timeout_s + 120)
@@ -62,21 +62,21 @@ def clean_on(session: Session, options: CleanOptions) -> dict[str, Any]:
     return result
 
 
-def clean(hosts: list[Host], options: CleanOptions, forks: int) -> list[HostResult[dict]]:
+def clean(hosts: list[Host], options: CleanOptions, forks: int) -> list[HostResult[CleanAnswer]]:
     results = run_on_hosts(hosts, lambda s: clean_on(s, options), forks=forks)
     for res in results:
-        if res.ok and not options.dry_run and not res.value["clean"]:
+        if res.ok and res.value is not None and not options.dry_run and not res.value.clean:
             res.error = verdict_reason(res.value)
             res.kind = Kind.NOT_CLEAN
     return results
 
 
-def status_on(session: Session) -> dict[str, Any]:
+def status_on(session: Session) -> StatusAnswer:
     try:
         return session.call(StatusArgs())
     except HostError as exc:
         raise _driver_message(exc, session.host) from None
 
 
-def status(hosts: list[Host], forks: int) -> list[HostResult[dict]]:
+def status(hosts: list[Host], forks: int) -> list[HostResult[StatusAnswer]]:
     return run_on_hosts(hosts, status_on, forks=forks)

@@ -14,6 +14,7 @@ from gpufleet.control.transport import Session, host_events
 from gpufleet.errors import HostError
 from gpufleet.host.protocol import LaunchArgs, LogsArgs, StopArgs, WaitReadyArgs
 from gpufleet.kinds import Kind
+from gpufleet.readings import StopAnswer
 from gpufleet.records import HEALTH_TIMEOUT_S, LaunchSpec
 from gpufleet.report.gpu import dirty_gpus
 
@@ -88,7 +89,7 @@ def launch_on(
         from gpufleet.control.gpuclean import CleanOptions, clean_on
 
         cleaned = clean_on(session, CleanOptions())
-        if not cleaned["clean"]:
+        if not cleaned.clean:
             raise HostError("gpu-clean before launch did not verify clean", kind=Kind.NOT_CLEAN)
     started = session.call(
         LaunchArgs(
@@ -174,15 +175,15 @@ def stop(
     grace_s: float,
     timeout_s: float,
     forks: int,
-) -> list[HostResult[dict]]:
-    def one(session: Session) -> dict[str, Any]:
-        result = session.call(
+) -> list[HostResult[StopAnswer]]:
+    def one(session: Session) -> StopAnswer:
+        result: StopAnswer = session.call(
             StopArgs(profile=profile, port=port, grace_s=grace_s, timeout_s=timeout_s),
             timeout=grace_s + timeout_s + 60,
         )
-        verify = result.get("verify")
-        if verify and not verify["clean"]:
-            dirty = dirty_gpus(verify["gpus"])
+        verify = result.verify
+        if verify and not verify.clean:
+            dirty = dirty_gpus(verify.gpus)
             raise HostError(
                 "server stopped but GPUs are not clean: " + "; ".join(dirty), kind=Kind.NOT_CLEAN
             )

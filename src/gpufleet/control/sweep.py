@@ -252,7 +252,7 @@ class _Cell:
         self.update(run_id=None, path=None, error=None)
         self.phase(CellStatus.CLEANING)
         cleaned = clean_on(self.session, CleanOptions(grace_s=5))
-        if not cleaned["clean"]:
+        if not cleaned.clean:
             raise HostError("gpu-clean before launch did not verify clean", kind=Kind.NOT_CLEAN)
         self.steps.done("clean")
         self.cancel_cleanly_if_asked("before launching", server=False)
@@ -314,8 +314,8 @@ class _Cell:
         is someone else's and lives on."""
         stop = StopArgs(port=self.spec.port, grace_s=10, timeout_s=60)
         result = self.session.call(stop, timeout=180)
-        verify = result.get("verify")
-        if verify and not verify["clean"]:
+        verify = result.verify
+        if verify and not verify.clean:
             raise HostError("GPUs not clean after stopping the server", kind=Kind.NOT_CLEAN)
 
 

@@ -24,6 +24,7 @@ from gpufleet.control.inventory import Host
 from gpufleet.errors import HostError
 from gpufleet.host.protocol import MARK, VerbArgs
 from gpufleet.kinds import Kind
+from gpufleet.wire import WireError
 
 EventHandler = Callable[[dict[str, Any]], None]
 
@@ -220,7 +221,14 @@ class Session:
             raise HostError(self._explain_failure(code, err, sink.other), kind=Kind.AGENT)
         if not sink.final.get("ok"):
             raise HostError(sink.final.get("error", "agent failed"), _kind(sink.final.get("kind")))
-        return sink.final.get("result")
+        result = sink.final.get("result")
+        answer = type(args).ANSWER
+        if answer is None:
+            return result
+        try:
+            return answer.from_wire(result, args.VERB)
+        except WireError as exc:  # the agent's hash matched: a bug, said with its field
+            raise HostError(f"the agent's answer does not match: {exc}", kind=Kind.AGENT) from None
 
     def call_resumable(
         self,

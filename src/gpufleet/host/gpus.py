@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import socket
@@ -13,39 +14,43 @@ from gpufleet.host import liveservers, procs
 from gpufleet.host import nvml as nvmlread
 from gpufleet.host.protocol import (
     AgentError,
-    CleanAnswer,
     CleanArgs,
     EchoArgs,
     StatusArgs,
     VerbArgs,
 )
 from gpufleet.kinds import Kind
+from gpufleet.readings import (
+    CleanAnswer,
+    GpuCheck,
+    GpuProcess,
+    GpuReading,
+    LiveServerInfo,
+    ProcessInfo,
+)
 
 
-def _check_count(gpus: list[dict[str, Any]], expected: int | None) -> None:
+def _check_count(gpus: list[GpuReading], expected: int | None) -> None:
     if expected is not None and len(gpus) != expected:
         raise AgentError(f"expected {expected} GPUs, NVML sees {len(gpus)}", kind=Kind.GPU_COUNT)
 
 
-def _gpu_is_clean(gpu: dict[str, Any], tolerance_mib: int) -> bool:
-    return gpu["used_mib"] <= tolerance_mib and not gpu["processes"]
-
-
-def _annotate(gpus: list[dict[str, Any]]) -> None:
+def _annotate(gpus: list[GpuReading]) -> None:
     """Attach psutil details to NVML's PIDs; PIDs this host cannot see are unattributed."""
     psutil = procs._psutil()
     for gpu in gpus:
-        for entry in gpu["processes"]:
+        for entry in gpu.processes:
             try:
-                info = procs.describe(psutil.Process(entry["pid"]))
+                info = procs.describe(psutil.Process(entry.pid))
             except psutil.NoSuchProcess:
                 info = None
-            entry["visible"] = info is not None
+            entry.visible = info is not None
             if info:
-                entry.update({k: info[k] for k in ("user", "name", "cmdline", "age_s", "ppid")})
+                entry.user, entry.name, entry.cmdline = info.user, info.name, info.cmdline
+                entry.age_s, entry.ppid = info.age_s, info.ppid
 
 
-def stale_processes(args: StatusArgs) -> dict[str, Any]:
+def stale_processes(args: StatusArgs) -> tuple[list[GpuReading], list[ProcessInfo]]:
     """Who holds GPU memory and who looks like a stale server (read-only)."""
     psutil = procs._psutil()
     nvml = nvmlread.load_pynvml()
@@ -60,7 +65,7 @@ def stale_processes(args: StatusArgs) -> dict[str, Any]:
             continue
         if info:
             stale.append(info)
-    return {"gpus": snap, "stale": stale}
+    return snap, stale
 
 
 def clean(args: CleanArgs) -> CleanAnswer:
@@ -72,86 +77,76 @@ def clean(args: CleanArgs) -> CleanAnswer:
     _annotate(before)
     sim_state = (args.sim or {}).get("state_dir")
     patterns = args.patterns or procs.DEFAULT_PATTERNS
-    all_users = args.all_users
-    dry_run = args.dry_run
     tolerance = args.tolerance_mib
 
     roots: list[int] = []
-    unattributed = []
+    unattributed: list[GpuProcess] = []
     for gpu in before:
-        for entry in gpu["processes"]:
-            if entry["visible"]:
-                roots.append(entry["pid"])
+        for entry in gpu.processes:
+            if entry.visible:
+                roots.append(entry.pid)
             else:
-                unattributed.append({"gpu": gpu["index"], **entry})
+                unattributed.append(dataclasses.replace(entry, gpu=gpu.index))
     roots += procs.find_pattern_matches(patterns, sim_state)
     roots = list(dict.fromkeys(roots))
-    live: list[dict[str, Any]] = []
+    live: list[LiveServerInfo] = []
     live_pids: set[int] = set()
     if not args.include_running:
         for server in liveservers.find(roots, procs._psutil()):
             live_pids |= server.pids
-            on = [
-                g["index"] for g in before if any(p["pid"] in server.pids for p in g["processes"])
-            ]
-            live.append(server.to_wire(on))
+            on = [g.index for g in before if any(p.pid in server.pids for p in g.processes)]
+            live.append(server.info(on))
         roots = [pid for pid in roots if pid not in live_pids]
-    policy = procs.KillPolicy(frozenset(procs.protected_pids()), all_users, args.all_tenants)
+    policy = procs.KillPolicy(frozenset(procs.protected_pids()), args.all_users, args.all_tenants)
     tree, refused = procs.collect_trees(roots, policy)
     for pid in live_pids:
         tree.pop(pid, None)  # a live server's children are not stale either
-    live_gpus = {index for server in live for index in server["gpus"]}
+    live_gpus = {index for server in live for index in server.gpus}
 
-    def verified(gpus: list[dict[str, Any]]) -> bool:
+    def verified(gpus: list[GpuReading]) -> bool:
         """Every GPU reads 0 MiB, but for those a live server was left holding."""
-        return all(_gpu_is_clean(g, tolerance) or g["index"] in live_gpus for g in gpus)
+        return all(g.is_clean(tolerance) or g.index in live_gpus for g in gpus)
 
-    result: CleanAnswer = {
-        "before": before,
-        "refused": refused,
-        "unattributed": unattributed,
-        "live": live,
-    }
-    if dry_run:
-        result["would_kill"] = [
-            {k: info[k] for k in ("pid", "ppid", "user", "name", "cmdline", "age_s")}
-            for _, info in tree.values()
-        ]
-        result["gpus"] = before
-        result["clean"] = verified(before)
-        result["elapsed_s"] = round(time.monotonic() - started, 3)
-        return result
+    answer = CleanAnswer(
+        before=before, gpus=before, clean=verified(before), elapsed_s=0.0, refused=refused,
+        unattributed=unattributed, live=live,
+    )  # fmt: skip
+    if args.dry_run:
+        answer.would_kill = [info for _, info in tree.values()]
+        answer.elapsed_s = round(time.monotonic() - started, 3)
+        return answer
 
-    result["killed"] = procs.kill_trees(tree, args.grace_s)
+    answer.killed = procs.kill_trees(tree, args.grace_s)
     # Memory held by processes we may not kill (other users, protected) or cannot see will
     # not go away by waiting: stop polling as soon as only those remain.
-    untouchable = {p["pid"] for p in refused} | {u["pid"] for u in unattributed} | live_pids
+    untouchable = {p.pid for p in refused} | {u.pid for u in unattributed} | live_pids
     deadline = time.monotonic() + args.timeout_s
     while True:
         after = nvmlread.snapshot(nvml)
         clean_now = verified(after)
-        remaining = {p["pid"] for g in after for p in g["processes"]}
+        remaining = {p.pid for g in after for p in g.processes}
         hopeless = bool(remaining) and remaining <= untouchable
         if clean_now or hopeless or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
     _annotate(after)
-    result.update(gpus=after, clean=clean_now, elapsed_s=round(time.monotonic() - started, 3))
-    return result
+    answer.gpus, answer.clean = after, clean_now
+    answer.elapsed_s = round(time.monotonic() - started, 3)
+    return answer
 
 
-def wait_gpus_clean(indexes: list[int], timeout_s: float, tolerance_mib: int = 0) -> dict[str, Any]:
+def wait_gpus_clean(indexes: list[int], timeout_s: float, tolerance_mib: int = 0) -> GpuCheck:
     """Poll NVML until the given GPUs read 0 MiB (v2 used) with no process; report them."""
     nvml = nvmlread.load_pynvml()
     started = time.monotonic()
     while True:
-        snap = [g for g in nvmlread.snapshot(nvml) if g["index"] in indexes]
-        clean_now = all(_gpu_is_clean(g, tolerance_mib) for g in snap)
+        snap = [g for g in nvmlread.snapshot(nvml) if g.index in indexes]
+        clean_now = all(g.is_clean(tolerance_mib) for g in snap)
         if clean_now or time.monotonic() - started >= timeout_s:
             break
         time.sleep(0.2)
     _annotate(snap)
-    return {"clean": clean_now, "gpus": snap, "elapsed_s": round(time.monotonic() - started, 3)}
+    return GpuCheck(clean=clean_now, gpus=snap, elapsed_s=round(time.monotonic() - started, 3))
 
 
 def _version(dist: str) -> str | None:
@@ -190,7 +185,9 @@ def sysinfo(args: VerbArgs) -> dict[str, Any]:
         return info
     snap = nvmlread.snapshot(nvml)
     info.update(nvmlread.driver_info(nvml))
-    info["gpus"] = [{k: g[k] for k in ("index", "uuid", "name", "total_mib")} for g in snap]
+    info["gpus"] = [
+        {"index": g.index, "uuid": g.uuid, "name": g.name, "total_mib": g.total_mib} for g in snap
+    ]
     return info
 
 

@@ -28,7 +28,6 @@ from gpufleet.host.protocol import (
     LaunchAnswer,
     LaunchArgs,
     LogsArgs,
-    StopAnswer,
     StopArgs,
     WaitReadyAnswer,
     WaitReadyArgs,
@@ -52,6 +51,7 @@ from gpufleet.host.servers import (
     write_state,
 )
 from gpufleet.kinds import Kind, ServerStatus
+from gpufleet.readings import ServerSummary, StopAnswer, StoppedServer
 from gpufleet.records import LaunchSpec, ServerState
 
 FATAL_PATTERNS = [
@@ -349,37 +349,37 @@ def stop(args: StopArgs) -> StopAnswer:
         except StaleState as exc:
             refused.append(str(exc))
             continue
-        stopped.append(
-            {"port": state.port, "profile": state.profile, "pid": state.pid, "signal": how}
-        )
+        stopped.append(StoppedServer(state.port, state.profile, state.pid, how))
         used_gpus.update(state.gpus)
     verify = None
     if used_gpus and args.verify:
         verify = gpus.wait_gpus_clean(sorted(used_gpus), args.timeout_s)
-    return {"stopped": stopped, "refused": refused, "verify": verify}
+    return StopAnswer(stopped=stopped, refused=refused, verify=verify)
 
 
-def servers() -> dict[str, Any]:
+def servers() -> list[ServerSummary]:
     """gpufleet's servers on this host that have not been stopped, with health and uptime."""
     out = []
+    up = (ServerStatus.STARTING, ServerStatus.READY, ServerStatus.RUNNING)
     for state in all_states():
         alive = server_alive(state)
         if state.status in (ServerStatus.STOPPED, ServerStatus.STALE) and not alive:
             continue
-        keys = ("profile", "pid", "port", "status", "started_at", "engine", "engine_version", "log")
-        entry = {k: getattr(state, k) for k in keys}
-        entry["alive"] = alive
-        up = (ServerStatus.STARTING, ServerStatus.READY, ServerStatus.RUNNING)
-        if not alive and entry["status"] in up:
-            entry["status"] = (
-                ServerStatus.DEAD
-            )  # it was up; its process is gone (crash, kill, reboot)
-        entry["health"] = health.probe(state.health_url) if alive else "down"
+        uptime = None
         if alive:
             started = datetime.fromisoformat(state.started_at.replace("Z", "+00:00"))
-            entry["uptime_s"] = round((datetime.now(UTC) - started).total_seconds(), 1)
-        out.append(entry)
-    return {"servers": out}
+            uptime = round((datetime.now(UTC) - started).total_seconds(), 1)
+        dead = not alive and state.status in up  # it was up; its process is gone
+        out.append(
+            ServerSummary(
+                profile=state.profile, pid=state.pid, port=state.port,
+                status=ServerStatus.DEAD if dead else state.status,
+                started_at=state.started_at, engine=state.engine, log=state.log, alive=alive,
+                health=health.probe(state.health_url) if alive else "down",
+                engine_version=state.engine_version, uptime_s=uptime,
+            )
+        )  # fmt: skip
+    return out
 
 
 def logs(args: LogsArgs) -> dict[str, Any]:

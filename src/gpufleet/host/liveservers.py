@@ -17,6 +17,7 @@ from gpufleet.host import health
 from gpufleet.host.procstat import group_members
 from gpufleet.host.servers import all_states, server_alive
 from gpufleet.kinds import ServerStatus
+from gpufleet.readings import LiveServerInfo
 
 PROBE_TIMEOUT_S = 2.0
 
@@ -28,14 +29,8 @@ class LiveServer:
     pids: set[int] = field(default_factory=set)  # the server and everything it started
     profile: str | None = None  # set for servers gpufleet launched
 
-    def to_wire(self, gpus: list[int]) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "port": self.port,
-            "profile": self.profile,
-            "gpus": gpus,
-            "pids": sorted(self.pids),
-        }
+    def info(self, gpus: list[int]) -> LiveServerInfo:
+        return LiveServerInfo(self.pid, self.port, gpus, sorted(self.pids), self.profile)
 
 
 def _tree(psutil: Any, pid: int) -> set[int]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpufleet.host.protocol import AgentError
 from gpufleet.kinds import Kind
+from gpufleet.readings import GpuProcess, GpuReading
 
 MIB = 1024 * 1024
 
@@ -85,8 +86,8 @@ def _processes(nvml: Any, handle: Any) -> dict[int, int]:
     return out
 
 
-def snapshot(nvml: Any) -> list[dict[str, Any]]:
-    """One dict per GPU: index, uuid, name, v1/v2 memory in MiB, processes."""
+def snapshot(nvml: Any) -> list[GpuReading]:
+    """One reading per GPU: index, uuid, name, v1/v2 memory in MiB, processes."""
     gpus = []
     for index in range(nvml.nvmlDeviceGetCount()):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -94,18 +95,16 @@ def snapshot(nvml: Any) -> list[dict[str, Any]]:
         v2 = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
         procs = _processes(nvml, handle)
         gpus.append(
-            {
-                "index": index,
-                "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
-                "name": _text(nvml.nvmlDeviceGetName(handle)),
-                "total_mib": round(v2.total / MIB),
-                "used_mib": round(v2.used / MIB),
-                "reserved_mib": round(v2.reserved / MIB),
-                "v1_used_mib": round(v1.used / MIB),
-                "processes": [
-                    {"pid": pid, "used_mib": round(used / MIB)} for pid, used in procs.items()
-                ],
-            }
+            GpuReading(
+                index=index,
+                uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                name=_text(nvml.nvmlDeviceGetName(handle)),
+                total_mib=round(v2.total / MIB),
+                used_mib=round(v2.used / MIB),
+                reserved_mib=round(v2.reserved / MIB),
+                v1_used_mib=round(v1.used / MIB),
+                processes=[GpuProcess(pid, round(used / MIB)) for pid, used in procs.items()],
+            )
         )
     return gpus
 

@@ -135,15 +135,15 @@ def check_flags_against(argv: list[str], head: int, help_text: str, engine: str)
 
 def _gpus_in_use(gpus: list[int]) -> list[str]:
     nvml = nvmlread.load_pynvml()
-    snap = {g["index"]: g for g in nvmlread.snapshot(nvml)}
+    snap = {g.index: g for g in nvmlread.snapshot(nvml)}
     problems = []
     for index in gpus:
         gpu = snap.get(index)
         if gpu is None:
             problems.append(f"GPU {index} does not exist (NVML sees {len(snap)})")
-        elif gpu["used_mib"] > 0 or gpu["processes"]:
-            pids = ",".join(str(p["pid"]) for p in gpu["processes"]) or "none listed"
-            problems.append(f"GPU {index} is in use: {gpu['used_mib']} MiB (PIDs {pids})")
+        elif not gpu.is_clean():
+            pids = ",".join(str(p.pid) for p in gpu.processes) or "none listed"
+            problems.append(f"GPU {index} is in use: {gpu.used_mib} MiB (PIDs {pids})")
     return problems
 
 

@@ -16,6 +16,7 @@ from gpufleet.host import identity
 from gpufleet.host.protocol import AgentError
 from gpufleet.host.redact import redact_argv
 from gpufleet.kinds import Kind
+from gpufleet.readings import KilledProcess, ProcessInfo
 
 # Upstream SGLang's own cleanup pattern (docs/FACTS.md, "SGLang's HTTP server").
 # gpufleet's rehearsal server counts as SGLang: it too must not survive gpu-clean.
@@ -35,26 +36,26 @@ def _psutil() -> Any:
     return psutil
 
 
-def describe(proc: Any) -> dict[str, Any] | None:
+def describe(proc: Any) -> ProcessInfo | None:
     """psutil details for one process, or None if it vanished."""
     psutil = _psutil()
     try:
         with proc.oneshot():
             created = proc.create_time()
-            return {
-                "pid": proc.pid,
-                "ppid": proc.ppid(),
-                "user": proc.username(),
-                "uid": proc.uids().real,
-                "name": proc.name(),
-                "cmdline": redact_argv(proc.cmdline()),  # --api-key values stay here
-                "age_s": round(time.time() - created, 1),
-                "status": proc.status(),
-            }
+            return ProcessInfo(
+                pid=proc.pid,
+                ppid=proc.ppid(),
+                user=proc.username(),
+                uid=proc.uids().real,
+                name=proc.name(),
+                cmdline=redact_argv(proc.cmdline()),  # --api-key values stay here
+                age_s=round(time.time() - created, 1),
+                status=proc.status(),
+            )
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
     except psutil.AccessDenied:
-        return {"pid": proc.pid, "user": "?", "uid": -1, "name": "?", "cmdline": [], "age_s": None}
+        return ProcessInfo(pid=proc.pid)
 
 
 def protected_pids() -> set[int]:
@@ -78,19 +79,19 @@ class KillPolicy:
     all_tenants: bool = False
 
 
-def refusal(info: dict[str, Any], policy: KillPolicy) -> str | None:
+def refusal(info: ProcessInfo, policy: KillPolicy) -> str | None:
     """Why this process must not be killed, or None if it may be."""
-    if info["pid"] in policy.keep:
+    if info.pid in policy.keep:
         return "agent, ancestor or init"
-    if info.get("name") in NEVER_KILL_NAMES:
-        return f"{info['name']} is never killed"
-    infra = identity.infrastructure(info.get("cmdline") or [], info.get("name") or "")
+    if info.name in NEVER_KILL_NAMES:
+        return f"{info.name} is never killed"
+    infra = identity.infrastructure(info.cmdline, info.name)
     if infra:
         return f"infrastructure ({infra}) is never killed"
-    if not policy.all_users and info.get("uid") != os.geteuid():
-        return f"owned by {info.get('user')} (use --all-users)"
+    if not policy.all_users and info.uid != os.geteuid():
+        return f"owned by {info.user} (use --all-users)"
     if not policy.all_tenants:
-        other = identity.tenant(info["pid"], info.get("name") or "")
+        other = identity.tenant(info.pid, info.name)
         if other:
             return f"{other}: another tenant's (use --all-tenants)"
     return None
@@ -169,9 +170,10 @@ def _wait_dead(procs: list[Any], timeout: float) -> list[Any]:
     return alive
 
 
-def collect_trees(
-    root_pids: list[int], policy: KillPolicy
-) -> tuple[dict[int, tuple[Any, dict[str, Any]]], list[dict[str, Any]]]:
+Tree = dict[int, tuple[Any, ProcessInfo]]  # pid -> (psutil process, what it was)
+
+
+def collect_trees(root_pids: list[int], policy: KillPolicy) -> tuple[Tree, list[ProcessInfo]]:
     """Each root and its descendants (children first), minus protected processes.
 
     A root that may not be killed (init, sshd, an ancestor, another user's) is refused with
@@ -181,8 +183,8 @@ def collect_trees(
     Returns (pid -> (process, details), refused roots with a reason each).
     """
     psutil = _psutil()
-    ordered: dict[int, tuple[Any, dict[str, Any]]] = {}
-    refused: list[dict[str, Any]] = []
+    ordered: Tree = {}
+    refused: list[ProcessInfo] = []
     for pid in root_pids:
         try:
             root = psutil.Process(pid)
@@ -193,16 +195,17 @@ def collect_trees(
             continue
         reason = refusal(info, policy)
         if reason:
-            refused.append({**info, "reason": reason})
+            info.reason = reason
+            refused.append(info)
             continue
-        subtree: list[tuple[Any, dict[str, Any]]] = []
+        subtree: list[tuple[Any, ProcessInfo]] = []
         _walk(root, policy, subtree)
         for proc, details in subtree:
             ordered.setdefault(proc.pid, (proc, details))
     return ordered, refused
 
 
-def _walk(proc: Any, policy: KillPolicy, out: list[tuple[Any, dict[str, Any]]]) -> None:
+def _walk(proc: Any, policy: KillPolicy, out: list[tuple[Any, ProcessInfo]]) -> None:
     """Children first (depth first), stopping at any process that may not be killed."""
     psutil = _psutil()
     try:
@@ -219,7 +222,7 @@ def _walk(proc: Any, policy: KillPolicy, out: list[tuple[Any, dict[str, Any]]]) 
         out.append((proc, info))
 
 
-def kill_trees(tree: dict[int, tuple[Any, dict[str, Any]]], grace_s: float) -> list[dict[str, Any]]:
+def kill_trees(tree: Tree, grace_s: float) -> list[KilledProcess]:
     """SIGTERM every process of the collected trees, wait `grace_s`, SIGKILL survivors.
 
     Each entry says how the process ended: `SIGTERM`, `SIGKILL` (after the grace), or
@@ -253,10 +256,10 @@ def kill_trees(tree: dict[int, tuple[Any, dict[str, Any]]], grace_s: float) -> l
             how = f"SIGKILL after {grace_s:g}s"
         else:
             how = "SIGTERM"
-        entry = {k: info[k] for k in ("pid", "name", "user", "cmdline")}
-        entry["signal"] = how
-        entry["killed"] = pid not in gone_already
-        if pid in stuck:
-            entry["survived"] = True
-        out.append(entry)
+        out.append(
+            KilledProcess(
+                pid=pid, name=info.name, user=info.user, cmdline=info.cmdline, signal=how,
+                killed=pid not in gone_already, survived=pid in stuck,
+            )
+        )  # fmt: skip
     return out

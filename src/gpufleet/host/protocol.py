@@ -21,8 +21,9 @@ from typing import Any, ClassVar, TypedDict
 
 from gpufleet.host.redact import scrub_known
 from gpufleet.kinds import Kind
+from gpufleet.readings import CleanAnswer, StatusAnswer, StopAnswer
 from gpufleet.records import HEALTH_TIMEOUT_S, BenchPlan, LaunchSpec
-from gpufleet.wire import WireError, check
+from gpufleet.wire import Record, WireError, check
 
 MARK = "gpufleet_agent"
 
@@ -41,6 +42,7 @@ class VerbArgs:
     """What every verb receives: the host's identity, added by the control plane's Session."""
 
     VERB: ClassVar[str] = ""
+    ANSWER: ClassVar[type[Record] | None] = None  # the result's declared type, when it has one
 
     host: str = ""
     expected_gpus: int | None = None
@@ -88,6 +90,7 @@ class SysinfoArgs(VerbArgs):
 @dataclass
 class CleanArgs(VerbArgs):
     VERB: ClassVar[str] = "clean"
+    ANSWER: ClassVar[type[Record] | None] = CleanAnswer
     dry_run: bool = False
     all_users: bool = False
     all_tenants: bool = False  # other PID namespaces, container cgroups, display servers
@@ -101,6 +104,7 @@ class CleanArgs(VerbArgs):
 @dataclass
 class StatusArgs(VerbArgs):
     VERB: ClassVar[str] = "status"
+    ANSWER: ClassVar[type[Record] | None] = StatusAnswer
     patterns: list[str] | None = None
 
 
@@ -129,6 +133,7 @@ class WaitReadyArgs(VerbArgs):
 @dataclass
 class StopArgs(VerbArgs):
     VERB: ClassVar[str] = "stop"
+    ANSWER: ClassVar[type[Record] | None] = StopAnswer
     profile: str | None = None
     port: int | None = None
     grace_s: float = 15.0
@@ -188,18 +193,6 @@ CONTRACT: dict[str, type[VerbArgs]] = {
 
 
 # -- answers (the final line's `result`) --------------------------------------------------
-class CleanAnswer(TypedDict, total=False):
-    before: list[dict[str, Any]]  # NVML snapshot before killing
-    gpus: list[dict[str, Any]]  # NVML snapshot after (v2 used, processes)
-    killed: list[dict[str, Any]]
-    would_kill: list[dict[str, Any]]  # dry run only
-    refused: list[dict[str, Any]]
-    unattributed: list[dict[str, Any]]
-    live: list[dict[str, Any]]  # servers answering /health 200, left alone
-    clean: bool
-    elapsed_s: float
-
-
 class LaunchAnswer(TypedDict, total=False):
     started: bool
     state: dict[str, Any]  # the host state file (servers/<port>.json)
@@ -216,12 +209,6 @@ class WaitReadyAnswer(TypedDict, total=False):
     tail: list[str]
     elapsed_s: float
     state: dict[str, Any]
-
-
-class StopAnswer(TypedDict):
-    stopped: list[dict[str, Any]]
-    refused: list[str]  # state files whose process is no longer the server launched
-    verify: dict[str, Any] | None
 
 
 class BenchStartAnswer(TypedDict):
@@ -265,7 +252,18 @@ def emit_event(event: dict[str, Any]) -> None:
 
 
 def emit_result(result: Any) -> None:
-    _write({MARK: 1, "ok": True, "result": result})
+    _write({MARK: 1, "ok": True, "result": _plain(result)})
+
+
+def _plain(value: Any) -> Any:
+    """Records as their JSON objects, anywhere in the answer."""
+    if isinstance(value, Record):
+        return value.to_wire()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def emit_error(message: str, kind: Kind = Kind.ERROR) -> None:

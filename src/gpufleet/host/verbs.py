@@ -13,11 +13,13 @@ from typing import Any
 from gpufleet.host import gpus, lifecycle
 from gpufleet.host.bench import verbs as bench
 from gpufleet.host.protocol import CONTRACT, StatusArgs
+from gpufleet.readings import StatusAnswer
 
 
-def status(args: StatusArgs) -> dict[str, Any]:
+def status(args: StatusArgs) -> StatusAnswer:
     """Read-only: GPUs, their processes, stale-looking processes and gpufleet's servers."""
-    return {**gpus.stale_processes(args), **lifecycle.servers()}
+    snap, stale = gpus.stale_processes(args)
+    return StatusAnswer(gpus=snap, stale=stale, servers=lifecycle.servers())
 
 
 VERBS: dict[str, Callable[[Any], Any]] = {

@@ -107,8 +107,9 @@ def _spawn_runner(run_dir: Path, args: BenchRunArgs) -> ProcRef:
 
 
 def _nvml_snapshot() -> list[dict[str, Any]] | None:
+    """What nvml_before.json and nvml_after.json hold: each GPU's reading (None: no NVML)."""
     try:
-        return nvmlread.snapshot(nvmlread.load_pynvml())
+        return [gpu.to_wire() for gpu in nvmlread.snapshot(nvmlread.load_pynvml())]
     except AgentError:
         return None
 

@@ -1,0 +1,145 @@
+"""What the agent reads off a host and answers with, typed for both sides: GPUs as NVML
+sees them (and the processes holding them), processes as psutil sees them, and the answers of
+the verbs built on them (gpu-clean, status, stop). The host agent builds these records; the
+control plane gets them back from `Session.call` checked (a verb's ANSWER) and the report
+reads them by attribute. Standard library only: this module ships.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpufleet.wire import Record
+
+
+@dataclass
+class ProcessInfo(Record):
+    """One process as psutil sees it (its command line with secret values hidden)."""
+
+    pid: int
+    user: str = "?"
+    uid: int = -1
+    name: str = "?"
+    cmdline: list[str] = field(default_factory=list)
+    ppid: int | None = None
+    age_s: float | None = None
+    status: str | None = None
+    reason: str | None = None  # why gpu-clean left it alone
+
+
+@dataclass
+class GpuProcess(Record):
+    """A PID NVML lists on a GPU, with what this host can see of it."""
+
+    pid: int
+    used_mib: int
+    visible: bool = True  # False: another PID namespace (a container) holds it
+    gpu: int | None = None  # the GPU's index, in gpu-clean's unattributed list
+    user: str | None = None
+    name: str | None = None
+    cmdline: list[str] | None = None
+    age_s: float | None = None
+    ppid: int | None = None
+
+
+@dataclass
+class GpuReading(Record):
+    """One GPU's memory through NVML: v2 `used` (v1 counts the driver's reservation, about
+    615 MiB on an idle H200, and would never read 0) and the processes on it."""
+
+    index: int
+    uuid: str
+    name: str
+    total_mib: int
+    used_mib: int
+    reserved_mib: int
+    v1_used_mib: int
+    processes: list[GpuProcess] = field(default_factory=list)
+
+    def is_clean(self, tolerance_mib: int = 0) -> bool:
+        return self.used_mib <= tolerance_mib and not self.processes
+
+
+@dataclass
+class KilledProcess(Record):
+    pid: int
+    name: str
+    user: str
+    cmdline: list[str]
+    signal: str  # SIGTERM, SIGKILL after Ns, exited by itself
+    killed: bool  # False: it was gone before gpufleet signalled it
+    survived: bool = False  # still there after SIGKILL
+
+
+@dataclass
+class LiveServerInfo(Record):
+    """A server answering /health 200 that gpu-clean left running."""
+
+    pid: int
+    port: int
+    gpus: list[int]
+    pids: list[int]
+    profile: str | None = None  # set for servers gpufleet launched
+
+
+@dataclass
+class CleanAnswer(Record):
+    """gpu-clean on one host: NVML before and after, what was killed or left, the verdict."""
+
+    before: list[GpuReading]
+    gpus: list[GpuReading]  # after (on a dry run: before)
+    clean: bool
+    elapsed_s: float
+    refused: list[ProcessInfo] = field(default_factory=list)
+    unattributed: list[GpuProcess] = field(default_factory=list)
+    live: list[LiveServerInfo] = field(default_factory=list)
+    killed: list[KilledProcess] = field(default_factory=list)
+    would_kill: list[ProcessInfo] = field(default_factory=list)  # dry run only
+
+
+@dataclass
+class GpuCheck(Record):
+    """Some GPUs polled until they read 0 MiB, or the time ran out."""
+
+    clean: bool
+    gpus: list[GpuReading]
+    elapsed_s: float
+
+
+@dataclass
+class ServerSummary(Record):
+    """A server gpufleet launched on the host, as `inv status` lists it."""
+
+    profile: str
+    pid: int
+    port: int
+    status: str  # kinds.ServerStatus
+    started_at: str
+    engine: str
+    log: str
+    alive: bool
+    health: str
+    engine_version: str | None = None
+    uptime_s: float | None = None
+
+
+@dataclass
+class StatusAnswer(Record):
+    gpus: list[GpuReading]
+    stale: list[ProcessInfo] = field(default_factory=list)
+    servers: list[ServerSummary] = field(default_factory=list)
+
+
+@dataclass
+class StoppedServer(Record):
+    port: int
+    profile: str
+    pid: int
+    signal: str
+
+
+@dataclass
+class StopAnswer(Record):
+    stopped: list[StoppedServer] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # state files whose process changed
+    verify: GpuCheck | None = None
