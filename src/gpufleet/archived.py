@@ -74,6 +74,8 @@ class ServerFacts(Record):
     started_at: str | None = None
     flag_renames: list[str] | None = None
     secrets_in_argv: bool | None = None
+    gpu_health: list[str] | None = None  # each GPU's health verdict at launch
+    allowed_unhealthy: bool | None = None  # launched with --allow-unhealthy
 
 
 @dataclass

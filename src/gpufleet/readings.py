@@ -43,6 +43,42 @@ class GpuProcess(Record):
 
 
 @dataclass
+class GpuHealth(Record):
+    """What makes an empty GPU unfit to measure on, read through NVML (and the kernel log for
+    XIDs). A field the GPU or driver does not support is None ("n/a"), never an error.
+    `verdict` is ok, warn or bad, with `reasons` in words (host/gpuhealth.py judges)."""
+
+    verdict: str = "ok"
+    reasons: list[str] = field(default_factory=list)
+    persistence: bool | None = None
+    compute_mode: str | None = None  # default, exclusive_process, prohibited
+    mig: bool | None = None
+    mig_pending: bool | None = None
+    ecc: bool | None = None
+    ecc_pending: bool | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    remap_pending: bool | None = None
+    remap_failed: bool | None = None
+    retired_pages_pending: bool | None = None  # before Hopper (Hopper remaps rows)
+    power_limit_w: float | None = None
+    power_default_w: float | None = None
+    sm_clock_app_mhz: int | None = None
+    sm_clock_default_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    clock_events: list[str] | None = None  # throttle reasons at the time of the read
+    temperature_c: int | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None  # the most the GPU and its slot support
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    nvlinks_up: int | None = None
+    nvlinks_down: list[int] | None = None
+    xids: list[int] | None = None  # XID errors in the kernel log since the last check
+    read_ms: float | None = None
+
+
+@dataclass
 class GpuReading(Record):
     """One GPU's memory through NVML: v2 `used` (v1 counts the driver's reservation, about
     615 MiB on an idle H200, and would never read 0) and the processes on it."""
@@ -55,6 +91,7 @@ class GpuReading(Record):
     reserved_mib: int
     v1_used_mib: int
     processes: list[GpuProcess] = field(default_factory=list)
+    health: GpuHealth | None = None
 
     def is_clean(self, tolerance_mib: int = 0) -> bool:
         return self.used_mib <= tolerance_mib and not self.processes

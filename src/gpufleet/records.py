@@ -118,6 +118,8 @@ class ServerState(Record):
     stopped_at: str | None = None
     stop_signal: str | None = None
     pid_start: int | None = None  # state files written before `proc` existed
+    gpu_health: list[str] = field(default_factory=list)  # "GPU 3: warn: ..." at launch
+    allowed_unhealthy: bool = False  # launched with --allow-unhealthy
 
     def update(self, **fields: Any) -> None:
         """Set fields by name (an unknown name is a bug: AttributeError)."""

@@ -95,7 +95,7 @@ def ctrl_c_stops(cancel: Any, hint: Callable[[], str]):
 
 def run_sweep(
     profile_names, request, hosts, inventory, resume, dry_run, fail_fast, engine, forks,
-    resume_command, fmt="table", arms=None, kind="sweep",
+    resume_command, fmt="table", arms=None, kind="sweep", allow_unhealthy=False,
 ):  # fmt: skip
     from gpufleet.archive.layout import Layout
     from gpufleet.cli.output import line
@@ -103,6 +103,7 @@ def run_sweep(
     from gpufleet.control import sweep
     from gpufleet.control.arms import expand
     from gpufleet.control.cancel import CancelToken
+    from gpufleet.control.lifecycle import LaunchOptions
     from gpufleet.kinds import SweepStatus
 
     arms = arms or expand(profile_names, [], 1)
@@ -122,7 +123,8 @@ def run_sweep(
     hint = lambda: resume_command(inv, state.record.hosts)  # noqa: E731
     with ctrl_c_stops(cancel, hint):
         state = sweep.run(
-            state, sweep.hosts_of(state, selected), request, engine, fail_fast,
+            state, sweep.hosts_of(state, selected), request,
+            LaunchOptions(engine=engine, allow_unhealthy=allow_unhealthy), fail_fast,
             forks_for(inv, forks), line, launch_progress(), bench_progress(), cancel,
         )  # fmt: skip
         data = sweep.report_input(state, request.archive_root)

@@ -7,7 +7,7 @@ from typing import Any
 from gpufleet.cli.output import line, table
 from gpufleet.control.fanout import HostResult
 from gpufleet.control.gpuclean import CleanOptions
-from gpufleet.readings import CleanAnswer, LiveServerInfo, StatusAnswer
+from gpufleet.readings import CleanAnswer, GpuReading, LiveServerInfo, StatusAnswer
 from gpufleet.report.gpu import gpu_verdict, killed_by_gpu
 
 
@@ -17,12 +17,13 @@ def _short_cmd(cmdline: list[str] | None, width: int = 60) -> str:
 
 
 def print_clean(results: list[HostResult[CleanAnswer]], options: CleanOptions) -> None:
-    headers = ["host", "gpu", "uuid", "used MiB", "reserved MiB", "killed PIDs", "verdict"]
+    headers = ["host", "gpu", "uuid", "used MiB", "reserved MiB", "killed PIDs", "verdict",
+               "health"]  # fmt: skip
     rows: list[list[Any]] = []
     for res in results:
         value = res.value
         if value is None:
-            rows.append([res.host.name, "-", "-", "-", "-", "-", "FAILED (below)"])
+            rows.append([res.host.name, "-", "-", "-", "-", "-", "FAILED (below)", "-"])
             continue
         per_gpu = killed_by_gpu(value)
         held = {i: s for s in value.live for i in s.gpus}
@@ -36,8 +37,9 @@ def print_clean(results: list[HostResult[CleanAnswer]], options: CleanOptions) -
             if verdict != "clean" and g.index in held:
                 verdict = f"live server :{held[g.index].port} (left running)"
             rows.append(
-                [res.host.name, g.index, g.uuid, g.used_mib, g.reserved_mib, killed or "-", verdict]
-            )
+                [res.host.name, g.index, g.uuid, g.used_mib, g.reserved_mib, killed or "-", verdict,
+                 _health(g)]
+            )  # fmt: skip
     title = "gpu-clean (dry run: nothing killed)" if options.dry_run else "gpu-clean"
     table(title, headers, rows)
     for res in results:
@@ -71,9 +73,24 @@ def _clean_lines(host: Any, value: CleanAnswer, options: CleanOptions) -> None:
             f"{name}: GPU {u.gpu}: {u.used_mib} MiB held by PID {u.pid}, "
             "which this host cannot see (another container?): reported, not touched"
         )
+    health_lines(host, value.gpus)
     if not options.dry_run:
         state = "verified clean" if value.clean else "NOT clean"
         line(f"{name}: {state} in {value.elapsed_s:.2f}s")
+
+
+def _health(gpu: GpuReading) -> str:
+    return gpu.health.verdict if gpu.health is not None else "n/a"
+
+
+def health_lines(host: Any, gpus: list[GpuReading]) -> None:
+    """Each reason a GPU is not `ok`, one line each; `bad` ones refuse a launch."""
+    for gpu in gpus:
+        for reason in gpu.health.reasons if gpu.health is not None else []:
+            line(f"{host.name}: GPU {gpu.index}: {reason}")
+    if any(g.health is not None and g.health.verdict == "bad" for g in gpus):
+        line(f"{host.name}: launch, sweep and tune refuse a bad GPU (--allow-unhealthy "
+             "launches anyway and records it)")  # fmt: skip
 
 
 def live_server_line(host: Any, server: LiveServerInfo) -> str:
@@ -102,11 +119,12 @@ def clean_json(results: list[HostResult[Any]]) -> dict[str, Any]:
 
 
 def print_status(results: list[HostResult[StatusAnswer]]) -> None:
-    headers = ["host", "gpu", "name", "used MiB", "reserved MiB", "total MiB", "processes"]
+    headers = ["host", "gpu", "name", "used MiB", "reserved MiB", "total MiB", "processes",
+               "health"]  # fmt: skip
     rows: list[list[Any]] = []
     for res in results:
         if res.value is None:
-            rows.append([res.host.name, "-", "-", "-", "-", "-", "FAILED (below)"])
+            rows.append([res.host.name, "-", "-", "-", "-", "-", "FAILED (below)", "-"])
             continue
         for g in res.value.gpus:
             procs = (
@@ -119,9 +137,13 @@ def print_status(results: list[HostResult[StatusAnswer]]) -> None:
                 or "-"
             )
             rows.append(
-                [res.host.name, g.index, g.name, g.used_mib, g.reserved_mib, g.total_mib, procs]
-            )
+                [res.host.name, g.index, g.name, g.used_mib, g.reserved_mib, g.total_mib, procs,
+                 _health(g)]
+            )  # fmt: skip
     table("GPU status", headers, rows)
+    for res in results:
+        if res.value is not None:
+            health_lines(res.host, res.value.gpus)
     server_rows = []
     for res in results:
         for srv in res.value.servers if res.value is not None else []:

@@ -329,6 +329,10 @@ def experiment_options(request_type: type) -> OptionSet:
             engine=Option(
                 "override the server engine (sim to rehearse)", default=None, to_request=False
             ),
+            allow_unhealthy=Option(
+                "launch even on a GPU the health check calls bad (recorded in each run)",
+                **_SWITCH,
+            ),
         )
         | fleet_options(request_type)
     )

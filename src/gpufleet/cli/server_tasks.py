@@ -44,6 +44,7 @@ def profiles(c):
         "engine": "override the engine (e.g. sim to rehearse a profile)",
         "timeout": "seconds to wait for health (default: the profile's health_timeout)",
         "skip-flag-check": "do not check flags against the engine's --help on the host",
+        "allow-unhealthy": "launch even on a GPU the health check calls bad (recorded)",
         "forks": "hosts handled in parallel",
     }
 )
@@ -59,6 +60,7 @@ def launch(
     engine=None,
     timeout=None,
     skip_flag_check=False,
+    allow_unhealthy=False,
     forks=None,
 ):
     """Start the profile's server detached on each host and wait until /health answers 200."""
@@ -84,6 +86,7 @@ def launch(
         engine=engine,
         skip_flag_check=skip_flag_check,
         timeout_s=positive_float(timeout, "--timeout", 0) or None,
+        allow_unhealthy=allow_unhealthy,
     )
     if dry_run:
         checked = lifecycle.dry_run(selected, prof, options, forks_for(inv, forks))

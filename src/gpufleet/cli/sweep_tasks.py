@@ -25,7 +25,7 @@ def sweep(c, **given):
     command = resume_command(["inv", "sweep"], given_options(sweep.body, given))
     run_sweep(
         names, request, o["hosts"], o["inventory"], o["resume"], o["dry_run"], o["fail_fast"],
-        o["engine"], o["forks"], command, arms=arms,
+        o["engine"], o["forks"], command, arms=arms, allow_unhealthy=o["allow_unhealthy"],
     )  # fmt: skip
 
 

@@ -27,7 +27,8 @@ def tune(c, **given):
 
     def sweep(profiles, arms, kind, again):  # the CLI's: Ctrl-C, progress, resume line
         return run_sweep(profiles, request, o["hosts"], o["inventory"], again, False, False,
-                         o["engine"], o["forks"], command, arms=arms, kind=kind)  # fmt: skip
+                         o["engine"], o["forks"], command, arms=arms, kind=kind,
+                         allow_unhealthy=o["allow_unhealthy"])  # fmt: skip
 
     def show_choice(outcome: tunerun.TuneOutcome) -> None:
         result = outcome.result

@@ -24,6 +24,34 @@ DEFAULT_INVENTORY = Path("hosts/rehearsal.yaml")
 DEFAULT_FORKS = 32
 
 
+class SimFault(BaseModel):
+    """A health fault the rehearsal NVML reports for one GPU (docs/REHEARSAL.md): each rule
+    of the health gate can be shown and tested without breaking real hardware."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    power_limit_w: float | None = Field(default=None, gt=0)
+    sm_clock_app_mhz: int | None = Field(default=None, gt=0)  # application/locked clocks
+    clock_events: (
+        list[Literal["sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"]]
+        | None
+    ) = None
+    temperature_c: int | None = None
+    remap_pending: bool | None = None
+    remap_failed: bool | None = None
+    ecc_uncorrected: int | None = Field(default=None, ge=0)
+    ecc: bool | None = None
+    ecc_pending: bool | None = None
+    xids: list[int] | None = None
+    nvlink_down: list[int] | None = None
+    pcie_width: int | None = Field(default=None, gt=0)
+    pcie_gen: int | None = Field(default=None, gt=0)
+    mig: bool | None = None
+    mig_pending: bool | None = None
+    persistence: bool | None = None
+    compute_mode: Literal["default", "exclusive_process", "prohibited"] | None = None
+
+
 class GpuSpec(BaseModel):
     """What the host should have; `simulated` hosts get gpufleet's rehearsal NVML."""
 
@@ -38,6 +66,9 @@ class GpuSpec(BaseModel):
         default=None,
         ge=0,
         description="GPUs the simulation has (default: count); rehearses a lost GPU",
+    )
+    faults: dict[int, SimFault] = Field(
+        default_factory=dict, description="simulated hosts: health faults per GPU index"
     )
 
 

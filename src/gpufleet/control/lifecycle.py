@@ -29,6 +29,7 @@ class LaunchOptions:
     timeout_s: float | None = None
     skip_flag_check: bool = False
     grace_s: float = 15.0
+    allow_unhealthy: bool = False  # launch on a GPU the health check calls bad (recorded)
 
 
 def _raise_not_ready(wait: dict[str, Any]) -> None:
@@ -97,6 +98,8 @@ def launch_on(
             replace=options.replace,
             grace_s=options.grace_s,
             skip_flag_check=options.skip_flag_check,
+            allow_unhealthy=options.allow_unhealthy,
+            status_hint=f"inv status --hosts {session.host.name}{session.host.cli_hint()}",
         ),
         timeout=600,
     )
@@ -146,6 +149,8 @@ def dry_run(
             spec=specs[session.host.name],
             skip_flag_check=options.skip_flag_check,
             dry_run=True,
+            allow_unhealthy=options.allow_unhealthy,
+            status_hint=f"inv status --hosts {session.host.name}{session.host.cli_hint()}",
         )
         return session.call(args, timeout=600)
 

@@ -13,6 +13,7 @@ cell whose archived run failed (the failed archive stays, marked superseded).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
@@ -183,7 +184,7 @@ class _Cell:
         state: SweepState,
         arm: ArmSpec,
         request: benchrun.BenchRequest,
-        engine: str | None,
+        launch: server.LaunchOptions,
         cancel: CancelToken,
         progress: tuple[Any, Any],
     ) -> None:
@@ -193,7 +194,8 @@ class _Cell:
         self.profile = arm.key  # the cell's key in the sweep state
         self.host = session.host.name
         self.request = replace(request, profile=arm.label)
-        self.engine = engine
+        self.launch_options = dataclasses.replace(launch, replace=True)
+        self.engine = launch.engine
         self.cancel = cancel
         self.launch_progress, self.bench_progress = progress
         self.steps = _Steps()
@@ -276,8 +278,9 @@ class _Cell:
         return spec
 
     def launch(self) -> None:
-        options = server.LaunchOptions(replace=True, engine=self.engine)
-        server.launch_on(self.session, self.spec, options, self.launch_progress, self.cancel)
+        server.launch_on(
+            self.session, self.spec, self.launch_options, self.launch_progress, self.cancel
+        )
 
     def bench(self) -> benchrun.ArchivedRun:
         run_id = benchrun.make_run_id(self.request, [self.host])
@@ -360,7 +363,7 @@ def run(
     state: SweepState,
     hosts: list[Host],
     request: benchrun.BenchRequest,
-    engine: str | None,
+    launch: server.LaunchOptions,
     fail_fast: bool,
     forks: int,
     say: Say,
@@ -386,7 +389,7 @@ def run(
         results = run_on_hosts(
             todo,
             lambda s, arm=arm: _pipeline(
-                _Cell(s, state, arm, request, engine, cancel, (launch_progress, bench_progress))
+                _Cell(s, state, arm, request, launch, cancel, (launch_progress, bench_progress))
             ),
             forks=forks,
         )

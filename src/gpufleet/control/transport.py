@@ -194,6 +194,7 @@ class Session:
                 "model": gpus.model,
                 "memory_mib": gpus.memory_mib,
                 "reserved_mib": gpus.reserved_mib,
+                "faults": {str(i): f.model_dump(exclude_none=True) for i, f in gpus.faults.items()},
             }
         return args
 

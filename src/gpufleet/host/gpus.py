@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from gpufleet.host import liveservers, procs
+from gpufleet.host import gpuhealth, liveservers, procs
 from gpufleet.host import nvml as nvmlread
 from gpufleet.host.protocol import (
     AgentError,
@@ -56,6 +56,7 @@ def stale_processes(args: StatusArgs) -> tuple[list[GpuReading], list[ProcessInf
     nvml = nvmlread.load_pynvml()
     snap = nvmlread.snapshot(nvml)
     _annotate(snap)
+    gpuhealth.attach(nvml, snap, remember_xids=False)  # status reads; gpu-clean checks
     sim_state = (args.sim or {}).get("state_dir")
     stale = []
     for pid in procs.find_pattern_matches(args.patterns or procs.DEFAULT_PATTERNS, sim_state):
@@ -112,6 +113,7 @@ def clean(args: CleanArgs) -> CleanAnswer:
         unattributed=unattributed, live=live,
     )  # fmt: skip
     if args.dry_run:
+        gpuhealth.attach(nvml, before, remember_xids=False)
         answer.would_kill = [info for _, info in tree.values()]
         answer.elapsed_s = round(time.monotonic() - started, 3)
         return answer
@@ -130,6 +132,7 @@ def clean(args: CleanArgs) -> CleanAnswer:
             break
         time.sleep(0.2)
     _annotate(after)
+    gpuhealth.attach(nvml, after, remember_xids=True)  # XIDs from here on are "new"
     answer.gpus, answer.clean = after, clean_now
     answer.elapsed_s = round(time.monotonic() - started, 3)
     return answer

@@ -179,6 +179,8 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
             node_rank=spec.node_rank,
             started_at=now_iso(),
             status=ServerStatus.STARTING,
+            gpu_health=check["gpu_health"],
+            allowed_unhealthy=args.allow_unhealthy,
         )
         write_state(state)
     return {

@@ -36,6 +36,7 @@ def activate_simulation(sim: dict[str, Any], host: str) -> None:
         memory_mib=sim.get("memory_mib", 143771),
         reserved_mib=sim.get("reserved_mib", 615),
         host=host,
+        faults=sim.get("faults"),
     )
     os.environ[gpustate.STATE_ENV] = state
     shim = shim_dir()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.host import flagrenames
+from gpufleet.host import flagrenames, gpuhealth
 from gpufleet.host import nvml as nvmlread
 from gpufleet.host.protocol import AgentError, LaunchArgs
 from gpufleet.host.servers import read_state, server_alive
@@ -133,18 +133,48 @@ def check_flags_against(argv: list[str], head: int, help_text: str, engine: str)
     return check
 
 
-def _gpus_in_use(gpus: list[int]) -> list[str]:
+@dataclass
+class GpuCheck:
+    """What the launch's GPUs say: refusals, warnings, and each GPU's health verdict (kept
+    in the server's state and the runs' manifests)."""
+
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    health: list[str] = field(default_factory=list)
+
+
+def check_gpus(gpus: list[int], args: LaunchArgs, in_use: bool) -> GpuCheck:
+    """The launch's GPUs exist, are free (unless `in_use` is skipped) and are healthy: a
+    `bad` GPU refuses the launch unless --allow-unhealthy, a `warn` is said."""
     nvml = nvmlread.load_pynvml()
-    snap = {g.index: g for g in nvmlread.snapshot(nvml)}
-    problems = []
+    readings = nvmlread.snapshot(nvml)
+    gpuhealth.attach(nvml, readings, remember_xids=False)
+    snap = {g.index: g for g in readings}
+    out = GpuCheck()
+    hint = args.status_hint or f"inv status --hosts {args.host}"
     for index in gpus:
         gpu = snap.get(index)
         if gpu is None:
-            problems.append(f"GPU {index} does not exist (NVML sees {len(snap)})")
-        elif not gpu.is_clean():
+            out.errors.append(f"GPU {index} does not exist (NVML sees {len(snap)})")
+            continue
+        if in_use and not gpu.is_clean():
             pids = ",".join(str(p.pid) for p in gpu.processes) or "none listed"
-            problems.append(f"GPU {index} is in use: {gpu.used_mib} MiB (PIDs {pids})")
-    return problems
+            out.errors.append(f"GPU {index} is in use: {gpu.used_mib} MiB (PIDs {pids})")
+        health = gpu.health
+        if health is None or health.verdict == "ok":
+            out.health.append(f"GPU {index}: ok")
+            continue
+        words = "; ".join(r.split(": ", 1)[1] for r in health.reasons)
+        out.health.append(f"GPU {index}: {health.verdict}: {words}")
+        if health.verdict == "bad" and not args.allow_unhealthy:
+            out.errors.append(
+                f"GPU {index} is unhealthy: {words} (see `{hint}`; --allow-unhealthy launches "
+                "anyway and records it)"
+            )
+        else:
+            anyway = " (launched anyway: --allow-unhealthy)" if health.verdict == "bad" else ""
+            out.warnings.append(f"GPU {index} {health.verdict}: {words}{anyway}")
+    return out
 
 
 def preflight(args: LaunchArgs) -> dict[str, Any]:
@@ -170,9 +200,13 @@ def preflight(args: LaunchArgs) -> dict[str, Any]:
     version = engine_version(engine, launch_env(spec))
     if engine == "sglang" and version is None:
         errors.append(f"{sys.executable} has no sglang installed (pip show sglang found nothing)")
-    if not args.skip_gpu_check and not (existing and args.replace):
+    health: list[str] = []
+    if not args.skip_gpu_check:
         try:
-            errors += _gpus_in_use(spec.gpus)
+            gpus = check_gpus(spec.gpus, args, in_use=not (existing and args.replace))
+            errors += gpus.errors
+            warnings += gpus.warnings
+            health = gpus.health
         except AgentError as exc:
             if spec.engine != "custom":
                 errors.append(str(exc))
@@ -192,4 +226,5 @@ def preflight(args: LaunchArgs) -> dict[str, Any]:
         "argv": argv,
         "engine_version": version,
         "accepts_config": accepts_config,  # `--config FILE.yaml` (SGLang 0.5.16+)
+        "gpu_health": health,
     }

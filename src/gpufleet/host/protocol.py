@@ -117,6 +117,8 @@ class LaunchArgs(VerbArgs):
     skip_flag_check: bool = False
     skip_gpu_check: bool = False
     dry_run: bool = False  # preflight only: the argv that would run (renames applied)
+    allow_unhealthy: bool = False  # launch on a GPU the health check calls bad (recorded)
+    status_hint: str = ""  # the pasteable `inv status` line for this host (from the control)
 
 
 @dataclass

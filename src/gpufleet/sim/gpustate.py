@@ -49,6 +49,7 @@ def ensure_topology(
     memory_mib: int = 143771,
     reserved_mib: int = 615,
     host: str = "sim",
+    faults: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Create or update gpus.json; allocations already registered are kept."""
     root = Path(path)
@@ -60,6 +61,7 @@ def ensure_topology(
         "driver": "580.95.05",
         "cuda": 13000,
         "uuids": [str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{host}/gpu{i}")) for i in range(count)],
+        "faults": faults or {},  # index -> health faults the simulated NVML reports (issue 25)
     }
     current = root / "gpus.json"
     try:

@@ -215,11 +215,163 @@ def nvmlDeviceGetClockInfo(handle: _Handle, clock_type: int) -> int:
     return 1980 if _activity(handle.index).get("sm_util", 0) else 345
 
 
-def nvmlDeviceGetTemperature(handle: _Handle, sensor: int) -> int:
+# -- health (issue 25): an H200's healthy readings (docs/REFERENCE: the lent H200), with the
+# faults the inventory or a test injects (gpus.json "faults": {"<index>": {field: value}}) --
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_NVLINK_MAX_LINKS = 18
+NVML_COMPUTEMODE_DEFAULT = 0
+NVML_COMPUTEMODE_PROHIBITED = 2
+NVML_COMPUTEMODE_EXCLUSIVE_PROCESS = 3
+CLOCK_EVENT_BITS = {
+    "idle": 0x1, "applications_clocks": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
+    "sync_boost": 0x10, "sw_thermal": 0x20, "hw_thermal": 0x40, "hw_power_brake": 0x80,
+}  # fmt: skip
+NVMLError._messages[NVML_ERROR_NOT_SUPPORTED] = "Not Supported"
+
+
+class NVMLError_NotSupported(NVMLError):
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_NOT_SUPPORTED)
+
+
+def _fault(handle: _Handle, name: str, default: Any) -> Any:
+    faults = _topology().get("faults") or {}
+    return (faults.get(str(handle.index)) or {}).get(name, default)
+
+
+def nvmlDeviceGetPersistenceMode(handle: _Handle) -> int:
+    return int(bool(_fault(handle, "persistence", True)))
+
+
+def nvmlDeviceGetComputeMode(handle: _Handle) -> int:
+    mode = _fault(handle, "compute_mode", "default")
+    return {"default": 0, "prohibited": 2, "exclusive_process": 3}[mode]
+
+
+def nvmlDeviceGetMigMode(handle: _Handle) -> list[int]:
+    current = bool(_fault(handle, "mig", False))
+    return [int(current), int(_fault(handle, "mig_pending", current))]
+
+
+def nvmlDeviceGetEccMode(handle: _Handle) -> list[int]:
+    current = bool(_fault(handle, "ecc", True))
+    return [int(current), int(_fault(handle, "ecc_pending", current))]
+
+
+def nvmlDeviceGetTotalEccErrors(handle: _Handle, error_type: int, counter_type: int) -> int:
+    return int(_fault(handle, "ecc_uncorrected", 0)) if error_type == 1 else 0
+
+
+def nvmlDeviceGetRemappedRows(handle: _Handle) -> tuple[int, int, int, int]:
+    pending = int(bool(_fault(handle, "remap_pending", False)))
+    failed = int(bool(_fault(handle, "remap_failed", False)))
+    return (0, pending, pending, failed)
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(handle: _Handle) -> int:
     _topology()
-    return int(30 + 0.06 * nvmlDeviceGetPowerUsage(handle) / 1000)
+    raise NVMLError_NotSupported()  # Hopper remaps rows instead, as on the real H200
+
+
+def nvmlDeviceGetPowerManagementLimit(handle: _Handle) -> int:
+    return int(_fault(handle, "power_limit_w", 700) * 1000)
+
+
+nvmlDeviceGetEnforcedPowerLimit = nvmlDeviceGetPowerManagementLimit
+
+
+def nvmlDeviceGetPowerManagementDefaultLimit(handle: _Handle) -> int:
+    _topology()
+    return 700_000
+
+
+def nvmlDeviceGetApplicationsClock(handle: _Handle, clock_type: int) -> int:
+    return int(_fault(handle, "sm_clock_app_mhz", 1980))
+
+
+def nvmlDeviceGetDefaultApplicationsClock(handle: _Handle, clock_type: int) -> int:
+    _topology()
+    return 1980
+
+
+def nvmlDeviceGetMaxClockInfo(handle: _Handle, clock_type: int) -> int:
+    _topology()
+    return 1980
 
 
 def nvmlDeviceGetCurrentClocksEventReasons(handle: _Handle) -> int:
+    busy = _activity(handle.index).get("sm_util", 0)
+    bits = 0 if busy else CLOCK_EVENT_BITS["idle"]
+    for name in _fault(handle, "clock_events", []):
+        bits |= CLOCK_EVENT_BITS[name]
+    return bits
+
+
+nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+
+def nvmlDeviceGetTemperature(handle: _Handle, sensor: int) -> int:
+    default = int(30 + 0.06 * nvmlDeviceGetPowerUsage(handle) / 1000)
+    return int(_fault(handle, "temperature_c", default))
+
+
+def nvmlDeviceGetCurrPcieLinkGeneration(handle: _Handle) -> int:
+    return int(_fault(handle, "pcie_gen", 5))
+
+
+def nvmlDeviceGetMaxPcieLinkGeneration(handle: _Handle) -> int:
     _topology()
-    return 0  # no throttling in rehearsal
+    return 5
+
+
+nvmlDeviceGetGpuMaxPcieLinkGeneration = nvmlDeviceGetMaxPcieLinkGeneration
+
+
+def nvmlDeviceGetCurrPcieLinkWidth(handle: _Handle) -> int:
+    return int(_fault(handle, "pcie_width", 16))
+
+
+def nvmlDeviceGetMaxPcieLinkWidth(handle: _Handle) -> int:
+    _topology()
+    return 16
+
+
+def nvmlDeviceGetNvLinkState(handle: _Handle, link: int) -> int:
+    """An 8-GPU board has 18 links per GPU; a single GPU has none (Not Supported, as on the
+    lent H200)."""
+    if int(_topology()["count"]) < 2:
+        raise NVMLError_NotSupported()
+    if not 0 <= link < NVML_NVLINK_MAX_LINKS:
+        raise NVMLError_InvalidArgument()
+    return 0 if link in _fault(handle, "nvlink_down", []) else 1
+
+
+@dataclass
+class nvmlPciInfo_t:
+    busId: str
+
+
+def nvmlDeviceGetPciInfo(handle: _Handle) -> nvmlPciInfo_t:
+    _topology()
+    return nvmlPciInfo_t(bus_id(handle.index))
+
+
+def bus_id(index: int) -> str:
+    return f"00000000:{0x18 + 0x10 * index:02X}:00.0"
+
+
+def gpufleet_kernel_log() -> list[str]:
+    """The simulated host's kernel log: an `xid` fault is the NVRM line a real driver writes
+    (host/gpuhealth.py reads this instead of dmesg on a simulated host)."""
+    faults = _topology().get("faults") or {}
+    lines = []
+    for index, fault in sorted(faults.items()):
+        for xid in fault.get("xids", []):
+            lines.append(
+                f"[  100.000000] NVRM: Xid (PCI:{bus_id(int(index))[4:]}): {xid}, pid=4242, "
+                "name=python3, simulated"
+            )
+    return lines

@@ -1,0 +1,264 @@
+"""Is an empty GPU fit to measure on? Read what changes speed or correctness through NVML
+(and XIDs from the kernel log), then judge each GPU `ok`, `warn` or `bad` with reasons,
+including outliers among the GPUs of one host.
+
+A field the GPU or driver does not support reads None ("n/a"): NVML answers Not Supported
+for NVLink on a single GPU, for retired pages on Hopper. Nothing here changes a setting.
+Figures from the lent H200 are in docs/GPU-VALIDATION.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpufleet.readings import GpuHealth, GpuReading
+
+CLOCK_EVENTS = {  # NVML's clock event (throttle) reason bits; idle and app clocks are benign
+    0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+}  # fmt: skip
+BAD_CLOCK_EVENTS = {"hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}
+# XIDs that mean the GPU is not fit until reset or repaired (NVIDIA's XID catalogue: double
+# bit ECC, fallen off the bus, NVLink, row remapping, contained/uncontained ECC, GSP errors).
+BAD_XIDS = {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140}
+XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
+XID_SEEN = Path("health") / "xids-seen.json"  # in the workdir: XIDs already reported
+HOT_IDLE_C = 85
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+
+
+def _na(fn: Callable[..., Any], *args: Any) -> Any:
+    """The value, or None where NVML says Not Supported (or the binding lacks the call)."""
+    try:
+        return fn(*args)
+    except Exception:  # NVMLError of any kind, a missing symbol, an older binding
+        return None
+
+
+def _call(nvml: Any, names: tuple[str, ...], *args: Any) -> Any:
+    for name in names:
+        fn = getattr(nvml, name, None)
+        if fn is not None:
+            return _na(fn, *args)
+    return None
+
+
+def read(nvml: Any, handle: Any, count: int) -> GpuHealth:
+    """One GPU's health fields (no verdict yet: `judge` needs its siblings)."""
+    started = time.perf_counter()
+    h = GpuHealth()
+    sm = getattr(nvml, "NVML_CLOCK_SM", 1)
+    persistence = _na(nvml.nvmlDeviceGetPersistenceMode, handle)
+    h.persistence = None if persistence is None else bool(persistence)
+    mode = _na(nvml.nvmlDeviceGetComputeMode, handle)
+    h.compute_mode = None if mode is None else COMPUTE_MODES.get(int(mode), str(mode))
+    mig = _na(nvml.nvmlDeviceGetMigMode, handle)
+    if mig is not None:
+        h.mig, h.mig_pending = bool(mig[0]), bool(mig[1])
+    ecc = _na(nvml.nvmlDeviceGetEccMode, handle)
+    if ecc is not None:
+        h.ecc, h.ecc_pending = bool(ecc[0]), bool(ecc[1])
+    uncorrected = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+    h.ecc_uncorrected_volatile = _na(nvml.nvmlDeviceGetTotalEccErrors, handle, uncorrected, 0)
+    h.ecc_uncorrected_aggregate = _na(nvml.nvmlDeviceGetTotalEccErrors, handle, uncorrected, 1)
+    rows = _na(nvml.nvmlDeviceGetRemappedRows, handle)
+    if rows is not None:
+        h.remap_pending, h.remap_failed = bool(rows[2]), bool(rows[3])
+    pages = _call(nvml, ("nvmlDeviceGetRetiredPagesPendingStatus",), handle)
+    h.retired_pages_pending = None if pages is None else bool(pages)
+    limit = _call(nvml, ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit"),
+                  handle)  # fmt: skip
+    default = _na(nvml.nvmlDeviceGetPowerManagementDefaultLimit, handle)
+    h.power_limit_w = None if limit is None else round(limit / 1000, 1)
+    h.power_default_w = None if default is None else round(default / 1000, 1)
+    h.sm_clock_app_mhz = _na(nvml.nvmlDeviceGetApplicationsClock, handle, sm)
+    h.sm_clock_default_mhz = _na(nvml.nvmlDeviceGetDefaultApplicationsClock, handle, sm)
+    h.sm_clock_max_mhz = _na(nvml.nvmlDeviceGetMaxClockInfo, handle, sm)
+    reasons = _call(
+        nvml,
+        ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+        handle,
+    )
+    if reasons is not None:
+        h.clock_events = [name for bit, name in CLOCK_EVENTS.items() if int(reasons) & bit]
+    h.temperature_c = _na(nvml.nvmlDeviceGetTemperature, handle, 0)
+    h.pcie_gen = _na(nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle)
+    h.pcie_gen_max = _na(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)
+    h.pcie_width = _na(nvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
+    h.pcie_width_max = _na(nvml.nvmlDeviceGetMaxPcieLinkWidth, handle)
+    if count > 1:
+        states = [
+            _na(nvml.nvmlDeviceGetNvLinkState, handle, link)
+            for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))
+        ]
+        known = [(link, s) for link, s in enumerate(states) if s is not None]
+        if known:
+            h.nvlinks_up = sum(1 for _, s in known if s)
+            h.nvlinks_down = [link for link, s in known if not s]
+    h.read_ms = round((time.perf_counter() - started) * 1000, 1)
+    return h
+
+
+def _kernel_log(nvml: Any) -> list[str] | None:
+    """The kernel log's lines, or None where it cannot be read (dmesg_restrict, no dmesg)."""
+    simulated = getattr(nvml, "gpufleet_kernel_log", None)
+    if simulated is not None:
+        return list(simulated())
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=3, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.splitlines() if out.returncode == 0 else None
+
+
+BUS_KEY = re.compile(r"([0-9a-f]{2}):([0-9a-f]{2})(?:\.[0-7])?$")
+
+
+def bus_key(text: str) -> str | None:
+    """`18:00` (bus and device) from NVML's `00000000:18:00.0` or NVRM's `0000:18:00`."""
+    match = BUS_KEY.search(text.lower())
+    return f"{match.group(1)}:{match.group(2)}" if match else None
+
+
+def _bus(nvml: Any, handle: Any) -> str | None:
+    info = _na(nvml.nvmlDeviceGetPciInfo, handle)
+    bus = getattr(info, "busId", None)
+    if isinstance(bus, bytes):
+        bus = bus.decode()
+    return bus_key(bus) if bus else None
+
+
+def new_xids(nvml: Any, handles: list[Any], remember: bool) -> list[list[int] | None]:
+    """Per GPU: the XIDs in the kernel log not reported by an earlier check (None: the log is
+    not readable here). `remember` marks them reported (gpu-clean does; status does not)."""
+    lines = _kernel_log(nvml)
+    if lines is None:
+        return [None] * len(handles)
+    try:
+        seen = set(json.loads(XID_SEEN.read_text()))
+    except (OSError, ValueError):
+        seen = set()
+    found = [line.split("]", 1)[-1].strip() for line in lines if XID_LINE.search(line)]
+    fresh = [line for line in found if line not in seen]
+    buses = [_bus(nvml, handle) for handle in handles]
+    out: list[list[int] | None] = [[] for _ in handles]
+    for line in fresh:
+        match = XID_LINE.search(line)
+        assert match is not None
+        bus, xid = bus_key(match.group(1)), int(match.group(2))
+        for i, mine in enumerate(buses):
+            if mine is not None and mine == bus:
+                out[i].append(xid)  # type: ignore[union-attr]
+    if remember and fresh:
+        XID_SEEN.parent.mkdir(mode=0o700, exist_ok=True)
+        XID_SEEN.write_text(json.dumps(sorted(seen | set(found))[-1000:]))
+    return out
+
+
+def judge(gpus: list[GpuReading]) -> None:
+    """Set each GPU's verdict and reasons: its own readings, then against its siblings."""
+    for gpu in gpus:
+        h = gpu.health
+        if h is None:
+            continue
+        bad, warn = _own_problems(h)
+        h.reasons = [f"bad: {r}" for r in bad] + [f"warn: {r}" for r in warn]
+    _outliers(gpus)
+    for gpu in gpus:
+        if gpu.health is not None:
+            reasons = gpu.health.reasons
+            gpu.health.verdict = (
+                "bad" if any(r.startswith("bad:") for r in reasons)
+                else "warn" if reasons else "ok"
+            )  # fmt: skip
+
+
+def _own_problems(h: GpuHealth) -> tuple[list[str], list[str]]:
+    bad: list[str] = []
+    warn: list[str] = []
+    if h.ecc_uncorrected_volatile:
+        bad.append(f"{h.ecc_uncorrected_volatile} uncorrectable ECC errors since the driver loaded")
+    if h.remap_failed:
+        bad.append("a row remapping failed: the GPU needs service")
+    if h.remap_pending:
+        bad.append("a row remap is pending: reset the GPU before measuring")
+    if h.retired_pages_pending:
+        bad.append("retired pages are pending: reset the GPU before measuring")
+    for xid in h.xids or []:
+        (bad if xid in BAD_XIDS else warn).append(
+            f"XID {xid} in the kernel log since the last check"
+        )
+    if h.nvlinks_down and h.nvlinks_up:
+        bad.append(f"NVLink {','.join(map(str, h.nvlinks_down))} down ({h.nvlinks_up} up)")
+    if h.power_limit_w and h.power_default_w and h.power_limit_w < h.power_default_w:
+        bad.append(f"power limit {h.power_limit_w:g} W, below its default {h.power_default_w:g} W")
+    throttled = sorted(set(h.clock_events or []) & BAD_CLOCK_EVENTS)
+    if throttled:
+        bad.append(f"clocks held down ({', '.join(throttled)})")
+    if "sw_power_cap" in (h.clock_events or []):
+        warn.append("clocks held down by the software power cap")
+    if h.pcie_width and h.pcie_width_max and h.pcie_width < h.pcie_width_max:
+        bad.append(f"PCIe width x{h.pcie_width}, the GPU and slot support x{h.pcie_width_max}")
+    if h.mig:
+        bad.append("MIG is on: a benchmark needs whole GPUs")
+    if h.mig_pending is not None and h.mig is not None and h.mig_pending != h.mig:
+        warn.append(f"MIG {'on' if h.mig_pending else 'off'} is pending (needs a GPU reset)")
+    if (
+        h.sm_clock_app_mhz
+        and h.sm_clock_default_mhz
+        and h.sm_clock_app_mhz != h.sm_clock_default_mhz
+    ):
+        warn.append(f"application clocks {h.sm_clock_app_mhz} MHz, default "
+                    f"{h.sm_clock_default_mhz} MHz (set or locked by someone)")  # fmt: skip
+    if h.temperature_c is not None and h.temperature_c >= HOT_IDLE_C:
+        warn.append(f"{h.temperature_c} C while idle")
+    if h.persistence is False:
+        warn.append("persistence mode off (the driver reloads between jobs)")
+    if h.compute_mode not in (None, "default"):
+        warn.append(f"compute mode {h.compute_mode}")
+    if h.ecc is False:
+        warn.append("ECC off")
+    if h.ecc_pending is not None and h.ecc is not None and h.ecc_pending != h.ecc:
+        warn.append(f"ECC {'on' if h.ecc_pending else 'off'} is pending (needs a reboot)")
+    return bad, warn
+
+
+def _outliers(gpus: list[GpuReading]) -> None:
+    """One GPU set lower than its siblings (power limit, clocks, PCIe width): an unequal
+    tensor-parallel group runs at the speed of its slowest GPU."""
+    healths = [g.health for g in gpus if g.health is not None]
+    if len(healths) < 2:
+        return
+    for label, attr, unit in (
+        ("power limit", "power_limit_w", "W"),
+        ("application clocks", "sm_clock_app_mhz", "MHz"),
+        ("PCIe width", "pcie_width", "lanes"),
+    ):
+        values = [getattr(h, attr) for h in healths if getattr(h, attr) is not None]
+        if not values:
+            continue
+        top = max(values)
+        for gpu in gpus:
+            value = getattr(gpu.health, attr, None)
+            said = any(label in r for r in gpu.health.reasons) if gpu.health else False
+            if value is not None and value < top and not said:
+                gpu.health.reasons.append(  # type: ignore[union-attr]
+                    f"warn: {label} {value:g} {unit}, below its siblings' {top:g} {unit}"
+                )
+
+
+def attach(nvml: Any, gpus: list[GpuReading], remember_xids: bool) -> None:
+    """Read every GPU's health into its reading and judge them together."""
+    handles = [nvml.nvmlDeviceGetHandleByIndex(g.index) for g in gpus]
+    count = int(_na(nvml.nvmlDeviceGetCount) or len(gpus))
+    xids = new_xids(nvml, handles, remember_xids)
+    for gpu, handle, found in zip(gpus, handles, xids, strict=True):
+        gpu.health = read(nvml, handle, count)
+        gpu.health.xids = found
+    judge(gpus)
