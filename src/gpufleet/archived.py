@@ -74,6 +74,7 @@ class ServerFacts(Record):
     started_at: str | None = None
     flag_renames: list[str] | None = None
     secrets_in_argv: bool | None = None
+    gpus: list[int] | None = None  # the GPUs the server ran on
     gpu_health: list[str] | None = None  # each GPU's health verdict at launch
     allowed_unhealthy: bool | None = None  # launched with --allow-unhealthy
 
@@ -88,6 +89,8 @@ class HostFacts(Record):
     packages: dict[str, str | None] | None = None
     hostname: str | None = None
     simulated: bool | None = None
+    kernel: str | None = None
+    cpu_governor: str | None = None
 
 
 @dataclass

@@ -22,6 +22,8 @@ from gpufleet.cli.common import (
         "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
         "no-plots": "do not write PNG plots",
         "wide": "every metric in the terminal table (default: the headline columns)",
+        "strict": "refuse runs whose fingerprints differ in what changes speed (GPU, power "
+        "limit, clocks, driver, engine version, ...)",
     },
 )
 @user_errors
@@ -35,6 +37,7 @@ def compare(
     archive=None,
     no_plots=False,
     wide=False,
+    strict=False,
 ):
     """Per-concurrency table, crossover, plots and report.html: inv compare baseline eagle3."""
     from pathlib import Path
@@ -50,6 +53,13 @@ def compare(
         raise UserError(f"--format {format!r}: expected table, md, csv or json")
     root = Path(archive) if archive else DEFAULT_ROOT
     data = select.report_for_runs(root, names, hosts.split(",") if hosts else None)
+    if strict:
+        from gpufleet.report.compare import strict_refusal
+
+        for host, arms in data.per_host.items():
+            refusal = strict_refusal(arms)
+            if refusal:
+                raise UserError(f"{host}: {refusal}")
     out_dir = Layout(root).compare_dir("-vs-".join(names))
     show_compare(data, format, out_dir, plots=not no_plots, wide=wide)
     if format != "json":

@@ -239,6 +239,7 @@ def _outliers(gpus: list[GpuReading]) -> None:
         ("power limit", "power_limit_w", "W"),
         ("application clocks", "sm_clock_app_mhz", "MHz"),
         ("PCIe width", "pcie_width", "lanes"),
+        ("PCIe generation", "pcie_gen", ""),  # idle links drop it, but not one GPU alone
     ):
         values = [getattr(h, attr) for h in healths if getattr(h, attr) is not None]
         if not values:
@@ -249,7 +250,8 @@ def _outliers(gpus: list[GpuReading]) -> None:
             said = any(label in r for r in gpu.health.reasons) if gpu.health else False
             if value is not None and value < top and not said:
                 gpu.health.reasons.append(  # type: ignore[union-attr]
-                    f"warn: {label} {value:g} {unit}, below its siblings' {top:g} {unit}"
+                    f"warn: {label} {value:g}{unit and ' ' + unit}, below its siblings' "
+                    f"{top:g}{unit and ' ' + unit}"
                 )
 
 

@@ -8,6 +8,7 @@ import platform
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from gpufleet.host import gpuhealth, liveservers, procs
@@ -180,6 +181,7 @@ def sysinfo(args: VerbArgs) -> dict[str, Any]:
             )
         },
         "simulated": bool(args.sim),
+        "cpu_governor": cpu_governor(),
     }
     try:
         nvml = nvmlread.load_pynvml()
@@ -187,11 +189,34 @@ def sysinfo(args: VerbArgs) -> dict[str, Any]:
         info.update(driver=None, gpus=[], nvml_error=str(exc))
         return info
     snap = nvmlread.snapshot(nvml)
+    gpuhealth.attach(nvml, snap, remember_xids=False)
     info.update(nvmlread.driver_info(nvml))
-    info["gpus"] = [
-        {"index": g.index, "uuid": g.uuid, "name": g.name, "total_mib": g.total_mib} for g in snap
-    ]
+    info["gpus"] = [_fingerprint(g) for g in snap]
     return info
+
+
+FINGERPRINT = (  # what changes speed, per GPU, recorded in every run's manifest
+    "power_limit_w", "sm_clock_app_mhz", "persistence", "ecc", "mig", "compute_mode",
+    "pcie_gen_max", "pcie_width", "nvlinks_up",
+)  # fmt: skip
+
+
+def _fingerprint(gpu: GpuReading) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "total_mib": gpu.total_mib
+    }  # fmt: skip
+    if gpu.health is not None:
+        out.update({k: getattr(gpu.health, k) for k in FINGERPRINT})
+        out["health"] = gpu.health.verdict
+    return out
+
+
+def cpu_governor() -> str | None:
+    """The CPU frequency governor (powersave slows the client and the server's scheduler)."""
+    try:
+        return Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
+    except OSError:
+        return None
 
 
 def echo(args: EchoArgs) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpufleet.archived import Manifest
 from gpufleet.report import metrics
+from gpufleet.report.fingerprint import differences
 from gpufleet.report.stats import ratio_text
 
 SPECULATIVE_CAP = 48
@@ -169,14 +170,10 @@ def fairness(arms: list[Arm], levels: list[int]) -> list[str]:
 
     def facts(arm: Arm) -> dict[str, Any]:
         m = arm.manifest
-        gpus = m.host_facts.gpus or [{}]
         return {
             "prompt set": m.prompt_set.prompts_sha256,
             "output length": m.plan.output_len if m.plan else None,
             "backend": m.plan.backend if m.plan else None,
-            "GPU model": gpus[0].get("name"),
-            "driver": m.host_facts.driver,
-            "engine version": m.server.engine_version,
             "host": m.host,
         }
 
@@ -188,6 +185,17 @@ def fairness(arms: list[Arm], levels: list[int]) -> list[str]:
                 warnings.append(
                     f"{key} differs: {base.label} {value!r} vs {arm.label} {other[key]!r}"
                 )
+        for label, a, b in differences(base.manifest, arm.manifest):
+            warnings.append(f"{label} differs: {base.label} {_said(a)} vs {arm.label} {_said(b)}")
+    for arm in arms:
+        unhealthy = [h for h in arm.manifest.server.gpu_health or [] if ": ok" not in h]
+        if unhealthy:
+            launched = (
+                " (launched with --allow-unhealthy)"
+                if arm.manifest.server.allowed_unhealthy
+                else ""
+            )
+            warnings.append(f"{arm.label}: {'; '.join(unhealthy)}{launched}")
     for arm in arms:
         cap = effective_max_running(arm.manifest)
         over = [c for c in levels if cap is not None and c > cap]
@@ -205,6 +213,26 @@ def fairness(arms: list[Arm], levels: list[int]) -> list[str]:
                 f" ({arm.manifest.reason})"
             )
     return warnings
+
+
+def _said(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "(" + ", ".join("n/a" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+                               for v in value) + ")"  # fmt: skip
+    return repr(value)
+
+
+def strict_refusal(arms: list[Arm]) -> str | None:
+    """`--strict`: why these runs must not be compared (their fingerprints differ), or None."""
+    base = arms[0]
+    found = [
+        f"{label} ({base.label} {_said(a)} vs {arm.label} {_said(b)})"
+        for arm in arms[1:]
+        for label, a, b in differences(base.manifest, arm.manifest)
+    ]
+    if not found:
+        return None
+    return "--strict: the runs differ in what changes speed: " + "; ".join(found)
 
 
 TABLE_METRICS = [(m.compare_label, m.key, m.fmt) for m in metrics.where(metrics.Place.COMPARE)]

@@ -1,0 +1,153 @@
+"""A clean GPU is a healthy, equal GPU (issue 25): every health rule, its fault injected into
+the rehearsal NVML, gives its verdict and reason; a bad GPU refuses a launch over real sshd
+unless --allow-unhealthy (recorded); compare flags a pair that differs in one power limit."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet.host import gpuhealth
+from gpufleet.host import nvml as nvmlread
+from gpufleet.sim import gpustate
+from gpufleet.sim import nvml as simnvml
+from helpers import run_cli
+
+
+def _health(tmp_path: Path, monkeypatch, faults: dict, count: int = 8, remember: bool = True):
+    state = tmp_path / "gpus"
+    gpustate.ensure_topology(state, count=count, host="h", faults=faults)
+    monkeypatch.setenv(gpustate.STATE_ENV, str(state))
+    monkeypatch.chdir(tmp_path)  # the XID cursor lives in the workdir
+    simnvml.nvmlInit()
+    try:
+        readings = nvmlread.snapshot(simnvml)
+        gpuhealth.attach(simnvml, readings, remember_xids=remember)
+    finally:
+        simnvml.nvmlShutdown()
+    return readings
+
+
+RULES = [  # fault on GPU 3 -> (verdict, words in its reasons)
+    ({"power_limit_w": 300}, "bad", "power limit 300 W, below its default 700 W"),
+    ({"sm_clock_app_mhz": 1500}, "warn", "application clocks 1500 MHz, default 1980 MHz"),
+    ({"clock_events": ["hw_slowdown"]}, "bad", "clocks held down (hw_slowdown)"),
+    ({"clock_events": ["hw_thermal"]}, "bad", "clocks held down (hw_thermal)"),
+    ({"clock_events": ["hw_power_brake"]}, "bad", "clocks held down (hw_power_brake)"),
+    ({"clock_events": ["sw_power_cap"]}, "warn", "software power cap"),
+    ({"remap_pending": True}, "bad", "row remap is pending"),
+    ({"remap_failed": True}, "bad", "row remapping failed"),
+    ({"ecc_uncorrected": 2}, "bad", "2 uncorrectable ECC errors"),
+    ({"xids": [79]}, "bad", "XID 79 in the kernel log"),
+    ({"xids": [13]}, "warn", "XID 13 in the kernel log"),
+    ({"nvlink_down": [4]}, "bad", "NVLink 4 down (17 up)"),
+    ({"pcie_width": 8}, "bad", "PCIe width x8, the GPU and slot support x16"),
+    ({"mig": True}, "bad", "MIG is on"),
+    ({"mig_pending": True}, "warn", "MIG on is pending"),
+    ({"persistence": False}, "warn", "persistence mode off"),
+    ({"compute_mode": "exclusive_process"}, "warn", "compute mode exclusive_process"),
+    ({"ecc_pending": False}, "warn", "ECC off is pending"),
+    ({"temperature_c": 91}, "warn", "91 C while idle"),
+]
+
+
+@pytest.mark.parametrize(("fault", "verdict", "words"), RULES, ids=[str(r[0]) for r in RULES])
+def test_each_fault_gives_its_verdict_and_reason(tmp_path, monkeypatch, fault, verdict, words):
+    readings = _health(tmp_path, monkeypatch, {"3": fault})
+    faulty = readings[3].health
+    assert faulty is not None and faulty.verdict == verdict, faulty
+    assert any(words in r for r in faulty.reasons), faulty.reasons
+    others = [g.health.verdict for g in readings if g.index != 3]
+    assert set(others) <= {"ok", "warn"}  # a sibling may only be warned about the outlier
+    assert "bad" not in others
+
+
+def test_a_healthy_simulated_h200_reads_like_the_real_one(tmp_path, monkeypatch):
+    [gpu] = _health(tmp_path, monkeypatch, {}, count=1)
+    h = gpu.health
+    assert h.verdict == "ok" and h.reasons == []
+    # docs/REFERENCE.md: the lent H200's readings (one GPU: NVLink and retired pages n/a)
+    assert (h.power_limit_w, h.power_default_w, h.sm_clock_app_mhz) == (700.0, 700.0, 1980)
+    assert (h.pcie_gen, h.pcie_width, h.persistence, h.ecc, h.mig) == (5, 16, True, True, False)
+    assert h.nvlinks_up is None and h.retired_pages_pending is None
+    assert h.clock_events == [] and h.xids == []
+
+
+def test_an_outlier_among_siblings_is_named(tmp_path, monkeypatch):
+    readings = _health(tmp_path, monkeypatch, {"5": {"pcie_gen": 4}})
+    assert readings[5].health.verdict == "warn"
+    assert readings[5].health.reasons == ["warn: PCIe generation 4, below its siblings' 5"]
+    assert {g.health.verdict for g in readings if g.index != 5} == {"ok"}
+
+
+def test_an_xid_is_reported_once(tmp_path, monkeypatch):
+    first = _health(tmp_path, monkeypatch, {"2": {"xids": [79]}})
+    assert first[2].health.xids == [79] and first[2].health.verdict == "bad"
+    again = _health(tmp_path, monkeypatch, {"2": {"xids": [79]}})
+    assert again[2].health.xids == [] and again[2].health.verdict == "ok"
+
+
+def test_the_bus_id_of_nvml_and_of_the_kernel_log_match():
+    assert gpuhealth.bus_key("00000000:18:00.0") == gpuhealth.bus_key("0000:18:00") == "18:00"
+
+
+def _faulty_inventory(fleet, host: str, faults: dict) -> Path:
+    data = yaml.safe_load(fleet.inventory.read_text())
+    data["hosts"][host]["gpus"] = {"count": 8, "simulated": True, "faults": faults}
+    path = fleet.inventory.with_name("faulty.yaml")
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_bad_gpu_refuses_launch_and_allow_unhealthy_records_it(fleet, tmp_path):
+    inventory = _faulty_inventory(fleet, "h1", {3: {"power_limit_w": 350}})
+    profile = fleet.profile("hl", tp=2, gpus=[2, 3])
+    args = ["--profile", str(profile), "--hosts", "h1", "--inventory", str(inventory)]
+    out = run_cli("launch", *args)
+    assert out.returncode == 1
+    [said] = [ln for ln in out.stdout.splitlines() + out.stderr.splitlines() if "unhealthy" in ln]
+    assert "GPU 3 is unhealthy: power limit 350 W, below its default 700 W" in said
+    hint = re.search(r"see `([^`]+)`", said).group(1)
+    shown = run_cli(*hint.split()[1:])  # the printed command, as pasted
+    assert shown.returncode == 0 and "GPU 3: bad: power limit 350 W" in shown.stdout
+
+    out = run_cli("launch", *args, "--allow-unhealthy")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "launched anyway: --allow-unhealthy" in out.stdout + out.stderr
+    port = yaml.safe_load(profile.read_text())["port"] + 7
+    state = json.loads((fleet.workdir("h1") / "servers" / f"{port}.json").read_text())
+    assert state["allowed_unhealthy"] is True
+    assert "GPU 3: bad: power limit 350 W, below its default 700 W" in state["gpu_health"]
+    assert run_cli("stop", "--hosts", "h1", "--inventory", str(inventory)).returncode == 0
+
+
+def test_compare_flags_a_pair_that_differs_in_one_power_limit(fleet, tmp_path):
+    archive = tmp_path / "a"
+    profile = fleet.profile("hp", tp=2, gpus=[0, 1], sim={"load-seconds": 0.2})
+    runs = []
+    for faults in ({}, {1: {"power_limit_w": 500}}):
+        inventory = _faulty_inventory(fleet, "h0", faults)
+        base = ["--hosts", "h0", "--inventory", str(inventory)]
+        launched = run_cli("launch", "--profile", str(profile), *base, "--allow-unhealthy")
+        assert launched.returncode == 0, launched.stdout + launched.stderr
+        out = run_cli("bench", *base, "-c", "2", "--num-prompts", "4", "--output-len", "8",
+                        "--archive", str(archive))  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert run_cli("stop", *base).returncode == 0
+    runs = sorted(p.name for p in (archive / "h0").iterdir())
+    out = run_cli("compare", *runs, "--archive", str(archive), "--no-plots")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "power limits (W) differs: " in out.stdout and "(700, 700)" in out.stdout
+    assert "(700, 500)" in out.stdout
+    assert "GPU 1: bad: power limit 500 W" in out.stdout  # the B run's launch verdict
+    page = next((archive / "compare").iterdir()) / "report.html"
+    assert "power limits (W) differs" in page.read_text()
+    strict = run_cli("compare", *runs, "--archive", str(archive), "--no-plots", "--strict")
+    assert strict.returncode == 2
+    assert strict.stderr.strip().startswith(
+        "gpufleet: h0: --strict: the runs differ in what changes speed: power limits (W)"
+    )
