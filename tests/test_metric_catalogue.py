@@ -76,7 +76,15 @@ def test_a_results_row_is_checked_and_keeps_other_tools_keys():
            "bench_serving_only": [1, 2]}  # fmt: skip
     checked = ResultRow.from_wire(row)
     assert checked.output_throughput == 100.0 and checked.get("bench_serving_only") == [1, 2]
-    assert checked.to_wire() == {**row, "output_throughput": 100.0, "repeat": 1,
-                                 "error_messages": [], "warmup_errors": []}  # fmt: skip
+    wire = checked.to_wire()
+    assert {k: v for k, v in wire.items() if v is not None} == {
+        **row,
+        "output_throughput": 100.0,
+        "repeat": 1,
+        "error_messages": [],
+        "warmup_errors": [],
+    }
+    assert {k for k, v in wire.items() if v is None} == ResultRow.BENCH_SERVING  # as it writes
+    assert ResultRow.from_wire({**row, "cache_flushed": None}).to_wire()["cache_flushed"] is None
     with pytest.raises(WireError, match=r"row\.completed: 'eight' is not int"):
         ResultRow.from_wire({**row, "completed": "eight"}, "row")

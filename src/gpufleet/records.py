@@ -143,6 +143,12 @@ class ResultRow(Record):
     """
 
     OPEN: ClassVar[bool] = True
+    # bench_serving 0.5.23 writes these even when null (tests/fixtures/...-result-keys.json):
+    # a parser written for its file finds them in gpufleet's too
+    BENCH_SERVING: ClassVar[frozenset[str]] = frozenset(
+        {"accept_length", "tag", "dataset_name", "random_input_len", "random_output_len",
+         "random_range_ratio", "server_info", "request_rate", "backend", "duration"}
+    )  # fmt: skip
 
     max_concurrency: int
     completed: int
@@ -233,11 +239,21 @@ class ResultRow(Record):
     prom_spec_accept_length_max: F = None
     prom_spec_accept_length_mean: F = None
     extra: dict[str, Any] = field(default_factory=dict)  # bench_serving's other keys
+    given: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
+
+    @classmethod
+    def from_wire(cls, data: Any, where: str = "") -> ResultRow:
+        row = super().from_wire(data, where)
+        row.given = frozenset(data)  # a null the writer meant (cache_flushed: None) stays
+        return row
 
     def to_wire(self) -> dict[str, Any]:
-        """As results.jsonl has it: a figure the level does not have is absent, not null
-        (bench_serving's other keys are written as they came)."""
-        declared = {k: v for k, v in super().to_wire().items() if v is not None}
+        """As results.jsonl has it: a figure the level does not have is absent, not null,
+        unless the writer gave it as null or bench_serving always writes it."""
+        keep = self.given | self.BENCH_SERVING
+        wire = super().to_wire()
+        wire.pop("given", None)
+        declared = {k: v for k, v in wire.items() if v is not None or k in keep}
         return {**declared, **self.extra}
 
     def get(self, key: str, default: Any = None) -> Any:
