@@ -162,7 +162,7 @@ def test_per_gpu_truth_each_gpu_its_own_verdict_by_uuid(gpu_host, tmp_path):
         rows = {ln.split()[1]: ln for ln in out.stdout.splitlines() if ln.startswith("local ")}
         for g in before:  # every GPU has its own row, named by its UUID, with its verdict
             row = rows[str(g["index"])]
-            assert g["uuid"] in row and row.rstrip().endswith("clean")
+            assert g["uuid"] in row and row.split()[-2:] == ["clean", "ok"]  # verdict, health
             killed = row.split()[5]
             shown = set() if killed == "-" else {int(p) for p in killed.split(",")}
             assert shown == expected.get(g["index"], set()), (g["index"], row)

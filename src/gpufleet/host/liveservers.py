@@ -15,7 +15,7 @@ from typing import Any
 
 from gpufleet.host import health
 from gpufleet.host.procstat import group_members
-from gpufleet.host.servers import all_states, server_alive
+from gpufleet.host.servers import all_states, server_alive, server_ref
 from gpufleet.kinds import ServerStatus
 from gpufleet.readings import LiveServerInfo
 
@@ -68,15 +68,22 @@ def find(candidates: list[int], psutil: Any) -> list[LiveServer]:
     candidate whose parent is not itself a candidate is probed on its listening ports)."""
     live: list[LiveServer] = []
     covered: set[int] = set()
+    orphans: set[int] = set()  # ranks of a gpufleet server whose launcher died: stale
     for state in all_states():
-        if state.status in (ServerStatus.STOPPED, ServerStatus.STALE) or not server_alive(state):
+        if state.status in (ServerStatus.STOPPED, ServerStatus.STALE):
+            continue
+        if not server_alive(state):
+            ref = server_ref(state)
+            if state.pgid is not None and ref is not None:  # started after it: not a reused id
+                members = group_members(state.pgid)
+                orphans |= {m.pid for m in members if m.start_ticks >= ref.start_ticks}
             continue
         if not health.is_ready(state.health_url, PROBE_TIMEOUT_S):
             continue
         pids = _tree(psutil, state.pid) | {m.pid for m in group_members(state.pgid)}
         live.append(LiveServer(state.pid, state.port, pids, state.profile))
         covered |= pids
-    wanted = set(candidates) - covered
+    wanted = set(candidates) - covered - orphans
     for pid in sorted(wanted):
         with contextlib.suppress(psutil.Error):
             if psutil.Process(pid).ppid() in wanted:
