@@ -112,6 +112,20 @@ def test_adaptive_conditions_are_checked_before_launch(fleet):
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+def test_every_fallback_sglang_checks_is_named_before_launch(fleet):
+    # SGLang 0.5.x falls back to static with each of these (adaptive_unsupported_reason)
+    flags = {"speculative-algorithm": "EAGLE3", "speculative-adaptive": True,
+             "enable-multi-layer-eagle": True, "enable-two-batch-overlap": True,
+             "enable-pdmux": True, "enable-dp-attention": True}  # fmt: skip
+    out = fleet.cli("launch", "--profile", str(fleet.profile("fallbacks", tp=1, flags=flags)),
+                    "--dry-run")  # fmt: skip
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    for flag in ("enable-dp-attention", "enable-multi-layer-eagle", "enable-two-batch-overlap",
+                 "enable-pdmux"):  # fmt: skip
+        assert flag in out.stderr
+    assert out.stderr.rstrip().endswith("SGLang would fall back to static")
+
+
 def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path):
     """Depths 0 and 1 at C=1 and 16 on one simulated host over sshd: two launches, a table
     that drafts at C=1 and not at C=16, a profile whose file travels to the host, and the

@@ -106,22 +106,24 @@ class Profile(BaseModel):
         return int(value) if value not in (None, False) else None
 
     def adaptive_problem(self) -> str | None:
-        """Why SGLang would silently run this adaptive profile with static speculation
-        (its conditions, speculative/adaptive_spec_params.py), or None."""
+        """Why SGLang would silently run this adaptive profile with static speculation, every
+        reason it checks (speculative/adaptive_spec_params.py: adaptive_unsupported_reason,
+        where it logs "speculative_adaptive disabled ... Falling back to static"), or None."""
         if not self.flags.get("speculative-adaptive"):
             return None
+        problems = []
         algorithm = self.speculative_algorithm
         if algorithm not in ("EAGLE", "EAGLE3"):
-            return (
-                "speculative-adaptive needs speculative-algorithm EAGLE or EAGLE3 "
-                f"(got {algorithm})"
-            )
+            problems.append(f"needs speculative-algorithm EAGLE or EAGLE3 (got {algorithm})")
         topk = self.flags.get("speculative-eagle-topk")
         if topk not in (None, 1, "1"):
-            return f"speculative-adaptive needs speculative-eagle-topk 1 (got {topk})"
+            problems.append(f"needs speculative-eagle-topk 1 (got {topk})")
         if self.flags.get("enable-dp-attention"):
-            return "speculative-adaptive does not work with enable-dp-attention"
-        return None
+            problems.append("does not work with attention DP (enable-dp-attention)")
+        for flag, why in ADAPTIVE_UNSUPPORTED.items():
+            if self.flags.get(flag):
+                problems.append(f"does not work with {flag} ({why})")
+        return "speculative-adaptive " + "; ".join(problems) if problems else None
 
     def warnings(self) -> list[str]:
         out = []
@@ -211,6 +213,14 @@ def list_profiles(directory: Path = PLAYBOOKS) -> list[Profile | UserError]:
         except UserError as exc:
             out.append(exc)
     return out
+
+
+# SGLang's other reasons to fall back to static speculation (adaptive_unsupported_reason)
+ADAPTIVE_UNSUPPORTED = {
+    "enable-multi-layer-eagle": "its worker does not implement adaptive",
+    "enable-two-batch-overlap": "the adaptive state swap would drop the TBO backend",
+    "enable-pdmux": "the adaptive state swap does not update the decode backend group",
+}
 
 
 def build_specs(
