@@ -184,3 +184,44 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     assert again.stdout.count("already done, skipped") == 5  # 2 depth cells + 3 verify cells
     assert len(list((archive / "h0").iterdir())) == runs_before
     assert '{"1": {"candidate_steps": [1]}, "16": {"candidate_steps": [0]}}' in again.stdout
+
+
+def test_a_tuned_profile_starts_at_a_depth_sglang_accepts(tmp_path, monkeypatch):
+    """SGLang 0.5.23 refuses to start when --speculative-num-steps is not among the table's
+    candidates (`_init_adaptive_speculative_params`); depth 0 winning at batch 1 used to
+    write `{"1": [0]}` with --speculative-num-steps 1, which it refuses."""
+    from gpufleet.sim.speculation import initial_steps
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks" / "spec.yaml").write_text("model_path: /m\n")
+    for table, start in (
+        ({0: {1: (90, 90), 8: (400, 50)}, 3: {1: (80, 80), 8: (300, 37)}}, 0),  # 0 wins at 1
+        ({0: {1: (60, 60), 8: (400, 50)}, 3: {1: (80, 80), 8: (300, 37)}}, 3),
+    ):
+        result = tune.choose(_rows(table))
+        config, profile = tune.write_outputs(str(tmp_path / "playbooks" / "spec.yaml"), result,
+                                             f"t{start}")  # fmt: skip
+        flags = yaml.safe_load(profile.read_text())["flags"]
+        assert flags["speculative-num-steps"] == start
+        assert flags["speculative-num-draft-tokens"] == start + 1
+        assert json.loads(config.read_text())["1"] == {"candidate_steps": [start]}
+        assert initial_steps(flags["speculative-num-steps"], str(config)) == start
+
+
+def test_the_rehearsal_server_refuses_what_sglang_refuses(tmp_path):
+    from gpufleet.sim.speculation import AdaptiveDepth, initial_steps
+
+    only_zero = tmp_path / "zero.json"
+    only_zero.write_text(json.dumps({"1": {"candidate_steps": [0]}}))
+    with pytest.raises(ValueError) as err:
+        initial_steps(1, str(only_zero))
+    assert str(err.value) == (
+        "--speculative-num-steps=1 is not in the adaptive config candidate_steps [0]. "
+        "Pass one of those values."
+    )
+    assert initial_steps(None, None) == 3  # SGLang's default table: the union's middle
+    shorthand = tmp_path / "short.json"
+    shorthand.write_text(json.dumps({"1": [2], "8": [0]}))
+    with pytest.raises(AttributeError, match="'list' object has no attribute 'get'"):
+        AdaptiveDepth(2, str(shorthand))

@@ -204,7 +204,6 @@ def write_outputs(profile: str, result: TuneResult, name: str | None) -> tuple[P
     config_path = playbooks / "files" / f"{name}.json"
     profile_path = playbooks / f"{name}.yaml"
     store.make_dirs(config_path.parent)
-    deepest = max(c.depth for c in result.choices)
     first = result.table["1"]["candidate_steps"][0]
     config_ref = _relative_to_cwd(config_path)
     extends = base
@@ -216,8 +215,11 @@ def write_outputs(profile: str, result: TuneResult, name: str | None) -> tuple[P
             "speculative-adaptive": True,
             "speculative-adaptive-config": "{file:adaptive-config}",
             "speculative-eagle-topk": 1,
-            "speculative-num-steps": max(1, first),
-            "speculative-num-draft-tokens": max(1, deepest) + 1,
+            # SGLang starts at --speculative-num-steps, which must be a candidate (it refuses
+            # to start otherwise): the depth of the slot that applies first, 0 included;
+            # it then sets draft tokens to steps + 1 itself
+            "speculative-num-steps": first,
+            "speculative-num-draft-tokens": first + 1,
         },
     }
     header = "".join(f"# {line}\n" for line in ["Written by `inv tune`:", *result.ranges])

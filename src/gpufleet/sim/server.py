@@ -23,7 +23,7 @@ from gpufleet.sim import auth, gpustate, serverargs
 from gpufleet.sim.hold import set_title
 from gpufleet.sim.power import ActivityMeter
 from gpufleet.sim.prefixcache import PrefixCache
-from gpufleet.sim.speculation import AdaptiveDepth, adaptive_refusal
+from gpufleet.sim.speculation import AdaptiveDepth, adaptive_refusal, initial_steps
 from gpufleet.sim.timing import Engine, TimingModel
 
 READY_LINE = "The server is fired up and ready to roll!"
@@ -138,7 +138,8 @@ def _adaptive(args: Any) -> tuple[AdaptiveDepth, Any] | None:
     if reason:
         log(f"Adaptive speculative decoding disabled: {reason}; using static speculation.")
         return None
-    depth = AdaptiveDepth(args.speculative_num_steps or 3, args.speculative_adaptive_config)
+    start = initial_steps(args.speculative_num_steps, args.speculative_adaptive_config)
+    depth = AdaptiveDepth(start, args.speculative_adaptive_config)
     models = {}
 
     def model_for(steps: int) -> TimingModel:

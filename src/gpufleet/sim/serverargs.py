@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--speculative-adaptive", action="store_true")
     a("--speculative-adaptive-config")
     a("--enable-dp-attention", action="store_true")
+    a("--enable-multi-layer-eagle", action="store_true")
+    a("--enable-two-batch-overlap", action="store_true")
+    a("--enable-pdmux", action="store_true")
     a("--disable-radix-cache", action="store_true")
     a("--enable-cache-report", action="store_true")
 

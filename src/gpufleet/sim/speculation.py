@@ -107,30 +107,58 @@ class AdaptiveSlot:
         self.steps = self.candidates[index]
 
 
+def load_config(config_path: str | None) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """The adaptive config and its batch-size entries, checked as SGLang 0.5.23 checks them
+    (`_load_adaptive_config`): a key's value must be an object (a bare list fails on
+    `entry.get`, as SGLang's does), its `candidate_steps` a non-empty list of ints >= 0."""
+    config = DEFAULT_CONFIG
+    if config_path:
+        with open(config_path) as fh:
+            config = json.load(fh)
+    entries: dict[int, dict[str, Any]] = {}
+    for key, entry in config.items():
+        if not key.isdigit():
+            continue
+        if not isinstance(entry, dict):  # SGLang: entry.get("candidate_steps")
+            raise AttributeError(f"'{type(entry).__name__}' object has no attribute 'get'")
+        steps = entry.get("candidate_steps")
+        if (
+            not isinstance(steps, list)
+            or not steps
+            or not all(isinstance(s, int) and s >= 0 for s in steps)
+        ):
+            raise ValueError(
+                f"BS {key}: candidate_steps must be a list of non-negative ints, got {steps!r}"
+            )
+        entries[int(key)] = entry
+    if not entries:
+        raise ValueError(
+            "speculative_adaptive_config must contain at least one integer-string BS key"
+        )
+    return config, entries
+
+
+def initial_steps(num_steps: int | None, config_path: str | None) -> int:
+    """The starting depth SGLang accepts (`_init_adaptive_speculative_params`): one of the
+    union of every slot's candidates; unset, the union's middle one."""
+    _, entries = load_config(config_path)
+    union = sorted({s for entry in entries.values() for s in entry["candidate_steps"]})
+    if num_steps is None:
+        return union[len(union) // 2]
+    if num_steps not in union:
+        raise ValueError(
+            f"--speculative-num-steps={num_steps} is not in the adaptive config "
+            f"candidate_steps {union}. Pass one of those values."
+        )
+    return num_steps
+
+
 class AdaptiveDepth:
     """Routes a decode batch to its slot; the engine asks the depth before each step and
     reports the accepted drafts after it."""
 
     def __init__(self, initial_steps: int, config_path: str | None = None) -> None:
-        config = DEFAULT_CONFIG
-        if config_path:
-            with open(config_path) as fh:
-                config = json.load(fh)
-        entries = {int(k): v for k, v in config.items() if k.isdigit()}
-        if not entries:
-            raise ValueError(
-                "speculative_adaptive_config must contain at least one integer-string BS key"
-            )
-        for key, entry in entries.items():
-            steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
-            if (
-                not isinstance(steps, list)
-                or not steps
-                or not all(isinstance(s, int) and s >= 0 for s in steps)
-            ):
-                raise ValueError(
-                    f"BS {key}: candidate_steps must be a list of non-negative ints, got {steps!r}"
-                )
+        config, entries = load_config(config_path)
         shared = {k: v for k, v in config.items() if not k.isdigit()}
         self.slots = {k: AdaptiveSlot(initial_steps, {**shared, **v}) for k, v in entries.items()}
         self.keys = sorted(self.slots)
@@ -160,4 +188,7 @@ def adaptive_refusal(args: Any) -> str | None:
         return f"speculative_eagle_topk={args.speculative_eagle_topk} (only topk=1)"
     if (args.dp_size or 1) > 1 and getattr(args, "enable_dp_attention", False):
         return "attention DP is not supported"
+    for flag in ("enable_multi_layer_eagle", "enable_two_batch_overlap", "enable_pdmux"):
+        if getattr(args, flag, False):
+            return f"{flag}=True is not supported"
     return None
