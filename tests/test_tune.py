@@ -225,3 +225,29 @@ def test_the_rehearsal_server_refuses_what_sglang_refuses(tmp_path):
     shorthand.write_text(json.dumps({"1": [2], "8": [0]}))
     with pytest.raises(AttributeError, match="'list' object has no attribute 'get'"):
         AdaptiveDepth(2, str(shorthand))
+
+
+def test_batch_ranges_follow_cuda_graph_padding(tmp_path):
+    """SGLang pads a decode batch to the next captured size, then picks the largest key not
+    above it: with the speculative capture sizes (..., 8, 10, 12, 14, 16, ...) a key of 16
+    applies from batch 15, and a key at an uncaptured C is the captured size it pads to."""
+    from gpufleet.sim.speculation import AdaptiveDepth, capture_sizes
+
+    sizes = capture_sizes()
+    assert sizes[:10] == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12] and sizes[-2:] == [60, 64]
+    result = tune.choose(_rows({
+        0: {1: (60, 60), 4: (200, 50), 9: (380, 42), 16: (480, 30)},
+        3: {1: (80, 80), 4: (260, 65), 9: (300, 33), 16: (300, 19)},
+    }), sizes=sizes)  # fmt: skip
+    assert result.table == {"1": {"candidate_steps": [3]}, "10": {"candidate_steps": [0]}}
+    assert result.ranges[0].startswith("batch 1-8: depth 3")  # 9 pads to 10: key 10's
+    assert result.ranges[1].startswith("batch >= 9: depth 0")
+    unpadded = tune.choose(_rows({0: {1: (60, 60), 9: (380, 42)}, 3: {1: (80, 80), 9: (300, 33)}}))
+    assert list(unpadded.table) == ["1", "9"]  # without CUDA graphs, keys are batch sizes
+
+    config = tmp_path / "table.json"
+    config.write_text(json.dumps({"1": {"candidate_steps": [3]}, "16": {"candidate_steps": [0]}}))
+    routed = AdaptiveDepth(3, str(config), sizes)  # the rehearsal server routes like SGLang
+    assert [routed.steps_for(b) for b in (14, 15, 16, 17)] == [3, 0, 0, 0]
+    plain = AdaptiveDepth(3, str(config), None)  # --disable-cuda-graph: no padding
+    assert [plain.steps_for(b) for b in (14, 15, 16)] == [3, 3, 0]

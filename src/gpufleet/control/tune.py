@@ -39,6 +39,7 @@ from gpufleet.control.playbook import PLAYBOOKS, load_profile
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
 from gpufleet.records import ResultRow
+from gpufleet.sim.speculation import capture_sizes, first_batch, padded
 
 DEFAULT_DEPTHS = (1, 2, 3, 5, 7)
 DEFAULT_LADDER = (1, 2, 4, 8, 16, 32, 64)
@@ -120,9 +121,15 @@ def _measured(per_depth: dict[int, dict[int, list[ResultRow]]]) -> dict:
 
 
 def choose(
-    per_depth: dict[int, dict[int, list[ResultRow]]], min_request_speed: float | None = None
+    per_depth: dict[int, dict[int, list[ResultRow]]],
+    min_request_speed: float | None = None,
+    sizes: list[int] | None = None,
 ) -> TuneResult:
-    """The table from measurements: depth -> concurrency -> result rows (any hosts)."""
+    """The table from measurements: depth -> concurrency -> result rows (any hosts).
+
+    `sizes` are the server's CUDA-graph capture sizes: SGLang pads a decode batch to the
+    next captured size before it picks a key, so keys are padded sizes and each range says
+    the batches it really covers (a key of 16 applies from batch 15)."""
     measured = _measured(per_depth)
     ladder = sorted(set.intersection(*(set(levels) for levels in measured.values())))
     if not ladder:
@@ -163,20 +170,38 @@ def choose(
         )
         choices.append(Choice(c, best, f"{why} ({detail}; chose {f['output_throughput']:.0f})"))
     table: dict[str, dict[str, Any]] = {}
+    starts = [
+        (i, 1 if i == 0 else padded(choice.concurrency, sizes))
+        for i, choice in enumerate(choices)
+        if i == 0 or choice.depth != choices[i - 1].depth
+    ]
     ranges: list[str] = []
-    for i, choice in enumerate(choices):
-        if i and choice.depth == choices[i - 1].depth:
-            continue
-        key = "1" if not table else str(choice.concurrency)
-        table[key] = {"candidate_steps": [choice.depth]}
-        ends = [c.concurrency for c in choices[i:]]
-        last = next((c.concurrency for c in choices[i + 1 :] if c.depth != choice.depth), None)
-        if last is None:
-            span = f"batch >= {key}"
+    for n, (i, key) in enumerate(starts):
+        choice = choices[i]
+        table[str(key)] = {"candidate_steps": [choice.depth]}
+        low = first_batch(key, sizes)
+        if n + 1 < len(starts):
+            high = first_batch(starts[n + 1][1], sizes) - 1
+            span = f"batch {low}" if high == low else f"batch {low}-{high}"
         else:
-            span = f"batch {key}" if last - 1 == int(key) else f"batch {key}-{last - 1}"
-        ranges.append(f"{span}: depth {choice.depth} (C={ends[0]}: {choice.why})")
+            span = f"batch >= {low}"
+        ranges.append(f"{span}: depth {choice.depth} (C={choice.concurrency}: {choice.why})")
     return TuneResult(table, choices, ranges, notes, measured)
+
+
+def profile_capture_sizes(profile: str) -> list[int] | None:
+    """The capture sizes the profile's server will have (its flags, else SGLang's
+    speculative defaults)."""
+    flags = load_profile(profile).flags
+    listed = flags.get("cuda-graph-bs")
+    if isinstance(listed, str):
+        listed = [int(x) for x in listed.replace(",", " ").split()]
+    elif isinstance(listed, int):
+        listed = [listed]
+    cap = flags.get("cuda-graph-max-bs-decode") or flags.get("cuda-graph-max-bs")
+    return capture_sizes(
+        listed or None, int(cap) if cap else None, bool(flags.get("disable-cuda-graph"))
+    )
 
 
 def rows_by_depth(

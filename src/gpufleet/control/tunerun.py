@@ -67,7 +67,10 @@ def run(
     root = request.archive_root
     arms = tuning.depth_arms(profile, depths)
     state = sweep([profile], arms, "tune", resume)
-    result = tuning.choose(tuning.rows_by_depth(arms, state.record, root), floor)
+    result = tuning.choose(
+        tuning.rows_by_depth(arms, state.record, root), floor,
+        tuning.profile_capture_sizes(profile),
+    )  # fmt: skip
     config_path, profile_path = tuning.write_outputs(profile, result, name)
     record = TuneRecord(
         tune_id=state.sweep_id,

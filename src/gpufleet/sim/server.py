@@ -23,7 +23,12 @@ from gpufleet.sim import auth, gpustate, serverargs
 from gpufleet.sim.hold import set_title
 from gpufleet.sim.power import ActivityMeter
 from gpufleet.sim.prefixcache import PrefixCache
-from gpufleet.sim.speculation import AdaptiveDepth, adaptive_refusal, initial_steps
+from gpufleet.sim.speculation import (
+    AdaptiveDepth,
+    adaptive_refusal,
+    capture_sizes,
+    initial_steps,
+)
 from gpufleet.sim.timing import Engine, TimingModel
 
 READY_LINE = "The server is fired up and ready to roll!"
@@ -139,7 +144,11 @@ def _adaptive(args: Any) -> tuple[AdaptiveDepth, Any] | None:
         log(f"Adaptive speculative decoding disabled: {reason}; using static speculation.")
         return None
     start = initial_steps(args.speculative_num_steps, args.speculative_adaptive_config)
-    depth = AdaptiveDepth(start, args.speculative_adaptive_config)
+    sizes = capture_sizes(
+        args.cuda_graph_bs, args.cuda_graph_max_bs_decode or args.cuda_graph_max_bs,
+        args.disable_cuda_graph,
+    )  # fmt: skip
+    depth = AdaptiveDepth(start, args.speculative_adaptive_config, sizes)
     models = {}
 
     def model_for(steps: int) -> TimingModel:

@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--host", default="127.0.0.1")
     a("--port", type=int, default=30000)
     a("--trust-remote-code", action="store_true")
+    a("--cuda-graph-bs", type=int, nargs="+")  # the captured decode batch sizes
     a("--cuda-graph-max-bs", type=int)
     a("--cuda-graph-max-bs-decode", type=int)  # 0.5.14+ names
     a("--cuda-graph-max-bs-prefill", type=int)

@@ -13,14 +13,16 @@ constants reproduce the seeds' EAGLE-3 (steps 3, topk 4, 16 draft tokens: 2.40 t
 and make a topk-1 chain win at low load and lose from about C=8 (docs/REHEARSAL.md).
 
 Adaptive: SGLang 0.5.23's `AdaptiveStepSlot` (speculative/adaptive_spec_params.py), one per
-batch-size key; the decode batch picks the slot with the largest key not above it (CUDA
-graph padding is ignored here); each slot moves between its `candidate_steps` by an EMA of
+batch-size key; the decode batch is first padded to the next captured CUDA-graph size
+(`AdaptiveStepRouter.batch_size_key_for_batch`), then picks the slot with the largest key
+not above the padded size; each slot moves between its `candidate_steps` by an EMA of
 accepted drafts (ema_alpha, warmup_batches, update_interval, up/down hysteresis as
 configured). A slot with a single candidate is a fixed depth: what `inv tune` writes.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 from typing import Any
 
@@ -53,6 +55,40 @@ def step_costs_ms(
     tokens = draft_tokens or (steps + 1 if topk == 1 else min(steps * topk + 1, 64))
     draft = steps * DRAFT_PER_REQ_MS * (0.75 + 0.25 * topk)
     return 15.6 + DRAFT_BASE_MS * steps, 1.03 + draft + VERIFY_PER_REQ_MS * tokens**0.5
+
+
+def capture_sizes(
+    cuda_graph_bs: list[int] | None = None,
+    max_bs: int | None = None,
+    disabled: bool = False,
+) -> list[int] | None:
+    """The decode batch sizes SGLang captures CUDA graphs for with speculative decoding:
+    `--cuda-graph-bs` when given, else 1-8, 10-32 step 2, 40-64 step 4 (capped by
+    `--cuda-graph-max-bs`); None with `--disable-cuda-graph` (no padding)."""
+    if disabled:
+        return None
+    if cuda_graph_bs:
+        return sorted(set(cuda_graph_bs))
+    sizes = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4)]
+    return [s for s in sizes if max_bs is None or s <= max_bs] or None
+
+
+def padded(batch: int, sizes: list[int] | None) -> int:
+    """The captured size a decode batch runs as (itself above the largest, or unpadded)."""
+    if sizes:
+        index = bisect.bisect_left(sizes, batch)
+        if index < len(sizes):
+            return sizes[index]
+    return batch
+
+
+def first_batch(key: int, sizes: list[int] | None) -> int:
+    """The smallest batch whose padded size is at least `key`: where a table key starts
+    to apply (batch 15 pads to 16, so a key of 16 applies from batch 15)."""
+    if not sizes:
+        return key
+    below = [s for s in sizes if s < key]
+    return below[-1] + 1 if below else 1
 
 
 class AdaptiveSlot:
@@ -157,7 +193,13 @@ class AdaptiveDepth:
     """Routes a decode batch to its slot; the engine asks the depth before each step and
     reports the accepted drafts after it."""
 
-    def __init__(self, initial_steps: int, config_path: str | None = None) -> None:
+    def __init__(
+        self,
+        initial_steps: int,
+        config_path: str | None = None,
+        sizes: list[int] | None = None,
+    ) -> None:
+        self.sizes = sizes  # CUDA-graph capture sizes: a batch is routed by its padded size
         config, entries = load_config(config_path)
         shared = {k: v for k, v in config.items() if not k.isdigit()}
         self.slots = {k: AdaptiveSlot(initial_steps, {**shared, **v}) for k, v in entries.items()}
@@ -165,9 +207,10 @@ class AdaptiveDepth:
         self.last_steps = self.slots[self.keys[0]].steps
 
     def slot(self, batch: int) -> AdaptiveSlot:
+        size = padded(batch, self.sizes)
         key = self.keys[0]
         for k in self.keys:
-            if k <= batch:
+            if k <= size:
                 key = k
         return self.slots[key]
 
