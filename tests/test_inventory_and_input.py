@@ -131,7 +131,8 @@ def test_rehearsal_inventory_cleans_locally():
     out = run_cli("gpu-clean", "--inventory", str(REPO / "hosts/rehearsal.yaml"))
     assert out.returncode == 0, out.stderr
     assert "sim-h200: verified clean" in out.stdout
-    assert out.stdout.count(" clean\n") == 8
+    rows = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("sim-h200 ")]
+    assert [r[-2:] for r in rows] == [["clean", "ok"]] * 8  # verdict, health
 
 
 def test_shipped_inventories_parse():

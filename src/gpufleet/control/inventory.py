@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from gpufleet.archive.layout import RESERVED
+from gpufleet.control import hostlist
 from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
 from gpufleet.host.redact import remember, secrets_in
@@ -187,6 +188,81 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+SLURM_PREFIX = "slurm:"
+
+
+def _slurm_nodes(spec: str, where: str) -> list[str]:
+    """`gpu[01-16,20]`, `job=123456` or `partition=h200` -> node names."""
+    if spec.startswith("job="):
+        return hostlist.job_nodes(spec[4:])
+    if spec.startswith("partition="):
+        return hostlist.partition_nodes(spec[len("partition=") :])
+    try:
+        return hostlist.expand(spec)
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
+
+
+def _expand_entries(raw_hosts: dict[str, Any], source: str) -> tuple[dict[str, Any], dict]:
+    """Host entries with Slurm node lists expanded: a key `gpu[01-04]`, `slurm:job=N` or
+    `slurm:partition=P` is one entry per node, each with the entry's fields (its address is
+    the node name); `group: NAME` in such an entry makes the nodes a group."""
+    hosts: dict[str, Any] = {}
+    groups: dict[str, list[str]] = {}
+    for key, fields in raw_hosts.items():
+        key = str(key)
+        spec = key[len(SLURM_PREFIX) :] if key.startswith(SLURM_PREFIX) else key
+        if "[" not in spec and not key.startswith(SLURM_PREFIX):
+            hosts[key] = fields
+            continue
+        fields = dict(fields or {})
+        if "address" in fields:
+            raise UserError(f"{source}: hosts.{key}.address: a node list's address is each "
+                            "node's name (set it per host instead)")  # fmt: skip
+        group = fields.pop("group", None)
+        nodes = _slurm_nodes(spec, source if source == key else f"{source}: hosts.{key}")
+        for node in nodes:
+            if node in hosts:
+                raise UserError(f"{source}: hosts.{key}: {node} is listed twice")
+            hosts[node] = fields
+        if group:
+            groups[str(group)] = nodes
+    return hosts, groups
+
+
+def _run_inventory_program(file: Path) -> Any:
+    """An executable inventory (as Ansible's): run it, read its JSON or YAML output."""
+    import subprocess
+
+    import yaml
+
+    try:
+        done = subprocess.run(
+            [str(file.resolve())], capture_output=True, text=True, timeout=60, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise UserError(f"inventory program {file}: no answer in 60 s") from None
+    except OSError as exc:
+        raise UserError(f"inventory program {file}: cannot run it ({exc.strerror})") from None
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output on stderr"])[-1]
+        raise UserError(f"inventory program {file} exited {done.returncode}: {tail}")
+    try:
+        return yaml.safe_load(done.stdout)  # JSON is YAML
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where else ""
+        raise UserError(f"inventory program {file}: its output is not JSON or YAML{at}") from None
+
+
+def _is_program(file: Path) -> bool:
+    return (
+        file.is_file()
+        and os.access(file, os.X_OK)
+        and not file.name.endswith((".yaml", ".yml", ".json"))
+    )
+
+
 def resolve_inventory_path(path: str | None) -> Path:
     """`--inventory` value, else $GPUFLEET_INVENTORY, else hosts/rehearsal.yaml.
 
@@ -205,9 +281,14 @@ def resolve_inventory_path(path: str | None) -> Path:
 
 
 def load_inventory(path: str | Path | None = None) -> Inventory:
-    file = resolve_inventory_path(str(path) if path is not None else None)
-    source = str(file)
-    data = read_yaml(file)
+    raw_path = str(path) if path is not None else os.environ.get("GPUFLEET_INVENTORY")
+    if raw_path and raw_path.startswith(SLURM_PREFIX):
+        source = raw_path
+        data: Any = {"hosts": {raw_path: {"group": "slurm"}}}
+    else:
+        file = resolve_inventory_path(raw_path)
+        source = str(file)
+        data = _run_inventory_program(file) if _is_program(file) else read_yaml(file)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -215,8 +296,13 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
     raw = validate(_InventoryFile, data, source)
     if not isinstance(raw.defaults, dict):
         raise UserError(f"{source}: defaults: expected a mapping")
+    entries, node_groups = _expand_entries(raw.hosts, source)
+    for group, nodes in node_groups.items():
+        if group in raw.groups:
+            raise UserError(f"{source}: groups.{group}: also the group of a node list")
+        raw.groups[group] = nodes
     hosts: dict[str, Host] = {}
-    for name, fields in raw.hosts.items():
+    for name, fields in entries.items():
         fields = fields or {}
         if not isinstance(fields, dict):
             raise UserError(f"{source}: hosts.{name}: expected a mapping of host fields")

@@ -1,0 +1,117 @@
+"""Inventories from where hosts live (issue 27): Slurm host lists (the syntax of
+`scontrol show hostnames`, expanded without Slurm), a job's or a partition's nodes through
+Slurm's own commands, and executable inventories as Ansible has them; bad input is one line
+and exit 2."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from gpufleet.control import hostlist
+from gpufleet.control.inventory import load_inventory
+from gpufleet.errors import UserError
+from helpers import run_cli
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [  # Slurm's documented forms (hostlist expressions in slurm.conf(5), scontrol(1))
+        ("gpu[01-04,10]", ["gpu01", "gpu02", "gpu03", "gpu04", "gpu10"]),
+        ("tux[0-2]", ["tux0", "tux1", "tux2"]),
+        ("linux[0-1],login", ["linux0", "linux1", "login"]),
+        ("rack[1-2]-node[8-9]", ["rack1-node8", "rack1-node9", "rack2-node8", "rack2-node9"]),
+        ("n[008-010]", ["n008", "n009", "n010"]),
+        ("a1,a1,a[1-2]", ["a1", "a2"]),
+        ("single", ["single"]),
+    ],
+)
+def test_host_lists_expand_as_slurm_does(text, expected):
+    assert hostlist.expand(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("gpu[3-1]", "range 3-1 goes down"),
+        ("gpu[1-x]", "'1-x' in [1-x] is not a number or a range"),
+        ("gpu[1-2", "'[' without ']'"),
+        ("gpu1-2]", "']' without '['"),
+        ("gpu[[1]]", "nested brackets"),
+        ("a,,b", "empty name between commas"),
+        ("gpu[1-9999999]", "over 100000 hosts"),
+    ],
+)
+def test_a_bad_host_list_is_one_line(text, said):
+    with pytest.raises(UserError, match=re.escape(said)):
+        hostlist.expand(text)
+
+
+def test_a_node_list_entry_is_one_host_per_node_with_the_entry_fields(tmp_path):
+    path = tmp_path / "inv.yaml"
+    path.write_text(
+        "defaults: {user: ops}\n"
+        "hosts:\n"
+        '  "gpu[01-03]": {port: 2222, group: h200, gpus: {count: 8}}\n'
+        "  login: {address: 192.0.2.9}\n"
+    )
+    inv = load_inventory(path)
+    assert sorted(inv.hosts) == ["gpu01", "gpu02", "gpu03", "login"]
+    assert inv.hosts["gpu02"].address == "gpu02" and inv.hosts["gpu02"].port == 2222
+    assert inv.hosts["gpu02"].user == "ops" and inv.hosts["gpu02"].gpus.count == 8
+    assert [h.name for h in inv.select("h200")] == ["gpu01", "gpu02", "gpu03"]
+
+
+def test_an_inventory_given_as_a_slurm_host_list_on_the_command_line():
+    out = run_cli("hosts", "--inventory", "slurm:gpu[1-2]")
+    assert out.returncode == 0, out.stderr
+    assert "gpu1" in out.stdout and "gpu2" in out.stdout and "slurm" in out.stdout
+    bad = run_cli("hosts", "--inventory", "slurm:gpu[2-1]")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        "gpufleet: slurm:gpu[2-1]: host list 'gpu[2-1]': range 2-1 goes down"
+    )
+
+
+def _program(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_a_job_and_a_partition_come_from_slurms_own_commands(tmp_path, monkeypatch):
+    # a stand-in for Slurm's squeue and sinfo (no controller runs here): they print the
+    # compressed node list, as the real ones do with -o %N
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _program(bin_dir / "squeue", 'test "$3" = 4242 && echo "gpu[07-08],gpu11" || exit 1\n')
+    _program(bin_dir / "sinfo", 'echo "h200-[1-2]"\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert hostlist.job_nodes("4242") == ["gpu07", "gpu08", "gpu11"]
+    assert hostlist.partition_nodes("h200") == ["h200-1", "h200-2"]
+    with pytest.raises(UserError, match=r"slurm job 99: `squeue -h -j 99 -o %N` failed"):
+        hostlist.job_nodes("99")
+    with pytest.raises(UserError, match="expected a job id"):
+        hostlist.job_nodes("12;rm")
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    with pytest.raises(UserError, match="needs Slurm's `squeue` on this machine"):
+        hostlist.job_nodes("4242")
+
+
+def test_an_executable_inventory_is_run_and_checked(tmp_path):
+    good = _program(tmp_path / "fleet", 'echo \'{"hosts": {"a1": {"address": "192.0.2.5"}}}\'\n')
+    out = run_cli("hosts", "--inventory", str(good))
+    assert out.returncode == 0 and "192.0.2.5" in out.stdout, out.stderr
+    cases = [
+        ("fails", "echo boom >&2; exit 3\n", f"inventory program {tmp_path}/fails exited 3: boom"),
+        ("notjson", 'echo "hosts: [1, 2"\n', "its output is not JSON or YAML (line 2)"),
+        ("badfield", 'echo \'{"hosts": {"a1": {"prot": 22}}}\'\n', "hosts.a1.prot: unknown key"),
+    ]  # fmt: skip
+    for name, body, said in cases:
+        out = run_cli("hosts", "--inventory", str(_program(tmp_path / name, body)))
+        assert out.returncode == 2, (name, out.stdout, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1 and said in out.stderr, out.stderr
