@@ -151,3 +151,19 @@ def test_compare_flags_a_pair_that_differs_in_one_power_limit(fleet, tmp_path):
     assert strict.stderr.strip().startswith(
         "gpufleet: h0: --strict: the runs differ in what changes speed: power limits (W)"
     )
+
+
+def test_hosts_healthy_skips_a_host_whose_last_clean_found_a_bad_gpu(fleet, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUFLEET_ARCHIVE", str(tmp_path / "logs"))  # where verdicts are kept
+    inventory = _faulty_inventory(fleet, "h0", {5: {"remap_pending": True}})
+    base = ["--inventory", str(inventory)]
+    out = run_cli("gpu-clean", "--hosts", "h0,h1", *base)
+    assert out.returncode == 0, out.stdout + out.stderr
+    record = json.loads((tmp_path / "logs" / "health" / "h0.json").read_text())
+    assert "GPU 5: bad: a row remap is pending: reset the GPU before measuring" in record["gpus"]
+    out = run_cli("status", "--hosts", "healthy:h0,h1", *base)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [skipped] = [ln for ln in out.stdout.splitlines() if ln.startswith("skipped ")]
+    assert skipped.startswith("skipped h0 (GPU 5: bad: a row remap is pending")
+    hosts = {ln.split()[0] for ln in out.stdout.splitlines() if ln.startswith(("h0 ", "h1 "))}
+    assert hosts == {"h1"}

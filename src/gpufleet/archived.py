@@ -177,6 +177,24 @@ class SweepRecord(Archived):
     durations_s: dict[str, float] = field(default_factory=dict)  # cell key -> seconds
 
 
+# -- a host's GPU health ---------------------------------------------------------------
+@dataclass
+class HealthRecord(Archived):
+    """`logs/health/<host>.json`: each GPU's health verdict at the host's last gpu-clean
+    (`--hosts healthy` skips a host with a bad GPU)."""
+
+    NOUN = "health record"
+
+    host: str
+    at: str
+    gpus: list[str]  # "GPU 3: bad: power limit 350 W, below its default 700 W"
+    schema: int = 1
+
+    @property
+    def bad(self) -> list[str]:
+        return [g for g in self.gpus if ": bad:" in g]
+
+
 # -- tune and find-max --------------------------------------------------------------------
 @dataclass
 class TuneRecord(Archived):

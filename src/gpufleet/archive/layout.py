@@ -6,9 +6,10 @@
     <root>/tunes/<sweep-id>.json       a tune's record (table, choices, verification)
     <root>/findmax/<host>/<stamp>-<profile>.json   a find-max search and its probes
     <root>/compare/<name>/             a comparison's plots and report.html
+    <root>/health/<host>.json          the host's GPU health at its last gpu-clean
 
-`sweeps`, `tunes`, `findmax` and `compare` are therefore not host names (the inventory
-refuses them).
+`sweeps`, `tunes`, `findmax`, `compare` and `health` are therefore not host names (the
+inventory refuses them).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_ROOT = Path(os.environ.get("GPUFLEET_ARCHIVE", "logs"))
-RESERVED = frozenset({"sweeps", "tunes", "findmax", "compare"})
+RESERVED = frozenset({"sweeps", "tunes", "findmax", "compare", "health"})
 
 
 def safe_name(text: str) -> str:
@@ -55,6 +56,9 @@ class Layout:
 
     def findmax_record(self, host: str, stamp: str, profile: str | None) -> Path:
         return self.findmax_dir(host) / f"{stamp}-{profile or 'adhoc'}.json"
+
+    def health_record(self, host: str) -> Path:
+        return self.root / "health" / f"{host}.json"
 
     def compare_dir(self, name: str) -> Path:
         return self.root / "compare" / safe_name(name)

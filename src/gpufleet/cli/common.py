@@ -43,7 +43,10 @@ def task(*args: Any, **kwargs: Any) -> Any:
     return invoke.task(*args, **kwargs)
 
 
-HOSTS_HELP = "hosts, groups or a comma list from the inventory (default: all)"
+HOSTS_HELP = (
+    "hosts, groups or a comma list from the inventory (default: all); `healthy` or "
+    "`healthy:NAMES`: skip those whose last gpu-clean found a bad GPU"
+)
 INVENTORY_HELP = "inventory file or name under hosts/ (default: $GPUFLEET_INVENTORY or rehearsal)"
 FLEET_HELP = {
     "hosts": HOSTS_HELP,
@@ -87,7 +90,19 @@ def select_hosts(inventory: str | None, hosts: str | None):
     from gpufleet.control.inventory import load_inventory
 
     inv = load_inventory(inventory)
-    selected = inv.select(hosts)
+    only_healthy = hosts is not None and (hosts == "healthy" or hosts.startswith("healthy:"))
+    if (
+        only_healthy
+    ):  # `healthy` or `healthy:NAMES`: skip hosts whose last gpu-clean found a bad GPU
+        from gpufleet.cli.output import line
+        from gpufleet.control.gpuclean import healthy
+
+        chosen = hosts.partition(":")[2] or None  # type: ignore[union-attr]
+        selected, skipped = healthy(inv.select(chosen))
+        for text in skipped:
+            line(f"skipped {text}")
+    else:
+        selected = inv.select(hosts)
     if not selected:
         from gpufleet.errors import UserError
 

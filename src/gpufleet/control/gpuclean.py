@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 
+from gpufleet.archive import store
+from gpufleet.archive.layout import DEFAULT_ROOT, Layout
+from gpufleet.archived import HealthRecord
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session
@@ -11,7 +16,7 @@ from gpufleet.errors import HostError, UserError
 from gpufleet.host.procs import compile_patterns
 from gpufleet.host.protocol import AgentError, CleanArgs, StatusArgs
 from gpufleet.kinds import Kind
-from gpufleet.readings import CleanAnswer, StatusAnswer
+from gpufleet.readings import CleanAnswer, GpuReading, StatusAnswer
 from gpufleet.report.gpu import verdict_reason
 
 
@@ -62,13 +67,50 @@ def clean_on(session: Session, options: CleanOptions) -> CleanAnswer:
     return result
 
 
-def clean(hosts: list[Host], options: CleanOptions, forks: int) -> list[HostResult[CleanAnswer]]:
+def clean(
+    hosts: list[Host], options: CleanOptions, forks: int, root: Path | None = None
+) -> list[HostResult[CleanAnswer]]:
     results = run_on_hosts(hosts, lambda s: clean_on(s, options), forks=forks)
+    for res in results:
+        if res.value is not None:
+            record_health(res.host.name, res.value.gpus, root)
     for res in results:
         if res.ok and res.value is not None and not options.dry_run and not res.value.clean:
             res.error = verdict_reason(res.value)
             res.kind = Kind.NOT_CLEAN
     return results
+
+
+def record_health(host: str, gpus: list[GpuReading], root: Path | None = None) -> None:
+    """Keep the host's GPU verdicts (`--hosts healthy` reads them)."""
+    lines = [
+        f"GPU {g.index}: {g.health.verdict}"
+        + (
+            ": " + "; ".join(r.split(": ", 1)[1] for r in g.health.reasons)
+            if g.health.reasons
+            else ""
+        )
+        for g in gpus
+        if g.health is not None
+    ]
+    record = HealthRecord(host=host, at=datetime.now(UTC).isoformat(), gpus=lines)
+    store.write_private_file(
+        Layout(root or DEFAULT_ROOT).health_record(host), record.to_json().encode()
+    )
+
+
+def healthy(hosts: list[Host], root: Path | None = None) -> tuple[list[Host], list[str]]:
+    """The hosts whose last gpu-clean found no bad GPU, and why each other one was skipped
+    (a host never cleaned is kept: nothing is known against it)."""
+    keep, skipped = [], []
+    for host in hosts:
+        path = Layout(root or DEFAULT_ROOT).health_record(host.name)
+        record = HealthRecord.load(path) if path.exists() else None
+        if record is not None and record.bad:
+            skipped.append(f"{host.name} ({'; '.join(record.bad)}; gpu-clean at {record.at[:19]})")
+        else:
+            keep.append(host)
+    return keep, skipped
 
 
 def status_on(session: Session) -> StatusAnswer:
