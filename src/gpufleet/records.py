@@ -129,6 +129,23 @@ class ServerState(Record):
             setattr(self, name, value)
 
 
+@dataclass
+class PromptRow(Record):
+    """One line of a run's prompts.jsonl: what one request (or one multi-turn session)
+    sends. Built on the control machine (control/workloads.py, control/bench.py), uploaded
+    with the plan, read by the runner. Exactly one of `prompt`, `input_ids` or `turns`; a
+    field left out is absent from the file (the prompt set's digest stays what it was)."""
+
+    prompt: str | None = None  # text (the prompt sets)
+    input_ids: list[int] | None = None  # token ids (random-ids, shared-prefix, traces)
+    turns: list[str] | None = None  # a multi-turn session's user messages
+    output_len: int | None = None  # this request's own output length (else the plan's)
+    at: float | None = None  # a trace's send time, seconds after the level starts
+
+    def to_wire(self) -> dict[str, Any]:
+        return {k: v for k, v in super().to_wire().items() if v is not None}
+
+
 F = float | None  # a figure a level may not have (no successful request, another engine)
 
 

@@ -29,7 +29,7 @@ from gpufleet.host.bench.loadgen import BACKENDS
 from gpufleet.host.protocol import BenchStartArgs, BenchWatchArgs
 from gpufleet.host.redact import redact_argv, redact_tree, remember
 from gpufleet.kinds import Kind, RunStatus
-from gpufleet.records import BenchPlan, Level, ResultRow
+from gpufleet.records import BenchPlan, Level, PromptRow, ResultRow
 from gpufleet.report.tables import summary_csv, summary_md
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -63,7 +63,7 @@ def make_run_id(request: BenchRequest, hosts: list[str]) -> str:
 
 def _rows(
     request: BenchRequest,
-) -> tuple[str, str, list[dict[str, Any]], list[Level], dict[str, Any]]:
+) -> tuple[str, str, list[PromptRow], list[Level], dict[str, Any]]:
     """(label, digest of the source set, prompts.jsonl rows, levels, extra plan keys)."""
     workload = workloads.parse_workload(request.workload)
     if request.trace:
@@ -93,24 +93,24 @@ def _rows(
         rows = workloads.multiturn(texts, count, request.seed, workload.options["turns"])
         extra = {"system_prompt": workloads.system_prompt()}
         return f"{label}+{workload.label}", prompt_sets.digest(texts), rows, levels, extra
-    rows = [{"prompt": t} for t in prompt_sets.sample(texts, count, request.seed)]
+    rows = [PromptRow(prompt=t) for t in prompt_sets.sample(texts, count, request.seed)]
     return label, prompt_sets.digest(texts), rows, levels, {}
 
 
-def _digest(rows: list[dict[str, Any]]) -> str:
-    return prompt_sets.digest([json.dumps(row, sort_keys=True) for row in rows])
+def _digest(rows: list[PromptRow]) -> str:
+    return prompt_sets.digest([json.dumps(row.to_wire(), sort_keys=True) for row in rows])
 
 
-def _check_combination(request: BenchRequest, rows: list[dict[str, Any]], label: str) -> None:
+def _check_combination(request: BenchRequest, rows: list[PromptRow], label: str) -> None:
     """Refuse what a backend or engine cannot send, before any host is touched."""
     if request.engine == "sglang-bench":
-        if any("prompt" not in row for row in rows):
+        if any(row.prompt is None for row in rows):
             raise UserError(f"--engine sglang-bench: prompt set {label} needs --engine gpufleet")
         if request.duration:
             raise UserError(
                 "--engine sglang-bench: bench_serving has no --duration; give --num-prompts"
             )
-    if request.backend == "openai-chat" and any("input_ids" in row for row in rows):
+    if request.backend == "openai-chat" and any(row.input_ids is not None for row in rows):
         raise UserError(
             f"--backend openai-chat: {label} sends token ids; use --backend sglang or openai"
         )
@@ -150,7 +150,7 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
         prompts_sha256=_digest(rows),
         **extra,
     )
-    body = "".join(json.dumps(row) + "\n" for row in rows).encode()
+    body = "".join(json.dumps(row.to_wire()) + "\n" for row in rows).encode()
     return plan, body
 
 

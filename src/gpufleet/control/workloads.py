@@ -19,6 +19,7 @@ from typing import Any
 
 from gpufleet.control import prompts as prompt_sets
 from gpufleet.errors import UserError
+from gpufleet.records import PromptRow
 
 ID_LOW, ID_HIGH = 100, 30_000
 TRACE_BLOCK_TOKENS = 512  # Mooncake's block size: one hash_id per 512 tokens
@@ -74,19 +75,19 @@ def _length(rng: random.Random, full: int, ratio: float) -> int:
 
 def random_ids(
     count: int, seed: int, input_len: int, output_len: int, ratio: float
-) -> list[dict[str, Any]]:
+) -> list[PromptRow]:
     """Token-exact random prompts (bench_serving's `random-ids`)."""
     rng = random.Random(seed)
     return [
-        {
-            "input_ids": _ids(rng, _length(rng, input_len, ratio)),
-            "output_len": _length(rng, output_len, ratio),
-        }
+        PromptRow(
+            input_ids=_ids(rng, _length(rng, input_len, ratio)),
+            output_len=_length(rng, output_len, ratio),
+        )
         for _ in range(count)
     ]
 
 
-def shared_prefix(count: int, seed: int, options: dict[str, int]) -> list[dict[str, Any]]:
+def shared_prefix(count: int, seed: int, options: dict[str, int]) -> list[PromptRow]:
     """bench_serving's generated-shared-prefix: `groups` long prefixes, `per_group` questions
     each; the rows go out group after group shuffled, cycled up to `count`."""
     rng = random.Random(seed)
@@ -94,7 +95,7 @@ def shared_prefix(count: int, seed: int, options: dict[str, int]) -> list[dict[s
     for _ in range(options["groups"]):
         prefix = _ids(rng, options["prefix_len"])
         rows += [
-            {"input_ids": prefix + _ids(rng, options["question_len"])}
+            PromptRow(input_ids=prefix + _ids(rng, options["question_len"]))
             for _ in range(options["per_group"])
         ]
     rng.shuffle(rows)
@@ -106,16 +107,19 @@ def system_prompt() -> str:
     return (prompt_sets.bundled_dir() / "coding-agent-system.txt").read_text()
 
 
-def multiturn(texts: list[str], count: int, seed: int, turns: int) -> list[dict[str, Any]]:
+def multiturn(texts: list[str], count: int, seed: int, turns: int) -> list[PromptRow]:
     """Sessions: a task from the prompt set, then follow-ups from the bundled coding
     follow-ups (test failures, lint output, review requests, as an agent's user sends)."""
     tasks = prompt_sets.sample(texts, count, seed)
     followups = prompt_sets.load_texts("coding-followups", seed)[1]
     rng = random.Random(seed + 1)
-    return [{"turns": [task, *(rng.choice(followups) for _ in range(turns - 1))]} for task in tasks]
+    return [
+        PromptRow(turns=[task, *(rng.choice(followups) for _ in range(turns - 1))])
+        for task in tasks
+    ]
 
 
-def load_trace(path_text: str, speedup: float) -> list[dict[str, Any]]:
+def load_trace(path_text: str, speedup: float) -> list[PromptRow]:
     """A Mooncake-format JSONL trace as rows: equal hash_ids give equal 512-token blocks;
     arrival times divided by `speedup`, starting at 0."""
     path = Path(path_text)
@@ -123,7 +127,8 @@ def load_trace(path_text: str, speedup: float) -> list[dict[str, Any]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"--trace {path_text}: cannot read it ({exc.__class__.__name__})") from None
-    rows, first = [], None
+    rows: list[PromptRow] = []
+    first = None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -137,11 +142,11 @@ def load_trace(path_text: str, speedup: float) -> list[dict[str, Any]]:
         need = entry["input_length"]
         ids = ids[:need] + _ids(random.Random(f"tail-{number}"), max(0, need - len(ids)))
         rows.append(
-            {
-                "input_ids": ids,
-                "output_len": entry["output_length"],
-                "at": round((entry["timestamp"] - first) / 1000 / speedup, 6),
-            }
+            PromptRow(
+                input_ids=ids,
+                output_len=entry["output_length"],
+                at=round((entry["timestamp"] - first) / 1000 / speedup, 6),
+            )
         )
     if not rows:
         raise UserError(f"--trace {path_text}: no requests in it")

@@ -28,7 +28,7 @@ from gpufleet.host.bench.metrics import DEFINITIONS, summarize
 from gpufleet.host.nvml import load_pynvml
 from gpufleet.host.redact import process_secrets, scrub
 from gpufleet.host.servers import server_alive
-from gpufleet.records import BenchPlan, Level, ResultRow, ServerState
+from gpufleet.records import BenchPlan, Level, PromptRow, ResultRow, ServerState
 
 
 def now_iso() -> str:
@@ -246,22 +246,23 @@ def _sglang_bench_level(
     return "done", None
 
 
-def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """prompts.jsonl: one row per prompt (control/workloads.py says which shapes)."""
+def _read_rows(run_dir: Path) -> list[PromptRow]:
+    """prompts.jsonl: one row per prompt (control/workloads.py says which shapes), checked."""
+    lines = (run_dir / "prompts.jsonl").read_text().splitlines()
     return [
-        json.loads(line)
-        for line in (run_dir / "prompts.jsonl").read_text().splitlines()
+        PromptRow.from_wire(json.loads(line), f"prompts.jsonl:{number}")
+        for number, line in enumerate(lines, 1)
         if line.strip()
     ]
 
 
-def _prompt(plan: BenchPlan, row: dict[str, Any]) -> Prompt:
+def _prompt(plan: BenchPlan, row: PromptRow) -> Prompt:
     return Prompt(
-        text=row.get("prompt", plan.system_prompt),
-        output_len=int(row.get("output_len", plan.output_len)),
-        input_ids=row.get("input_ids"),
-        at=row.get("at"),
-        turns=row.get("turns"),
+        text=row.prompt if row.prompt is not None else plan.system_prompt,
+        output_len=row.output_len if row.output_len is not None else plan.output_len,
+        input_ids=row.input_ids,
+        at=row.at,
+        turns=row.turns,
     )
 
 
@@ -331,7 +332,7 @@ def _telemetry(plan: BenchPlan, state: ServerState | None) -> telemetry.Sampler 
 def _gpufleet_level(
     plan: BenchPlan,
     level: Level,
-    rows: list[dict[str, Any]],
+    rows: list[PromptRow],
     writer: RunWriter,
     server_state: ServerState | None,
     marks: list[tuple[int | None, str]],
@@ -417,7 +418,7 @@ def run_plan(
         start = {"level": c, "phase": "start", "total": requests, "at": now_iso()}
         writer.event({**start, "sessions": n} if requests != n else start)
         if plan.engine == "sglang-bench":
-            texts = [row["prompt"] for row in rows]
+            texts = [row.prompt or "" for row in rows]
             level_status, level_reason = _sglang_bench_level(
                 plan, level, texts, writer, before, server_state, keys
             )
