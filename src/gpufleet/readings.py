@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpufleet.records import ServerState
 from gpufleet.wire import Record
 
 
@@ -180,3 +181,32 @@ class StopAnswer(Record):
     stopped: list[StoppedServer] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # state files whose process changed
     verify: GpuCheck | None = None
+
+
+@dataclass
+class LaunchAnswer(Record):
+    """launch on one host: its preflight (refusals, warnings, renames, the argv that runs or
+    would run, secrets hidden) and, when started, the server's state file."""
+
+    started: bool
+    errors: list[str] = field(default_factory=list)  # preflight refusals when not started
+    warnings: list[str] = field(default_factory=list)
+    renames: list[str] = field(default_factory=list)  # flags rewritten for this engine
+    argv: list[str] = field(default_factory=list)
+    engine_version: str | None = None
+    accepts_config: bool = False  # `--config FILE.yaml` (SGLang 0.5.16+)
+    gpu_health: list[str] = field(default_factory=list)  # each GPU's verdict
+    state: ServerState | None = None
+
+
+@dataclass
+class WaitReadyAnswer(Record):
+    """wait-ready on one host: ready, or the phase it ended in (running, crashed, timeout,
+    or waiting when a slice is over) with the reason and the log's last lines."""
+
+    ready: bool
+    phase: str
+    elapsed_s: float = 0.0
+    reason: str | None = None
+    tail: list[str] = field(default_factory=list)
+    state: ServerState | None = None

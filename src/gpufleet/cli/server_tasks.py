@@ -95,24 +95,24 @@ def launch(
             line(f"{name}: engine {spec.engine}, node rank {spec.node_rank}/{spec.nnodes}")
             if res.value is None:
                 continue  # unreachable: said below
-            line(f"{name}: argv: {shlex.join(res.value['argv'])}")
+            line(f"{name}: argv: {shlex.join(res.value.argv)}")
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in redact_env(spec.env).items())
             line(f"{name}: env: {env or '-'}")
             line(f"{name}: log: <workdir>/{spec.log}")
-            for note in res.value["renames"]:
+            for note in res.value.renames:
                 line(f"{name}: note: {note}")
-            for warning in res.value["warnings"]:
+            for warning in res.value.warnings:
                 line(f"{name}: warning: {warning}")
         line("dry run: nothing started")
         finish([res for _, res in checked])
         return
     results = lifecycle.launch(selected, prof, options, forks_for(inv, forks), launch_progress())
     for res in results:
-        if res.ok:
-            st = res.value["state"]
+        if res.ok and res.value is not None:
+            st = res.value.state
             line(
-                f"{res.host.name}: READY {st['profile']} pid {st['pid']} port {st['port']} "
-                f"in {res.value['elapsed_s']:.1f}s ({st['engine']} {st['engine_version']})"
+                f"{res.host.name}: READY {st.profile} pid {st.pid} port {st.port} "
+                f"in {res.value.elapsed_s:.1f}s ({st.engine} {st.engine_version})"
             )
     finish(results, with_tail=True)
 
@@ -147,7 +147,7 @@ def wait(c, hosts=None, inventory=None, profile=None, port=None, timeout=None, f
     )
     for res in results:
         if res.ok:
-            line(f"{res.host.name}: READY port {port_number} ({res.value['elapsed_s']:.1f}s)")
+            line(f"{res.host.name}: READY port {port_number} ({res.value.elapsed_s:.1f}s)")
     finish(results, with_tail=True)
 
 

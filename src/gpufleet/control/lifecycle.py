@@ -14,8 +14,8 @@ from gpufleet.control.transport import Session, host_events
 from gpufleet.errors import HostError
 from gpufleet.host.protocol import LaunchArgs, LogsArgs, StopArgs, WaitReadyArgs
 from gpufleet.kinds import Kind
-from gpufleet.readings import StopAnswer
-from gpufleet.records import HEALTH_TIMEOUT_S, LaunchSpec
+from gpufleet.readings import LaunchAnswer, StopAnswer, WaitReadyAnswer
+from gpufleet.records import HEALTH_TIMEOUT_S, LaunchSpec, ServerState
 from gpufleet.report.gpu import dirty_gpus
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -32,31 +32,34 @@ class LaunchOptions:
     allow_unhealthy: bool = False  # launch on a GPU the health check calls bad (recorded)
 
 
-def _raise_not_ready(wait: dict[str, Any]) -> None:
-    if not wait.get("ready"):
-        raise HostError(
-            f"{wait['phase']}: {wait['reason']}",
-            kind=Kind(wait["phase"]),
-            tail=wait.get("tail", []),
-        )
+@dataclass
+class Launched:
+    """A server up on one host: its state file, how long it took, what preflight warned."""
+
+    state: ServerState
+    elapsed_s: float
+    warnings: list[str]
+
+
+def _raise_not_ready(wait: WaitReadyAnswer) -> None:
+    if not wait.ready:
+        raise HostError(f"{wait.phase}: {wait.reason}", kind=Kind(wait.phase), tail=wait.tail)
 
 
 def wait_on(
     session: Session,
-    spec: LaunchSpec | dict[str, Any],
+    port: int,
     timeout_s: float | None,
     progress: Progress | None,
     cancel: CancelToken | None = None,
-) -> dict[str, Any]:
+    node_rank: int = 0,
+) -> WaitReadyAnswer:
     """Stream wait-ready from the host; the server keeps running if this connection drops.
 
     With a cancel token the wait runs in slices and raises Cancelled when a stop is asked.
     """
-    port = spec["port"] if isinstance(spec, dict) else spec.port
-    rank = spec.get("node_rank", 0) if isinstance(spec, dict) else spec.node_rank
-    timeout = timeout_s or (
-        spec.health_timeout if isinstance(spec, LaunchSpec) else HEALTH_TIMEOUT_S
-    )
+    rank = node_rank
+    timeout = timeout_s or HEALTH_TIMEOUT_S
     name = session.host.name
     on_event = host_events(name, progress)
 
@@ -71,9 +74,9 @@ def wait_on(
             doing="waiting for the server",
             resume=f"`inv wait --hosts {name} --port {port}{session.host.cli_hint()}`",
         )
-        if wait["phase"] != "waiting":
+        if wait.phase != "waiting":
             break
-        args.elapsed_before_s = wait["elapsed_s"]
+        args.elapsed_before_s = wait.elapsed_s
         cancel.check("waiting for the server")  # type: ignore[union-attr]
     _raise_not_ready(wait)
     return wait
@@ -85,7 +88,7 @@ def launch_on(
     options: LaunchOptions,
     progress: Progress | None,
     cancel: CancelToken | None = None,
-) -> dict[str, Any]:
+) -> Launched:
     if options.clean:
         from gpufleet.control.gpuclean import CleanOptions, clean_on
 
@@ -103,25 +106,22 @@ def launch_on(
         ),
         timeout=600,
     )
-    if not started["started"]:
+    if not started.started or started.state is None:
         raise HostError(
-            "preflight refused the launch: " + "; ".join(started["errors"]), kind=Kind.PREFLIGHT
+            "preflight refused the launch: " + "; ".join(started.errors), kind=Kind.PREFLIGHT
         )
     if progress:
-        for note in started.get("renames", []):
+        for note in started.renames:
             progress(session.host.name, {"note": note})
-        for warning in started.get("warnings", []):
+        for warning in started.warnings:
             progress(session.host.name, {"warning": warning})
         progress(
             session.host.name,
-            {"phase": "started", "pid": started["state"]["pid"], "log": started["state"]["log"]},
+            {"phase": "started", "pid": started.state.pid, "log": started.state.log},
         )
-    wait = wait_on(session, spec, options.timeout_s, progress, cancel)
-    return {
-        "state": wait["state"],
-        "elapsed_s": wait["elapsed_s"],
-        "warnings": started.get("warnings", []),
-    }
+    timeout = options.timeout_s or spec.health_timeout
+    wait = wait_on(session, spec.port, timeout, progress, cancel, spec.node_rank)
+    return Launched(wait.state or started.state, wait.elapsed_s, started.warnings)
 
 
 def launch(
@@ -130,7 +130,7 @@ def launch(
     options: LaunchOptions,
     forks: int,
     progress: Progress | None = None,
-) -> list[HostResult[dict]]:
+) -> list[HostResult[Launched]]:
     specs = {host.name: spec for host, spec in build_specs(profile, hosts, options.engine)}
     return run_on_hosts(
         hosts, lambda s: launch_on(s, specs[s.host.name], options, progress), forks=forks
@@ -139,12 +139,12 @@ def launch(
 
 def dry_run(
     hosts: list[Host], profile: Profile, options: LaunchOptions, forks: int
-) -> list[tuple[LaunchSpec, HostResult[dict]]]:
+) -> list[tuple[LaunchSpec, HostResult[LaunchAnswer]]]:
     """Each host's preflight without a launch: the argv that would run there (the engine's
     flag renames on that host applied, secrets hidden), its notes and refusals."""
     specs = {host.name: spec for host, spec in build_specs(profile, hosts, options.engine)}
 
-    def one(session: Session) -> dict[str, Any]:
+    def one(session: Session) -> LaunchAnswer:
         args = LaunchArgs(
             spec=specs[session.host.name],
             skip_flag_check=options.skip_flag_check,
@@ -156,8 +156,8 @@ def dry_run(
 
     results = run_on_hosts(hosts, one, forks=forks)
     for res in results:
-        if res.ok and res.value["errors"]:
-            res.error = "preflight would refuse the launch: " + "; ".join(res.value["errors"])
+        if res.ok and res.value is not None and res.value.errors:
+            res.error = "preflight would refuse the launch: " + "; ".join(res.value.errors)
             res.kind = Kind.PREFLIGHT
     return [(specs[res.host.name], res) for res in results]
 
@@ -168,9 +168,8 @@ def wait(
     timeout_s: float | None,
     forks: int,
     progress: Progress | None = None,
-) -> list[HostResult[dict]]:
-    spec = {"port": port, "node_rank": 0}
-    return run_on_hosts(hosts, lambda s: wait_on(s, spec, timeout_s, progress), forks=forks)
+) -> list[HostResult[WaitReadyAnswer]]:
+    return run_on_hosts(hosts, lambda s: wait_on(s, port, timeout_s, progress), forks=forks)
 
 
 def stop(

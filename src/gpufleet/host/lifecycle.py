@@ -25,11 +25,9 @@ from gpufleet.host.preflight import launch_env, preflight
 from gpufleet.host.procstat import ProcRef, command_name, group_members
 from gpufleet.host.protocol import (
     AgentError,
-    LaunchAnswer,
     LaunchArgs,
     LogsArgs,
     StopArgs,
-    WaitReadyAnswer,
     WaitReadyArgs,
     emit_event,
 )
@@ -51,7 +49,13 @@ from gpufleet.host.servers import (
     write_state,
 )
 from gpufleet.kinds import Kind, ServerStatus
-from gpufleet.readings import ServerSummary, StopAnswer, StoppedServer
+from gpufleet.readings import (
+    LaunchAnswer,
+    ServerSummary,
+    StopAnswer,
+    StoppedServer,
+    WaitReadyAnswer,
+)
 from gpufleet.records import LaunchSpec, ServerState
 
 FATAL_PATTERNS = [
@@ -126,15 +130,15 @@ KEYS_IN_ARGV = (
 )
 
 
-def _keep_keys_out_of_argv(port: int, check: dict[str, Any]) -> tuple[list[str], str | None, bool]:
+def _keep_keys_out_of_argv(port: int, check: LaunchAnswer) -> tuple[list[str], str | None, bool]:
     """argv with secret flags moved into `servers/<port>.keys.yaml` (read by the engine
     through `--config`), the key file's path, and whether secrets stayed in argv."""
-    argv = check["argv"]
+    argv = check.argv
     public, secrets = serverkeys.split(argv, 3)
     if not secrets:
         return argv, None, False
     path = str(serverkeys.write(port, secrets))
-    if check.get("accepts_config") and "--config" not in public:
+    if check.accepts_config and "--config" not in public:
         return [*public, "--config", path], path, False
     return argv, path, True
 
@@ -148,14 +152,14 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
     args.spec = spec
     with port_lock(spec.port):
         check = preflight(args)
-        if args.dry_run or not check["ok"]:
-            return {"started": False, **check, "argv": redact_argv(check["argv"])}
+        if args.dry_run or check.errors:
+            return dataclasses.replace(check, argv=redact_argv(check.argv))
         existing = read_state(spec.port)
         if existing and server_alive(existing) and args.replace:
             stop_server(existing, args.grace_s)
         argv, key_file, in_argv = _keep_keys_out_of_argv(spec.port, check)
         if in_argv:
-            check["warnings"].append(KEYS_IN_ARGV)
+            check.warnings.append(KEYS_IN_ARGV)
         spec = dataclasses.replace(spec, argv=argv)  # renames applied, keys in their file
         proc = _spawn(spec)
         ref = ProcRef.capture(proc.pid) or ProcRef(proc.pid, -1)  # -1: died at once
@@ -169,26 +173,24 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
             health_url=f"http://{spec.health_host}:{spec.port}{spec.health_path}",
             profile=spec.profile,
             engine=spec.engine,
-            engine_version=check["engine_version"],
+            engine_version=check.engine_version,
             log=str(Path.cwd() / spec.log),
             gpus=spec.gpus,
             resolved_profile=spec.resolved_profile,
-            flag_renames=check["renames"],
+            flag_renames=check.renames,
             key_file=key_file,
             secrets_in_argv=in_argv,
             node_rank=spec.node_rank,
             started_at=now_iso(),
             status=ServerStatus.STARTING,
-            gpu_health=check["gpu_health"],
+            gpu_health=check.gpu_health,
             allowed_unhealthy=args.allow_unhealthy,
         )
         write_state(state)
-    return {
-        "started": True,
-        "state": state.to_wire(),
-        "warnings": check["warnings"],
-        "renames": check["renames"],
-    }
+    return LaunchAnswer(
+        started=True, state=state, warnings=check.warnings, renames=check.renames,
+        engine_version=check.engine_version, gpu_health=check.gpu_health,
+    )  # fmt: skip
 
 
 # -- wait until healthy ---------------------------------------------------------------
@@ -245,12 +247,7 @@ def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
             emit_event(
                 {"phase": new_phase, "elapsed_s": round(elapsed, 2), "last_line": log.last_line}
             )
-            return {
-                "ready": True,
-                "phase": new_phase,
-                "elapsed_s": round(elapsed, 3),
-                "state": state.to_wire(),
-            }
+            return WaitReadyAnswer(True, new_phase, round(elapsed, 3), state=state)
         if new_phase != phase or time.monotonic() - last_event >= 1.0:
             phase = new_phase
             last_event = time.monotonic()
@@ -260,20 +257,14 @@ def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
                 state, "timeout", f"not healthy after {args.timeout_s:g}s (last: {phase})"
             )
         if slice_end is not None and time.monotonic() >= slice_end:
-            return {"ready": False, "phase": "waiting", "elapsed_s": round(elapsed, 3)}
+            return WaitReadyAnswer(False, "waiting", round(elapsed, 3))
         time.sleep(args.poll_s)
 
 
 def _failed(state: ServerState, status: str, reason: str) -> WaitReadyAnswer:
     state.update(status=ServerStatus.FAILED, failure=reason, failed_at=now_iso())
     write_state(state)
-    return {
-        "ready": False,
-        "phase": status,
-        "reason": reason,
-        "tail": tail(state.log),
-        "state": state.to_wire(),
-    }
+    return WaitReadyAnswer(False, status, reason=reason, tail=tail(state.log), state=state)
 
 
 # -- stop, list, logs -----------------------------------------------------------------

@@ -14,13 +14,13 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gpufleet.host import flagrenames, gpuhealth
 from gpufleet.host import nvml as nvmlread
 from gpufleet.host.protocol import AgentError, LaunchArgs
 from gpufleet.host.servers import read_state, server_alive
 from gpufleet.kinds import Kind
+from gpufleet.readings import LaunchAnswer
 from gpufleet.records import LaunchSpec
 
 ENGINE_MODULES = {
@@ -177,7 +177,7 @@ def check_gpus(gpus: list[int], args: LaunchArgs, in_use: bool) -> GpuCheck:
     return out
 
 
-def preflight(args: LaunchArgs) -> dict[str, Any]:
+def preflight(args: LaunchArgs) -> LaunchAnswer:
     """Everything that can refuse a launch in seconds rather than after a model load."""
     spec = args.spec
     assert spec is not None, "launch checks its spec before preflight"
@@ -218,13 +218,7 @@ def preflight(args: LaunchArgs) -> dict[str, Any]:
         accepts_config = "--config CONFIG" in text or "--config " in text
         errors += [f"flag {e}" for e in check.errors]
         warnings += check.warnings
-    return {
-        "ok": not errors,
-        "errors": errors,
-        "warnings": warnings,
-        "renames": renames,
-        "argv": argv,
-        "engine_version": version,
-        "accepts_config": accepts_config,  # `--config FILE.yaml` (SGLang 0.5.16+)
-        "gpu_health": health,
-    }
+    return LaunchAnswer(
+        started=False, errors=errors, warnings=warnings, renames=renames, argv=argv,
+        engine_version=version, accepts_config=accepts_config, gpu_health=health,
+    )  # fmt: skip

@@ -21,7 +21,13 @@ from typing import Any, ClassVar, TypedDict
 
 from gpufleet.host.redact import scrub_known
 from gpufleet.kinds import Kind
-from gpufleet.readings import CleanAnswer, StatusAnswer, StopAnswer
+from gpufleet.readings import (
+    CleanAnswer,
+    LaunchAnswer,
+    StatusAnswer,
+    StopAnswer,
+    WaitReadyAnswer,
+)
 from gpufleet.records import HEALTH_TIMEOUT_S, BenchPlan, LaunchSpec
 from gpufleet.wire import Record, WireError, check
 
@@ -111,6 +117,7 @@ class StatusArgs(VerbArgs):
 @dataclass
 class LaunchArgs(VerbArgs):
     VERB: ClassVar[str] = "launch"
+    ANSWER: ClassVar[type[Record] | None] = LaunchAnswer
     spec: LaunchSpec | None = None  # built by control/playbook.py (required)
     replace: bool = False
     grace_s: float = 15.0
@@ -124,6 +131,7 @@ class LaunchArgs(VerbArgs):
 @dataclass
 class WaitReadyArgs(VerbArgs):
     VERB: ClassVar[str] = "wait-ready"
+    ANSWER: ClassVar[type[Record] | None] = WaitReadyAnswer
     port: int = 30000
     timeout_s: float = HEALTH_TIMEOUT_S  # in all slices together; then the launch failed
     poll_s: float = 0.2
@@ -195,24 +203,6 @@ CONTRACT: dict[str, type[VerbArgs]] = {
 
 
 # -- answers (the final line's `result`) --------------------------------------------------
-class LaunchAnswer(TypedDict, total=False):
-    started: bool
-    state: dict[str, Any]  # the host state file (servers/<port>.json)
-    errors: list[str]  # preflight refusals when not started
-    warnings: list[str]
-    renames: list[str]  # flags rewritten for this host's engine version
-    engine_version: str | None
-
-
-class WaitReadyAnswer(TypedDict, total=False):
-    ready: bool
-    phase: str  # ready | running | crashed | timeout | waiting (slice over)
-    reason: str
-    tail: list[str]
-    elapsed_s: float
-    state: dict[str, Any]
-
-
 class BenchStartAnswer(TypedDict):
     run_id: str
     run_dir: str
