@@ -184,8 +184,9 @@ def test_agent_runs_with_a_python_lacking_gpufleet(fleet):
     for res in results:
         assert res.ok, res.error
         info, workdir = res.value
-        assert info["python_executable"] == fleet.python
-        assert info["gpus"][0]["name"] == "NVIDIA H200" and len(info["gpus"]) == 8
+        assert info.python_executable == fleet.python
+        assert info.gpus[0].name == "NVIDIA H200" and len(info.gpus) == 8
+        assert info.gpus[0].power_limit_w == 700.0 and info.gpus[0].health == "ok"
         assert oct(os.stat(workdir).st_mode & 0o777) == "0o700"
         agents = [p for p in os.listdir(workdir) if p.startswith("agent-")]
         assert (

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus, SweepStatus
+from gpufleet.readings import GpuFacts
 from gpufleet.records import BenchPlan
 from gpufleet.wire import Record, WireError
 
@@ -85,7 +86,7 @@ class HostFacts(Record):
 
     driver: str | None = None
     cuda: str | None = None
-    gpus: list[dict[str, Any]] | None = None
+    gpus: list[GpuFacts] | None = None
     packages: dict[str, str | None] | None = None
     hostname: str | None = None
     simulated: bool | None = None

@@ -210,3 +210,54 @@ class WaitReadyAnswer(Record):
     reason: str | None = None
     tail: list[str] = field(default_factory=list)
     state: ServerState | None = None
+
+
+@dataclass
+class GpuFacts(Record):
+    """One GPU as a run's manifest fingerprints it: identity and what changes speed (a
+    manifest archived before a field existed reads it as None)."""
+
+    index: int | None = None
+    uuid: str | None = None
+    name: str | None = None
+    total_mib: int | None = None
+    power_limit_w: float | None = None
+    sm_clock_app_mhz: int | None = None
+    persistence: bool | None = None
+    ecc: bool | None = None
+    mig: bool | None = None
+    compute_mode: str | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    nvlinks_up: int | None = None
+    health: str | None = None  # ok, warn or bad
+
+    @classmethod
+    def of(cls, gpu: GpuReading) -> GpuFacts:
+        h = gpu.health or GpuHealth()
+        return cls(
+            index=gpu.index, uuid=gpu.uuid, name=gpu.name, total_mib=gpu.total_mib,
+            power_limit_w=h.power_limit_w, sm_clock_app_mhz=h.sm_clock_app_mhz,
+            persistence=h.persistence, ecc=h.ecc, mig=h.mig, compute_mode=h.compute_mode,
+            pcie_gen_max=h.pcie_gen_max, pcie_width=h.pcie_width, nvlinks_up=h.nvlinks_up,
+            health=h.verdict if gpu.health is not None else None,
+        )  # fmt: skip
+
+
+@dataclass
+class SysInfo(Record):
+    """The host's software and GPUs (the sysinfo verb; each run keeps it as sysinfo.json and
+    its manifest's host facts)."""
+
+    hostname: str | None = None
+    kernel: str | None = None
+    python: str | None = None
+    python_executable: str | None = None
+    uid: int | None = None
+    packages: dict[str, str | None] = field(default_factory=dict)
+    simulated: bool | None = None
+    cpu_governor: str | None = None  # powersave slows the client and the scheduler
+    driver: str | None = None
+    cuda: str | None = None
+    gpus: list[GpuFacts] = field(default_factory=list)
+    nvml_error: str | None = None

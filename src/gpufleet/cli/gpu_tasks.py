@@ -107,7 +107,10 @@ def sysinfo(c, hosts=None, inventory=None, forks=None):
 
     inv, selected = select_hosts(inventory, hosts)
     results = run_on_hosts(selected, lambda s: s.call(SysinfoArgs()), forks=forks_for(inv, forks))
-    out = {r.host.name: (r.value if r.ok else {"error": r.error}) for r in results}
+    out = {
+        r.host.name: (r.value.to_wire() if r.ok and r.value is not None else {"error": r.error})
+        for r in results
+    }
     print(_json.dumps(out, indent=2))
     finish(results, report=False)
 

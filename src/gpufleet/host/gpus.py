@@ -24,10 +24,12 @@ from gpufleet.kinds import Kind
 from gpufleet.readings import (
     CleanAnswer,
     GpuCheck,
+    GpuFacts,
     GpuProcess,
     GpuReading,
     LiveServerInfo,
     ProcessInfo,
+    SysInfo,
 )
 
 
@@ -162,53 +164,30 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def sysinfo(args: VerbArgs) -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "hostname": socket.gethostname(),
-        "kernel": platform.release(),
-        "python": sys.version.split()[0],
-        "python_executable": sys.executable,
-        "uid": os.geteuid(),
-        "packages": {
-            name: _version(name)
-            for name in (
-                "sglang",
-                "torch",
-                "flashinfer-python",
-                "psutil",
-                "nvidia-ml-py",
-                "aiohttp",
-            )
-        },
-        "simulated": bool(args.sim),
-        "cpu_governor": cpu_governor(),
-    }
+PACKAGES = ("sglang", "torch", "flashinfer-python", "psutil", "nvidia-ml-py", "aiohttp")
+
+
+def sysinfo(args: VerbArgs) -> SysInfo:
+    info = SysInfo(
+        hostname=socket.gethostname(),
+        kernel=platform.release(),
+        python=sys.version.split()[0],
+        python_executable=sys.executable,
+        uid=os.geteuid(),
+        packages={name: _version(name) for name in PACKAGES},
+        simulated=bool(args.sim),
+        cpu_governor=cpu_governor(),
+    )
     try:
         nvml = nvmlread.load_pynvml()
     except AgentError as exc:
-        info.update(driver=None, gpus=[], nvml_error=str(exc))
+        info.nvml_error = str(exc)
         return info
     snap = nvmlread.snapshot(nvml)
     gpuhealth.attach(nvml, snap, remember_xids=False)
-    info.update(nvmlread.driver_info(nvml))
-    info["gpus"] = [_fingerprint(g) for g in snap]
+    info.driver, info.cuda = nvmlread.driver_versions(nvml)
+    info.gpus = [GpuFacts.of(g) for g in snap]
     return info
-
-
-FINGERPRINT = (  # what changes speed, per GPU, recorded in every run's manifest
-    "power_limit_w", "sm_clock_app_mhz", "persistence", "ecc", "mig", "compute_mode",
-    "pcie_gen_max", "pcie_width", "nvlinks_up",
-)  # fmt: skip
-
-
-def _fingerprint(gpu: GpuReading) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "total_mib": gpu.total_mib
-    }  # fmt: skip
-    if gpu.health is not None:
-        out.update({k: getattr(gpu.health, k) for k in FINGERPRINT})
-        out["health"] = gpu.health.verdict
-    return out
 
 
 def cpu_governor() -> str | None:

@@ -110,11 +110,11 @@ def snapshot(nvml: Any) -> list[GpuReading]:
     return gpus
 
 
-def driver_info(nvml: Any) -> dict[str, Any]:
-    info: dict[str, Any] = {"driver": _text(nvml.nvmlSystemGetDriverVersion())}
+def driver_versions(nvml: Any) -> tuple[str, str | None]:
+    """(driver, CUDA version the driver supports, as 13.0)."""
+    driver = _text(nvml.nvmlSystemGetDriverVersion())
     try:
         cuda = int(nvml.nvmlSystemGetCudaDriverVersion())
-        info["cuda"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
     except (nvml.NVMLError, AttributeError):
-        info["cuda"] = None
-    return info
+        return driver, None
+    return driver, f"{cuda // 1000}.{cuda % 1000 // 10}"

@@ -26,6 +26,7 @@ from gpufleet.readings import (
     LaunchAnswer,
     StatusAnswer,
     StopAnswer,
+    SysInfo,
     WaitReadyAnswer,
 )
 from gpufleet.records import HEALTH_TIMEOUT_S, BenchPlan, LaunchSpec
@@ -91,6 +92,7 @@ class EchoArgs(VerbArgs):
 @dataclass
 class SysinfoArgs(VerbArgs):
     VERB: ClassVar[str] = "sysinfo"
+    ANSWER: ClassVar[type[Record] | None] = SysInfo
 
 
 @dataclass

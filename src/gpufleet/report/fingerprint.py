@@ -31,7 +31,7 @@ def fingerprint(manifest: Manifest) -> dict[str, Any]:
     gpus = facts.gpus or []
     used = manifest.server.gpus
     if used:
-        gpus = [g for g in gpus if g.get("index") in used] or gpus
+        gpus = [g for g in gpus if g.index in used] or gpus
     out: dict[str, Any] = {
         "GPU count": len(used) if used else len(gpus) or None,
         "driver": facts.driver,
@@ -41,7 +41,7 @@ def fingerprint(manifest: Manifest) -> dict[str, Any]:
         "CPU governor": facts.cpu_governor,
     }
     for key, label in PER_GPU.items():
-        values = tuple(g.get(key) for g in gpus)
+        values = tuple(getattr(g, key) for g in gpus)
         if any(v is not None for v in values):
             out[label] = values[0] if len(set(values)) == 1 and key == "name" else values
     return out

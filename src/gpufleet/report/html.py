@@ -286,7 +286,7 @@ def _run_card(
 ) -> str:
     facts, server, prompts = m.host_facts, m.server, m.prompt_set
     gpus = facts.gpus or []
-    gpu_text = ", ".join(f"{g.get('name', '?')} {g.get('uuid', '')}".strip() for g in gpus)
+    gpu_text = ", ".join(f"{g.name or '?'} {g.uuid or ''}".strip() for g in gpus)
     argv = " ".join(server.argv or []) or "-"
     fields = [
         ("host", host),

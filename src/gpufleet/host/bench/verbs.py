@@ -120,7 +120,7 @@ def bench_run(args: BenchRunArgs) -> dict[str, Any]:
     run_dir = _run_dir(args.run_id)
     plan = BenchPlan.from_wire(json.loads((run_dir / "plan.json").read_text()), "plan.json")
     state = read_state(plan.server_port) if plan.server_port else None
-    facts = {"sysinfo.json": gpus.sysinfo(args), "nvml_before.json": _nvml_snapshot()}
+    facts = {"sysinfo.json": gpus.sysinfo(args).to_wire(), "nvml_before.json": _nvml_snapshot()}
     try:
         return run_plan(
             run_dir,
