@@ -104,7 +104,7 @@ def test_sweep_archived_per_host_on_three_hosts(fleet, tmp_path):
             ):
                 assert key in results[0]
             assert len((run_dir / "requests-c64.jsonl").read_text().splitlines()) == 64
-            assert manifest.host_facts.gpus[0]["uuid"].startswith("GPU-")
+            assert manifest.host_facts.gpus[0].uuid.startswith("GPU-")
             assert "run " in (run_dir / "server.log").read_text()
             assert (run_dir / "summary.csv").read_text().startswith("max_concurrency,")
         same = {
