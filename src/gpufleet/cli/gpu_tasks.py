@@ -13,62 +13,23 @@ from gpufleet.cli.common import (
     task,
     user_errors,
 )
+from gpufleet.cli.options import clean_options
+
+CLEAN = clean_options()
 
 
-@task(
-    iterable=["pattern"],
-    help={
-        "hosts": HOSTS_HELP,
-        "inventory": INVENTORY_HELP,
-        "dry-run": "list what would be killed; kill nothing",
-        "all-users": "also kill GPU processes of other users",
-        "all-tenants": "also kill processes of other tenants: other PID namespaces and "
-        "container cgroups (Docker, Kubernetes, Slurm, LXC, Podman), display servers",
-        "timeout": "seconds to wait for every GPU to read 0 MiB (default 60)",
-        "grace": "seconds between SIGTERM and SIGKILL (default 10)",
-        "tolerance": "MiB of NVML v2 `used` still accepted as clean (default 0)",
-        "pattern": "regex for a stale server's program, title or Python module, never a whole "
-        "command line (repeatable; default: the SGLang family and gpufleet's rehearsal server)",
-        "forks": "hosts handled in parallel (default: inventory forks, 32)",
-        "json": "print the per-host results as JSON",
-        "include-running": "also kill servers that answer /health 200 (left alone by default)",
-    },
-)
-@user_errors
-def gpu_clean(
-    c,
-    hosts=None,
-    inventory=None,
-    dry_run=False,
-    all_users=False,
-    all_tenants=False,
-    timeout=None,
-    grace=None,
-    tolerance=None,
-    pattern=None,
-    forks=None,
-    json=False,
-    include_running=False,
-):
+@CLEAN.task()
+def gpu_clean(c, **given):
     """Kill stale GPU processes and verify every GPU reads 0 MiB (NVML v2 used)."""
     from gpufleet.cli import gpu_output
-    from gpufleet.cli.args import non_negative_int, positive_float
     from gpufleet.control import gpuclean
 
-    options = gpuclean.CleanOptions(
-        dry_run=dry_run,
-        all_users=all_users,
-        all_tenants=all_tenants,
-        timeout_s=positive_float(timeout, "--timeout", 60.0),
-        grace_s=positive_float(grace, "--grace", 10.0),
-        tolerance_mib=non_negative_int(tolerance, "--tolerance", 0),
-        patterns=list(pattern or []),
-        include_running=include_running,
-    )
+    o = CLEAN.parse(given)
+    options = gpuclean.CleanOptions(**CLEAN.request_fields(o))
     gpuclean.check_patterns(options.patterns)
-    inv, selected = select_hosts(inventory, hosts)
-    results = gpuclean.clean(selected, options, forks_for(inv, forks))
-    if json:
+    inv, selected = select_hosts(o["inventory"], o["hosts"])
+    results = gpuclean.clean(selected, options, forks_for(inv, o["forks"]))
+    if o["json"]:
         print(_json.dumps(gpu_output.clean_json(results), indent=2))
     else:
         gpu_output.print_clean(results, options)

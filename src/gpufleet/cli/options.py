@@ -376,3 +376,76 @@ def tune_options(request_type: type, ladder: str) -> OptionSet:
         verify=Option("run tuned vs no drafting vs static afterwards (--no-verify skips)",
                       flag_default=True, default=True, default_text="on", to_request=False),
     ) | options  # fmt: skip
+
+
+def _patterns(value: Any, flag: str, default: Any) -> list[str]:
+    return list(value or [])
+
+
+def clean_options() -> OptionSet:
+    """inv gpu-clean: what may be killed, how long to wait, hosts. The defaults are the
+    agent's own (host/protocol.py: CleanArgs), through control/gpuclean.CleanOptions."""
+    from gpufleet.control.cleanoptions import CleanOptions
+
+    switch = {"flag_default": False, "default": False}
+    return OptionSet(
+        CleanOptions,
+        dry_run=Option("list what would be killed; kill nothing", **switch),
+        all_users=Option("also kill GPU processes of other users", **switch),
+        all_tenants=Option(
+            "also kill processes of other tenants: other PID namespaces and "
+            "container cgroups (Docker, Kubernetes, Slurm, LXC, Podman), display "
+            "servers",
+            **switch,
+        ),
+        timeout=Option(
+            "seconds to wait for every GPU to read 0 MiB", checks.positive_float, field="timeout_s"
+        ),
+        grace=Option("seconds between SIGTERM and SIGKILL", checks.positive_float, field="grace_s"),
+        tolerance=Option(
+            "MiB of NVML v2 `used` still accepted as clean",
+            checks.non_negative_int,
+            field="tolerance_mib",
+        ),
+        pattern=Option(
+            "regex for a stale server's program, title or Python module, never a "
+            "whole command line (repeatable; default: the SGLang family and "
+            "gpufleet's rehearsal server)",
+            _patterns,
+            field="patterns",
+            iterable=True,
+            default=None,
+        ),
+        include_running=Option(
+            "also kill servers that answer /health 200 (left alone by default)", **switch
+        ),
+        json=Option("print the per-host results as JSON", **switch, to_request=False),
+    ) | fleet_options(CleanOptions)
+
+
+def stop_options() -> OptionSet:
+    """inv stop: which servers, how long to wait; the defaults are the verb's (StopArgs)."""
+    from gpufleet.host.protocol import StopArgs
+
+    return OptionSet(
+        StopArgs,
+        profile=Option("only servers of this profile"),
+        port=Option("only the server on this port", _nonzero(checks.non_negative_int)),
+        grace=Option("seconds between SIGTERM and SIGKILL", checks.positive_float,
+                     field="grace_s"),
+        timeout=Option("seconds to wait for the GPUs to read 0 MiB", checks.positive_float,
+                       field="timeout_s"),
+    ) | fleet_options(StopArgs)  # fmt: skip
+
+
+def logs_options() -> OptionSet:
+    """inv logs: which server, how many lines; the defaults are the verb's (LogsArgs)."""
+    from gpufleet.host.protocol import LogsArgs
+
+    return OptionSet(
+        LogsArgs,
+        profile=Option("the latest server of this profile"),
+        port=Option("the server on this port", _nonzero(checks.non_negative_int)),
+        lines=Option("how many lines", checks.non_negative_int),
+        follow=Option("keep printing new lines (Ctrl-C ends)", flag_default=False, default=False),
+    ) | fleet_options(LogsArgs)  # fmt: skip

@@ -12,6 +12,7 @@ from gpufleet.cli.common import (
     task,
     user_errors,
 )
+from gpufleet.cli.options import logs_options, stop_options
 from gpufleet.records import HEALTH_TIMEOUT_S  # stdlib-only: --list stays fast
 
 
@@ -151,32 +152,19 @@ def wait(c, hosts=None, inventory=None, profile=None, port=None, timeout=None, f
     finish(results, with_tail=True)
 
 
-@task(
-    help={
-        **FLEET_HELP,
-        "profile": "only servers of this profile",
-        "port": "only the server on this port",
-        "grace": "seconds between SIGTERM and SIGKILL (default 15)",
-        "timeout": "seconds to wait for the GPUs to read 0 MiB (default 60)",
-    }
-)
-@user_errors
-def stop(
-    c, hosts=None, inventory=None, profile=None, port=None, grace=None, timeout=None, forks=None
-):
+STOP = stop_options()
+
+
+@STOP.task()
+def stop(c, **given):
     """Stop launched servers (process group: SIGTERM, grace, SIGKILL) and verify GPUs clean."""
-    from gpufleet.cli.args import non_negative_int, positive_float
     from gpufleet.cli.output import line
     from gpufleet.control import lifecycle
 
-    inv, selected = select_hosts(inventory, hosts)
+    o = STOP.parse(given)
+    inv, selected = select_hosts(o["inventory"], o["hosts"])
     results = lifecycle.stop(
-        selected,
-        profile,
-        non_negative_int(port, "--port", 0) or None,
-        positive_float(grace, "--grace", 15.0),
-        positive_float(timeout, "--timeout", 60.0),
-        forks_for(inv, forks),
+        selected, o["profile"], o["port"], o["grace"], o["timeout"], forks_for(inv, o["forks"])
     )
     for res in results:
         if res.ok:
@@ -195,36 +183,23 @@ def stop(
     finish(results)
 
 
-@task(
-    help={
-        **FLEET_HELP,
-        "profile": "the latest server of this profile",
-        "port": "the server on this port",
-        "lines": "how many lines (default 40)",
-        "follow": "keep printing new lines (Ctrl-C ends)",
-    }
-)
-@user_errors
-def logs(
-    c, hosts=None, inventory=None, profile=None, port=None, lines=None, follow=False, forks=None
-):
+LOGS = logs_options()
+
+
+@LOGS.task()
+def logs(c, **given):
     """Show the tail of the remote server log (optionally follow it)."""
-    from gpufleet.cli.args import non_negative_int
     from gpufleet.cli.output import line
     from gpufleet.cli.progress import launch_progress
     from gpufleet.control import lifecycle
 
-    inv, selected = select_hosts(inventory, hosts)
-    count = non_negative_int(lines, "--lines", 40)
+    o = LOGS.parse(given)
+    follow = o["follow"]
+    inv, selected = select_hosts(o["inventory"], o["hosts"])
     results = lifecycle.logs(
-        selected,
-        profile,
-        non_negative_int(port, "--port", 0) or None,
-        count,
-        follow,
-        forks_for(inv, forks),
+        selected, o["profile"], o["port"], o["lines"], follow, forks_for(inv, o["forks"]),
         launch_progress() if follow else None,
-    )
+    )  # fmt: skip
     for res in results:
         if res.ok and not follow:
             line(f"--- {res.host.name}: {res.value['log']} ---")

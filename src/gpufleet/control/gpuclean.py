@@ -2,46 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from gpufleet.archive import store
 from gpufleet.archive.layout import DEFAULT_ROOT, Layout
 from gpufleet.archived import HealthRecord
+from gpufleet.control.cleanoptions import CleanOptions
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session
 from gpufleet.errors import HostError, UserError
 from gpufleet.host.procs import compile_patterns
-from gpufleet.host.protocol import AgentError, CleanArgs, StatusArgs
+from gpufleet.host.protocol import AgentError, StatusArgs
 from gpufleet.kinds import Kind
 from gpufleet.readings import CleanAnswer, GpuReading, StatusAnswer
 from gpufleet.report.gpu import verdict_reason
-
-
-@dataclass
-class CleanOptions:
-    dry_run: bool = False
-    all_users: bool = False
-    all_tenants: bool = False
-    timeout_s: float = 60.0
-    grace_s: float = 10.0
-    tolerance_mib: int = 0
-    patterns: list[str] = field(default_factory=list)
-    include_running: bool = False
-
-    def agent_args(self) -> CleanArgs:
-        return CleanArgs(
-            dry_run=self.dry_run,
-            all_users=self.all_users,
-            all_tenants=self.all_tenants,
-            timeout_s=self.timeout_s,
-            grace_s=self.grace_s,
-            tolerance_mib=self.tolerance_mib,
-            patterns=self.patterns or None,
-            include_running=self.include_running,
-        )
 
 
 def check_patterns(patterns: list[str]) -> None:
