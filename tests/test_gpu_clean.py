@@ -218,3 +218,6 @@ def test_gpu_count_mismatch_and_no_driver(fleet):
     assert "nodriver: FAILED: no NVIDIA driver on nodriver" in out.stderr
     assert "h1: verified clean" in out.stdout
     assert "Traceback" not in out.stdout + out.stderr
+    status = fleet.cli("status", "--hosts", "lost-gpu,h1")  # a missing GPU: status says so too
+    assert status.returncode == 1
+    assert "lost-gpu: FAILED: expected 8 GPUs, NVML sees 7" in status.stderr

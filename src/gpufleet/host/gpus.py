@@ -58,6 +58,7 @@ def stale_processes(args: StatusArgs) -> tuple[list[GpuReading], list[ProcessInf
     psutil = procs._psutil()
     nvml = nvmlread.load_pynvml()
     snap = nvmlread.snapshot(nvml)
+    _check_count(snap, args.expected_gpus)  # a GPU missing from NVML is the first health fact
     _annotate(snap)
     gpuhealth.attach(nvml, snap, remember_xids=False)  # status reads; gpu-clean checks
     sim_state = (args.sim or {}).get("state_dir")
