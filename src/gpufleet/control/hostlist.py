@@ -87,7 +87,8 @@ def expand(text: str) -> list[str]:
     return out
 
 
-def _slurm(command: list[str], what: str) -> str:
+def _slurm_nodes(command: list[str], what: str, none: str) -> list[str]:
+    """The node list a Slurm command prints (-o %N), expanded; one line if it cannot."""
     if shutil.which(command[0]) is None:
         raise UserError(f"{what} needs Slurm's `{command[0]}` on this machine (not found)")
     try:
@@ -97,24 +98,27 @@ def _slurm(command: list[str], what: str) -> str:
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise UserError(f"{what}: `{' '.join(command)}` failed: {tail}")
-    return done.stdout.strip()
+    listed = done.stdout.split()
+    if not listed:
+        raise UserError(f"{what}: {none}")
+    return expand(",".join(listed))
 
 
 def job_nodes(job: str) -> list[str]:
     """The nodes of a Slurm job's allocation (squeue)."""
     if not re.match(r"^\d+(_\d+)?$", job):
         raise UserError(f"slurm job {job!r}: expected a job id such as 123456")
-    listed = _slurm(["squeue", "-h", "-j", job, "-o", "%N"], f"slurm job {job}")
-    if not listed:
-        raise UserError(f"slurm job {job}: no such running job (squeue lists no nodes)")
-    return expand(",".join(listed.split()))
+    return _slurm_nodes(
+        ["squeue", "-h", "-j", job, "-o", "%N"], f"slurm job {job}",
+        "no such running job (squeue lists no nodes)",
+    )  # fmt: skip
 
 
 def partition_nodes(partition: str) -> list[str]:
     """The nodes of a Slurm partition (sinfo)."""
     if not re.match(r"^[A-Za-z0-9_.-]+$", partition):
         raise UserError(f"slurm partition {partition!r}: not a partition name")
-    listed = _slurm(["sinfo", "-h", "-p", partition, "-o", "%N"], f"slurm partition {partition}")
-    if not listed:
-        raise UserError(f"slurm partition {partition}: no nodes (sinfo lists none)")
-    return expand(",".join(listed.split()))
+    return _slurm_nodes(
+        ["sinfo", "-h", "-p", partition, "-o", "%N"], f"slurm partition {partition}",
+        "no nodes (sinfo lists none)",
+    )  # fmt: skip
