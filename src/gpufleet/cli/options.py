@@ -2,10 +2,12 @@
 request it sets. The task's signature (what Invoke parses), its help text with the default
 said, the one-line error a bad value gets and the `--resume` line (cli/experiments.py reads
 the signature) all come from the declaration; the default itself comes from the request type
-(control/bench.BenchRequest, whose defaults come from the host's records.BenchPlan).
+(control/benchrequest.BenchRequest, whose shared defaults are records.BenchPlan's; for
+gpu-clean, stop and logs, their verb arguments in host/protocol.py).
 
-To add an option to bench or sweep: one Option in BENCH_OPTIONS (or the task's own set),
-naming its request field; nothing else.
+To add an option to bench, sweep, tune, gpu-clean, stop or logs: one Option in the set its
+task is built from below (`request_options` is what bench, sweep and tune share), naming its
+request field; nothing else.
 """
 
 from __future__ import annotations
