@@ -24,7 +24,9 @@ def host_python() -> str:
 class BenchFleet:
     """`hosts` simulated 8-GPU hosts spread over `sshds` sshd processes on loopback."""
 
-    def __init__(self, hosts: int, sshds: int = 1, max_startups: str | None = None) -> None:
+    def __init__(
+        self, hosts: int, sshds: int = 1, max_startups: str | None = None, forks: int = 32
+    ) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
         keygen(self.root / "client_key")
         self.sshds = [
@@ -39,7 +41,7 @@ class BenchFleet:
         known.write_text("".join(s.known_hosts_line() for s in self.sshds))
         self.inventory = self.root / "fleet.yaml"
         data = {
-            "forks": 32,
+            "forks": forks,
             "defaults": {
                 "user": "root",
                 "identity_file": str(self.root / "client_key"),
@@ -52,6 +54,8 @@ class BenchFleet:
                     "address": "127.0.0.1",
                     "port": self.sshds[i % sshds].port,
                     "workdir": str(self.root / "work" / f"h{i:02d}"),
+                    # the hosts share this machine's ports: move each host's servers apart
+                    "vars": {"server_port_offset": 3 * i},
                 }
                 for i in range(hosts)
             },

@@ -9,6 +9,7 @@ Standard library only: this module ships in the host agent and is used by the ar
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -40,8 +41,7 @@ class Record:
         where = where or cls.__name__
         if not isinstance(data, dict):
             raise WireError(f"{where}: expected a JSON object")
-        hints = typing.get_type_hints(cls)
-        fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+        hints, fields = _declared(cls)
         unknown = sorted(set(data) - {f.name for f in fields})
         values: dict[str, Any] = {}
         if cls.OPEN:
@@ -66,12 +66,32 @@ class Record:
         return json.dumps(self.to_wire(), indent=2)
 
 
+@functools.cache
+def _declared(cls: type[Record]) -> tuple[dict[str, Any], list[dataclasses.Field[Any]]]:
+    """A record's resolved type hints and init fields, worked out once per class (a fleet's
+    answers are read by the thousand; resolving hints is most of a small record's cost)."""
+    fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    return typing.get_type_hints(cls), fields
+
+
+@functools.cache
+def _shape(hint: Any) -> tuple[Any, tuple[Any, ...]]:
+    return typing.get_origin(hint), typing.get_args(hint)
+
+
+_EXACT = (str, int, bool)  # a value of exactly this type matches the same hint as is
+
+
 def check(value: Any, hint: Any, where: str) -> Any:
     """`value` if it has the declared JSON type (ints accepted for floats, nested records
     read with their own from_wire), else WireError."""
-    origin = typing.get_origin(hint)
+    if hint is type(value) and hint in _EXACT:  # the common case, first
+        return value
+    origin, args = _shape(hint)
     if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(hint):
+        if value is None and type(None) in args:
+            return None
+        for option in args:
             try:
                 return check(value, option, where)
             except WireError:
@@ -91,12 +111,12 @@ def check(value: Any, hint: Any, where: str) -> Any:
     elif origin is list:
         ok = isinstance(value, list)
         if ok:
-            [item_hint] = typing.get_args(hint) or [Any]
+            [item_hint] = args or [Any]
             value = [check(v, item_hint, f"{where}[{i}]") for i, v in enumerate(value)]
     elif origin is dict or hint is dict:
         ok = isinstance(value, dict)
-        if ok and typing.get_args(hint):
-            _, value_hint = typing.get_args(hint)
+        if ok and args:
+            _, value_hint = args
             value = {k: check(v, value_hint, f"{where}.{k}") for k, v in value.items()}
     else:
         ok = isinstance(value, hint)

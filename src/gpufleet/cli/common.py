@@ -56,17 +56,20 @@ FLEET_HELP = {
 
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a UserError into one line on stderr and exit code 2, never a traceback; and
-    scrub everything the task prints (cli/scrubbing.py)."""
+    """Turn a UserError into one line on stderr and exit code 2, never a traceback;
+    scrub everything the task prints (cli/scrubbing.py); and keep one session per host
+    for the whole task (control/sessionpool.py)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from gpufleet.cli import scrubbing
+        from gpufleet.control import sessionpool
         from gpufleet.errors import UserError
 
         scrubbing.install()  # every byte printed from here on is scrubbed of secrets
         try:
-            return fn(*args, **kwargs)
+            with sessionpool.for_task():  # one connection per host for the whole task
+                return fn(*args, **kwargs)
         except UserError as exc:
             raise Exit(f"gpufleet: {exc}", code=2) from None
         except KeyboardInterrupt:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import threading
 import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
@@ -43,8 +44,18 @@ def shipped_files() -> list[tuple[str, Path]]:
     return sorted(out)
 
 
-@lru_cache(maxsize=1)
+_BUILDING = threading.Lock()
+
+
 def build() -> AgentBundle:
+    """The agent, built once per process: the hosts' threads all ask at once, and each
+    miss of an unlocked cache would build it again (0.9 s of CPU for 32 hosts)."""
+    with _BUILDING:
+        return _build()
+
+
+@lru_cache(maxsize=1)
+def _build() -> AgentBundle:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as zf:
 

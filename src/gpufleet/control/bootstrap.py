@@ -11,8 +11,8 @@ owned by root or the user (then its target is checked the same way); the workdir
 the user's and writable by the user alone. Missing directories are created 0700; nothing
 that already exists is chmod'ed. Standard library only, imported from the stdlib alone.
 
-`AGENT` "-" prints the workdir's real path instead. Exit codes: 90 the workdir cannot be
-created, 91 refused (unsafe path or agent file).
+Exit codes: 90 the workdir cannot be created, 91 refused (unsafe path or agent file). The
+agent (`serve`) says the workdir's real path in its first line.
 """
 
 from __future__ import annotations
@@ -144,9 +144,6 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"cannot create workdir {workdir}: {exc.strerror} ({exc.filename})\n")
         return 90
     os.chdir(real)
-    if agent == "-":  # asked only where the workdir is
-        sys.stdout.write(real + "\n")
-        return 0
     warning = python_warning()
     if warning:
         sys.stderr.write(warning + "\n")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from gpufleet.control import sessionpool
 from gpufleet.control.cancel import Cancelled
 from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session, open_session
@@ -45,16 +46,21 @@ def run_on_hosts(
     forks: int = 32,
     on_done: Callable[[HostResult[T]], None] | None = None,
 ) -> list[HostResult[T]]:
-    """Open a session per host, run `work(session)`, close it; results in inventory order.
+    """Run `work(session)` on each host's session; results in inventory order.
+
+    Inside a task (sessionpool.for_task) the session stays open for the task's next round;
+    outside one it is opened and closed here.
 
     `on_done` sees each host's result as soon as that host finishes (e.g. to say at once
     that a host was lost, with its resume hint, while the others go on)."""
     hosts = list(hosts)
 
+    pool = sessionpool.current()
+
     def one(host: Host) -> HostResult[T]:
         session: Session | None = None
         try:
-            session = open_session(host)
+            session = pool.take(host) if pool else open_session(host)
             result = HostResult(host, value=work(session))
         except HostError as exc:
             result = HostResult(host, error=str(exc), kind=exc.kind, tail=exc.tail)
@@ -66,11 +72,10 @@ def run_on_hosts(
             detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
             result = HostResult(host, error=f"internal error: {detail}", kind=Kind.CRASH)
         finally:
-            if session is not None:
-                try:
-                    session.close()
-                except Exception:
-                    pass
+            if session is not None and pool is not None:
+                pool.give_back(session)
+            elif session is not None:
+                sessionpool.close_quietly(session)
         if session is not None:
             result.warnings = sorted(session.warnings)
         return result

@@ -2,27 +2,30 @@
 
 Both sessions expose the same `call(args, on_event)`, where `args` is one of the verb
 contract's dataclasses (host/protocol.py), so every task runs identically on a laptop
-rehearsal, a local GPU box and a fleet over SSH. Arguments travel on the agent's stdin.
+rehearsal, a local GPU box and a fleet over SSH. Arguments travel on the agent's stdin,
+one line per verb, to the one agent a session keeps running (control/agentproc.py).
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
 import io
 import json
 import os
 import shlex
-import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from paramiko import SSHException
+
 from gpufleet.control import agentzip, bootstrap
+from gpufleet.control.agentproc import EOF, FINAL, TIMEOUT, AgentProcess, LocalAgent, SSHAgent
 from gpufleet.control.inventory import Host
 from gpufleet.errors import HostError
-from gpufleet.host.protocol import MARK, VerbArgs
+from gpufleet.host.protocol import MARK, SERVE, VerbArgs
 from gpufleet.kinds import Kind
 from gpufleet.wire import WireError
 
@@ -45,6 +48,7 @@ class _LineParser:
         self.on_event = on_event
         self.buffer = ""
         self.final: dict[str, Any] | None = None
+        self.hello: dict[str, Any] | None = None  # a serving agent's first line
         self.other: list[str] = []
 
     def write(self, text: str) -> int:
@@ -76,11 +80,14 @@ class _LineParser:
         elif "event" in obj:
             if self.on_event:
                 self.on_event(obj["event"])
+        elif "hello" in obj:
+            self.hello = obj["hello"]
         else:
             self.final = obj
 
 
 MISSING = bootstrap.MISSING
+START_TIMEOUT_S = 60.0  # bootstrap, hash check and imports; a login shell's rc files too
 
 
 def _compact(source: str) -> str:
@@ -111,28 +118,34 @@ def _kind(value: Any) -> Kind:
 
 
 class Session:
-    """Runs agent verbs on one host; subclasses provide how to execute and upload.
+    """Runs agent verbs on one host; subclasses say how to start a command and upload.
 
-    One agent call is one remote command: the bootstrap checks the workdir path (creating
-    what is missing, 0700), enters it and runs the agent if this version is there with the
-    right hash; otherwise it answers MISSING, the agent is uploaded and the command runs
-    again. (Every SSH command pays for the login shell's rc files,
-    often 100 ms or more, so round trips are kept to one.)
+    The first call starts one agent there (`agent.pyz serve`) that answers every verb of
+    the task, one `VERB ARGS` line each, over one SSH connection: no new remote command,
+    login shell or Python per verb. The bootstrap checks the workdir path (creating what
+    is missing, 0700) and the agent's hash before anything from the host's disk runs; if
+    this version is not there it answers MISSING, the agent is uploaded and it starts
+    again. A timed-out or broken agent is dropped and the next call starts a fresh one.
     """
 
     def __init__(self, host: Host) -> None:
         self.host = host
-        self._uploaded = False
         self._lock = threading.Lock()
+        self._agent: AgentProcess | None = None
+        self._workdir: str | None = None
+        self.agent_starts = 0  # how many agents this session started (tests, benchmarks)
         self.warnings: set[str] = set()  # said once per host (a python others can change)
 
-    def _exec(
-        self, script: str, stdin: str, sink: _LineParser, timeout: float | None
-    ) -> tuple[int | None, str]:
+    def _start(self, script: str) -> AgentProcess:
         raise NotImplementedError
 
     def _upload(self, data: bytes, path: str) -> None:
         raise NotImplementedError
+
+    @property
+    def alive(self) -> bool:
+        """The way to the host still works (a pooled session is reused only then)."""
+        return True
 
     def download(self, path: str) -> bytes:
         """The bytes of an absolute path on the host."""
@@ -143,20 +156,17 @@ class Session:
         self._upload(data, path)
 
     def close(self) -> None:
-        pass
+        """End the serving agent (it exits when its stdin ends)."""
+        agent, self._agent = self._agent, None
+        if agent is not None:
+            agent.finish()
 
     @property
     def workdir(self) -> str:
-        """Absolute workdir on the host (one extra round trip; calls do not need it)."""
-        sink = _LineParser(None)
-        code, err = self._exec(self._bootstrap("-", "-", []), "", sink, 30)
-        sink.close()
-        self._raise_for_workdir(code, err)
-        if code != 0 or not sink.other:
-            raise HostError(
-                f"cannot create workdir {self.host.workdir}: {err.strip()}", Kind.WORKDIR
-            )
-        return sink.other[-1]
+        """Absolute workdir on the host, as the serving agent said when it started."""
+        self._serving_agent()
+        assert self._workdir is not None
+        return self._workdir
 
     def _bootstrap(self, agent: str, digest: str, verb: list[str]) -> str:
         """The one remote command: the isolated bootstrap checks the workdir path and the
@@ -165,11 +175,18 @@ class Session:
         argv = [self.host.python_path, "-I", "-c", BOOTSTRAP, self.host.workdir, agent, digest]
         return f"umask 077; exec {shlex.join([*argv, *verb])}"
 
+    def _note_warnings(self, err: str) -> list[str]:
+        """The bootstrap's warnings (kept, said once per host) and the other stderr lines."""
+        lines = []
+        for line in err.strip().splitlines():
+            if line.startswith(bootstrap.WARNING):
+                self.warnings.add(line[len(bootstrap.WARNING) :].strip())
+            else:
+                lines.append(line)
+        return lines
+
     def _raise_for_workdir(self, code: int | None, err: str) -> None:
-        lines = [ln for ln in err.strip().splitlines() if not ln.startswith(bootstrap.WARNING)]
-        for warning in err.splitlines():
-            if warning.startswith(bootstrap.WARNING):
-                self.warnings.add(warning[len(bootstrap.WARNING) :].strip())
+        lines = self._note_warnings(err)
         if code == 90:
             raise HostError(f"{(lines or ['cannot create workdir'])[-1]}", Kind.WORKDIR)
         if code == 91:
@@ -177,6 +194,43 @@ class Session:
                 f"refusing to run the agent: {(lines or ['unsafe workdir'])[-1]}",
                 kind=Kind.UNSAFE_WORKDIR,
             )
+
+    def _serving_agent(self) -> AgentProcess:
+        """The task's agent on this host, started (and uploaded first if missing) on need."""
+        if self._agent is not None:
+            return self._agent
+        bundle = agentzip.build()
+        script = self._bootstrap(bundle.filename, bundle.digest, [SERVE])
+        for _attempt in range(2):
+            agent = self._start(script)
+            self.agent_starts += 1
+            sink = _LineParser(None)
+            deadline = time.monotonic() + START_TIMEOUT_S
+            outcome = agent.pump(sink, deadline, lambda sink=sink: sink.hello is not None)
+            if sink.hello is not None:
+                self._note_warnings(agent.stderr_text())
+                self._agent, self._workdir = agent, str(sink.hello["workdir"])
+                return agent
+            missing = [line for line in sink.other if line.startswith(MISSING + " ")]
+            if outcome == EOF and missing:
+                agent.exit_code()
+                with self._lock:
+                    self._upload(
+                        bundle.data, missing[-1][len(MISSING) + 1 :] + "/" + bundle.filename
+                    )
+                continue
+            break
+        if outcome == TIMEOUT:
+            agent.kill()
+            raise HostError(f"the agent did not start within {START_TIMEOUT_S:g}s", kind=Kind.AGENT)
+        self._fail_lost(agent)
+        code, err = agent.exit_code(), agent.stderr_text()
+        self._raise_for_workdir(code, err)
+        raise HostError(self._explain_failure(code, err, sink.other), kind=Kind.AGENT)
+
+    def _fail_lost(self, agent: AgentProcess) -> None:
+        if agent.lost:
+            raise HostError("connection lost", kind=Kind.CONNECTION)
 
     def with_host(self, args: VerbArgs) -> VerbArgs:
         """Fill in what every verb needs to know about the host (name, simulation, GPU count).
@@ -205,24 +259,29 @@ class Session:
         timeout: float | None = None,
     ) -> Any:
         """Run one agent verb; return its result or raise HostError with the agent's message."""
-        bundle = agentzip.build()
-        script = self._bootstrap(bundle.filename, bundle.digest, [args.VERB])
-        stdin = self.with_host(args).to_wire()
-        for _attempt in range(2):
-            sink = _LineParser(on_event)
-            code, err = self._exec(script, stdin, sink, timeout)
-            sink.close()
-            missing = [line for line in sink.other if line.startswith(MISSING + " ")]
-            if not missing:
-                break
-            with self._lock:
-                self._upload(bundle.data, missing[-1][len(MISSING) + 1 :] + "/" + bundle.filename)
-        self._raise_for_workdir(code, err)
-        if sink.final is None:
+        agent = self._serving_agent()
+        sink = _LineParser(on_event)
+        try:
+            agent.send(f"{args.VERB} {self.with_host(args).to_wire()}")
+        except (OSError, EOFError):
+            pass  # the agent is gone: said below, from what it left
+        deadline = None if timeout is None else time.monotonic() + timeout
+        outcome = agent.pump(sink, deadline, lambda: sink.final is not None)
+        if outcome != FINAL:
+            self._agent = None  # a fresh agent for the next call
+            if outcome == TIMEOUT:
+                agent.kill()
+                raise HostError(
+                    f"agent did not finish (timed out after {timeout:g}s)", kind=Kind.AGENT
+                )
+            self._fail_lost(agent)
+            code, err = agent.exit_code(), agent.stderr_text()
             raise HostError(self._explain_failure(code, err, sink.other), kind=Kind.AGENT)
-        if not sink.final.get("ok"):
-            raise HostError(sink.final.get("error", "agent failed"), _kind(sink.final.get("kind")))
-        result = sink.final.get("result")
+        final = sink.final
+        assert final is not None
+        if not final.get("ok"):
+            raise HostError(final.get("error", "agent failed"), _kind(final.get("kind")))
+        result = final.get("result")
         answer = type(args).ANSWER
         if answer is None:
             return result
@@ -252,7 +311,8 @@ class Session:
             raise
 
     def _explain_failure(self, code: int | None, err: str, other: list[str]) -> str:
-        tail = (err.strip().splitlines() or other or ["no output"])[-1]
+        lines = self._note_warnings(err)
+        tail = (lines or other or ["no output"])[-1]
         if code == 127:
             return (
                 f"python {self.host.python_path!r} not found on the host "
@@ -276,45 +336,8 @@ class LocalSession(Session):
         tmp.chmod(0o600)
         os.replace(tmp, target)
 
-    def _exec(
-        self, script: str, stdin: str, sink: _LineParser, timeout: float | None
-    ) -> tuple[int | None, str]:
-        proc = subprocess.Popen(
-            ["sh", "-c", script],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):  # the script may not read it (MISSING)
-            proc.stdin.write(stdin)
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.close()
-        errors: list[str] = []
-        reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
-        reader.start()
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sink.write(line)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = None
-        reader.join(timeout=5)
-        return code, "".join(errors)
-
-
-class _WholeInput(io.StringIO):
-    """Invoke copies a non-terminal in_stream one byte per 10 ms poll: hand it all at once.
-
-    At EOF Invoke closes the remote stdin (channel.shutdown_write), which ends the agent's
-    read of its arguments.
-    """
-
-    def read(self, size: int | None = -1) -> str:
-        return super().read()
+    def _start(self, script: str) -> AgentProcess:
+        return LocalAgent(script)
 
 
 class SSHSession(Session):
@@ -341,28 +364,23 @@ class SSHSession(Session):
             raise HostError(f"cannot fetch {path}: {exc}", kind=Kind.CONNECTION) from None
         return buffer.getvalue()
 
-    def _exec(
-        self, script: str, stdin: str, sink: _LineParser, timeout: float | None
-    ) -> tuple[int | None, str]:
-        from invoke.exceptions import CommandTimedOut
-
+    def _start(self, script: str) -> AgentProcess:
+        transport = self.conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise HostError("connection lost", kind=Kind.CONNECTION)
         try:
-            result = self.conn.run(
-                script,
-                hide=True,
-                warn=True,
-                pty=False,
-                in_stream=_WholeInput(stdin),
-                out_stream=sink,
-                timeout=timeout,
-            )
-        except CommandTimedOut:
-            return None, f"timed out after {timeout}s"
-        except (OSError, EOFError) as exc:
+            return SSHAgent(transport, script)
+        except (OSError, EOFError, SSHException) as exc:
             raise HostError(f"connection lost: {exc}", kind=Kind.CONNECTION) from None
-        return result.exited, result.stderr
+
+    @property
+    def alive(self) -> bool:
+        transport = self.conn.client.get_transport()
+        return transport is not None and transport.is_active()
 
     def close(self) -> None:
+        if self.alive:
+            super().close()
         self.conn.close()
 
 

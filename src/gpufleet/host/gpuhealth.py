@@ -111,7 +111,14 @@ def _kernel_log(nvml: Any) -> list[str] | None:
     if simulated is not None:
         return list(simulated())
     try:
-        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=3, check=False)
+        out = subprocess.run(
+            ["dmesg"],
+            capture_output=True,
+            text=True,
+            timeout=3,
+            check=False,
+            stdin=subprocess.DEVNULL,  # a serving agent's stdin carries the next verb
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.splitlines() if out.returncode == 0 else None

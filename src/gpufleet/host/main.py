@@ -1,25 +1,39 @@
-"""Dispatch `agent.pyz VERB` (arguments on stdin) and print its answer as the last JSON line."""
+"""Dispatch `agent.pyz VERB` (arguments on stdin) and print its answer as the last JSON line.
+
+`agent.pyz serve` answers several verbs per start: one `VERB ARGS-JSON` line per call on
+stdin, each answered as a one-shot agent would (events, then one final line), until stdin
+ends. The control plane keeps one such agent per host for a task, over the task's one SSH
+connection, instead of a new Python and a new remote command per verb.
+"""
 
 from __future__ import annotations
 
+import io
+import os
 import sys
 import traceback
+from typing import TextIO
 
 from gpufleet.host import nvml, serverkeys
-from gpufleet.host.protocol import AgentError, emit_error, emit_result, read_args
+from gpufleet.host.protocol import (
+    MARK,
+    SERVE,
+    AgentError,
+    emit_error,
+    emit_result,
+    read_args,
+    write_line,
+)
 from gpufleet.kinds import Kind
 
 
-def main(argv: list[str]) -> int:
+def run_verb(verb: str, stream: TextIO) -> int:
+    """One verb: its arguments from the first line of `stream`, its answer on stdout."""
     from gpufleet.host.verbs import VERBS
 
-    if len(argv) != 1 or argv[0] not in VERBS:
-        emit_error(f"usage: agent.pyz {{{','.join(sorted(VERBS))}}} < ARGS.json", "bad_input")
-        return 2
-    verb = argv[0]
     try:
         serverkeys.remember_all()  # no answer carries a server's key
-        args = read_args(verb, sys.stdin)
+        args = read_args(verb, stream)
         if args.sim:
             nvml.activate_simulation(args.sim, args.host or "sim")
         emit_result(VERBS[verb](args))
@@ -30,3 +44,32 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # a bug: report it with its traceback for the control plane
         emit_error(f"agent {verb} crashed: {exc!r}\n{traceback.format_exc()}", kind=Kind.CRASH)
         return 1
+
+
+def serve(stdin: TextIO) -> int:
+    """Answer `VERB ARGS` lines until stdin ends; a hello line first says where we run."""
+    from gpufleet.host.verbs import VERBS
+
+    write_line({MARK: 1, "hello": {"workdir": os.getcwd(), "pid": os.getpid()}})
+    for line in stdin:
+        verb, _, rest = line.strip().partition(" ")
+        if not verb:
+            continue
+        if verb not in VERBS:
+            emit_error(f"serve: unknown verb {verb!r}", Kind.BAD_INPUT)
+            continue
+        run_verb(verb, io.StringIO(rest + "\n"))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    from gpufleet.host.verbs import VERBS
+
+    if argv == [SERVE]:
+        return serve(sys.stdin)
+    if len(argv) != 1 or argv[0] not in VERBS:
+        emit_error(
+            f"usage: agent.pyz {{{','.join(sorted([*VERBS, SERVE]))}}} < ARGS.json", "bad_input"
+        )
+        return 2
+    return run_verb(argv[0], sys.stdin)

@@ -40,10 +40,10 @@ def activate_simulation(sim: dict[str, Any], host: str) -> None:
     )
     os.environ[gpustate.STATE_ENV] = state
     shim = shim_dir()
-    sys.path.insert(0, shim)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (shim, _package_root(), os.environ.get("PYTHONPATH")) if p
-    )
+    if shim not in sys.path:  # a serving agent activates once per verb
+        sys.path.insert(0, shim)
+    parts = [shim, _package_root(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in parts if p))
     sys.modules.pop("pynvml", None)
 
 

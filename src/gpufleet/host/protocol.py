@@ -33,6 +33,7 @@ from gpufleet.records import HEALTH_TIMEOUT_S, BenchPlan, LaunchSpec
 from gpufleet.wire import Record, WireError, check
 
 MARK = "gpufleet_agent"
+SERVE = "serve"  # `agent.pyz serve`: one `VERB ARGS` line per call until stdin ends
 
 
 class AgentError(Exception):
@@ -233,7 +234,7 @@ def read_args(verb: str, stream: typing.TextIO) -> VerbArgs:
     return CONTRACT[verb].from_wire(data)
 
 
-def _write(obj: dict[str, Any]) -> None:
+def write_line(obj: dict[str, Any]) -> None:
     """One JSON line to the control plane, scrubbed like the archive: the values of the
     servers' keys and secret-looking ones (a crash tail echoing `api_key='...'`) hidden."""
     sys.stdout.write(scrub_known(json.dumps(obj, default=str)) + "\n")
@@ -242,11 +243,11 @@ def _write(obj: dict[str, Any]) -> None:
 
 def emit_event(event: dict[str, Any]) -> None:
     """A progress line for streaming verbs (wait-ready, bench-watch, logs --follow)."""
-    _write({MARK: 1, "event": event})
+    write_line({MARK: 1, "event": event})
 
 
 def emit_result(result: Any) -> None:
-    _write({MARK: 1, "ok": True, "result": _plain(result)})
+    write_line({MARK: 1, "ok": True, "result": _plain(result)})
 
 
 def _plain(value: Any) -> Any:
@@ -261,4 +262,4 @@ def _plain(value: Any) -> Any:
 
 
 def emit_error(message: str, kind: Kind = Kind.ERROR) -> None:
-    _write({MARK: 1, "ok": False, "kind": kind, "error": message})
+    write_line({MARK: 1, "ok": False, "kind": kind, "error": message})
