@@ -255,6 +255,28 @@ class ResultRow(Record):
     prom_token_usage_mean: F = None
     prom_spec_accept_length_max: F = None
     prom_spec_accept_length_mean: F = None
+    # the client certifies itself (host/bench/clientcert.py): None when it kept up
+    client_bound: str | None = None
+    client_cpu_cores: F = None  # the generator process's CPU over the level, in cores
+    client_dispatch_lag_p50_ms: F = None  # from when a request was due to when it went out
+    client_dispatch_lag_p99_ms: F = None
+    client_loop_lag_p99_ms: F = None  # how late a 5 ms timer fired
+    client_loop_lag_max_ms: F = None
+    # open loop under a concurrency cap: arrival to a free slot, apart from the latencies
+    mean_queue_wait_ms: F = None
+    median_queue_wait_ms: F = None
+    std_queue_wait_ms: F = None
+    p90_queue_wait_ms: F = None
+    p95_queue_wait_ms: F = None
+    p99_queue_wait_ms: F = None
+    # the steady window: full load, ramp-up and drain left out (host/bench/steady.py)
+    steady_note: str | None = None  # why a level has no steady window
+    steady_duration: F = None
+    steady_requests: int | None = None
+    steady_output_throughput: F = None
+    steady_median_ttft_ms: F = None
+    steady_median_tpot_ms: F = None
+    steady_median_per_request_output_tps: F = None
     extra: dict[str, Any] = field(default_factory=dict)  # bench_serving's other keys
     given: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 

@@ -121,7 +121,26 @@ def sentence(a: Arm, b: Arm, levels: list[int]) -> str:
         last = f"; at C={top} {winner} delivers {ratio:.1f}x"
     else:
         last = ""
-    return f"{first} and {second}{last}{_energy_clause(a, b, levels)}."
+    clauses = _energy_clause(a, b, levels) + _client_clause(a, b, levels)
+    return f"{first} and {second}{last}{clauses}."
+
+
+def client_bound(arm: Arm, levels: list[int]) -> list[tuple[int, str]]:
+    """The levels where this arm's load generator was the bottleneck, with the reason."""
+    return [(c, str(arm.levels[c]["client_bound"])) for c in levels
+            if c in arm.levels and arm.levels[c].get("client_bound")]  # fmt: skip
+
+
+def _client_clause(a: Arm, b: Arm, levels: list[int]) -> str:
+    """A crossover read from levels where the client set the pace is said to be one."""
+    bound = sorted({c for arm in (a, b) for c, _ in client_bound(arm, levels)})
+    if not bound:
+        return ""
+    where = ",".join(map(str, bound))
+    return (
+        f" (the client was the bottleneck at C={where}: figures there, and any crossover "
+        "they place, measure the load generator as much as the server)"
+    )
 
 
 def _energy_clause(a: Arm, b: Arm, levels: list[int]) -> str:
@@ -196,6 +215,9 @@ def fairness(arms: list[Arm], levels: list[int]) -> list[str]:
                 else ""
             )
             warnings.append(f"{arm.label}: {'; '.join(unhealthy)}{launched}")
+    for arm in arms:
+        for c, reason in client_bound(arm, levels):
+            warnings.append(f"{arm.label}: client-bound at C={c} ({reason})")
     for arm in arms:
         cap = effective_max_running(arm.manifest)
         over = [c for c in levels if cap is not None and c > cap]

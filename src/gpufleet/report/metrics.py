@@ -85,6 +85,8 @@ CATALOGUE: list[Metric] = [
     _m("slo_attainment", "SLO met", "share", True, "{:.1%}", R, OPT, C, interval=True),
     _m("goodput_output_throughput", "goodput tok/s", "tok/s", True, "{:.1f}", R, OPT, C, X,
        interval=True),
+    _m("steady_output_throughput", "steady tok/s", "tok/s", True, "{:.1f}", C, X,
+       short="steady tok/s", interval=True),
     _m("level_status", "status", "", None, "{}", R),
 ]  # fmt: skip
 BY_KEY = {m.key: m for m in CATALOGUE}
@@ -121,7 +123,8 @@ ARCHIVE_ONLY = re.compile(
     r"|total_\w+|input_throughput|good_requests"
     r"|duration|concurrency|request_rate|repeat|seed|output_len|random_\w+|warmup_errors"
     r"|gpu_\w+|energy_\w+|prom_\w+|sglang_\w+|max_\w+|mean_\w+|cached_tokens\w*"
-    r"|goodput|goodput_\w+|slo_\w+|cache_\w+|\w+_count|\w+_s)$"
+    r"|goodput|goodput_\w+|slo_\w+|cache_\w+|\w+_count|\w+_s"
+    r"|client_\w+|steady_\w+|(mean|median|std|p\d+)_queue_wait_ms)$"
 )
 
 

@@ -59,6 +59,19 @@ def summary_csv(results: Sequence[Figures]) -> str:
     return out.getvalue()
 
 
+def client_notes(results: Sequence[Figures], steady: bool = True) -> list[str]:
+    """One line per level whose client was the bottleneck, or (`steady`) that had no steady
+    window (summary.md says so; the terminal stays quiet about short levels)."""
+    notes = []
+    for r in results:
+        level = f"C={r.get('max_concurrency')}"
+        if r.get("client_bound"):
+            notes.append(f"{level}: client-bound: {r.get('client_bound')}")
+        if steady and r.get("steady_note"):
+            notes.append(f"{level}: no steady-state figures: {r.get('steady_note')}")
+    return notes
+
+
 def summary_md(manifest: Manifest, results: Sequence[Figures]) -> str:
     m = manifest
     lines = [
@@ -75,4 +88,7 @@ def summary_md(manifest: Manifest, results: Sequence[Figures]) -> str:
         "|" + "---|" * len(COLUMNS),
     ]
     lines += ["| " + " | ".join(r) + " |" for r in rows(results)]
+    notes = client_notes(results)
+    if notes:
+        lines += ["", *[f"- {note}" for note in notes]]
     return "\n".join(lines) + "\n"

@@ -14,6 +14,7 @@ Only the requests in flight exist as tasks, so memory follows the cap, not the t
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import random
 import re
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpufleet.host.bench.clientcert import ClientClock
 from gpufleet.host.bench.httpstream import StreamClient
 
 BACKENDS = ("sglang", "openai", "openai-chat")
@@ -64,6 +66,10 @@ class RequestRecord:
     session: int | None = None  # multi-turn: the session and the turn (0-based)
     turn: int | None = None
     text: str = field(default="", repr=False)  # the answer, kept only for the next turn
+    # self-certification (host/bench/clientcert.py), seconds since the level started:
+    due: float = 0.0  # when it could go: its arrival, or the moment a slot came free
+    dispatch_lag: float = 0.0  # from `due` to the send: the client's own delay
+    queue_wait: float = 0.0  # open loop under a concurrency cap: arrival to a free slot
 
     def to_json(self) -> dict[str, Any]:
         row = asdict(self)
@@ -236,11 +242,14 @@ async def _one_request(
     timeout: float,
     messages: list[dict[str, str]] | None = None,
     keep_text: bool = False,
+    due: float | None = None,
 ) -> None:
     path, body = _payload(backend, prompt, model, ignore_eos, messages)
     start = time.perf_counter()
     record.start_wall = time.time()
     record.start = start - t0
+    record.due = record.start if due is None else min(due, record.start)
+    record.dispatch_lag = record.start - record.due
     record.prompt_tokens = prompt.prompt_tokens
     tracker = _StreamTracker(backend, record, start, keep_text)
     try:
@@ -295,6 +304,7 @@ async def _session(
     ignore_eos: bool,
     t0: float,
     timeout: float,
+    due: float | None = None,
 ) -> None:
     """Run a session's turns in order; a failed turn ends the session (the rest are not
     sent, and count as failed: the conversation cannot go on without that answer)."""
@@ -305,6 +315,7 @@ async def _session(
         await _one_request(
             client, backend, request, record, model, ignore_eos, t0, timeout,
             messages=conversation.messages, keep_text=turn + 1 < len(records),
+            due=due if turn == 0 else None,
         )  # fmt: skip
         if not record.ok:
             for rest in records[turn + 1 :]:
@@ -323,6 +334,8 @@ class LevelRun:
     started_at: float  # wall clock, for slicing server logs
     warmup_errors: list[str] = field(default_factory=list)
     after_warmup: Any = None  # what after_warmup returned (e.g. whether the cache was flushed)
+    client: ClientClock | None = None  # the generator's own CPU and loop lag over the level
+    open_loop: bool = False  # arrivals on a schedule (--request-rate or a trace)
 
 
 async def _warm_up(
@@ -402,7 +415,11 @@ async def run_level(
         grouped = _records_for(prompts)
         records = [r for group in grouped for r in group]
         slots = asyncio.Semaphore(concurrency)
+        freed: collections.deque[float] = collections.deque()  # when each slot came free
         rng = random.Random(seed)
+        open_loop = request_rate != float("inf") or any(p.at is not None for p in prompts)
+        clock = ClientClock()
+        loop_watch = asyncio.create_task(clock.watch_loop())
         started_at = time.time()
         t0 = time.perf_counter()
         in_flight: set[asyncio.Task] = set()
@@ -417,18 +434,21 @@ async def run_level(
         def past_duration() -> bool:
             return duration is not None and time.perf_counter() - t0 >= duration
 
-        async def send(i: int) -> None:
+        async def send(i: int, due: float) -> None:
             try:
                 prompt, group = prompts[i], grouped[i]
                 if prompt.turns:
                     await _session(
-                        client, backend, prompt, group, model, ignore_eos, t0, request_timeout
-                    )
+                        client, backend, prompt, group, model, ignore_eos, t0, request_timeout,
+                        due,
+                    )  # fmt: skip
                 else:
                     await _one_request(
-                        client, backend, prompt, group[0], model, ignore_eos, t0, request_timeout
-                    )
+                        client, backend, prompt, group[0], model, ignore_eos, t0,
+                        request_timeout, due=due,
+                    )  # fmt: skip
             finally:
+                freed.append(time.perf_counter() - t0)
                 slots.release()
 
         async def reporter() -> None:
@@ -445,6 +465,9 @@ async def run_level(
             elif request_rate != float("inf") and i:
                 arrival += rng.expovariate(request_rate)
             await slots.acquire()
+            # a slot freed by a finished request: due from that moment (closed loop), or
+            # from the arrival if that is later; an initial slot: due at once
+            slot_at = freed.popleft() if freed else time.perf_counter() - t0
             wait = arrival - (time.perf_counter() - t0)
             if wait > 0:
                 await asyncio.sleep(wait)
@@ -454,7 +477,11 @@ async def run_level(
                     for record in group:
                         record.skipped = True
                 break
-            task = asyncio.create_task(send(i))
+            due = max(arrival, slot_at) if open_loop else slot_at
+            if open_loop:
+                for record in grouped[i][:1]:
+                    record.queue_wait = max(0.0, slot_at - arrival)
+            task = asyncio.create_task(send(i, due))
             in_flight.add(task)
             task.add_done_callback(finished)
         if in_flight:
@@ -462,6 +489,8 @@ async def run_level(
         if crashes:  # the generator itself failed (not a request: those are recorded)
             raise crashes[0]
         elapsed = time.perf_counter() - t0
+        clock.stop()
+        loop_watch.cancel()
         if report_task:
             report_task.cancel()
         if on_progress:
@@ -469,7 +498,9 @@ async def run_level(
     finally:
         client.close()
     sent = [r for r in records if not r.skipped]
-    return LevelRun(concurrency, request_rate, elapsed, sent, started_at, warm_errors, after)
+    return LevelRun(
+        concurrency, request_rate, elapsed, sent, started_at, warm_errors, after, clock, open_loop
+    )
 
 
 def run_async(coro: Any) -> Any:

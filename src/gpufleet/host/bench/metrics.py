@@ -9,10 +9,12 @@ Per-request output tok/s = output_tokens / e2e latency (gpufleet's addition).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from typing import Any
 
+from gpufleet.host.bench import clientcert, steady
 from gpufleet.host.bench import slo as slos
 from gpufleet.host.bench.loadgen import LevelRun, RequestRecord
 
@@ -97,6 +99,8 @@ def summarize(
     ok = [r for r in run.records if r.ok]
     failed = [r for r in run.records if not r.ok]
     duration = run.duration or 1e-9
+    if run.open_loop:  # latency from when each request was due: no coordinated omission
+        ok = [_from_due(r) for r in ok]
     out_tokens = sum(r.completion_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)
     tpots = [(r.e2e - r.ttft) / (r.completion_tokens - 1) for r in ok if r.completion_tokens > 1]
@@ -136,11 +140,46 @@ def summarize(
     }
     if any(r.turn is not None for r in run.records):
         result["per_turn"] = per_turn(run.records)
+    result.update(client_figures(run))
+    result.update(steady.figures(run, _token_times))
     result.update(slos.goodput(run.records, duration, slo or {}))
     if with_details:
         result.update(details(run.records))
     result.update(extra or {})
     return result
+
+
+def _from_due(record: RequestRecord) -> RequestRecord:
+    """An open-loop request's latencies counted from when it was due, not from when this
+    client got round to sending it (its dispatch lag is latency the user would see)."""
+    lag = record.dispatch_lag
+    if not lag:
+        return record
+    return dataclasses.replace(
+        record, start=record.due, ttft=record.ttft + lag, e2e=record.e2e + lag
+    )
+
+
+def client_figures(run: LevelRun) -> dict[str, Any]:
+    """The generator's own figures for the level and whether it was the bottleneck
+    (host/bench/clientcert.py); with a schedule, the wait for a free slot on its own."""
+    lags = [r.dispatch_lag for r in run.records if not r.skipped and r.start]
+    out: dict[str, Any] = {}
+    if run.client is not None and run.client.wall_s > 0:
+        cores = run.client.cpu_s / run.client.wall_s
+        lag_p99 = percentile(lags, 99) * 1000
+        loop_p99 = percentile(run.client.loop_lags, 99) * 1000
+        out = {
+            "client_cpu_cores": round(cores, 3),
+            "client_dispatch_lag_p50_ms": percentile(lags, 50) * 1000,
+            "client_dispatch_lag_p99_ms": lag_p99,
+            "client_loop_lag_p99_ms": loop_p99,
+            "client_loop_lag_max_ms": max(run.client.loop_lags, default=0.0) * 1000,
+            "client_bound": clientcert.verdict(cores, lag_p99, loop_p99),
+        }
+    if run.open_loop:
+        out.update(_stats("queue_wait_ms", [r.queue_wait for r in run.records if r.ok], 1000))
+    return out
 
 
 def per_turn(records: list[Any]) -> list[dict[str, Any]]:
