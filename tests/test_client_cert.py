@@ -119,3 +119,51 @@ def test_compare_says_when_a_crossover_rests_on_client_bound_levels():
     assert "the client was the bottleneck at C=64" in said
     clean = sentence(base, arm("eagle3", (80, 55, 5), (80, 440, 350)), [1, 8, 64])
     assert "bottleneck" not in clean
+
+
+def test_a_level_spread_over_client_processes_merges_into_one(fleet, tmp_path):
+    profile = fleet.profile("spread", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1})
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h0").returncode == 0
+    try:
+        out = fleet.cli(
+            "bench", "--hosts", "h0", "-c", "2,6", "--num-prompts", "18", "--output-len", "16",
+            "--client-procs", "3", "--archive", str(tmp_path / "a"),
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+        [run] = (tmp_path / "a" / "h0").iterdir()
+        rows = [json.loads(ln) for ln in (run / "results.jsonl").read_text().splitlines()]
+        # C=2 runs on two processes (never more than C), C=6 on three
+        assert [(r["max_concurrency"], r["client_procs"], r["completed"]) for r in rows] == [
+            (2, 2, 18), (6, 3, 18),
+        ]  # fmt: skip
+        requests = [json.loads(ln) for ln in (run / "requests-c6.jsonl").read_text().splitlines()]
+        assert [r["index"] for r in requests] == list(range(18))
+        assert len({r["rid"] for r in requests}) == 18 and all(r["ok"] for r in requests)
+        # every process starts at one instant: the first sends land within a few ms
+        firsts = sorted(r["start"] for r in requests)[:6]
+        assert firsts[-1] - firsts[0] < 0.5
+    finally:
+        fleet.cli("stop", "--hosts", "h0")
+
+
+@pytest.mark.parametrize("value", ["0", "x", "-2"])
+def test_bad_client_procs_is_one_line(value):
+    from helpers import run_cli
+
+    out = run_cli("bench", "--client", "local", "--url", "http://192.0.2.1:1",
+                  "--client-procs", value)  # fmt: skip
+    assert out.returncode == 2 and "--client-procs" in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_auto_client_procs_follow_the_measured_cpu_per_token():
+    import os
+
+    from gpufleet.host.bench.spread import auto_procs
+
+    # 40,000 tok/s at C=8 on 0.8 of a core (20 us a token): C=64 could stream 320,000 tok/s,
+    # 6.4 cores of generator, at half a core per process 13 processes (this machine allowing)
+    assert auto_procs(40_000, 0.8, 64, 8) == max(1, min(13, (os.cpu_count() or 2) - 1))
+    # a slow server: one process keeps up
+    assert auto_procs(500, 0.01, 64, 8) == 1
+    assert auto_procs(None, None, 64, 8) == 1  # nothing measured yet: one

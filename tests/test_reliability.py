@@ -355,6 +355,8 @@ def test_sshd_killed_mid_bench_then_attach_loses_nothing(fleet, fresh_sshd, tmp_
             "640",
             "--output-len",
             "32",
+            "--client-procs",  # the runner's generator processes survive with it
+            "2",
             "--archive",
             str(tmp_path / "a"),
         )

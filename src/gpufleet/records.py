@@ -58,6 +58,7 @@ class BenchPlan(Record):
     system_prompt: str | None = None  # multi-turn sessions share it
     random: dict[str, Any] | None = None  # random-ids lengths
     model: str = ""
+    client_procs: int | str = 1  # generator processes per level, or "auto" (host/bench/spread)
 
 
 @dataclass
@@ -257,7 +258,8 @@ class ResultRow(Record):
     prom_spec_accept_length_mean: F = None
     # the client certifies itself (host/bench/clientcert.py): None when it kept up
     client_bound: str | None = None
-    client_cpu_cores: F = None  # the generator process's CPU over the level, in cores
+    client_procs: int | None = None  # generator processes (--client-procs)
+    client_cpu_cores: F = None  # the generator processes' CPU over the level, in cores
     client_dispatch_lag_p50_ms: F = None  # from when a request was due to when it went out
     client_dispatch_lag_p99_ms: F = None
     client_loop_lag_p99_ms: F = None  # how late a 5 ms timer fired

@@ -69,6 +69,15 @@ def _archive(value: Any, flag: str, default: Any) -> Any:
     return Path(value) if value else default
 
 
+def _client_procs(value: Any, flag: str, default: Any) -> int | str:
+    """N generator processes per level, or `auto` (from the last level's CPU per token)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, str) and not value.strip().isdigit():
+        raise UserError(f"{flag} {value!r}: expected a whole number >= 1 or auto")
+    return checks.positive_int(value, flag, default)
+
+
 def _choice(*allowed: str) -> Check:
     def check(value: Any, flag: str, default: Any) -> Any:
         if value is None:
@@ -215,6 +224,8 @@ def request_options(request_type: type) -> OptionSet:
                      default_text="on"),
         repeat=Option("run the levels N times, in rounds, for 95% confidence intervals",
                       positive_int),
+        client_procs=Option("load generator processes per level on the host (N), or auto: "
+                            "from the last level's CPU per token", _client_procs),
         archive=Option("archive root", _archive, field="archive_root",
                        default_text="logs/ or $GPUFLEET_ARCHIVE"),
     )  # fmt: skip

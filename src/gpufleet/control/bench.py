@@ -110,6 +110,11 @@ def _check_combination(request: BenchRequest, rows: list[PromptRow], label: str)
             raise UserError(
                 "--engine sglang-bench: bench_serving has no --duration; give --num-prompts"
             )
+        if request.client_procs != 1:
+            raise UserError(
+                "--engine sglang-bench: bench_serving is one process; --client-procs needs "
+                "--engine gpufleet"
+            )
     if request.backend == "openai-chat" and any(row.input_ids is not None for row in rows):
         raise UserError(
             f"--backend openai-chat: {label} sends token ids; use --backend sglang or openai"
@@ -138,6 +143,7 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
         request_rate=request.request_rate,
         duration=request.duration,
         warmup=request.warmup,
+        client_procs=request.client_procs,
         seed=request.seed,
         metrics=request.metrics,
         telemetry_interval_s=request.telemetry_interval_s,

@@ -39,6 +39,7 @@ class BenchRequest:
         PLAN.output_details
     )  # bench_serving's per-request arrays in results.jsonl
     repeat: int = 1  # every level this many times, in rounds (1,10,64, 1,10,64, ...)
+    client_procs: int | str = PLAN.client_procs  # generator processes per level, or "auto"
     seed: int = PLAN.seed
     backend: str = PLAN.backend
     warmup: int = PLAN.warmup

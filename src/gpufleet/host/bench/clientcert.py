@@ -30,6 +30,28 @@ class ClientClock:
     loop_lags: list[float] = field(default_factory=list)
     cpu_s: float = 0.0
     wall_s: float = 0.0
+    procs: int = 1  # generator processes (--client-procs); cpu_s is their sum
+    busiest_cores: float | None = None  # the busiest process's share of a core
+
+    @property
+    def busiest(self) -> float:
+        """The CPU bound is per process: each drives one event loop on one core."""
+        if self.busiest_cores is not None:
+            return self.busiest_cores
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @classmethod
+    def merged(cls, clocks: list[ClientClock]) -> ClientClock:
+        """Several processes' clocks as one level's."""
+        return cls(
+            cpu_start=0.0,
+            wall_start=0.0,
+            loop_lags=[lag for c in clocks for lag in c.loop_lags],
+            cpu_s=sum(c.cpu_s for c in clocks),
+            wall_s=max(c.wall_s for c in clocks),
+            procs=sum(c.procs for c in clocks),
+            busiest_cores=max(c.busiest for c in clocks),
+        )
 
     async def watch_loop(self) -> None:
         """Sample the event loop's lag until cancelled."""

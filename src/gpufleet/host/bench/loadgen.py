@@ -19,7 +19,7 @@ import json
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -326,6 +326,26 @@ async def _session(
 
 
 @dataclass
+class Tally:
+    """How far a level is: what a progress line needs, summed over generator processes."""
+
+    done: int = 0
+    errors: int = 0
+    tokens: int = 0  # streamed so far, in-flight requests too
+
+    @classmethod
+    def of(cls, records: list[RequestRecord]) -> Tally:
+        return cls(
+            done=sum(1 for r in records if r.ok or r.error),
+            errors=sum(1 for r in records if r.error and not r.skipped),
+            tokens=sum(r.completion_tokens for r in records),
+        )
+
+    def __add__(self, other: Tally) -> Tally:
+        return Tally(self.done + other.done, self.errors + other.errors, self.tokens + other.tokens)
+
+
+@dataclass
 class LevelRun:
     concurrency: int
     request_rate: float
@@ -391,12 +411,13 @@ async def run_level(
     model: str = "",
     ignore_eos: bool = True,
     seed: int = 0,
-    on_progress: Callable[[list[RequestRecord], float], None] | None = None,
+    on_progress: Callable[[Tally, float], None] | None = None,
     progress_every: float = 1.0,
     request_timeout: float = 3600.0,
     duration: float | None = None,
     after_warmup: Callable[[], Any] | None = None,
     headers: dict[str, str] | None = None,
+    start_at: Callable[[], Awaitable[float]] | None = None,
 ) -> LevelRun:
     """Send every prompt, at most `concurrency` at once (sessions for multi-turn prompts).
 
@@ -404,7 +425,9 @@ async def run_level(
     A prompt waits for a free slot and then for its arrival time, so a late slot sends it
     at once, as bench_serving's queue of arrived requests does. `after_warmup` runs between
     the warm-up and the level (bench_serving flushes the prefix cache there). `headers` go
-    with every request (the server's API key).
+    with every request (the server's API key). `start_at`, when given, is awaited after the
+    warm-up and returns the perf_counter instant the level starts at (several generator
+    processes agree on one: host/bench/spread.py).
     """
     client = StreamClient(base_url, headers=headers)
     try:
@@ -418,10 +441,13 @@ async def run_level(
         freed: collections.deque[float] = collections.deque()  # when each slot came free
         rng = random.Random(seed)
         open_loop = request_rate != float("inf") or any(p.at is not None for p in prompts)
+        if start_at is not None:
+            t0 = await start_at()
+            await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
         clock = ClientClock()
         loop_watch = asyncio.create_task(clock.watch_loop())
         started_at = time.time()
-        t0 = time.perf_counter()
+        t0 = t0 if start_at is not None else time.perf_counter()
         in_flight: set[asyncio.Task] = set()
 
         crashes: list[BaseException] = []
@@ -455,7 +481,7 @@ async def run_level(
             while True:
                 await asyncio.sleep(progress_every)
                 if on_progress:
-                    on_progress(records, time.perf_counter() - t0)
+                    on_progress(Tally.of(records), time.perf_counter() - t0)
 
         report_task = asyncio.create_task(reporter()) if on_progress else None
         arrival = 0.0
@@ -494,7 +520,7 @@ async def run_level(
         if report_task:
             report_task.cancel()
         if on_progress:
-            on_progress(records, elapsed)
+            on_progress(Tally.of(records), elapsed)
     finally:
         client.close()
     sent = [r for r in records if not r.skipped]

@@ -170,12 +170,13 @@ def client_figures(run: LevelRun) -> dict[str, Any]:
         lag_p99 = percentile(lags, 99) * 1000
         loop_p99 = percentile(run.client.loop_lags, 99) * 1000
         out = {
+            "client_procs": run.client.procs,
             "client_cpu_cores": round(cores, 3),
             "client_dispatch_lag_p50_ms": percentile(lags, 50) * 1000,
             "client_dispatch_lag_p99_ms": lag_p99,
             "client_loop_lag_p99_ms": loop_p99,
             "client_loop_lag_max_ms": max(run.client.loop_lags, default=0.0) * 1000,
-            "client_bound": clientcert.verdict(cores, lag_p99, loop_p99),
+            "client_bound": clientcert.verdict(run.client.busiest, lag_p99, loop_p99),
         }
     if run.open_loop:
         out.update(_stats("queue_wait_ms", [r.queue_wait for r in run.records if r.ok], 1000))

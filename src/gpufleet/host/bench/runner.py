@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import time
@@ -23,8 +24,9 @@ from typing import Any
 from gpufleet.host import serverkeys
 from gpufleet.host.bench import serverapi, telemetry
 from gpufleet.host.bench import slo as slos
-from gpufleet.host.bench.loadgen import Prompt, RequestRecord, run_async, run_level
+from gpufleet.host.bench.loadgen import Prompt, RequestRecord, Tally, run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
+from gpufleet.host.bench.spread import auto_procs, run_spread
 from gpufleet.host.nvml import load_pynvml
 from gpufleet.host.redact import process_secrets, scrub
 from gpufleet.host.servers import server_alive
@@ -43,6 +45,7 @@ class RunWriter:
         self.dir = run_dir
         self.progress = open(run_dir / "progress.jsonl", "a", buffering=1)  # noqa: SIM115
         self.secrets: list[str] = []  # the server's secret values, set once it is known
+        self.last: ResultRow | None = None  # the previous level's row (--client-procs auto)
 
     def json(self, name: str, data: Any) -> None:
         tmp = self.dir / f".{name}.tmp"
@@ -59,6 +62,7 @@ class RunWriter:
         renamed or mistyped figure fails here, on the run that wrote it."""
         checked = ResultRow.from_wire(row, f"results.jsonl C={level.concurrency}")
         self.lines("results.jsonl", [checked.to_wire()])
+        self.last = checked
         return checked
 
     def event(self, event: dict[str, Any]) -> None:
@@ -113,12 +117,25 @@ def write_server_log(
     (writer.dir / "server.log").write_text(scrub(text, secrets or []))
 
 
+def client_procs(plan: BenchPlan, level: Level, last: ResultRow | None) -> int:
+    """How many generator processes a level gets: `--client-procs N`, or `auto` from the
+    previous level's measured CPU per token and token rate (the first level: one)."""
+    if plan.client_procs != "auto":
+        return max(1, int(plan.client_procs))
+    if last is None:
+        return 1
+    return auto_procs(
+        last.output_throughput, last.client_cpu_cores, level.concurrency, last.max_concurrency
+    )
+
+
 async def _level(
     plan: BenchPlan,
     prompts: list[Prompt],
     level: Level,
     writer: RunWriter,
     keys: dict[str, str],
+    procs: int = 1,
 ) -> tuple[Any, list[dict[str, Any]]]:
     concurrency = level.concurrency
     total = sum(p.requests for p in prompts)
@@ -129,24 +146,24 @@ async def _level(
     expected = sum(p.output_len * p.requests for p in prompts)
     expected_tokens = expected if plan.ignore_eos else 0
 
-    def progress(records: list[RequestRecord], elapsed: float) -> None:
-        done = [r for r in records if r.ok or r.error]
-        tokens = sum(r.completion_tokens for r in records)  # in-flight requests too
+    def progress(tally: Tally, elapsed: float) -> None:
+        tokens = tally.tokens  # in-flight requests too
         now = time.perf_counter()
         rate = (tokens - last["tokens"]) / max(1e-6, now - last["t"])
         last.update(t=now, tokens=tokens)
         if expected_tokens and tokens:
             eta = elapsed * max(0, expected_tokens - tokens) / tokens
         else:
-            eta = (elapsed / len(done)) * (total - len(done)) if done else None
+            done = tally.done
+            eta = (elapsed / done) * (total - done) if done else None
         if plan.duration:
             eta = max(0.0, plan.duration - elapsed)
         writer.event(
             {
                 "level": concurrency,
-                "done": len(done),
+                "done": tally.done,
                 "total": total,
-                "errors": sum(1 for r in records if r.error and not r.skipped),
+                "errors": tally.errors,
                 "tok_s": round(rate, 1),
                 "elapsed_s": round(elapsed, 1),
                 "eta_s": round(eta, 1) if eta is not None else None,
@@ -162,7 +179,8 @@ async def _level(
         sampler = asyncio.create_task(
             serverapi.sample_metrics(plan.metrics_url, samples, stop, keys)
         )
-    run = await run_level(
+    generate = run_level if procs == 1 else functools.partial(run_spread, procs)
+    run = await generate(
         plan.base_url,
         prompts,
         concurrency,
@@ -173,7 +191,6 @@ async def _level(
         ignore_eos=plan.ignore_eos,
         seed=plan.seed,
         on_progress=progress,
-        progress_every=1.0,
         duration=plan.duration,
         after_warmup=(
             (lambda: serverapi.flush_cache(plan.base_url, keys)) if plan.flush_cache else None
@@ -344,7 +361,8 @@ def _gpufleet_level(
     gauge = _telemetry(plan, server_state)
     try:
         with gauge or contextlib.nullcontext():
-            run, samples = run_async(_level(plan, prompts, level, writer, keys))
+            procs = client_procs(plan, level, writer.last)
+            run, samples = run_async(_level(plan, prompts, level, writer, keys, procs))
     except Exception as exc:  # the generator itself failed: keep what we know
         return "failed", f"level C={c}: load generator error: {exc!r}", True
     marks.append((_log_size(server_state), f"level C={c} ends"))
