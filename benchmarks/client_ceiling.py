@@ -50,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", default="16,32,64,128,256,512,1024")
     parser.add_argument("--servers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    parser.add_argument("--modes", default="1,auto", help="1, auto, or a fixed count per run")
     options = parser.parse_args()
     port = free_port()
     traces = Path(tempfile.mkdtemp(prefix="gpufleet-ceiling-"))
@@ -65,10 +66,10 @@ def main() -> None:
     )
     ceilings: dict[str, float] = {}
     try:
-        for mode in ("1", "auto"):
+        for mode in options.modes.split(","):
             last = None
             for c in [int(x) for x in options.levels.split(",")]:
-                procs = 1
+                procs = 1 if mode == "auto" else int(mode)
                 if mode == "auto" and last is not None:
                     procs = auto_procs(last["output_throughput"], last["client_cpu_cores"], c,
                                        last["max_concurrency"])  # fmt: skip
@@ -88,6 +89,14 @@ def main() -> None:
                       f"{steady:9.0f}  {row['client_cpu_cores']:12.2f}  "
                       f"{row['client_dispatch_lag_p99_ms']:15.2f}  "
                       f"{row['client_loop_lag_p99_ms']:11.2f}  {error:14.2f}  {ok}", flush=True)  # fmt: skip
+                if procs > 1:  # each share's own p99s: is one process the laggard?
+                    shares = {}
+                    for r in run.records:
+                        shares.setdefault((r.index % c) % procs, []).append(r)
+                    print("       per share: " + "; ".join(
+                        f"{k}: lag {percentile([r.dispatch_lag for r in rs], 99) * 1000:.1f} ms,"
+                        f" ITL err {itl_error_p99(rs, traces):.2f} ms"
+                        for k, rs in sorted(shares.items())), flush=True)  # fmt: skip
                 last = row
                 for f in traces.iterdir():
                     f.unlink()
