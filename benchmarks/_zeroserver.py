@@ -57,22 +57,23 @@ class Streams:
         while True:  # on a fixed grid: a late tick does not push the next ones back
             next_at += self.pace
             await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
-            now = time.perf_counter()
-            still = []
+            still, finished = [], []
             for stream in self.open:
                 writer, rid, events, sent, times, done = stream
                 head, tail = events[sent]
                 writer.write(head + rid + tail)
-                times.append(now)
+                times.append(time.perf_counter())  # when this stream's token really left
                 stream[3] = sent + 1
                 if stream[3] == len(events):
                     writer.write(closing)
-                    with open(os.path.join(self.traces, f"{rid.decode()}.json"), "w") as fh:
-                        json.dump(times, fh)
-                    done.set_result(None)
+                    finished.append(stream)
                 else:
                     still.append(stream)
             self.open = still
+            for _, rid, _, _, times, done in finished:  # after the tick's writes
+                with open(os.path.join(self.traces, f"{rid.decode()}.json"), "w") as fh:
+                    json.dump(times, fh)
+                done.set_result(None)
 
 
 async def _handle(
