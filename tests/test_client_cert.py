@@ -167,3 +167,12 @@ def test_auto_client_procs_follow_the_measured_cpu_per_token():
     # a slow server: one process keeps up
     assert auto_procs(500, 0.001, 64, 8) == 1
     assert auto_procs(None, None, 64, 8) == 1  # nothing measured yet: one
+
+
+def test_client_procs_with_sglangs_own_bench_serving_is_one_line():
+    from helpers import run_cli
+
+    out = run_cli("bench", "--client", "local", "--url", "http://192.0.2.1:1",
+                  "--engine", "sglang-bench", "--client-procs", "2")  # fmt: skip
+    assert out.returncode == 2 and "--client-procs needs --engine gpufleet" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
