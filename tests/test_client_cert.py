@@ -173,6 +173,6 @@ def test_client_procs_with_sglangs_own_bench_serving_is_one_line():
     from helpers import run_cli
 
     out = run_cli("bench", "--client", "local", "--url", "http://192.0.2.1:1",
-                  "--engine", "sglang-bench", "--client-procs", "2")  # fmt: skip
+                  "-c", "1", "--engine", "sglang-bench", "--client-procs", "2")  # fmt: skip
     assert out.returncode == 2 and "--client-procs needs --engine gpufleet" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
