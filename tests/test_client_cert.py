@@ -66,7 +66,7 @@ def test_open_loop_waits_for_a_slot_are_reported_apart_from_latency(sim_server):
 
 
 def _level(open_loop: bool):
-    from gpufleet.host.bench.loadgen import LevelRun, RequestRecord
+    from gpufleet.host.bench.level import LevelRun, RequestRecord
 
     record = RequestRecord(
         index=0, ok=True, start=1.030, ttft=0.100, e2e=0.500, itl=[0.1] * 4,

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpufleet.host.bench import clientcert, steady
 from gpufleet.host.bench import slo as slos
-from gpufleet.host.bench.loadgen import LevelRun, RequestRecord
+from gpufleet.host.bench.level import LevelRun, RequestRecord
 
 DEFINITIONS = (
     "SGLang bench_serving definitions: TTFT = first token latency; TPOT = (e2e - ttft) / "

@@ -24,7 +24,8 @@ from typing import Any
 from gpufleet.host import serverkeys
 from gpufleet.host.bench import serverapi, telemetry
 from gpufleet.host.bench import slo as slos
-from gpufleet.host.bench.loadgen import Prompt, RequestRecord, Tally, run_async, run_level
+from gpufleet.host.bench.level import Prompt, RequestRecord, Tally
+from gpufleet.host.bench.loadgen import run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
 from gpufleet.host.bench.spread import auto_procs, run_spread
 from gpufleet.host.nvml import load_pynvml

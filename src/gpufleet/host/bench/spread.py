@@ -30,14 +30,8 @@ from typing import Any
 
 import gpufleet
 from gpufleet.host.bench.clientcert import ClientClock
-from gpufleet.host.bench.loadgen import (
-    LevelRun,
-    Prompt,
-    RequestRecord,
-    Tally,
-    run_async,
-    run_level,
-)
+from gpufleet.host.bench.level import LevelRun, Prompt, RequestRecord, Tally
+from gpufleet.host.bench.loadgen import run_async, run_level
 
 ROOT = str(Path(gpufleet.__file__).resolve().parent.parent)  # the zipapp, or src/
 CHILD = (

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from gpufleet.host.bench.loadgen import LevelRun, RequestRecord
+from gpufleet.host.bench.level import LevelRun, RequestRecord
 
 
 def _first_full(ok: list[RequestRecord], concurrency: int) -> float | None:
