@@ -116,16 +116,21 @@ class _Share:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            message = json.loads(line)
-            if "progress" in message:
-                self.tally = Tally(**message["progress"])
-            elif "ready" in message:
-                self.ready.set()
-            elif "records" in message:
-                self.result = message
-        self.ready.set()  # a child that died before ready must not hang the start
-        self.done.set()
+        try:
+            for line in self.proc.stdout:
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue  # not ours (a library printing): the records still come
+                if "progress" in message:
+                    self.tally = Tally(**message["progress"])
+                elif "ready" in message:
+                    self.ready.set()
+                elif "records" in message:
+                    self.result = message
+        finally:
+            self.ready.set()  # a child that died before ready must not hang the start
+            self.done.set()
 
     def go(self, t0: float) -> None:
         assert self.proc.stdin is not None
