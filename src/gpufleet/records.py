@@ -219,6 +219,10 @@ class ResultRow(Record):
     cache_hit_rate: F = None
     per_turn: list[dict[str, Any]] | None = None  # multi-turn sessions, turn by turn
     accept_length: F = None  # SGLang's average speculative acceptance (server_info)
+    # each request's own: completion tokens / its spec_verify_ct (host/bench/metrics.py)
+    p10_request_accept_length: F = None
+    median_request_accept_length: F = None
+    p90_request_accept_length: F = None
     server_info: dict[str, Any] | None = None
     dataset_name: str | None = None
     tag: str | None = None

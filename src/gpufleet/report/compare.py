@@ -100,6 +100,9 @@ def sentence(a: Arm, b: Arm, levels: list[int]) -> str:
     tot_a = [_metric(a.levels[c], "output_throughput") or 0 for c in levels]
     tot_b = [_metric(b.levels[c], "output_throughput") or 0 for c in levels]
     kind, where = crossover_text(a, b, levels, "median_per_request_output_tps")
+    at = crossover(levels, *[[_bound(arm, c, "median_per_request_output_tps", 0)
+                              for c in levels] for arm in (a, b)])[1]  # fmt: skip
+    accepted = _acceptance_at(b, levels, at) or _acceptance_at(a, levels, at)
     first = {
         Crossing.DOWN: f"{b.label} is faster per request up to {where}",
         Crossing.UP: f"{b.label} is slower per request below {where} and faster from there",
@@ -121,8 +124,24 @@ def sentence(a: Arm, b: Arm, levels: list[int]) -> str:
         last = f"; at C={top} {winner} delivers {ratio:.1f}x"
     else:
         last = ""
+    if accepted:
+        first += f" ({accepted})"
     clauses = _energy_clause(a, b, levels) + _client_clause(a, b, levels)
     return f"{first} and {second}{last}{clauses}."
+
+
+def _acceptance_at(arm: Arm, levels: list[int], at: float | None) -> str:
+    """The arm's per-request acceptance at the measured level nearest the crossover: the
+    spread says whether the crossover holds for most requests or only on average."""
+    if at is None:
+        return ""
+    c = min(levels, key=lambda level: abs(math.log(level) - math.log(max(at, 1e-9))))
+    row = arm.levels.get(c) or {}
+    p50, p10, p90 = (row.get(f"{q}_request_accept_length") for q in ("median", "p10", "p90"))
+    if p50 is None:
+        return ""
+    spread = f", p10-p90 {p10:.2f}-{p90:.2f}" if p10 is not None and p90 is not None else ""
+    return f"{arm.label}'s per-request acceptance at C={c}: p50 {p50:.2f} tokens a step{spread}"
 
 
 def client_bound(arm: Arm, levels: list[int]) -> list[tuple[int, str]]:

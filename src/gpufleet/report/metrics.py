@@ -77,6 +77,12 @@ CATALOGUE: list[Metric] = [
     _m("median_e2e_latency_ms", "E2E p50 ms", "ms", False, "{:.0f}", R, interval=True),
     _m("accept_length", "accept length", "tokens/step", True, "{:.2f}", R, C,
        short="accept len"),
+    _m("median_request_accept_length", "accept len p50 (per request)", "tokens/step", True,
+       "{:.2f}", R, OPT, C, short="req accept p50"),
+    _m("p10_request_accept_length", "accept len p10 (per request)", "tokens/step", True,
+       "{:.2f}", C, short="req accept p10"),
+    _m("p90_request_accept_length", "accept len p90 (per request)", "tokens/step", True,
+       "{:.2f}", C, short="req accept p90"),
     _m("cache_hit_rate", "cached", "share", None, "{:.0%}", R, OPT),
     _m("gpu_power_avg_w", "GPU W avg", "W", None, "{:.0f}", C),
     _m("output_tokens_per_joule", "output tok/J", "tok/J", True, "{:.2f}", C, X, V,
@@ -111,6 +117,11 @@ PLOTS = [
     PlotSpec("ttft", "Time to first token", ("median_ttft_ms", "p99_ttft_ms")),
     PlotSpec("itl", "Inter-token latency", ("median_itl_ms", "p99_itl_ms")),
     PlotSpec("goodput", "SLO goodput", ("goodput_output_throughput",)),
+    PlotSpec(
+        "acceptance",
+        "Per-request acceptance (p50; p10 and p90 dashed)",
+        ("median_request_accept_length", "p10_request_accept_length", "p90_request_accept_length"),
+    ),
     PlotSpec("tokens_per_joule", "Output tokens per joule", ("output_tokens_per_joule",)),
 ]
 

@@ -48,6 +48,14 @@ class RequestRecord:
     due: float = 0.0  # when it could go: its arrival, or the moment a slot came free
     dispatch_lag: float = 0.0  # from `due` to the send: the client's own delay
     queue_wait: float = 0.0  # open loop under a concurrency cap: arrival to a free slot
+    spec_verify_ct: int | None = None  # speculative verify steps, as SGLang reports them
+
+    @property
+    def accept_length(self) -> float | None:
+        """Tokens per verify step: this request's own speculative acceptance."""
+        if not self.spec_verify_ct:
+            return None
+        return self.completion_tokens / self.spec_verify_ct
 
     def to_json(self) -> dict[str, Any]:
         row = asdict(self)

@@ -39,6 +39,8 @@ USER_TURN = "\n\nUser: {}\n\nAssistant:"  # the text template of a multi-turn co
 # `"completion_tokens":` in the payload is the real key.
 _COMPLETION = b'"completion_tokens":'
 _COMPLETION_VALUE = re.compile(rb'"completion_tokens":\s*(\d+)')
+# SGLang's verify steps of a speculative request (the last chunk's meta_info; 0.5.x name)
+_VERIFY_VALUE = re.compile(rb'"spec_verify_ct":\s*(\d+)')
 
 
 def _payload(
@@ -114,6 +116,9 @@ class _StreamTracker:
         match = _COMPLETION_VALUE.match(payload, at) if at >= 0 else None
         if match is not None:
             total = int(match.group(1))
+            verify = _VERIFY_VALUE.search(payload, at)  # meta_info's tail, after the count
+            if verify is not None:
+                self.record.spec_verify_ct = int(verify.group(1))
         else:  # the first chunk, [DONE], an error, or an unusual layout: parse it all
             if payload == b"[DONE]":
                 return
@@ -127,6 +132,8 @@ class _StreamTracker:
             record.prompt_tokens = int(meta.get("prompt_tokens", record.prompt_tokens))
             record.cached_tokens = int(meta.get("cached_tokens") or 0)
             record.rid = meta.get("id", record.rid)
+            if meta.get("spec_verify_ct") is not None:
+                record.spec_verify_ct = int(meta["spec_verify_ct"])
         if self.keep_text:
             self.last_payload = payload
         new = total - seen

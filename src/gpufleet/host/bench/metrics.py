@@ -141,6 +141,7 @@ def summarize(
     if any(r.turn is not None for r in run.records):
         result["per_turn"] = per_turn(run.records)
     result.update(client_figures(run))
+    result.update(acceptance(ok))
     result.update(steady.figures(run, _token_times))
     result.update(slos.goodput(run.records, duration, slo or {}))
     if with_details:
@@ -158,6 +159,19 @@ def _from_due(record: RequestRecord) -> RequestRecord:
     return dataclasses.replace(
         record, start=record.due, ttft=record.ttft + lag, e2e=record.e2e + lag
     )
+
+
+def acceptance(ok: list[RequestRecord]) -> dict[str, float]:
+    """Per-request speculative acceptance (tokens / verify steps) over the level: its spread
+    says whether one average (server_info's) describes the requests. Absent without it."""
+    lengths = [a for a in (r.accept_length for r in ok) if a is not None]
+    if not lengths:
+        return {}
+    return {
+        "p10_request_accept_length": percentile(lengths, 10),
+        "median_request_accept_length": percentile(lengths, 50),
+        "p90_request_accept_length": percentile(lengths, 90),
+    }
 
 
 def client_figures(run: LevelRun) -> dict[str, Any]:
