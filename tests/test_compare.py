@@ -13,9 +13,11 @@ from gpufleet.report import compare
 from helpers import run_cli
 
 
-def _run(root, host, run_id, profile, per_level, status="done", argv=None, prompts="abc"):
+def _run(root, host, run_id, profile, per_level, status="done", argv=None, prompts="abc",
+         **extra):  # fmt: skip
     results = [
         {
+            **extra,
             "max_concurrency": c,
             "request_rate": float("inf"),  # as the real results.jsonl has it (not JSON)
             "output_throughput": tot,
@@ -246,3 +248,14 @@ def test_a_manifest_from_a_newer_gpufleet_is_one_line(tmp_path):
     assert out.returncode == 2
     assert "archived by a newer gpufleet (manifest schema 99)" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_compare_says_its_figures_are_whole_levels_when_steady_ones_exist(tmp_path):
+    _run(tmp_path, "h", "a1", "a", {1: (10, 10), 8: (50, 6)}, steady_output_throughput=55.0)
+    _run(tmp_path, "h", "b1", "b", {1: (12, 12), 8: (40, 5)}, steady_output_throughput=44.0)
+    out = run_cli("compare", "a", "b", "--archive", str(tmp_path), "--no-plots")
+    assert out.returncode == 0, out.stderr
+    assert "figures over each whole level (ramp-up and drain included)" in out.stdout
+    assert "`--wide` adds the steady window's throughput" in out.stdout
+    wide = run_cli("compare", "a", "b", "--archive", str(tmp_path), "--no-plots", "--wide")
+    assert "steady tok/s" in wide.stdout

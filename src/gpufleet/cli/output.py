@@ -159,5 +159,13 @@ def print_compare(per_host: dict[str, Any], fmt: str, wide: bool = False) -> Non
         levels = compare.common_levels(arms)
         if len(arms) > 1 and levels:
             line(f"{host}: {compare.sentence(arms[0], arms[1], levels)}")
+        if fmt == "table" and any(
+            a.levels[c].get("steady_output_throughput") is not None for a in arms for c in levels
+        ):
+            line(
+                f"{host}: figures over each whole level (ramp-up and drain included); "
+                + ("`steady tok/s` is the steady window's" if wide else
+                   "`--wide` adds the steady window's throughput")
+            )  # fmt: skip
         for warning in compare.fairness(arms, levels):
             line(f"{host}: fairness warning: {warning}")
