@@ -67,6 +67,51 @@ def test_more_load_never_drafts_deeper_unless_the_data_says_so():
     assert tie.choices[0].depth == 2
 
 
+def test_depth_0_counts_at_its_real_cost_and_the_skip_only_where_it_measured_better():
+    result = tune.choose(_rows({
+        tune.PLAIN: {1: (60, 60), 16: (500, 31)},
+        0: {1: (51, 51), 16: (403, 25)},  # the draft extend SGLang still runs at depth 0
+        tune.SKIP: {1: (51.5, 51.5), 16: (495, 31)},
+        1: {1: (79, 79), 16: (434, 27)},
+    }))  # fmt: skip
+    assert [c.depth for c in result.choices] == [1, 0]  # depth 0 wins at 16 only with the skip
+    assert result.skip_extend
+    assert result.notes[0] == (
+        "C=16: depth 0 with the skip variable on this EAGLE server measured 495 tok/s, "
+        "a server without speculation 500 (-1.0%)"
+    )
+    assert "first draft step starts from a zeroed draft state" in result.notes[1]
+    # without the skip measured better by more than the margin, depth 0 is the pinned one
+    pinned = tune.choose(_rows({
+        tune.PLAIN: {1: (60, 60), 64: (785, 12)},
+        0: {1: (51, 51), 64: (614, 10)},
+        tune.SKIP: {1: (51, 51), 64: (620, 10)},
+        1: {1: (79, 79), 64: (560, 9)},
+    }))  # fmt: skip
+    assert [c.depth for c in pinned.choices] == [1, 0] and not pinned.skip_extend
+    assert "measured 614 tok/s, a server without speculation 785 (-21.8%)" in pinned.notes[0]
+
+
+def test_an_eagle_servers_depth_0_pays_the_draft_extend_unless_skipped(monkeypatch):
+    from gpufleet.sim.server import _model
+    from gpufleet.sim.serverargs import build_parser
+
+    args = build_parser().parse_args(
+        ["--model-path", "m", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps",
+         "0", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "1"]
+    )  # fmt: skip
+    plain = build_parser().parse_args(["--model-path", "m"])
+    pinned = _model(args, 0)
+    assert pinned.max_accept == 1 and not pinned.skips_draft_extend
+    # one draft forward on top of the target's decode: 2.6 ms + 0.314 ms per request
+    assert pinned.decode_base_s == pytest.approx(_model(plain).decode_base_s + 0.0026)
+    assert pinned.decode_per_req_s == pytest.approx(_model(plain).decode_per_req_s + 0.000314)
+    monkeypatch.setenv("SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND", "1")
+    skipped = _model(args, 0)
+    assert skipped.skips_draft_extend
+    assert skipped.decode_base_s == pytest.approx(_model(plain).decode_base_s)
+
+
 def test_a_speed_floor_rules_out_depths_below_it():
     result = tune.choose(_rows({
         0: {1: (60, 60), 16: (480, 30)},
@@ -127,9 +172,10 @@ def test_every_fallback_sglang_checks_is_named_before_launch(fleet):
 
 
 def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path):
-    """Depths 0 and 1 at C=1 and 16 on one simulated host over sshd: two launches, a table
-    that drafts at C=1 and not at C=16, a profile whose file travels to the host, and the
-    verification that the tuned server matches the better side at both levels."""
+    """Depths 0 and 1 at C=1 and 16 on one simulated host over sshd: four launches (a plain
+    server; depth 0 as SGLang runs it, with and without the skip variable; depth 1), a
+    table that drafts at C=1 and not at C=16, a profile whose file travels to the host, and
+    the verification that the tuned server matches the better side at both levels."""
     profile = fleet.profile(
         "tspec", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1},
         flags={"speculative-algorithm": "EAGLE3", "speculative-num-steps": 3,
@@ -152,11 +198,17 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     assert fleet.cli("stop", "--hosts", "h0", "--port", str(by_port)).returncode == 0
     [record_path] = (archive / "tunes").glob("*.json")
     record = json.loads(record_path.read_text())
-    assert record["launches"] == 2  # one per depth, every level on that server
+    assert record["launches"] == 4  # one per cell, every level on that server
     assert record["table"] == {"1": {"candidate_steps": [1]}, "16": {"candidate_steps": [0]}}
+    # depth 0 paid its draft extend; skipping it measured better, and the gap is said
+    pinned, skip, plain = (record["measured"][k]["16"]["output_throughput"]
+                           for k in ("0", "skip", "plain"))  # fmt: skip
+    assert pinned < 0.95 * plain and skip > 1.02 * pinned
+    assert any("on this EAGLE server measured" in n for n in record["notes"])
     tuned = profile.parent / "tspec-tuned.yaml"
     data = yaml.safe_load(tuned.read_text())
     assert data["flags"]["speculative-adaptive-config"] == "{file:adaptive-config}"
+    assert data["env"] == {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}
     assert (
         json.loads((profile.parent / "files" / "tspec-tuned.json").read_text()) == (record["table"])
     )
@@ -181,7 +233,7 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
         "--resume", timeout=600,
     )  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
-    assert again.stdout.count("already done, skipped") == 5  # 2 depth cells + 3 verify cells
+    assert again.stdout.count("already done, skipped") == 7  # 4 tune cells + 3 verify cells
     assert len(list((archive / "h0").iterdir())) == runs_before
     assert '{"1": {"candidate_steps": [1]}, "16": {"candidate_steps": [0]}}' in again.stdout
 

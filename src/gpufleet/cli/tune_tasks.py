@@ -32,20 +32,22 @@ def tune(c, **given):
 
     def show_choice(outcome: tunerun.TuneOutcome) -> None:
         result = outcome.result
+        columns = tuning.measured_columns(result.measured)
         table(
             "measured: output tok/s (per-request tok/s) by depth",
-            ["C", *(f"depth {d}" for d in sorted(result.measured)), "chosen"],
+            ["C", *(title for _, title in columns), "chosen"],
             [
                 [str(ch.concurrency)]
                 + [
                     f"{result.measured[d][ch.concurrency]['output_throughput']:.0f} "
                     f"({result.measured[d][ch.concurrency]['per_request']:.1f})"
-                    for d in sorted(result.measured)
+                    if ch.concurrency in result.measured[d] else "-"
+                    for d, _ in columns
                 ]
                 + [str(ch.depth)]
                 for ch in result.choices
             ],
-        )
+        )  # fmt: skip
         for text in result.ranges:
             line(f"tune: {text}")
         for text in result.notes:

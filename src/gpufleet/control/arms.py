@@ -28,7 +28,9 @@ class ArmSpec:
     overrides: dict[str, Any] = field(default_factory=dict)  # flag -> value (grid point)
     repeat: int = 1  # 1-based
     label: str = ""  # profile stem plus the grid point: what compare groups by
-    remove: list[str] = field(default_factory=list)  # flags dropped (tune's depth 0)
+    remove: list[str] = field(default_factory=list)  # flags dropped (tune's plain server)
+    files: dict[str, str] = field(default_factory=dict)  # name -> path, for `{file:name}`
+    env: dict[str, str] = field(default_factory=dict)  # variables set for this cell
 
     @property
     def key(self) -> str:
@@ -42,6 +44,8 @@ class ArmSpec:
             "repeat": self.repeat,
             "label": self.label,
             "remove": self.remove,
+            **({"files": self.files} if self.files else {}),
+            **({"env": self.env} if self.env else {}),
         }
 
     @classmethod
@@ -52,16 +56,24 @@ class ArmSpec:
             int(data.get("repeat", 1)),
             data.get("label") or profile_label(data["profile"]),
             list(data.get("remove") or []),
+            dict(data.get("files") or {}),
+            dict(data.get("env") or {}),
         )
 
     def resolved_profile(self) -> Profile:
         """The profile with this cell's flags applied (a value of false drops the flag)."""
         base = load_profile(self.profile)
-        if not self.overrides and not self.remove:
+        if not (self.overrides or self.remove or self.files or self.env):
             return base
         flags = {k: v for k, v in base.flags.items() if k not in self.remove}
         flags.update(self.overrides)
-        return base.model_copy(update={"flags": flags, "name": self.label})
+        update = {
+            "flags": flags,
+            "name": self.label,
+            "files": {**base.files, **self.files},
+            "env": {**base.env, **self.env},
+        }
+        return base.model_copy(update=update)
 
 
 def profile_label(profile: str) -> str:

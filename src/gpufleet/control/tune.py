@@ -5,9 +5,12 @@ The seeds wanted one EAGLE-3 server that drafts at low load and stops under load
 0.5.x applies a depth per decode-batch range itself (sim/speculation.py describes the
 table); this module chooses the table from the user's own measurements:
 
-1. cells: depth 0 (no drafting: the profile without its speculative flags) and each depth
-   d in `--depths` (topk 1, d + 1 draft tokens, adaptive off), one launch per depth, every
-   level of the ladder on that server (control/sweep.py runs them, resumably);
+1. cells: depth 0 as SGLang runs it (the speculative server pinned to a one-slot table
+   `[0]`: it still pays the draft model's extend pass every step), the same with
+   SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 (a candidate for depth 0, measured), a plain
+   server (no speculative flags: the gap depth 0 leaves, reported) and each depth d in
+   `--depths` (topk 1, d + 1 draft tokens, adaptive off), one launch each, every level of
+   the ladder on that server (control/sweep.py runs them, resumably);
 2. per level, the shallowest depth within MARGIN of the highest output throughput among
    those that keep the per-request speed floor (`--min-request-speed`), else the fastest
    per request;
@@ -55,8 +58,27 @@ SPEC_FLAGS = (
 )
 
 
+PLAIN = "plain"  # the profile without speculation: what depth 0 is compared with
+SKIP = "skip"  # depth 0 with SGLang's skip variable
+SKIP_ENV = {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}
+DEPTH0_TABLE = {"1": {"candidate_steps": [0]}}
+
+
+def depth0_config(profile: str) -> Path:
+    """The one-slot table that pins the speculative server at depth 0 (a file, as SGLang
+    reads its adaptive config), beside the profile's other files; written once."""
+    playbooks = Path(profile).parent if profile.endswith((".yaml", ".yml")) else PLAYBOOKS
+    path = playbooks / "files" / f"{profile_label(profile)}-depth0.json"
+    text = json.dumps(DEPTH0_TABLE) + "\n"
+    if not path.exists() or path.read_text() != text:
+        store.make_dirs(path.parent)
+        _write_text(path, text)
+    return path
+
+
 def depth_arms(profile: str, depths: list[int]) -> list[ArmSpec]:
-    """The tune's cells: depth 0 (no speculation) and each static depth, topk 1."""
+    """The tune's cells: a plain server, depth 0 as SGLang runs it (with and without the
+    skip variable), and each static depth, topk 1."""
     base = load_profile(profile)
     if base.speculative_algorithm not in ("EAGLE", "EAGLE3"):
         raise UserError(
@@ -66,7 +88,19 @@ def depth_arms(profile: str, depths: list[int]) -> list[ArmSpec]:
     if base.flags.get("enable-dp-attention"):
         raise UserError(f"profile {base.name}: adaptive speculation does not support DP attention")
     name = profile_label(profile)
-    arms = [ArmSpec(profile, {}, 1, f"{name}[depth=0]", remove=list(SPEC_FLAGS))]
+    pinned = {
+        "speculative-adaptive": True,
+        "speculative-adaptive-config": "{file:depth0-config}",
+        "speculative-num-steps": 0,
+        "speculative-eagle-topk": 1,
+        "speculative-num-draft-tokens": 1,
+    }
+    files = {"depth0-config": str(_relative_to_cwd(depth0_config(profile)))}
+    arms = [
+        ArmSpec(profile, {}, 1, f"{name}[{PLAIN}]", remove=list(SPEC_FLAGS)),
+        ArmSpec(profile, pinned, 1, f"{name}[depth=0]", files=files),
+        ArmSpec(profile, pinned, 1, f"{name}[depth=0,{SKIP}]", files=files, env=SKIP_ENV),
+    ]
     for d in depths:
         overrides = {
             "speculative-num-steps": d,
@@ -103,7 +137,8 @@ class TuneResult:
     choices: list[Choice]
     ranges: list[str]  # one line of reasoning per key
     notes: list[str] = field(default_factory=list)
-    measured: dict[int, dict[int, dict[str, float]]] = field(default_factory=dict)
+    measured: dict[Any, dict[int, dict[str, float]]] = field(default_factory=dict)
+    skip_extend: bool = False  # the tuned server sets SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND
 
 
 def _measured(per_depth: dict[int, dict[int, list[ResultRow]]]) -> dict:
@@ -121,16 +156,24 @@ def _measured(per_depth: dict[int, dict[int, list[ResultRow]]]) -> dict:
 
 
 def choose(
-    per_depth: dict[int, dict[int, list[ResultRow]]],
+    per_depth: dict[Any, dict[int, list[ResultRow]]],
     min_request_speed: float | None = None,
     sizes: list[int] | None = None,
 ) -> TuneResult:
     """The table from measurements: depth -> concurrency -> result rows (any hosts).
 
+    Depth 0 is the speculative server pinned at 0; where `skip` (the same with SGLang's
+    skip variable) was measured, depth 0 counts at the better of the two, and the tuned
+    server sets the variable when the skip won a depth-0 range. `plain` (no speculation) is
+    not a choice: the notes give the gap depth 0 leaves to it.
+
     `sizes` are the server's CUDA-graph capture sizes: SGLang pads a decode batch to the
     next captured size before it picks a key, so keys are padded sizes and each range says
     the batches it really covers (a key of 16 applies from batch 15)."""
-    measured = _measured(per_depth)
+    extra = _measured({k: v for k, v in per_depth.items() if k in (PLAIN, SKIP)})
+    raw = _measured({k: v for k, v in per_depth.items() if k not in (PLAIN, SKIP)})
+    measured = {d: dict(levels) for d, levels in raw.items()}  # depth 0 at its better variant
+    skipped = _skip_wins(measured, extra.get(SKIP))
     ladder = sorted(set.intersection(*(set(levels) for levels in measured.values())))
     if not ladder:
         raise UserError("inv tune: the depths share no measured concurrency level")
@@ -169,6 +212,7 @@ def choose(
             for d in figures
         )
         choices.append(Choice(c, best, f"{why} ({detail}; chose {f['output_throughput']:.0f})"))
+    notes += _zero_step_notes(choices, measured, extra, skipped)
     table: dict[str, dict[str, Any]] = {}
     starts = [
         (i, 1 if i == 0 else padded(choice.concurrency, sizes))
@@ -186,7 +230,62 @@ def choose(
         else:
             span = f"batch >= {low}"
         ranges.append(f"{span}: depth {choice.depth} (C={choice.concurrency}: {choice.why})")
-    return TuneResult(table, choices, ranges, notes, measured)
+    skip_used = any(ch.depth == 0 and ch.concurrency in skipped for ch in choices)
+    return TuneResult(table, choices, ranges, notes, {**raw, **extra}, skip_used)
+
+
+def measured_columns(measured: dict[Any, Any]) -> list[tuple[Any, str]]:
+    """The measured table's columns in reading order: plain, depth 0 (and its skip
+    variant), then the drafting depths."""
+    depths = sorted(k for k in measured if isinstance(k, int))
+    order = [(PLAIN, "plain")] + [(0, "depth 0")] * (0 in depths) + [(SKIP, "depth 0 skip")]
+    order += [(d, f"depth {d}") for d in depths if d != 0]
+    return [(key, title) for key, title in order if key in measured]
+
+
+def _skip_wins(
+    measured: dict[Any, dict[int, dict[str, float]]], skip: dict[int, dict[str, float]] | None
+) -> set[int]:
+    """Levels where depth 0 with the skip variable measured better by more than MARGIN:
+    depth 0 counts at the skip's figures there (the variable is measured, never assumed)."""
+    if not skip or 0 not in measured:
+        return set()
+    wins = set()
+    for c, figures in skip.items():
+        pinned = measured[0].get(c)
+        if pinned and figures["output_throughput"] > pinned["output_throughput"] * (1 + MARGIN):
+            measured[0][c] = figures
+            wins.add(c)
+    return wins
+
+
+def _zero_step_notes(
+    choices: list[Choice],
+    measured: dict[Any, dict[int, dict[str, float]]],
+    extra: dict[Any, dict[int, dict[str, float]]],
+    skipped: set[int],
+) -> list[str]:
+    """What depth 0 costs on this EAGLE server against a plain one, where depth 0 was
+    chosen, and what the skip variable costs when drafting resumes."""
+    notes = []
+    plain = extra.get(PLAIN, {})
+    for ch in choices:
+        if ch.depth != 0 or ch.concurrency not in plain or ch.concurrency not in measured[0]:
+            continue
+        ours = measured[0][ch.concurrency]["output_throughput"]
+        theirs = plain[ch.concurrency]["output_throughput"]
+        how = " with the skip variable" if ch.concurrency in skipped else ""
+        notes.append(
+            f"C={ch.concurrency}: depth 0{how} on this EAGLE server measured {ours:.0f} tok/s, "
+            f"a server without speculation {theirs:.0f} ({ours / theirs - 1:+.1%})"
+        )
+    if any(ch.depth == 0 and ch.concurrency in skipped for ch in choices):
+        notes.append(
+            "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 is set: it measured better where depth "
+            "0 applies; its cost is at the next upshift, whose first draft step starts from a "
+            "zeroed draft state and accepts nothing (SGLang's _stub_skipped_draft_extend)"
+        )
+    return notes
 
 
 def profile_capture_sizes(profile: str) -> list[int] | None:
@@ -206,11 +305,15 @@ def profile_capture_sizes(profile: str) -> list[int] | None:
 
 def rows_by_depth(
     arms: list[ArmSpec], state: SweepRecord, root: Path
-) -> dict[int, dict[int, list[ResultRow]]]:
-    """The finished cells' result rows: depth -> concurrency -> rows (all hosts)."""
-    out: dict[int, dict[int, list[ResultRow]]] = {}
+) -> dict[Any, dict[int, list[ResultRow]]]:
+    """The finished cells' result rows: depth (or PLAIN, SKIP) -> concurrency -> rows."""
+    out: dict[Any, dict[int, list[ResultRow]]] = {}
     for arm in arms:
-        depth = int(arm.overrides.get("speculative-num-steps", 0))  # depth 0: flags removed
+        depth: Any = int(arm.overrides.get("speculative-num-steps", 0))
+        if arm.remove == list(SPEC_FLAGS):
+            depth = PLAIN
+        elif arm.env == SKIP_ENV:
+            depth = SKIP
         for host, cell in state.cells[arm.key].items():
             if cell.status != CellStatus.DONE:
                 continue
@@ -247,6 +350,8 @@ def write_outputs(profile: str, result: TuneResult, name: str | None) -> tuple[P
             "speculative-num-draft-tokens": first + 1,
         },
     }
+    if result.skip_extend:
+        data["env"] = dict(SKIP_ENV)
     header = "".join(f"# {line}\n" for line in ["Written by `inv tune`:", *result.ranges])
     _write_text(config_path, json.dumps(result.table, indent=2) + "\n")
     _write_text(profile_path, header + yaml.safe_dump(data, sort_keys=False))
@@ -272,7 +377,7 @@ def verification_arms(profile: str, tuned_profile: str) -> list[ArmSpec]:
     speculation (the profile without its adaptive flags)."""
     name = profile_label(profile)
     return [
-        ArmSpec(profile, {}, 1, f"{name}[depth=0]", remove=list(SPEC_FLAGS)),
+        ArmSpec(profile, {}, 1, f"{name}[{PLAIN}]", remove=list(SPEC_FLAGS)),
         ArmSpec(profile, {}, 1, f"{name}-static",
                 remove=["speculative-adaptive", "speculative-adaptive-config"]),
         ArmSpec(tuned_profile, {}, 1, profile_label(tuned_profile)),

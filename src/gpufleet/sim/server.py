@@ -24,10 +24,12 @@ from gpufleet.sim.hold import set_title
 from gpufleet.sim.power import ActivityMeter
 from gpufleet.sim.prefixcache import PrefixCache
 from gpufleet.sim.speculation import (
+    SKIP_ZERO_STEP_ENV,
     AdaptiveDepth,
     adaptive_refusal,
     capture_sizes,
     initial_steps,
+    zero_step_costs_ms,
 )
 from gpufleet.sim.timing import Engine, TimingModel
 
@@ -123,6 +125,11 @@ def _model(args: Any, steps: int | None = None) -> TimingModel:
         depth = args.speculative_num_steps if steps is None else steps
         tokens = args.speculative_num_draft_tokens if steps is None else None
         model = TimingModel.speculative(depth, args.speculative_eagle_topk, tokens)
+        if depth == 0:  # an EAGLE server at depth 0 is not plain decoding (speculation.py)
+            skip = os.environ.get(SKIP_ZERO_STEP_ENV, "").lower() in ("1", "true")
+            base_ms, per_req_ms = zero_step_costs_ms(args.speculative_eagle_topk or 1, skip)
+            model.decode_base_s, model.decode_per_req_s = base_ms / 1000, per_req_ms / 1000
+            model.skips_draft_extend = skip
     else:
         model = TimingModel.baseline()
     if args.sim_decode_base_ms is not None:

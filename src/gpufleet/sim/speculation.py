@@ -45,10 +45,29 @@ def accept_length(steps: int, topk: int = 1) -> float:
     return sum(a**i for i in range(steps + 1))
 
 
+SKIP_ZERO_STEP_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
+
+
+def zero_step_costs_ms(topk: int = 1, skip_extend: bool = False) -> tuple[float, float]:
+    """(base, per running request) of a depth-0 step on an EAGLE server, in ms.
+
+    SGLang 0.5.23 (speculative/eagle_worker_v2.py) at steps 0 verifies one token, which is
+    the target's decode, and still runs `_draft_extend_for_decode` ("keeping draft KV warm
+    for when the batch shrinks"): one draft forward over that token, priced like one draft
+    step here. With SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 the extend is skipped and the
+    step costs what plain decoding does; the price comes at the next upshift (Engine's cold
+    step)."""
+    base, per_request = step_costs_ms(0)
+    if skip_extend:
+        return base, per_request
+    return base + DRAFT_BASE_MS, per_request + DRAFT_PER_REQ_MS * (0.75 + 0.25 * max(1, topk))
+
+
 def step_costs_ms(
     steps: int, topk: int = 1, draft_tokens: int | None = None
 ) -> tuple[float, float]:
-    """(base, per running request) of one decode step at this depth, in ms."""
+    """(base, per running request) of one decode step at this depth, in ms (depth 0: a
+    server without speculation; an EAGLE server's depth 0 is `zero_step_costs_ms`)."""
     if steps <= 0:
         return 15.6, 1.03
     topk = max(1, topk)

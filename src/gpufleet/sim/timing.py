@@ -28,6 +28,7 @@ class TimingModel:
     prefill_per_token_s: float
     accept_length: float = 1.0  # mean tokens per step per request (1 = no speculation)
     max_accept: int = 1
+    skips_draft_extend: bool = False  # an EAGLE server's depth 0 with the skip variable
 
     @classmethod
     def baseline(cls) -> TimingModel:
@@ -74,6 +75,7 @@ class SimRequest:
     emit_times: list[float] = field(default_factory=list)  # engine step that made tokens
     sent_times: list[float] = field(default_factory=list)  # chunk written to the socket
     accepted_steps: int = 0
+    cold_draft: bool = False  # its draft state was stubbed (skipped extend): next draft misses
     blocks: list[bytes] = field(default_factory=list)  # prefix-cache block hashes of the prompt
     cached_tokens: int = 0  # prompt tokens found in the prefix cache: no prefill for them
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -183,6 +185,12 @@ class Engine:
                 if req.aborted:
                     continue
                 n = self._accepted(req.max_new_tokens - req.generated)
+                if self.model.skips_draft_extend:
+                    req.cold_draft = True
+                elif req.cold_draft and self.model.max_accept > 1:
+                    # SGLang drafts from the zeroed stub after an upshift: nothing accepted
+                    # on that first step (`_stub_skipped_draft_extend`), warm again after
+                    n, req.cold_draft = 1, False
                 drafts.append(n - 1)
                 req.generated += n
                 req.emit_times.append(now)
