@@ -266,6 +266,7 @@ class ResultRow(Record):
     client_cpu_cores: F = None  # the generator processes' CPU over the level, in cores
     client_dispatch_lag_p50_ms: F = None  # from when a request was due to when it went out
     client_dispatch_lag_p99_ms: F = None
+    client_idle_slot_share: F = None  # mean dispatch lag / mean E2E: load the client withheld
     client_loop_lag_p99_ms: F = None  # how late a 5 ms timer fired
     client_loop_lag_max_ms: F = None
     # open loop under a concurrency cap: arrival to a free slot, apart from the latencies

@@ -178,11 +178,13 @@ def client_figures(run: LevelRun) -> dict[str, Any]:
     """The generator's own figures for the level and whether it was the bottleneck
     (host/bench/clientcert.py); with a schedule, the wait for a free slot on its own."""
     lags = [r.dispatch_lag for r in run.records if not r.skipped and r.start]
+    e2e = [r.e2e for r in run.records if r.ok and r.e2e > 0]
     out: dict[str, Any] = {}
     if run.client is not None and run.client.wall_s > 0:
         cores = run.client.cpu_s / run.client.wall_s
         lag_p99 = percentile(lags, 99) * 1000
         loop_p99 = percentile(run.client.loop_lags, 99) * 1000
+        idle = statistics.fmean(lags) / statistics.fmean(e2e) if lags and e2e else 0.0
         out = {
             "client_procs": run.client.procs,
             "client_cpu_cores": round(cores, 3),
@@ -190,7 +192,8 @@ def client_figures(run: LevelRun) -> dict[str, Any]:
             "client_dispatch_lag_p99_ms": lag_p99,
             "client_loop_lag_p99_ms": loop_p99,
             "client_loop_lag_max_ms": max(run.client.loop_lags, default=0.0) * 1000,
-            "client_bound": clientcert.verdict(run.client.busiest, lag_p99, loop_p99),
+            "client_idle_slot_share": idle,
+            "client_bound": clientcert.verdict(run.client.busiest, idle, lag_p99, loop_p99),
         }
     if run.open_loop:
         out.update(_stats("queue_wait_ms", [r.queue_wait for r in run.records if r.ok], 1000))
