@@ -7,7 +7,8 @@ average 1 + a + a^2 + ... + a^steps tokens per request (diminishing returns). A 
 the target's decode (15.6 ms + 1.03 ms per running request), plus drafting (per draft step
 2.6 ms, and 0.314 ms per request scaled by 0.75 + 0.25 x topk), plus the verify pass
 (0.931 ms per request x sqrt(draft tokens): verifying a tree is batched like a small
-prefill, so it grows slower than the tokens it checks). Depth 0 without speculation is plain decoding (an EAGLE server's depth 0: `zero_step_costs_ms`). The
+prefill, so it grows slower than the tokens it checks). Depth 0 without speculation is
+plain decoding (an EAGLE server's depth 0 costs more: `zero_step_costs_ms`). The
 constants reproduce the seeds' EAGLE-3 (steps 3, topk 4, 16 draft tokens: 2.40 tokens per
 29.8 ms step at C=1, ~80 tok/s per request; 6.4 ms per request, ~350 tok/s total at C=64)
 and make a topk-1 chain win at low load and lose from about C=8 (docs/REHEARSAL.md).
