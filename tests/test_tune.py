@@ -112,6 +112,29 @@ def test_an_eagle_servers_depth_0_pays_the_draft_extend_unless_skipped(monkeypat
     assert skipped.decode_base_s == pytest.approx(_model(plain).decode_base_s)
 
 
+def test_repeats_choose_by_median_minus_spread_and_reject_noisy_or_failed_cells():
+    """`--repeat N`: each cell's repeats (and hosts) give a median and its MAD; a cell with
+    failed requests, or spreading more than 10%, is rejected and the reasoning says so; a
+    tie within the best cell's own noise goes to the shallower depth."""
+
+    def rows(values, failed=0):
+        return [ResultRow(8, 10, failed, v, median_per_request_output_tps=v / 8) for v in values]
+
+    result = tune.choose({
+        0: {8: rows([300, 302])},
+        1: {8: rows([322, 322, 323])},
+        2: {8: rows([400, 410], failed=3)},  # the best figure, 6 failed over 2 repeats: out
+        3: {8: rows([330, 350, 340])},  # +-10: score 330; depth 1 is within that noise
+        5: {8: rows([300, 420, 360])},  # +-60 on 360: 17% spread, rejected
+    })  # fmt: skip
+    [choice] = result.choices
+    assert choice.depth == 1
+    assert "shallowest depth within 3% of the highest output throughput" in choice.why
+    assert "depth 3: 340 tok/s +-10" in choice.why
+    assert "rejected: depth 2 (6 failed request(s)), depth 5 (spread 17% (bound 10%))" in choice.why
+    assert result.measured[1][8]["runs"] == 3 and result.measured[3][8]["score"] == 330
+
+
 def test_a_speed_floor_rules_out_depths_below_it():
     result = tune.choose(_rows({
         0: {1: (60, 60), 16: (480, 30)},

@@ -141,17 +141,38 @@ class TuneResult:
     skip_extend: bool = False  # the tuned server sets SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND
 
 
-def _measured(per_depth: dict[int, dict[int, list[ResultRow]]]) -> dict:
-    """depth -> C -> mean throughput and per-request speed over the hosts (and repeats)."""
-    out: dict[int, dict[int, dict[str, float]]] = {}
+SPREAD_BOUND = 0.10  # a cell whose repeats spread more than this (MAD / median) is rejected
+
+
+def _mad(values: list[float]) -> float:
+    middle = statistics.median(values)
+    return statistics.median(abs(v - middle) for v in values)
+
+
+def _measured(per_depth: dict[Any, dict[int, list[ResultRow]]]) -> dict:
+    """depth -> C -> the cell's figures over its hosts and repeats: medians, the spread
+    (median absolute deviation), `score` = median - MAD (a noisy cell pays for its noise),
+    and `rejected` (why, or absent): failed requests, or a spread above SPREAD_BOUND."""
+    out: dict[Any, dict[int, dict[str, Any]]] = {}
     for depth, levels in per_depth.items():
         for c, rows in levels.items():
-            out.setdefault(depth, {})[c] = {
-                "output_throughput": statistics.fmean(r.output_throughput for r in rows),
-                "per_request": statistics.fmean(
+            tput = [r.output_throughput for r in rows]
+            middle, mad = statistics.median(tput), _mad(tput)
+            cell: dict[str, Any] = {
+                "output_throughput": middle,
+                "per_request": statistics.median(
                     r.median_per_request_output_tps or 0.0 for r in rows
                 ),
+                "mad": mad,
+                "score": middle - mad,
+                "runs": len(rows),
             }
+            failed = sum(r.failed for r in rows)
+            if failed:
+                cell["rejected"] = f"{failed} failed request(s)"
+            elif middle and mad / middle > SPREAD_BOUND:
+                cell["rejected"] = f"spread {mad / middle:.0%} (bound {SPREAD_BOUND:.0%})"
+            out.setdefault(depth, {})[c] = cell
     return out
 
 
@@ -181,17 +202,24 @@ def choose(
     notes: list[str] = []
     for c in ladder:
         figures = {d: measured[d][c] for d in sorted(measured)}
+        rejected = {d: f["rejected"] for d, f in figures.items() if f.get("rejected")}
+        usable = {d: f for d, f in figures.items() if d not in rejected} or figures
         allowed = [
-            d for d, f in figures.items()
+            d for d, f in usable.items()
             if min_request_speed is None or f["per_request"] >= min_request_speed
         ]  # fmt: skip
         if allowed:
-            top = max(figures[d]["output_throughput"] for d in allowed)
-            near = [d for d in allowed if figures[d]["output_throughput"] >= top * (1 - MARGIN)]
+            top_depth = max(allowed, key=lambda d: figures[d]["score"])
+            top = figures[top_depth]["score"]
+            # a tie within the noise (the margin, or the best cell's own spread) goes to
+            # the shallower depth
+            noise = max(MARGIN, figures[top_depth]["mad"] / (top or 1.0))
+            near = [d for d in allowed if figures[d]["score"] >= top * (1 - noise)]
             best = min(near)  # within the margin of the best, the least drafting
             why = "highest output throughput"
             if len(near) > 1:
-                why = f"shallowest depth within {MARGIN:.0%} of the highest output throughput"
+                within = f"{noise:.0%}" if noise > MARGIN else f"{MARGIN:.0%}"
+                why = f"shallowest depth within {within} of the highest output throughput"
             if min_request_speed is not None:
                 why += f" among depths at or above {min_request_speed:g} tok/s per request"
         else:
@@ -207,10 +235,13 @@ def choose(
             )
         f = figures[best]
         detail = ", ".join(
-            f"depth {d}: {figures[d]['output_throughput']:.0f} tok/s, "
-            f"{figures[d]['per_request']:.1f} per request"
+            f"depth {d}: {figures[d]['output_throughput']:.0f} tok/s"
+            + (f" +-{figures[d]['mad']:.0f}" if figures[d]["mad"] else "")
+            + f", {figures[d]['per_request']:.1f} per request"
             for d in figures
         )
+        if rejected:
+            detail += "; rejected: " + ", ".join(f"depth {d} ({r})" for d, r in rejected.items())
         choices.append(Choice(c, best, f"{why} ({detail}; chose {f['output_throughput']:.0f})"))
     notes += _zero_step_notes(choices, measured, extra, skipped)
     table: dict[str, dict[str, Any]] = {}
