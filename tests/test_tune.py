@@ -326,3 +326,11 @@ def test_batch_ranges_follow_cuda_graph_padding(tmp_path):
     assert [routed.steps_for(b) for b in (14, 15, 16, 17)] == [3, 0, 0, 0]
     plain = AdaptiveDepth(3, str(config), None)  # --disable-cuda-graph: no padding
     assert [plain.steps_for(b) for b in (14, 15, 16)] == [3, 3, 0]
+
+
+def test_tune_takes_repeat_and_refuses_a_bad_one_in_one_line():
+    from helpers import run_cli
+
+    out = run_cli("tune", "--profile", "eagle3-adaptive", "--repeat", "0")
+    assert out.returncode == 2 and "--repeat" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr

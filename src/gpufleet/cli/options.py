@@ -388,6 +388,9 @@ def tune_options(request_type: type, ladder: str) -> OptionSet:
                     to_request=False),
         verify=Option("run tuned vs no drafting vs static afterwards (--no-verify skips)",
                       flag_default=True, default=True, default_text="on", to_request=False),
+        repeat=Option("measure every level N times on each server, in rounds: cells are "
+                      "judged by median minus spread, noisy or failed ones rejected",
+                      checks.positive_int),
     ) | options  # fmt: skip
 
 
