@@ -63,6 +63,22 @@ class Fleet:
         self.inventory.write_text(yaml.safe_dump(data))
         return self.inventory
 
+    def add_sshd_host(self, name: str, sshd: LoopbackSshd, port_offset: int) -> None:
+        """Put one more host, behind its own sshd (a test kills or reads it), in the
+        inventory: its host key trusted, its servers' ports moved by `port_offset`."""
+        with open(self.known_hosts, "a") as fh:
+            fh.write(sshd.known_hosts_line())
+        self.write_inventory(
+            extra_hosts={
+                name: {
+                    "address": "127.0.0.1",
+                    "port": sshd.port,
+                    "workdir": str(self.workdir(name)),
+                    "vars": {"server_port_offset": port_offset},
+                }
+            }
+        )
+
     def env(self, name: str) -> dict[str, str]:
         """Environment for a workload process that lives on simulated host `name`."""
         state = self.state_dir(name)

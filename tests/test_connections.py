@@ -30,18 +30,7 @@ class SshdLog:
 
 def _counted_host(fleet, fresh_sshd) -> SshdLog:
     sshd = fresh_sshd(log_level="DEBUG1")
-    with open(fleet.known_hosts, "a") as fh:
-        fh.write(sshd.known_hosts_line())
-    fleet.write_inventory(
-        extra_hosts={
-            "counted": {
-                "address": "127.0.0.1",
-                "port": sshd.port,
-                "workdir": str(fleet.workdir("counted")),
-                "vars": {"server_port_offset": 60},
-            }
-        }
-    )
+    fleet.add_sshd_host("counted", sshd, port_offset=60)
     return SshdLog(sshd)
 
 

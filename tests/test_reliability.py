@@ -330,18 +330,7 @@ def test_server_sigkilled_mid_bench_fails_fast(fleet, tmp_path):
 
 def test_sshd_killed_mid_bench_then_attach_loses_nothing(fleet, fresh_sshd, tmp_path):
     host_sshd = fresh_sshd()
-    with open(fleet.known_hosts, "a") as fh:
-        fh.write(host_sshd.known_hosts_line())
-    fleet.write_inventory(
-        extra_hosts={
-            "flaky": {
-                "address": "127.0.0.1",
-                "port": host_sshd.port,
-                "workdir": str(fleet.workdir("flaky")),
-                "vars": {"server_port_offset": 50},
-            }
-        }
-    )
+    fleet.add_sshd_host("flaky", host_sshd, port_offset=50)
     profile = _bench_profile(fleet, "flaky")
     assert fleet.cli("launch", "--profile", str(profile), "--hosts", "flaky").returncode == 0
     try:
