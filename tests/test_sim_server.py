@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
@@ -346,3 +347,59 @@ def test_timing_model_shape(sim_server, concurrency):
     mean = sum(speeds) / len(speeds)
     expected = 1 / (0.0156 + 0.00103 * concurrency)
     assert expected * 0.8 < mean < expected * 1.05
+
+
+def _accept_per_request(server, text: str, n: int = 12) -> float:
+    """Mean tokens per verify step over n streamed requests with this prompt."""
+    tokens = verifies = 0
+    for _ in range(n):
+        _status, raw = post(
+            server.url + "/generate",
+            {"text": text, "stream": True, "sampling_params": {"max_new_tokens": 64}},
+        )
+        meta = sse(raw)[-1]["meta_info"]
+        tokens += meta["completion_tokens"]
+        verifies += meta["spec_verify_ct"]
+    return tokens / verifies
+
+
+def test_acceptance_follows_what_the_prompt_asks(sim_server):
+    """Code (a fenced block) accepts more drafts than chat, as EAGLE-3 drafters measure;
+    --sim-accept-rate moves either."""
+    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+            "--sim-decode-base-ms", "1", "--sim-decode-per-req-ms", "0"]  # fmt: skip
+    server = sim_server(*spec)
+    chat = _accept_per_request(server, "What is a thread?")
+    code = _accept_per_request(server, "Fix this:\n```\ndef f(x):\n    return x\n```")
+    assert 1.8 < chat < 2.25 and 2.15 < code < 2.6 and code > chat + 0.15  # 2.05 vs 2.35
+    low = sim_server(*spec, "--sim-accept-rate", "chat=0.2")
+    assert _accept_per_request(low, "What is a thread?") < 1.45  # 1 + .2 + .04 + .008
+    bad = subprocess.run(
+        [sys.executable, "-m", "gpufleet.sim.server", "--model-path", "m",
+         "--sim-accept-rate", "prose=0.5"], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "domain 'prose' is not chat or code" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_adaptive_depth_switches_are_logged_as_sglang_logs_them(sim_server, tmp_path):
+    """A table with depth 3 at batch 1 and depth 0 from batch 4: a load that moves between
+    the two ranges switches depth, one SGLang log line per switch."""
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"1": {"candidate_steps": [3]}, "4": {"candidate_steps": [0]}}))
+    server = sim_server(
+        "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+        "--speculative-adaptive", "--speculative-adaptive-config", str(table),
+        "--cuda-graph-bs", "1", "2", "4", "8",
+    )  # fmt: skip
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 20}}
+    post(server.url + "/generate", body)  # batch 1: depth 3, no switch
+    assert "Switch adaptive runtime state" not in server.text()
+    with ThreadPoolExecutor(6) as pool:  # batch up to 6: depth 0, then back down to 3
+        list(pool.map(lambda _: post(server.url + "/generate", body), range(6)))
+    post(server.url + "/generate", body)
+    lines = [ln for ln in server.text().splitlines() if "Switch adaptive runtime state" in ln]
+    assert lines and "steps 3 -> 0, draft_tokens 4 -> 1" in lines[0]
+    assert "steps 0 -> 3, draft_tokens 1 -> 4" in lines[-1]

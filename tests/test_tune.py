@@ -239,11 +239,26 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     assert [r["winner"] for r in rows] == ["speculation", "no drafting"]
     assert all(r["kept"] >= 0.9 for r in rows), rows
     assert "tspec-tuned keeps" in out.stdout
+    # the load step C=1 -> 16 -> 1 on one server each: per phase against its better static,
+    # and the depth switches the tuned server logged (1 <-> 0 as the batch crosses 15)
+    step = record["step"]["h0"]
+    phases = step["phases"]
+    assert [(p["phase"], p["concurrency"]) for p in phases] == [
+        ("low", 1),
+        ("high", 16),
+        ("low again", 1),
+    ]
+    assert [p["winner"] for p in phases] == ["speculation", "no drafting", "speculation"]
+    assert all(p["kept"] >= 0.9 for p in phases), phases
+    assert phases[0]["switches"] == 0 and phases[1]["switches"] >= 1, phases
+    assert "load step C=1 -> 16 -> 1: tspec-tuned keeps" in out.stdout
+    assert "depth switches" in step["sentence"]
     # the table travelled: the tuned run's manifest records it, the server read it
     tuned_runs = [
         p for p in (archive / "h0").iterdir()
         if json.loads((p / "manifest.json").read_text())["profile"] == "tspec-tuned"
     ]  # fmt: skip
+    assert len(tuned_runs) == 2  # the ladder and the load step
     manifest = json.loads((tuned_runs[0] / "manifest.json").read_text())
     files = manifest["resolved_profile"]["files"]
     assert files["adaptive-config"]["sha256"] and files["adaptive-config"]["stored_as"]
@@ -256,7 +271,8 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
         "--resume", timeout=600,
     )  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
-    assert again.stdout.count("already done, skipped") == 7  # 4 tune cells + 3 verify cells
+    # 4 tune cells + 3 verify cells + 3 load-step cells
+    assert again.stdout.count("already done, skipped") == 10
     assert len(list((archive / "h0").iterdir())) == runs_before
     assert '{"1": {"candidate_steps": [1]}, "16": {"candidate_steps": [0]}}' in again.stdout
 

@@ -219,6 +219,7 @@ class TuneRecord(Archived):
     launches: int
     schema: int = 1
     verify: dict[str, Any] = field(default_factory=dict)  # host -> sweep id, rows, sentence
+    step: dict[str, Any] = field(default_factory=dict)  # host -> sweep id, phases, sentence
 
 
 @dataclass

@@ -223,6 +223,7 @@ class ResultRow(Record):
     p10_request_accept_length: F = None
     median_request_accept_length: F = None
     p90_request_accept_length: F = None
+    depth_switches: int | None = None  # draft-depth changes the server logged in the level
     server_info: dict[str, Any] | None = None
     dataset_name: str | None = None
     tag: str | None = None

@@ -25,8 +25,8 @@ def tune(c, **given):
     depth_list = tuning.parse_depths(o["depths"])
     command = resume_command(["inv", "tune"], given_options(tune.body, given))
 
-    def sweep(profiles, arms, kind, again):  # the CLI's: Ctrl-C, progress, resume line
-        return run_sweep(profiles, request, o["hosts"], o["inventory"], again, False, False,
+    def sweep(profiles, arms, kind, again, what):  # the CLI's: Ctrl-C, progress, resume line
+        return run_sweep(profiles, what, o["hosts"], o["inventory"], again, False, False,
                          o["engine"], o["forks"], command, arms=arms, kind=kind,
                          allow_unhealthy=o["allow_unhealthy"])  # fmt: skip
 
@@ -73,4 +73,19 @@ def tune(c, **given):
             ],
         )  # fmt: skip
         line(f"{v.host}: {v.sentence}")
+    for st in outcome.steps:
+        labels = list(st.phases[0].per_request) if st.phases else []
+        table(
+            f"{st.host}: load step, each phase against its better static",
+            ["phase", "C", "wins", *(f"{label} req tok/s" for label in labels),
+             *(f"{label} tok/s" for label in labels), "tuned kept", "depth switches"],
+            [
+                [p.phase, str(p.concurrency), p.winner,
+                 *(f"{x:.1f}" for x in p.per_request.values()),
+                 *(f"{x:.0f}" for x in p.throughput.values()), f"{p.kept:.0%}",
+                 "-" if p.switches is None else str(p.switches)]
+                for p in st.phases
+            ],
+        )  # fmt: skip
+        line(f"{st.host}: {st.sentence}")
     line(f"tune: archived {outcome.record_path}")

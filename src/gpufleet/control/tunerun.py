@@ -19,13 +19,14 @@ from gpufleet.archive import select, store
 from gpufleet.archive.layout import Layout
 from gpufleet.archived import TuneRecord
 from gpufleet.control import tune as tuning
+from gpufleet.control import tunestep
 from gpufleet.control.arms import ArmSpec
 from gpufleet.control.bench import BenchRequest
 from gpufleet.control.sweep import SweepState
 from gpufleet.errors import UserError
 
-# (profiles, cells, kind, resume) -> the finished sweep's state
-Sweeper = Callable[[list[str], list[ArmSpec], str, bool], SweepState]
+# (profiles, cells, kind, resume, what each cell runs) -> the finished sweep's state
+Sweeper = Callable[[list[str], list[ArmSpec], str, bool, BenchRequest], SweepState]
 
 
 def save_record(record: TuneRecord, path: Path) -> None:
@@ -42,6 +43,13 @@ class Verdict:
 
 
 @dataclass
+class StepVerdict:
+    host: str
+    phases: list[tunestep.StepPhase]
+    sentence: str
+
+
+@dataclass
 class TuneOutcome:
     result: tuning.TuneResult
     config_path: Path
@@ -49,6 +57,7 @@ class TuneOutcome:
     record: TuneRecord
     record_path: Path
     verdicts: list[Verdict] = field(default_factory=list)
+    steps: list[StepVerdict] = field(default_factory=list)
 
 
 def run(
@@ -66,7 +75,7 @@ def run(
     verification sweep, which takes as long again)."""
     root = request.archive_root
     arms = tuning.depth_arms(profile, depths)
-    state = sweep([profile], arms, "tune", resume)
+    state = sweep([profile], arms, "tune", resume, request)
     result = tuning.choose(
         tuning.rows_by_depth(arms, state.record, root), floor,
         tuning.profile_capture_sizes(profile),
@@ -98,7 +107,7 @@ def run(
     tuned = str(profile_path) if profile.endswith((".yaml", ".yml")) else profile_path.stem
     checks = tuning.verification_arms(profile, tuned)
     again = resume and _has_state(root, [profile, tuned], checks, "tune-verify")
-    check = sweep([profile, tuned], checks, "tune-verify", again)
+    check = sweep([profile, tuned], checks, "tune-verify", again, request)
     data = select.report_for_sweep(root, check.path)
     for host, host_arms in data.per_host.items():
         rows, sentence = tuning.verdict(host_arms)
@@ -109,7 +118,34 @@ def run(
             "sentence": sentence,
         }
     save_record(record, record_path)
+    _load_step(profile, tuned, checks, request, resume, sweep, outcome)
+    save_record(record, record_path)
     return outcome
+
+
+def _load_step(
+    profile: str,
+    tuned: str,
+    checks: list[ArmSpec],
+    request: BenchRequest,
+    resume: bool,
+    sweep: Sweeper,
+    outcome: TuneOutcome,
+) -> None:
+    """The verification's load step (low -> high -> low in one run per server): per phase,
+    the tuned server against that phase's better static, and its depth switches."""
+    root = request.archive_root
+    again = resume and _has_state(root, [profile, tuned], checks, "tune-step")
+    stepped = sweep([profile, tuned], checks, "tune-step", again, tunestep.step_request(request))
+    labels = [arm.label for arm in checks]
+    for host, by_arm in tunestep.step_rows(checks, stepped.record, root).items():
+        phases, sentence = tunestep.step_verdict(by_arm, labels)
+        outcome.steps.append(StepVerdict(host, phases, sentence))
+        outcome.record.step[host] = {
+            "sweep_id": stepped.sweep_id,
+            "phases": [dataclasses.asdict(p) for p in phases],
+            "sentence": sentence,
+        }
 
 
 def _has_state(root: Path, profiles: list[str], arms: list[ArmSpec], kind: str) -> bool:

@@ -83,6 +83,8 @@ CATALOGUE: list[Metric] = [
        "{:.2f}", C, short="req accept p10"),
     _m("p90_request_accept_length", "accept len p90 (per request)", "tokens/step", True,
        "{:.2f}", C, short="req accept p90"),
+    _m("depth_switches", "depth switches", "switches", None, "{}", R, OPT, C,
+       short="switches"),
     _m("cache_hit_rate", "cached", "share", None, "{:.0%}", R, OPT),
     _m("gpu_power_avg_w", "GPU W avg", "W", None, "{:.0f}", C),
     _m("output_tokens_per_joule", "output tok/J", "tok/J", True, "{:.2f}", C, X, V,

@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from gpufleet.sim.prefixcache import id_blocks, text_blocks
+from gpufleet.sim.speculation import prompt_domain
 from gpufleet.sim.timing import Engine, SimRequest
 
 WORDS = ("the", "model", "returns", "a", "value", "for", "each", "token", "in", "code")
@@ -250,7 +251,10 @@ class Api:
     def _admit(self, prompt: _Prompt, max_new: int) -> SimRequest:
         if self.state.phase != "ready" and not self.state.args.node_rank:
             raise web.HTTPServiceUnavailable(text="server is not ready")
-        req = SimRequest(uuid.uuid4().hex, prompt.tokens, max_new, blocks=prompt.blocks)
+        req = SimRequest(
+            uuid.uuid4().hex, prompt.tokens, max_new, blocks=prompt.blocks,
+            domain=prompt_domain(prompt.text),
+        )  # fmt: skip
         assert self.state.engine is not None
         self.state.engine.submit(req)
         return req

@@ -25,10 +25,12 @@ from gpufleet.sim.power import ActivityMeter
 from gpufleet.sim.prefixcache import PrefixCache
 from gpufleet.sim.speculation import (
     SKIP_ZERO_STEP_ENV,
+    SWITCH_LINE,
     AdaptiveDepth,
     adaptive_refusal,
     capture_sizes,
     initial_steps,
+    parse_accept_rates,
     zero_step_costs_ms,
 )
 from gpufleet.sim.timing import Engine, TimingModel
@@ -124,10 +126,18 @@ def _model(args: Any, steps: int | None = None) -> TimingModel:
     if args.speculative_algorithm:
         depth = args.speculative_num_steps if steps is None else steps
         tokens = args.speculative_num_draft_tokens if steps is None else None
-        model = TimingModel.speculative(depth, args.speculative_eagle_topk, tokens)
+        model = TimingModel.speculative(
+            depth,
+            args.speculative_eagle_topk,
+            tokens,
+            parse_accept_rates(args.sim_accept_rate),
+            args.sim_draft_cost,
+        )
         if depth == 0:  # an EAGLE server at depth 0 is not plain decoding (speculation.py)
             skip = os.environ.get(SKIP_ZERO_STEP_ENV, "").lower() in ("1", "true")
-            base_ms, per_req_ms = zero_step_costs_ms(args.speculative_eagle_topk or 1, skip)
+            base_ms, per_req_ms = zero_step_costs_ms(
+                args.speculative_eagle_topk or 1, skip, args.sim_draft_cost
+            )
             model.decode_base_s, model.decode_per_req_s = base_ms / 1000, per_req_ms / 1000
             model.skips_draft_extend = skip
     else:
@@ -139,6 +149,7 @@ def _model(args: Any, steps: int | None = None) -> TimingModel:
     model.prefill_per_token_s = args.sim_prefill_per_token_us / 1e6
     if args.sim_accept_length is not None and model.max_accept > 1:
         model.accept_length = max(1.0, min(args.sim_accept_length, model.max_accept))
+        model.accept_by_domain = {}  # one mean for every prompt
     return model
 
 
@@ -155,7 +166,11 @@ def _adaptive(args: Any) -> tuple[AdaptiveDepth, Any] | None:
         args.cuda_graph_bs, args.cuda_graph_max_bs_decode or args.cuda_graph_max_bs,
         args.disable_cuda_graph,
     )  # fmt: skip
-    depth = AdaptiveDepth(start, args.speculative_adaptive_config, sizes)
+
+    def switched(old: int, new: int) -> None:
+        log(SWITCH_LINE.format(old=old, new=new, a=old + 1, b=new + 1))
+
+    depth = AdaptiveDepth(start, args.speculative_adaptive_config, sizes, switched)
     models = {}
 
     def model_for(steps: int) -> TimingModel:

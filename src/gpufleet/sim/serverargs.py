@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+from gpufleet.sim.speculation import parse_accept_rates
+
 SPECULATIVE_ALGORITHMS = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
 CAPPED_ALGORITHMS = {"EAGLE", "EAGLE3", "STANDALONE"}
 SPEC_DEFAULT_MAX_RUNNING = 48
@@ -91,6 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="mean tokens per request per step with speculation (default 2.4)",
     )
     s.add_argument(
+        "--sim-accept-rate",
+        help="chance each drafted token is accepted: one rate (0.7) or by what the prompt "
+        "asks (chat=0.56,code=0.65, the defaults; sim/speculation.py has the sources)",
+    )
+    s.add_argument(
+        "--sim-draft-cost",
+        type=float,
+        default=1.0,
+        help="the draft model's cost, times the calibrated one (default 1)",
+    )
+    s.add_argument(
         "--sim-zero-cost",
         action="store_true",
         help="every step costs nothing: measures the server's own ceiling",
@@ -161,4 +174,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(_with_config(argv))
     args.explicit_max_running = args.max_running_requests is not None
+    try:
+        parse_accept_rates(args.sim_accept_rate)  # a bad rate: one line before the load
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if args.sim_draft_cost < 0:
+        raise SystemExit(f"error: --sim-draft-cost {args.sim_draft_cost}: must be >= 0")
     return args

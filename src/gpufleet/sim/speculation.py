@@ -1,8 +1,9 @@
 """Speculative decoding in the rehearsal engine: what a draft depth costs and yields, and
 SGLang's adaptive depth (`--speculative-adaptive`, `--speculative-adaptive-config`).
 
-Depth model: each drafted position is accepted with probability a = 0.65 (+0.005 per extra
-topk branch: a tree accepts a little more than a chain), so a step `steps` deep emits on
+Depth model: each drafted position is accepted with probability a = 0.65 on a prompt that
+carries code, 0.56 on chat (DOMAIN_ACCEPT_P, with its sources; +0.005 per extra topk
+branch: a tree accepts a little more than a chain), so a step `steps` deep emits on
 average 1 + a + a^2 + ... + a^steps tokens per request (diminishing returns). A step costs
 the target's decode (15.6 ms + 1.03 ms per running request), plus drafting (per draft step
 2.6 ms, and 0.314 ms per request scaled by 0.75 + 0.25 x topk), plus the verify pass
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Callable
 from typing import Any
 
 ACCEPT_P = 0.65
@@ -40,16 +42,58 @@ DEFAULT_CONFIG: dict[str, dict[str, Any]] = {
 }
 
 
-def accept_length(steps: int, topk: int = 1) -> float:
-    """Mean tokens emitted per request per step at this depth."""
-    a = ACCEPT_P + TOPK_BONUS * (max(1, topk) - 1)
+# Acceptance by what is asked: EAGLE-3 drafters accept more on code than on open chat.
+# SGLang/SpecForge benchmark figures at batch 1 (model cards, accept length per verify step):
+# Qwen3.5-397B-A17B-eagle3 (AQ-MedAI) HumanEval 3.47 vs MT-Bench 3.03 (x1.145);
+# Qwen3-Coder-30B-A3B-Instruct-FP8-EAGLE3 (a drafter trained on code) humaneval 5.33 vs
+# mtbench 3.50 (x1.52). The seeds measured their EAGLE-3 on coding/agentic prompts, so code
+# keeps that calibration (a = 0.65: 2.35 tokens a step at depth 3); chat takes the general
+# drafter's ratio, 2.35 / 1.145 = 2.05 at depth 3, which is a = 0.56. docs/REHEARSAL.md says
+# how a prompt is classed.
+DOMAIN_ACCEPT_P = {"chat": 0.56, "code": ACCEPT_P}
+CODE_MARKERS = ("```", "<tool_result")
+
+
+def prompt_domain(text: str | None) -> str:
+    """`code` for a prompt that carries code (a fenced block, or a tool's output in an
+    agent loop, as every prompt of the bundled coding set does), else `chat`; token-id
+    prompts have no text and count as chat."""
+    if text and any(marker in text for marker in CODE_MARKERS):
+        return "code"
+    return "chat"
+
+
+def parse_accept_rates(text: str | None) -> dict[str, float]:
+    """`--sim-accept-rate`: one rate for every prompt (`0.7`) or per domain
+    (`chat=0.5,code=0.8`; an unnamed domain keeps its default)."""
+    rates = dict(DOMAIN_ACCEPT_P)
+    if not text:
+        return rates
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.rpartition("=")
+        if sep and name not in rates:
+            raise ValueError(f"--sim-accept-rate {text!r}: domain {name!r} is not chat or code")
+        rate = float(value)
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"--sim-accept-rate {text!r}: {rate} is not in [0, 1)")
+        for key in [name] if sep else list(rates):
+            rates[key] = rate
+    return rates
+
+
+def accept_length(steps: int, topk: int = 1, rate: float = ACCEPT_P) -> float:
+    """Mean tokens emitted per request per step at this depth, each drafted position
+    accepted with probability `rate`."""
+    a = rate + TOPK_BONUS * (max(1, topk) - 1)
     return sum(a**i for i in range(steps + 1))
 
 
 SKIP_ZERO_STEP_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 
 
-def zero_step_costs_ms(topk: int = 1, skip_extend: bool = False) -> tuple[float, float]:
+def zero_step_costs_ms(
+    topk: int = 1, skip_extend: bool = False, draft_scale: float = 1.0
+) -> tuple[float, float]:
     """(base, per running request) of a depth-0 step on an EAGLE server, in ms.
 
     SGLang 0.5.23 (speculative/eagle_worker_v2.py) at steps 0 verifies one token, which is
@@ -61,20 +105,24 @@ def zero_step_costs_ms(topk: int = 1, skip_extend: bool = False) -> tuple[float,
     base, per_request = step_costs_ms(0)
     if skip_extend:
         return base, per_request
-    return base + DRAFT_BASE_MS, per_request + DRAFT_PER_REQ_MS * (0.75 + 0.25 * max(1, topk))
+    per_draft = DRAFT_PER_REQ_MS * (0.75 + 0.25 * max(1, topk))
+    return base + DRAFT_BASE_MS * draft_scale, per_request + per_draft * draft_scale
 
 
 def step_costs_ms(
-    steps: int, topk: int = 1, draft_tokens: int | None = None
+    steps: int, topk: int = 1, draft_tokens: int | None = None, draft_scale: float = 1.0
 ) -> tuple[float, float]:
     """(base, per running request) of one decode step at this depth, in ms (depth 0: a
-    server without speculation; an EAGLE server's depth 0 is `zero_step_costs_ms`)."""
+    server without speculation; an EAGLE server's depth 0 is `zero_step_costs_ms`).
+    `draft_scale` multiplies the draft model's share (`--sim-draft-cost`): a heavier or
+    lighter drafter against the same target."""
     if steps <= 0:
         return 15.6, 1.03
     topk = max(1, topk)
     tokens = draft_tokens or (steps + 1 if topk == 1 else min(steps * topk + 1, 64))
-    draft = steps * DRAFT_PER_REQ_MS * (0.75 + 0.25 * topk)
-    return 15.6 + DRAFT_BASE_MS * steps, 1.03 + draft + VERIFY_PER_REQ_MS * tokens**0.5
+    draft = steps * DRAFT_PER_REQ_MS * (0.75 + 0.25 * topk) * draft_scale
+    base = 15.6 + DRAFT_BASE_MS * steps * draft_scale
+    return base, 1.03 + draft + VERIFY_PER_REQ_MS * tokens**0.5
 
 
 def capture_sizes(
@@ -209,17 +257,24 @@ def initial_steps(num_steps: int | None, config_path: str | None) -> int:
     return num_steps
 
 
+SWITCH_LINE = "Switch adaptive runtime state: steps {old} -> {new}, draft_tokens {a} -> {b}"
+
+
 class AdaptiveDepth:
     """Routes a decode batch to its slot; the engine asks the depth before each step and
-    reports the accepted drafts after it."""
+    reports the accepted drafts after it. A change of depth between steps is a runtime
+    switch, which SGLang 0.5.23 logs (eagle_worker_v2.apply_runtime_state) as SWITCH_LINE:
+    the count a load step reports (host/bench/runner.py)."""
 
     def __init__(
         self,
         initial_steps: int,
         config_path: str | None = None,
         sizes: list[int] | None = None,
+        on_switch: Callable[[int, int], None] | None = None,
     ) -> None:
         self.sizes = sizes  # CUDA-graph capture sizes: a batch is routed by its padded size
+        self.on_switch = on_switch  # (old, new): SGLang logs each runtime switch
         config, entries = load_config(config_path)
         shared = {k: v for k, v in config.items() if not k.isdigit()}
         self.slots = {k: AdaptiveSlot(initial_steps, {**shared, **v}) for k, v in entries.items()}
@@ -235,8 +290,11 @@ class AdaptiveDepth:
         return self.slots[key]
 
     def steps_for(self, batch: int) -> int:
-        self.last_steps = self.slot(batch).steps
-        return self.last_steps
+        steps = self.slot(batch).steps
+        if steps != self.last_steps and self.on_switch is not None:
+            self.on_switch(self.last_steps, steps)
+        self.last_steps = steps
+        return steps
 
     def observe(self, batch: int, accepted_drafts: list[int]) -> None:
         self.slot(batch).observe(accepted_drafts)

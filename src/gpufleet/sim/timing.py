@@ -18,7 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpufleet.sim.prefixcache import PrefixCache
-from gpufleet.sim.speculation import AdaptiveDepth, accept_length, step_costs_ms
+from gpufleet.sim.speculation import (
+    DOMAIN_ACCEPT_P,
+    AdaptiveDepth,
+    accept_length,
+    step_costs_ms,
+)
 
 
 @dataclass
@@ -29,6 +34,12 @@ class TimingModel:
     accept_length: float = 1.0  # mean tokens per step per request (1 = no speculation)
     max_accept: int = 1
     skips_draft_extend: bool = False  # an EAGLE server's depth 0 with the skip variable
+    # mean tokens per step by what a prompt asks (speculation.prompt_domain); a domain
+    # not here takes `accept_length`
+    accept_by_domain: dict[str, float] = field(default_factory=dict)
+
+    def accept_for(self, domain: str) -> float:
+        return self.accept_by_domain.get(domain, self.accept_length)
 
     @classmethod
     def baseline(cls) -> TimingModel:
@@ -41,20 +52,26 @@ class TimingModel:
         num_steps: int | None = None,
         topk: int | None = None,
         draft_tokens: int | None = None,
+        rates: dict[str, float] | None = None,
+        draft_scale: float = 1.0,
     ) -> TimingModel:
         """Drafting `num_steps` deep (sim/speculation.py); 0 is plain decoding. Steps 3,
         topk 4, 16 draft tokens: 2.4 tokens per 29.8 ms step ~ 80 tok/s at C=1, ~350 tok/s
-        at C=64."""
+        at C=64 (coding prompts, as the seeds measured). `rates`: acceptance per drafted
+        position by what the prompt asks (speculation.DOMAIN_ACCEPT_P)."""
         steps = 3 if num_steps is None else max(0, num_steps)
         if steps == 0:
             return cls.baseline()
-        base_ms, per_req_ms = step_costs_ms(steps, topk or 1, draft_tokens)
+        rates = rates or DOMAIN_ACCEPT_P
+        base_ms, per_req_ms = step_costs_ms(steps, topk or 1, draft_tokens, draft_scale)
+        by_domain = {name: accept_length(steps, topk or 1, rate) for name, rate in rates.items()}
         return cls(
             decode_base_s=base_ms / 1000,
             decode_per_req_s=per_req_ms / 1000,
             prefill_per_token_s=20e-6,
-            accept_length=accept_length(steps, topk or 1),
+            accept_length=by_domain.get("code", accept_length(steps, topk or 1)),
             max_accept=steps + 1,
+            accept_by_domain=by_domain,
         )
 
     def step_seconds(self, batch: int, new_prompt_tokens: int) -> float:
@@ -75,6 +92,7 @@ class SimRequest:
     emit_times: list[float] = field(default_factory=list)  # engine step that made tokens
     sent_times: list[float] = field(default_factory=list)  # chunk written to the socket
     accepted_steps: int = 0
+    domain: str = "chat"  # what the prompt asks (speculation.prompt_domain): its acceptance
     cold_draft: bool = False  # its draft state was stubbed (skipped extend): next draft misses
     blocks: list[bytes] = field(default_factory=list)  # prefix-cache block hashes of the prompt
     cached_tokens: int = 0  # prompt tokens found in the prefix cache: no prefill for them
@@ -119,12 +137,12 @@ class Engine:
         self.waiting.append(req)
         self.wakeup.set()
 
-    def _accepted(self, remaining: int) -> int:
+    def _accepted(self, remaining: int, domain: str) -> int:
         m = self.model
         if m.max_accept <= 1:
             return 1
         # A draw around the mean, between 1 and max_accept (EAGLE verifies a draft tree).
-        p = (m.accept_length - 1) / (m.max_accept - 1)
+        p = (m.accept_for(domain) - 1) / (m.max_accept - 1)
         n = 1 + sum(1 for _ in range(m.max_accept - 1) if self.rng.random() < p)
         return min(n, remaining)
 
@@ -184,7 +202,7 @@ class Engine:
             for req in self.running:
                 if req.aborted:
                     continue
-                n = self._accepted(req.max_new_tokens - req.generated)
+                n = self._accepted(req.max_new_tokens - req.generated, req.domain)
                 if self.model.skips_draft_extend:
                     req.cold_draft = True
                 elif req.cold_draft and self.model.max_accept > 1:

@@ -86,6 +86,25 @@ def _log_size(state: ServerState | None) -> int | None:
         return None
 
 
+# SGLang 0.5.23 logs every change of draft depth between decode batches with this line
+# (speculative/eagle_worker_v2.py, apply_runtime_state); so does the rehearsal server
+DEPTH_SWITCH = b"Switch adaptive runtime state:"
+
+
+def depth_switches(state: ServerState | None, start: int | None, end: int | None) -> int | None:
+    """How often the server changed its draft depth between two offsets of its log (exact,
+    where sampling /server_info would miss a depth that flips every few steps); None
+    without a readable log."""
+    if not state or start is None or end is None:
+        return None
+    try:
+        with open(state.log, "rb") as fh:
+            fh.seek(start)
+            return fh.read(max(0, end - start)).count(DEPTH_SWITCH)
+    except OSError:
+        return None
+
+
 def write_server_log(
     writer: RunWriter,
     state: ServerState | None,
@@ -366,8 +385,11 @@ def _gpufleet_level(
             run, samples = run_async(_level(plan, prompts, level, writer, keys, procs))
     except Exception as exc:  # the generator itself failed: keep what we know
         return "failed", f"level C={c}: load generator error: {exc!r}", True
+    begun = marks[-1][0]
     marks.append((_log_size(server_state), f"level C={c} ends"))
     summary = _summary(plan, run, samples, run.after_warmup, keys)
+    if (summary.get("server_info") or {}).get("speculative_adaptive"):
+        summary["depth_switches"] = depth_switches(server_state, begun, marks[-1][0])
     repeat = level.repeat
     summary["repeat"] = repeat
     tag = f"c{c}" if repeat == 1 else f"c{c}-r{repeat}"  # --repeat: one file set per repeat

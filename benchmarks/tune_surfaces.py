@@ -1,0 +1,141 @@
+"""`inv tune` on several rehearsal surfaces side by side: the table each one chooses, how
+much of the better static the tuned server keeps at every level and in each phase of the
+load step, its depth switches, and each request's acceptance at the lowest and highest
+level (coding prompts against chat on the calibrated surface).
+
+Each tune gets its own simulated host of hosts/rehearsal-4.yaml (own workdir, GPUs and
+ports), so they run at once; give it a machine with cores to spare (the README's figures
+come from the 16-core GPU machine; 2 cores make every level noisier).
+
+    python benchmarks/tune_surfaces.py --depths 1,2,3 --output-len 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+# name -> (the rehearsal engine's knobs, prompt set): the seeds' calibration, a drafter
+# that accepts more and costs half, and one that accepts less and costs half again more
+SURFACES: dict[str, tuple[dict[str, object], str]] = {
+    "calibrated": ({}, "coding"),
+    "calibrated-chat": ({}, "chat"),
+    "accept-0.8-draft-x0.5": ({"accept-rate": "0.8", "draft-cost": 0.5}, "coding"),
+    "accept-0.5-draft-x1.5": ({"accept-rate": "0.5", "draft-cost": 1.5}, "coding"),
+}
+HOSTS = ("sim-a", "sim-b", "sim-c", "sim-d")
+PARENTS = ("baseline", "eagle3", "eagle3-adaptive")
+
+
+def write_profiles(root: Path) -> dict[str, Path]:
+    """The surfaces as profiles beside copies of their parents (a profile given by path
+    extends profiles in its own folder; the tuned ones are written there too)."""
+    playbooks = root / "playbooks"
+    playbooks.mkdir(parents=True)
+    for name in PARENTS:
+        shutil.copy(REPO / "playbooks" / f"{name}.yaml", playbooks / f"{name}.yaml")
+    out = {}
+    for name, (knobs, _prompts) in SURFACES.items():
+        sim = {"load-seconds": 1.0, "warmup-seconds": 0.2, **knobs}
+        path = playbooks / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({"extends": "eagle3-adaptive", "sim": sim}))
+        out[name] = path
+    return out
+
+
+def start(name: str, profile: Path, host: str, archive: Path, args: argparse.Namespace):
+    command = [
+        sys.executable, "-m", "gpufleet", "tune", "--profile", str(profile),
+        "--inventory", str(REPO / "hosts" / "rehearsal-4.yaml"), "--hosts", host,
+        "--depths", args.depths, "--concurrency", args.concurrency,
+        "--output-len", str(args.output_len), "--prompts", SURFACES[name][1],
+        "--repeat", str(args.repeat), "--archive", str(archive),
+    ]  # fmt: skip
+    log = open(archive.parent / f"{name}.out", "w")  # noqa: SIM115
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO), log
+
+
+def acceptance(archive: Path, host: str, sweep_id: str) -> dict[int, tuple[float, ...]]:
+    """The static speculation server's per-request acceptance (p10, p50, p90) by level,
+    from the verification sweep's run of it."""
+    state = json.loads((archive / "sweeps" / f"{sweep_id}.json").read_text())
+    keys = [a["key"] for a in state["arms"] if a["label"].endswith("-static")]
+    out = {}
+    for key in keys:
+        run_id = state["cells"][key][host]["run_id"]
+        for line in (archive / host / run_id / "results.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            if row.get("median_request_accept_length") is not None:
+                out[row["max_concurrency"]] = tuple(
+                    row[f"{q}_request_accept_length"] for q in ("p10", "median", "p90")
+                )
+    return out
+
+
+def report(name: str, archive: Path, host: str, wall: float) -> None:
+    [path] = (archive / "tunes").glob("*.json")
+    record = json.loads(path.read_text())
+    print(f"\n== {name} ({SURFACES[name][1]} prompts, sim {SURFACES[name][0] or 'defaults'})")
+    print(f"wall {wall:.0f} s, launches {record['launches']} (tune) + 3 (verify) + 3 (step)")
+    print(f"table {json.dumps(record['table'])}")
+    print(f"{'C':>4} {'depth':>5} {'wins':>12} {'kept':>6}")
+    chosen = {ch["concurrency"]: ch["depth"] for ch in record["choices"]}
+    for row in record["verify"][host]["rows"]:
+        c = row["concurrency"]
+        print(f"{c:>4} {chosen.get(c, '-'):>5} {row['winner']:>12} {row['kept']:>6.1%}")
+    print(record["verify"][host]["sentence"])
+    for phase in record["step"][host]["phases"]:
+        print(
+            f"step {phase['phase']:<9} C={phase['concurrency']:<3} {phase['winner']:>12} "
+            f"kept {phase['kept']:.1%}, depth switches {phase['switches']}"
+        )
+    for c, (p10, p50, p90) in sorted(
+        acceptance(archive, host, record["verify"][host]["sweep_id"]).items()
+    ):
+        print(f"static speculation C={c}: per-request accept p50 {p50:.2f}, p10-p90 "
+              f"{p10:.2f}-{p90:.2f} tokens a step")  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--depths", default="1,2,3")
+    p.add_argument("--concurrency", default="1,2,4,8,16,32,64")
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--only", help="comma-separated surface names (default: all)")
+    args = p.parse_args()
+    names = args.only.split(",") if args.only else list(SURFACES)
+    root = Path(tempfile.mkdtemp(prefix="tune-surfaces-"))
+    profiles = write_profiles(root)
+    running = {}
+    began = time.monotonic()
+    for name, host in zip(names, HOSTS, strict=False):
+        archive = root / name / "logs"
+        archive.mkdir(parents=True)
+        running[name] = (*start(name, profiles[name], host, archive, args), host, archive)
+    failed = 0
+    for name, (proc, log, host, archive) in running.items():
+        code = proc.wait()
+        log.close()
+        wall = time.monotonic() - began
+        if code != 0:
+            failed += 1
+            print(f"\n== {name}: inv tune exited {code}; its output:")
+            print((archive.parent / f"{name}.out").read_text()[-3000:])
+            continue
+        report(name, archive, host, wall)
+    print(f"\noutputs under {root}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
