@@ -33,13 +33,15 @@ def test_the_table_follows_the_measurements():
         3: {1: (80, 80), 4: (190, 48), 16: (280, 18), 64: (340, 5.3)},
     }))  # fmt: skip
     assert [c.depth for c in result.choices] == [3, 1, 0, 0]
+    # ranges begin halfway (geometric) between the levels they separate: 2 between 1 and
+    # 4, 8 between 4 and 16 (a level at C also runs at batches just below C)
     assert result.table == {
         "1": {"candidate_steps": [3]},
-        "4": {"candidate_steps": [1]},
-        "16": {"candidate_steps": [0]},
+        "2": {"candidate_steps": [1]},
+        "8": {"candidate_steps": [0]},
     }
-    assert result.ranges[0].startswith("batch 1-3: depth 3")
-    assert result.ranges[-1].startswith("batch >= 16: depth 0")
+    assert result.ranges[0].startswith("batch 1: depth 3")
+    assert result.ranges[-1].startswith("batch >= 8: depth 0")
 
 
 def test_more_load_never_drafts_deeper_unless_the_data_says_so():
@@ -222,7 +224,8 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     [record_path] = (archive / "tunes").glob("*.json")
     record = json.loads(record_path.read_text())
     assert record["launches"] == 4  # one per cell, every level on that server
-    assert record["table"] == {"1": {"candidate_steps": [1]}, "16": {"candidate_steps": [0]}}
+    # depth 0 from halfway between the levels: batch 4 (1 and 16 measured)
+    assert record["table"] == {"1": {"candidate_steps": [1]}, "4": {"candidate_steps": [0]}}
     # depth 0 paid its draft extend; skipping it measured better, and the gap is said
     pinned, skip, plain = (record["measured"][k]["16"]["output_throughput"]
                            for k in ("0", "skip", "plain"))  # fmt: skip
@@ -240,7 +243,7 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     assert all(r["kept"] >= 0.9 for r in rows), rows
     assert "tspec-tuned keeps" in out.stdout
     # the load step C=1 -> 16 -> 1 on one server each: per phase against its better static,
-    # and the depth switches the tuned server logged (1 <-> 0 as the batch crosses 15)
+    # and the depth switches the tuned server logged (1 <-> 0 as the batch crosses 4)
     step = record["step"]["h0"]
     phases = step["phases"]
     assert [(p["phase"], p["concurrency"]) for p in phases] == [
@@ -274,7 +277,7 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     # 4 tune cells + 3 verify cells + 3 load-step cells
     assert again.stdout.count("already done, skipped") == 10
     assert len(list((archive / "h0").iterdir())) == runs_before
-    assert '{"1": {"candidate_steps": [1]}, "16": {"candidate_steps": [0]}}' in again.stdout
+    assert '{"1": {"candidate_steps": [1]}, "4": {"candidate_steps": [0]}}' in again.stdout
 
 
 def test_a_tuned_profile_starts_at_a_depth_sglang_accepts(tmp_path, monkeypatch):
@@ -327,13 +330,16 @@ def test_batch_ranges_follow_cuda_graph_padding(tmp_path):
     sizes = capture_sizes()
     assert sizes[:10] == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12] and sizes[-2:] == [60, 64]
     result = tune.choose(_rows({
-        0: {1: (60, 60), 4: (200, 50), 9: (380, 42), 16: (480, 30)},
-        3: {1: (80, 80), 4: (260, 65), 9: (300, 33), 16: (300, 19)},
+        0: {1: (60, 60), 8: (300, 38), 10: (380, 38), 16: (480, 30)},
+        3: {1: (80, 80), 8: (330, 41), 10: (300, 30), 16: (300, 19)},
     }), sizes=sizes)  # fmt: skip
+    # the range begins halfway between 8 and 10, at batch 9, which pads to 10: key 10
     assert result.table == {"1": {"candidate_steps": [3]}, "10": {"candidate_steps": [0]}}
-    assert result.ranges[0].startswith("batch 1-8: depth 3")  # 9 pads to 10: key 10's
+    assert result.ranges[0].startswith("batch 1-8: depth 3")
     assert result.ranges[1].startswith("batch >= 9: depth 0")
-    unpadded = tune.choose(_rows({0: {1: (60, 60), 9: (380, 42)}, 3: {1: (80, 80), 9: (300, 33)}}))
+    unpadded = tune.choose(_rows({
+        0: {1: (60, 60), 8: (300, 38), 10: (380, 38)}, 3: {1: (80, 80), 8: (330, 41), 10: (300, 30)}
+    }))  # fmt: skip
     assert list(unpadded.table) == ["1", "9"]  # without CUDA graphs, keys are batch sizes
 
     config = tmp_path / "table.json"
