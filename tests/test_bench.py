@@ -354,3 +354,26 @@ def test_progress_estimates_time_left_from_tokens_before_any_request_ends(sim_se
     assert ticks and ticks[0]["done"] == 0 and ticks[0]["eta_s"] is not None
     for tick in ticks:  # elapsed + estimate lands near the real end of the level
         assert abs(tick["elapsed_s"] + tick["eta_s"] - finished) <= 0.5 * finished, (tick, finished)
+
+
+def test_a_profile_named_with_dots_is_benchmarked_under_its_whole_name(fleet, tmp_path):
+    """`qwen2.5-chat.yaml` is profile qwen2.5-chat, and a sweep's arm `qwen2.5-chat[
+    max-running-requests=8]` keeps its name: Path.stem cut the arm to `qwen2`, and bench
+    then found no running server of that name (every cell of `inv tune` on such a profile
+    failed)."""
+    from gpufleet.archive.layout import profile_label
+
+    assert profile_label("playbooks/qwen2.5-chat.yaml") == "qwen2.5-chat"
+    assert profile_label("accept-0.8-draft-x0.5[depth=1]") == "accept-0.8-draft-x0.5[depth=1]"
+    profile = fleet.profile("qwen2.5-chat", tp=1, sim={"load-seconds": 0.2})
+    out = fleet.cli(
+        "sweep", "--profiles", str(profile), "--hosts", "h0", "--concurrency", "2",
+        "--num-prompts", "4", "--output-len", "8", "--grid", "max-running-requests=8",
+        "--archive", str(tmp_path / "a"), timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    [run] = (tmp_path / "a" / "h0").iterdir()
+    assert "qwen2.5-chat" in run.name
+    assert json.loads((run / "manifest.json").read_text())["profile"] == (
+        "qwen2.5-chat[requests=8]"
+    )

@@ -23,6 +23,15 @@ DEFAULT_ROOT = Path(os.environ.get("GPUFLEET_ARCHIVE", "logs"))
 RESERVED = frozenset({"sweeps", "tunes", "findmax", "compare", "health"})
 
 
+def profile_label(profile: str) -> str:
+    """How a profile is named in runs and sweeps: a path by its file name without .yaml,
+    anything else as given (`qwen2.5-eagle3` keeps its dot, and so does an arm's label such
+    as `llama-3.1[depth=2]`; Path.stem would cut both at the last dot)."""
+    if profile.endswith((".yaml", ".yml")):
+        return Path(profile).name.rsplit(".", 1)[0]
+    return profile
+
+
 def safe_name(text: str) -> str:
     """A file or folder name made of `text` (letters, digits, '_', '.', '-'; 80 at most)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpufleet.archive import store
-from gpufleet.archive.layout import Layout
+from gpufleet.archive.layout import Layout, profile_label
 from gpufleet.archived import FindMaxRecord, SweepRecord
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus, RunStatus
@@ -133,7 +133,7 @@ def report_for_sweep(root: Path, state_path: Path) -> ReportInput:
     for key, cells in state.cells.items():
         for host, cell in cells.items():
             if cell.status == CellStatus.DONE and cell.run_id:
-                by_host = finished.setdefault(labels.get(key, Path(key).stem), {})
+                by_host = finished.setdefault(labels.get(key, profile_label(key)), {})
                 by_host.setdefault(host, []).append(cell.run_id)
     per_host = from_run_ids(root, finished) if finished else {}
     data = _report_input(f"sweep {state.sweep_id}", per_host, root)
@@ -142,7 +142,7 @@ def report_for_sweep(root: Path, state_path: Path) -> ReportInput:
             if cell.status != CellStatus.DONE and cell.error:
                 run_dir = Layout(root).run_dir(host, str(cell.run_id))
                 tail = _log_tail(run_dir) if cell.run_id else []
-                data.failures.append(Failure(host, Path(profile).stem, cell.error, tail))
+                data.failures.append(Failure(host, profile_label(profile), cell.error, tail))
     return data
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from gpufleet.archive.layout import profile_label
 from gpufleet.control.playbook import FLAG_NAME, Profile, load_profile
 from gpufleet.errors import UserError
 
@@ -74,11 +74,6 @@ class ArmSpec:
             "env": {**base.env, **self.env},
         }
         return base.model_copy(update=update)
-
-
-def profile_label(profile: str) -> str:
-    """A profile given as a path is shown by its file name."""
-    return Path(profile).stem if profile.endswith((".yaml", ".yml")) else profile
 
 
 def parse_grid(entries: list[str] | None) -> list[tuple[str, list[str]]]:

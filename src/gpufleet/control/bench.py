@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 from gpufleet import __version__
 from gpufleet.archive import manifest, store
+from gpufleet.archive.layout import profile_label
 from gpufleet.control import prompts as prompt_sets
 from gpufleet.control import workloads
 from gpufleet.control.benchrequest import BenchRequest
@@ -56,7 +57,7 @@ class ArchivedRun:
 def make_run_id(request: BenchRequest, hosts: list[str]) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     digest = hashlib.sha256(json.dumps([request.__dict__, hosts], default=str).encode())
-    label = Path(request.profile).stem if request.profile else "adhoc"
+    label = profile_label(request.profile) if request.profile else "adhoc"
     label = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)[:40]
     return f"{stamp}-{label}-{digest.hexdigest()[:6]}"
 
@@ -133,7 +134,7 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
     plan = BenchPlan(
         run_id=run_id,
         levels=levels,
-        profile=Path(request.profile).stem if request.profile else None,
+        profile=profile_label(request.profile) if request.profile else None,
         port=request.port,
         base_url=request.url.rstrip("/") if request.url else None,
         backend=request.backend,

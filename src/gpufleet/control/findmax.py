@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.archive import store
-from gpufleet.archive.layout import Layout
+from gpufleet.archive.layout import Layout, profile_label
 from gpufleet.archived import FindMaxRecord
 from gpufleet.archived import ProbeRecord as Probe
 from gpufleet.control import bench as benchrun
@@ -111,7 +111,7 @@ def find_on(
     low, high = search.run(measure)
     return FindMaxRecord(
         host=session.host.name,
-        profile=Path(request.profile).stem if request.profile else None,
+        profile=profile_label(request.profile) if request.profile else None,
         by=search.by,
         slo=dict(request.slo),
         target=search.target,

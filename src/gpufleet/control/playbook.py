@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpufleet.archive.layout import profile_label
 from gpufleet.control.inventory import Host
 from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
@@ -171,7 +172,7 @@ def load_profile(name: str, directory: Path = PLAYBOOKS) -> Profile:
             raise UserError(f"{path}: extends: expected a profile name")
         merged = _merge_profile(data, merged)  # walking leaf -> root: `merged` is the child
         current = parent
-    merged["name"] = Path(name).stem if name.endswith((".yaml", ".yml")) else name
+    merged["name"] = profile_label(name)
     if not SAFE_NAME.match(merged["name"]):
         raise UserError(
             f"profile {merged['name']!r}: a profile name becomes a file and archive name: "

@@ -65,7 +65,7 @@ class SweepState:
     ) -> SweepState:
         arms = arms or [ArmSpec(p, label=profile_label(p)) for p in profiles]
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        sweep_id = f"{stamp}-{'-vs-'.join(Path(p).stem for p in profiles)}"
+        sweep_id = f"{stamp}-{'-vs-'.join(profile_label(p) for p in profiles)}"
         if kind != "sweep":
             sweep_id += f"-{kind}"
         record = SweepRecord(
