@@ -46,6 +46,11 @@ MEASURED = {  # depth -> C -> (total tok/s, per-request tok/s), the shapes tests
         3: {1: (80, 80), 4: (190, 48), 16: (280, 18), 64: (340, 5.3)},
     },
     "depth 0 everywhere": {0: {1: (90, 90), 8: (400, 50)}, 2: {1: (70, 70), 8: (300, 37)}},
+    "the 16-core calibrated tune (README): 2, 3, 2, then 0 from batch 6": {
+        0: {1: (60, 60), 2: (109, 55), 4: (194, 49), 8: (319, 40), 64: (737, 11.5)},
+        2: {1: (82, 82), 2: (138, 69), 4: (226, 57), 8: (323, 40), 64: (535, 8.4)},
+        3: {1: (82, 82), 2: (143, 72), 4: (208, 52), 8: (309, 39), 64: (519, 8.1)},
+    },
 }
 REFUSED = {  # table, starting depth: what an older writer or the old docs produced
     "old writer: {1:[0]} started at depth 1": ({"1": {"candidate_steps": [0]}}, 1),
