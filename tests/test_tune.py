@@ -356,3 +356,39 @@ def test_tune_takes_repeat_and_refuses_a_bad_one_in_one_line():
     out = run_cli("tune", "--profile", "eagle3-adaptive", "--repeat", "0")
     assert out.returncode == 2 and "--repeat" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_the_load_step_holds_each_phase_against_its_own_better_static():
+    """Low, high, low again: per phase the figure of whichever static wins that phase, and
+    the tuned server's switches; a server whose log was not read says so, and a step that
+    did not finish everywhere gives no verdict rather than a partial one."""
+    from gpufleet.control.benchrequest import BenchRequest
+    from gpufleet.control.tunestep import step_request, step_verdict
+
+    def row(c, tput, per, switches=None):
+        return ResultRow(c, 10, 0, tput, median_per_request_output_tps=per,
+                         depth_switches=switches)  # fmt: skip
+
+    by_arm = {
+        "plain": [row(1, 60, 60), row(64, 740, 11.5), row(1, 60, 60)],
+        "static": [row(1, 80, 80), row(64, 370, 6), row(1, 80, 80)],
+        "tuned": [row(1, 79, 79, 0), row(64, 703, 11, 7), row(1, 80, 80, 1)],
+    }
+    phases, sentence = step_verdict(by_arm, ["plain", "static", "tuned"])
+    assert [(p.phase, p.winner) for p in phases] == [
+        ("low", "speculation"), ("high", "no drafting"), ("low again", "speculation")
+    ]  # fmt: skip
+    assert [round(p.kept, 3) for p in phases] == [0.988, 0.95, 1.0]
+    assert sentence.endswith("worst high at 95%; 8 depth switches.")
+    unread = {k: [row(r.max_concurrency, r.output_throughput,
+                      r.median_per_request_output_tps) for r in v] for k, v in by_arm.items()}  # fmt: skip
+    assert step_verdict(unread, ["plain", "static", "tuned"])[1].endswith(
+        "depth switches not in the log."
+    )
+    by_arm["tuned"] = by_arm["tuned"][:2]  # its server died in the last phase
+    assert step_verdict(by_arm, ["plain", "static", "tuned"]) == (
+        [],
+        "the load step did not finish on every server",
+    )
+    step = step_request(BenchRequest(concurrency=[1, 8, 64], num_prompts=None))
+    assert [(lv.concurrency, lv.repeat) for lv in step.levels()] == [(1, 1), (64, 1), (1, 2)]
