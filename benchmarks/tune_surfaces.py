@@ -1,6 +1,6 @@
 """`inv tune` on several rehearsal surfaces side by side: the table each one chooses, how
 much of the better static the tuned server keeps at every level and in each phase of the
-load step, its depth switches, and each request's acceptance at the lowest and highest
+load step and on bursts, its depth switches, and each request's acceptance at the lowest and highest
 level (coding prompts against chat on the calibrated surface).
 
 Each tune gets its own simulated host of hosts/rehearsal-4.yaml (own workdir, GPUs and
@@ -85,7 +85,10 @@ def report(name: str, archive: Path, host: str, wall: float) -> None:
     [path] = (archive / "tunes").glob("*.json")
     record = json.loads(path.read_text())
     print(f"\n== {name} ({SURFACES[name][1]} prompts, sim {SURFACES[name][0] or 'defaults'})")
-    print(f"wall {wall:.0f} s, launches {record['launches']} (tune) + 3 (verify) + 3 (step)")
+    print(
+        f"wall {wall:.0f} s, launches {record['launches']} (tune) + 3 (verify) + 3 (step)"
+        " + 3 (bursts)"
+    )
     print(f"table {json.dumps(record['table'])}")
     print(f"{'C':>4} {'depth':>5} {'wins':>12} {'kept':>6}")
     chosen = {ch["concurrency"]: ch["depth"] for ch in record["choices"]}

@@ -250,10 +250,13 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
         ("low", 1),
         ("high", 16),
         ("low again", 1),
+        ("burst", 16),
     ]
-    assert [p["winner"] for p in phases] == ["speculation", "no drafting", "speculation"]
+    assert [p["winner"] for p in phases[:3]] == ["speculation", "no drafting", "speculation"]
     assert all(p["kept"] >= 0.9 for p in phases), phases
     assert phases[0]["switches"] == 0 and phases[1]["switches"] >= 1, phases
+    assert phases[3]["switches"] >= 2, phases  # each burst goes up through batch 4 and back
+    assert "Bursts of 16:" in step["sentence"]
     assert "load step C=1 -> 16 -> 1: tspec-tuned keeps" in out.stdout
     assert "depth switches" in step["sentence"]
     # the table travelled: the tuned run's manifest records it, the server read it
@@ -261,7 +264,7 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
         p for p in (archive / "h0").iterdir()
         if json.loads((p / "manifest.json").read_text())["profile"] == "tspec-tuned"
     ]  # fmt: skip
-    assert len(tuned_runs) == 2  # the ladder and the load step
+    assert len(tuned_runs) == 3  # the ladder, the load step, the bursts
     manifest = json.loads((tuned_runs[0] / "manifest.json").read_text())
     files = manifest["resolved_profile"]["files"]
     assert files["adaptive-config"]["sha256"] and files["adaptive-config"]["stored_as"]
@@ -274,8 +277,8 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
         "--resume", timeout=600,
     )  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
-    # 4 tune cells + 3 verify cells + 3 load-step cells
-    assert again.stdout.count("already done, skipped") == 10
+    # 4 tune cells + 3 verify cells + 3 load-step cells + 3 burst cells
+    assert again.stdout.count("already done, skipped") == 13
     assert len(list((archive / "h0").iterdir())) == runs_before
     assert '{"1": {"candidate_steps": [1]}, "4": {"candidate_steps": [0]}}' in again.stdout
 
@@ -392,3 +395,31 @@ def test_the_load_step_holds_each_phase_against_its_own_better_static():
     )
     step = step_request(BenchRequest(concurrency=[1, 8, 64], num_prompts=None))
     assert [(lv.concurrency, lv.repeat) for lv in step.levels()] == [(1, 1), (64, 1), (1, 2)]
+
+
+def test_the_burst_trace_alternates_quiet_spells_and_bursts_of_the_highest_level(tmp_path):
+    from gpufleet.control import workloads
+    from gpufleet.control.benchrequest import BenchRequest
+    from gpufleet.control.tunestep import BURST_CYCLES, burst_request, burst_verdict
+
+    request = burst_request(
+        BenchRequest(concurrency=[1, 8, 64], prompts="chat", output_len=32), tmp_path / "b.jsonl"
+    )
+    rows = workloads.load_trace(str(request.trace), 1.0)
+    times = [row.at for row in rows]
+    assert times == sorted(times) and len(rows) == BURST_CYCLES * (4 + 64)
+    assert max(times.count(t) for t in set(times)) == 64  # a burst arrives at one instant
+    assert request.concurrency == [64] and request.prompts == request.trace
+    assert [lv.concurrency for lv in request.levels(len(rows))] == [64]
+
+    def row(tput, per, switches=None):
+        return [ResultRow(64, 10, 0, tput, median_per_request_output_tps=per,
+                          depth_switches=switches)]  # fmt: skip
+
+    spike = burst_verdict(
+        {"plain": row(300, 40), "static": row(300, 50), "tuned": row(300, 45, 6)},
+        ["plain", "static", "tuned"],
+    )
+    assert spike is not None and spike.winner == "speculation" and spike.kept == 0.9
+    assert spike.switches == 6
+    assert burst_verdict({"plain": row(1, 1)}, ["plain", "static", "tuned"]) is None

@@ -4,6 +4,7 @@
     <root>/<host>/.tmp-<run-id>-<pid>/ a run being written (renamed into place when whole)
     <root>/sweeps/<sweep-id>.json      a sweep's state (cells, their runs, resume data)
     <root>/tunes/<sweep-id>.json       a tune's record (table, choices, verification)
+    <root>/tunes/<sweep-id>.burst.jsonl   the bursty trace its verification replayed
     <root>/findmax/<host>/<stamp>-<profile>.json   a find-max search and its probes
     <root>/compare/<name>/             a comparison's plots and report.html
     <root>/health/<host>.json          the host's GPU health at its last gpu-clean
@@ -59,6 +60,9 @@ class Layout:
 
     def tune_record(self, sweep_id: str) -> Path:
         return self.root / "tunes" / f"{sweep_id}.json"
+
+    def tune_burst_trace(self, sweep_id: str) -> Path:
+        return self.root / "tunes" / f"{sweep_id}.burst.jsonl"
 
     def findmax_dir(self, host: str) -> Path:
         return self.root / "findmax" / host

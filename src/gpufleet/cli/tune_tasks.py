@@ -76,7 +76,7 @@ def tune(c, **given):
     for st in outcome.steps:
         labels = list(st.phases[0].per_request) if st.phases else []
         table(
-            f"{st.host}: load step, each phase against its better static",
+            f"{st.host}: load step and bursts, each phase against its better static",
             ["phase", "C", "wins", *(f"{label} req tok/s" for label in labels),
              *(f"{label} tok/s" for label in labels), "tuned kept", "depth switches"],
             [

@@ -132,17 +132,32 @@ def _load_step(
     sweep: Sweeper,
     outcome: TuneOutcome,
 ) -> None:
-    """The verification's load step (low -> high -> low in one run per server): per phase,
-    the tuned server against that phase's better static, and its depth switches."""
+    """The verification's load step (low -> high -> low in one run per server) and bursty
+    trace: per phase, the tuned server against that phase's better static, and its depth
+    switches."""
     root = request.archive_root
-    again = resume and _has_state(root, [profile, tuned], checks, "tune-step")
-    stepped = sweep([profile, tuned], checks, "tune-step", again, tunestep.step_request(request))
+    profiles = [profile, tuned]
+    again = resume and _has_state(root, profiles, checks, "tune-step")
+    stepped = sweep(profiles, checks, "tune-step", again, tunestep.step_request(request))
+    trace = Layout(root).tune_burst_trace(outcome.record.tune_id)
+    again = resume and _has_state(root, profiles, checks, "tune-burst")
+    burst = sweep(profiles, checks, "tune-burst", again, tunestep.burst_request(request, trace))
     labels = [arm.label for arm in checks]
+    bursts = tunestep.step_rows(checks, burst.record, root)
     for host, by_arm in tunestep.step_rows(checks, stepped.record, root).items():
         phases, sentence = tunestep.step_verdict(by_arm, labels)
+        spike = tunestep.burst_verdict(bursts.get(host, {}), labels)
+        if spike is not None:
+            phases.append(spike)
+            switches = "-" if spike.switches is None else spike.switches
+            sentence += (
+                f" Bursts of {spike.concurrency}: {spike.kept:.0%} of the better static's "
+                f"per-request speed, {switches} depth switches."
+            )
         outcome.steps.append(StepVerdict(host, phases, sentence))
         outcome.record.step[host] = {
             "sweep_id": stepped.sweep_id,
+            "burst_sweep_id": burst.sweep_id,
             "phases": [dataclasses.asdict(p) for p in phases],
             "sentence": sentence,
         }

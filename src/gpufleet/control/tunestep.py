@@ -1,12 +1,17 @@
-"""The verification's load step for `inv tune`: the lowest level of the ladder, its highest,
-then the lowest again, in one run per server, so SGLang's adaptive state carries across a
-swing in load as it does in production. Per phase the tuned server is held against the
-better static of that phase, and the depth switches the server logged are counted (a
-table that flips depth at a threshold every few steps shows up here, not in steady levels).
+"""The verification's load step and bursty trace for `inv tune`.
+
+The step: the lowest level of the ladder, its highest, then the lowest again, in one run
+per server, so SGLang's adaptive state carries across a swing in load as it does in
+production. The burst: an open-loop trace of quiet spells (one request at a time) broken by
+bursts of the ladder's highest level arriving at once. Per phase the tuned server is held
+against the better static of that phase, and the depth switches the server logged are
+counted (a table that flips depth at a threshold every few steps shows up here, not in
+steady levels).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -95,3 +100,56 @@ def step_verdict(
         + f" of each phase's better static; worst {worst.phase} at {worst.kept:.0%}; {said}"
     )
     return phases, text + "."
+
+
+BURST_CYCLES = 3
+QUIET_S, QUIET_EVERY_S = 2.0, 0.5  # a quiet spell: one request every half second, 2 s
+
+
+def burst_trace(path: Path, high: int, output_len: int) -> Path:
+    """A Mooncake-format trace (playbooks/traces/README.md): BURST_CYCLES times a quiet
+    spell, then `high` requests at one instant; 256-token prompts, none shared."""
+    lines, t, block = [], 0.0, 0
+    for _ in range(BURST_CYCLES):
+        for _ in range(int(QUIET_S / QUIET_EVERY_S)):
+            lines.append((t, 1))
+            t += QUIET_EVERY_S
+        lines.append((t, high))
+        t += QUIET_S
+    rows = []
+    for at, count in lines:
+        for _ in range(count):
+            rows.append({"timestamp": round(at * 1000), "input_length": 256,
+                         "output_length": output_len, "hash_ids": [block]})  # fmt: skip
+            block += 1
+    store.make_dirs(path.parent)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def burst_request(request: BenchRequest, trace: Path) -> BenchRequest:
+    """The tune's request replaying the burst trace, its concurrency capped at the ladder's
+    highest level."""
+    high = max(request.concurrency)
+    return replace(
+        request, concurrency=[high], repeat=1, fixed_levels=None, num_prompts=None,
+        trace=str(burst_trace(trace, high, request.output_len)), trace_speedup=1.0,
+        prompts=str(trace), workload=None, request_rate=None, duration=None,
+    )  # fmt: skip
+
+
+def burst_verdict(by_arm: dict[str, list[ResultRow]], labels: list[str]) -> StepPhase | None:
+    """The tuned server on the burst trace against the better static there, by median
+    per-request speed (open loop: every server is offered the same requests, so total
+    throughput tells them apart only when one falls behind)."""
+    if any(not by_arm.get(label) for label in labels):
+        return None
+    plain, static, tuned = labels
+    rows = {label: by_arm[label][0] for label in labels}
+    per = {k: r.median_per_request_output_tps or 0.0 for k, r in rows.items()}
+    tput = {k: r.output_throughput for k, r in rows.items()}
+    winner = "speculation" if per[static] > per[plain] else "no drafting"
+    best = per[static] if winner == "speculation" else per[plain]
+    c = rows[tuned].max_concurrency
+    kept = per[tuned] / (best or 1.0)
+    return StepPhase("burst", c, winner, per, tput, kept, rows[tuned].depth_switches)
