@@ -423,3 +423,25 @@ def test_the_burst_trace_alternates_quiet_spells_and_bursts_of_the_highest_level
     assert spike is not None and spike.winner == "speculation" and spike.kept == 0.9
     assert spike.switches == 6
     assert burst_verdict({"plain": row(1, 1)}, ["plain", "static", "tuned"]) is None
+
+
+def test_depth_switches_are_counted_only_from_a_log_that_would_show_them(tmp_path):
+    """Switch lines between a level's offsets; 0 only where the server logs at INFO (its
+    start-up line is there), else unknown: a server at --log-level warning logs no switch."""
+    from gpufleet.host.bench.runner import depth_switches
+    from gpufleet.records import ServerState
+
+    log = tmp_path / "server.log"
+    start = "[x] AdaptiveSpeculativeParams initialized: steps=2, candidate_steps=[0, 2]\n"
+    level = "".join(
+        f"[x] Switch adaptive runtime state: steps {a} -> {b}, draft_tokens 1 -> 3\n"
+        for a, b in ((2, 0), (0, 2))
+    )
+    log.write_text(start + level + "[x] Decode batch\n")
+    state = ServerState(1, 30000, "p", "sim", "http://x/health", str(log), "now")
+    begin, end = len(start), len(start) + len(level)
+    assert depth_switches(state, begin, end) == 2
+    assert depth_switches(state, end, log.stat().st_size) == 0
+    log.write_text("[x] warning only\n" + level.replace("Switch", "Other") + "[x] Decode\n")
+    assert depth_switches(state, 17, log.stat().st_size) is None
+    assert depth_switches(None, 0, 10) is None

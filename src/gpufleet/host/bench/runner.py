@@ -91,16 +91,25 @@ def _log_size(state: ServerState | None) -> int | None:
 DEPTH_SWITCH = b"Switch adaptive runtime state:"
 
 
+# logged at start-up, at the same INFO level: without it, no switch would be logged either
+ADAPTIVE_READY = b"AdaptiveSpeculativeParams initialized"
+
+
 def depth_switches(state: ServerState | None, start: int | None, end: int | None) -> int | None:
     """How often the server changed its draft depth between two offsets of its log (exact,
     where sampling /server_info would miss a depth that flips every few steps); None
-    without a readable log."""
+    without a readable log, or one that does not log at INFO (--log-level warning), where
+    0 would be a guess."""
     if not state or start is None or end is None:
         return None
     try:
         with open(state.log, "rb") as fh:
             fh.seek(start)
-            return fh.read(max(0, end - start)).count(DEPTH_SWITCH)
+            count = fh.read(max(0, end - start)).count(DEPTH_SWITCH)
+            if count:
+                return count
+            fh.seek(0)
+            return 0 if ADAPTIVE_READY in fh.read(start) else None
     except OSError:
         return None
 
