@@ -20,7 +20,8 @@ def test_catalogue_matches_what_runs_write_and_the_report_shows(fleet, tmp_path)
     profile = fleet.profile(
         "cat", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1},
         flags={"speculative-algorithm": "EAGLE3", "max-running-requests": 16,
-               "enable-metrics": True},
+               "enable-metrics": True, "speculative-adaptive": True,
+               "speculative-eagle-topk": 1},
     )  # fmt: skip
     archive = tmp_path / "a"
     assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h0").returncode == 0
