@@ -191,6 +191,55 @@ def test_any_segmentation_yields_the_same_events(cuts, sep, chunk_size):
     assert (events, status, keep_alive) == (RESPONSE_EVENTS, 200, True)
 
 
+class _NoTransport:
+    def write(self, data: bytes) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    per_chunk=st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=8),
+    per_read=st.lists(st.integers(min_value=1, max_value=4), max_size=8),
+    sep=st.sampled_from([b"\n\n", b"\r\n\r\n", b"\r\n\n"]),
+    extension=st.booleans(),
+)
+def test_reads_of_whole_chunks_yield_every_event_once(per_chunk, per_read, sep, extension):
+    """The read paths that skip the parser (one chunk of one event, whole chunks of one event
+    each) must give what the parser gives: several events in a chunk, CRLF separators and
+    chunk extensions go to the parser, nothing is lost or doubled."""
+    events = [b'{"text":"%s","meta_info":{"completion_tokens":%d}}' % (b"ab" * i, i) for i in
+              range(1, sum(per_chunk) + 1)] + [b"[DONE]"]  # fmt: skip
+    chunks, at = [], 0
+    for count in [*per_chunk, 1]:
+        body = b"".join(b"data: " + e + sep for e in events[at : at + count])
+        size = b"%x" % len(body) + (b";x=1" if extension else b"")
+        chunks.append(size + b"\r\n" + body + b"\r\n")
+        at += count
+    chunks.append(b"0\r\n\r\n")
+    reads, at = [], 0
+    for count in [*per_read, len(chunks)]:
+        if at < len(chunks):
+            reads.append(b"".join(chunks[at : at + count]))
+            at += count
+
+    async def scenario() -> list[bytes]:
+        proto = httpstream._StreamProtocol()
+        proto.connection_made(_NoTransport())  # type: ignore[arg-type]
+        got: list[bytes] = []
+        done = proto.send(b"", lambda payload, _: got.append(payload))
+        proto.feed(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                   b"transfer-encoding: chunked\r\n\r\n", 0.0)  # fmt: skip
+        for data in reads:
+            proto.feed(data, 0.0)
+        await asyncio.wait_for(done, 1)
+        return got
+
+    assert asyncio.run(scenario()) == events
+
+
 def test_garbage_instead_of_http_is_an_error_not_a_hang():
     async def scenario() -> str:
         ours, theirs = socket.socketpair()
@@ -306,3 +355,35 @@ def test_oversized_chunk_and_endless_size_line_are_refused():
     assert error == f"malformed HTTP response: chunk of {64 * 1024 * 1024} bytes (over 16 MiB)"
     error = _feed_raw([SSE_HEAD + b"f" * (70 * 1024)])
     assert error == "malformed HTTP response: chunk size line over 64 KiB"
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        b'{"text":"x","meta_info":{"id":"a","completion_tokens":%d,"cached_tokens":0}}',
+        b'{"text":"x","meta_info":{"id":"a","cached_tokens":0,"completion_tokens":%d}}',
+        b'{"text": "x", "meta_info": {"completion_tokens": %d, "spec_verify_ct": 2}}',
+        b'{"text":"\\"completion_tokens\\":99","meta_info":{"completion_tokens":%d}}',
+    ],
+)
+def test_completion_tokens_are_read_from_any_layout_sglang_sends(layout):
+    from gpufleet.host.bench.level import RequestRecord
+    from gpufleet.host.bench.loadgen import _StreamTracker
+
+    record = RequestRecord(0)
+    tracker = _StreamTracker("sglang", record, 0.0)
+    for total, now in ((1, 0.1), (3, 0.4), (4, 0.5)):
+        tracker.on_event(layout % total, now)
+    assert tracker.seen_tokens == 4 and record.chunks == 3
+    assert record.itl == pytest.approx([0.15, 0.15, 0.1])
+    expected_verify = 2 if b"spec_verify_ct" in layout else None
+    assert tracker.spec_verify_ct() == expected_verify
+
+
+def test_a_finished_level_has_a_short_repr():
+    """asyncio.run (3.11) formats the main task's result when it restores SIGINT: a repr of
+    every record and gap cost ~1 us per streamed token."""
+    from gpufleet.host.bench.level import LevelRun, RequestRecord
+
+    records = [RequestRecord(i, itl=[0.01] * 256) for i in range(1000)]
+    assert len(repr(LevelRun(64, float("inf"), 10.0, records, 0.0))) < 200

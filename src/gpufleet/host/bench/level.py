@@ -85,7 +85,7 @@ class Tally:
         return Tally(self.done + other.done, self.errors + other.errors, self.tokens + other.tokens)
 
 
-@dataclass
+@dataclass(repr=False)
 class LevelRun:
     concurrency: int
     request_rate: float
@@ -96,3 +96,12 @@ class LevelRun:
     after_warmup: Any = None  # what after_warmup returned (e.g. whether the cache was flushed)
     client: ClientClock | None = None  # the generator's own CPU and loop lag over the level
     open_loop: bool = False  # arrivals on a schedule (--request-rate or a trace)
+
+    def __repr__(self) -> str:
+        """Short on purpose: Python 3.11's asyncio.run formats the main task, result included,
+        when it puts the SIGINT handler back, and the generated repr of every record and ITL
+        gap cost ~1 us per streamed token (0.38 s for 1024 requests of 256 tokens)."""
+        return (
+            f"LevelRun(concurrency={self.concurrency}, request_rate={self.request_rate}, "
+            f"{len(self.records)} records)"
+        )

@@ -38,9 +38,28 @@ USER_TURN = "\n\nUser: {}\n\nAssistant:"  # the text template of a multi-turn co
 # the text and a JSON string cannot hold an unescaped quote, so the last
 # `"completion_tokens":` in the payload is the real key.
 _COMPLETION = b'"completion_tokens":'
-_COMPLETION_VALUE = re.compile(rb'"completion_tokens":\s*(\d+)')
-# SGLang's verify steps of a speculative request (the last chunk's meta_info; 0.5.x name)
+# SGLang's verify steps of a speculative request (in meta_info; 0.5.x name), read once from
+# the last chunk
+_VERIFY = b'"spec_verify_ct":'
 _VERIFY_VALUE = re.compile(rb'"spec_verify_ct":\s*(\d+)')
+
+
+def _completion_tokens(payload: bytes) -> int | None:
+    """The chunk's completion_tokens, found from the end with plain scans (a regex match per
+    streamed chunk cost twice as much); None for a layout this does not expect."""
+    at = payload.rfind(_COMPLETION)
+    if at < 0:
+        return None
+    at += len(_COMPLETION)
+    end = payload.find(b",", at, at + 32)
+    if end < 0:
+        end = payload.find(b"}", at, at + 32)
+        if end < 0:
+            return None
+    try:
+        return int(payload[at:end])
+    except ValueError:
+        return None
 
 
 def _payload(
@@ -99,6 +118,12 @@ class _StreamTracker:
         self.last_payload = b""
         self.on_event = self._sglang_event if backend == "sglang" else self._openai_event
 
+    def spec_verify_ct(self) -> int | None:
+        """SGLang's verify steps for the request, from its last chunk (None: not speculative)."""
+        at = self.last_payload.rfind(_VERIFY)
+        match = _VERIFY_VALUE.match(self.last_payload, at) if at >= 0 else None
+        return int(match.group(1)) if match else None
+
     def final_text(self) -> str:
         """The whole answer (SGLang's chunks carry the cumulative text: parse the last)."""
         if self.last_payload:
@@ -112,14 +137,8 @@ class _StreamTracker:
         if self.stopped:
             return
         seen = self.seen_tokens
-        at = payload.rfind(_COMPLETION) if seen else -1
-        match = _COMPLETION_VALUE.match(payload, at) if at >= 0 else None
-        if match is not None:
-            total = int(match.group(1))
-            verify = _VERIFY_VALUE.search(payload, at)  # meta_info's tail, after the count
-            if verify is not None:
-                self.record.spec_verify_ct = int(verify.group(1))
-        else:  # the first chunk, [DONE], an error, or an unusual layout: parse it all
+        total = _completion_tokens(payload) if seen else None
+        if total is None:  # the first chunk, [DONE], an error, or an unusual layout: parse it all
             if payload == b"[DONE]":
                 return
             chunk = json.loads(payload)
@@ -132,16 +151,15 @@ class _StreamTracker:
             record.prompt_tokens = int(meta.get("prompt_tokens", record.prompt_tokens))
             record.cached_tokens = int(meta.get("cached_tokens") or 0)
             record.rid = meta.get("id", record.rid)
-            if meta.get("spec_verify_ct") is not None:
-                record.spec_verify_ct = int(meta["spec_verify_ct"])
-        if self.keep_text:
-            self.last_payload = payload
+        self.last_payload = payload
         new = total - seen
         if new <= 0:
             return
         record = self.record
         if seen == 0:
             record.ttft = now - self.start
+        elif new == 1:
+            record.itl.append(now - self.last)
         else:
             gap = (now - self.last) / new  # k tokens in one chunk = k gaps of 1/k
             record.itl.extend([gap] * new)
@@ -231,6 +249,7 @@ async def _one_request(
         return
     record.e2e = tracker.last - start
     record.completion_tokens = tracker.seen_tokens
+    record.spec_verify_ct = tracker.spec_verify_ct()
     record.ok = tracker.seen_tokens > 0
     if keep_text:
         record.text = tracker.final_text()
