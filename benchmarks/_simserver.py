@@ -17,7 +17,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class BenchServer:
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, cores: set[int] | None = None) -> None:
+        """`cores`: pin the server (every thread) to these, so a client measured beside it
+        does not share a core with it."""
         self.state = Path(tempfile.mkdtemp(prefix="gpufleet-bench-gpus-"))
         gpustate.ensure_topology(self.state, count=8)
         self.port = free_port()
@@ -48,6 +50,7 @@ class BenchServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

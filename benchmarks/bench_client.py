@@ -1,9 +1,15 @@
 """The load generator's cost and fidelity, against the rehearsal server on this machine.
 
-1. Client cost: CPU microseconds per streamed token at C=64 (zero-cost server, so the client
-   is the bottleneck), marginal (difference of two run sizes, so start-up is excluded); and
-   the same for SGLang's bench_serving when SGLANG_PYTHON and TOKENIZER_DIR are set (see
-   bench_serving_compat.py).
+1. Client cost: CPU microseconds per streamed token at C=64, marginal (difference of two run
+   sizes, so start-up is excluded), for gpufleet, a no-op floor, and SGLang's bench_serving
+   when SGLANG_PYTHON and TOKENIZER_DIR are set (see bench_serving_compat.py). Two servers:
+   - equal load: a decode step every 4 ms whatever the batch (16,000 tok/s at C=64), each
+     step sending every request its chunk at once, as a GPU server does. Every client gets
+     the same reads, so this is the cost of handling one stream.
+   - saturation: a zero-cost server, each client at its own ceiling. A client that falls
+     behind finds several chunks per read and pays less per token, so this figure flatters
+     the slower client; it is printed because it bounds the tokens/s of one process.
+   With two cores or more the server runs on core 0 and the clients on the others.
 2. Fidelity at C=64 (baseline timing model): output throughput against the engine's own
    count, TTFT and ITL against the times the server sent each chunk (/sim/trace sent_times).
 
@@ -65,9 +71,24 @@ uvloop.run(main())
 """
 
 
+EQUAL_LOAD = ("--sim-decode-base-ms", "4", "--sim-decode-per-req-ms", "0")
+EQUAL_LOAD += ("--sim-prefill-per-token-us", "0")
+SATURATION = ("--sim-zero-cost",)
+CORES = os.sched_getaffinity(0)
+SERVER_CORES = {min(CORES)} if len(CORES) > 1 else None
+CLIENT_CORES = CORES - SERVER_CORES if SERVER_CORES else CORES
+
+
 def child_cpu(cmd: list[str], env: dict | None = None) -> tuple[float, str]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+    out = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tempfile.gettempdir(),
+        preexec_fn=lambda: os.sched_setaffinity(0, CLIENT_CORES),
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
@@ -170,12 +191,12 @@ def fidelity(url: str) -> None:
     )
 
 
-def main() -> None:
-    server = BenchServer("--sim-zero-cost")
+def client_costs(server_flags: tuple[str, ...], label: str) -> None:
+    server = BenchServer(*server_flags, cores=SERVER_CORES)
     try:
         ours, lo, hi = median_of(lambda: ours_cost(server.url))
         print(
-            f"client cost at C=64 (zero-cost server), median of {REPEATS}: gpufleet {ours:.1f} us "
+            f"client cost at C=64, {label}, median of {REPEATS}: gpufleet {ours:.1f} us "
             f"CPU per streamed token (range {lo:.1f}-{hi:.1f})"
         )
         floor, lo, hi = median_of(lambda: ours_cost(server.url, FLOOR))
@@ -192,6 +213,12 @@ def main() -> None:
             print("  (set SGLANG_PYTHON and TOKENIZER_DIR to measure sglang.bench_serving too)")
     finally:
         server.stop()
+
+
+def main() -> None:
+    print(f"server on cores {sorted(SERVER_CORES or CORES)}, clients on {sorted(CLIENT_CORES)}")
+    client_costs(EQUAL_LOAD, "equal load (a step every 4 ms)")
+    client_costs(SATURATION, "saturation (zero-cost server)")
     server = BenchServer()
     try:
         fidelity(server.url)

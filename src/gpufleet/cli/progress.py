@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
 
 from gpufleet.cli.output import line
-
-Progress = Callable[[str, dict[str, Any]], None]
+from gpufleet.control.transport import Progress
+from gpufleet.host.protocol import ProgressEvent
 
 
 def launch_progress() -> Progress:
     """Each phase change, warnings, and the server log's last line."""
     last: dict[str, str] = {}
 
-    def show(host: str, event: dict[str, Any]) -> None:
+    def show(host: str, event: ProgressEvent) -> None:
         if "warning" in event:
             line(f"{host}: warning: {event['warning']}")
         elif "note" in event:
@@ -36,7 +34,7 @@ def bench_progress() -> Progress:
     """Level starts and ends, and a line every 5 s in between."""
     last: dict[str, float] = {}
 
-    def show(host: str, event: dict[str, Any]) -> None:
+    def show(host: str, event: ProgressEvent) -> None:
         if event.get("phase") == "started":
             line(f"{host}: run {event['run_id']} started against {event['base_url']}")
         elif event.get("phase") == "start":

@@ -24,16 +24,15 @@ from gpufleet.control.benchrequest import BenchRequest
 from gpufleet.control.cancel import SLICE_S, CancelToken
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
-from gpufleet.control.transport import Session, host_events
+from gpufleet.control.transport import Progress, Session, host_events
 from gpufleet.errors import UserError
 from gpufleet.host.bench.loadgen import BACKENDS
-from gpufleet.host.protocol import BenchStartArgs, BenchWatchArgs
+from gpufleet.host.protocol import BenchStartArgs, BenchWatchAnswer, BenchWatchArgs
 from gpufleet.host.redact import redact_argv, redact_tree, remember
 from gpufleet.kinds import Kind, RunStatus
 from gpufleet.records import BenchPlan, Level, PromptRow, ResultRow
 from gpufleet.report.tables import summary_csv, summary_md
 
-Progress = Callable[[str, dict[str, Any]], None]
 CONTROL_FILES = {"runner.json"}
 
 
@@ -162,7 +161,11 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
 
 
 def archive_run(
-    host: str, run_id: str, files: dict[str, bytes], request: BenchRequest, watch: dict[str, Any]
+    host: str,
+    run_id: str,
+    files: dict[str, bytes],
+    request: BenchRequest,
+    watch: BenchWatchAnswer,
 ) -> ArchivedRun:
     """Archive a run's fetched files atomically under <root>/<host>/<run_id>/."""
     if "plan.json" in files:  # a URL given with a password stays out of the archive
@@ -191,7 +194,7 @@ def attach_hint(run_id: str, hosts: list[Host]) -> str:
 
 def watch(
     session: Session, run_id: str, progress: Progress | None, cancel: CancelToken | None = None
-) -> dict[str, Any]:
+) -> BenchWatchAnswer:
     """Stream a run's progress until it ends. With a cancel token, watch in slices and raise
     Cancelled when a stop is asked: the run goes on on the host, to be fetched later."""
     name = session.host.name

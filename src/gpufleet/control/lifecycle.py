@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from gpufleet.control.cancel import SLICE_S, CancelToken
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
 from gpufleet.control.playbook import Profile, build_specs
-from gpufleet.control.transport import Session, host_events
+from gpufleet.control.transport import Progress, Session, host_events
 from gpufleet.errors import HostError
 from gpufleet.host.protocol import LaunchArgs, LogsArgs, StopArgs, WaitReadyArgs
 from gpufleet.kinds import Kind
 from gpufleet.readings import LaunchAnswer, StopAnswer, WaitReadyAnswer
 from gpufleet.records import HEALTH_TIMEOUT_S, LaunchSpec, ServerState
 from gpufleet.report.gpu import dirty_gpus
-
-Progress = Callable[[str, dict[str, Any]], None]
 
 
 @dataclass

@@ -25,16 +25,15 @@ from gpufleet.control import agentzip, bootstrap
 from gpufleet.control.agentproc import EOF, FINAL, TIMEOUT, AgentProcess, LocalAgent, SSHAgent
 from gpufleet.control.inventory import Host
 from gpufleet.errors import HostError
-from gpufleet.host.protocol import MARK, SERVE, VerbArgs
+from gpufleet.host.protocol import MARK, SERVE, FinalLine, Hello, ProgressEvent, VerbArgs
 from gpufleet.kinds import Kind
 from gpufleet.wire import WireError
 
-EventHandler = Callable[[dict[str, Any]], None]
+EventHandler = Callable[[ProgressEvent], None]
+Progress = Callable[[str, ProgressEvent], None]  # (host name, event): a per-host printer
 
 
-def host_events(
-    host_name: str, progress: Callable[[str, dict[str, Any]], None] | None
-) -> EventHandler | None:
+def host_events(host_name: str, progress: Progress | None) -> EventHandler | None:
     """An agent's progress events, handed to a per-host progress printer (if any)."""
     if progress is None:
         return None
@@ -47,8 +46,8 @@ class _LineParser:
     def __init__(self, on_event: EventHandler | None) -> None:
         self.on_event = on_event
         self.buffer = ""
-        self.final: dict[str, Any] | None = None
-        self.hello: dict[str, Any] | None = None  # a serving agent's first line
+        self.final: FinalLine | None = None
+        self.hello: Hello | None = None  # a serving agent's first line
         self.other: list[str] = []
 
     def write(self, text: str) -> int:

@@ -36,7 +36,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
@@ -137,9 +137,27 @@ class Choice:
     why: str
 
 
+class AdaptiveSlot(TypedDict):
+    """One key of SGLang's adaptive speculative config (the batch size its range starts at):
+    the depths the server may pick from there. `inv tune` writes one per key."""
+
+    candidate_steps: list[int]
+
+
+class Cell(TypedDict, total=False):
+    """One depth at one concurrency, over its hosts and repeats (see _measured)."""
+
+    output_throughput: float  # median
+    per_request: float  # median of the per-request output speeds' medians
+    mad: float  # median absolute deviation of output_throughput
+    score: float  # median - MAD: a noisy cell pays for its noise
+    runs: int
+    rejected: str  # why the cell may not be chosen (absent: it may)
+
+
 @dataclass
 class TuneResult:
-    table: dict[str, dict[str, Any]]  # SGLang's adaptive config
+    table: dict[str, AdaptiveSlot]  # SGLang's adaptive config
     choices: list[Choice]
     ranges: list[str]  # one line of reasoning per key
     notes: list[str] = field(default_factory=list)
@@ -159,12 +177,12 @@ def _measured(per_depth: dict[Any, dict[int, list[ResultRow]]]) -> dict:
     """depth -> C -> the cell's figures over its hosts and repeats: medians, the spread
     (median absolute deviation), `score` = median - MAD (a noisy cell pays for its noise),
     and `rejected` (why, or absent): failed requests, or a spread above SPREAD_BOUND."""
-    out: dict[Any, dict[int, dict[str, Any]]] = {}
+    out: dict[Any, dict[int, Cell]] = {}
     for depth, levels in per_depth.items():
         for c, rows in levels.items():
             tput = [r.output_throughput for r in rows]
             middle, mad = statistics.median(tput), _mad(tput)
-            cell: dict[str, Any] = {
+            cell: Cell = {
                 "output_throughput": middle,
                 "per_request": statistics.median(
                     r.median_per_request_output_tps or 0.0 for r in rows
@@ -250,7 +268,7 @@ def choose(
             detail += "; rejected: " + ", ".join(f"depth {d} ({r})" for d, r in rejected.items())
         choices.append(Choice(c, best, f"{why} ({detail}; chose {f['output_throughput']:.0f})"))
     notes += _zero_step_notes(choices, measured, extra, skipped)
-    table: dict[str, dict[str, Any]] = {}
+    table: dict[str, AdaptiveSlot] = {}
     starts = _range_starts(choices, sizes)
     ranges: list[str] = []
     for n, (i, key) in enumerate(starts):

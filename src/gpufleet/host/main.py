@@ -19,6 +19,7 @@ from gpufleet.host.protocol import (
     MARK,
     SERVE,
     AgentError,
+    Hello,
     emit_error,
     emit_result,
     read_args,
@@ -50,7 +51,8 @@ def serve(stdin: TextIO) -> int:
     """Answer `VERB ARGS` lines until stdin ends; a hello line first says where we run."""
     from gpufleet.host.verbs import VERBS
 
-    write_line({MARK: 1, "hello": {"workdir": os.getcwd(), "pid": os.getpid()}})
+    hello: Hello = {"workdir": os.getcwd(), "pid": os.getpid()}
+    write_line({MARK: 1, "hello": hello})
     for line in stdin:
         verb, _, rest = line.strip().partition(" ")
         if not verb:

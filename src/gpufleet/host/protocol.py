@@ -214,13 +214,76 @@ class BenchStartAnswer(TypedDict):
     profile: str | None
 
 
+class RunStatusFile(TypedDict, total=False):
+    """A run's status.json: written by its runner (or by bench-run when the runner
+    crashed, by bench-watch when it died), read by bench-watch."""
+
+    status: str  # starting | running | done | failed
+    at: str  # ISO time it was written
+    pid: int  # the runner's, while running
+    reason: str | None  # why it failed
+    tail: list[str]  # the runner log's last lines, when the runner died
+
+
+class RunFile(TypedDict):
+    """One file of a finished run, for the control plane to download."""
+
+    name: str
+    size: int
+
+
 class BenchWatchAnswer(TypedDict):
     status: str  # done | failed | watching
     reason: str | None
-    files: list[dict[str, Any]]
+    files: list[RunFile]
     run_dir: str
     tail: list[str] | None
     offset: int
+
+
+class ProgressEvent(TypedDict, total=False):
+    """A progress line of a streaming verb, or one the control plane adds; every key is
+    optional because each kind carries its own (cli/progress.py prints them all)."""
+
+    # wait-ready, and the control plane's start of a launch or bench run
+    phase: str  # loading | ready | running | started; a bench level's start | end
+    elapsed_s: float
+    last_line: str | None  # the server log's last line
+    pid: int
+    log: str
+    run_id: str
+    base_url: str
+    warning: str
+    note: str
+    line: str  # logs --follow: one line of the server log
+    # bench-watch: a level's start, progress every second or so, and end
+    level: int  # its concurrency
+    total: int  # requests in the level
+    sessions: int  # multi-turn sessions, when they are fewer than the requests
+    at: str  # ISO time the level began
+    done: int
+    errors: int
+    tok_s: float
+    eta_s: float | None
+    completed: int
+    failed: int
+    output_throughput: float
+
+
+class Hello(TypedDict):
+    """A serving agent's first line: where it runs, so later calls can find it."""
+
+    workdir: str
+    pid: int
+
+
+class FinalLine(TypedDict, total=False):
+    """A verb's last line: its answer (`ok` and `result`) or its failure (`kind`, `error`)."""
+
+    ok: bool
+    result: Any  # the verb's answer as JSON; the control plane reads it with ANSWER.from_wire
+    kind: str  # a Kind, on failure
+    error: str
 
 
 # -- the wire -----------------------------------------------------------------------------
@@ -241,13 +304,14 @@ def write_line(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def emit_event(event: dict[str, Any]) -> None:
+def emit_event(event: ProgressEvent) -> None:
     """A progress line for streaming verbs (wait-ready, bench-watch, logs --follow)."""
     write_line({MARK: 1, "event": event})
 
 
 def emit_result(result: Any) -> None:
-    write_line({MARK: 1, "ok": True, "result": _plain(result)})
+    final: FinalLine = {"ok": True, "result": _plain(result)}
+    write_line({MARK: 1, **final})
 
 
 def _plain(value: Any) -> Any:
@@ -262,4 +326,5 @@ def _plain(value: Any) -> Any:
 
 
 def emit_error(message: str, kind: Kind = Kind.ERROR) -> None:
-    write_line({MARK: 1, "ok": False, "kind": kind, "error": message})
+    final: FinalLine = {"ok": False, "kind": kind, "error": message}
+    write_line({MARK: 1, **final})

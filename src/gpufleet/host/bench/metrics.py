@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Any
+from typing import Any, TypedDict
 
 from gpufleet.host.bench import clientcert, steady
 from gpufleet.host.bench import slo as slos
@@ -200,10 +200,22 @@ def client_figures(run: LevelRun) -> dict[str, Any]:
     return out
 
 
-def per_turn(records: list[Any]) -> list[dict[str, Any]]:
+class TurnFigures(TypedDict):
+    """One turn of a level's multi-turn sessions (results' `per_turn`, shown by compare)."""
+
+    turn: int  # from 1
+    completed: int
+    failed: int
+    mean_prompt_tokens: float
+    cache_hit_rate: float  # cached / prompt tokens of the turn's finished requests
+    mean_ttft_ms: float
+    median_ttft_ms: float
+
+
+def per_turn(records: list[RequestRecord]) -> list[TurnFigures]:
     """Multi-turn sessions, turn by turn: later turns resend the conversation, so their
     prompts grow and, with a prefix cache, most of each prompt is cached."""
-    out = []
+    out: list[TurnFigures] = []
     for turn in sorted({r.turn for r in records if r.turn is not None}):
         ok = [r for r in records if r.turn == turn and r.ok]
         prompt = sum(r.prompt_tokens for r in ok)

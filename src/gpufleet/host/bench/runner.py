@@ -29,6 +29,7 @@ from gpufleet.host.bench.loadgen import run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
 from gpufleet.host.bench.spread import auto_procs, run_spread
 from gpufleet.host.nvml import load_pynvml
+from gpufleet.host.protocol import ProgressEvent, RunStatusFile
 from gpufleet.host.redact import process_secrets, scrub
 from gpufleet.host.servers import server_alive
 from gpufleet.records import BenchPlan, Level, PromptRow, ResultRow, ServerState
@@ -66,7 +67,7 @@ class RunWriter:
         self.last = checked
         return checked
 
-    def event(self, event: dict[str, Any]) -> None:
+    def event(self, event: ProgressEvent) -> None:
         self.progress.write(json.dumps(event) + "\n")
 
     def status(self, status: str, **extra: Any) -> None:
@@ -165,7 +166,7 @@ async def _level(
     writer: RunWriter,
     keys: dict[str, str],
     procs: int = 1,
-) -> tuple[Any, list[dict[str, Any]]]:
+) -> tuple[Any, list[serverapi.MetricSample]]:
     concurrency = level.concurrency
     total = sum(p.requests for p in prompts)
     last = {"t": time.perf_counter(), "tokens": 0}
@@ -199,7 +200,7 @@ async def _level(
             }
         )
 
-    samples: list[dict[str, Any]] = []
+    samples: list[serverapi.MetricSample] = []
     stop = asyncio.Event()
     sampler = None
     if plan.metrics_url:
@@ -322,7 +323,7 @@ def _accept_length(info: dict[str, Any] | None) -> float | None:
 def _summary(
     plan: BenchPlan,
     run: Any,
-    samples: list[dict[str, Any]],
+    samples: list[serverapi.MetricSample],
     flushed: bool | None,
     keys: dict[str, str],
 ) -> dict[str, Any]:
@@ -434,7 +435,7 @@ def run_plan(
     host_facts: dict[str, Any] | None = None,
     finish: Callable[[RunWriter], None] | None = None,
     keys: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> RunStatusFile:
     """Execute plan.json in `run_dir`; always ends with status.json done or failed.
 
     `keys` are the server's secret flags (its API key): sent in Authorization headers,

@@ -37,6 +37,9 @@ def server_info(base_url: str, keys: dict[str, str]) -> dict[str, Any] | None:
     )
 
 
+MetricSample = dict[str, float]  # one scrape: "t" (wall clock) and each gauge of PROM_KEYS
+
+
 def prometheus(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -52,7 +55,7 @@ def prometheus(text: str) -> dict[str, float]:
 
 
 async def sample_metrics(
-    url: str, samples: list[dict[str, Any]], stop: asyncio.Event, keys: dict[str, str]
+    url: str, samples: list[MetricSample], stop: asyncio.Event, keys: dict[str, str]
 ) -> None:
     import aiohttp
 

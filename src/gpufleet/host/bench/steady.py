@@ -10,7 +10,7 @@ as vLLM's newer benchmark client reports them.
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import Any, TypedDict
 
 from gpufleet.host.bench.level import LevelRun, RequestRecord
 
@@ -48,7 +48,20 @@ def window(run: LevelRun) -> tuple[float, float] | str:
     return start, last_send
 
 
-def figures(run: LevelRun, token_times: Any) -> dict[str, Any]:
+class SteadyFigures(TypedDict, total=False):
+    """A level's figures over its steady window, merged into its result row; either the
+    figures or `steady_note` (why the level has no window)."""
+
+    steady_note: str
+    steady_duration: float  # seconds
+    steady_output_throughput: float  # tokens streamed inside the window, per second
+    steady_requests: int  # requests sent and finished inside it
+    steady_median_ttft_ms: float
+    steady_median_tpot_ms: float | None
+    steady_median_per_request_output_tps: float
+
+
+def figures(run: LevelRun, token_times: Any) -> SteadyFigures:
     """`steady_*` figures over the window, or `steady_note` saying why there are none."""
     span = window(run)
     if isinstance(span, str):
@@ -57,7 +70,7 @@ def figures(run: LevelRun, token_times: Any) -> dict[str, Any]:
     ok = [r for r in run.records if r.ok]
     tokens = sum(1 for r in ok for t in token_times(r) if start <= t <= end)
     inside = [r for r in ok if r.start >= start and r.start + r.e2e <= end]
-    out: dict[str, Any] = {
+    out: SteadyFigures = {
         "steady_duration": end - start,
         "steady_output_throughput": tokens / (end - start),
         "steady_requests": len(inside),

@@ -12,10 +12,40 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 NVML_CLOCK_SM = 1
 NVML_TEMPERATURE_GPU = 0
+
+
+class GpuSample(TypedDict):
+    """One reading of one GPU: a line of telemetry-c<N>.jsonl. None: NVML could not say."""
+
+    round: int  # every GPU is read once per round (the summed power of a round is the peak)
+    t: float  # wall clock
+    gpu: int
+    power_w: float | None
+    energy_mj: int | None  # NVML's total-energy counter, mJ since the driver loaded
+    sm_util: int | None
+    mem_util: int | None
+    used_mib: int | None
+    sm_clock_mhz: int | None
+    temp_c: int | None
+    throttle_reasons: int | None
+
+
+class EnergyFigures(TypedDict, total=False):
+    """A level's telemetry figures, merged into its result row (records.py's GPU fields)."""
+
+    gpu_energy_j: float
+    gpu_energy_source: str  # "counter" or "integrated power"
+    gpu_energy_integrated_j: float
+    gpu_power_avg_w: float | None
+    gpu_power_peak_w: float | None
+    gpu_util_avg: float | None
+    gpus_sampled: list[int]
+    output_tokens_per_joule: float
+    joules_per_output_token: float
 
 
 def _read(fn: Any, *args: Any) -> Any:
@@ -25,7 +55,7 @@ def _read(fn: Any, *args: Any) -> Any:
         return None
 
 
-def sample_gpu(nvml: Any, handle: Any, index: int) -> dict[str, Any]:
+def sample_gpu(nvml: Any, handle: Any, index: int, round_: int = 0) -> GpuSample:
     """One reading of one GPU; fields NVML cannot give are None."""
     util = _read(nvml.nvmlDeviceGetUtilizationRates, handle)
     memory = _read(nvml.nvmlDeviceGetMemoryInfo, handle, nvml.nvmlMemory_v2)
@@ -34,6 +64,7 @@ def sample_gpu(nvml: Any, handle: Any, index: int) -> dict[str, Any]:
         nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
     )
     return {
+        "round": round_,
         "t": time.time(),
         "gpu": index,
         "power_w": power / 1000 if power is not None else None,
@@ -54,7 +85,7 @@ class Sampler:
         self.nvml = nvml
         self.handles = [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in indexes]
         self.interval_s = interval_s
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[GpuSample] = []
         self.round = 0  # one reading of every GPU per round
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpufleet-telemetry", daemon=True)
@@ -72,17 +103,17 @@ class Sampler:
     def _sample_all(self) -> None:
         self.round += 1
         for index, handle in self.handles:
-            self.rows.append({"round": self.round, **sample_gpu(self.nvml, handle, index)})
+            self.rows.append(sample_gpu(self.nvml, handle, index, self.round))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._sample_all()
 
 
-def summarize(rows: list[dict[str, Any]], output_tokens: int) -> dict[str, Any]:
+def summarize(rows: list[GpuSample], output_tokens: int) -> EnergyFigures:
     """Per level: energy (J) from the counter (else the integral of power), average and peak
     power summed over the GPUs, utilisation, and energy per output token."""
-    by_gpu: dict[int, list[dict[str, Any]]] = {}
+    by_gpu: dict[int, list[GpuSample]] = {}
     for row in rows:
         by_gpu.setdefault(row["gpu"], []).append(row)
     if not by_gpu:
@@ -103,9 +134,9 @@ def summarize(rows: list[dict[str, Any]], output_tokens: int) -> dict[str, Any]:
     totals: dict[int, float] = {}
     for row in rows:  # power of all GPUs in one sampling round
         if row["power_w"] is not None:
-            totals[row.get("round", 0)] = totals.get(row.get("round", 0), 0.0) + row["power_w"]
+            totals[row["round"]] = totals.get(row["round"], 0.0) + row["power_w"]
     utils = [r["sm_util"] for r in rows if r["sm_util"] is not None]
-    out: dict[str, Any] = {
+    out: EnergyFigures = {
         "gpu_energy_j": round(joules, 3),
         "gpu_energy_source": "counter" if counter_ok else "integrated power",
         "gpu_energy_integrated_j": round(integrated, 3),

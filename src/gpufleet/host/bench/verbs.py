@@ -25,6 +25,7 @@ from gpufleet.host.protocol import (
     BenchStartArgs,
     BenchWatchAnswer,
     BenchWatchArgs,
+    RunStatusFile,
     emit_event,
 )
 from gpufleet.host.servers import all_states, read_state, server_alive, tail
@@ -114,7 +115,7 @@ def _nvml_snapshot() -> list[dict[str, Any]] | None:
         return None
 
 
-def bench_run(args: BenchRunArgs) -> dict[str, Any]:
+def bench_run(args: BenchRunArgs) -> RunStatusFile:
     from gpufleet.host.bench.runner import run_plan
 
     run_dir = _run_dir(args.run_id)
@@ -160,7 +161,7 @@ def _emit_progress(run_dir: Path, offset: int) -> int:
     return offset + len(complete)
 
 
-def _read_status(run_dir: Path) -> dict[str, Any]:
+def _read_status(run_dir: Path) -> RunStatusFile:
     try:
         return json.loads((run_dir / "status.json").read_text())
     except (OSError, ValueError):
