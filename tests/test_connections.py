@@ -1,5 +1,7 @@
 """One SSH connection, and one agent start, per host per task: counted in a real sshd's
-own log (LogLevel DEBUG1 logs each login and each exec request)."""
+own log (LogLevel DEBUG1 logs each login and each exec request). Each task also opens one
+SFTP channel on that connection: the host python is judged over it before it runs
+(control/interpreter.py), and uploads and downloads share it."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def test_each_task_uses_one_connection_and_one_agent_per_host(fleet, fresh_sshd,
 
     out = fleet.cli("gpu-clean", "--hosts", "counted")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert log.since() == {"logins": 1, "commands": 1, "sftp": 0}
+    assert log.since() == {"logins": 1, "commands": 1, "sftp": 1}  # the python judged
 
     # clean + launch + wait-ready: three verbs, one login, one agent
     profile = fleet.profile("counted", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
@@ -51,7 +53,7 @@ def test_each_task_uses_one_connection_and_one_agent_per_host(fleet, fresh_sshd,
     try:
         out = fleet.cli("launch", "--profile", str(profile), "--hosts", "counted", "--clean")
         assert out.returncode == 0, out.stdout + out.stderr
-        assert log.since() == {"logins": 1, "commands": 1, "sftp": 0}
+        assert log.since() == {"logins": 1, "commands": 1, "sftp": 1}
 
         # bench: workdir, prompts upload, bench-start, bench-watch, downloads
         out = fleet.cli(
@@ -63,7 +65,7 @@ def test_each_task_uses_one_connection_and_one_agent_per_host(fleet, fresh_sshd,
     finally:
         out = fleet.cli("stop", "--hosts", "counted")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert log.since() == {"logins": 1, "commands": 1, "sftp": 0}
+    assert log.since() == {"logins": 1, "commands": 1, "sftp": 1}
 
 
 def test_a_task_with_several_rounds_reuses_each_hosts_connection(fleet, fresh_sshd):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.control import bootstrap
+from gpufleet.host import trust
 from test_reliability import record
 
 NOBODY = 65534
@@ -144,40 +144,21 @@ def test_own_symlink_and_missing_dirs_are_fine_and_created_0700(fleet, tmp_path)
     assert _mode(fresh) == 0o700 and _mode(fresh.parent) == 0o700
 
 
-def test_a_python_other_users_can_change_is_warned_about(fleet, tmp_path, host_python):
-    venv = tmp_path / "shared-venv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True
-    )
-    # the test host's packages, reachable from the new venv
-    site = subprocess.run(
-        [host_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    purelib = next((venv / "lib").glob("python3*/site-packages"))
-    (purelib / "host.pth").write_text(site + "\n")
-    venv.chmod(0o777)
-    fleet.write_inventory(python=str(venv / "bin" / "python"))
-    out = _clean_on(fleet, "h2")
-    assert out.returncode == 0, out.stderr
-    [warning] = [ln for ln in out.stderr.splitlines() if "warning" in ln]
-    assert warning.startswith("h2: warning: its environment") and str(venv) in warning
-    record("root_python_warning", warning)
-
-
 def test_bootstrap_rules_without_ssh(tmp_path):
     # the rules themselves, for the paths a user is likely to write
     uid = os.geteuid()
-    assert bootstrap.safe_workdir(str(tmp_path / "a" / "b"), uid) == str(tmp_path / "a" / "b")
-    with pytest.raises(bootstrap.Unsafe):
-        bootstrap.safe_workdir("/", uid)
+
+    def workdir(path: str) -> str:
+        return trust.judge(path, uid, trust.WORKDIR, "workdir", create=True)
+
+    assert workdir(str(tmp_path / "a" / "b")) == str(tmp_path / "a" / "b")
+    with pytest.raises(trust.Untrusted):
+        workdir("/")
     loose = tmp_path / "loose"
     loose.mkdir()
     loose.chmod(0o775)  # group-writable, not sticky: a group member could swap entries
-    with pytest.raises(bootstrap.Unsafe, match="writable by other users"):
-        bootstrap.safe_workdir(str(loose / "wd"), uid)
+    with pytest.raises(trust.Untrusted, match="writable by other users"):
+        workdir(str(loose / "wd"))
     assert not (loose / "wd").exists()
 
 

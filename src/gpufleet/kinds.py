@@ -35,6 +35,7 @@ class Kind(StrEnum):
     TIMEOUT = "timeout"  # the server did not become healthy in time
     UNREACHABLE = "unreachable"  # the host cannot be reached over SSH
     UNSAFE_WORKDIR = "unsafe_workdir"  # the workdir path or agent file is not safe to run
+    UNTRUSTED = "untrusted"  # a path root would run, import or write fails the trust rule
     USAGE = "usage"  # a usage mistake the agent detected
     WORKDIR = "workdir"  # the workdir cannot be created
 

@@ -19,6 +19,7 @@ from gpufleet.archive.layout import RESERVED
 from gpufleet.control import hostlist
 from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
+from gpufleet.host import trust
 from gpufleet.host.redact import remember, secrets_in
 
 DEFAULT_INVENTORY = Path("hosts/rehearsal.yaml")
@@ -85,6 +86,7 @@ class Host(BaseModel):
     identity_file: str | None = None
     connection: Literal["ssh", "local"] = "ssh"
     python: str = "python3"
+    python_trust: Literal["refuse", "warn"] = "refuse"  # warn: a lab machine's shared venv
     workdir: str = "~/.gpufleet"
     gpus: GpuSpec = Field(default_factory=GpuSpec)
     host_key_policy: Literal["strict", "accept-new"] = "strict"
@@ -231,15 +233,22 @@ def _expand_entries(raw_hosts: dict[str, Any], source: str) -> tuple[dict[str, A
 
 
 def _run_inventory_program(file: Path) -> Any:
-    """An executable inventory (as Ansible's): run it, read its JSON or YAML output."""
+    """An executable inventory (as Ansible's): run it, read its JSON or YAML output.
+
+    It runs as whoever runs gpufleet (often root), so it runs only when the trust rule
+    passes it: the program and every directory on its way are this user's or root's and
+    nobody else can write them.
+    """
     import subprocess
 
     import yaml
 
     try:
-        done = subprocess.run(
-            [str(file.resolve())], capture_output=True, text=True, timeout=60, check=False
-        )
+        real = trust.judge(str(file.absolute()), os.geteuid(), trust.FILE, "inventory program")
+    except trust.Untrusted as exc:
+        raise UserError(f"refusing to run {exc}") from None
+    try:
+        done = subprocess.run([real], capture_output=True, text=True, timeout=60, check=False)
     except subprocess.TimeoutExpired:
         raise UserError(f"inventory program {file}: no answer in 60 s") from None
     except OSError as exc:
@@ -266,18 +275,25 @@ def _is_program(file: Path) -> bool:
 def resolve_inventory_path(path: str | None) -> Path:
     """`--inventory` value, else $GPUFLEET_INVENTORY, else hosts/rehearsal.yaml.
 
-    A bare name such as `rehearsal` means `hosts/rehearsal.yaml`.
+    A bare name (no `/`) means `hosts/NAME.yaml`, then `hosts/NAME`: never a file of the
+    current directory, which may be anyone's (`-i fleet` typed in /tmp must not run
+    /tmp/fleet). `./NAME` or a path with a `/` names a file where it is.
     """
     raw = path or os.environ.get("GPUFLEET_INVENTORY") or str(DEFAULT_INVENTORY)
-    candidate = Path(raw).expanduser()
-    if not candidate.exists() and "/" not in raw and not raw.endswith((".yaml", ".yml")):
-        candidate = Path("hosts") / f"{raw}.yaml"
-    if not candidate.exists():
-        raise UserError(
-            f"inventory {raw!r} not found (looked for {candidate}); pass --inventory FILE "
-            "or set GPUFLEET_INVENTORY"
-        )
-    return candidate
+    if "/" in raw or raw.startswith("~"):
+        candidates = [Path(raw).expanduser()]
+    else:
+        yaml_name = raw if raw.endswith((".yaml", ".yml", ".json")) else f"{raw}.yaml"
+        candidates = list(dict.fromkeys([Path("hosts") / yaml_name, Path("hosts") / raw]))
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate
+    looked = ", ".join(str(c) for c in candidates)
+    here = f"; ./{raw} is in this directory: pass ./{raw} to use it" if Path(raw).exists() else ""
+    raise UserError(
+        f"inventory {raw!r} not found (looked for {looked}){here}; pass --inventory FILE "
+        "or set GPUFLEET_INVENTORY"
+    )
 
 
 def load_inventory(path: str | Path | None = None) -> Inventory:

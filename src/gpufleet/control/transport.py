@@ -21,10 +21,11 @@ from typing import Any
 
 from paramiko import SSHException
 
-from gpufleet.control import agentzip, bootstrap
+from gpufleet.control import agentzip, bootstrap, interpreter
 from gpufleet.control.agentproc import EOF, FINAL, TIMEOUT, AgentProcess, LocalAgent, SSHAgent
 from gpufleet.control.inventory import Host
 from gpufleet.errors import HostError
+from gpufleet.host import trust
 from gpufleet.host.protocol import MARK, SERVE, FinalLine, Hello, ProgressEvent, VerbArgs
 from gpufleet.kinds import Kind
 from gpufleet.wire import WireError
@@ -105,7 +106,23 @@ def _compact(source: str) -> str:
     return ast.unparse(tree)
 
 
-BOOTSTRAP = _compact(Path(bootstrap.__file__).read_text())
+def _inline_trust(source: str) -> str:
+    """The bootstrap's source with host/trust.py in place of its import of it: the host
+    has nothing of gpufleet's that may be imported before the hash is checked."""
+    tree, rule = ast.parse(source), ast.parse(Path(trust.__file__).read_text())
+    rule_body = [
+        node for node in rule.body
+        if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+    ]  # fmt: skip
+    body: list[ast.stmt] = []
+    for node in tree.body:
+        inlined = isinstance(node, ast.ImportFrom) and node.module == trust.__name__
+        body.extend(rule_body if inlined else [node])
+    tree.body = body
+    return ast.unparse(tree)
+
+
+BOOTSTRAP = _compact(_inline_trust(Path(bootstrap.__file__).read_text()))
 
 
 def _kind(value: Any) -> Kind:
@@ -134,6 +151,30 @@ class Session:
         self._workdir: str | None = None
         self.agent_starts = 0  # how many agents this session started (tests, benchmarks)
         self.warnings: set[str] = set()  # said once per host (a python others can change)
+        self.python: interpreter.Verdict | None = None  # the host python, as judged
+
+    def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
+        """The host's filesystem as the trust rule reads it, the connecting uid, home."""
+        raise NotImplementedError
+
+    def _judged_python(self) -> str:
+        """The host python's executable, once its whole tree passed the trust rule: judged
+        from outside, before it runs (a `python_trust: warn` host runs it, warned first)."""
+        if self.python is None:
+            fs, uid, home = self._tree()
+            try:
+                verdict = interpreter.judge_python(self.host.python_path, uid, fs, home)
+            except OSError as exc:
+                why = f"cannot read the host python's tree: {exc}"
+                raise HostError(why, Kind.CONNECTION) from None
+            if verdict.problems:
+                more = len(verdict.problems) - 1
+                first = verdict.problems[0] + (f" (and {more} more)" if more else "")
+                if self.host.python_trust != "warn":
+                    raise HostError(f"refusing to run the host python: {first}", Kind.UNTRUSTED)
+                self.warnings.add(f"running an untrusted python (python_trust: warn): {first}")
+            self.python = verdict
+        return self.python.executable
 
     def _start(self, script: str) -> AgentProcess:
         raise NotImplementedError
@@ -171,21 +212,12 @@ class Session:
         """The one remote command: the isolated bootstrap checks the workdir path and the
         agent's hash before anything from the host's disk is imported (control/bootstrap.py).
         """
-        argv = [self.host.python_path, "-I", "-c", BOOTSTRAP, self.host.workdir, agent, digest]
+        python = self._judged_python()
+        argv = [python, "-I", "-c", BOOTSTRAP, self.host.workdir, agent, digest]
         return f"umask 077; exec {shlex.join([*argv, *verb])}"
 
-    def _note_warnings(self, err: str) -> list[str]:
-        """The bootstrap's warnings (kept, said once per host) and the other stderr lines."""
-        lines = []
-        for line in err.strip().splitlines():
-            if line.startswith(bootstrap.WARNING):
-                self.warnings.add(line[len(bootstrap.WARNING) :].strip())
-            else:
-                lines.append(line)
-        return lines
-
     def _raise_for_workdir(self, code: int | None, err: str) -> None:
-        lines = self._note_warnings(err)
+        lines = err.strip().splitlines()
         if code == 90:
             raise HostError(f"{(lines or ['cannot create workdir'])[-1]}", Kind.WORKDIR)
         if code == 91:
@@ -207,7 +239,6 @@ class Session:
             deadline = time.monotonic() + START_TIMEOUT_S
             outcome = agent.pump(sink, deadline, lambda sink=sink: sink.hello is not None)
             if sink.hello is not None:
-                self._note_warnings(agent.stderr_text())
                 self._agent, self._workdir = agent, str(sink.hello["workdir"])
                 return agent
             missing = [line for line in sink.other if line.startswith(MISSING + " ")]
@@ -310,7 +341,7 @@ class Session:
             raise
 
     def _explain_failure(self, code: int | None, err: str, other: list[str]) -> str:
-        lines = self._note_warnings(err)
+        lines = err.strip().splitlines()
         tail = (lines or other or ["no output"])[-1]
         if code == 127:
             return (
@@ -324,6 +355,9 @@ class Session:
 
 class LocalSession(Session):
     """`connection: local`: the same agent and the same script, run by `sh` here."""
+
+    def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
+        return interpreter.LocalTree(), os.geteuid(), os.path.expanduser("~")
 
     def download(self, path: str) -> bytes:
         return Path(path).read_bytes()
@@ -347,6 +381,11 @@ class SSHSession(Session):
         from gpufleet.control import ssh as sshconnect
 
         self.conn = sshconnect.open_connection(host)
+
+    def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
+        tree = interpreter.SftpTree(self.conn.sftp())
+        home = tree.home()
+        return tree, tree.lstat(home).st_uid, home
 
     def _upload(self, data: bytes, path: str) -> None:
         sftp = self.conn.sftp()

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpufleet.host import childenv, safewrite
 from gpufleet.readings import GpuHealth, GpuReading
 
 CLOCK_EVENTS = {  # NVML's clock event (throttle) reason bits; idle and app clocks are benign
@@ -118,6 +119,7 @@ def _kernel_log(nvml: Any) -> list[str] | None:
             timeout=3,
             check=False,
             stdin=subprocess.DEVNULL,  # a serving agent's stdin carries the next verb
+            env=childenv.child_env(),
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -163,8 +165,7 @@ def new_xids(nvml: Any, handles: list[Any], remember: bool) -> list[list[int] | 
             if mine is not None and mine == bus:
                 out[i].append(xid)  # type: ignore[union-attr]
     if remember and fresh:
-        XID_SEEN.parent.mkdir(mode=0o700, exist_ok=True)
-        XID_SEEN.write_text(json.dumps(sorted(seen | set(found))[-1000:]))
+        safewrite.write_atomic(XID_SEEN, json.dumps(sorted(seen | set(found))[-1000:]))
     return out
 
 

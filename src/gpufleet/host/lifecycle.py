@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpufleet.host import gpus, health, serverkeys
+from gpufleet.host import gpus, health, safewrite, serverkeys
 from gpufleet.host.preflight import launch_env, preflight
 from gpufleet.host.procstat import ProcRef, command_name, group_members
 from gpufleet.host.protocol import (
@@ -71,8 +71,7 @@ FATAL_PATTERNS = [
 # -- launch ---------------------------------------------------------------------------
 @contextlib.contextmanager
 def port_lock(port: int):
-    SERVERS.mkdir(mode=0o700, exist_ok=True)
-    fd = os.open(SERVERS / f"{int(port)}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = safewrite.open_lock(SERVERS / f"{int(port)}.lock")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -89,8 +88,7 @@ def port_lock(port: int):
 def _spawn(spec: LaunchSpec) -> subprocess.Popen[bytes]:
     """Start the server in its own session, stdout and stderr appended to its log."""
     log = Path(spec.log)
-    log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(log, "ab", buffering=0) as out:
+    with safewrite.open_append(log, buffering=0) as out:
         out.write(f"[gpufleet] {now_iso()} launching {spec.profile}\n".encode())
         return subprocess.Popen(
             spec.argv,
@@ -109,17 +107,13 @@ def write_files(spec: LaunchSpec) -> LaunchSpec:
     files = spec.files or {}
     if not files:
         return spec
-    folder = Path.cwd() / "files"
-    folder.mkdir(mode=0o700, exist_ok=True)
+    folder = Path.cwd() / safewrite.own_dir("files")
     for name, content in files.items():
         if "/" in name or name.startswith("."):
             raise AgentError(f"file name {name!r} is not a plain name", kind=Kind.USAGE)
         target = folder / name
-        if not target.exists():
-            tmp = folder / f".{name}.{os.getpid()}.tmp"
-            tmp.write_text(content)
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, target)
+        if not target.is_file() or target.is_symlink():
+            safewrite.write_atomic(target, content)
     argv = [word.replace("{files}", str(folder)) for word in spec.argv]
     return dataclasses.replace(spec, argv=argv, files={})
 

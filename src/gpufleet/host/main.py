@@ -47,13 +47,36 @@ def run_verb(verb: str, stream: TextIO) -> int:
         return 1
 
 
-def serve(stdin: TextIO) -> int:
+MAX_LINE = 64 << 20  # characters of one verb's line: a launch's files, a bench's prompts
+
+
+def _lines(stdin: TextIO, limit: int):
+    """stdin's lines, each read with at most `limit` characters in memory; a longer line
+    is skipped whole and stands as None (its start, for the error, as the second item)."""
+    while True:
+        line = stdin.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or line.endswith("\n"):
+            yield line, ""
+            continue
+        start = line[:40]
+        while line and not line.endswith("\n"):  # drop the rest, a bounded read at a time
+            line = stdin.readline(limit)
+        yield None, start
+
+
+def serve(stdin: TextIO, limit: int = MAX_LINE) -> int:
     """Answer `VERB ARGS` lines until stdin ends; a hello line first says where we run."""
     from gpufleet.host.verbs import VERBS
 
     hello: Hello = {"workdir": os.getcwd(), "pid": os.getpid()}
     write_line({MARK: 1, "hello": hello})
-    for line in stdin:
+    for line, start in _lines(stdin, limit):
+        if line is None:
+            said = f"serve: a line over {limit} characters (starting {start!r})"
+            emit_error(said, Kind.BAD_INPUT)
+            continue
         verb, _, rest = line.strip().partition(" ")
         if not verb:
             continue

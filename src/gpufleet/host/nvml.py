@@ -42,8 +42,6 @@ def activate_simulation(sim: dict[str, Any], host: str) -> None:
     shim = shim_dir()
     if shim not in sys.path:  # a serving agent activates once per verb
         sys.path.insert(0, shim)
-    parts = [shim, _package_root(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in parts if p))
     sys.modules.pop("pynvml", None)
 
 

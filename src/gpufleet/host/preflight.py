@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.host import flagrenames, gpuhealth
+from gpufleet.host import childenv, flagrenames, gpuhealth
 from gpufleet.host import nvml as nvmlread
 from gpufleet.host.protocol import AgentError, LaunchArgs
 from gpufleet.host.servers import read_state, server_alive
@@ -61,13 +61,15 @@ def _agent_pythonpath() -> list[str]:
 
 
 def launch_env(spec: LaunchSpec) -> dict[str, str]:
-    """The server's environment: ours, the profile's, and the rehearsal engine's paths."""
-    env = dict(os.environ)
-    env.update(spec.env)
-    if spec.engine == "sim":
+    """The server's environment: the login's allow-listed part (host/childenv.py), the
+    profile's own variables, and on a simulated host the rehearsal engine's paths."""
+    env = childenv.child_env(spec.env)
+    parts = []
+    if os.environ.get("GPUFLEET_SIM_STATE"):
+        parts = [nvmlread.shim_dir(), *_agent_pythonpath()]
+    elif spec.engine == "sim":
         parts = _agent_pythonpath()
-        if os.environ.get("GPUFLEET_SIM_STATE"):
-            parts.insert(0, nvmlread.shim_dir())
+    if parts:
         env["PYTHONPATH"] = os.pathsep.join([*parts, env.get("PYTHONPATH", "")]).rstrip(":")
     return env
 
@@ -181,8 +183,11 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
     """Everything that can refuse a launch in seconds rather than after a model load."""
     spec = args.spec
     assert spec is not None, "launch checks its spec before preflight"
-    errors: list[str] = []
+    errors: list[str] = childenv.refusals(spec.env)
     warnings: list[str] = list(spec.warnings)
+    dropped = childenv.dropped_note()
+    if dropped:
+        warnings.append(dropped)
     existing = read_state(spec.port)
     if existing and server_alive(existing):
         if not args.replace:
@@ -197,8 +202,8 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
     if spec.check_model_path and not Path(spec.model_path).exists():
         errors.append(f"model path {spec.model_path!r} does not exist on this host")
     engine = spec.engine
-    version = engine_version(engine, launch_env(spec))
-    if engine == "sglang" and version is None:
+    version = engine_version(engine, launch_env(spec)) if not errors else None
+    if engine == "sglang" and version is None and not errors:
         errors.append(f"{sys.executable} has no sglang installed (pip show sglang found nothing)")
     health: list[str] = []
     if not args.skip_gpu_check:

@@ -9,30 +9,36 @@ runs, manifests and recorded command lines. Standard library only: this module s
 
 from __future__ import annotations
 
+import functools
+import itertools
 import re
 from collections.abc import Iterable
 from typing import Any
 
-SECRET_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CREDENTIAL|_KEY$)", re.I
-)
-SECRET_FLAG_WORD = re.compile(
-    r"(^|[-_])(api[-_]?key|token|secret|password|passwd|credentials?|access[-_]?key)($|[-_])",
-    re.I,
-)
-URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^/\s:@]+:)([^/\s@]+)(@)", re.I)
+SECRET_PARTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY", "API_KEY", "ACCESSKEY",
+                "ACCESS_KEY", "CREDENTIAL")  # fmt: skip
+SECRET_WORDS = {"token", "secret", "password", "passwd", "credential", "credentials"}
+SECRET_PAIRS = {("api", "key"), ("access", "key")}
+# Every pattern here runs on whole server logs and on agent input: each is linear in the
+# text (a match starts only where a word starts; values are scanned once, see
+# _hide_values), and tests/test_input_limits.py feeds every regex in gpufleet 1 MB of
+# adversarial text.
+URL_PASSWORD = re.compile(r"(://(?<=[a-z0-9+.-]://)[^/\s:@]+:)([^/\s@]+)(@)", re.I)
 REDACTED = "***"
 # `api_key='abc'` (a ServerArgs repr), `"hf_token": "abc"` (JSON, also inside a JSON
 # string), `HF_TOKEN=abc` (an environment dump)
 KEY_VALUE = re.compile(
-    r"(?P<key>(?<![\w-])[A-Za-z_][\w-]*)(?P<q1>\\?[\"'])?(?P<sep>\s*[=:]\s*)"
-    r"(?P<q2>\\?[\"'])?(?=(?P<value>[^\s\"'\\,;()}\][{&=]+))"
+    r"(?P<key>(?<![\w-])[A-Za-z_][\w-]*)(?P<q1>\\?[\"'])?(?P<sep>\s*[=:]\s*(?:\\?[\"'])?)"
 )
-# `--api-key abc`, `--api-key=abc`, `"--api-key", "abc"` (an argv list as JSON)
+KEY_VALUE_TEXT = re.compile(r"[^\s\"'\\,;()}\][{&=]+")
+# `--api-key abc`, `--api-key=abc`, `"--api-key", "abc"` (an argv list as JSON). A flag
+# follows a space, a quote or a bracket (the text is scanned with a space in front): a
+# leading character class lets the engine skip the rest in C, and the separator is
+# looked at ahead, not consumed, so it can lead the next flag.
 FLAG_VALUE = re.compile(
-    r"(?P<key>--[A-Za-z0-9][\w-]*)(?P<sep>=|\s+|\\?[\"']\s*,\s*\\?[\"'])"
-    r"(?=(?P<value>[^\s\"'\\,\]]+))"
+    r"[\s\"'\[,(={](?P<key>--[A-Za-z0-9][\w-]*)(?=(?P<sep>=|\s+|\\?[\"']\s*,\s*\\?[\"']))"
 )
+FLAG_VALUE_TEXT = re.compile(r"[^\s\"'\\,\]]+")
 NOT_SECRET = re.compile(r"^(-.*|\*\*\*|none|null|true|false|[-+]?[0-9.]+(e[-+]?[0-9]+)?)$", re.I)
 
 
@@ -41,7 +47,7 @@ def redact_env(env: dict[str, str], secret_names: Iterable[str] = ()) -> dict[st
     never reach a manifest, log or dry run."""
     declared = set(secret_names)
     return {
-        k: (REDACTED if SECRET_NAME.search(k) or k in declared else redact_text(v))
+        k: (REDACTED if secret_variable(k) or k in declared else redact_text(v))
         for k, v in env.items()
     }
 
@@ -74,7 +80,7 @@ def secrets_in(value: Any, secret_names: Iterable[str] = ()) -> list[str]:
             for inner in item:
                 walk(inner, name)
         elif isinstance(item, str):
-            if name and (is_secret_name(name) or SECRET_NAME.search(name) or name in declared):
+            if name and (is_secret_name(name) or secret_variable(name) or name in declared):
                 found.append(item)
             found.extend(m.group(2) for m in URL_PASSWORD.finditer(item))
 
@@ -82,32 +88,53 @@ def secrets_in(value: Any, secret_names: Iterable[str] = ()) -> list[str]:
     return found
 
 
+def secret_variable(name: str) -> bool:
+    """An environment variable's name that holds a secret: `HF_TOKEN`, `OPENAI_API_KEY`,
+    `DB_PASSWORD`, anything ending `_KEY` (substring tests: linear, whatever the name)."""
+    upper = name.upper()
+    return upper.endswith("_KEY") or any(part in upper for part in SECRET_PARTS)
+
+
+def _secret_words(name: str) -> bool:
+    """A word of a `-`/`_` separated name is a secret's: `api-key`, `hf_token`, `apikey`."""
+    words = name.lower().replace("_", "-").split("-")
+    if any(w in SECRET_WORDS or w in ("apikey", "accesskey") for w in words):
+        return True
+    return any(pair in SECRET_PAIRS for pair in itertools.pairwise(words))
+
+
 def is_secret_flag(flag: str) -> bool:
     """`--api-key`, `--admin-api-key`, `--hf-token`: yes. `--tokenizer-path`: no."""
-    return flag.startswith("-") and bool(SECRET_FLAG_WORD.search(flag.lstrip("-")))
+    return flag.startswith("-") and _secret_words(flag.lstrip("-"))
 
 
+@functools.lru_cache(maxsize=4096)  # a log repeats its names; scrubbing asks per match
 def is_secret_name(name: str) -> bool:
     """`api_key`, `admin-api-key`, `HF_TOKEN`, `password`: yes. `max_new_tokens`: no."""
     name = name.strip("-")
-    return bool(SECRET_FLAG_WORD.search(name)) or (
-        name.isupper() and bool(SECRET_NAME.search(name))
-    )
+    return _secret_words(name) or (name.isupper() and secret_variable(name))
 
 
-def _hide_values(text: str, pattern: re.Pattern[str]) -> str:
-    """Replace the value after every secret-looking name. Values are matched ahead, not
-    consumed, so `env: HF_TOKEN=abc` still finds HF_TOKEN after the non-secret `env:`."""
-    out, last = [], 0
+def _hide_values(text: str, pattern: re.Pattern[str], value_text: re.Pattern[str]) -> str:
+    """Replace the value after every secret-looking name. `pattern` matches the name and
+    its separator only, so `env: HF_TOKEN=abc` still finds HF_TOKEN after the non-secret
+    `env:`; a value is scanned only after a secret name, and once: names inside a value
+    already scanned are not looked at again (linear, whatever the text)."""
+    text = " " + text  # a name at the very start has a space before it, like the others
+    out, last, scanned = [], 0, 0
     for match in pattern.finditer(text):
-        start, end = match.span("value")
-        if start < last or not is_secret_name(match.group("key")):
+        start = match.end("sep")
+        if start < scanned or not is_secret_name(match.group("key")):
             continue
-        if NOT_SECRET.match(match.group("value")):
+        value = value_text.match(text, start)
+        if value is None:
+            continue
+        scanned = value.end()
+        if NOT_SECRET.match(value.group()):
             continue
         out += [text[last:start], REDACTED]
-        last = end
-    return "".join(out) + text[last:]
+        last = scanned
+    return ("".join(out) + text[last:])[1:]
 
 
 def redact_text(text: str) -> str:
@@ -115,7 +142,7 @@ def redact_text(text: str) -> str:
     secret-looking names (`api_key='***'`, `"hf_token": "***"`, `HF_TOKEN=***`) and of
     secret flags (`--api-key ***`). Numbers, booleans and None are left: not secrets."""
     text = URL_PASSWORD.sub(rf"\g<1>{REDACTED}\g<3>", text)
-    return _hide_values(_hide_values(text, FLAG_VALUE), KEY_VALUE)
+    return _hide_values(_hide_values(text, FLAG_VALUE, FLAG_VALUE_TEXT), KEY_VALUE, KEY_VALUE_TEXT)
 
 
 def redact_argv(argv: list[str]) -> list[str]:
@@ -176,7 +203,7 @@ def secret_values(argv: list[str], env: dict[str, str]) -> list[str]:
     ]
     values += [w.split("=", 1)[1] for w in argv if "=" in w and is_secret_flag(w.split("=")[0])]
     values += [m.group(2) for w in argv for m in URL_PASSWORD.finditer(w)]
-    values += [v for k, v in env.items() if SECRET_NAME.search(k)]
+    values += [v for k, v in env.items() if secret_variable(k)]
     return sorted({v for v in values if len(v) >= 4}, key=len, reverse=True)
 
 

@@ -13,9 +13,9 @@ Standard library only: this module ships.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from gpufleet.host import safewrite
 from gpufleet.host.redact import URL_PASSWORD, is_secret_flag, remember
 from gpufleet.host.servers import SERVERS
 
@@ -55,14 +55,8 @@ def key_file(port: int) -> Path:
 
 def write(port: int, secrets: dict[str, str]) -> Path:
     """The secrets in a 0600 file (atomic); its absolute path."""
-    SERVERS.mkdir(mode=0o700, exist_ok=True)
-    target = key_file(port).resolve()
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(secrets, fh)
-    os.replace(tmp, target)
-    return target
+    target = safewrite.write_atomic(key_file(port), json.dumps(secrets))
+    return Path.cwd() / target
 
 
 def read(path: str | None) -> dict[str, str]:

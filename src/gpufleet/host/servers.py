@@ -12,6 +12,7 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gpufleet.host import safewrite
 from gpufleet.host.procstat import ProcRef
 from gpufleet.records import ServerState
 from gpufleet.wire import WireError
@@ -28,10 +29,7 @@ def _state_path(port: int) -> Path:
 
 
 def write_state(state: ServerState) -> None:
-    SERVERS.mkdir(mode=0o700, exist_ok=True)
-    tmp = SERVERS / f".{state.port}.{os.getpid()}.tmp"
-    tmp.write_text(state.to_json())
-    os.replace(tmp, _state_path(state.port))
+    safewrite.write_atomic(_state_path(state.port), state.to_json())
 
 
 def _load(path: Path) -> ServerState | None:

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpufleet.host import serverkeys
+from gpufleet.host import safewrite, serverkeys
 from gpufleet.host.bench import serverapi, telemetry
 from gpufleet.host.bench import slo as slos
 from gpufleet.host.bench.level import Prompt, RequestRecord, Tally
@@ -45,17 +45,16 @@ class RunWriter:
 
     def __init__(self, run_dir: Path) -> None:
         self.dir = run_dir
-        self.progress = open(run_dir / "progress.jsonl", "a", buffering=1)  # noqa: SIM115
+        self.progress = safewrite.open_append(run_dir / "progress.jsonl", text=True, buffering=1)
         self.secrets: list[str] = []  # the server's secret values, set once it is known
         self.last: ResultRow | None = None  # the previous level's row (--client-procs auto)
 
     def json(self, name: str, data: Any) -> None:
-        tmp = self.dir / f".{name}.tmp"
-        tmp.write_text(scrub(json.dumps(data, indent=2, default=str), self.secrets))
-        os.replace(tmp, self.dir / name)
+        text = scrub(json.dumps(data, indent=2, default=str), self.secrets)
+        safewrite.write_atomic(self.dir / name, text)
 
     def lines(self, name: str, rows: list[dict[str, Any]]) -> None:
-        with open(self.dir / name, "a") as fh:
+        with safewrite.open_append(self.dir / name, text=True) as fh:
             for row in rows:
                 fh.write(scrub(json.dumps(row, default=str), self.secrets) + "\n")
 
@@ -144,7 +143,7 @@ def write_server_log(
         pos = offset
     out.append(data[pos:])
     text = b"".join(out).decode(errors="replace")
-    (writer.dir / "server.log").write_text(scrub(text, secrets or []))
+    safewrite.write_atomic(writer.dir / "server.log", scrub(text, secrets or []))
 
 
 def client_procs(plan: BenchPlan, level: Level, last: ResultRow | None) -> int:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpufleet.host import serverkeys
+from gpufleet.host import childenv, safewrite, serverkeys
 from gpufleet.records import BenchPlan, Level
 
 BACKENDS = {"sglang": "sglang", "openai": "sglang-oai", "openai-chat": "sglang-oai-chat"}
@@ -36,7 +36,7 @@ def sharegpt_file(texts: list[str], path: Path) -> Path:
         }
         for i, t in enumerate(texts)
     ]
-    path.write_text(json.dumps(data))
+    safewrite.write_atomic(path, json.dumps(data))
     return path
 
 
@@ -131,10 +131,9 @@ def run_level(
 ) -> dict[str, Any]:
     """One level through bench_serving; the server's key in OPENAI_API_KEY, which it sends
     as `Authorization: Bearer` (its documented way: never on its command line)."""
-    import os
     from datetime import UTC, datetime
 
-    env = dict(os.environ)
+    env = childenv.child_env()
     bearer = serverkeys.headers(keys or {}).get("Authorization")
     if bearer:
         env["OPENAI_API_KEY"] = bearer.removeprefix("Bearer ")
@@ -145,7 +144,7 @@ def run_level(
     dataset = sharegpt_file(texts[: level.num_prompts], run_dir / f".sharegpt-c{c}.json")
     out = run_dir / f"bench_serving-c{c}.jsonl"
     log = run_dir / f"bench_serving-c{c}.log"
-    with open(log, "wb") as fh:
+    with safewrite.open_fresh(log) as fh:
         proc = subprocess.run(
             command(plan, level, dataset, out, tokenizer),
             stdout=fh,

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import gpufleet
+from gpufleet.host import childenv
 from gpufleet.host.bench.clientcert import ClientClock
 from gpufleet.host.bench.level import LevelRun, Prompt, RequestRecord, Tally
 from gpufleet.host.bench.loadgen import run_async, run_level
@@ -104,6 +105,7 @@ class _Share:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=childenv.child_env(),
         )
         self.tally = Tally()
         self.ready = threading.Event()

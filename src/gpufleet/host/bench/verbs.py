@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpufleet.host import gpus, serverkeys
+from gpufleet.host import childenv, gpus, safewrite, serverkeys
 from gpufleet.host import nvml as nvmlread
 from gpufleet.host.procstat import ProcRef
 from gpufleet.host.protocol import (
@@ -71,15 +71,16 @@ def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
         plan.profile = plan.profile or state.profile
     if plan.metrics:
         plan.metrics_url = plan.base_url + "/metrics"
-    run_dir.mkdir(parents=True, mode=0o700)
+    safewrite.own_dir(run_dir.parent)
+    os.mkdir(run_dir, 0o700)
     incoming = Path(args.prompts_file)
     os.replace(incoming, run_dir / "prompts.jsonl")
-    (run_dir / "plan.json").write_text(plan.to_json())
-    (run_dir / "status.json").write_text(json.dumps({"status": RunStatus.STARTING}))
+    safewrite.write_atomic(run_dir / "plan.json", plan.to_json())
+    safewrite.write_atomic(run_dir / "status.json", json.dumps({"status": RunStatus.STARTING}))
     runner = _spawn_runner(
         run_dir, BenchRunArgs(args.host, args.expected_gpus, args.sim, plan.run_id)
     )
-    (run_dir / "runner.json").write_text(json.dumps(runner.to_wire()))
+    safewrite.write_atomic(run_dir / "runner.json", json.dumps(runner.to_wire()))
     return {
         "run_id": plan.run_id,
         "run_dir": str(run_dir.resolve()),
@@ -92,7 +93,7 @@ def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
 def _spawn_runner(run_dir: Path, args: BenchRunArgs) -> ProcRef:
     """`agent.pyz bench-run` in its own session (survives SSH), its arguments on stdin."""
     agent = os.path.abspath(sys.argv[0])
-    with open(run_dir / "runner.log", "ab") as log:
+    with safewrite.open_append(run_dir / "runner.log") as log:
         proc = subprocess.Popen(
             [sys.executable, "-I", agent, BenchRunArgs.VERB],
             stdin=subprocess.PIPE,
@@ -100,6 +101,7 @@ def _spawn_runner(run_dir: Path, args: BenchRunArgs) -> ProcRef:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            env=childenv.child_env(),
         )
     assert proc.stdin is not None
     proc.stdin.write(args.to_wire().encode())
@@ -131,9 +133,8 @@ def bench_run(args: BenchRunArgs) -> RunStatusFile:
             keys=serverkeys.read(state.key_file if state else None),
         )
     except Exception as exc:
-        (run_dir / "status.json").write_text(
-            json.dumps({"status": RunStatus.FAILED, "reason": f"runner crashed: {exc!r}"})
-        )
+        failed = {"status": RunStatus.FAILED, "reason": f"runner crashed: {exc!r}"}
+        safewrite.write_atomic(run_dir / "status.json", json.dumps(failed))
         raise
 
 
@@ -194,7 +195,7 @@ def bench_watch(args: BenchWatchArgs) -> BenchWatchAnswer:
                     "reason": "the bench runner died",
                     "tail": log_tail,
                 }
-                (run_dir / "status.json").write_text(json.dumps(status))
+                safewrite.write_atomic(run_dir / "status.json", json.dumps(status))
             break
         if time.monotonic() > deadline:
             return {

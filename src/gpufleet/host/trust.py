@@ -1,0 +1,163 @@
+"""The one trust rule: which paths root may execute, import, read configuration from, or
+write through, on a host other people share.
+
+A path is trusted when the file and every directory on the way to it belong to root or
+the connecting user and nobody else can write them, each symlink resolved one component
+at a time (its own owner judged too), and the final entry judged as what it must be (a
+directory gpufleet works in, or a file). A world-writable sticky directory (/tmp) may be
+crossed as an ancestor, since others cannot rename an entry that is not theirs, but is
+never a directory gpufleet works in. This is sshd's StrictModes, applied to every path
+root touches; the same walk runs in the bootstrap (inlined there), in the agent, and on
+the control plane over SFTP (`fs` is anything with `lstat` and `readlink`).
+
+Standard library only, and nothing at import time but `os` and `stat`: the bootstrap
+inlines this module's code and runs it before anything of the host's disk is trusted.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+MAX_LINKS = 40  # like the kernel's ELOOP limit
+FILE, DIRECTORY, WORKDIR, ANY = "file", "directory", "workdir", "any"
+
+
+class Untrusted(Exception):
+    """The path could let another local user change what root runs or writes: refuse."""
+
+
+class LocalFS:
+    """The rule's view of this machine's own filesystem."""
+
+    lstat = staticmethod(os.lstat)
+    readlink = staticmethod(os.readlink)
+
+
+def describe(path: str, st: os.stat_result) -> str:
+    return f"{path} (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})"
+
+
+def others_can_write(st: os.stat_result) -> bool:
+    return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _sticky(st: os.stat_result) -> bool:
+    return bool(stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX)
+
+
+def _refuse(what: str, path: str, shown: str, why: str, fix: str) -> Untrusted:
+    return Untrusted(f"{what} {path}: {shown} {why}; fix: {fix}")
+
+
+def _owner(what: str, path: str, candidate: str, st: os.stat_result, uid: int) -> None:
+    if st.st_uid in (0, uid):
+        return
+    kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a directory"
+    if not stat.S_ISLNK(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        kind = "a file"
+    raise _refuse(
+        what, path, f"goes through {kind} another user owns,", describe(candidate, st),
+        f"chown root {candidate} (or remove it), or choose another path",
+    )  # fmt: skip
+
+
+def _final(what: str, path: str, real: str, st: os.stat_result, uid: int, kind: str) -> None:
+    """The entry the path ends on, judged as what it must be."""
+    shown = describe(real, st)
+    if kind in (DIRECTORY, WORKDIR) and not stat.S_ISDIR(st.st_mode):
+        raise _refuse(what, path, shown, "is not a directory", f"remove {real}")
+    if kind == FILE and stat.S_ISDIR(st.st_mode):
+        raise _refuse(what, path, shown, "is a directory, not a file", "name a file")
+    if kind == WORKDIR and real == "/":
+        raise _refuse(what, path, shown, "is not a workdir", "name a directory of your own")
+    if kind == WORKDIR and st.st_uid != uid:
+        raise _refuse(
+            what, path, shown, "is owned by another user",
+            f"chown {uid} {real}, or choose a directory of your own",
+        )  # fmt: skip
+    if st.st_uid not in (0, uid):
+        raise _refuse(
+            what, path, shown, "is owned by another user", f"chown root {real} (or remove it)"
+        )
+    if others_can_write(st):
+        if _sticky(st):
+            raise _refuse(
+                what, path, shown, "is writable by other users (a shared sticky directory)",
+                f"name a directory of your own inside it, such as {real.rstrip('/')}/gpufleet",
+            )  # fmt: skip
+        raise _refuse(what, path, shown, "is writable by other users", f"chmod go-w {real}")
+
+
+def judge(
+    path: str,
+    uid: int,
+    kind: str = FILE,
+    what: str = "path",
+    fs: object = None,
+    create: bool = False,
+) -> str:
+    """The real path of `path` when the rule trusts it; Untrusted (one line) otherwise.
+
+    `kind` says what the final entry must be: FILE, DIRECTORY, WORKDIR (a directory owned
+    by `uid` itself, never a sticky shared one) or ANY. With `create`, missing directories
+    are made 0700 on the way and judged like the rest; without it a missing component
+    raises FileNotFoundError.
+    """
+    fs = fs or LocalFS
+    root = fs.lstat("/")
+    if root.st_uid != 0 or others_can_write(root):
+        raise _refuse(what, path, describe("/", root), "is unsafe", "chmod 755 / as root")
+    pending = [p for p in path.split("/") if p]
+    current, links = "/", 0
+    while pending:
+        name = pending.pop(0)
+        if name in (".", ".."):
+            current = current if name == "." else os.path.dirname(current)
+            continue
+        candidate = os.path.join(current, name)
+        try:
+            st = fs.lstat(candidate)
+        except FileNotFoundError:
+            if not (create and (pending or kind in (DIRECTORY, WORKDIR))):
+                raise
+            try:
+                os.mkdir(candidate, 0o700)
+            except FileExistsError:
+                pass  # someone made it between our look and our mkdir: judged below
+            st = fs.lstat(candidate)
+        _owner(what, path, candidate, st, uid)
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_LINKS:
+                raise _refuse(what, path, candidate, "has too many symlinks", "shorten the chain")
+            target = fs.readlink(candidate)
+            current = "/" if target.startswith("/") else current
+            pending = [p for p in target.split("/") if p] + pending
+            continue
+        if pending:  # an ancestor: a directory only we (or a sticky one) control
+            if not stat.S_ISDIR(st.st_mode):
+                raise _refuse(what, path, candidate, "is not a directory", "fix the path")
+            if others_can_write(st) and not (_sticky(st) and st.st_mode & stat.S_IWOTH):
+                raise _refuse(
+                    what, path, describe(candidate, st), "is writable by other users",
+                    f"chmod go-w {candidate}",
+                )  # fmt: skip
+        current = candidate
+    # the entry the walk ends on is judged here, however the walk got there (a link to
+    # `..` ends on a directory it only crossed as an ancestor)
+    st = fs.lstat(current)
+    if kind != ANY or others_can_write(st) or st.st_uid not in (0, uid):
+        _final(what, path, current, st, uid, kind if kind != ANY else "")
+    return current
+
+
+def trusted(path: str, uid: int, kind: str = FILE, fs: object = None) -> str | None:
+    """None when `path` is trusted (or missing); else the one-line reason."""
+    try:
+        judge(path, uid, kind, fs=fs)
+    except FileNotFoundError:
+        return None
+    except Untrusted as exc:
+        return str(exc)
+    return None

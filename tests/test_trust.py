@@ -1,0 +1,313 @@
+"""Root-safe by construction (issue 34): the one trust rule, judged before anything runs.
+
+Over real sshd as root, with uid 65534 playing the other local user. Each case plants that
+user's code (a `.pth`, a `sitecustomize.py`) where root would run it, and asserts the task
+refuses before it runs: the canary file the code would write never appears.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet.host import trust
+from helpers import REPO, run_cli
+from test_reliability import record
+
+NOBODY = 65534
+CANARY_CODE = "import pathlib; pathlib.Path({canary!r}).write_text('ran as root')"
+
+
+def _venv(tmp_path: Path, host_python: str) -> Path:
+    """A venv like a lab machine's, its packages from the test host's venv through a .pth."""
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True
+    )
+    site = subprocess.run(
+        [host_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    (_purelib(venv) / "host.pth").write_text(site + "\n")
+    return venv
+
+
+def _purelib(venv: Path) -> Path:
+    return next((venv / "lib").glob("python3*/site-packages"))
+
+
+def _failed_line(out: subprocess.CompletedProcess, host: str) -> str:
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith(f"{host}: FAILED")]
+    assert len(lines) == 1, out.stdout + out.stderr
+    return lines[0]
+
+
+HOSTILE_PYTHON = ["venv-0777", "site-packages-theirs", "bin-group-writable", "pyvenv-cfg-theirs",
+                  "pth-adds-their-dir", "stdlib-entry-theirs"]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", HOSTILE_PYTHON)
+def test_a_python_another_user_can_change_is_refused_before_it_runs(
+    fleet, tmp_path, host_python, case
+):
+    canary = tmp_path / "CANARY"
+    venv = _venv(tmp_path, host_python)
+    purelib = _purelib(venv)
+    plant = CANARY_CODE.format(canary=str(canary))
+    (purelib / "zz-theirs.pth").write_text(f"import sys; {plant}\n")  # what site would run
+    if case == "venv-0777":
+        venv.chmod(0o777)
+        hostile = venv
+    elif case == "site-packages-theirs":
+        os.chown(purelib, NOBODY, NOBODY)
+        hostile = purelib
+    elif case == "bin-group-writable":
+        (venv / "bin").chmod(0o775)
+        hostile = venv / "bin"
+    elif case == "pyvenv-cfg-theirs":
+        os.chown(venv / "pyvenv.cfg", NOBODY, NOBODY)
+        hostile = venv / "pyvenv.cfg"
+    elif case == "pth-adds-their-dir":
+        (purelib / "zz-theirs.pth").unlink()
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        (theirs / "sitecustomize.py").write_text(plant + "\n")
+        os.chown(theirs, NOBODY, NOBODY)
+        (purelib / "extra.pth").write_text(str(theirs) + "\n")
+        hostile = theirs
+    else:  # a module in the venv's lib/python3.X that another user owns
+        lib = purelib.parent
+        module = lib / "theirs.py"
+        module.write_text(plant + "\n")
+        os.chown(module, NOBODY, NOBODY)
+        (purelib / "zz-theirs.pth").write_text("import theirs\n")
+        hostile = module
+    fleet.write_inventory(python=str(venv / "bin" / "python"))
+    out = fleet.cli("gpu-clean", "--hosts", "h2")
+    assert out.returncode == 1, out.stdout + out.stderr
+    line = _failed_line(out, "h2")
+    assert "refusing to run the host python" in line and str(hostile) in line, line
+    assert "fix: " in line and ("owner uid" in line)
+    assert not canary.exists(), "their code ran as root"
+    assert "Traceback" not in out.stderr
+    record(f"trust_python_{case}", {"exit": out.returncode, "line": line[:300]})
+
+
+def test_python_trust_warn_runs_a_lab_venv_after_saying_so(fleet, tmp_path, host_python):
+    venv = _venv(tmp_path, host_python)
+    venv.chmod(0o777)
+    fleet.write_inventory(python=str(venv / "bin" / "python"), python_trust="warn")
+    out = fleet.cli("gpu-clean", "--hosts", "h2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    [warning] = [ln for ln in out.stderr.splitlines() if "warning" in ln]
+    assert "running an untrusted python (python_trust: warn)" in warning and str(venv) in warning
+    # and a trusted venv says nothing (a warning must be true)
+    venv.chmod(0o755)
+    quiet = fleet.cli("gpu-clean", "--hosts", "h2")
+    assert quiet.returncode == 0 and "untrusted" not in quiet.stderr, quiet.stderr
+    record("trust_python_warn", warning[:300])
+
+
+def test_a_bare_python_runs_the_system_one_judged_not_the_logins(fleet, tmp_path, fresh_sshd):
+    # root's login PATH starts with a directory another user owns, holding a `python3`
+    theirs = tmp_path / "theirs-bin"
+    theirs.mkdir()
+    canary = tmp_path / "CANARY"
+    (theirs / "python3").write_text(f'#!/bin/sh\necho ran > {canary}\nexec /usr/bin/python3 "$@"\n')
+    (theirs / "python3").chmod(0o755)
+    os.chown(theirs, NOBODY, NOBODY)
+    sshd = fresh_sshd(extra_options=[f"SetEnv=PATH={theirs}:/usr/bin:/bin"])
+    fleet.add_sshd_host("h9", sshd, 63)
+    fleet.write_inventory(extra_hosts={"h9": {"address": "127.0.0.1", "port": sshd.port,
+                                              "python": "python3",
+                                              "workdir": str(fleet.workdir("h9"))}})  # fmt: skip
+    from gpufleet.control import interpreter
+
+    verdict = interpreter.judge_python("python3", 0, interpreter.LocalTree())
+    assert verdict.executable.startswith(("/usr/", "/bin/")) and not verdict.problems
+    out = fleet.cli("gpu-clean", "--hosts", "h9")
+    assert not canary.exists(), out.stdout + out.stderr
+    assert "not found" not in out.stderr, out.stderr  # the system python3 ran (and judged)
+    record("trust_bare_python", {"canary": canary.exists(), "exit": out.returncode})
+
+
+def _attacker_site(tmp_path: Path) -> tuple[Path, Path]:
+    theirs = tmp_path / "their-site"
+    theirs.mkdir()
+    canary = tmp_path / "CANARY"
+    (theirs / "sitecustomize.py").write_text(
+        "import os, pathlib\n"
+        f"p = pathlib.Path({str(canary)!r})\n"
+        "p.write_text((p.read_text() if p.exists() else '') + str(os.getpid()) + '\\n')\n"
+    )
+    os.chown(theirs, NOBODY, NOBODY)
+    return theirs, canary
+
+
+def test_the_login_environment_never_reaches_roots_children(fleet, tmp_path, fresh_sshd):
+    theirs, canary = _attacker_site(tmp_path)
+    sshd = fresh_sshd(extra_options=[f"SetEnv=PYTHONPATH={theirs} PYTHONSTARTUP={theirs}/x.py"])
+    fleet.add_sshd_host("h9", sshd, 56)
+    profile = fleet.profile("loginenv", tp=2)
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h9")
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert not canary.exists(), f"sitecustomize ran as root: {canary.read_text()}"
+        said = [ln for ln in out.stdout.splitlines() + out.stderr.splitlines()
+                if "not passed to the server from the login environment" in ln]  # fmt: skip
+        assert len(said) == 1 and "PYTHONPATH" in said[0] and "PYTHONSTARTUP" in said[0], said
+    finally:
+        fleet.cli("stop", "--hosts", "h9", "--grace", "2")
+    # on a host whose login sets none of it, nothing is said
+    quiet = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0")
+    try:
+        assert quiet.returncode == 0, quiet.stdout + quiet.stderr
+        assert "login environment" not in quiet.stdout + quiet.stderr
+    finally:
+        fleet.cli("stop", "--hosts", "h0", "--grace", "2")
+    record("trust_login_env", {"canary": canary.exists(), "said": said[0][:200]})
+
+
+def test_a_profiles_own_path_variables_are_judged(fleet, tmp_path):
+    theirs, canary = _attacker_site(tmp_path)
+    profile = fleet.profile("envpaths", tp=1, env={"PYTHONPATH": str(theirs)})
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h1")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "env PYTHONPATH" in out.stderr and "another user owns" in out.stderr, out.stderr
+    assert not canary.exists()
+    record("trust_profile_env", {"exit": out.returncode, "canary": canary.exists()})
+
+
+def test_a_link_ending_in_dotdot_cannot_land_the_workdir_on_a_shared_directory(fleet, tmp_path):
+    sticky = tmp_path / "shared"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    (sticky / "mine").mkdir(mode=0o700)
+    link = tmp_path / "wd"
+    link.symlink_to(f"{sticky}/mine/..")  # root's own link; its target ends on /tmp-like
+    with pytest.raises(trust.Untrusted, match="shared sticky directory"):
+        trust.judge(str(link), 0, trust.WORKDIR)
+    fleet.write_inventory(extra_hosts={"odd": {"address": "127.0.0.1",
+                                               "port": fleet.sshds[0].port,
+                                               "workdir": str(link)}})  # fmt: skip
+    out = fleet.cli("gpu-clean", "--hosts", "odd")
+    assert out.returncode == 1, out.stdout + out.stderr
+    line = _failed_line(out, "odd")
+    assert "shared sticky directory" in line and "fix:" in line, line
+    assert not any(p.name.startswith("agent-") for p in sticky.iterdir())  # nothing uploaded
+    record("trust_workdir_dotdot", line[:300])
+
+
+def test_keys_are_never_written_through_a_planted_link(fleet, tmp_path):
+    from test_secrets import _keyed_profile
+
+    profile = _keyed_profile(fleet, "linkkeys")
+    port = yaml.safe_load(profile.read_text())["port"] + 7  # h1's offset
+    servers = fleet.workdir("h1") / "servers"
+    servers.mkdir(parents=True, exist_ok=True, mode=0o700)
+    victim = tmp_path / "root-owned-config"
+    victim.write_text("precious\n")
+    (servers / f"{port}.keys.yaml").symlink_to(victim)
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h1")
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert victim.read_text() == "precious\n"
+        keys = servers / f"{port}.keys.yaml"
+        assert not keys.is_symlink() and stat.S_IMODE(keys.stat().st_mode) == 0o600
+    finally:
+        fleet.cli("stop", "--hosts", "h1", "--grace", "2")
+    record("trust_keys_link", {"victim_unchanged": victim.read_text() == "precious\n"})
+
+
+def test_a_servers_directory_another_user_made_is_refused_not_reused(fleet, tmp_path):
+    profile = fleet.profile("theirservers", tp=1)
+    servers = fleet.workdir("h2") / "servers"
+    servers.mkdir(parents=True, exist_ok=True)
+    os.chown(servers, NOBODY, NOBODY)
+    try:
+        out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h2")
+        assert out.returncode == 1, out.stdout + out.stderr
+        line = _failed_line(out, "h2")
+        assert f"refusing to write in {servers}" in line and "another user owns it" in line, line
+        assert list(servers.iterdir()) == []
+        record("trust_servers_dir", line[:300])
+    finally:
+        os.chown(servers, 0, 0)
+        fleet.cli("stop", "--hosts", "h2", "--grace", "2")
+
+
+def test_the_bootstrap_runs_the_bytes_it_hashed_not_the_file(tmp_path):
+    # the zip is run from memory: the path it names does not even exist any more
+    import io
+    import zipfile
+
+    from gpufleet.control import bootstrap
+
+    marker = tmp_path / "ran"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        zf.writestr("__main__.py", "import pkg.mod\n")
+        zf.writestr("pkg/__init__.py", "")
+        zf.writestr(
+            "pkg/mod.py", f"import pathlib; pathlib.Path({str(marker)!r}).write_text(__file__)\n"
+        )
+    gone = tmp_path / "agent-gone.pyz"
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from gpufleet.control import bootstrap; "
+        "bootstrap.run_from_memory(sys.argv[2], sys.stdin.buffer.read())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code, str(REPO / "src"), str(gone)],
+        input=buffer.getvalue(), capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert marker.read_text() == f"{gone}/pkg/mod.py"
+    assert not gone.exists() and bootstrap.MISSING
+
+
+def _program(path: Path, canary: Path) -> Path:
+    path.write_text(f"#!/bin/sh\ntouch {canary}\necho '{{hosts: {{a: {{}}}}}}'\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("case", ["owned-by-them", "in-a-dir-they-can-write", "trusted"])
+def test_an_inventory_program_runs_only_when_trusted(tmp_path, case):
+    canary = tmp_path / "CANARY"
+    home = tmp_path / "inv"
+    home.mkdir(mode=0o755)
+    program = _program(home / "fleet", canary)
+    if case == "owned-by-them":
+        os.chown(program, NOBODY, NOBODY)
+    elif case == "in-a-dir-they-can-write":
+        home.chmod(0o777)
+    out = run_cli("hosts", "--inventory", str(program))
+    if case == "trusted":
+        assert out.returncode == 0 and canary.exists(), out.stdout + out.stderr
+        return
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert not canary.exists()
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("gpufleet: refusing to run inventory program") and "fix:" in line, line
+    record(f"trust_inventory_{case}", line[:300])
+
+
+def test_a_bare_inventory_name_never_runs_a_file_of_the_current_directory(tmp_path):
+    canary = tmp_path / "CANARY"
+    _program(tmp_path / "fleet", canary)
+    out = run_cli("hosts", "--inventory", "fleet", cwd=tmp_path)
+    assert out.returncode == 2 and not canary.exists(), out.stdout + out.stderr
+    assert "pass ./fleet to use it" in out.stderr
+    (tmp_path / "hosts").mkdir()
+    (tmp_path / "hosts" / "fleet.yaml").write_text("hosts: {fromyaml: {}}\n")
+    chosen = run_cli("hosts", "--inventory", "fleet", cwd=tmp_path)
+    assert chosen.returncode == 0 and "fromyaml" in chosen.stdout and not canary.exists()
+    pasted = run_cli("hosts", "--inventory", "./fleet", cwd=tmp_path)  # the hint, pasted
+    assert pasted.returncode == 0 and canary.exists(), pasted.stdout + pasted.stderr
+    record("trust_inventory_bare_name", out.stderr.strip()[:300])
