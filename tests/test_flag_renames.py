@@ -90,15 +90,13 @@ def test_launch_on_a_host_with_sglang_0_5_23_renames_and_records(fleet, tmp_path
     meta = site / "sglang-0.5.23.dist-info"
     meta.mkdir()
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
-    python = tmp_path / "python-with-sglang"
-    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {fleet.python} "$@"\n')
-    python.chmod(0o755)
+    # sglang importable through the profile's own PYTHONPATH (root's children never get
+    # the login's, and a python: that is a wrapper script is refused: issue 34)
     profile = fleet.profile(
-        "seeds", engine="sglang", tp=1, check_model_path=False,
+        "seeds", engine="sglang", tp=1, check_model_path=False, env={"PYTHONPATH": str(site)},
         flags={"cuda-graph-max-bs": 128, "enable-flashinfer-allreduce-fusion": True},
     )  # fmt: skip
     port = yaml.safe_load(profile.read_text())["port"]
-    fleet.write_inventory(python=str(python))
     # the dry run shows what will run on that host: the argv after its renames
     dry = fleet.cli(
         "launch", "--profile", str(profile), "--engine", "sglang", "--hosts", "h0", "--dry-run"

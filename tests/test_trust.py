@@ -311,3 +311,18 @@ def test_a_bare_inventory_name_never_runs_a_file_of_the_current_directory(tmp_pa
     pasted = run_cli("hosts", "--inventory", "./fleet", cwd=tmp_path)  # the hint, pasted
     assert pasted.returncode == 0 and canary.exists(), pasted.stdout + pasted.stderr
     record("trust_inventory_bare_name", out.stderr.strip()[:300])
+
+
+def test_a_python_that_is_a_script_is_refused(fleet, tmp_path):
+    # a wrapper runs some python with its own variables: what that python loads first
+    # (its site, its .pth files) cannot be judged from the wrapper
+    canary = tmp_path / "CANARY"
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f'#!/bin/sh\ntouch {canary}\nexec {fleet.python} "$@"\n')
+    wrapper.chmod(0o755)
+    fleet.write_inventory(python=str(wrapper))
+    out = fleet.cli("gpu-clean", "--hosts", "h1")
+    assert out.returncode == 1 and not canary.exists(), out.stdout + out.stderr
+    line = _failed_line(out, "h1")
+    assert "is not a Python executable" in line and "fix: set python:" in line, line
+    record("trust_python_script", line[:300])

@@ -21,7 +21,7 @@ sys.path[:] = [p for p in sys.path if p not in ("", ".")]  # belt and braces bes
 import os  # noqa: E402
 import stat  # noqa: E402
 
-from gpufleet.host.trust import WORKDIR, Untrusted, judge  # noqa: E402  (inlined when shipped)
+from gpufleet.host.trust import WORKDIR, Untrusted, judge, judge_tree  # noqa: E402  (inlined)
 
 MISSING = "gpufleet-agent-missing"
 
@@ -37,6 +37,14 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"cannot create workdir {workdir}: {exc.strerror} ({exc.filename})\n")
         return 90
     os.chdir(real)
+    try:
+        module_directories(os.geteuid())
+        # everything gpufleet keeps here (servers/, runs/, files/, logs/, the rehearsal's
+        # sim-gpus/) is read and written by root: judged before any of it is used
+        judge_tree(real, os.geteuid(), (), "the workdir")
+    except Untrusted as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 91
     try:
         fd = os.open(agent, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -62,6 +70,18 @@ def main(argv: list[str]) -> int:
     sys.argv = [os.path.join(real, agent), *argv[4:]]
     run_from_memory(sys.argv[0], data)
     return 0
+
+
+def module_directories(uid: int) -> None:
+    """Every directory a later import can read from (the trees under sys.path) passes the
+    trust rule, before the agent imports anything beyond the standard library's core. The
+    control plane judged the tree's top (executable, pyvenv.cfg, site directories, .pth
+    files, the standard library's entries) from outside, before this python ran."""
+    roots = [p for p in sys.path if os.path.isdir(p)]
+    for root in roots:
+        nested = [p for p in roots if p != root and p.startswith(root + "/")]
+        skip = [os.path.join(root, name) for name in ("site-packages", "dist-packages")]
+        judge_tree(root, uid, tuple(nested + skip), "the host python's module directory")
 
 
 def run_from_memory(path: str, data: bytes) -> None:

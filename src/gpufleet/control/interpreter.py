@@ -9,6 +9,9 @@ executable and its real path, the venv's `pyvenv.cfg`, `bin/` and `home`, the st
 library, every site directory and each of its entries, every `.pth` file and the
 directories its lines add. The remote command then runs the very executable judged: a
 bare `python3` is looked up on the standard system PATH here, never the login's PATH.
+What lies deeper (every directory under sys.path) is imported only after the bootstrap
+has judged it on the host (control/bootstrap.py, `module_directories`): a local walk is
+a thousand times faster than SFTP round trips over a venv with torch in it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ from gpufleet.host import trust
 SEARCH_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 PTH_LIMIT = 1 << 20  # a .pth file larger than this is not a list of paths
 SITE_NAMES = ("site-packages", "dist-packages")
+# what the dynamic loader and the C library read for any program, the python included
+SYSTEM = ("/etc", "/etc/ld.so.cache", "/etc/ld.so.preload", "/etc/ld.so.conf", "/etc/ssl",
+          "/etc/ssl/certs", "/lib", "/lib64", "/usr/lib", "/usr/lib64",
+          "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/local/lib",
+          "/usr/lib/x86_64-linux-gnu/gconv", "/usr/lib/aarch64-linux-gnu/gconv")  # fmt: skip
 
 
 class TreeReader(Protocol):
@@ -207,6 +215,17 @@ def judge_python(python: str, uid: int, fs: TreeReader, home: str = "/root") -> 
         if not judge.verdict.problems:  # missing: the shell says so when it runs
             judge.verdict.judged.clear()
         return judge.verdict
+    try:
+        magic = fs.read(real, 4)
+    except OSError:
+        magic = b""
+    if magic != b"\x7fELF":
+        judge.verdict.problems.append(
+            f"the host python {executable}: {real} is not a Python executable (a script?), so "
+            "what it runs cannot be judged before it runs; fix: set python: to the "
+            "interpreter itself (a wrapper's variables go under the profile's env:)"
+        )
+        return judge.verdict
     name = posixpath.basename(real)
     version = name if name.startswith("python3.") else None
     prefixes = [posixpath.dirname(posixpath.dirname(real))]
@@ -219,11 +238,19 @@ def judge_python(python: str, uid: int, fs: TreeReader, home: str = "/root") -> 
         venv_home = _home(fs, cfg)
         if venv_home:
             judge.path(venv_home, trust.DIRECTORY, "the venv's home")
+    for system in SYSTEM:
+        judge.path(system, trust.ANY, "the system the python loads")
     for prefix in dict.fromkeys(prefixes):
+        libdir = judge.path(posixpath.join(prefix, "lib"), trust.DIRECTORY, "the python's lib")
+        for name, _ in judge.fs.listdir(libdir) if libdir else []:
+            if name.startswith("libpython"):  # a shared build loads it before any module
+                judge.path(posixpath.join(libdir, name), trust.ANY, "the python's library")
         for lib in _lib_dirs(judge, prefix, version):
             if judge.path(lib, trust.DIRECTORY, "the standard library") is None:
                 continue
             judge.entries(lib, "the standard library")
+            # imported at start-up, before the bootstrap judges the trees under sys.path
+            judge.entries(posixpath.join(lib, "encodings"), "the standard library")
             for site in SITE_NAMES:
                 judge.site_dir(posixpath.join(lib, site))
     return judge.verdict

@@ -12,6 +12,7 @@ import ast
 import io
 import json
 import os
+import secrets
 import shlex
 import threading
 import time
@@ -364,9 +365,10 @@ class LocalSession(Session):
 
     def _upload(self, data: bytes, path: str) -> None:
         target = Path(path)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        tmp.chmod(0o600)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.replace(tmp, target)
 
     def _start(self, script: str) -> AgentProcess:
@@ -388,10 +390,14 @@ class SSHSession(Session):
         return tree, tree.lstat(home).st_uid, home
 
     def _upload(self, data: bytes, path: str) -> None:
+        """A fresh temporary (SFTP's create-exclusive: never through a planted link), 0600
+        before a byte is in it, renamed over the name."""
         sftp = self.conn.sftp()
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        sftp.putfo(io.BytesIO(data), tmp)
-        sftp.chmod(tmp, 0o600)
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        with sftp.open(tmp, "wbx") as fh:
+            fh.chmod(0o600)
+            fh.set_pipelined(True)
+            fh.write(data)
         sftp.posix_rename(tmp, path)
 
     def download(self, path: str) -> bytes:

@@ -152,6 +152,47 @@ def judge(
     return current
 
 
+def judge_tree(
+    root: str, uid: int, skip: tuple[str, ...] = (), what: str = "module directory"
+) -> int:
+    """Every directory under `root` (itself judged first) is root's or `uid`'s and nobody
+    else can write it: a module imported later from any of them is what was judged. A
+    symlink inside is judged along its way and not descended. Returns the count judged.
+
+    Directories only, each one lstat: a venv with torch holds thousands of them, and this
+    runs at every agent start. `skip` names subtrees judged on their own (site-packages
+    under the standard library, when it is its own sys.path entry or not used at all).
+    """
+    judge(root, uid, DIRECTORY, what)
+    stack, count = [root], 1
+    while stack:
+        directory = stack.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.path in skip:
+                continue
+            if entry.is_symlink():
+                try:
+                    judge(entry.path, uid, ANY, what)
+                except FileNotFoundError:
+                    pass  # a dangling link imports nothing
+                continue
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            st = entry.stat(follow_symlinks=False)
+            if st.st_uid not in (0, uid) or others_can_write(st):
+                raise _refuse(
+                    what, root, describe(entry.path, st), "can be changed by another user",
+                    f"chown -R root {entry.path} && chmod -R go-w {entry.path}",
+                )  # fmt: skip
+            count += 1
+            stack.append(entry.path)
+    return count
+
+
 def trusted(path: str, uid: int, kind: str = FILE, fs: object = None) -> str | None:
     """None when `path` is trusted (or missing); else the one-line reason."""
     try:

@@ -1,0 +1,155 @@
+"""What root touches on a host, recorded by the kernel's view of it: strace on a real sshd.
+
+An audit hook inside Python cannot see what runs before it is installed (site, .pth
+files, encodings, the dynamic loader) nor what other programs do, so the census traces
+the sshd that serves gpufleet's connection, with every process it forks: each `execve`,
+each file opened (for writing, or a module, library or configuration read), each
+directory made, each rename and unlink. Processes of the login shell's rc files (root's
+own ~/.bashrc) are left out; everything from the host python's start on, and every write
+the SFTP server makes for gpufleet, is in.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+CALLS = (
+    "execve,open,openat,creat,mkdir,mkdirat,rename,renameat,renameat2,unlink,unlinkat,"
+    "symlink,symlinkat,link,linkat,chdir,clone,clone3,fork,vfork"
+)
+PSEUDO = ("/proc/", "/sys/", "/dev/", "pipe:", "socket:", "anon_inode:")
+IMPORTS = (".py", ".pyc", ".so", ".pth", ".pyz", ".zip")
+_LIBRARY = re.compile(r"\.so(\.\d+)*$")
+CONFIGS = (".cfg", ".conf", ".yaml", ".yml", ".json", ".toml", ".ini", ".cache")
+WRITE_FLAGS = ("O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC", "O_APPEND")
+_LINE = re.compile(r"^(\d+) +(.*)$")
+_CALL = re.compile(r"^(\w+)\((.*)\) += (-?\d+)(?:<([^>]*)>)?")
+_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_DIRFD = re.compile(r"^(?:AT_FDCWD|\d+)<([^>]*)>")
+
+
+@dataclass(frozen=True)
+class Touch:
+    kind: str  # exec, import, config, write, mkdir, probe (a module looked for, not found)
+    path: str  # absolute
+
+    @property
+    def directory(self) -> str:
+        """Where it happened: the directory made, or the one holding the file (a module's
+        __pycache__ counts as its package)."""
+        where = self.path if self.kind == "mkdir" else os.path.dirname(self.path)
+        return where.removesuffix("/__pycache__")
+
+
+@contextmanager
+def traced(pid: int, log: Path) -> Iterator[Path]:
+    """strace attached to `pid` and every process it forks, until the block ends."""
+    proc = subprocess.Popen(
+        ["strace", "-f", "-y", "-qq", "--seccomp-bpf", "-s", "4096", "-e", f"trace={CALLS}",
+         "-o", str(log), "-p", str(pid)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while "TracerPid:\t0\n" in Path(f"/proc/{pid}/status").read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"strace did not attach: {proc.stderr.read().decode()[-500:]}")
+        time.sleep(0.02)
+    try:
+        yield log
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+
+
+def _joined(lines: list[str]) -> Iterator[tuple[int, str]]:
+    """(pid, call) with strace's `<unfinished ...>` / `<... resumed>` halves put together."""
+    pending: dict[int, str] = {}
+    for raw in lines:
+        match = _LINE.match(raw)
+        if not match:
+            continue
+        pid, rest = int(match.group(1)), match.group(2)
+        if rest.endswith("<unfinished ...>"):
+            pending[pid] = rest[: -len("<unfinished ...>")].rstrip()
+            continue
+        if rest.startswith("<... "):
+            head = pending.pop(pid, "")
+            rest = head + rest.split("resumed>", 1)[1]
+        yield pid, rest
+
+
+def _absolute(path: str, base: str | None) -> str:
+    return os.path.normpath(path if path.startswith("/") or not base else os.path.join(base, path))
+
+
+def touches(log: Path, python: str) -> list[Touch]:
+    """Everything root did for gpufleet in the trace: from the host python's `execve` on
+    (and its children), plus what the SFTP server wrote."""
+    ours: set[int] = set()
+    program: dict[int, str] = {}  # the last program each pid runs (children inherit)
+    cwd: dict[int, str] = {}
+    out: list[Touch] = []
+    for pid, call in _joined(log.read_text(errors="replace").splitlines()):
+        match = _CALL.match(call)
+        if not match:
+            continue
+        name, args, ret, decoded = match.groups()
+        ok = int(ret) >= 0
+        strings = _STRING.findall(args)
+        dirfd = _DIRFD.match(args)
+        if dirfd and args.startswith("AT_FDCWD"):
+            cwd[pid] = dirfd.group(1)  # -y shows the process's cwd there
+        if name in ("clone", "clone3", "fork", "vfork") and ok and int(ret) > 0:
+            child = int(ret)
+            program.setdefault(child, program.get(pid, ""))
+            cwd.setdefault(child, cwd.get(pid, "/"))
+            if pid in ours:
+                ours.add(child)
+            continue
+        if name == "chdir" and ok and strings:
+            cwd[pid] = _absolute(strings[0], cwd.get(pid))
+            continue
+        if name == "execve" and ok and strings:
+            program[pid] = strings[0]
+            if strings[0] == python or pid in ours:
+                ours.add(pid)
+                out.append(Touch("exec", _absolute(strings[0], cwd.get(pid))))
+            continue
+        base = dirfd.group(1) if dirfd else cwd.get(pid)
+        sftp = pid not in ours and program.get(pid, "").endswith("sshd")
+        if pid not in ours and not sftp:
+            continue
+        out += [t for t in _classify(name, args, strings, ok, decoded, base) if
+                pid in ours or t.kind in ("write", "mkdir")]  # fmt: skip
+    return [t for t in out if not t.path.startswith(PSEUDO)]
+
+
+def _classify(name: str, args: str, strings: list[str], ok: bool, decoded: str | None,
+              base: str | None) -> list[Touch]:  # fmt: skip
+    if not strings:
+        return []
+    if name in ("open", "openat", "creat"):
+        path = decoded if ok and decoded else _absolute(strings[0], base)
+        flags = args.split('",', 1)[-1]
+        if name == "creat" or any(f in flags for f in WRITE_FLAGS):
+            return [Touch("write", path)] if ok else []
+        if path.endswith(IMPORTS) or "/__pycache__/" in path or _LIBRARY.search(path):
+            return [Touch("import" if ok else "probe", path)]
+        if ok and (path.endswith(CONFIGS) or path.startswith("/etc/")):
+            return [Touch("config", path)]
+        return []
+    if name in ("mkdir", "mkdirat") and ok:
+        return [Touch("mkdir", _absolute(strings[-1], base))]
+    if name in ("unlink", "unlinkat", "symlink", "symlinkat") and ok:
+        return [Touch("write", _absolute(strings[-1], base))]
+    if name.startswith(("rename", "link")) and ok:
+        return [Touch("write", _absolute(s, base)) for s in strings[:2]]
+    return []
