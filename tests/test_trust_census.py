@@ -178,8 +178,11 @@ def test_the_census_of_what_root_touches(fleet, census_host, tmp_path, host_pyth
         for t in seen:
             directory = t.directory
             per_dir.setdefault(names.portable(directory), set()).add(t.kind)
-            if t.kind != "probe" and os.path.lexists(t.path):
-                reason = trust.trusted(t.path, 0, trust.ANY)
+            # a file looked for and not found: the directory it was looked for in is what
+            # another user must not be able to write
+            judged = t.path if t.kind != "probe" else os.path.dirname(t.path)
+            if os.path.lexists(judged):
+                reason = trust.trusted(judged, 0, trust.ANY)
                 if reason:
                     untrusted.append(f"{task}: {t.kind} {reason}")
         found[task] = {d: sorted(k) for d, k in sorted(per_dir.items())}
@@ -188,8 +191,10 @@ def test_the_census_of_what_root_touches(fleet, census_host, tmp_path, host_pyth
     if os.environ.get("GPUFLEET_WRITE_CENSUS") == "1":
         CENSUS.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
     committed = json.loads(CENSUS.read_text())
+    # a probe (the loader or the import system looking for a file that is not there)
+    # depends on the CPU's features and the search order: judged by rule 1, not listed
     new = [f"{task}: {d} {kinds}" for task, dirs in found.items() for d, kinds in dirs.items()
-           if not set(kinds) <= set(committed.get(task, {}).get(d, []))]  # fmt: skip
+           if not set(kinds) - {"probe"} <= set(committed.get(task, {}).get(d, []))]  # fmt: skip
     assert not new, (
         "root now touches places the census does not list; judge them by the trust rule, "
         "then GPUFLEET_WRITE_CENSUS=1 pytest tests/test_trust_census.py:\n" + "\n".join(new)
