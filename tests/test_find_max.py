@@ -56,6 +56,7 @@ def test_bad_find_max_options_are_one_line(fleet, args, message):
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_find_max_on_the_rehearsal_engine_matches_the_timing_model(fleet, tmp_path):
     """Baseline rehearsal steps cost 15.6 + 1.03 x batch ms (+ prefill of 64-token prompts,
     ~0.04 ms per running request with 32-token answers): TPOT <= 30 ms holds up to

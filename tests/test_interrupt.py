@@ -27,6 +27,8 @@ from gpufleet.records import ServerState
 from helpers import REPO, run_cli
 from test_reliability import record
 
+pytestmark = pytest.mark.slow  # real Ctrl-C at each phase of real sweeps: minutes
+
 # phase -> (a regex on the CLI's output that says the phase has begun)
 PHASES = {
     "cleaning": r"\[sweep\] ia on h0: cleaning",

@@ -135,9 +135,10 @@ def test_a_workdir_or_agent_planted_by_someone_else_is_never_run(fleet, tmp_path
     out = fleet.cli("gpu-clean", "--hosts", "odd")
     assert out.returncode == 1
     assert (
-        f"odd: FAILED: refusing to run the agent: workdir {shared} is owned by another user"
-        in out.stderr
-    )
+        f"odd: FAILED: refusing to run the agent: workdir {shared}: goes through a directory "
+        f"another user owns, {shared} (owner uid 65534, mode 0{shared.stat().st_mode & 0o777:o}); "
+        f"fix: chown root {shared}" in out.stderr
+    ), out.stderr
 
     # an agent file with the right name but other bytes: its hash is checked before it runs
     canary = tmp_path / "CANARY"

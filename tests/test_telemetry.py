@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gpufleet.host.bench import telemetry
 from helpers import run_cli
 
@@ -29,6 +31,7 @@ def test_summary_prefers_the_energy_counter_and_sums_gpus():
     assert telemetry.summarize(rows, 100)["gpu_energy_j"] == 400.0
 
 
+@pytest.mark.slow
 def test_bench_archives_telemetry_and_energy_per_token(fleet, tmp_path):
     profile = fleet.profile("watts", tp=2, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
     assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h0").returncode == 0

@@ -164,6 +164,7 @@ def _run_traced(fleet, sshd, argv: list[str], log: Path):
     return out
 
 
+@pytest.mark.slow
 def test_the_census_of_what_root_touches(fleet, census_host, tmp_path, host_python):
     sshd, commands, names = census_host
     found: dict[str, dict[str, list[str]]] = {}
@@ -226,6 +227,7 @@ def _flip(path: Path) -> int | None:
     return stat.S_IMODE(st.st_mode)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("task", "directory"), _hostile_cases())
 def test_each_census_directory_turned_hostile_is_refused(
     fleet, census_host, tmp_path, host_python, task, directory

@@ -9,7 +9,8 @@ rule, missing directories created 0700 on the way; nothing that exists is chmod'
 agent's bytes are read once through an O_NOFOLLOW descriptor, hashed, and run from memory.
 Standard library only, imported from the stdlib alone.
 
-Exit codes: 90 the workdir cannot be created, 91 refused (untrusted path or agent file).
+Arguments: WORKDIR AGENT SHA256 PYTHON_TRUST (refuse or warn) VERB... Exit codes: 90 the
+workdir cannot be created, 91 refused (untrusted path or agent file).
 The agent (`serve`) says the workdir's real path in its first line.
 """
 
@@ -24,10 +25,11 @@ import stat  # noqa: E402
 from gpufleet.host.trust import WORKDIR, Untrusted, judge, judge_tree  # noqa: E402  (inlined)
 
 MISSING = "gpufleet-agent-missing"
+WARNING = "gpufleet-warning:"  # a line the control plane shows once per host
 
 
 def main(argv: list[str]) -> int:
-    workdir, agent, digest = argv[1:4]
+    workdir, agent, digest, python_trust = argv[1:5]
     try:
         real = judge(os.path.expanduser(workdir), os.geteuid(), WORKDIR, "workdir", create=True)
     except Untrusted as exc:
@@ -39,6 +41,12 @@ def main(argv: list[str]) -> int:
     os.chdir(real)
     try:
         module_directories(os.geteuid())
+    except Untrusted as exc:
+        if python_trust != "warn":  # a lab machine's shared venv, said and run
+            sys.stderr.write(f"{exc}\n")
+            return 91
+        sys.stderr.write(f"{WARNING} running an untrusted python (python_trust: warn): {exc}\n")
+    try:
         # everything gpufleet keeps here (servers/, runs/, files/, logs/, the rehearsal's
         # sim-gpus/) is read and written by root: judged before any of it is used
         judge_tree(real, os.geteuid(), (), "the workdir")
@@ -67,7 +75,7 @@ def main(argv: list[str]) -> int:
             "remove it and gpufleet uploads its own\n"
         )
         return 91
-    sys.argv = [os.path.join(real, agent), *argv[4:]]
+    sys.argv = [os.path.join(real, agent), *argv[5:]]
     run_from_memory(sys.argv[0], data)
     return 0
 

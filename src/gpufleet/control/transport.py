@@ -214,7 +214,8 @@ class Session:
         agent's hash before anything from the host's disk is imported (control/bootstrap.py).
         """
         python = self._judged_python()
-        argv = [python, "-I", "-c", BOOTSTRAP, self.host.workdir, agent, digest]
+        trust_mode = self.host.python_trust
+        argv = [python, "-I", "-c", BOOTSTRAP, self.host.workdir, agent, digest, trust_mode]
         return f"umask 077; exec {shlex.join([*argv, *verb])}"
 
     def _raise_for_workdir(self, code: int | None, err: str) -> None:
@@ -240,6 +241,9 @@ class Session:
             deadline = time.monotonic() + START_TIMEOUT_S
             outcome = agent.pump(sink, deadline, lambda sink=sink: sink.hello is not None)
             if sink.hello is not None:
+                for line in agent.stderr_text().splitlines():  # said once per host
+                    if line.startswith(bootstrap.WARNING):
+                        self.warnings.add(line[len(bootstrap.WARNING) :].strip())
                 self._agent, self._workdir = agent, str(sink.hello["workdir"])
                 return agent
             missing = [line for line in sink.other if line.startswith(MISSING + " ")]
