@@ -334,3 +334,32 @@ def test_a_python_that_is_a_script_is_refused(fleet, tmp_path):
     line = _failed_line(out, "h1")
     assert "is not a Python executable" in line and "fix: set python:" in line, line
     record("trust_python_script", line[:300])
+
+
+def test_the_clean_environment_keeps_what_servers_need_and_drops_what_loads_code(tmp_path):
+    from gpufleet.host import childenv
+
+    theirs = tmp_path / "their-cache"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    login = {
+        "PATH": f"{theirs}:/usr/bin:/bin", "HOME": "/root", "https_proxy": "http://192.0.2.1:3128",
+        "CUDA_HOME": "/usr", "NCCL_DEBUG": "INFO", "TRITON_CACHE_DIR": str(theirs),
+        "PYTHONPATH": "/usr/lib", "LD_PRELOAD": "/usr/lib/x.so", "SSH_CONNECTION": "x",
+    }  # fmt: skip
+    env, dropped = childenv.login_env(login)
+    assert env["PATH"] == "/usr/bin:/bin"  # their directory left out, the rest kept
+    assert env["https_proxy"] == login["https_proxy"] and env["NCCL_DEBUG"] == "INFO"
+    assert env["CUDA_HOME"] == "/usr" and env["HOME"] == "/root"
+    assert "TRITON_CACHE_DIR" not in env and "SSH_CONNECTION" not in env
+    assert dropped == ["LD_PRELOAD", "PYTHONPATH", "TRITON_CACHE_DIR"]  # said; SSH_* silently
+    assert childenv.login_env({"PATH": "/usr/bin", "LANG": "C.UTF-8"})[1] == []  # nothing said
+
+
+def test_relative_paths_are_judged_where_they_resolve(tmp_path, monkeypatch):
+    from gpufleet.control import interpreter
+
+    monkeypatch.chdir(tmp_path)
+    assert trust.judge("wd", 0, trust.WORKDIR, create=True) == str(tmp_path / "wd")
+    verdict = interpreter.judge_python("venv/bin/python", 0, interpreter.LocalTree(), str(tmp_path))
+    assert verdict.executable == str(tmp_path / "venv" / "bin" / "python")

@@ -244,6 +244,8 @@ def judge_python(python: str, uid: int, fs: TreeReader, home: str = "/root") -> 
     judge = _Judge(fs, uid)
     if python.startswith("~/"):
         python = posixpath.join(home, python[2:])
+    elif "/" in python and not python.startswith("/"):
+        python = posixpath.join(home, python)  # the login's cwd, where ssh runs commands
     executable = python if "/" in python else _find(fs, python)
     judge.verdict.executable = executable
     real = judge.path(executable, trust.FILE, "the host python")

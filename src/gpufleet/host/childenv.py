@@ -16,9 +16,13 @@ import os
 
 from gpufleet.host import trust
 
-KEEP = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ"}
+KEEP = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ",
+        "http_proxy", "https_proxy", "no_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
+        "NO_PROXY", "ALL_PROXY"}  # fmt: skip
+# what GPU servers are configured by (a value naming a path is judged like the rest)
 KEEP_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "HF_", "HUGGING_FACE_", "SGLANG_",
-                 "GPUFLEET_", "OMP_", "TOKENIZERS_")  # fmt: skip
+                 "GPUFLEET_", "OMP_", "TOKENIZERS_", "TORCH_", "TORCHINDUCTOR_", "TRITON_",
+                 "FLASHINFER_", "MASTER_", "GLOO_", "UCX_", "NVSHMEM_")  # fmt: skip
 ANNOUNCED = ("PYTHON", "LD_", "PERL5", "RUBY", "NODE_", "BASH_ENV", "GCONV_PATH")
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -105,6 +105,10 @@ def judge(
     raises FileNotFoundError.
     """
     fs = fs or LocalFS
+    if not path.startswith("/"):
+        if fs is not LocalFS:
+            raise ValueError(f"judge a remote path from the root: {path!r}")
+        path = os.path.join(os.getcwd(), path)  # as the kernel resolves it here
     root = fs.lstat("/")
     if root.st_uid != 0 or others_can_write(root):
         raise _refuse(what, path, describe("/", root), "is unsafe", "chmod 755 / as root")
