@@ -249,14 +249,18 @@ def test_each_census_directory_turned_hostile_is_refused(
     if old is None:
         pytest.skip(f"{real} is sticky or /: a shared directory is an ancestor, never a workdir")
     try:
-        out = _run_traced(fleet, sshd, commands[task], tmp_path / "trace")
+        try:
+            out = _run_traced(fleet, sshd, commands[task], tmp_path / "trace")
+        finally:
+            real.chmod(old)
+        used = [t for t in touches(tmp_path / "trace", host_python)
+                if t.kind != "probe" and (t.path == str(real) or t.path.startswith(f"{real}/"))]  # fmt: skip
+        assert out.returncode != 0, (
+            f"{task} ran with {real} writable by others: {out.stdout[-800:]}"
+        )
+        assert not used, f"{task} used {real} while others could write it: {used[:5]}"
+        said = [ln for ln in (out.stderr + out.stdout).splitlines() if "fix:" in ln]
+        assert said and str(real) in said[0], out.stdout[-1000:] + out.stderr[-1000:]
+        assert sorted(os.listdir(real)) == before
     finally:
-        real.chmod(old)
-    used = [t for t in touches(tmp_path / "trace", host_python)
-            if t.kind != "probe" and (t.path == str(real) or t.path.startswith(f"{real}/"))]  # fmt: skip
-    assert out.returncode != 0, f"{task} ran with {real} writable by others: {out.stdout[-800:]}"
-    assert not used, f"{task} used {real} while others could write it: {used[:5]}"
-    said = [ln for ln in (out.stderr + out.stdout).splitlines() if "fix:" in ln]
-    assert said and str(real) in said[0], out.stdout[-1000:] + out.stderr[-1000:]
-    assert sorted(os.listdir(real)) == before
-    fleet.cli(*commands["stop"])
+        fleet.cli(*commands["stop"])  # no server outlives the test, whatever it found
