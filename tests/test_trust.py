@@ -363,3 +363,14 @@ def test_relative_paths_are_judged_where_they_resolve(tmp_path, monkeypatch):
     assert trust.judge("wd", 0, trust.WORKDIR, create=True) == str(tmp_path / "wd")
     verdict = interpreter.judge_python("venv/bin/python", 0, interpreter.LocalTree(), str(tmp_path))
     assert verdict.executable == str(tmp_path / "venv" / "bin" / "python")
+
+
+def test_a_venv_whose_home_is_relative_is_judged_not_a_crash(tmp_path):
+    from gpufleet.control import interpreter
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(os.path.realpath(sys.executable), venv / "bin" / "python")
+    (venv / "pyvenv.cfg").write_text("home = ../elsewhere/bin\n")
+    verdict = interpreter.judge_python(str(venv / "bin" / "python"), 0, interpreter.LocalTree())
+    assert str(tmp_path / "elsewhere" / "bin") in verdict.judged and not verdict.problems

@@ -274,7 +274,8 @@ def judge_python(python: str, uid: int, fs: TreeReader, home: str = "/root") -> 
         judge.path(posixpath.join(venv, "bin"), trust.DIRECTORY, "the venv's bin")
         prefixes.insert(0, venv)
         venv_home = _home(fs, cfg)
-        if venv_home:
+        if venv_home:  # a relative home is read from the venv's directory, as getpath does
+            venv_home = posixpath.normpath(posixpath.join(venv, venv_home))
             judge.path(venv_home, trust.DIRECTORY, "the venv's home")
     for system in SYSTEM:
         judge.path(system, trust.ANY, "the system the python loads")
