@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,12 @@ from gpufleet.sim import nvml as simnvml
 from helpers import run_cli
 
 
-def _health(tmp_path: Path, monkeypatch, faults: dict, count: int = 8, remember: bool = True):
+def _health(
+    tmp_path: Path, monkeypatch, faults: dict, count: int = 8, remember: bool = True,
+    boot_id: str | None = None,
+):  # fmt: skip
     state = tmp_path / "gpus"
-    gpustate.ensure_topology(state, count=count, host="h", faults=faults)
+    gpustate.ensure_topology(state, count=count, host="h", faults=faults, boot_id=boot_id)
     monkeypatch.setenv(gpustate.STATE_ENV, str(state))
     monkeypatch.chdir(tmp_path)  # the XID cursor lives in the workdir
     simnvml.nvmlInit()
@@ -42,7 +46,7 @@ RULES = [  # fault on GPU 3 -> (verdict, words in its reasons)
     ({"remap_pending": True}, "bad", "row remap is pending"),
     ({"remap_failed": True}, "bad", "row remapping failed"),
     ({"ecc_uncorrected": 2}, "bad", "2 uncorrectable ECC errors"),
-    ({"xids": [79]}, "bad", "XID 79 in the kernel log"),
+    ({"xids": [79]}, "bad", "XID 79 (GPU has fallen off the bus) logged"),
     ({"xids": [13]}, "warn", "XID 13 in the kernel log"),
     ({"nvlink_down": [4]}, "bad", "NVLink 4 down (17 up)"),
     ({"pcie_width": 8}, "bad", "PCIe width x8, the GPU and slot support x16"),
@@ -84,11 +88,44 @@ def test_an_outlier_among_siblings_is_named(tmp_path, monkeypatch):
     assert {g.health.verdict for g in readings if g.index != 5} == {"ok"}
 
 
-def test_an_xid_is_reported_once(tmp_path, monkeypatch):
-    first = _health(tmp_path, monkeypatch, {"2": {"xids": [79]}})
-    assert first[2].health.xids == [79] and first[2].health.verdict == "bad"
-    again = _health(tmp_path, monkeypatch, {"2": {"xids": [79]}})
+def test_a_recoverable_xid_is_reported_once(tmp_path, monkeypatch):
+    first = _health(tmp_path, monkeypatch, {"2": {"xids": [13]}})
+    assert first[2].health.xids == [13] and first[2].health.verdict == "warn"
+    again = _health(tmp_path, monkeypatch, {"2": {"xids": [13]}})
     assert again[2].health.xids == [] and again[2].health.verdict == "ok"
+
+
+@pytest.mark.parametrize("xid", sorted(gpuhealth.FATAL_XIDS))
+def test_a_fatal_xid_holds_until_a_reboot_whoever_reads_it(tmp_path, monkeypatch, xid):
+    """Issue 35: gpu-clean used a fatal XID up and the next launch ran on the GPU. Now every
+    read after the first (gpu-clean's remembering one included) still says bad."""
+    faults = {"2": {"xids": [xid]}}
+    for remember in (False, True, True, False):
+        gpu = _health(tmp_path, monkeypatch, faults, remember=remember)[2]
+        assert gpu.health.verdict == "bad", (remember, gpu.health.reasons)
+        assert f"XID {xid} (" in gpu.health.reasons[0]
+    # a reboot: a new boot id and a fresh kernel log
+    rebooted = _health(tmp_path, monkeypatch, {}, boot_id="second-boot")[2]
+    assert rebooted.health.verdict == "ok", rebooted.health.reasons
+
+
+def test_an_operator_clear_lifts_a_fatal_xid_and_is_logged(tmp_path, monkeypatch):
+    faults = {"2": {"xids": [48]}, "5": {"xids": [95]}}
+    assert _health(tmp_path, monkeypatch, faults)[2].health.verdict == "bad"
+    simnvml.nvmlInit()
+    try:
+        cleared = gpuhealth.clear_fatal(simnvml, [2], "nvidia-smi -r -i 2", "ops@ctl")
+    finally:
+        simnvml.nvmlShutdown()
+    assert [c["xid"] for c in cleared] == [48]
+    after = _health(tmp_path, monkeypatch, faults)
+    assert after[2].health.verdict == "ok"  # the same kernel log line does not come back
+    assert after[5].health.verdict == "bad"  # GPU 5 was not cleared
+    [entry] = [
+        json.loads(x) for x in (tmp_path / gpuhealth.XID_CLEARED_LOG).read_text().splitlines()
+    ]
+    assert (entry["gpu"], entry["xid"], entry["by"]) == (2, 48, "ops@ctl")
+    assert entry["reason"] == "nvidia-smi -r -i 2"
 
 
 def test_the_bus_id_of_nvml_and_of_the_kernel_log_match():
@@ -123,6 +160,43 @@ def test_a_bad_gpu_refuses_launch_and_allow_unhealthy_records_it(fleet, tmp_path
     assert state["allowed_unhealthy"] is True
     assert "GPU 3: bad: power limit 350 W, below its default 700 W" in state["gpu_health"]
     assert run_cli("stop", "--hosts", "h1", "--inventory", str(inventory)).returncode == 0
+
+
+def test_gpu_clean_does_not_use_up_a_fatal_xid_for_the_next_launch(fleet, tmp_path):
+    """Issue 35 over sshd: gpu-clean reports XID 48 on GPU 3; the next launch is refused; a
+    launch --clean prints the verdict its clean found; a logged --clear-xid (the GPU reset)
+    lets the launch go, and the server records the verdict it saw."""
+    inventory = _faulty_inventory(fleet, "h1", {3: {"xids": [48]}})
+    base = ["--hosts", "h1", "--inventory", str(inventory)]
+    cleaned = run_cli("gpu-clean", *base)
+    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    assert "h1: GPU 3: bad: XID 48 (double-bit ECC error)" in cleaned.stdout
+    [hint] = [ln for ln in cleaned.stdout.splitlines() if "--clear-xid" in ln]
+    profile = fleet.profile("hx", tp=2, gpus=[2, 3])
+    refused = run_cli("launch", "--profile", str(profile), *base)
+    assert refused.returncode == 1
+    assert "GPU 3 is unhealthy: XID 48 (double-bit ECC error)" in refused.stdout + refused.stderr
+    refused = run_cli("launch", "--profile", str(profile), *base, "--clean")
+    assert refused.returncode == 1
+    assert "GPU 3: bad: XID 48" in refused.stdout + refused.stderr  # what its clean found
+
+    no_reason = run_cli("gpu-clean", *base, "--clear-xid", "3")
+    assert no_reason.returncode == 2 and "--clear-xid needs --reason" in no_reason.stderr
+    assert "Traceback" not in no_reason.stderr
+    pasted = hint.split(": ", 1)[1].split("clear it: ", 1)[1]
+    cleared = run_cli(*shlex.split(pasted)[1:])  # the printed command, as pasted
+    assert cleared.returncode == 0, cleared.stdout + cleared.stderr
+    assert "cleared XID 48" in cleared.stdout
+    log = fleet.workdir("h1") / "health" / "xid-clears.log"
+    [entry] = [json.loads(x) for x in log.read_text().splitlines()]
+    assert entry["gpu"] == 3 and entry["reason"] == "GPU reset"
+
+    launched = run_cli("launch", "--profile", str(profile), *base)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    port = yaml.safe_load(profile.read_text())["port"] + 7
+    state = json.loads((fleet.workdir("h1") / "servers" / f"{port}.json").read_text())
+    assert "GPU 3: ok" in state["gpu_health"]
+    assert run_cli("stop", *base).returncode == 0
 
 
 def test_compare_flags_a_pair_that_differs_in_one_power_limit(fleet, tmp_path):

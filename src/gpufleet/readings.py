@@ -8,6 +8,7 @@ reads them by attribute. Standard library only: this module ships.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpufleet.records import ServerState
 from gpufleet.wire import Record
@@ -76,6 +77,8 @@ class GpuHealth(Record):
     nvlinks_up: int | None = None
     nvlinks_down: list[int] | None = None
     xids: list[int] | None = None  # XID errors in the kernel log since the last check
+    # fatal XIDs still in force (bus, xid, line, first_seen): cleared by a reboot or an operator
+    fatal_xids: list[dict[str, Any]] | None = None
     read_ms: float | None = None
 
 
@@ -133,6 +136,7 @@ class CleanAnswer(Record):
     live: list[LiveServerInfo] = field(default_factory=list)
     killed: list[KilledProcess] = field(default_factory=list)
     would_kill: list[ProcessInfo] = field(default_factory=list)  # dry run only
+    cleared_xids: list[dict[str, Any]] = field(default_factory=list)  # --clear-xid's, logged
 
 
 @dataclass

@@ -85,8 +85,9 @@ def positive_int(value: str | int | None, flag: str, default: int) -> int:
     return number
 
 
-def int_list(values: str | list[str] | None, flag: str) -> list[int]:
-    """`1,10,64` or repeated flags; each a positive integer, duplicates removed in order."""
+def int_list(values: str | list[str] | None, flag: str, least: int = 1) -> list[int]:
+    """`1,10,64` or repeated flags; each an integer of at least `least` (GPU indexes start at
+    0), duplicates removed in order."""
     if values is None:
         return []
     raw = [values] if isinstance(values, str) else list(values)
@@ -102,8 +103,8 @@ def int_list(values: str | list[str] | None, flag: str) -> list[int]:
                 number = int(item)
             except ValueError:
                 raise UserError(f"{flag} {chunk!r}: {item!r} is not a whole number") from None
-            if number < 1:
-                raise UserError(f"{flag} {chunk!r}: {number} must be at least 1")
+            if number < least:
+                raise UserError(f"{flag} {chunk!r}: {number} must be at least {least}")
             _bounded(number, flag, item)
             if number not in out:
                 out.append(number)

@@ -73,6 +73,9 @@ def _clean_lines(host: Any, value: CleanAnswer, options: CleanOptions) -> None:
             f"{name}: GPU {u.gpu}: {u.used_mib} MiB held by PID {u.pid}, "
             "which this host cannot see (another container?): reported, not touched"
         )
+    for entry in value.cleared_xids:
+        line(f"{name}: cleared XID {entry['xid']} on bus {entry['bus']} ({entry['line'][:60]}); "
+             "logged in the workdir's health/xid-clears.log")  # fmt: skip
     health_lines(host, value.gpus)
     if not options.dry_run:
         state = "verified clean" if value.clean else "NOT clean"
@@ -91,6 +94,11 @@ def health_lines(host: Any, gpus: list[GpuReading]) -> None:
     if any(g.health is not None and g.health.verdict == "bad" for g in gpus):
         line(f"{host.name}: launch, sweep and tune refuse a bad GPU (--allow-unhealthy "
              "launches anyway and records it)")  # fmt: skip
+    fatal = [str(g.index) for g in gpus if g.health is not None and g.health.fatal_xids]
+    if fatal:
+        line(f"{host.name}: a fatal XID holds until a reboot; after resetting the GPU "
+             f"(nvidia-smi -r -i {fatal[0]}), clear it: inv gpu-clean --hosts {host.name} "
+             f"--clear-xid {','.join(fatal)} --reason 'GPU reset'{host.cli_hint()}")  # fmt: skip
 
 
 def live_server_line(host: Any, server: LiveServerInfo) -> str:

@@ -40,6 +40,10 @@ def _levels(value: Any, flag: str, default: Any) -> list[int]:
     return checks.int_list(value, flag)
 
 
+def _gpu_indexes(value: Any, flag: str, default: Any) -> list[int]:
+    return checks.int_list(value, flag, least=0)
+
+
 def _interval(value: Any, flag: str, default: Any) -> float:
     """Seconds, where 0 turns it off (--telemetry-interval)."""
     if value is not None and str(value).strip() in ("0", "0.0"):
@@ -434,6 +438,18 @@ def clean_options() -> OptionSet:
         ),
         include_running=Option(
             "also kill servers that answer /health 200 (left alone by default)", **switch
+        ),
+        clear_xid=Option(
+            "GPU indexes (e.g. 3 or 0,3) you have reset (nvidia-smi -r -i N): their fatal XIDs "
+            "stop refusing launches; needs --reason, logged on the host",
+            _gpu_indexes,
+            field="clear_xids",
+            iterable=True,
+            default=None,
+        ),
+        reason=Option(
+            "why the XIDs are cleared (with --clear-xid), kept in the host's log",
+            field="clear_reason",
         ),
         json=Option("print the per-host results as JSON", **switch, to_request=False),
     ) | fleet_options(CleanOptions)

@@ -3,8 +3,11 @@ module, since `inv --list` reads its defaults, which are the agent's own (CleanA
 
 from __future__ import annotations
 
+import getpass
+import socket
 from dataclasses import dataclass, field
 
+from gpufleet.errors import UserError
 from gpufleet.host.protocol import CleanArgs
 
 
@@ -20,6 +23,17 @@ class CleanOptions:
     tolerance_mib: int = CleanArgs.tolerance_mib
     patterns: list[str] = field(default_factory=list)
     include_running: bool = CleanArgs.include_running
+    clear_xids: list[int] = field(default_factory=list)
+    clear_reason: str = CleanArgs.clear_reason
+
+    def __post_init__(self) -> None:
+        if self.clear_xids and not self.clear_reason.strip():
+            raise UserError(
+                "--clear-xid needs --reason (e.g. --reason 'reset with nvidia-smi -r'): "
+                "the clear is logged on the host"
+            )
+        if self.clear_reason and not self.clear_xids:
+            raise UserError("--reason goes with --clear-xid GPU (which GPUs were reset)")
 
     def agent_args(self) -> CleanArgs:
         return CleanArgs(
@@ -31,4 +45,12 @@ class CleanOptions:
             tolerance_mib=self.tolerance_mib,
             patterns=self.patterns or None,
             include_running=self.include_running,
+            clear_xids=self.clear_xids or None,
+            clear_reason=self.clear_reason,
+            cleared_by=_operator() if self.clear_xids else "",
         )
+
+
+def _operator() -> str:
+    """Who cleared the XIDs, as the control machine knows them (user@machine)."""
+    return f"{getpass.getuser()}@{socket.gethostname()}"

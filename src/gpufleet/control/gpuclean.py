@@ -57,6 +57,20 @@ def clean(
     return results
 
 
+def verdict_lines(gpus: list[GpuReading]) -> list[tuple[bool, str]]:
+    """The health verdicts a clean found, for steps that clean on their way (launch --clean,
+    sweep): one line per reason a GPU is not ok (True: a warning), or one line saying all
+    are ok, so a fatal XID is never used up unseen."""
+    out = [
+        (True, f"GPU {g.index}: {reason}")
+        for g in gpus
+        if g.health is not None
+        for reason in g.health.reasons
+    ]
+    judged = [g for g in gpus if g.health is not None]
+    return out or [(False, f"GPU health: {len(judged)} of {len(gpus)} GPUs ok")]
+
+
 def record_health(host: str, gpus: list[GpuReading], root: Path | None = None) -> None:
     """Keep the host's GPU verdicts (`--hosts healthy` reads them)."""
     lines = [

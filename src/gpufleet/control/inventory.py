@@ -72,6 +72,9 @@ class GpuSpec(BaseModel):
     faults: dict[int, SimFault] = Field(
         default_factory=dict, description="simulated hosts: health faults per GPU index"
     )
+    boot_id: str | None = Field(
+        default=None, description="simulated hosts: the boot id (a new one rehearses a reboot)"
+    )
 
 
 class Host(BaseModel):

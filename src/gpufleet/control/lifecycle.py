@@ -86,9 +86,11 @@ def launch_on(
     cancel: CancelToken | None = None,
 ) -> Launched:
     if options.clean:
-        from gpufleet.control.gpuclean import CleanOptions, clean_on
+        from gpufleet.control.gpuclean import CleanOptions, clean_on, verdict_lines
 
         cleaned = clean_on(session, CleanOptions())
+        for warn, text in verdict_lines(cleaned.gpus) if progress else []:
+            progress(session.host.name, {"warning" if warn else "note": text})  # type: ignore[misc]
         if not cleaned.clean:
             raise HostError("gpu-clean before launch did not verify clean", kind=Kind.NOT_CLEAN)
     started = session.call(

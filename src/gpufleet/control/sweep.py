@@ -31,7 +31,7 @@ from gpufleet.control import lifecycle as server
 from gpufleet.control.arms import ArmSpec, profile_label
 from gpufleet.control.cancel import Cancelled, CancelToken
 from gpufleet.control.fanout import run_on_hosts
-from gpufleet.control.gpuclean import CleanOptions, clean_on
+from gpufleet.control.gpuclean import CleanOptions, clean_on, verdict_lines
 from gpufleet.control.inventory import Host
 from gpufleet.control.playbook import build_specs
 from gpufleet.control.transport import Session
@@ -254,6 +254,8 @@ class _Cell:
         self.update(run_id=None, path=None, error=None)
         self.phase(CellStatus.CLEANING)
         cleaned = clean_on(self.session, CleanOptions(grace_s=5))
+        for _, text in verdict_lines(cleaned.gpus):
+            self.state.say(f"[sweep] {label(self.profile)} on {self.host}: {text}")
         if not cleaned.clean:
             raise HostError("gpu-clean before launch did not verify clean", kind=Kind.NOT_CLEAN)
         self.steps.done("clean")

@@ -284,6 +284,7 @@ class Session:
                 "memory_mib": gpus.memory_mib,
                 "reserved_mib": gpus.reserved_mib,
                 "faults": {str(i): f.model_dump(exclude_none=True) for i, f in gpus.faults.items()},
+                "boot_id": gpus.boot_id,
             }
         return args
 

@@ -14,6 +14,8 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +27,22 @@ CLOCK_EVENTS = {  # NVML's clock event (throttle) reason bits; idle and app cloc
     0x80: "hw_power_brake",
 }  # fmt: skip
 BAD_CLOCK_EVENTS = {"hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}
-# XIDs that mean the GPU is not fit until reset or repaired (NVIDIA's XID catalogue: double
-# bit ECC, fallen off the bus, NVLink, row remapping, contained/uncontained ECC, GSP errors).
-BAD_XIDS = {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140}
+# XIDs after which NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors, "Resolution
+# Bucket (Immediate Action)": RESET_GPU or REBOOT) says the GPU is unfit until reset. Such an
+# XID stays in force, whoever saw it first, until the host reboots (a new boot id) or an
+# operator clears it after resetting the GPU (`inv gpu-clean --clear-xid N --reason ...`).
+# Every other XID (13, 31, 43, 94: RESTART_APP) is a warning, reported once.
+FATAL_XIDS = {
+    48: "double-bit ECC error", 61: "internal micro-controller breakpoint",
+    62: "internal micro-controller halt", 63: "row remapping or page retirement pending",
+    64: "row remapping or page retirement failed", 74: "NVLink error",
+    79: "GPU has fallen off the bus", 95: "uncontained ECC error", 119: "GSP RPC timeout",
+    120: "GSP error", 140: "unrecovered ECC error", 154: "GPU recovery action changed",
+}  # fmt: skip
 XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
-XID_SEEN = Path("health") / "xids-seen.json"  # in the workdir: XIDs already reported
+XID_LEDGER = Path("health") / "xids.json"  # in the workdir: XIDs seen, fatal ones in force
+XID_CLEARED_LOG = Path("health") / "xid-clears.log"  # who cleared which XID, when, why
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 HOT_IDLE_C = 85
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 
@@ -143,20 +156,54 @@ def _bus(nvml: Any, handle: Any) -> str | None:
     return bus_key(bus) if bus else None
 
 
-def new_xids(nvml: Any, handles: list[Any], remember: bool) -> list[list[int] | None]:
-    """Per GPU: the XIDs in the kernel log not reported by an earlier check (None: the log is
-    not readable here). `remember` marks them reported (gpu-clean does; status does not)."""
-    lines = _kernel_log(nvml)
-    if lines is None:
-        return [None] * len(handles)
+@dataclass
+class XidLedger:
+    """What this host's agents have seen in the kernel log since boot: every XID line already
+    reported (`seen`) and the fatal ones still in force (`fatal`, per GPU bus). A new boot id
+    empties it: a reboot resets every GPU and the kernel log."""
+
+    boot_id: str = ""
+    seen: list[str] = field(default_factory=list)
+    fatal: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, boot_id: str) -> XidLedger:
+        try:
+            data = json.loads(XID_LEDGER.read_text())
+            ledger = cls(str(data["boot_id"]), list(data["seen"]), list(data["fatal"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return cls(boot_id)
+        return ledger if ledger.boot_id == boot_id else cls(boot_id)
+
+    def save(self) -> None:
+        data = {"boot_id": self.boot_id, "seen": self.seen[-1000:], "fatal": self.fatal}
+        safewrite.write_atomic(XID_LEDGER, json.dumps(data, indent=1))
+
+
+def _boot_id(nvml: Any) -> str:
+    simulated = getattr(nvml, "gpufleet_boot_id", None)
+    if simulated is not None:
+        return str(simulated())
     try:
-        seen = set(json.loads(XID_SEEN.read_text()))
-    except (OSError, ValueError):
-        seen = set()
-    found = [line.split("]", 1)[-1].strip() for line in lines if XID_LINE.search(line)]
-    fresh = [line for line in found if line not in seen]
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def new_xids(
+    nvml: Any, handles: list[Any], remember: bool
+) -> tuple[list[list[int] | None], list[list[dict[str, Any]]]]:
+    """Per GPU: the XIDs in the kernel log not reported by an earlier check (None: the log is
+    not readable here), and the fatal XIDs still in force. `remember` marks the others
+    reported (gpu-clean does; status and launch do not); a fatal one is entered in the
+    ledger by whoever reads it first and stays there until a reboot or an operator's clear."""
     buses = [_bus(nvml, handle) for handle in handles]
-    out: list[list[int] | None] = [[] for _ in handles]
+    lines = _kernel_log(nvml)
+    ledger = XidLedger.load(_boot_id(nvml))
+    out: list[list[int] | None] = [None if lines is None else [] for _ in handles]
+    found = [line.split("]", 1)[-1].strip() for line in lines or [] if XID_LINE.search(line)]
+    fresh = [line for line in found if line not in ledger.seen]
+    changed = False
     for line in fresh:
         match = XID_LINE.search(line)
         assert match is not None
@@ -164,9 +211,52 @@ def new_xids(nvml: Any, handles: list[Any], remember: bool) -> list[list[int] | 
         for i, mine in enumerate(buses):
             if mine is not None and mine == bus:
                 out[i].append(xid)  # type: ignore[union-attr]
-    if remember and fresh:
-        safewrite.write_atomic(XID_SEEN, json.dumps(sorted(seen | set(found))[-1000:]))
-    return out
+        if xid in FATAL_XIDS:
+            ledger.fatal.append(
+                {
+                    "bus": bus,
+                    "xid": xid,
+                    "line": line,
+                    "first_seen": datetime.now(UTC).isoformat(timespec="seconds"),
+                }
+            )
+            ledger.seen.append(line)  # fmt: skip
+            changed = True
+    if remember:
+        ledger.seen.extend(line for line in fresh if line not in ledger.seen)
+        changed = changed or bool(fresh)
+    if changed:
+        ledger.save()
+    in_force = [[f for f in ledger.fatal if f["bus"] == bus] for bus in buses]
+    return out, in_force
+
+
+def clear_fatal(nvml: Any, indexes: list[int], reason: str, who: str) -> list[dict[str, Any]]:
+    """An operator's word that these GPUs were reset: their fatal XIDs leave the ledger, and
+    the clear is logged (who, when, which XID, why). Returns what was cleared."""
+    handles = {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in indexes}
+    buses = {i: _bus(nvml, h) for i, h in handles.items()}
+    new_xids(nvml, list(handles.values()), remember=False)  # enter any not yet recorded
+    ledger = XidLedger.load(_boot_id(nvml))
+    chosen = set(buses.values())
+    cleared = [f for f in ledger.fatal if f["bus"] in chosen]
+    ledger.fatal = [f for f in ledger.fatal if f["bus"] not in chosen]
+    ledger.save()
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    with safewrite.open_append(XID_CLEARED_LOG, text=True) as log:
+        for entry in cleared:
+            index = next(i for i, b in buses.items() if b == entry["bus"])
+            log.write(json.dumps({"at": at, "by": who, "gpu": index, "xid": entry["xid"],
+                                  "line": entry["line"], "reason": reason}) + "\n")  # fmt: skip
+    return cleared
+
+
+def _fatal_reason(entry: dict[str, Any]) -> str:
+    xid = int(entry["xid"])
+    return (
+        f"XID {xid} ({FATAL_XIDS.get(xid, 'fatal')}) logged {entry['first_seen'][:19]}Z: "
+        "unfit until the GPU is reset or the host reboots"
+    )
 
 
 def judge(gpus: list[GpuReading]) -> None:
@@ -198,10 +288,11 @@ def _own_problems(h: GpuHealth) -> tuple[list[str], list[str]]:
         bad.append("a row remap is pending: reset the GPU before measuring")
     if h.retired_pages_pending:
         bad.append("retired pages are pending: reset the GPU before measuring")
+    for entry in h.fatal_xids or []:
+        bad.append(_fatal_reason(entry))
     for xid in h.xids or []:
-        (bad if xid in BAD_XIDS else warn).append(
-            f"XID {xid} in the kernel log since the last check"
-        )
+        if xid not in FATAL_XIDS:
+            warn.append(f"XID {xid} in the kernel log since the last check")
     if h.nvlinks_down and h.nvlinks_up:
         bad.append(f"NVLink {','.join(map(str, h.nvlinks_down))} down ({h.nvlinks_up} up)")
     if h.power_limit_w and h.power_default_w and h.power_limit_w < h.power_default_w:
@@ -267,8 +358,9 @@ def attach(nvml: Any, gpus: list[GpuReading], remember_xids: bool) -> None:
     """Read every GPU's health into its reading and judge them together."""
     handles = [nvml.nvmlDeviceGetHandleByIndex(g.index) for g in gpus]
     count = int(_na(nvml.nvmlDeviceGetCount) or len(gpus))
-    xids = new_xids(nvml, handles, remember_xids)
-    for gpu, handle, found in zip(gpus, handles, xids, strict=True):
+    xids, in_force = new_xids(nvml, handles, remember_xids)
+    for gpu, handle, found, fatal in zip(gpus, handles, xids, in_force, strict=True):
         gpu.health = read(nvml, handle, count)
         gpu.health.xids = found
+        gpu.health.fatal_xids = fatal or None
     judge(gpus)

@@ -79,6 +79,7 @@ def clean(args: CleanArgs) -> CleanAnswer:
     started = time.monotonic()
     before = nvmlread.snapshot(nvml)
     _check_count(before, args.expected_gpus)
+    cleared = _clear_xids(nvml, before, args)
     _annotate(before)
     sim_state = (args.sim or {}).get("state_dir")
     patterns = args.patterns or procs.DEFAULT_PATTERNS
@@ -114,7 +115,7 @@ def clean(args: CleanArgs) -> CleanAnswer:
 
     answer = CleanAnswer(
         before=before, gpus=before, clean=verified(before), elapsed_s=0.0, refused=refused,
-        unattributed=unattributed, live=live,
+        unattributed=unattributed, live=live, cleared_xids=cleared,
     )  # fmt: skip
     if args.dry_run:
         gpuhealth.attach(nvml, before, remember_xids=False)
@@ -140,6 +141,24 @@ def clean(args: CleanArgs) -> CleanAnswer:
     answer.gpus, answer.clean = after, clean_now
     answer.elapsed_s = round(time.monotonic() - started, 3)
     return answer
+
+
+def _clear_xids(nvml: Any, gpus: list[GpuReading], args: CleanArgs) -> list[dict[str, Any]]:
+    """--clear-xid: the operator reset these GPUs; their fatal XIDs leave the ledger (logged)."""
+    if not args.clear_xids:
+        return []
+    known = {g.index for g in gpus}
+    missing = [i for i in args.clear_xids if i not in known]
+    if missing:
+        raise AgentError(
+            f"--clear-xid: GPU {','.join(map(str, missing))} does not exist "
+            f"(NVML sees {len(gpus)}: 0-{len(gpus) - 1})",
+            kind=Kind.BAD_INPUT,
+        )
+    if not args.clear_reason.strip():
+        raise AgentError("--clear-xid needs --reason", kind=Kind.BAD_INPUT)
+    who = f"{args.cleared_by or '?'} as uid {os.geteuid()}"
+    return gpuhealth.clear_fatal(nvml, args.clear_xids, args.clear_reason, who)
 
 
 def wait_gpus_clean(indexes: list[int], timeout_s: float, tolerance_mib: int = 0) -> GpuCheck:

@@ -37,6 +37,7 @@ def activate_simulation(sim: dict[str, Any], host: str) -> None:
         reserved_mib=sim.get("reserved_mib", 615),
         host=host,
         faults=sim.get("faults"),
+        boot_id=sim.get("boot_id"),
     )
     os.environ[gpustate.STATE_ENV] = state
     shim = shim_dir()

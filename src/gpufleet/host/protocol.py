@@ -108,6 +108,9 @@ class CleanArgs(VerbArgs):
     tolerance_mib: int = 0
     patterns: list[str] | None = None
     include_running: bool = False  # also kill servers whose /health answers 200
+    clear_xids: list[int] | None = None  # GPUs an operator reset: their fatal XIDs cleared
+    clear_reason: str = ""
+    cleared_by: str = ""
 
 
 @dataclass

@@ -50,6 +50,7 @@ def ensure_topology(
     reserved_mib: int = 615,
     host: str = "sim",
     faults: dict[str, dict[str, Any]] | None = None,
+    boot_id: str | None = None,
 ) -> dict[str, Any]:
     """Create or update gpus.json; allocations already registered are kept."""
     root = Path(path)
@@ -62,6 +63,7 @@ def ensure_topology(
         "cuda": 13000,
         "uuids": [str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{host}/gpu{i}")) for i in range(count)],
         "faults": faults or {},  # index -> health faults the simulated NVML reports (issue 25)
+        "boot_id": boot_id or "simulated-boot-1",  # a new one is a reboot (host/gpuhealth.py)
     }
     current = root / "gpus.json"
     try:

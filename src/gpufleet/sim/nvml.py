@@ -363,6 +363,11 @@ def bus_id(index: int) -> str:
     return f"00000000:{0x18 + 0x10 * index:02X}:00.0"
 
 
+def gpufleet_boot_id() -> str:
+    """The simulated host's boot id (`boot_id` in its topology): changing it is a reboot."""
+    return str(_topology().get("boot_id", "simulated-boot-1"))
+
+
 def gpufleet_kernel_log() -> list[str]:
     """The simulated host's kernel log: an `xid` fault is the NVRM line a real driver writes
     (host/gpuhealth.py reads this instead of dmesg on a simulated host)."""
