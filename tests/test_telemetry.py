@@ -4,6 +4,7 @@ NVML draws power from the work its server actually does (docs/REHEARSAL.md)."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -72,3 +73,37 @@ def test_bench_archives_telemetry_and_energy_per_token(fleet, tmp_path):
     )
     wide = run_cli("compare", run.name, run.name, "--archive", str(tmp_path / "a"), "--wide")
     assert "tok/J" in wide.stdout and "J/tok" in wide.stdout
+
+
+def test_the_sampler_reads_from_a_child_process_never_a_thread_of_the_client(
+    tmp_path, monkeypatch
+):
+    """Issue 35: a sampling thread inside the load generator lagged its event loop past the
+    client-bound mark on every level. Between its first and last readings (taken here,
+    before and after the level) the sampler is another process."""
+    import threading
+    import time
+
+    import psutil
+
+    from gpufleet.host import nvml as nvmlread
+    from gpufleet.sim import gpustate
+
+    state = tmp_path / "gpus"
+    gpustate.ensure_topology(state, count=2)
+    monkeypatch.setenv(gpustate.STATE_ENV, str(state))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the shim leaves with the test
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    nvmlread.activate_simulation({"state_dir": str(state), "count": 2}, "t")
+    nvml = nvmlread.load_pynvml()
+    threads = threading.active_count()
+    with telemetry.Sampler(nvml, [0, 1], 0.05) as gauge:
+        assert threading.active_count() == threads  # no thread of ours samples
+        [child] = psutil.Process().children()
+        assert "telemetry" in " ".join(child.cmdline())
+        time.sleep(1.0)
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    rounds = sorted({r["round"] for r in gauge.rows})
+    assert rounds[0] == 1 and len(rounds) >= 5  # first, the child's, last
+    assert rounds == list(range(1, rounds[-1] + 1))  # no round lost or repeated
+    assert all(len([r for r in gauge.rows if r["round"] == n]) == 2 for n in rounds)

@@ -1,7 +1,10 @@
 """What the server's GPUs did during a level: power, energy, utilisation, clocks, sampled.
 
-A daemon thread reads NVML every `interval_s` (default 0.5 s) for the GPUs the server uses,
-off the load generator's event loop (NVML calls run in C with the GIL released). Energy
+A child process reads NVML every `interval_s` (default 0.5 s) for the GPUs the server uses:
+outside the load generator's process, so the instrument does not disturb the client whose
+self-certification (host/bench/clientcert.py) judges the level. A thread inside it did: its
+event-loop lag p99 crossed the client-bound mark on every unstarved C=64 level (issue 35).
+The first and last readings are taken in this process, before and after the level. Energy
 comes from NVML's total-energy counter (mJ since the driver loaded), which integrates
 power in hardware; the sampled power is kept to check it and for the peak. Standard
 library at import time: this module ships in the agent.
@@ -10,8 +13,14 @@ library at import time: this module ships in the agent.
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any, TypedDict
 
 NVML_CLOCK_SM = 1
@@ -78,26 +87,68 @@ def sample_gpu(nvml: Any, handle: Any, index: int, round_: int = 0) -> GpuSample
     }
 
 
+ROOT = str(Path(__file__).resolve().parents[3])  # the zipapp, or src/
+CHILD = (
+    f"import sys; sys.path.insert(0, {ROOT!r}); "
+    "from gpufleet.host.bench.telemetry import child_main; child_main()"
+)
+
+
 class Sampler:
-    """Samples the given GPUs until stopped; `rows` holds every reading."""
+    """Samples the given GPUs until stopped; `rows` holds every reading. The readings between
+    the first and the last come from a child process (`child_main`), never from a thread
+    of the process that times the requests."""
 
     def __init__(self, nvml: Any, indexes: list[int], interval_s: float = 0.5) -> None:
         self.nvml = nvml
+        self.indexes = list(indexes)
         self.handles = [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in indexes]
         self.interval_s = interval_s
         self.rows: list[GpuSample] = []
         self.round = 0  # one reading of every GPU per round
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="gpufleet-telemetry", daemon=True)
+        self._child: subprocess.Popen[bytes] | None = None
+        self._out: Any = None
 
     def __enter__(self) -> Sampler:
         self._sample_all()  # a reading at the start, whatever the interval
-        self._thread.start()
+        self._out = tempfile.TemporaryFile()  # never a pipe: a full one would stall the child
+        job = {"indexes": self.indexes, "interval_s": self.interval_s, "first_round": 2,
+               "shim": _shim_path()}  # fmt: skip
+        try:
+            self._child = subprocess.Popen(
+                [sys.executable, "-I", "-c", CHILD],
+                stdin=subprocess.PIPE,
+                stdout=self._out,
+                stderr=subprocess.DEVNULL,
+                env=_child_env(),
+            )
+            assert self._child.stdin is not None
+            self._child.stdin.write(json.dumps(job).encode() + b"\n")
+            self._child.stdin.flush()
+        except OSError:
+            self._child = None  # no child: the level keeps its first and last readings
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        child, out = self._child, self._out
+        if child is not None and child.stdin is not None:
+            try:
+                child.stdin.close()  # end of stdin is the child's signal to stop
+                child.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                child.kill()
+                child.wait()
+        if out is not None:
+            out.seek(0)
+            for line in out.read().decode(errors="replace").splitlines():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and "gpu" in row:
+                    self.rows.append(row)  # type: ignore[arg-type]
+                    self.round = max(self.round, int(row.get("round", 0)))
+            out.close()
         self._sample_all()  # and one at the end, so the counter spans the whole level
 
     def _sample_all(self) -> None:
@@ -105,9 +156,49 @@ class Sampler:
         for index, handle in self.handles:
             self.rows.append(sample_gpu(self.nvml, handle, index, self.round))
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample_all()
+
+def _shim_path() -> str | None:
+    """The rehearsal's `pynvml` folder when this process reads simulated GPUs (the child runs
+    with -I, which ignores PYTHONPATH)."""
+    from gpufleet.host.nvml import shim_dir
+
+    shim = shim_dir()
+    return shim if shim in sys.path else None
+
+
+def _child_env() -> dict[str, str]:
+    from gpufleet.host import childenv
+
+    return childenv.child_env()
+
+
+def child_main() -> None:
+    """The sampling process: a job line on stdin, one JSON line per GPU reading on stdout
+    until stdin ends (the level is over, or the load generator is gone)."""
+    job = json.loads(sys.stdin.readline())
+    if job.get("shim"):
+        sys.path.insert(0, job["shim"])
+    try:
+        os.nice(5)  # below the load generator, should both share a core
+    except OSError:
+        pass
+    from gpufleet.host.nvml import load_pynvml
+
+    nvml = load_pynvml()
+    handles = [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in job["indexes"]]
+    stop = threading.Event()
+
+    def wait_for_end() -> None:
+        sys.stdin.read()
+        stop.set()
+
+    threading.Thread(target=wait_for_end, daemon=True).start()
+    round_ = int(job["first_round"])
+    while not stop.wait(float(job["interval_s"])):
+        lines = [json.dumps(sample_gpu(nvml, h, i, round_)) for i, h in handles]
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+        round_ += 1
 
 
 def summarize(rows: list[GpuSample], output_tokens: int) -> EnergyFigures:
