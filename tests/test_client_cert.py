@@ -65,6 +65,38 @@ def test_open_loop_waits_for_a_slot_are_reported_apart_from_latency(sim_server):
     assert row["p99_ttft_ms"] < 500 < row["p99_queue_wait_ms"]
 
 
+def test_an_open_loop_level_that_fell_behind_is_marked_overloaded_and_one_that_kept_up_not(
+    sim_server,
+):
+    """Issue 35: offered 12/s, achieved 3/s, and the table said `TTFT p50 41 ms, ok`. Now
+    offered and achieved rates are figures, and a level under 95% of its offered rate is
+    overloaded (its note says the queue wait comes before the TTFT); a level that kept up
+    with its arrivals is not, whatever its Poisson draw."""
+    from gpufleet.report.tables import headers, level_notes, rows
+
+    server = sim_server()
+    prompts = [Prompt("hello " * 20, output_len=32)] * 12
+    behind = summarize(run_async(run_level(server.url, prompts, 1, request_rate=20.0, seed=1)),
+                       "sglang")  # fmt: skip
+    assert behind["overloaded"] is True
+    assert behind["achieved_request_rate"] < 0.5 * behind["offered_request_rate"]
+    [note] = level_notes([behind], steady=False)
+    assert note.startswith("C=1: overloaded: achieved ") and "before being sent" in note
+    behind["level_status"] = "ok"  # as the runner sets it
+    table = dict(zip(headers([behind]), rows([behind])[0], strict=True))
+    assert table["status"] == "ok, overloaded"
+    assert {"offered req/s", "achieved req/s", "queue wait p50 ms", "queue wait p99 ms"} <= set(
+        table
+    )
+    for seed in range(3):  # 2 arrivals/s against 8 slots: it keeps up, at any draw
+        kept = summarize(
+            run_async(run_level(server.url, prompts, 8, request_rate=2.0, seed=seed)), "sglang"
+        )
+        assert kept["overloaded"] is False, kept
+        assert 0.95 <= kept["achieved_request_rate"] / kept["offered_request_rate"] <= 1.05
+        assert level_notes([kept], steady=False) == []
+
+
 def _level(open_loop: bool):
     from gpufleet.host.bench.level import LevelRun, RequestRecord
 

@@ -75,9 +75,7 @@ def test_bench_archives_telemetry_and_energy_per_token(fleet, tmp_path):
     assert "tok/J" in wide.stdout and "J/tok" in wide.stdout
 
 
-def test_the_sampler_reads_from_a_child_process_never_a_thread_of_the_client(
-    tmp_path, monkeypatch
-):
+def test_the_sampler_reads_from_a_child_process_never_a_thread_of_the_client(tmp_path, monkeypatch):
     """Issue 35: a sampling thread inside the load generator lagged its event loop past the
     client-bound mark on every level. Between its first and last readings (taken here,
     before and after the level) the sampler is another process."""

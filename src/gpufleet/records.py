@@ -277,6 +277,9 @@ class ResultRow(Record):
     p90_queue_wait_ms: F = None
     p95_queue_wait_ms: F = None
     p99_queue_wait_ms: F = None
+    offered_request_rate: F = None  # the level's arrivals per second (open loop)
+    achieved_request_rate: F = None  # its sends per second: below 95% of offered, overloaded
+    overloaded: bool | None = None
     # the steady window: full load, ramp-up and drain left out (host/bench/steady.py)
     steady_note: str | None = None  # why a level has no steady window
     steady_duration: F = None

@@ -66,7 +66,32 @@ def resolve(args: list[str], root: Path, hosts: list[str] | None = None) -> dict
         common = [h for h in common if h in hosts]
     if not common:
         raise UserError("the runs to compare share no host (compare runs of the same host)")
-    return {h: [load_arm(arg, f[h]) for arg, f in zip(args, per_arg, strict=True)] for h in common}
+    labels = _arm_labels(args, [f[common[0]] for f in per_arg], runs)
+    return {
+        h: [load_arm(label, f[h]) for label, f in zip(labels, per_arg, strict=True)] for h in common
+    }
+
+
+def _arm_labels(
+    args: list[str], first_dirs: list[list[Path]], runs: list[store.ListedRun]
+) -> list[str]:
+    """A profile argument is its own label; a run id is labelled by the profile its manifest
+    names (a run benched by hand has its server's) and when it started, so a report reads
+    `baseline 11-30 14:02`, not a 40-character id. Two equal labels keep their run ids."""
+    ids = {r.run_id for r in runs}
+    labels = []
+    for arg, dirs in zip(args, first_dirs, strict=True):
+        if arg not in ids:
+            labels.append(arg)
+            continue
+        manifest = store.read_manifest(dirs[0])
+        name = profile_label(manifest.profile) if manifest.profile else "unnamed"
+        when = (manifest.started_at or "")[5:16].replace("T", " ")
+        labels.append(f"{name} {when}".strip())
+    return [
+        label if labels.count(label) == 1 or label == arg else f"{label} ({arg[-6:]})"
+        for label, arg in zip(labels, args, strict=True)
+    ]
 
 
 def from_run_ids(root: Path, by_label: dict[str, dict[str, list[str]]]) -> dict[str, list[Arm]]:

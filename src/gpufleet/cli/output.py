@@ -82,7 +82,7 @@ def exit_code(results: list[Any]) -> tuple[int, str]:
 
 def print_runs(results: list[Any]) -> None:
     """Each archived run's level table and path (failed runs too: they are archived)."""
-    from gpufleet.report.tables import client_notes, headers, rows
+    from gpufleet.report.tables import headers, level_notes, rows
 
     for res in results:
         value = res.value
@@ -95,7 +95,7 @@ def print_runs(results: list[Any]) -> None:
         )
         for text in repeat_lines(value.results):
             line(f"{res.host.name}: {text}")
-        for text in client_notes(value.results, steady=False):
+        for text in level_notes(value.results, steady=False):
             line(f"{res.host.name}: {text}")
         line(f"{res.host.name}: archived {value.path}")
 

@@ -95,6 +95,14 @@ CATALOGUE: list[Metric] = [
        interval=True),
     _m("steady_output_throughput", "steady tok/s", "tok/s", True, "{:.1f}", C, X,
        short="steady tok/s", interval=True),
+    _m("offered_request_rate", "offered req/s", "req/s", None, "{:.2f}", R, OPT, C,
+       short="offered req/s"),
+    _m("achieved_request_rate", "achieved req/s", "req/s", True, "{:.2f}", R, OPT, C,
+       short="achieved req/s"),
+    _m("median_queue_wait_ms", "queue wait p50 ms", "ms", False, "{:.0f}", R, OPT, C,
+       short="queue p50 ms"),
+    _m("p99_queue_wait_ms", "queue wait p99 ms", "ms", False, "{:.0f}", R, OPT, C,
+       short="queue p99 ms"),
     _m("level_status", "status", "", None, "{}", R),
 ]  # fmt: skip
 BY_KEY = {m.key: m for m in CATALOGUE}
@@ -137,7 +145,7 @@ ARCHIVE_ONLY = re.compile(
     r"|duration|concurrency|request_rate|repeat|seed|output_len|random_\w+|warmup_errors"
     r"|gpu_\w+|energy_\w+|prom_\w+|sglang_\w+|max_\w+|mean_\w+|cached_tokens\w*"
     r"|goodput|goodput_\w+|slo_\w+|cache_\w+|\w+_count|\w+_s"
-    r"|client_\w+|steady_\w+|(mean|median|std|p\d+)_queue_wait_ms)$"
+    r"|client_\w+|steady_\w+|(mean|std|p90|p95)_queue_wait_ms|overloaded)$"
 )
 
 

@@ -33,6 +33,8 @@ def _columns(results: Sequence[Figures] | None) -> list[tuple[str, str, str]]:
 
 def _cell(row: Figures, key: str, fmt: str) -> str:
     value = row.get(key)
+    if key == "level_status" and row.get("overloaded"):
+        return "overloaded" if value is None else f"{value}, overloaded"
     if value is None:
         return "-"
     try:
@@ -59,12 +61,30 @@ def summary_csv(results: Sequence[Figures]) -> str:
     return out.getvalue()
 
 
-def client_notes(results: Sequence[Figures], steady: bool = True) -> list[str]:
-    """One line per level whose client was the bottleneck, or (`steady`) that had no steady
-    window (summary.md says so; the terminal stays quiet about short levels)."""
+def overload_note(row: Figures) -> str | None:
+    """An open-loop level that fell behind its arrivals, in words: its latencies are
+    measured from the send, after a queue wait the user also waited."""
+    if not row.get("overloaded"):
+        return None
+    offered, achieved = row.get("offered_request_rate"), row.get("achieved_request_rate")
+    p50, p99 = row.get("median_queue_wait_ms"), row.get("p99_queue_wait_ms")
+    return (
+        f"C={row.get('max_concurrency')}: overloaded: achieved {achieved:.2f} of "
+        f"{offered:.2f} req/s offered; requests queued p50 {p50 / 1000:.2f} s, p99 "
+        f"{p99 / 1000:.2f} s before being sent, so a user waited that plus the TTFT shown"
+    )
+
+
+def level_notes(results: Sequence[Figures], steady: bool = True) -> list[str]:
+    """One line per level that was overloaded, whose client was the bottleneck, or
+    (`steady`) that had no steady window (summary.md says so; the terminal stays quiet
+    about short levels)."""
     notes = []
     for r in results:
         level = f"C={r.get('max_concurrency')}"
+        overloaded = overload_note(r)
+        if overloaded:
+            notes.append(overloaded)
         if r.get("client_bound"):
             notes.append(f"{level}: client-bound: {r.get('client_bound')}")
         if steady and r.get("steady_note"):
@@ -85,10 +105,10 @@ def summary_md(manifest: Manifest, results: Sequence[Figures]) -> str:
         "- metrics use SGLang bench_serving's definitions (see definitions.json)",
         "",
         "| " + " | ".join(headers(results)) + " |",
-        "|" + "---|" * len(COLUMNS),
+        "|" + "---|" * len(headers(results)),
     ]
     lines += ["| " + " | ".join(r) + " |" for r in rows(results)]
-    notes = client_notes(results)
+    notes = level_notes(results)
     if notes:
         lines += ["", *[f"- {note}" for note in notes]]
     return "\n".join(lines) + "\n"

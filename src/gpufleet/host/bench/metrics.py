@@ -197,7 +197,32 @@ def client_figures(run: LevelRun) -> dict[str, Any]:
         }
     if run.open_loop:
         out.update(_stats("queue_wait_ms", [r.queue_wait for r in run.records if r.ok], 1000))
+        out.update(open_loop_rates(run.records))
     return out
+
+
+# Under this share of the offered rate a level could not take its arrivals as they came: the
+# queue grew for the whole level and its figures describe a backlog, not the offered load.
+OVERLOADED_BELOW = 0.95
+
+
+def open_loop_rates(records: list[RequestRecord]) -> dict[str, Any]:
+    """Offered and achieved request rate of an open-loop level: arrivals per second (the
+    rate this level's own arrivals came at, so a short Poisson draw is not mistaken for a
+    shortfall) against sends per second (the rate the requests got to the server), and
+    `overloaded` when the sends fell behind. Drain is left out of both: a finite level's
+    last answers would otherwise lower any achieved rate."""
+    sent = sorted(r.start for r in records if not r.skipped and r.start)
+    arrived = sorted(r.due - r.queue_wait for r in records if not r.skipped and r.start)
+    if len(sent) < 3 or arrived[-1] <= arrived[0] or sent[-1] <= sent[0]:
+        return {}
+    offered = (len(arrived) - 1) / (arrived[-1] - arrived[0])
+    achieved = (len(sent) - 1) / (sent[-1] - sent[0])
+    return {
+        "offered_request_rate": offered,
+        "achieved_request_rate": achieved,
+        "overloaded": achieved < OVERLOADED_BELOW * offered,
+    }
 
 
 class TurnFigures(TypedDict):
