@@ -255,3 +255,15 @@ def bench_local_run(url: str, tmp: Path, *args: str) -> Path:
     [host_dir] = list(archive.iterdir())
     [run_dir] = list(host_dir.iterdir())
     return run_dir
+
+
+def unwrap(text: str) -> str:
+    """Output with prose wrapped for the terminal (cli/output.py: prose) joined back into one
+    line per sentence: a continuation line starts with four spaces."""
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("    ") and lines and not line.strip().startswith(("-", "|")):
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return "\n".join(lines)

@@ -10,7 +10,7 @@ import yaml
 from gpufleet.archive import store as archive
 from gpufleet.archived import Manifest
 from gpufleet.report import compare
-from helpers import run_cli
+from helpers import run_cli, unwrap
 
 
 def _run(root, host, run_id, profile, per_level, status="done", argv=None, prompts="abc",
@@ -77,7 +77,7 @@ def test_a_side_that_starts_below_and_crosses_upward_is_said_so(tmp_path):
     _run(tmp_path, "gpu-a", "r2-b", "latebloom", {1: (90, 45), 2: (160, 43), 4: (240, 36)})
     out = run_cli("compare", "slowstart", "latebloom", "--archive", str(tmp_path), "--no-plots")
     assert out.returncode == 0, out.stderr
-    said = next(ln for ln in out.stdout.splitlines() if ln.startswith("gpu-a: latebloom"))
+    said = next(ln for ln in unwrap(out.stdout).splitlines() if ln.startswith("gpu-a: latebloom"))
     assert "slower per request below C~" in said and "faster from there" in said, said
     assert "gains total throughput over slowstart from C~" in said
     assert "every measured level" not in said
@@ -89,11 +89,13 @@ def test_compare_profiles_sentence_and_plots(tmp_path):
     _run(tmp_path, "gpu-a", "r2-eagle3", "eagle3", SEEDS["eagle3"], argv=eagle_argv)
     out = run_cli("compare", "baseline", "eagle3", "--archive", str(tmp_path))
     assert out.returncode == 0, out.stderr
+    stdout = unwrap(out.stdout)
     assert (
-        "gpu-a: eagle3 is faster per request up to C~3 and loses total throughput from C~3; "
-        "at C=64 baseline delivers 2.2x."
-    ) in out.stdout
-    assert "SGLang's silent cap of 48" in out.stdout and "C=64" in out.stdout
+        "gpu-a: eagle3 is faster per request up to C~3; eagle3 loses total throughput from "
+        "C~3; at C=64 baseline delivers 2.2x the total throughput; one run per arm, so no "
+        "interval"
+    ) in stdout
+    assert "SGLang's silent cap of 48" in stdout and "C=64" in stdout
     pngs = sorted((tmp_path / "compare" / "baseline-vs-eagle3").glob("*.png"))
     assert [p.name for p in pngs] == [  # the catalogue's plots that have data
         "gpu-a-itl.png",
@@ -130,7 +132,8 @@ def test_compare_profiles_sentence_and_plots(tmp_path):
         "csv",
         "--no-plots",
     ).stdout
-    assert csv_out.splitlines()[0].startswith("host,C,r1-baseline total tok/s")
+    # run ids are labelled by the profile their manifest names
+    assert csv_out.splitlines()[0].startswith("host,C,baseline total tok/s")
     assert "0.45x" in csv_out  # 350 / 780 at C=64
     md = run_cli(
         "compare", "baseline", "eagle3", "--archive", str(tmp_path), "--format", "md", "--no-plots"
@@ -142,10 +145,11 @@ def test_no_crossover_and_fairness_warnings(tmp_path):
     _run(tmp_path, "h", "a1", "a", {1: (10, 10), 8: (50, 6)}, prompts="p1")
     _run(tmp_path, "h", "b1", "b", {1: (20, 20), 8: (90, 11)}, prompts="p2", status="failed")
     out = run_cli("compare", "a", "b", "--archive", str(tmp_path), "--no-plots")
-    assert "b is at least as fast per request at every measured level (C<=8)" in out.stdout
-    assert "keeps total throughput at or above a's up to C=8; at C=8 b delivers 1.8x" in out.stdout
-    assert "fairness warning: prompt set differs" in out.stdout
-    assert "fairness warning: b: run b1 is failed" in out.stdout
+    stdout = unwrap(out.stdout)
+    assert "b is at least as fast per request at every measured level (C<=8)" in stdout
+    assert "keeps total throughput at or above a's up to C=8; at C=8 b delivers 1.8x" in stdout
+    assert "h: error: prompt set differs" in stdout
+    assert "h: error: b: run b1 is failed" in stdout
 
 
 def test_compare_bad_input(tmp_path):
@@ -255,7 +259,8 @@ def test_compare_says_its_figures_are_whole_levels_when_steady_ones_exist(tmp_pa
     _run(tmp_path, "h", "b1", "b", {1: (12, 12), 8: (40, 5)}, steady_output_throughput=44.0)
     out = run_cli("compare", "a", "b", "--archive", str(tmp_path), "--no-plots")
     assert out.returncode == 0, out.stderr
-    assert "figures over each whole level (ramp-up and drain included)" in out.stdout
-    assert "`--wide` adds the steady window's throughput" in out.stdout
+    stdout = unwrap(out.stdout)
+    assert "figures over each whole level (ramp-up and drain included)" in stdout
+    assert "`--wide` adds the steady window's throughput" in stdout
     wide = run_cli("compare", "a", "b", "--archive", str(tmp_path), "--no-plots", "--wide")
     assert "steady tok/s" in wide.stdout

@@ -6,6 +6,7 @@ manifest each); the report never reads the archive itself.
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 from gpufleet.archive import store
@@ -72,6 +73,14 @@ def resolve(args: list[str], root: Path, hosts: list[str] | None = None) -> dict
     }
 
 
+def _started(stamp: str | None) -> str:
+    """`11-30 14:02` (UTC) from a manifest's ISO start time; empty when it has none."""
+    try:
+        return datetime.fromisoformat(stamp or "").strftime("%m-%d %H:%M")
+    except ValueError:
+        return ""
+
+
 def _arm_labels(
     args: list[str], first_dirs: list[list[Path]], runs: list[store.ListedRun]
 ) -> list[str]:
@@ -86,8 +95,7 @@ def _arm_labels(
             continue
         manifest = store.read_manifest(dirs[0])
         name = profile_label(manifest.profile) if manifest.profile else "unnamed"
-        when = (manifest.started_at or "")[5:16].replace("T", " ")
-        labels.append(f"{name} {when}".strip())
+        labels.append(f"{name} {_started(manifest.started_at)}".strip())
     return [
         label if labels.count(label) == 1 or label == arg else f"{label} ({arg[-6:]})"
         for label, arg in zip(labels, args, strict=True)
@@ -185,4 +193,16 @@ def write_report(data: ReportInput, out_dir: Path) -> Path:
     """Render the report and write `out_dir/report.html` (archive mode, atomically)."""
     target = out_dir / "report.html"
     store.write_private_file(target, html.render(data, out_dir).encode())
+    return target
+
+
+def write_summary(data: ReportInput, out_dir: Path) -> Path:
+    """`out_dir/summary.md`: the same answers as the terminal and report.html, in Markdown."""
+    from gpufleet.report import answer
+    from gpufleet.report.compare import table
+
+    answers = [answer.build(host, arms) for host, arms in data.per_host.items()]
+    tables = {host: table(arms, wide=True) for host, arms in data.per_host.items()}
+    target = out_dir / "summary.md"
+    store.write_private_file(target, answer.to_markdown(data.title, answers, tables).encode())
     return target

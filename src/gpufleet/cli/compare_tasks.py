@@ -76,12 +76,13 @@ def show_compare(data: Any, fmt: str, out_dir: Any, plots: bool = True, wide: bo
     """Print the comparison; write its plots and report.html (paths printed unless json)."""
     from gpufleet.archive import select, store
     from gpufleet.cli.output import line, print_compare
-    from gpufleet.report.plots import write_all
+    from gpufleet.report.figures import write_all
 
     print_compare(data.per_host, fmt, wide)
     store.make_dirs(out_dir)
     written = write_all(data.per_host, out_dir) if plots else []
     page = select.write_report(data, out_dir)
+    select.write_summary(data, out_dir)
     if fmt != "json":
         if written:  # the folder, not every path: one short line, not 200 columns
             line(f"plots: {out_dir}/ ({len(written)} PNG files)")
@@ -121,4 +122,6 @@ def report(c, sweep=None, runs=None, latest=False, hosts=None, archive=None):
         state_path = select.sweep_state_path(root, sweep)
         data = select.report_for_sweep(root, state_path)
         out_dir = Layout(root).compare_dir(state_path.stem)
-    line(f"report: {select.write_report(data, out_dir)}")
+    page = select.write_report(data, out_dir)
+    select.write_summary(data, out_dir)
+    line(f"report: {page}")

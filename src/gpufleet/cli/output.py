@@ -122,18 +122,46 @@ def repeat_lines(results: list[ResultRow]) -> list[str]:
     return out
 
 
+def prose(text: str, stream: TextIO | None = None) -> None:
+    """A sentence wrapped to the terminal's width (100 columns when not a terminal), the
+    lines after the first indented."""
+    import shutil
+    import textwrap
+
+    stream = stream or sys.stdout
+    width = shutil.get_terminal_size((100, 24)).columns if stream.isatty() else 100
+    print(textwrap.fill(text, width=max(40, width), subsequent_indent="    ",
+                        break_on_hyphens=False, break_long_words=False), file=stream)  # fmt: skip
+
+
 def print_compare(per_host: dict[str, Any], fmt: str, wide: bool = False) -> None:
-    """Per host: the table (table/md/csv/json), the one-sentence answer, fairness warnings.
+    """Per host: the table (table/md/csv/json), then the answer (report/answer.py): its
+    sentence, its errors and its warnings, wrapped to the terminal.
 
     The terminal table shows the headline columns unless `wide`; md and csv show all."""
     import csv
     import io
     import json
 
+    from gpufleet.report import answer as answers
     from gpufleet.report import compare
 
+    built = {host: answers.build(host, arms) for host, arms in per_host.items()}
     if fmt == "json":
-        print(json.dumps(compare.as_json(per_host), indent=2, default=str))
+        out = {
+            host: {
+                **built[host].to_json(),
+                "arms": [
+                    {"label": a.label, "run_ids": [m.run_id for m in a.manifests]} for a in arms
+                ],
+                "levels": {
+                    str(c): {a.label: a.levels[c] for a in arms}
+                    for c in compare.common_levels(arms)
+                },
+            }
+            for host, arms in per_host.items()
+        }
+        print(json.dumps(out, indent=2, default=str))
         return
     for host, arms in per_host.items():
         headline = fmt == "table" and not wide
@@ -157,15 +185,16 @@ def print_compare(per_host: dict[str, Any], fmt: str, wide: bool = False) -> Non
         else:
             table(title, headers, rows)
         levels = compare.common_levels(arms)
+        said = built[host]
         if len(arms) > 1 and levels:
-            line(f"{host}: {compare.sentence(arms[0], arms[1], levels)}")
+            prose(f"{host}: {said.sentence}")
         if fmt == "table" and any(
             a.levels[c].get("steady_output_throughput") is not None for a in arms for c in levels
         ):
-            line(
+            prose(
                 f"{host}: figures over each whole level (ramp-up and drain included); "
                 + ("`steady tok/s` is the steady window's" if wide else
                    "`--wide` adds the steady window's throughput")
             )  # fmt: skip
-        for warning in compare.fairness(arms, levels):
-            line(f"{host}: fairness warning: {warning}")
+        for notice in said.notices:
+            prose(f"{host}: {notice.severity}: {notice.text}")

@@ -1,4 +1,5 @@
-"""Compare runs: per-host tables by concurrency, the crossover, fairness warnings.
+"""Compare runs: per-host tables by concurrency, crossovers, and the notices that weaken a
+comparison (report/answer.py builds the answer from them).
 
 An arm is one run (a run id) or a profile (its latest archived run on each host), loaded
 by archive/select.py. Ratios
@@ -91,95 +92,10 @@ def crossover_text(a: Arm, b: Arm, levels: list[int], key: str) -> tuple[Crossin
     return kind, f"C~{low:.0f}-{high:.0f}"
 
 
-def sentence(a: Arm, b: Arm, levels: list[int]) -> str:
-    """The answer in one plain sentence, e.g. 'eagle3 is faster per request up to C~7 and
-    loses total throughput from C~4; at C=64 baseline delivers 2.2x.' With repeats the
-    crossovers carry their interval ('C~3-5')."""
-    if len(levels) < 1:
-        return "no common concurrency levels to compare"
-    tot_a = [_metric(a.levels[c], "output_throughput") or 0 for c in levels]
-    tot_b = [_metric(b.levels[c], "output_throughput") or 0 for c in levels]
-    kind, where = crossover_text(a, b, levels, "median_per_request_output_tps")
-    at = crossover(levels, *[[_bound(arm, c, "median_per_request_output_tps", 0)
-                              for c in levels] for arm in (a, b)])[1]  # fmt: skip
-    accepted = _acceptance_at(b, levels, at) or _acceptance_at(a, levels, at)
-    first = {
-        Crossing.DOWN: f"{b.label} is faster per request up to {where}",
-        Crossing.UP: f"{b.label} is slower per request below {where} and faster from there",
-        Crossing.NEVER: f"{b.label} is at least as fast per request at every measured level "
-        f"(C<={levels[-1]})",
-        Crossing.BELOW: f"{b.label} is slower per request at every measured level",
-    }[kind]
-    kind, where = crossover_text(a, b, levels, "output_throughput")
-    second = {
-        Crossing.DOWN: f"loses total throughput from {where}",
-        Crossing.UP: f"gains total throughput over {a.label} from {where}",
-        Crossing.NEVER: f"keeps total throughput at or above {a.label}'s up to C={levels[-1]}",
-        Crossing.BELOW: f"has lower total throughput than {a.label} at every level",
-    }[kind]
-    top = levels[-1]
-    ta, tb = tot_a[-1], tot_b[-1]
-    if ta and tb:
-        winner, ratio = (a.label, ta / tb) if ta >= tb else (b.label, tb / ta)
-        last = f"; at C={top} {winner} delivers {ratio:.1f}x"
-    else:
-        last = ""
-    if accepted:
-        first += f" ({accepted})"
-    clauses = _energy_clause(a, b, levels) + _client_clause(a, b, levels)
-    return f"{first} and {second}{last}{clauses}."
-
-
-def _acceptance_at(arm: Arm, levels: list[int], at: float | None) -> str:
-    """The arm's per-request acceptance at the measured level nearest the crossover: the
-    spread says whether the crossover holds for most requests or only on average."""
-    if at is None:
-        return ""
-    c = min(levels, key=lambda level: abs(math.log(level) - math.log(max(at, 1e-9))))
-    row = arm.levels.get(c) or {}
-    p50, p10, p90 = (row.get(f"{q}_request_accept_length") for q in ("median", "p10", "p90"))
-    if p50 is None:
-        return ""
-    spread = f", p10-p90 {p10:.2f}-{p90:.2f}" if p10 is not None and p90 is not None else ""
-    return f"{arm.label}'s per-request acceptance at C={c}: p50 {p50:.2f} tokens a step{spread}"
-
-
 def client_bound(arm: Arm, levels: list[int]) -> list[tuple[int, str]]:
     """The levels where this arm's load generator was the bottleneck, with the reason."""
     return [(c, str(arm.levels[c]["client_bound"])) for c in levels
             if c in arm.levels and arm.levels[c].get("client_bound")]  # fmt: skip
-
-
-def _client_clause(a: Arm, b: Arm, levels: list[int]) -> str:
-    """A crossover read from levels where the client set the pace is said to be one."""
-    bound = sorted({c for arm in (a, b) for c, _ in client_bound(arm, levels)})
-    if not bound:
-        return ""
-    where = ",".join(map(str, bound))
-    return (
-        f" (the client was the bottleneck at C={where}: figures there, and any crossover "
-        "they place, measure the load generator as much as the server)"
-    )
-
-
-def _energy_clause(a: Arm, b: Arm, levels: list[int]) -> str:
-    """Energy, where it changes the verdict: at a level where one side is faster per
-    request but the other spends less energy per token, say so."""
-    for c in levels:
-        per_a = _metric(a.levels[c], "median_per_request_output_tps")
-        per_b = _metric(b.levels[c], "median_per_request_output_tps")
-        tpj_a = _metric(a.levels[c], "output_tokens_per_joule")
-        tpj_b = _metric(b.levels[c], "output_tokens_per_joule")
-        if None in (per_a, per_b, tpj_a, tpj_b) or not tpj_a or not tpj_b:
-            continue
-        faster, frugal = (b, a) if per_b > per_a else (a, b)  # type: ignore[operator]
-        ratio = max(tpj_a, tpj_b) / min(tpj_a, tpj_b)  # type: ignore[type-var]
-        if (tpj_b > tpj_a) != (faster is b) and ratio >= 1.05:
-            return (
-                f"; but at C={c}, where {faster.label} is faster per request, "
-                f"{frugal.label} gets {ratio:.2f}x the tokens per joule"
-            )
-    return ""
 
 
 def _flag(argv: list[str] | None, name: str) -> str | None:
@@ -202,8 +118,30 @@ def effective_max_running(manifest: Manifest) -> int | None:
     return None
 
 
-def fairness(arms: list[Arm], levels: list[int]) -> list[str]:
-    warnings = []
+class Severity(StrEnum):
+    """ERROR: the comparison itself is in doubt (unequal GPUs, another workload, a failed
+    run): shown beside the answer. WARNING: a level's figures need reading with care."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass
+class Notice:
+    """One warning of a comparison: its severity, what it is about, and its words."""
+
+    severity: Severity
+    text: str
+    topic: str = ""  # gpu, workload, run, client, queue, load
+    subject: str = ""  # the fingerprint entry or fact that differs
+
+
+GPU_FACTS = ("GPU", "power limit", "clock", "driver", "PCIe", "ECC", "MIG")
+
+
+def notices(arms: list[Arm], levels: list[int]) -> list[Notice]:
+    """Everything that weakens a comparison, with its severity (see Severity)."""
+    out: list[Notice] = []
     base = arms[0]
 
     def facts(arm: Arm) -> dict[str, Any]:
@@ -220,11 +158,13 @@ def fairness(arms: list[Arm], levels: list[int]) -> list[str]:
         other = facts(arm)
         for key, value in ref.items():
             if other[key] != value:
-                warnings.append(
-                    f"{key} differs: {base.label} {value!r} vs {arm.label} {other[key]!r}"
-                )
+                severity = Severity.WARNING if key == "host" else Severity.ERROR
+                out.append(Notice(severity, f"{key} differs: {base.label} {value!r} vs "
+                                  f"{arm.label} {other[key]!r}", "workload", key))  # fmt: skip
         for label, a, b in differences(base.manifest, arm.manifest):
-            warnings.append(f"{label} differs: {base.label} {_said(a)} vs {arm.label} {_said(b)}")
+            topic = "gpu" if any(word in label for word in GPU_FACTS) else "engine"
+            out.append(Notice(Severity.ERROR, f"{label} differs: {base.label} {_said(a)} vs "
+                              f"{arm.label} {_said(b)}", topic, label))  # fmt: skip
     for arm in arms:
         unhealthy = [h for h in arm.manifest.server.gpu_health or [] if ": ok" not in h]
         if unhealthy:
@@ -233,10 +173,28 @@ def fairness(arms: list[Arm], levels: list[int]) -> list[str]:
                 if arm.manifest.server.allowed_unhealthy
                 else ""
             )
-            warnings.append(f"{arm.label}: {'; '.join(unhealthy)}{launched}")
+            out.append(Notice(Severity.ERROR, f"{arm.label}: {'; '.join(unhealthy)}{launched}",
+                              "gpu", "GPU health"))  # fmt: skip
     for arm in arms:
+        if arm.manifest.status != "done":
+            out.append(Notice(Severity.ERROR, f"{arm.label}: run {arm.manifest.run_id} is "
+                              f"{arm.manifest.status} ({arm.manifest.reason})", "run"))  # fmt: skip
+    for arm in arms:
+        for c in levels:
+            row = arm.levels[c]
+            if row.get("overloaded"):
+                out.append(Notice(
+                    Severity.WARNING,
+                    f"{arm.label}: overloaded at C={c}: achieved "
+                    f"{row.get('achieved_request_rate', 0):.2f} of "
+                    f"{row.get('offered_request_rate', 0):.2f} req/s offered, queue wait p50 "
+                    f"{row.get('median_queue_wait_ms', 0):.0f} ms, p99 "
+                    f"{row.get('p99_queue_wait_ms', 0):.0f} ms before each TTFT",
+                    "load",
+                ))  # fmt: skip
         for c, reason in client_bound(arm, levels):
-            warnings.append(f"{arm.label}: client-bound at C={c} ({reason})")
+            out.append(Notice(Severity.WARNING, f"{arm.label}: client-bound at C={c} ({reason})",
+                              "client"))  # fmt: skip
     for arm in arms:
         cap = effective_max_running(arm.manifest)
         over = [c for c in levels if cap is not None and c > cap]
@@ -247,13 +205,9 @@ def fairness(arms: list[Arm], levels: list[int]) -> list[str]:
                 and _flag(arm.manifest.server.argv or [], "--max-running-requests") is None
                 else f"max-running-requests {cap}"
             )
-            warnings.append(f"{arm.label}: at C={','.join(map(str, over))} requests queue ({why})")
-        if arm.manifest.status != "done":
-            warnings.append(
-                f"{arm.label}: run {arm.manifest.run_id} is {arm.manifest.status}"
-                f" ({arm.manifest.reason})"
-            )
-    return warnings
+            out.append(Notice(Severity.WARNING, f"{arm.label}: at C={','.join(map(str, over))} "
+                              f"requests queue ({why})", "queue"))  # fmt: skip
+    return out
 
 
 def _said(value: Any) -> str:
@@ -335,16 +289,3 @@ def _headline_table(arms: list[Arm]) -> tuple[list[str], list[list[str]]]:
                 row += [ratio_text(arms[0].levels[c], arm.levels[c], key) for arm in arms[1:]]
         rows.append(row)
     return headers, rows
-
-
-def as_json(per_host: dict[str, list[Arm]]) -> dict[str, Any]:
-    out = {}
-    for host, arms in per_host.items():
-        levels = common_levels(arms)
-        out[host] = {
-            "arms": [{"label": a.label, "run_ids": [m.run_id for m in a.manifests]} for a in arms],
-            "levels": {str(c): {a.label: a.levels[c] for a in arms} for c in levels},
-            "sentence": sentence(arms[0], arms[1], levels) if len(arms) > 1 and levels else None,
-            "warnings": fairness(arms, levels),
-        }
-    return out

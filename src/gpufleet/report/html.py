@@ -1,9 +1,11 @@
 """One self-contained HTML page for a sweep or a comparison: open it offline, mail it.
 
-Everything is inline: CSS, SVG plots (hover a point for its value: SVG <title>), the data
-as embedded JSON. Links to raw files are relative to the page, so they keep working when
-the archive folder is copied. The page reads top to bottom: the answer per host, the
-verdict table, plots, fairness warnings, failures, provenance and raw files.
+Everything is inline: CSS, the SVG plots (matplotlib's, the same figures as the PNGs: hover
+a point for its value), the data as embedded JSON. Links to raw files are relative to the
+page, so they keep working when the archive folder is copied. The page reads top to bottom:
+the answer per host with the errors that put it in doubt beside it (report/answer.py, the
+same object the terminal and summary.md render), failed runs, then per host the verdict
+table, plots and warnings, then provenance and raw files.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.archived import Manifest
-from gpufleet.report import metrics
-from gpufleet.report.compare import Arm, common_levels, fairness, sentence
+from gpufleet.report import answer, figures, metrics
+from gpufleet.report.answer import Answer
+from gpufleet.report.compare import Arm, common_levels
 
 VERDICT_METRICS = [  # (heading, key, format, higher is better): from the catalogue
     (m.label, m.key, m.fmt, bool(m.higher_is_better)) for m in metrics.where(metrics.Place.VERDICT)
 ]
-COLORS = ["#1f6feb", "#d1495b", "#2e9f6b", "#8a5cd1", "#e08a00", "#3b9bb3"]
+WIDE_TABLE_COLUMNS = 8  # past this many, a phone scrolls the table sideways: say so
 
 
 @dataclass
@@ -48,18 +51,19 @@ class ReportInput:
 def render(data: ReportInput, out_dir: Path) -> str:
     """The whole page; `out_dir` is where it will be written (for relative links)."""
     body = [f"<h1>{_e(data.title)}</h1>"]
-    body.append(_answers(data.per_host))
-    for host, arms in data.per_host.items():
-        body.append(f'<section class="host"><h2>{_e(host)}</h2>')
-        body.append(_verdict_table(arms))
-        body.append('<div class="plots">' + "".join(_plots(host, arms)) + "</div>")
-        warnings = fairness(arms, common_levels(arms))
-        if warnings:
-            items = "".join(f"<li>{_e(w)}</li>" for w in warnings)
-            body.append(f'<h3>Fairness warnings</h3><ul class="warn">{items}</ul>')
-        body.append("</section>")
+    answers = {host: answer.build(host, arms) for host, arms in data.per_host.items()}
+    body.append(_answers(answers))
     if data.failures:
         body.append(_failures(data.failures))
+    for host, arms in data.per_host.items():
+        body.append(f'<section class="host"><h2>{_e(host)}</h2>')
+        body.append(_verdict_table(arms, answers[host]))
+        body.append('<div class="plots">' + "".join(figures.inline(host, arms)) + "</div>")
+        warnings = answers[host].warnings
+        if warnings:
+            items = "".join(f"<li>{_e(n.text)}</li>" for n in warnings)
+            body.append(f'<h3>Warnings</h3><ul class="warn">{items}</ul>')
+        body.append("</section>")
     body.append(_provenance(data, out_dir))
     payload = {
         host: {a.label: {str(c): row for c, row in sorted(a.levels.items())} for a in arms}
@@ -99,20 +103,26 @@ def _fmt(value: Any, fmt: str) -> str:
         return _e(value)
 
 
-def _answers(per_host: dict[str, list[Arm]]) -> str:
+def _answers(answers: dict[str, Answer]) -> str:
+    """The answer per host, and beside it each error that puts it in doubt."""
     items = []
-    for host, arms in per_host.items():
-        levels = common_levels(arms)
-        if len(arms) > 1 and levels:
-            items.append(f"<li><b>{_e(host)}</b>: {_e(sentence(arms[0], arms[1], levels))}</li>")
+    for host, said in answers.items():
+        errors = "".join(f"<li>{_e(n.text)}</li>" for n in said.errors)
+        box = f'<ul class="errors" aria-label="errors">{errors}</ul>' if errors else ""
+        if len(said.labels) > 1 and said.levels:
+            items.append(f"<li><b>{_e(host)}</b>: {_e(said.sentence)}{box}</li>")
         else:
-            labels = ", ".join(a.label for a in arms)
-            items.append(f"<li><b>{_e(host)}</b>: {_e(labels)} (nothing to compare with)</li>")
+            labels = ", ".join(said.labels)
+            items.append(f"<li><b>{_e(host)}</b>: {_e(labels)} (nothing to compare with){box}</li>")
     return f'<section class="answer"><h2>The answer</h2><ul>{"".join(items)}</ul></section>'
 
 
-def _verdict_table(arms: list[Arm]) -> str:
+def _verdict_table(arms: list[Arm], said: Answer) -> str:
+    """Each figure per arm, then B/A with its interval and `n.s.` as the terminal prints it;
+    coloured only where the difference is significant (repeats gave an interval that
+    excludes 1.0)."""
     ref = arms[0]
+    ratios = {(r.level, r.key, r.arm): r for r in said.ratios}
     span = 2 * len(arms) - 1
     top = ['<th rowspan="2">C</th>']
     sub = []
@@ -126,26 +136,26 @@ def _verdict_table(arms: list[Arm]) -> str:
     rows = []
     for c in common_levels(arms):
         cells = [f"<td>{c}</td>"]
-        for _, key, fmt, higher in VERDICT_METRICS:
+        for _, key, fmt, _ in VERDICT_METRICS:
             values = [arm.levels[c].get(key) for arm in arms]
             cells += [f'<td class="num">{_fmt(v, fmt)}</td>' for v in values]
-            for v in values[1:]:
-                if v is None or not values[0]:
+            for arm in arms[1:]:
+                ratio = ratios.get((c, key, arm.label))
+                if ratio is None:
                     cells.append('<td class="num">-</td>')
                     continue
-                ratio = float(v) / float(values[0])
-                better = ratio > 1.0 if higher else ratio < 1.0
-                css = (
-                    "win"
-                    if better and abs(ratio - 1) > 0.02
-                    else "lose"
-                    if abs(ratio - 1) > 0.02
-                    else ""
-                )
-                cells.append(f'<td class="num ratio {css}">{ratio:.2f}x</td>')
+                css = "" if not ratio.significant else "win" if ratio.better else "lose"
+                cells.append(f'<td class="num ratio {css}">{_e(ratio.text)}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
+    columns = 1 + len(VERDICT_METRICS) * span
+    hint = (
+        f'<p class="hint">{columns} columns: scroll the table sideways to see them all</p>'
+        if columns > WIDE_TABLE_COLUMNS
+        else ""
+    )
     return (
-        '<div class="scroll"><table class="verdict"><thead><tr>'
+        hint
+        + '<div class="scroll"><table class="verdict"><thead><tr>'
         + "".join(top)
         + "</tr><tr>"
         + "".join(sub)
@@ -153,103 +163,6 @@ def _verdict_table(arms: list[Arm]) -> str:
         + "".join(rows)
         + "</tbody></table></div>"
     )
-
-
-Series = tuple[str, str, bool, list[tuple[int, float, tuple[float, float] | None]]]
-
-
-def _plots(host: str, arms: list[Arm]) -> list[str]:
-    """The catalogue's plots (the same ones as the PNGs), with the same 95% intervals."""
-    levels = common_levels(arms)
-    out = []
-    for spec in metrics.PLOTS:
-        series: list[Series] = []
-        for index, arm in enumerate(arms):
-            for n, key in enumerate(spec.keys):
-                points = []
-                for c in levels:
-                    value = arm.levels[c].get(key)
-                    if isinstance(value, int | float):
-                        ci = (arm.levels[c].get("ci") or {}).get(key)
-                        points.append((c, float(value), tuple(ci) if ci else None))
-                if points:
-                    suffix = f" {metrics.BY_KEY[key].label}" if len(spec.keys) > 1 else ""
-                    color = COLORS[index % len(COLORS)]
-                    series.append((arm.label + suffix, color, n > 0, points))
-        if series:
-            out.append(_svg_plot(f"{host}: {spec.title}", spec.unit, levels, series))
-    return out
-
-
-def _svg_plot(title: str, unit: str, levels: list[int], series: list[Series]) -> str:
-    """A line plot on a log-concurrency axis; each point's value (and 95% interval, with
-    repeats) shows on hover, the interval also as an error bar."""
-    width, height, left, right, top, bottom = 560, 320, 64, 16, 34, 44
-    ymax = max(max(v, ci[1] if ci else v) for _, _, _, pts in series for _, v, ci in pts) or 1.0
-    ymax *= 1.1
-    lo, hi = math.log(min(levels)), math.log(max(levels))
-    span = (hi - lo) or 1.0
-
-    def x(c: float) -> float:
-        frac = (math.log(c) - lo) / span if len(levels) > 1 else 0.5
-        return left + frac * (width - left - right)
-
-    def y(v: float) -> float:
-        return top + (1 - v / ymax) * (height - top - bottom)
-
-    parts = [
-        f'<svg class="plot" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="{_e(title)}" xmlns="http://www.w3.org/2000/svg">',
-        f'<text x="{width / 2}" y="20" class="ptitle" text-anchor="middle">{_e(title)}</text>',
-        f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" '
-        f'y2="{height - bottom}" class="axis"/>',
-        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" class="axis"/>',
-    ]
-    for tick in range(5):
-        value = ymax * tick / 4
-        ty = y(value)
-        parts.append(
-            f'<line x1="{left}" y1="{ty:.1f}" x2="{width - right}" y2="{ty:.1f}" class="grid"/>'
-            f'<text x="{left - 6}" y="{ty + 4:.1f}" text-anchor="end" class="tick">'
-            f"{_e(metrics.tick(value))}</text>"
-        )
-    for c in levels:
-        parts.append(
-            f'<text x="{x(c):.1f}" y="{height - bottom + 16}" text-anchor="middle" '
-            f'class="tick">{c}</text>'
-        )
-    parts.append(
-        f'<text x="{(left + width - right) / 2}" y="{height - 6}" text-anchor="middle" '
-        f'class="tick">concurrency (log scale)</text>'
-        f'<text x="14" y="{(top + height - bottom) / 2}" class="tick" '
-        f'transform="rotate(-90 14 {(top + height - bottom) / 2})" text-anchor="middle">'
-        f"{_e(unit)}</text>"
-    )
-    for index, (name, color, dashed, points) in enumerate(series):
-        path = " ".join(f"{x(c):.1f},{y(v):.1f}" for c, v, _ in points)
-        dash = ' stroke-dasharray="5 4"' if dashed else ""
-        parts.append(
-            f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"{dash}/>'
-        )
-        for c, v, ci in points:
-            interval = f" (95% CI {ci[0]:,.2f}-{ci[1]:,.2f})" if ci else ""
-            if ci:
-                parts.append(
-                    f'<line x1="{x(c):.1f}" y1="{y(ci[0]):.1f}" x2="{x(c):.1f}" '
-                    f'y2="{y(ci[1]):.1f}" stroke="{color}" class="ci"/>'
-                )
-            parts.append(
-                f'<circle cx="{x(c):.1f}" cy="{y(v):.1f}" r="4" fill="{color}" class="pt">'
-                f"<title>{_e(name)} at C={c}: {v:,.2f} {_e(unit)}{_e(interval)}"
-                "</title></circle>"
-            )
-        ly = top + 4 + 14 * index
-        parts.append(
-            f'<rect x="{width - right - 150}" y="{ly}" width="10" height="10" fill="{color}"/>'
-            f'<text x="{width - right - 136}" y="{ly + 9}" class="tick">{_e(name)}</text>'
-        )
-    parts.append("</svg>")
-    return "".join(parts)
 
 
 def _failures(failures: list[Failure]) -> str:
@@ -326,18 +239,19 @@ th, td { border: 1px solid var(--line); padding: 4px 8px; text-align: left; vert
 table.verdict th { text-align: center; font-size: 13px; } table.verdict { width: 100%; }
 td.num { text-align: right; } th small { color: var(--muted); font-weight: normal; }
 td.win { background: var(--win); } td.lose { background: var(--lose); }
-.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(380px, 1fr)); gap: 12px; }
+.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 12px; }
 svg.plot { width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; }
-svg .axis { stroke: #8892a3; } svg .grid { stroke: #eceff4; }
-svg .tick { font-size: 11px; fill: var(--muted); }
-svg .ptitle { font-size: 13px; font-weight: 600; }
-svg .pt:hover { r: 6; }
+svg .pt:hover path { stroke-opacity: 0.3; fill-opacity: 0.3; }
 ul.warn li { color: #8a5300; }
+ul.errors { margin: 6px 0; padding: 8px 8px 8px 28px; background: #fdecec; border-left: 4px
+            solid #c62828; font-size: 15px; } ul.errors li { color: #8e1b1b; }
+p.hint { color: var(--muted); font-size: 13px; margin: 4px 0; }
+p.hint::after { content: " \2192"; }
 .failures pre { background: #f6f8fa; padding: 8px; overflow-x: auto; font-size: 12px; }
 details.run { border: 1px solid var(--line); border-radius: 6px; padding: 6px 10px; margin: 6px 0; }
 table.facts td { word-break: break-all; } .files a { margin-right: 10px; font-size: 13px; }
 @media (max-width: 700px) {
-  body { padding: 10px; } .plots { grid-template-columns: 1fr; }
+  body { padding: 10px; } .plots { grid-template-columns: 1fr; } .plots { gap: 8px; }
   table.facts th, table.facts td { display: block; border: none; padding: 2px 0; }
 }
 @media print {

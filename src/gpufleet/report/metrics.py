@@ -3,7 +3,7 @@
 Each entry names the results.jsonl key, its labels, unit, which direction is better, how it
 is printed, whether it gets a 95% interval with repeats, and where it appears. The run table
 and CSV (report/tables.py), compare's tables and ratios (report/compare.py), the intervals
-(report/stats.py), the PNG plots (report/plots.py), the HTML verdict table and plots
+(report/stats.py), the plots, PNG and inline SVG (report/figures.py), the HTML verdict table
 (report/html.py) and the repeat lines all read it. To add a metric: write it in the runner's
 summary (host/bench/), add one Metric here with its places; tests/test_metric_catalogue.py
 fails until both are done.

@@ -1,0 +1,268 @@
+"""A comparison's answer, built once: the sentence's claims (each with its interval and
+whether it is significant), the warnings with their severity, and the ratios of the table.
+
+The terminal (cli/output.py), summary.md (`to_markdown`), report.html (report/html.py) and
+`--format json` all render this one object, so they cannot disagree: a ratio printed
+`0.75x [0.52-1.08] n.s.` in one place is never a plain red `0.75x` in another, and the
+sentence claims a difference only where its interval excludes none.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gpufleet.report import metrics
+from gpufleet.report.compare import (
+    Arm,
+    Crossing,
+    _bound,
+    _metric,
+    client_bound,
+    common_levels,
+    crossover,
+    crossover_text,
+    notices,
+)
+from gpufleet.report.compare import Notice as Notice
+from gpufleet.report.compare import Severity as Severity
+from gpufleet.report.stats import ratio_ci, ratio_text
+
+PER_REQUEST = "median_per_request_output_tps"
+TOTAL = "output_throughput"
+
+
+@dataclass
+class Claim:
+    """One thing the sentence says. `significant`: True or False where repeats give an
+    interval, None where one run per arm gives none."""
+
+    text: str
+    significant: bool | None = None
+    level: int | None = None
+
+
+@dataclass
+class Ratio:
+    """One ratio cell of the table: B/A for a figure at a level, with its interval."""
+
+    level: int
+    key: str
+    arm: str
+    text: str  # `0.75x [0.52-1.08] n.s.`, or `1.32x` without repeats
+    significant: bool | None
+    better: bool | None  # B is better than A on this figure (None: no direction)
+
+
+@dataclass
+class Answer:
+    """One host's comparison, as every renderer shows it."""
+
+    host: str
+    labels: list[str]
+    levels: list[int]
+    claims: list[Claim] = field(default_factory=list)
+    notices: list[Notice] = field(default_factory=list)
+    ratios: list[Ratio] = field(default_factory=list)
+
+    @property
+    def sentence(self) -> str:
+        if not self.claims:
+            return "nothing to compare: " + (
+                "no common concurrency levels" if len(self.labels) > 1 else "one arm"
+            )
+        return "; ".join(c.text for c in self.claims) + "."
+
+    @property
+    def errors(self) -> list[Notice]:
+        return [n for n in self.notices if n.severity == Severity.ERROR]
+
+    @property
+    def warnings(self) -> list[Notice]:
+        return [n for n in self.notices if n.severity == Severity.WARNING]
+
+    def facts(self) -> list[str]:
+        """What every rendering must carry: each claim, each notice, each ratio."""
+        return (
+            [c.text for c in self.claims]
+            + [n.text for n in self.notices]
+            + [r.text for r in self.ratios]
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["sentence"] = self.sentence
+        return data
+
+
+def build(host: str, arms: list[Arm]) -> Answer:
+    """The answer for one host's arms (the first is the reference)."""
+    levels = common_levels(arms)
+    answer = Answer(host, [a.label for a in arms], levels, notices=notices(arms, levels))
+    answer.ratios = ratios(arms, levels)
+    if len(arms) > 1 and levels:
+        answer.claims = claims(arms[0], arms[1], levels, answer.notices)
+    return answer
+
+
+def ratios(arms: list[Arm], levels: list[int]) -> list[Ratio]:
+    """Every arm against the first, for every figure the catalogue gives a ratio."""
+    out = []
+    for m in metrics.where(metrics.Place.RATIO):
+        for c in levels:
+            for arm in arms[1:]:
+                a, b = arms[0].levels[c], arm.levels[c]
+                text = ratio_text(a, b, m.key)
+                if text == "-":
+                    continue
+                interval = ratio_ci(a, b, m.key)
+                significant = None if interval is None else not interval[0] <= 1.0 <= interval[1]
+                up = float(b[m.key]) > float(a[m.key])
+                better = None if m.higher_is_better is None else up == m.higher_is_better
+                out.append(Ratio(c, m.key, arm.label, text, significant, better))
+    return out
+
+
+def claims(a: Arm, b: Arm, levels: list[int], found: list[Notice]) -> list[Claim]:
+    """The sentence, claim by claim: per-request speed, total throughput (each crossover
+    with its interval), the top level's ratio only where it is significant, then what
+    weakens the answer (unequal GPUs, overloaded or client-bound levels, energy)."""
+    repeats = any(arm.levels[c].get("ci") for arm in (a, b) for c in levels)
+    out = [_per_request(a, b, levels), _total(a, b, levels), _top(a, b, levels)]
+    gpu_errors = [n for n in found if n.severity == Severity.ERROR and n.topic == "gpu"]
+    if gpu_errors:
+        what = ", ".join(dict.fromkeys(n.subject for n in gpu_errors))
+        out.append(Claim(f"but the arms ran on unequal GPUs ({what}): part of any difference "
+                         "may be the GPUs', not the configurations'"))  # fmt: skip
+    overloaded = [
+        (arm.label, c) for arm in (a, b) for c in levels if arm.levels[c].get("overloaded")
+    ]
+    if overloaded:
+        where = ", ".join(f"{label} at C={c}" for label, c in overloaded)
+        out.append(Claim(f"{where} could not keep up with the offered rate (overloaded): "
+                         "latencies there follow a queue"))  # fmt: skip
+    bound = sorted({c for arm in (a, b) for c, _ in client_bound(arm, levels)})
+    if bound:
+        out.append(Claim(
+            f"the client was the bottleneck at C={','.join(map(str, bound))}: figures there, "
+            "and any crossover they place, measure the load generator as much as the server"
+        ))  # fmt: skip
+    energy = _energy(a, b, levels)
+    if energy:
+        out.append(energy)
+    if not repeats:
+        out.append(Claim("one run per arm, so no interval: --repeat 3 gives each figure one"))
+    return out
+
+
+def _crossing_claim(kind: Crossing, where: str, texts: dict[Crossing, str]) -> Claim:
+    return Claim(texts[kind].format(where=where))
+
+
+def _per_request(a: Arm, b: Arm, levels: list[int]) -> Claim:
+    kind, where = crossover_text(a, b, levels, PER_REQUEST)
+    at = crossover(levels, *[[_bound(arm, c, PER_REQUEST, 0) for c in levels]
+                             for arm in (a, b)])[1]  # fmt: skip
+    claim = _crossing_claim(kind, where, {
+        Crossing.DOWN: f"{b.label} is faster per request up to {{where}}",
+        Crossing.UP: f"{b.label} is slower per request below {{where}} and faster from there",
+        Crossing.NEVER: f"{b.label} is at least as fast per request at every measured level "
+                        f"(C<={levels[-1]})",
+        Crossing.BELOW: f"{b.label} is slower per request at every measured level",
+    })  # fmt: skip
+    accepted = _acceptance_at(b, levels, at) or _acceptance_at(a, levels, at)
+    if accepted:
+        claim.text += f" ({accepted})"
+    return claim
+
+
+def _total(a: Arm, b: Arm, levels: list[int]) -> Claim:
+    kind, where = crossover_text(a, b, levels, TOTAL)
+    return _crossing_claim(kind, where, {
+        Crossing.DOWN: f"{b.label} loses total throughput from {{where}}",
+        Crossing.UP: f"{b.label} gains total throughput over {a.label} from {{where}}",
+        Crossing.NEVER: f"{b.label} keeps total throughput at or above {a.label}'s up to "
+                        f"C={levels[-1]}",
+        Crossing.BELOW: f"{b.label} has lower total throughput than {a.label} at every level",
+    })  # fmt: skip
+
+
+def _top(a: Arm, b: Arm, levels: list[int]) -> Claim:
+    """At the highest common level: who delivers more, claimed only where it is significant."""
+    top = levels[-1]
+    ra, rb = a.levels[top], b.levels[top]
+    ta, tb = _metric(ra, TOTAL), _metric(rb, TOTAL)
+    if not ta or not tb:
+        return Claim(f"at C={top} total throughput is missing on one side", level=top)
+    interval = ratio_ci(ra, rb, TOTAL)
+    text = ratio_text(ra, rb, TOTAL)
+    if interval is not None and interval[0] <= 1.0 <= interval[1]:
+        return Claim(f"no significant difference in total throughput at C={top} ({b.label}/"
+                     f"{a.label} {text})", significant=False, level=top)  # fmt: skip
+    winner, ratio = (a.label, ta / tb) if ta >= tb else (b.label, tb / ta)
+    said = f"at C={top} {winner} delivers {ratio:.1f}x the total throughput"
+    if interval is not None:
+        low, high = interval if winner == b.label else (1 / interval[1], 1 / interval[0])
+        said += f" [{low:.2f}-{high:.2f}]"
+    return Claim(said, significant=None if interval is None else True, level=top)
+
+
+def _acceptance_at(arm: Arm, levels: list[int], at: float | None) -> str:
+    """The arm's per-request acceptance at the measured level nearest the crossover: the
+    spread says whether the crossover holds for most requests or only on average."""
+    if at is None:
+        return ""
+    c = min(levels, key=lambda level: abs(math.log(level) - math.log(max(at, 1e-9))))
+    row = arm.levels.get(c) or {}
+    p50, p10, p90 = (row.get(f"{q}_request_accept_length") for q in ("median", "p10", "p90"))
+    if p50 is None:
+        return ""
+    spread = f", p10-p90 {p10:.2f}-{p90:.2f}" if p10 is not None and p90 is not None else ""
+    return f"{arm.label}'s per-request acceptance at C={c}: p50 {p50:.2f} tokens a step{spread}"
+
+
+def _energy(a: Arm, b: Arm, levels: list[int]) -> Claim | None:
+    """Energy, where it changes the verdict: at a level where one side is faster per
+    request but the other spends less energy per token, say so."""
+    for c in levels:
+        per_a, per_b = _metric(a.levels[c], PER_REQUEST), _metric(b.levels[c], PER_REQUEST)
+        tpj_a = _metric(a.levels[c], "output_tokens_per_joule")
+        tpj_b = _metric(b.levels[c], "output_tokens_per_joule")
+        if per_a is None or per_b is None or not tpj_a or not tpj_b:
+            continue
+        faster, frugal = (b, a) if per_b > per_a else (a, b)
+        ratio = max(tpj_a, tpj_b) / min(tpj_a, tpj_b)
+        if (tpj_b > tpj_a) != (faster is b) and ratio >= 1.05:
+            return Claim(
+                f"but at C={c}, where {faster.label} is faster per request, {frugal.label} "
+                f"gets {ratio:.2f}x the tokens per joule",
+                level=c,
+            )
+    return None
+
+
+def sentence(a: Arm, b: Arm, levels: list[int]) -> str:
+    """The answer in one sentence (what `build` renders), for two arms."""
+    return build("", [a, b]).sentence if levels else "no common concurrency levels to compare"
+
+
+def to_markdown(
+    title: str, answers: list[Answer], tables: dict[str, tuple[list[str], list[list[str]]]]
+) -> str:
+    """summary.md of a comparison: per host the answer, its errors and warnings, the table."""
+    lines = [f"# {title}", ""]
+    for answer in answers:
+        lines += [
+            f"## {answer.host}: {' vs '.join(answer.labels)}",
+            "",
+            f"**Answer:** {answer.sentence}",
+            "",
+        ]
+        lines += [f"- **error:** {n.text}" for n in answer.errors]
+        lines += [f"- warning: {n.text}" for n in answer.warnings]
+        headers, rows = tables[answer.host]
+        lines += ["", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        lines.append("")
+    return "\n".join(lines)
