@@ -31,6 +31,27 @@ FACTS_JS = """JSON.stringify({
   data: JSON.parse(document.getElementById('gpufleet-data').textContent),
   pageWidth: document.documentElement.scrollWidth,
 })"""
+# The smallest text a reader sees, in CSS pixels: every element that holds text directly,
+# HTML by its computed font size, SVG <text> by its font size times the SVG's scale on the
+# screen. Hidden elements (closed <details>, display: none) are left out.
+TEXT_SIZES_JS = """JSON.stringify((() => {
+  const out = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const el = node.parentElement;
+    if (!el || !node.textContent.trim() || el.closest('script,style,title')) continue;
+    const box = el.getBoundingClientRect();
+    if (box.width === 0 && box.height === 0) continue;
+    let size = parseFloat(getComputedStyle(el).fontSize);
+    if (el instanceof SVGElement) {
+      const m = el.getScreenCTM();
+      size *= Math.sqrt(Math.abs(m.a * m.d - m.b * m.c));
+    }
+    out.push([Math.round(size * 100) / 100, node.textContent.trim().slice(0, 40)]);
+  }
+  out.sort((a, b) => a[0] - b[0]);
+  return out;
+})())"""
 
 
 @dataclass
@@ -41,6 +62,8 @@ class PageVisit:
     facts: dict[str, Any] = field(default_factory=dict)
     screenshot: bytes = b""
     phone_width: int = 0  # the page's scroll width in a 390 px viewport
+    text_px: dict[int, list[tuple[float, str]]] = field(default_factory=dict)  # width -> sizes
+    phone_screenshot: bytes = b""
 
 
 class _Devtools:
@@ -129,6 +152,8 @@ async def _visit(page: Path, width: int, height: int) -> PageVisit:
                 visit.facts = json.loads(result["result"]["value"])
                 shot = await tools.call("Page.captureScreenshot", format="png")
                 visit.screenshot = base64.b64decode(shot["data"])
+                result = await tools.call("Runtime.evaluate", expression=TEXT_SIZES_JS)
+                visit.text_px[width] = [tuple(x) for x in json.loads(result["result"]["value"])]
                 await tools.call(
                     "Emulation.setDeviceMetricsOverride",
                     width=390, height=844, deviceScaleFactor=1, mobile=True,
@@ -137,6 +162,10 @@ async def _visit(page: Path, width: int, height: int) -> PageVisit:
                     "Runtime.evaluate", expression="document.documentElement.scrollWidth"
                 )
                 visit.phone_width = int(result["result"]["value"])
+                result = await tools.call("Runtime.evaluate", expression=TEXT_SIZES_JS)
+                visit.text_px[390] = [tuple(x) for x in json.loads(result["result"]["value"])]
+                shot = await tools.call("Page.captureScreenshot", format="png")
+                visit.phone_screenshot = base64.b64decode(shot["data"])
                 await ws.close()
         finally:
             with contextlib.suppress(ProcessLookupError):

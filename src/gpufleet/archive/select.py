@@ -86,7 +86,7 @@ def _arm_labels(
 ) -> list[str]:
     """A profile argument is its own label; a run id is labelled by the profile its manifest
     names (a run benched by hand has its server's) and when it started, so a report reads
-    `baseline 11-30 14:02`, not a 40-character id. Two equal labels keep their run ids."""
+    `baseline 11-30 14:02`, not a 40-character id. Two equal labels are the run ids."""
     ids = {r.run_id for r in runs}
     labels = []
     for arg, dirs in zip(args, first_dirs, strict=True):
@@ -97,8 +97,7 @@ def _arm_labels(
         name = profile_label(manifest.profile) if manifest.profile else "unnamed"
         labels.append(f"{name} {_started(manifest.started_at)}".strip())
     return [
-        label if labels.count(label) == 1 or label == arg else f"{label} ({arg[-6:]})"
-        for label, arg in zip(labels, args, strict=True)
+        label if labels.count(label) == 1 else arg for label, arg in zip(labels, args, strict=True)
     ]
 
 

@@ -83,11 +83,13 @@ class Answer:
         return [n for n in self.notices if n.severity == Severity.WARNING]
 
     def facts(self) -> list[str]:
-        """What every rendering must carry: each claim, each notice, each ratio."""
+        """What every rendering must carry: each claim, each notice, and the ratios of the
+        headline figures (the terminal's default table shows those; md and the page all)."""
+        headline = {m.key for m in metrics.where(metrics.Place.HEADLINE) if m.higher_is_better}
         return (
             [c.text for c in self.claims]
             + [n.text for n in self.notices]
-            + [r.text for r in self.ratios]
+            + [r.text for r in self.ratios if r.key in headline]
         )
 
     def to_json(self) -> dict[str, Any]:

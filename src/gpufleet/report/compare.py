@@ -16,7 +16,7 @@ from typing import Any
 
 from gpufleet.archived import Manifest
 from gpufleet.report import metrics
-from gpufleet.report.fingerprint import differences
+from gpufleet.report.fingerprint import PER_GPU, differences
 from gpufleet.report.stats import ratio_text
 
 SPECULATIVE_CAP = 48
@@ -136,7 +136,7 @@ class Notice:
     subject: str = ""  # the fingerprint entry or fact that differs
 
 
-GPU_FACTS = ("GPU", "power limit", "clock", "driver", "PCIe", "ECC", "MIG")
+GPU_FACTS = {*PER_GPU.values(), "GPU count"}  # fingerprint entries about the GPUs themselves
 
 
 def notices(arms: list[Arm], levels: list[int]) -> list[Notice]:
@@ -162,7 +162,7 @@ def notices(arms: list[Arm], levels: list[int]) -> list[Notice]:
                 out.append(Notice(severity, f"{key} differs: {base.label} {value!r} vs "
                                   f"{arm.label} {other[key]!r}", "workload", key))  # fmt: skip
         for label, a, b in differences(base.manifest, arm.manifest):
-            topic = "gpu" if any(word in label for word in GPU_FACTS) else "engine"
+            topic = "gpu" if label in GPU_FACTS else "software"
             out.append(Notice(Severity.ERROR, f"{label} differs: {base.label} {_said(a)} vs "
                               f"{arm.label} {_said(b)}", topic, label))  # fmt: skip
     for arm in arms:

@@ -67,8 +67,8 @@ def _slo_text(arms: list[Arm], levels: list[int]) -> str:
     slos = [arm.levels[c].get("slo") for arm in arms for c in levels if arm.levels[c].get("slo")]
     if not slos:
         return ""
-    names = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "e2e_ms": "E2E"}
-    parts = [f"{names.get(k, k)} <= {v:g} ms" for k, v in sorted(slos[0].items())]
+    names = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "e2e_ms": "E2E"}  # host/bench/slo.py's order
+    parts = [f"{name} <= {slos[0][key]:g} ms" for key, name in names.items() if key in slos[0]]
     differ = any(s != slos[0] for s in slos)
     return "SLO: " + ", ".join(parts) + (" (differs between arms)" if differ else "")
 

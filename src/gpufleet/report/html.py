@@ -149,7 +149,7 @@ def _verdict_table(arms: list[Arm], said: Answer) -> str:
         rows.append("<tr>" + "".join(cells) + "</tr>")
     columns = 1 + len(VERDICT_METRICS) * span
     hint = (
-        f'<p class="hint">{columns} columns: scroll the table sideways to see them all</p>'
+        f'<p class="hint">{columns} columns: scroll the table sideways to see them all &rarr;</p>'
         if columns > WIDE_TABLE_COLUMNS
         else ""
     )
@@ -246,7 +246,7 @@ ul.warn li { color: #8a5300; }
 ul.errors { margin: 6px 0; padding: 8px 8px 8px 28px; background: #fdecec; border-left: 4px
             solid #c62828; font-size: 15px; } ul.errors li { color: #8e1b1b; }
 p.hint { color: var(--muted); font-size: 13px; margin: 4px 0; }
-p.hint::after { content: " \2192"; }
+
 .failures pre { background: #f6f8fa; padding: 8px; overflow-x: auto; font-size: 12px; }
 details.run { border: 1px solid var(--line); border-radius: 6px; padding: 6px 10px; margin: 6px 0; }
 table.facts td { word-break: break-all; } .files a { margin-right: 10px; font-size: 13px; }

@@ -1,0 +1,182 @@
+"""One answer, rendered everywhere (issue 35): compare builds one structured answer and the
+terminal, summary.md and report.html render it, so they carry the same facts; the sentence
+claims only what is significant, gives the crossover with its interval and names what puts
+it in doubt. The plots are matplotlib's, one renderer for the PNGs and the page."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import pytest
+
+from gpufleet.archive import select
+from gpufleet.archive import store as archive
+from gpufleet.archived import Manifest
+from gpufleet.report import answer, figures, metrics
+from helpers import run_cli, unwrap
+
+# Three repeats per level. At C=64 the two arms' total throughputs overlap (no significant
+# difference); per-request speed crosses between C=1 and C=8.
+REPEATS = {
+    "baseline": {1: [(60, 60), (61, 61), (59, 59)], 8: [(380, 38), (385, 39), (375, 37)],
+                 64: [(700, 12), (800, 12.5), (760, 11.5)]},
+    "eagle3": {1: [(80, 80), (82, 81), (78, 79)], 8: [(300, 30), (310, 31), (290, 29)],
+               64: [(650, 5.5), (820, 5.0), (720, 6.0)]},
+}  # fmt: skip
+
+
+def _repeated_run(root, host, run_id, profile, levels, power=(700, 700), extra=None):
+    extra = extra or {}
+    rows = [
+        {"max_concurrency": c, "repeat": k + 1, "request_rate": float("inf"),
+         "output_throughput": tot, "median_per_request_output_tps": per,
+         "median_ttft_ms": 40.0 * c + k, "p99_ttft_ms": 90.0 * c + k, "median_itl_ms": 1000 / per,
+         "completed": 10, "failed": 0, "level_status": "ok", **extra.get(c, {})}
+        for c, reps in levels.items() for k, (tot, per) in enumerate(reps)
+    ]  # fmt: skip
+    manifest = {
+        "run_id": run_id, "host": host, "profile": profile, "status": "done",
+        "started_at": "2026-11-30T14:02:00+00:00",
+        "plan": {"run_id": run_id, "levels": [], "output_len": 256, "backend": "sglang"},
+        "prompt_set": {"prompts_sha256": "abc"},
+        "server": {"argv": ["python", "-m", "sglang.launch_server"], "engine_version": "0.5.3"},
+        "host_facts": {"gpus": [{"name": "NVIDIA H200", "power_limit_w": w} for w in power],
+                       "driver": "580"},
+        "levels": [{"concurrency": c, "output_throughput": v[0][0]} for c, v in levels.items()],
+    }  # fmt: skip
+    files = {"results.jsonl": "".join(json.dumps(r) + "\n" for r in rows).encode()}
+    archive.write_run(root, host, run_id, files, Manifest.from_wire(manifest))
+
+
+def _page_text(page: str) -> str:
+    text = re.sub(r"<(script|style)\b.*?</\1>", " ", page, flags=re.S)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", text)).split())
+
+
+@pytest.fixture
+def doubtful(tmp_path):
+    """baseline vs eagle3 with repeats; eagle3 ran with one GPU's power limit lowered and
+    was overloaded at C=8 (an open-loop level that fell behind its arrivals)."""
+    root = tmp_path / "logs"
+    _repeated_run(root, "h0", "r1-baseline", "baseline", REPEATS["baseline"])
+    overloaded = {8: {"overloaded": True, "offered_request_rate": 12.0,
+                      "achieved_request_rate": 3.0, "median_queue_wait_ms": 4100.0,
+                      "p99_queue_wait_ms": 8200.0}}  # fmt: skip
+    _repeated_run(root, "h0", "r2-eagle3", "eagle3", REPEATS["eagle3"], power=(700, 500),
+                  extra=overloaded)  # fmt: skip
+    return root
+
+
+def test_terminal_summary_and_page_carry_the_same_facts(doubtful):
+    out = run_cli("compare", "baseline", "eagle3", "--archive", str(doubtful))
+    assert out.returncode == 0, out.stderr
+    folder = doubtful / "compare" / "baseline-vs-eagle3"
+    renderings = {
+        "terminal": " ".join(unwrap(out.stdout).split()),
+        "summary.md": " ".join((folder / "summary.md").read_text().split()),
+        "report.html": _page_text((folder / "report.html").read_text()),
+    }
+    data = select.report_for_runs(doubtful, ["baseline", "eagle3"])
+    said = answer.build("h0", data.per_host["h0"])
+    facts = said.facts()
+    assert len(facts) >= 12  # 5 claims, 2 notices, 6 headline ratios
+    for name, text in renderings.items():
+        missing = [fact for fact in facts if " ".join(fact.split()) not in text]
+        assert missing == [], (name, missing)
+    # JSON carries the same object
+    as_json = json.loads(run_cli("compare", "baseline", "eagle3", "--archive", str(doubtful),
+                                 "--format", "json", "--no-plots").stdout)  # fmt: skip
+    assert as_json["h0"]["sentence"] == said.sentence
+
+
+def test_the_sentence_claims_only_what_is_significant_and_names_its_doubts(doubtful):
+    data = select.report_for_runs(doubtful, ["baseline", "eagle3"])
+    said = answer.build("h0", data.per_host["h0"])
+    sentence = said.sentence
+    # at C=64 the interval of the ratio includes 1.0: no winner is claimed
+    assert "no significant difference in total throughput at C=64 (eagle3/baseline 0." in sentence
+    assert "n.s.)" in sentence and "delivers" not in sentence
+    # the crossover comes with its interval (C~lo-hi) from the repeats
+    assert re.search(r"eagle3 is faster per request up to C~\d+-\d+", sentence), sentence
+    # what puts the answer in doubt is in the sentence itself
+    assert "unequal GPUs (power limits (W))" in sentence
+    assert "eagle3 at C=8 could not keep up with the offered rate (overloaded)" in sentence
+    assert [n.topic for n in said.errors] == ["gpu"]
+    assert any("overloaded at C=8: achieved 3.00 of 12.00 req/s" in n.text for n in said.warnings)
+    ns = [r for r in said.ratios if r.level == 64 and r.key == "output_throughput"]
+    assert ns[0].significant is False and ns[0].text.endswith(" n.s.")
+
+
+def test_errors_stand_beside_the_answer_above_the_plots(doubtful):
+    assert run_cli("compare", "baseline", "eagle3", "--archive", str(doubtful)).returncode == 0
+    page = (doubtful / "compare" / "baseline-vs-eagle3" / "report.html").read_text()
+    error = page.index("power limits (W) differs")
+    assert page.index("The answer") < error < page.index("<svg")
+    assert 'class="errors"' in page[page.index("The answer") : page.index("<svg")]
+    # a ratio that is not significant is not coloured as a win or a loss
+    cell = re.search(r'<td class="num ratio ([a-z]*)">0\.9\dx \[[^<]*n\.s\.</td>', page)
+    assert cell is not None and cell.group(1) == ""
+
+
+def test_terminal_prose_wraps_to_100_columns_when_not_a_terminal(doubtful):
+    out = run_cli("compare", "baseline", "eagle3", "--archive", str(doubtful), "--no-plots")
+    prose = [ln for ln in out.stdout.splitlines() if not ln[:1].isdigit() and "  " not in ln[:3]]
+    assert max(len(ln) for ln in out.stdout.splitlines() if ln.startswith(("h0:", "    "))) <= 100
+    assert any(ln.startswith("    ") for ln in out.stdout.splitlines())  # it did wrap
+    assert prose
+
+
+def test_compare_by_run_id_labels_arms_by_profile_and_start_time(doubtful):
+    out = run_cli("compare", "r1-baseline", "r2-eagle3", "--archive", str(doubtful),
+                  "--format", "csv", "--no-plots")  # fmt: skip
+    assert out.stdout.splitlines()[0].startswith("host,C,baseline 11-30 14:02 total tok/s")
+    _repeated_run(doubtful, "h0", "r3-baseline", "baseline", REPEATS["baseline"])
+    out = run_cli("compare", "r1-baseline", "r3-baseline", "--archive", str(doubtful),
+                  "--format", "csv", "--no-plots")  # fmt: skip
+    header = out.stdout.splitlines()[0].split(",")
+    # two runs of one profile in one minute keep apart by their ids
+    assert header[2:4] == ["r1-baseline total tok/s", "r3-baseline total tok/s"]
+
+
+# -- the plots: one renderer, readable -----------------------------------------------------
+
+
+def _arm(label, levels):
+    from gpufleet.report.compare import Arm
+
+    return Arm(label, [], levels)
+
+
+def test_a_profile_keeps_its_colour_whatever_the_argument_order():
+    a, b = _arm("baseline", {}), _arm("eagle3", {})
+    assert figures.colours([a, b]) == list(reversed(figures.colours([b, a])))
+    assert figures.colours([_arm("eagle3 11-30 14:02", {})])[0] == figures.colour_of("eagle3")
+    assert len(set(figures.colours([_arm(f"p{i}", {}) for i in range(8)]))) == 8
+
+
+def test_plot_marks_ticks_error_bars_and_slo():
+    rows = {c: {"median_ttft_ms": 40.0 * c, "p99_ttft_ms": 90.0 * c,
+                "goodput_output_throughput": 92.3 * c, "slo": {"ttft_ms": 500.0, "tpot_ms": 50.0},
+                "ci": {"goodput_output_throughput": [-30.0, 92.3 * c + 40]}}
+            for c in (1, 2, 3)}  # fmt: skip
+    arms = [_arm("baseline", rows)]
+    spec = {s.name: s for s in metrics.PLOTS}
+    fig, points = figures.draw("h", arms, spec["ttft"])
+    [ax] = fig.axes
+    handles, labels = ax.get_legend_handles_labels()
+    assert labels == ["baseline TTFT p50 ms", "baseline TTFT p99 ms"]
+    assert (handles[0].get_linestyle(), handles[0].get_marker()) != (
+        handles[1].get_linestyle(), handles[1].get_marker())  # fmt: skip
+    assert len(points) == 6 and points[0] == "baseline TTFT p50 ms at C=1: 40.00 ms"
+    fig, _ = figures.draw("h", arms, spec["goodput"])
+    [ax] = fig.axes
+    assert "SLO: TTFT <= 500 ms, TPOT <= 50 ms" in ax.get_title()
+    ticks = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
+    step = ticks[1] - ticks[0]
+    mantissa = step / 10 ** int(f"{step:e}".split("e")[1])
+    assert mantissa in (1, 2, 2.5, 5), ticks  # round steps, never 92.3, 185, 277
+    bars = [seg for coll in ax.collections for seg in coll.get_segments()]
+    assert bars and min(y for seg in bars for _, y in seg) >= 0  # clipped at zero
+    assert ax.get_ylim()[0] == 0
