@@ -23,7 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-OUTPUT_LEN = 64
+OUTPUT_LEN = 32
 HOG = "import os,sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile 1: pass"
 
 
@@ -78,7 +78,7 @@ def main() -> None:
     results: list[dict] = []
     try:
         for c in (int(x) for x in options.levels.split(",")):
-            n = max(8, min(4 * c, 512))
+            n = max(8, 2 * c)  # two waves: long enough for a p99 of the loop's lag
             for k in range(options.runs):
                 for starved in (False, True):
                     hogs = [spawn(["-c", HOG, str(client_core)], client_core)
@@ -98,6 +98,8 @@ def main() -> None:
                     row.update(c=c, starved=starved, run=k, cores=len(cores))
                     results.append(row)
                     print(json.dumps(row), flush=True)
+                    if options.json:  # kept as it grows: a cut-short run still reports
+                        Path(options.json).write_text(json.dumps(results, indent=1))
     finally:
         server.stop()
     if options.json:
