@@ -48,6 +48,7 @@ def one_run(url: str, state: str, concurrency: int, prompts: int) -> dict:
         "loop_p99_ms": s.get("client_loop_lag_p99_ms"),
         "cpu_cores": s.get("client_cpu_cores"),
         "mark": s.get("client_bound"),
+        "late": s.get("client_late"),
         "bounds": {"loop_ms": clientcert.LOOP_LAG_BOUND_MS},
     }
 
@@ -64,7 +65,11 @@ def main() -> None:
     parser.add_argument("--levels", default="1,64,256")
     parser.add_argument("--one", nargs=4, metavar=("URL", "STATE", "C", "N"))
     parser.add_argument("--json", help="write every run's figures here")
+    parser.add_argument("--report", help="print the table of a saved --json file and stop")
     options = parser.parse_args()
+    if options.report:
+        report(json.loads(Path(options.report).read_text()))
+        return
     if options.one:
         url, state, c, n = options.one
         print(json.dumps(one_run(url, state, int(c), int(n))), flush=True)
@@ -107,18 +112,33 @@ def main() -> None:
     report(results)
 
 
+def marks(row: dict) -> tuple[bool, bool]:
+    """(client_bound, client_late) under today's bounds, from a run's figures."""
+    from gpufleet.host.bench import clientcert
+
+    bound = clientcert.verdict(row["cpu_cores"] or 0, row["idle_share"] or 0,
+                               row["dispatch_p99_ms"] or 0)  # fmt: skip
+    return bound is not None, clientcert.late(row["loop_p99_ms"] or 0) is not None
+
+
 def report(results: list[dict]) -> None:
-    print(f"\n{len(os.sched_getaffinity(0))} cores; median per level and condition, marks of N")
+    """Per level and condition: median figures, and the marks under today's bounds (an
+    unstarved run marked is a false mark; a starved run left unmarked is a missed one)."""
+    print(f"\n{results[0]['cores']} cores; medians per level and condition")
     keys = ("tok_s", "ttft_p50_ms", "itl_p50_ms", "dispatch_p99_ms", "idle_share",
             "loop_p99_ms", "cpu_cores")  # fmt: skip
     for c in sorted({r["c"] for r in results}):
         for starved in (False, True):
             rows = [r for r in results if r["c"] == c and r["starved"] == starved]
             med = {k: statistics.median(r[k] or 0 for r in rows) for k in keys}
-            marks = sum(1 for r in rows if r["mark"])
+            bound = sum(marks(r)[0] for r in rows)
+            late = sum(marks(r)[1] for r in rows)
+            wrong = late if not starved else len(rows) - late
             name = "starved  " if starved else "unstarved"
+            what = "missed" if starved else "false"
             print(f"C={c:<4} {name} " + " ".join(f"{k}={v:.4g}" for k, v in med.items())
-                  + f" marked {marks}/{len(rows)}")  # fmt: skip
+                  + f" | client_bound {bound}/{len(rows)}, client_late {late}/{len(rows)}"
+                  f" ({what} {wrong})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
 from gpufleet.host.bench.metrics import summarize
-from gpufleet.report.compare import Arm, sentence
+from gpufleet.report.answer import sentence
+from gpufleet.report.compare import Arm
 
 
 def test_each_requests_acceptance_comes_from_the_servers_verify_count(sim_server):

@@ -262,7 +262,8 @@ class ResultRow(Record):
     prom_spec_accept_length_max: F = None
     prom_spec_accept_length_mean: F = None
     # the client certifies itself (host/bench/clientcert.py): None when it kept up
-    client_bound: str | None = None
+    client_bound: str | None = None  # the client set the pace
+    client_late: str | None = None  # its timers fired late: TTFT and ITL may read high
     client_procs: int | None = None  # generator processes (--client-procs)
     client_cpu_cores: F = None  # the generator processes' CPU over the level, in cores
     client_dispatch_lag_p50_ms: F = None  # from when a request was due to when it went out

@@ -244,9 +244,11 @@ def _energy(a: Arm, b: Arm, levels: list[int]) -> Claim | None:
     return None
 
 
-def sentence(a: Arm, b: Arm, levels: list[int]) -> str:
-    """The answer in one sentence (what `build` renders), for two arms."""
-    return build("", [a, b]).sentence if levels else "no common concurrency levels to compare"
+def sentence(a: Arm, b: Arm, levels: list[int], found: list[Notice] | None = None) -> str:
+    """The answer in one sentence, for two arms (`build`'s, given the same notices)."""
+    if not levels:
+        return "no common concurrency levels to compare"
+    return Answer("", [a.label, b.label], levels, claims(a, b, levels, found or [])).sentence
 
 
 def to_markdown(

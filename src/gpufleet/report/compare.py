@@ -195,6 +195,10 @@ def notices(arms: list[Arm], levels: list[int]) -> list[Notice]:
         for c, reason in client_bound(arm, levels):
             out.append(Notice(Severity.WARNING, f"{arm.label}: client-bound at C={c} ({reason})",
                               "client"))  # fmt: skip
+        for c in levels:
+            if arm.levels[c].get("client_late"):
+                out.append(Notice(Severity.WARNING, f"{arm.label}: client timers late at C={c} "
+                                  f"({arm.levels[c]['client_late']})", "client"))  # fmt: skip
     for arm in arms:
         cap = effective_max_running(arm.manifest)
         over = [c for c in levels if cap is not None and c > cap]

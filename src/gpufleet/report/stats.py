@@ -51,8 +51,9 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
             numbers = [float(v) for v in values if isinstance(v, int | float)]
             if len(numbers) == len(rows):
                 out[key] = statistics.fmean(numbers)
-    reasons = [str(r["client_bound"]) for r in rows if r.get("client_bound")]
-    out["client_bound"] = "; ".join(dict.fromkeys(reasons)) or None  # any repeat's counts
+    for mark in ("client_bound", "client_late"):  # any repeat's counts
+        reasons = [str(r[mark]) for r in rows if r.get(mark)]
+        out[mark] = "; ".join(dict.fromkeys(reasons)) or None
     out["completed"] = sum(int(r.get("completed", 0)) for r in rows)
     out["failed"] = sum(int(r.get("failed", 0)) for r in rows)
     out["ci"] = {}

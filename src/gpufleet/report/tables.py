@@ -87,6 +87,8 @@ def level_notes(results: Sequence[Figures], steady: bool = True) -> list[str]:
             notes.append(overloaded)
         if r.get("client_bound"):
             notes.append(f"{level}: client-bound: {r.get('client_bound')}")
+        if r.get("client_late"):
+            notes.append(f"{level}: client timers late: {r.get('client_late')}")
         if steady and r.get("steady_note"):
             notes.append(f"{level}: no steady-state figures: {r.get('steady_note')}")
     return notes

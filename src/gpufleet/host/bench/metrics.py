@@ -193,7 +193,8 @@ def client_figures(run: LevelRun) -> dict[str, Any]:
             "client_loop_lag_p99_ms": loop_p99,
             "client_loop_lag_max_ms": max(run.client.loop_lags, default=0.0) * 1000,
             "client_idle_slot_share": idle,
-            "client_bound": clientcert.verdict(run.client.busiest, idle, lag_p99, loop_p99),
+            "client_bound": clientcert.verdict(run.client.busiest, idle, lag_p99),
+            "client_late": clientcert.late(loop_p99),
         }
     if run.open_loop:
         out.update(_stats("queue_wait_ms", [r.queue_wait for r in run.records if r.ok], 1000))
