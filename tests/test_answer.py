@@ -115,6 +115,10 @@ def test_errors_stand_beside_the_answer_above_the_plots(doubtful):
     error = page.index("power limits (W) differs")
     assert page.index("The answer") < error < page.index("<svg")
     assert 'class="errors"' in page[page.index("The answer") : page.index("<svg")]
+    # the open-loop level: offered against achieved, its queue, marked overloaded
+    text = _page_text(page)
+    assert "Open loop: offered and achieved" in text
+    assert "8 eagle3 12.00 3.00 4100 8200" in text and "overloaded" in text
     # a ratio that is not significant is not coloured as a win or a loss
     cell = re.search(r'<td class="num ratio ([a-z]*)">0\.9\dx \[[^<]*n\.s\.</td>', page)
     assert cell is not None and cell.group(1) == ""

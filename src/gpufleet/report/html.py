@@ -58,6 +58,7 @@ def render(data: ReportInput, out_dir: Path) -> str:
     for host, arms in data.per_host.items():
         body.append(f'<section class="host"><h2>{_e(host)}</h2>')
         body.append(_verdict_table(arms, answers[host]))
+        body.append(_open_loop_table(arms))
         body.append('<div class="plots">' + "".join(figures.inline(host, arms)) + "</div>")
         warnings = answers[host].warnings
         if warnings:
@@ -162,6 +163,39 @@ def _verdict_table(arms: list[Arm], said: Answer) -> str:
         + "</tr></thead><tbody>"
         + "".join(rows)
         + "</tbody></table></div>"
+    )
+
+
+OPEN_LOOP = [  # (heading, key, format): an open-loop level's rates and queue
+    ("offered req/s", "offered_request_rate", "{:.2f}"),
+    ("achieved req/s", "achieved_request_rate", "{:.2f}"),
+    ("queue wait p50 ms", "median_queue_wait_ms", "{:.0f}"),
+    ("queue wait p99 ms", "p99_queue_wait_ms", "{:.0f}"),
+    ("TTFT p50 ms (after the queue)", "median_ttft_ms", "{:.1f}"),
+]
+
+
+def _open_loop_table(arms: list[Arm]) -> str:
+    """Levels with a request rate: offered against achieved, the queue before each send, and
+    whether the level was overloaded (its TTFT then follows a queue the user also waited)."""
+    rows = []
+    for c in common_levels(arms):
+        for arm in arms:
+            row = arm.levels[c]
+            if row.get("offered_request_rate") is None:
+                continue
+            cells = [f"<td>{c}</td>", f"<td>{_e(arm.label)}</td>"]
+            cells += [f'<td class="num">{_fmt(row.get(k), f)}</td>' for _, k, f in OPEN_LOOP]
+            state = "overloaded" if row.get("overloaded") else "kept up"
+            cells.append(f'<td class="{"lose" if row.get("overloaded") else ""}">{state}</td>')
+            rows.append("<tr>" + "".join(cells) + "</tr>")
+    if not rows:
+        return ""
+    head = "".join(f"<th>{_e(h)}</th>" for h in ["C", "arm", *[h for h, _, _ in OPEN_LOOP],
+                                                   "load"])  # fmt: skip
+    return (
+        '<h3>Open loop: offered and achieved</h3><div class="scroll"><table class="open">'
+        f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
     )
 
 
