@@ -183,6 +183,9 @@ def test_gpu_clean_does_not_use_up_a_fatal_xid_for_the_next_launch(fleet, tmp_pa
     no_reason = run_cli("gpu-clean", *base, "--clear-xid", "3")
     assert no_reason.returncode == 2 and "--clear-xid needs --reason" in no_reason.stderr
     assert "Traceback" not in no_reason.stderr
+    no_gpu = run_cli("gpu-clean", *base, "--clear-xid", "9", "--reason", "reset")
+    assert no_gpu.returncode != 0 and "Traceback" not in no_gpu.stderr
+    assert "--clear-xid: GPU 9 does not exist (NVML sees 8: 0-7)" in no_gpu.stdout + no_gpu.stderr
     pasted = hint.split(": ", 1)[1].split("clear it: ", 1)[1]
     cleared = run_cli(*shlex.split(pasted)[1:])  # the printed command, as pasted
     assert cleared.returncode == 0, cleared.stdout + cleared.stderr
