@@ -17,12 +17,12 @@ from gpufleet.report import metrics
 from gpufleet.report.compare import (
     Arm,
     Crossing,
-    _bound,
-    _metric,
     client_bound,
     common_levels,
     crossover,
     crossover_text,
+    figure,
+    level_bound,
     notices,
 )
 from gpufleet.report.compare import Notice as Notice
@@ -164,7 +164,7 @@ def _crossing_claim(kind: Crossing, where: str, texts: dict[Crossing, str]) -> C
 
 def _per_request(a: Arm, b: Arm, levels: list[int]) -> Claim:
     kind, where = crossover_text(a, b, levels, PER_REQUEST)
-    at = crossover(levels, *[[_bound(arm, c, PER_REQUEST, 0) for c in levels]
+    at = crossover(levels, *[[level_bound(arm, c, PER_REQUEST, 0) for c in levels]
                              for arm in (a, b)])[1]  # fmt: skip
     claim = _crossing_claim(kind, where, {
         Crossing.DOWN: f"{b.label} is faster per request up to {{where}}",
@@ -194,7 +194,7 @@ def _top(a: Arm, b: Arm, levels: list[int]) -> Claim:
     """At the highest common level: who delivers more, claimed only where it is significant."""
     top = levels[-1]
     ra, rb = a.levels[top], b.levels[top]
-    ta, tb = _metric(ra, TOTAL), _metric(rb, TOTAL)
+    ta, tb = figure(ra, TOTAL), figure(rb, TOTAL)
     if not ta or not tb:
         return Claim(f"at C={top} total throughput is missing on one side", level=top)
     interval = ratio_ci(ra, rb, TOTAL)
@@ -228,9 +228,9 @@ def _energy(a: Arm, b: Arm, levels: list[int]) -> Claim | None:
     """Energy, where it changes the verdict: at a level where one side is faster per
     request but the other spends less energy per token, say so."""
     for c in levels:
-        per_a, per_b = _metric(a.levels[c], PER_REQUEST), _metric(b.levels[c], PER_REQUEST)
-        tpj_a = _metric(a.levels[c], "output_tokens_per_joule")
-        tpj_b = _metric(b.levels[c], "output_tokens_per_joule")
+        per_a, per_b = figure(a.levels[c], PER_REQUEST), figure(b.levels[c], PER_REQUEST)
+        tpj_a = figure(a.levels[c], "output_tokens_per_joule")
+        tpj_b = figure(b.levels[c], "output_tokens_per_joule")
         if per_a is None or per_b is None or not tpj_a or not tpj_b:
             continue
         faster, frugal = (b, a) if per_b > per_a else (a, b)

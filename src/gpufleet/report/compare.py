@@ -33,7 +33,7 @@ class Arm:
         return self.manifests[-1]
 
 
-def _metric(row: dict[str, Any] | None, key: str) -> float | None:
+def figure(row: dict[str, Any] | None, key: str) -> float | None:
     if row is None or row.get(key) is None:
         return None
     return float(row[key])
@@ -62,18 +62,18 @@ def crossover(levels: list[int], a: list[float], b: list[float]) -> tuple[Crossi
     return (Crossing.BELOW if diffs[0] < 0 else Crossing.NEVER), None
 
 
-def _bound(arm: Arm, c: int, key: str, side: int) -> float:
+def level_bound(arm: Arm, c: int, key: str, side: int) -> float:
     """The mean (side 0), or the low (-1) / high (+1) end of its interval with repeats."""
     row = arm.levels[c]
     ci = (row.get("ci") or {}).get(key)
     if side and ci:
         return float(ci[0] if side < 0 else ci[1])
-    return _metric(row, key) or 0.0
+    return figure(row, key) or 0.0
 
 
 def crossover_text(a: Arm, b: Arm, levels: list[int], key: str) -> tuple[Crossing, str]:
     """(kind, "C~4" or, with repeats, the interval "C~3-5") of where b crosses a."""
-    mean = [[_bound(arm, c, key, 0) for c in levels] for arm in (a, b)]
+    mean = [[level_bound(arm, c, key, 0) for c in levels] for arm in (a, b)]
     kind, at = crossover(levels, *mean)
     if kind not in (Crossing.DOWN, Crossing.UP) or at is None:
         return kind, ""
@@ -81,8 +81,8 @@ def crossover_text(a: Arm, b: Arm, levels: list[int], key: str) -> tuple[Crossin
     for side_a, side_b in ((1, -1), (-1, 1)):  # b falls earliest / latest
         got = crossover(
             levels,
-            [_bound(a, c, key, side_a) for c in levels],
-            [_bound(b, c, key, side_b) for c in levels],
+            [level_bound(a, c, key, side_a) for c in levels],
+            [level_bound(b, c, key, side_b) for c in levels],
         )
         ends.append(got[1] if got[0] == kind else None)
     low, high = ends
@@ -267,7 +267,7 @@ def table(arms: list[Arm], wide: bool = True) -> tuple[list[str], list[list[str]
     for c in common_levels(arms):
         row = [str(c)]
         for _, key, fmt in TABLE_METRICS:
-            values = [_metric(arm.levels[c], key) for arm in arms]
+            values = [figure(arm.levels[c], key) for arm in arms]
             row += [fmt.format(v) if v is not None else "-" for v in values]
             if key in RATIO_KEYS:
                 row += [ratio_text(arms[0].levels[c], arm.levels[c], key) for arm in arms[1:]]
@@ -287,7 +287,7 @@ def _headline_table(arms: list[Arm]) -> tuple[list[str], list[list[str]]]:
     for c in common_levels(arms):
         row = [str(c)]
         for _, key, fmt, higher in shown:
-            values = [_metric(arm.levels[c], key) for arm in arms]
+            values = [figure(arm.levels[c], key) for arm in arms]
             row += [fmt.format(v) if v is not None else "-" for v in values]
             if higher:
                 row += [ratio_text(arms[0].levels[c], arm.levels[c], key) for arm in arms[1:]]
