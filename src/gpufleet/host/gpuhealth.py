@@ -9,11 +9,14 @@ Figures from the lent H200 are in docs/GPU-VALIDATION.md.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import re
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -179,6 +182,25 @@ class XidLedger:
         data = {"boot_id": self.boot_id, "seen": self.seen[-1000:], "fatal": self.fatal}
         safewrite.write_atomic(XID_LEDGER, json.dumps(data, indent=1))
 
+    def merge(self, seen: list[str], fatal: list[dict[str, Any]]) -> None:
+        """Add what one reader found (under the lock: another may have written since)."""
+        self.seen.extend(line for line in seen if line not in self.seen)
+        known = {f["line"] for f in self.fatal}
+        self.fatal.extend(f for f in fatal if f["line"] not in known)
+
+
+@contextlib.contextmanager
+def _ledger_lock() -> Iterator[None]:
+    """One writer of the ledger at a time (status, launch and gpu-clean may read at once;
+    a clear must not be undone by a reader that loaded the ledger before it). Taken only to
+    write, so a host without XIDs never gets a lock file."""
+    fd = safewrite.open_lock(XID_LEDGER.with_name("xids.lock"))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
 
 def _boot_id(nvml: Any) -> str:
     simulated = getattr(nvml, "gpufleet_boot_id", None)
@@ -203,7 +225,7 @@ def new_xids(
     out: list[list[int] | None] = [None if lines is None else [] for _ in handles]
     found = [line.split("]", 1)[-1].strip() for line in lines or [] if XID_LINE.search(line)]
     fresh = [line for line in found if line not in ledger.seen]
-    changed = False
+    entered: list[dict[str, Any]] = []
     for line in fresh:
         match = XID_LINE.search(line)
         assert match is not None
@@ -212,21 +234,14 @@ def new_xids(
             if mine is not None and mine == bus:
                 out[i].append(xid)  # type: ignore[union-attr]
         if xid in FATAL_XIDS:
-            ledger.fatal.append(
-                {
-                    "bus": bus,
-                    "xid": xid,
-                    "line": line,
-                    "first_seen": datetime.now(UTC).isoformat(timespec="seconds"),
-                }
-            )
-            ledger.seen.append(line)  # fmt: skip
-            changed = True
-    if remember:
-        ledger.seen.extend(line for line in fresh if line not in ledger.seen)
-        changed = changed or bool(fresh)
-    if changed:
-        ledger.save()
+            at = datetime.now(UTC).isoformat(timespec="seconds")
+            entered.append({"bus": bus, "xid": xid, "line": line, "first_seen": at})
+    reported = fresh if remember else [f["line"] for f in entered]
+    if reported:
+        with _ledger_lock():
+            ledger = XidLedger.load(ledger.boot_id)
+            ledger.merge(reported, entered)
+            ledger.save()
     in_force = [[f for f in ledger.fatal if f["bus"] == bus] for bus in buses]
     return out, in_force
 
@@ -237,11 +252,12 @@ def clear_fatal(nvml: Any, indexes: list[int], reason: str, who: str) -> list[di
     handles = {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in indexes}
     buses = {i: _bus(nvml, h) for i, h in handles.items()}
     new_xids(nvml, list(handles.values()), remember=False)  # enter any not yet recorded
-    ledger = XidLedger.load(_boot_id(nvml))
     chosen = set(buses.values())
-    cleared = [f for f in ledger.fatal if f["bus"] in chosen]
-    ledger.fatal = [f for f in ledger.fatal if f["bus"] not in chosen]
-    ledger.save()
+    with _ledger_lock():
+        ledger = XidLedger.load(_boot_id(nvml))
+        cleared = [f for f in ledger.fatal if f["bus"] in chosen]
+        ledger.fatal = [f for f in ledger.fatal if f["bus"] not in chosen]
+        ledger.save()
     at = datetime.now(UTC).isoformat(timespec="seconds")
     with safewrite.open_append(XID_CLEARED_LOG, text=True) as log:
         for entry in cleared:
