@@ -166,8 +166,10 @@ def test_dropped_connection_mid_run_then_attach_loses_nothing(fleet, tmp_path):
             for x in (tmp_path / "a" / "h1" / run_id / "results.jsonl").read_text().splitlines()
         ]
         assert results[0]["completed"] == 40 and results[0]["failed"] == 0
-        # benched by hand (no --profile): the run carries the profile of the server it measured
+        # benched by hand (no --profile): the run, its id included, carries the profile of
+        # the server it measured (it was called `adhoc`)
         assert archive.read_manifest(tmp_path / "a" / "h1" / run_id).profile == "bench"
+        assert run_id.split("-")[1] == "bench", run_id
     finally:
         fleet.cli("stop", "--hosts", "h1")
 

@@ -27,7 +27,7 @@ from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Progress, Session, host_events
 from gpufleet.errors import UserError
 from gpufleet.host.bench.loadgen import BACKENDS
-from gpufleet.host.protocol import BenchStartArgs, BenchWatchAnswer, BenchWatchArgs
+from gpufleet.host.protocol import BenchStartArgs, BenchWatchAnswer, BenchWatchArgs, StatusArgs
 from gpufleet.host.redact import redact_argv, redact_tree, remember
 from gpufleet.kinds import Kind, RunStatus
 from gpufleet.records import BenchPlan, Level, PromptRow, ResultRow
@@ -53,12 +53,31 @@ class ArchivedRun:
         return self.status == RunStatus.DONE
 
 
-def make_run_id(request: BenchRequest, hosts: list[str]) -> str:
+def make_run_id(request: BenchRequest, hosts: list[str], served: str | None = None) -> str:
+    """`<UTC stamp>-<profile>-<digest>`: the profile asked for, else the one the hosts'
+    servers run (`served_profile`), else `adhoc`."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     digest = hashlib.sha256(json.dumps([request.__dict__, hosts], default=str).encode())
-    label = profile_label(request.profile) if request.profile else "adhoc"
+    named = request.profile or served
+    label = profile_label(named) if named else "adhoc"
     label = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in label)[:40]
     return f"{stamp}-{label}-{digest.hexdigest()[:6]}"
+
+
+def served_profile(hosts: list[Host], request: BenchRequest, forks: int) -> str | None:
+    """The profile of the server a bench without --profile will measure, as the host will
+    pick it (alive, on --port if given, the latest started), when every host runs the same
+    one; None when they differ, run none or cannot say (the bench itself reports that)."""
+    if request.profile:
+        return request.profile
+
+    def picked(session: Session) -> str | None:
+        servers = session.call(StatusArgs(servers_only=True)).servers
+        alive = [s for s in servers if s.alive and request.port in (None, s.port)]
+        return max(alive, key=lambda s: s.started_at).profile if alive else None
+
+    names = {res.value if res.ok else None for res in run_on_hosts(hosts, picked, forks=forks)}
+    return names.pop() if len(names) == 1 else None
 
 
 def _rows(

@@ -118,6 +118,7 @@ class StatusArgs(VerbArgs):
     VERB: ClassVar[str] = "status"
     ANSWER: ClassVar[type[Record] | None] = StatusAnswer
     patterns: list[str] | None = None
+    servers_only: bool = False  # gpufleet's servers alone: no NVML read, no process scan
 
 
 @dataclass

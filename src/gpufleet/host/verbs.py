@@ -17,7 +17,10 @@ from gpufleet.readings import StatusAnswer
 
 
 def status(args: StatusArgs) -> StatusAnswer:
-    """Read-only: GPUs, their processes, stale-looking processes and gpufleet's servers."""
+    """Read-only: GPUs, their processes, stale-looking processes and gpufleet's servers (or,
+    `servers_only`, the servers alone: what `inv bench` asks to name a run)."""
+    if args.servers_only:
+        return StatusAnswer(gpus=[], servers=lifecycle.servers())
     snap, stale = gpus.stale_processes(args)
     return StatusAnswer(gpus=snap, stale=stale, servers=lifecycle.servers())
 
