@@ -248,7 +248,7 @@ def _sglang_bench_level(
     tokenizer = (
         plan.tokenizer or (info or {}).get("tokenizer_path") or (info or {}).get("model_path")
     )
-    gauge = _telemetry(plan, server_state)
+    gauge = _telemetry(plan, server_state, writer, level)
     try:
         with gauge or contextlib.nullcontext():
             row = sglang_bench.run_level(plan, level, texts, writer.dir, tokenizer, keys)
@@ -364,13 +364,17 @@ def random_lengths(plan: BenchPlan) -> dict[str, Any]:
     }
 
 
-def _telemetry(plan: BenchPlan, state: ServerState | None) -> telemetry.Sampler | None:
-    """A sampler of the server's GPUs, or None (no server state, no NVML, or turned off)."""
+def _telemetry(
+    plan: BenchPlan, state: ServerState | None, writer: RunWriter, level: Level
+) -> telemetry.Sampler | None:
+    """A sampler of the server's GPUs, or None (no server state, no NVML, or turned off);
+    its child's readings spool in the run's directory (root writes nowhere else)."""
     interval = plan.telemetry_interval_s
     if not interval or not state or not state.gpus:
         return None
+    spool = writer.dir / f".telemetry-c{level.concurrency}-r{level.repeat}.spool"
     try:
-        return telemetry.Sampler(load_pynvml(), list(state.gpus), interval)
+        return telemetry.Sampler(load_pynvml(), list(state.gpus), interval, spool)
     except Exception:  # no NVML here (AgentError or a driver error): no telemetry, run goes on
         return None
 
@@ -387,7 +391,7 @@ def _gpufleet_level(
     """Run one level with gpufleet's generator and write its files: (status, reason, stop)."""
     c = level.concurrency
     prompts = [_prompt(plan, row) for row in rows[: level.num_prompts]]
-    gauge = _telemetry(plan, server_state)
+    gauge = _telemetry(plan, server_state, writer, level)
     try:
         with gauge or contextlib.nullcontext():
             procs = client_procs(plan, level, writer.last)

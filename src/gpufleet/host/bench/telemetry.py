@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
+from gpufleet.host import childenv, safewrite
+
 NVML_CLOCK_SM = 1
 NVML_TEMPERATURE_GPU = 0
 
@@ -99,8 +101,13 @@ class Sampler:
     the first and the last come from a child process (`child_main`), never from a thread
     of the process that times the requests."""
 
-    def __init__(self, nvml: Any, indexes: list[int], interval_s: float = 0.5) -> None:
+    def __init__(
+        self, nvml: Any, indexes: list[int], interval_s: float = 0.5, spool: Path | None = None
+    ) -> None:
+        """`spool`: where the child writes its readings (the run's own directory on a host,
+        where root writes nothing outside the workdir); an unnamed temporary file without."""
         self.nvml = nvml
+        self.spool = spool
         self.indexes = list(indexes)
         self.handles = [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in indexes]
         self.interval_s = interval_s
@@ -111,7 +118,8 @@ class Sampler:
 
     def __enter__(self) -> Sampler:
         self._sample_all()  # a reading at the start, whatever the interval
-        self._out = tempfile.TemporaryFile()  # never a pipe: a full one would stall the child
+        # a file, never a pipe: a full pipe would stall the child
+        self._out = safewrite.open_fresh(self.spool) if self.spool else tempfile.TemporaryFile()
         job = {"indexes": self.indexes, "interval_s": self.interval_s, "first_round": 2,
                "shim": _shim_path()}  # fmt: skip
         try:
@@ -139,8 +147,15 @@ class Sampler:
                 child.kill()
                 child.wait()
         if out is not None:
-            out.seek(0)
-            for line in out.read().decode(errors="replace").splitlines():
+            if self.spool is not None:  # written through a write-only handle: read by name
+                out.close()
+                text = self.spool.read_text(errors="replace")
+                self.spool.unlink(missing_ok=True)
+            else:
+                out.seek(0)
+                text = out.read().decode(errors="replace")
+                out.close()
+            for line in text.splitlines():
                 try:
                     row = json.loads(line)
                 except ValueError:
@@ -148,7 +163,6 @@ class Sampler:
                 if isinstance(row, dict) and "gpu" in row:
                     self.rows.append(row)  # type: ignore[arg-type]
                     self.round = max(self.round, int(row.get("round", 0)))
-            out.close()
         self._sample_all()  # and one at the end, so the counter spans the whole level
 
     def _sample_all(self) -> None:
@@ -167,8 +181,6 @@ def _shim_path() -> str | None:
 
 
 def _child_env() -> dict[str, str]:
-    from gpufleet.host import childenv
-
     return childenv.child_env()
 
 
