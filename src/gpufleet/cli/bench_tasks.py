@@ -56,10 +56,7 @@ def bench(c, **given):
         raise UserError(
             f"--attach {attach!r}: expected a run id such as 20261129T101500Z-eagle3-1a2b3c"
         )
-    if not attach:
-        bench_control.build_plan(request, "check")  # bad input: refused before any host
-    served = None if attach else bench_control.served_profile(selected, request, forks)
-    run_id = attach or bench_control.make_run_id(request, [h.name for h in selected], served)
+    run_id = attach or bench_control.fresh_run_id(request, selected, forks)
     try:
         now = report_lost_hosts_at_once
         if attach:

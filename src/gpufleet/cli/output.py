@@ -134,13 +134,35 @@ def prose(text: str, stream: TextIO | None = None) -> None:
                         break_on_hyphens=False, break_long_words=False), file=stream)  # fmt: skip
 
 
+def _compare_table(
+    title: str, headers: list[str], rows: list[list[str]], fmt: str, host: str
+) -> None:
+    """One host's comparison table as csv, Markdown or a terminal table."""
+    import csv
+    import io
+
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(["host", *headers])
+        writer.writerows([[host, *r] for r in rows])
+        print(out.getvalue(), end="")
+    elif fmt == "md":
+        line(f"### {title}\n")
+        line("| " + " | ".join(headers) + " |")
+        line("|" + "---|" * len(headers))
+        for r in rows:
+            line("| " + " | ".join(r) + " |")
+        line("")
+    else:
+        table(title, headers, rows)
+
+
 def print_compare(per_host: dict[str, Any], fmt: str, wide: bool = False) -> None:
     """Per host: the table (table/md/csv/json), then the answer (report/answer.py): its
     sentence, its errors and its warnings, wrapped to the terminal.
 
     The terminal table shows the headline columns unless `wide`; md and csv show all."""
-    import csv
-    import io
     import json
 
     from gpufleet.report import answer as answers
@@ -169,21 +191,7 @@ def print_compare(per_host: dict[str, Any], fmt: str, wide: bool = False) -> Non
         title = (
             f"{host}: {compare.letters(arms) if headline else ' vs '.join(a.label for a in arms)}"
         )
-        if fmt == "csv":
-            out = io.StringIO()
-            writer = csv.writer(out)
-            writer.writerow(["host", *headers])
-            writer.writerows([[host, *r] for r in rows])
-            print(out.getvalue(), end="")
-        elif fmt == "md":
-            line(f"### {title}\n")
-            line("| " + " | ".join(headers) + " |")
-            line("|" + "---|" * len(headers))
-            for r in rows:
-                line("| " + " | ".join(r) + " |")
-            line("")
-        else:
-            table(title, headers, rows)
+        _compare_table(title, headers, rows, fmt, host)
         levels = compare.common_levels(arms)
         said = built[host]
         if len(arms) > 1 and levels:

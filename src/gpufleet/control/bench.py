@@ -80,6 +80,14 @@ def served_profile(hosts: list[Host], request: BenchRequest, forks: int) -> str 
     return names.pop() if len(names) == 1 else None
 
 
+def fresh_run_id(request: BenchRequest, hosts: list[Host], forks: int) -> str:
+    """A new run's id, named after the profile asked for or the one the hosts serve; bad
+    input is refused first, before any host is asked."""
+    build_plan(request, "check")
+    served = served_profile(hosts, request, forks)
+    return make_run_id(request, [h.name for h in hosts], served)
+
+
 def _rows(
     request: BenchRequest,
 ) -> tuple[str, str, list[PromptRow], list[Level], dict[str, Any]]:
