@@ -117,7 +117,7 @@ def test_an_operator_clear_lifts_a_fatal_xid_and_is_logged(tmp_path, monkeypatch
         cleared = gpuhealth.clear_fatal(simnvml, [2], "nvidia-smi -r -i 2", "ops@ctl")
     finally:
         simnvml.nvmlShutdown()
-    assert [c["xid"] for c in cleared] == [48]
+    assert [c.xid for c in cleared] == [48]
     after = _health(tmp_path, monkeypatch, faults)
     assert after[2].health.verdict == "ok"  # the same kernel log line does not come back
     assert after[5].health.verdict == "bad"  # GPU 5 was not cleared

@@ -8,7 +8,6 @@ reads them by attribute. Standard library only: this module ships.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpufleet.records import ServerState
 from gpufleet.wire import Record
@@ -45,6 +44,17 @@ class GpuProcess(Record):
 
 
 @dataclass
+class FatalXid(Record):
+    """An XID after which the GPU is unfit until reset (host/gpuhealth.py: FATAL_XIDS), as
+    the host's ledger keeps it: the GPU's bus, the XID, its kernel log line, when first read."""
+
+    bus: str | None
+    xid: int
+    line: str
+    first_seen: str
+
+
+@dataclass
 class GpuHealth(Record):
     """What makes an empty GPU unfit to measure on, read through NVML (and the kernel log for
     XIDs). A field the GPU or driver does not support is None ("n/a"), never an error.
@@ -78,7 +88,7 @@ class GpuHealth(Record):
     nvlinks_down: list[int] | None = None
     xids: list[int] | None = None  # XID errors in the kernel log since the last check
     # fatal XIDs still in force (bus, xid, line, first_seen): cleared by a reboot or an operator
-    fatal_xids: list[dict[str, Any]] | None = None
+    fatal_xids: list[FatalXid] | None = None
     read_ms: float | None = None
 
 
@@ -136,7 +146,7 @@ class CleanAnswer(Record):
     live: list[LiveServerInfo] = field(default_factory=list)
     killed: list[KilledProcess] = field(default_factory=list)
     would_kill: list[ProcessInfo] = field(default_factory=list)  # dry run only
-    cleared_xids: list[dict[str, Any]] = field(default_factory=list)  # --clear-xid's, logged
+    cleared_xids: list[FatalXid] = field(default_factory=list)  # --clear-xid's, logged
 
 
 @dataclass

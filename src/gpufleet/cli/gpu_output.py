@@ -74,7 +74,7 @@ def _clean_lines(host: Any, value: CleanAnswer, options: CleanOptions) -> None:
             "which this host cannot see (another container?): reported, not touched"
         )
     for entry in value.cleared_xids:
-        line(f"{name}: cleared XID {entry['xid']} on bus {entry['bus']} ({entry['line'][:60]}); "
+        line(f"{name}: cleared XID {entry.xid} on bus {entry.bus} ({entry.line[:60]}); "
              "logged in the workdir's health/xid-clears.log")  # fmt: skip
     health_lines(host, value.gpus)
     if not options.dry_run:

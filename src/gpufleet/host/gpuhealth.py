@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.host import childenv, safewrite
-from gpufleet.readings import GpuHealth, GpuReading
+from gpufleet.readings import FatalXid, GpuHealth, GpuReading
+from gpufleet.wire import WireError
 
 CLOCK_EVENTS = {  # NVML's clock event (throttle) reason bits; idle and app clocks are benign
     0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
@@ -167,26 +168,28 @@ class XidLedger:
 
     boot_id: str = ""
     seen: list[str] = field(default_factory=list)
-    fatal: list[dict[str, Any]] = field(default_factory=list)
+    fatal: list[FatalXid] = field(default_factory=list)
 
     @classmethod
     def load(cls, boot_id: str) -> XidLedger:
         try:
             data = json.loads(XID_LEDGER.read_text())
-            ledger = cls(str(data["boot_id"]), list(data["seen"]), list(data["fatal"]))
-        except (OSError, ValueError, KeyError, TypeError):
+            fatal = [FatalXid.from_wire(f, "fatal") for f in data["fatal"]]
+            ledger = cls(str(data["boot_id"]), list(data["seen"]), fatal)
+        except (OSError, ValueError, KeyError, TypeError, WireError):
             return cls(boot_id)
         return ledger if ledger.boot_id == boot_id else cls(boot_id)
 
     def save(self) -> None:
-        data = {"boot_id": self.boot_id, "seen": self.seen[-1000:], "fatal": self.fatal}
+        fatal = [f.to_wire() for f in self.fatal]
+        data = {"boot_id": self.boot_id, "seen": self.seen[-1000:], "fatal": fatal}
         safewrite.write_atomic(XID_LEDGER, json.dumps(data, indent=1))
 
-    def merge(self, seen: list[str], fatal: list[dict[str, Any]]) -> None:
+    def merge(self, seen: list[str], fatal: list[FatalXid]) -> None:
         """Add what one reader found (under the lock: another may have written since)."""
         self.seen.extend(line for line in seen if line not in self.seen)
-        known = {f["line"] for f in self.fatal}
-        self.fatal.extend(f for f in fatal if f["line"] not in known)
+        known = {f.line for f in self.fatal}
+        self.fatal.extend(f for f in fatal if f.line not in known)
 
 
 @contextlib.contextmanager
@@ -214,7 +217,7 @@ def _boot_id(nvml: Any) -> str:
 
 def new_xids(
     nvml: Any, handles: list[Any], remember: bool
-) -> tuple[list[list[int] | None], list[list[dict[str, Any]]]]:
+) -> tuple[list[list[int] | None], list[list[FatalXid]]]:
     """Per GPU: the XIDs in the kernel log not reported by an earlier check (None: the log is
     not readable here), and the fatal XIDs still in force. `remember` marks the others
     reported (gpu-clean does; status and launch do not); a fatal one is entered in the
@@ -225,7 +228,7 @@ def new_xids(
     out: list[list[int] | None] = [None if lines is None else [] for _ in handles]
     found = [line.split("]", 1)[-1].strip() for line in lines or [] if XID_LINE.search(line)]
     fresh = [line for line in found if line not in ledger.seen]
-    entered: list[dict[str, Any]] = []
+    entered: list[FatalXid] = []
     for line in fresh:
         match = XID_LINE.search(line)
         assert match is not None
@@ -235,18 +238,18 @@ def new_xids(
                 out[i].append(xid)  # type: ignore[union-attr]
         if xid in FATAL_XIDS:
             at = datetime.now(UTC).isoformat(timespec="seconds")
-            entered.append({"bus": bus, "xid": xid, "line": line, "first_seen": at})
-    reported = fresh if remember else [f["line"] for f in entered]
+            entered.append(FatalXid(bus, xid, line, at))
+    reported = fresh if remember else [f.line for f in entered]
     if reported:
         with _ledger_lock():
             ledger = XidLedger.load(ledger.boot_id)
             ledger.merge(reported, entered)
             ledger.save()
-    in_force = [[f for f in ledger.fatal if f["bus"] == bus] for bus in buses]
+    in_force = [[f for f in ledger.fatal if f.bus == bus] for bus in buses]
     return out, in_force
 
 
-def clear_fatal(nvml: Any, indexes: list[int], reason: str, who: str) -> list[dict[str, Any]]:
+def clear_fatal(nvml: Any, indexes: list[int], reason: str, who: str) -> list[FatalXid]:
     """An operator's word that these GPUs were reset: their fatal XIDs leave the ledger, and
     the clear is logged (who, when, which XID, why). Returns what was cleared."""
     handles = {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in indexes}
@@ -255,22 +258,22 @@ def clear_fatal(nvml: Any, indexes: list[int], reason: str, who: str) -> list[di
     chosen = set(buses.values())
     with _ledger_lock():
         ledger = XidLedger.load(_boot_id(nvml))
-        cleared = [f for f in ledger.fatal if f["bus"] in chosen]
-        ledger.fatal = [f for f in ledger.fatal if f["bus"] not in chosen]
+        cleared = [f for f in ledger.fatal if f.bus in chosen]
+        ledger.fatal = [f for f in ledger.fatal if f.bus not in chosen]
         ledger.save()
     at = datetime.now(UTC).isoformat(timespec="seconds")
     with safewrite.open_append(XID_CLEARED_LOG, text=True) as log:
         for entry in cleared:
-            index = next(i for i, b in buses.items() if b == entry["bus"])
-            log.write(json.dumps({"at": at, "by": who, "gpu": index, "xid": entry["xid"],
-                                  "line": entry["line"], "reason": reason}) + "\n")  # fmt: skip
+            index = next(i for i, b in buses.items() if b == entry.bus)
+            log.write(json.dumps({"at": at, "by": who, "gpu": index, "xid": entry.xid,
+                                  "line": entry.line, "reason": reason}) + "\n")  # fmt: skip
     return cleared
 
 
-def _fatal_reason(entry: dict[str, Any]) -> str:
-    xid = int(entry["xid"])
+def _fatal_reason(entry: FatalXid) -> str:
+    xid = entry.xid
     return (
-        f"XID {xid} ({FATAL_XIDS.get(xid, 'fatal')}) logged {entry['first_seen'][:19]}Z: "
+        f"XID {xid} ({FATAL_XIDS.get(xid, 'fatal')}) logged {entry.first_seen[:19]}Z: "
         "unfit until the GPU is reset or the host reboots"
     )
 

@@ -23,6 +23,7 @@ from gpufleet.host.protocol import (
 from gpufleet.kinds import Kind
 from gpufleet.readings import (
     CleanAnswer,
+    FatalXid,
     GpuCheck,
     GpuFacts,
     GpuProcess,
@@ -143,7 +144,7 @@ def clean(args: CleanArgs) -> CleanAnswer:
     return answer
 
 
-def _clear_xids(nvml: Any, gpus: list[GpuReading], args: CleanArgs) -> list[dict[str, Any]]:
+def _clear_xids(nvml: Any, gpus: list[GpuReading], args: CleanArgs) -> list[FatalXid]:
     """--clear-xid: the operator reset these GPUs; their fatal XIDs leave the ledger (logged)."""
     if not args.clear_xids:
         return []
