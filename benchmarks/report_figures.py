@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from browser import CHROMIUM, visit
 from gpufleet.archive import select, store
+from gpufleet.archive.layout import Archive
 from gpufleet.archived import Manifest
 from gpufleet.report import html
 
@@ -48,7 +49,7 @@ def _synthetic(root: Path, runs: int, levels: int) -> list[str]:
                 for r in rows
             ],
         }  # fmt: skip
-        store.write_run(root, "h0", run_id, files, Manifest.from_wire(manifest))
+        store.write_run(Archive(root), "h0", run_id, files, Manifest.from_wire(manifest))
         ids.append(run_id)
     return ids
 
@@ -71,18 +72,18 @@ def _measure(name: str, make) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1:
-        root = Path(sys.argv[1])
-        state = select.sweep_state_path(root, None)
+        archive = Archive(Path(sys.argv[1]))
+        state = select.sweep_state_path(archive, None)
         _measure(
             f"sweep {state.stem}",
-            lambda: (select.report_for_sweep(root, state), root / "compare" / state.stem),
+            lambda: (select.report_for_sweep(archive, state), archive.compare_dir(state.stem)),
         )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         ids = _synthetic(root, 20, 10)
         _measure(
             "20 runs x 10 levels",
-            lambda: (select.report_for_runs(root, ids), root / "compare" / "twenty"),
+            lambda: (select.report_for_runs(Archive(root), ids), Archive(root).compare_dir("20")),
         )
 
 

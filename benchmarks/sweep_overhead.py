@@ -22,10 +22,12 @@ from pathlib import Path
 
 from _fleet import BenchFleet
 
-from gpufleet.archive import store as archive
-from gpufleet.control import bench as benchrun
+from gpufleet.archive import store
+from gpufleet.archive.layout import Archive
 from gpufleet.control import sweep as sw
+from gpufleet.control.benchrequest import BenchRequest
 from gpufleet.control.inventory import load_inventory
+from gpufleet.control.launchoptions import LaunchOptions
 
 REPO = Path(__file__).resolve().parent.parent
 LEVELS = [
@@ -46,33 +48,34 @@ def one(n_hosts: int) -> None:
         hosts = load_inventory(fleet.inventory).select(None)
         for i, h in enumerate(hosts):
             h.vars["server_port_offset"] = i
-        request = benchrun.BenchRequest(
-            concurrency=[1, 10, 64], output_len=64, archive_root=root, fixed_levels=LEVELS
+        archive = Archive(root)
+        request = BenchRequest(
+            concurrency=[1, 10, 64], output_len=64, archive=archive, fixed_levels=LEVELS
         )
         state = sw.SweepState.new(
-            root, ["baseline", "eagle3"], [h.name for h in hosts], [1, 10, 64]
+            archive, ["baseline", "eagle3"], [h.name for h in hosts], [1, 10, 64]
         )
         start = time.monotonic()
-        sw.run(state, hosts, request, "sim", False, 32, lambda _: None)
+        sw.run(state, hosts, request, LaunchOptions(engine="sim"), False, 32, lambda _: None)
         wall = time.monotonic() - start
-        assert state.data["status"] == "done", state.data
+        assert state.record.status == "done", state.record
         load = bench = 0.0
         steps: dict[str, list[float]] = {}
         for profile in ("baseline", "eagle3"):
             for host in hosts:
-                for step, seconds in state.cell(profile, host.name)["steps_s"].items():
+                for step, seconds in state.cell(profile, host.name).steps_s.items():
                     steps.setdefault(step, []).append(seconds)
             loads, benches = [], []
             for host in hosts:
-                run_dir = root / host.name / state.cell(profile, host.name)["run_id"]
-                manifest = archive.read_manifest(run_dir)
+                run_dir = archive.run_dir(host.name, str(state.cell(profile, host.name).run_id))
+                manifest = store.read_manifest(run_dir)
                 srv = json.loads((run_dir / "server_state.json").read_text())
                 loads.append(_ts(srv["ready_at"]) - _ts(srv["started_at"]))
                 results = [
                     json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()
                 ]
                 benches.append(sum(r["duration"] for r in results))
-                assert manifest["status"] == "done"
+                assert manifest.status == "done"
             load += max(loads)
             bench += max(benches)
         overhead = wall - load - bench

@@ -13,6 +13,7 @@ import pytest
 
 from gpufleet.archive import select
 from gpufleet.archive import store as archive
+from gpufleet.archive.layout import Archive
 from gpufleet.archived import Manifest
 from gpufleet.report import answer, figures, metrics
 from helpers import run_cli, unwrap
@@ -47,7 +48,7 @@ def _repeated_run(root, host, run_id, profile, levels, power=(700, 700), extra=N
         "levels": [{"concurrency": c, "output_throughput": v[0][0]} for c, v in levels.items()],
     }  # fmt: skip
     files = {"results.jsonl": "".join(json.dumps(r) + "\n" for r in rows).encode()}
-    archive.write_run(root, host, run_id, files, Manifest.from_wire(manifest))
+    archive.write_run(Archive(root), host, run_id, files, Manifest.from_wire(manifest))
 
 
 def _page_text(page: str) -> str:
@@ -78,7 +79,7 @@ def test_terminal_summary_and_page_carry_the_same_facts(doubtful):
         "summary.md": " ".join((folder / "summary.md").read_text().split()),
         "report.html": _page_text((folder / "report.html").read_text()),
     }
-    data = select.report_for_runs(doubtful, ["baseline", "eagle3"])
+    data = select.report_for_runs(Archive(doubtful), ["baseline", "eagle3"])
     said = answer.build("h0", data.per_host["h0"])
     facts = said.facts()
     assert len(facts) >= 12  # 5 claims, 2 notices, 6 headline ratios
@@ -92,7 +93,7 @@ def test_terminal_summary_and_page_carry_the_same_facts(doubtful):
 
 
 def test_the_sentence_claims_only_what_is_significant_and_names_its_doubts(doubtful):
-    data = select.report_for_runs(doubtful, ["baseline", "eagle3"])
+    data = select.report_for_runs(Archive(doubtful), ["baseline", "eagle3"])
     said = answer.build("h0", data.per_host["h0"])
     sentence = said.sentence
     # at C=64 the interval of the ratio includes 1.0: no winner is claimed

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from gpufleet.archive import store as archive
+from gpufleet.archive.layout import Archive
 from gpufleet.archived import Manifest
 from gpufleet.host.bench.loadgen import Prompt, run_level
 from gpufleet.host.bench.metrics import percentile, summarize
@@ -217,7 +218,7 @@ def test_unwritable_archive_leaves_nothing_half_written(tmp_path):
             (root / "hostx" / f".tmp-run1-{os.getpid()}").write_text("in the way")
         with pytest.raises(Exception) as err:
             archive.write_run(
-                root, "hostx", "run1", {"a.txt": b"x"}, Manifest("run1", "hostx", "done")
+                Archive(root), "hostx", "run1", {"a.txt": b"x"}, Manifest("run1", "hostx", "done")
             )
         assert "nothing was archived" in str(err.value)
         assert not (root / "hostx" / "run1").exists()

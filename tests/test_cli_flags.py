@@ -59,22 +59,63 @@ def test_parse_errors_are_one_line_and_exit_2(argv, expected):
     assert out.stderr.strip() == expected
 
 
+def _parse_argv(task: str, words: list[str]) -> dict:
+    """What Invoke hands the task for these words."""
+    from invoke.parser import Parser
+
+    from gpufleet.cli.tasks import ns
+
+    return Parser(contexts=ns.to_contexts()).parse_argv([task, *words])[0].as_kwargs
+
+
 def test_the_resume_line_repeats_what_the_task_was_given():
-    # derived from the task's own signature: a new option cannot be forgotten in it
-    from gpufleet.cli.experiments import given_options, resume_command
-    from gpufleet.cli.sweep_tasks import sweep
-    from gpufleet.cli.tune_tasks import tune
+    # derived from the task's declared options: a new option cannot be forgotten in it
+    from gpufleet.cli.experiments import LEFT_OUT, resume_command
+    from gpufleet.cli.tasksets import SWEEP, TUNE
 
     class Inv:
         source = "hosts/x.yaml"
 
-    args = {"c": None, "profiles": "a,b", "concurrency": ["1,10", "64"], "flush": False,
-            "grid": ["speculative-num-steps=1,3"], "prompts": None, "resume": False,
-            "hosts": "h0", "seed": "7"}  # fmt: skip
-    line = resume_command(["inv", "sweep"], given_options(sweep.body, args))(Inv(), ["h0"])
+    args = {"profiles": "a,b", "concurrency": ["1,10", "64"], "flush": False,
+            "grid": ["speculative-num-steps=1,3", "speculative-eagle-topk=1,4"],
+            "prompts": None, "resume": False, "hosts": "h0", "seed": "7",
+            "slo": "ttft_ms=500,tpot_ms=50", "archive": "/tmp/a b"}  # fmt: skip
+    words = SWEEP.given(SWEEP.parse(args), LEFT_OUT)
+    line = resume_command(["inv", "sweep"], words)(Inv(), ["h0"])
     assert line == (
-        "inv sweep --profiles a,b --concurrency 1,10 --concurrency 64 --seed 7 --no-flush "
-        "--grid speculative-num-steps=1,3 --inventory hosts/x.yaml --hosts h0 --resume"
+        "inv sweep --profiles a,b --concurrency 1,10,64 --seed 7 --slo ttft_ms=500,tpot_ms=50 "
+        "--no-flush --archive '/tmp/a b' --grid speculative-num-steps=1,3 "
+        "--grid speculative-eagle-topk=1,4 --inventory hosts/x.yaml --hosts h0 --resume"
     )
-    tuned = given_options(tune.body, {"profile": "eagle3", "verify": False, "depths": "1,3"})
-    assert tuned == {"--profile": "eagle3", "--depths": "1,3", "--no-verify": True}
+    again = _parse_argv("sweep", [*words, "--hosts", "h0"])
+    assert SWEEP.parse(again) == SWEEP.parse(args)
+    tuned = TUNE.parse({"profile": "eagle3", "verify": False, "depths": "1,3"})
+    assert TUNE.given(tuned, LEFT_OUT) == ["--profile", "eagle3", "--depths", "1,3", "--no-verify"]
+    assert TUNE.parse(_parse_argv("tune", TUNE.given(tuned, LEFT_OUT))) == tuned
+
+
+def test_every_option_of_an_experiment_survives_the_resume_line():
+    """A property over the declaration: each option set to a value other than its default
+    comes back from the resume line as it was parsed (a new option is covered unasked)."""
+    from gpufleet.cli.experiments import LEFT_OUT
+    from gpufleet.cli.tasksets import SWEEP, TUNE
+
+    samples = {"concurrency": "2,8", "num_prompts": "9", "output_len": "17",
+               "prompts": "chat", "seed": "3", "workload": "multiturn:turns=3",
+               "trace": "t.jsonl", "trace_speedup": "2", "random_input_len": "33",
+               "random_output_len": "12", "random_range_ratio": "0.5",
+               "slo": "ttft_ms=500", "flush": False, "archive": "/tmp/arch",
+               "engine": "sim", "allow_unhealthy": True, "fail_fast": True,
+               "grid": ["speculative-num-steps=1,3"], "repeat": "2", "forks": "3",
+               "depths": "2,4", "min_request_speed": "20", "name": "fast",
+               "verify": False, "profile": "eagle3", "profiles": "a,b"}  # fmt: skip
+    for name, options, base in (("sweep", SWEEP, {"profiles": "a", "concurrency": "1"}),
+                                ("tune", TUNE, {"profile": "e"})):  # fmt: skip
+        for option in options.options:
+            if option in LEFT_OUT:
+                continue
+            assert option in samples, f"{name} --{option}: add a sample value to this test"
+            given = {**base, option: samples[option]}
+            parsed = options.parse(given)
+            words = options.given(parsed, LEFT_OUT)
+            assert options.parse(_parse_argv(name, words)) == parsed, (name, option, words)

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from gpufleet.archive import store as archive
+from gpufleet.archive.layout import Archive
 from gpufleet.archived import Manifest
 from gpufleet.report import compare
 from helpers import run_cli, unwrap
@@ -49,7 +50,7 @@ def _run(root, host, run_id, profile, per_level, status="done", argv=None, promp
         "host_facts": {"gpus": [{"name": "NVIDIA H200"}], "driver": "580"},
         "levels": [{"concurrency": c, "output_throughput": v[0]} for c, v in per_level.items()],
     }
-    archive.write_run(root, host, run_id, files, Manifest.from_wire(manifest))
+    archive.write_run(Archive(root), host, run_id, files, Manifest.from_wire(manifest))
 
 
 SEEDS = {  # the seeds' shape: EAGLE-3 ahead per request at C=1 only

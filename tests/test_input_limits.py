@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.archive import store
+from gpufleet.archive.layout import Archive
 from gpufleet.archived import Manifest
 from gpufleet.control.inventory import load_inventory
 from gpufleet.errors import UserError
@@ -40,7 +41,11 @@ def test_the_archive_never_writes_outside_its_root(tmp_path):
     for host, run_id in [("..", "x"), ("h", "../../x"), ("h", "..")]:
         with pytest.raises(UserError, match="refusing to archive outside"):
             store.write_run(
-                tmp_path / "logs", host, run_id, {"a": b"1"}, Manifest(run_id, host, "done")
+                Archive(tmp_path / "logs"),
+                host,
+                run_id,
+                {"a": b"1"},
+                Manifest(run_id, host, "done"),
             )
     assert not (tmp_path / "x").exists()
 

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from gpufleet.archive import store
+from gpufleet.archive.layout import Archive
 from gpufleet.host.procstat import ProcRef
 from gpufleet.host.servers import server_alive
 from gpufleet.records import ServerState
@@ -139,7 +140,7 @@ def test_ctrl_c_at_each_phase_then_one_resume_finishes(fleet, tmp_path, phase):
             assert cell["status"] == "done", (profile, host, cell)
             manifest = store.read_manifest(archive / host / cell["run_id"])
             assert manifest.status == "done"
-    runs = store.list_runs(archive)
+    runs = store.list_runs(Archive(archive))
     for profile in ("ia", "ib"):
         for host in ("h0", "h1"):
             good = [
@@ -181,7 +182,7 @@ def test_ctrl_c_during_inv_bench_prints_a_pasteable_attach(fleet, tmp_path):
         ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    [run] = store.list_runs(tmp_path / "a")
+    [run] = store.list_runs(Archive(tmp_path / "a"))
     assert run.status == "done" and run.manifest.levels[0].concurrency == 2
     fleet.cli("stop", "--hosts", "h1")
 
@@ -200,14 +201,14 @@ def test_resume_reruns_a_failed_archived_cell_and_compare_picks_the_success(flee
     out = fleet.cli(*args, timeout=300)
     assert out.returncode == 1, out.stdout[-2000:]
     assert "retry them with `inv sweep" in out.stderr and "--resume" in out.stderr
-    [failed] = [r for r in store.list_runs(archive) if r.status == "failed"]
+    [failed] = [r for r in store.list_runs(Archive(archive)) if r.status == "failed"]
 
     data["sim"].pop("crash-at-batch")
     (playbooks / "ib.yaml").write_text(yaml.safe_dump(data))
     out = fleet.cli(*args, "--resume", timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "ia: already done, skipped" in out.stdout
-    runs = {r.run_id: r for r in store.list_runs(archive)}
+    runs = {r.run_id: r for r in store.list_runs(Archive(archive))}
     assert runs[failed.run_id].manifest.superseded  # kept, marked
     assert store.verify(failed.path) == []  # its checksummed files untouched
     [success] = [r for r in runs.values() if r.manifest.profile == "ib" and r.status == "done"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.cli.args import int_list, positive_float
 from gpufleet.control.inventory import load_inventory
 from gpufleet.errors import UserError
 from helpers import REPO, dedent, run_cli
@@ -113,18 +112,56 @@ def test_missing_host_python_is_one_line(tmp_path):
 
 
 def test_concurrency_lists():
-    assert int_list("1,10,64", "--concurrency") == [1, 10, 64]
-    assert int_list(["1", "10,64", "10"], "--concurrency") == [1, 10, 64]
+    from gpufleet.cli.tasksets import BENCH, STOP
+
+    def levels(value):
+        return BENCH.parse({"concurrency": value}).concurrency
+
+    assert levels("1,10,64") == [1, 10, 64]
+    assert levels(["1", "10,64", "10"]) == [1, 10, 64]
     for bad, msg in (
         ("1,,x", "empty value"),
         ("0", "must be at least 1"),
         ("-3", "at least 1"),
         ("x", "not a whole number"),
+        ("1,100001", "at most 100000"),
     ):
-        with pytest.raises(UserError, match=msg):
-            int_list(bad, "--concurrency")
-    with pytest.raises(UserError):
-        positive_float("nan", "--timeout", 1)
+        with pytest.raises(UserError, match=f"--concurrency .*{msg}"):
+            levels(bad)
+    with pytest.raises(UserError, match="--timeout 'nan': expected a positive number"):
+        STOP.parse({"timeout": "nan"})
+
+
+def _task_sets():
+    from gpufleet.cli import tasksets
+    from gpufleet.cli.options import OptionSet
+
+    return {n: v for n, v in vars(tasksets).items() if isinstance(v, OptionSet)}
+
+
+def test_every_checked_option_is_bounded():
+    """A census over every task's declared options: an option that refuses a word is a
+    checked one, and a checked one refuses a number far too large (a typo cannot run for
+    ten minutes into 21 GB of memory), in one line naming its flag."""
+    required = {"first": "a", "second": "b", "profile": "p", "profiles": "a",
+                "concurrency": "1", "runs": "a"}  # fmt: skip
+    checked = 0
+    for task, options in _task_sets().items():
+        base = {n: v for n, v in required.items() if n in options.options}
+        for name, option in options.options.items():
+            if option.flag_default is not None or name == "grid":
+                continue  # a switch; --grid is checked against the profile's flags
+            flag = "--" + name.replace("_", "-")
+            try:
+                options.parse({**base, name: "abc"})
+            except UserError as exc:
+                if not str(exc).startswith(f"{flag} "):
+                    continue  # a rule about the combination, not this value
+                checked += 1
+                with pytest.raises(UserError, match=f"^{flag} ") as refused:
+                    options.parse({**base, name: "999999999999"})
+                assert "\n" not in str(refused.value), (task, name)
+    assert checked > 40  # every number of every task (the sets share most of them)
 
 
 def test_rehearsal_inventory_cleans_locally():

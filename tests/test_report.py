@@ -9,6 +9,7 @@ import pytest
 
 from browser import CHROMIUM, visit
 from gpufleet.archive import store
+from gpufleet.archive.layout import Archive
 from helpers import run_cli
 from test_compare import SEEDS, _run
 
@@ -136,4 +137,4 @@ def test_report_bad_input_is_one_line(tmp_path):
     out = run_cli("report", "--sweep", "nope", "--archive", str(tmp_path))
     assert out.returncode == 2 and "no sweep of that id" in out.stderr
     assert "Traceback" not in out.stderr
-    assert store.list_runs(tmp_path) == []
+    assert store.list_runs(Archive(tmp_path)) == []

@@ -147,10 +147,13 @@ def test_a_speed_floor_rules_out_depths_below_it():
 
 
 def test_bad_depths_and_profiles_are_one_line():
-    with pytest.raises(UserError, match="each depth from 1 to 16"):
-        tune.parse_depths("0,3")
-    with pytest.raises(UserError, match="expected draft depths"):
-        tune.parse_depths("one")
+    from gpufleet.cli.tasksets import TUNE
+
+    for bad in ("0,3", "one", "3,17", "2,,3"):
+        with pytest.raises(UserError, match=r"--depths .*expected draft depths .* from 1 to 16"):
+            TUNE.parse({"profile": "eagle3", "depths": bad})
+    assert TUNE.parse({"profile": "eagle3", "depths": "5,1,3"}).depths == [1, 3, 5]
+    assert TUNE.parse({"profile": "eagle3"}).depths == [1, 2, 3, 5, 7]
     with pytest.raises(UserError, match="inv tune needs speculative-algorithm EAGLE or EAGLE3"):
         tune.depth_arms("baseline", [1])
 

@@ -1,4 +1,6 @@
-"""Where everything lives under the archive root: the one module that builds `logs/` paths.
+"""The archive as one object: `Archive(root)` owns every folder and file name under the
+archive root and the queries over them; nothing else builds a path under `logs/`
+(tests/test_structure.py holds that). The root is resolved in one place, `Archive.at`.
 
     <root>/<host>/<run-id>/            one archived run (manifest.json and its files)
     <root>/<host>/.tmp-<run-id>-<pid>/ a run being written (renamed into place when whole)
@@ -20,7 +22,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_ROOT = Path(os.environ.get("GPUFLEET_ARCHIVE", "logs"))
 RESERVED = frozenset({"sweeps", "tunes", "findmax", "compare", "health"})
 
 
@@ -39,8 +40,18 @@ def safe_name(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class Layout:
-    root: Path = DEFAULT_ROOT
+class Archive:
+    """The archive under `root`: its folders, run-file names and queries."""
+
+    root: Path
+
+    @classmethod
+    def at(cls, root: Path | str | None = None) -> Archive:
+        """The archive at `root`, else $GPUFLEET_ARCHIVE, else logs/."""
+        return cls(Path(root or os.environ.get("GPUFLEET_ARCHIVE") or "logs"))
+
+    def __str__(self) -> str:
+        return str(self.root)
 
     def host_dir(self, host: str) -> Path:
         return self.root / host
@@ -76,7 +87,16 @@ class Layout:
     def compare_dir(self, name: str) -> Path:
         return self.root / "compare" / safe_name(name)
 
+    # -- queries ---------------------------------------------------------------------------
 
-def layout(root: Path | str | None = None) -> Layout:
-    """The layout under `root` (default: logs/ or $GPUFLEET_ARCHIVE)."""
-    return Layout(Path(root) if root else DEFAULT_ROOT)
+    def sweep_states(self) -> list[Path]:
+        """Every sweep's state file, oldest first (the id starts with its UTC time)."""
+        return sorted(self.sweeps_dir.glob("*.json"))
+
+    def findmax_records(self, host: str, profile: str) -> list[Path]:
+        """A host's find-max records of one profile, oldest first."""
+        return sorted(self.findmax_dir(host).glob(f"*-{profile}.json"))
+
+    def run_manifests(self, manifest_name: str) -> list[Path]:
+        """Every archived run's manifest (<root>/<host>/<run-id>/<manifest>), sorted."""
+        return sorted(self.root.glob(f"*/*/{manifest_name}"))

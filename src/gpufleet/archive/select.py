@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpufleet.archive import store
-from gpufleet.archive.layout import Layout, profile_label
+from gpufleet.archive.layout import Archive, profile_label
 from gpufleet.archived import FindMaxRecord, SweepRecord
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus, RunStatus
@@ -53,14 +53,16 @@ def _runs_named(arg: str, runs: list[store.ListedRun]) -> dict[str, list[Path]]:
     return found
 
 
-def resolve(args: list[str], root: Path, hosts: list[str] | None = None) -> dict[str, list[Arm]]:
+def resolve(
+    args: list[str], archive: Archive, hosts: list[str] | None = None
+) -> dict[str, list[Arm]]:
     """host -> arms (one per argument), for the hosts where every argument has a run."""
-    runs = store.list_runs(root)
+    runs = store.list_runs(archive)
     per_arg = []
     for arg in args:
         found = _runs_named(arg, runs)
         if not found:
-            raise UserError(f"{arg!r}: no archived run or profile of that name under {root}/")
+            raise UserError(f"{arg!r}: no archived run or profile of that name under {archive}/")
         per_arg.append(found)
     common = sorted(set.intersection(*(set(f) for f in per_arg)))
     if hosts:
@@ -101,13 +103,15 @@ def _arm_labels(
     ]
 
 
-def from_run_ids(root: Path, by_label: dict[str, dict[str, list[str]]]) -> dict[str, list[Arm]]:
+def from_run_ids(
+    archive: Archive, by_label: dict[str, dict[str, list[str]]]
+) -> dict[str, list[Arm]]:
     """host -> arms, from a sweep's finished cells (label -> host -> run ids: a repeated
     cell has one run per repeat)."""
     hosts = sorted(set.intersection(*(set(h) for h in by_label.values()))) if by_label else []
     return {
         host: [
-            load_arm(label, [Layout(root).run_dir(host, run_id) for run_id in runs[host]])
+            load_arm(label, [archive.run_dir(host, run_id) for run_id in runs[host]])
             for label, runs in by_label.items()
         ]
         for host in hosts
@@ -121,13 +125,13 @@ def _log_tail(run_dir: Path, lines: int = 40) -> list[str]:
         return []
 
 
-def _report_input(title: str, per_host: dict[str, list[Arm]], root: Path) -> ReportInput:
+def _report_input(title: str, per_host: dict[str, list[Arm]], archive: Archive) -> ReportInput:
     """Failures, run directories and checksum status for the runs of a comparison."""
     data = ReportInput(title=title, per_host=per_host)
     for host, arms in per_host.items():
         for arm in arms:
             for manifest in arm.manifests:
-                run_dir = Layout(root).run_dir(host, manifest.run_id)
+                run_dir = archive.run_dir(host, manifest.run_id)
                 data.run_dirs[manifest.run_id] = run_dir
                 problems = store.verify(run_dir)
                 data.checksums[manifest.run_id] = "ok" if not problems else "; ".join(problems[:3])
@@ -138,15 +142,17 @@ def _report_input(title: str, per_host: dict[str, list[Arm]], root: Path) -> Rep
     return data
 
 
-def report_for_runs(root: Path, names: list[str], hosts: list[str] | None = None) -> ReportInput:
+def report_for_runs(
+    archive: Archive, names: list[str], hosts: list[str] | None = None
+) -> ReportInput:
     """A report on run ids or profiles (latest successful run per host)."""
-    return _report_input(" vs ".join(names), resolve(names, root, hosts), root)
+    return _report_input(" vs ".join(names), resolve(names, archive, hosts), archive)
 
 
-def sweep_state_path(root: Path, sweep_id: str | None) -> Path:
+def sweep_state_path(archive: Archive, sweep_id: str | None) -> Path:
     """A sweep's state file by id (`--latest`: the newest); UserError if there is none."""
-    where = Layout(root)
-    sweeps = sorted(where.sweeps_dir.glob("*.json"))
+    where = archive
+    sweeps = where.sweep_states()
     if sweep_id is None:
         if not sweeps:
             raise UserError(f"no sweep under {where.sweeps_dir}/ (run inv sweep first)")
@@ -157,7 +163,7 @@ def sweep_state_path(root: Path, sweep_id: str | None) -> Path:
     return path
 
 
-def report_for_sweep(root: Path, state_path: Path) -> ReportInput:
+def report_for_sweep(archive: Archive, state_path: Path) -> ReportInput:
     """A report on a sweep: its finished cells compared, its failed cells listed."""
     state = SweepRecord.load(state_path)
     labels = {a["key"]: a["label"] for a in state.arms or []}
@@ -167,22 +173,22 @@ def report_for_sweep(root: Path, state_path: Path) -> ReportInput:
             if cell.status == CellStatus.DONE and cell.run_id:
                 by_host = finished.setdefault(labels.get(key, profile_label(key)), {})
                 by_host.setdefault(host, []).append(cell.run_id)
-    per_host = from_run_ids(root, finished) if finished else {}
-    data = _report_input(f"sweep {state.sweep_id}", per_host, root)
+    per_host = from_run_ids(archive, finished) if finished else {}
+    data = _report_input(f"sweep {state.sweep_id}", per_host, archive)
     for profile, cells in state.cells.items():
         for host, cell in cells.items():
             if cell.status != CellStatus.DONE and cell.error:
-                run_dir = Layout(root).run_dir(host, str(cell.run_id))
+                run_dir = archive.run_dir(host, str(cell.run_id))
                 tail = _log_tail(run_dir) if cell.run_id else []
                 data.failures.append(Failure(host, profile_label(profile), cell.error, tail))
     return data
 
 
-def find_max_answers(root: Path, host: str, labels: list[str]) -> dict[str, FindMaxRecord]:
+def find_max_answers(archive: Archive, host: str, labels: list[str]) -> dict[str, FindMaxRecord]:
     """The latest `inv bench --find-max` answer of each profile on this host, if any."""
     answers = {}
     for label in labels:
-        found = sorted(Layout(root).findmax_dir(host).glob(f"*-{label}.json"))
+        found = archive.findmax_records(host, label)
         if found:
             answers[label] = FindMaxRecord.load(found[-1])
     return answers

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpufleet.archive.layout import DEFAULT_ROOT, Layout
+from gpufleet.archive.layout import Archive
 from gpufleet.archived import Manifest, Superseded
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow
@@ -34,16 +34,17 @@ def sha256(data: bytes) -> str:
 
 
 def write_run(
-    root: Path, host: str, run_id: str, files: dict[str, bytes], manifest: Manifest
+    archive: Archive, host: str, run_id: str, files: dict[str, bytes], manifest: Manifest
 ) -> Path:
-    final = Layout(root).run_dir(host, run_id)
+    root = archive.root
+    final = archive.run_dir(host, run_id)
     if not _inside(root, final) or {host, run_id} & {"", ".", ".."} or "/" in host + run_id:
         raise UserError(f"refusing to archive outside {root}/: host {host!r}, run {run_id!r}")
     if final.exists():
         raise UserError(f"{final} already exists: a run is archived once")
-    tmp = Layout(root).partial_run_dir(host, run_id)
+    tmp = archive.partial_run_dir(host, run_id)
     try:
-        make_dirs(Layout(root).host_dir(host))
+        make_dirs(archive.host_dir(host))
         tmp.mkdir(mode=DIR_MODE)
         os.chmod(tmp, DIR_MODE)
         sums = {}
@@ -58,7 +59,7 @@ def write_run(
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(
-            f"cannot write the archive under {Layout(root).host_dir(host)} "
+            f"cannot write the archive under {archive.host_dir(host)} "
             f"({exc.strerror or exc}); "
             "nothing was archived for this run"
         ) from None
@@ -148,9 +149,9 @@ class ListedRun:
         return (self.manifest.started_at if self.manifest else None) or ""
 
 
-def list_runs(root: Path = DEFAULT_ROOT) -> list[ListedRun]:
+def list_runs(archive: Archive) -> list[ListedRun]:
     runs = []
-    for path in sorted(root.glob(f"*/*/{MANIFEST}")):
+    for path in archive.run_manifests(MANIFEST):
         run_dir = path.parent
         if run_dir.name.startswith("."):
             continue

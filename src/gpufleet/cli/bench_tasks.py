@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from invoke.exceptions import Exit
 
-from gpufleet.cli.common import finish, forks_for, select_hosts, task, user_errors
-from gpufleet.cli.options import bench_options
-from gpufleet.control.benchrequest import BenchRequest
-
-BENCH = bench_options(BenchRequest)
+from gpufleet.cli.common import finish, select_hosts
+from gpufleet.cli.tasksets import BENCH, FIND_MAX_LIMIT, RUNS
 
 
 @BENCH.task()
@@ -29,16 +26,9 @@ def bench(c, **given):
     from gpufleet.report.tables import headers, rows
 
     o = BENCH.parse(given)
-    request = BenchRequest(**BENCH.request_fields(o))
-    if not request.concurrency and not (o["attach"] or o["find_max"]):
-        raise UserError("--concurrency is required (e.g. --concurrency 1,10,64)")
-    client, attach = o["client"], o["attach"]
-    if client == "local" and o["find_max"]:
-        raise UserError("--find-max runs on the hosts: drop --client local")
-    if o["api_key_env"] and client != "local":
-        raise UserError("--api-key-env is for --client local (on the hosts the key is read "
-                        "from the launched server)")  # fmt: skip
-    if client == "local":
+    request = BENCH.request(o)
+    attach = o.attach
+    if o.client == "local":
         run_id, value = bench_control.bench_local(request, bench_progress())
         table(f"{run_id} ({value.status})", headers(value.results), rows(value.results))
         for text in repeat_lines(value.results):
@@ -47,9 +37,9 @@ def bench(c, **given):
         if not value.done:
             raise Exit(f"gpufleet: run archived as FAILED: {value.reason}", code=1)
         return
-    inv, selected = select_hosts(o["inventory"], o["hosts"])
-    forks = forks_for(inv, o["forks"])
-    if o["find_max"]:
+    fleet = select_hosts(o)
+    selected, forks = fleet.hosts, fleet.forks
+    if o.find_max:
         _find_max(request, selected, forks, o)
         return
     if attach and not re.match(r"^[0-9]{8}T[0-9]{6}Z-[A-Za-z0-9_.-]+$", attach):
@@ -80,10 +70,9 @@ def _find_max(request, selected, forks, o):
     from gpufleet.control import findmax
     from gpufleet.report.capacity import describe
 
-    by = o["by"]
-    limit = o["max_load"] or (1024 if by == "concurrency" else 1000)
+    limit = o.max_load or FIND_MAX_LIMIT[o.by]
     results = findmax.find_max(
-        selected, request, by, o["target"], limit, o["max_probes"], forks, bench_progress()
+        selected, request, o.by, o.target, limit, o.max_probes, forks, bench_progress()
     )
     for res in results:
         if res.ok and res.value:
@@ -92,38 +81,27 @@ def _find_max(request, selected, forks, o):
     finish(results)
 
 
-@task(
-    help={
-        "host": "only runs of this host",
-        "profile": "only runs of this profile",
-        "since": "only runs started on or after this date (YYYY-MM-DD)",
-        "verify": "check every archived file against the manifest's sha256",
-        "archive": "archive root (default: logs/ or $GPUFLEET_ARCHIVE)",
-    }
-)
-@user_errors
-def runs(c, host=None, profile=None, since=None, verify=False, archive=None):
+@RUNS.task()
+def runs(c, **given):
     """List archived runs (and verify their checksums)."""
-    from pathlib import Path
-
     from gpufleet.archive import store
-    from gpufleet.archive.layout import DEFAULT_ROOT
     from gpufleet.cli.output import line, table
 
-    root = Path(archive) if archive else DEFAULT_ROOT
+    o = RUNS.parse(given)
+    root = o.archive
     items = [
         r
         for r in store.list_runs(root)
-        if (host is None or r.host == host)
-        and (profile is None or (r.manifest and r.manifest.profile) == profile)
-        and (since is None or r.started_at >= since)
+        if (o.host is None or r.host == o.host)
+        and (o.profile is None or (r.manifest and r.manifest.profile) == o.profile)
+        and (o.since is None or r.started_at >= o.since)
     ]
     rows = []
     bad = 0
     for r in items:
         levels = ",".join(str(lv.concurrency) for lv in (r.manifest.levels if r.manifest else []))
         check = "-"
-        if verify:
+        if o.verify:
             problems = store.verify(r.path)
             check = "ok" if not problems else "; ".join(problems[:3])
             bad += bool(problems)

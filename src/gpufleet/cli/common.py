@@ -8,37 +8,31 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import invoke
 from invoke.exceptions import Exit
 
-# Short flags chosen by hand: one letter has one meaning in every task, and -h is always
-# help (Invoke's automatic ones gave -h to --hosts in most tasks but --archive in bench).
-SHORT_FLAGS = {
-    "hosts": "H",
-    "inventory": "i",
-    "concurrency": "c",
-    "profile": "p",
-    "dry_run": "n",
-    "archive": "a",
-    "forks": "f",
-}
-
 
 class GpufleetTask(invoke.Task):
-    """An Invoke task whose only short flags are SHORT_FLAGS."""
+    """An Invoke task whose only short flags are the ones its options declare
+    (cli/options.py: Option.short); Invoke's automatic ones gave -h to --hosts in most tasks
+    but --archive in bench."""
+
+    short_flags: ClassVar[dict[str, str]] = {}
 
     def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
         opts = super().arg_opts(name, default, taken_names)
-        if name in SHORT_FLAGS:
-            opts["names"].append(SHORT_FLAGS[name])
+        if name in self.short_flags:
+            opts["names"].append(self.short_flags[name])
         return opts
 
 
-def task(*args: Any, **kwargs: Any) -> Any:
-    """`@task` for gpufleet's tasks: hand-picked short flags, none made up by Invoke."""
-    kwargs.setdefault("klass", GpufleetTask)
+def task(*args: Any, short_flags: dict[str, str] | None = None, **kwargs: Any) -> Any:
+    """`@task` for gpufleet's tasks: the declared short flags, none made up by Invoke."""
+    klass = type("Task", (GpufleetTask,), {"short_flags": dict(short_flags or {})})
+    kwargs.setdefault("klass", klass)
     kwargs.setdefault("auto_shortflags", False)
     return invoke.task(*args, **kwargs)
 
@@ -48,11 +42,6 @@ HOSTS_HELP = (
     "`healthy:NAMES`: skip those whose last gpu-clean found a bad GPU"
 )
 INVENTORY_HELP = "inventory file or name under hosts/ (default: $GPUFLEET_INVENTORY or rehearsal)"
-FLEET_HELP = {
-    "hosts": HOSTS_HELP,
-    "inventory": INVENTORY_HELP,
-    "forks": "hosts in parallel (default: the inventory's forks, 32)",
-}
 
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -89,19 +78,27 @@ def finish(results: list[Any], with_tail: bool = False, report: bool = True) -> 
         raise Exit(message, code=code)
 
 
-def select_hosts(inventory: str | None, hosts: str | None):
+@dataclass(frozen=True)
+class Selection:
+    """The hosts a task acts on, their inventory and how many at once."""
+
+    inventory: Any
+    hosts: list[Any]
+    forks: int
+
+
+def select_hosts(options: Any) -> Selection:
+    """The hosts that parsed fleet options (--inventory, --hosts, --forks) choose."""
     from gpufleet.control.inventory import load_inventory
 
-    inv = load_inventory(inventory)
-    only_healthy = hosts is not None and (hosts == "healthy" or hosts.startswith("healthy:"))
-    if (
-        only_healthy
-    ):  # `healthy` or `healthy:NAMES`: skip hosts whose last gpu-clean found a bad GPU
+    inv = load_inventory(options.inventory)
+    hosts = options.hosts
+    if hosts is not None and (hosts == "healthy" or hosts.startswith("healthy:")):
+        # `healthy` or `healthy:NAMES`: skip hosts whose last gpu-clean found a bad GPU
         from gpufleet.cli.output import line
         from gpufleet.control.gpuclean import healthy
 
-        chosen = hosts.partition(":")[2] or None  # type: ignore[union-attr]
-        selected, skipped = healthy(inv.select(chosen))
+        selected, skipped = healthy(inv.select(hosts.partition(":")[2] or None))
         for text in skipped:
             line(f"skipped {text}")
     else:
@@ -110,10 +107,4 @@ def select_hosts(inventory: str | None, hosts: str | None):
         from gpufleet.errors import UserError
 
         raise UserError(f"{inv.source}: no hosts selected")
-    return inv, selected
-
-
-def forks_for(inv: Any, forks: str | None) -> int:
-    from gpufleet.cli.args import non_negative_int
-
-    return non_negative_int(forks, "--forks", 0) or inv.forks
+    return Selection(inv, selected, getattr(options, "forks", 0) or inv.forks)

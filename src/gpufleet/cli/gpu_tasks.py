@@ -4,18 +4,8 @@ from __future__ import annotations
 
 import json as _json
 
-from gpufleet.cli.common import (
-    HOSTS_HELP,
-    INVENTORY_HELP,
-    finish,
-    forks_for,
-    select_hosts,
-    task,
-    user_errors,
-)
-from gpufleet.cli.options import clean_options
-
-CLEAN = clean_options()
+from gpufleet.cli.common import finish, select_hosts
+from gpufleet.cli.tasksets import CLEAN, HOSTS, STATUS, SYSINFO
 
 
 @CLEAN.task()
@@ -25,49 +15,41 @@ def gpu_clean(c, **given):
     from gpufleet.control import gpuclean
 
     o = CLEAN.parse(given)
-    options = gpuclean.CleanOptions(**CLEAN.request_fields(o))
+    options = CLEAN.request(o)
     gpuclean.check_patterns(options.patterns)
-    inv, selected = select_hosts(o["inventory"], o["hosts"])
-    results = gpuclean.clean(selected, options, forks_for(inv, o["forks"]))
-    if o["json"]:
+    fleet = select_hosts(o)
+    results = gpuclean.clean(fleet.hosts, options, fleet.forks)
+    if o.json:
         print(_json.dumps(gpu_output.clean_json(results), indent=2))
     else:
         gpu_output.print_clean(results, options)
     finish(results)
 
 
-@task(
-    help={
-        "hosts": HOSTS_HELP,
-        "inventory": INVENTORY_HELP,
-        "forks": "hosts handled in parallel",
-        "json": "print JSON",
-    }
-)
-@user_errors
-def status(c, hosts=None, inventory=None, forks=None, json=False):
+@STATUS.task()
+def status(c, **given):
     """Read-only: GPUs, GPU processes and stale server processes per host."""
     from gpufleet.cli import gpu_output
     from gpufleet.control import gpuclean
 
-    inv, selected = select_hosts(inventory, hosts)
-    results = gpuclean.status(selected, forks_for(inv, forks))
-    if json:
+    o = STATUS.parse(given)
+    fleet = select_hosts(o)
+    results = gpuclean.status(fleet.hosts, fleet.forks)
+    if o.json:
         print(_json.dumps(gpu_output.status_json(results), indent=2))
     else:
         gpu_output.print_status(results)
     finish(results)
 
 
-@task(help={"hosts": HOSTS_HELP, "inventory": INVENTORY_HELP, "forks": "hosts in parallel"})
-@user_errors
-def sysinfo(c, hosts=None, inventory=None, forks=None):
+@SYSINFO.task()
+def sysinfo(c, **given):
     """Driver, CUDA, GPU names and UUIDs, Python and package versions per host (JSON)."""
     from gpufleet.control.fanout import run_on_hosts
     from gpufleet.host.protocol import SysinfoArgs
 
-    inv, selected = select_hosts(inventory, hosts)
-    results = run_on_hosts(selected, lambda s: s.call(SysinfoArgs()), forks=forks_for(inv, forks))
+    fleet = select_hosts(SYSINFO.parse(given))
+    results = run_on_hosts(fleet.hosts, lambda s: s.call(SysinfoArgs()), forks=fleet.forks)
     out = {
         r.host.name: (r.value.to_wire() if r.ok and r.value is not None else {"error": r.error})
         for r in results
@@ -76,14 +58,13 @@ def sysinfo(c, hosts=None, inventory=None, forks=None):
     finish(results, report=False)
 
 
-@task(help={"inventory": INVENTORY_HELP})
-@user_errors
-def hosts(c, inventory=None):
+@HOSTS.task()
+def hosts(c, **given):
     """List the inventory's hosts and groups."""
     from gpufleet.cli.output import table
     from gpufleet.control.inventory import load_inventory
 
-    inv = load_inventory(inventory)
+    inv = load_inventory(HOSTS.parse(given).inventory)
     rows = []
     for h in inv.hosts.values():
         target = (

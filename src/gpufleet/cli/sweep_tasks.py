@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from gpufleet.cli.common import HOSTS_HELP, task, user_errors
-from gpufleet.cli.experiments import experiment_request, given_options, resume_command, run_sweep
-from gpufleet.cli.options import sweep_options
-from gpufleet.control.benchrequest import BenchRequest
-
-SWEEP = sweep_options(BenchRequest)
+from gpufleet.cli.experiments import LEFT_OUT, experiment, resume_command
+from gpufleet.cli.tasksets import REHEARSE, SWEEP
 
 
 @SWEEP.task()
@@ -16,17 +12,25 @@ def sweep(c, **given):
 
     Every cell runs gpu-clean, launch, bench, stop and a clean check, all hosts in parallel.
     """
+    from gpufleet.cli.common import select_hosts
+    from gpufleet.cli.output import line
+    from gpufleet.control import sweep as sweeps
     from gpufleet.control.arms import expand, parse_grid
+    from gpufleet.control.launchoptions import LaunchOptions
 
     o = SWEEP.parse(given)
-    request = experiment_request(SWEEP, o)
-    names = [p.strip() for p in o["profiles"].split(",") if p.strip()]
-    arms = expand(names, parse_grid(o["grid"]), o["repeat"])
-    command = resume_command(["inv", "sweep"], given_options(sweep.body, given))
-    run_sweep(
-        names, request, o["hosts"], o["inventory"], o["resume"], o["dry_run"], o["fail_fast"],
-        o["engine"], o["forks"], command, arms=arms, allow_unhealthy=o["allow_unhealthy"],
-    )  # fmt: skip
+    request = SWEEP.request(o)
+    arms = expand(o.profiles, parse_grid(o.grid), o.repeat)
+    sweeps.check_arms(o.profiles, arms)  # a bad profile or flag fails before anything starts
+    if o.dry_run:
+        for text in sweeps.plan_lines(arms, select_hosts(o).hosts, request, o.engine):
+            line(text)
+        line("dry run: nothing started")
+        return
+    command = resume_command(["inv", "sweep"], SWEEP.given(o, LEFT_OUT))
+    launch = LaunchOptions(engine=o.engine, allow_unhealthy=o.allow_unhealthy)
+    with experiment(o, command, launch, o.fail_fast) as exp:
+        exp.sweep(o.profiles, arms, "sweep", o.resume, request)
 
 
 REHEARSAL_REPEATS = 3  # every figure of the rehearsal comes with its interval
@@ -37,34 +41,23 @@ REHEARSAL_LEVELS = [
 ]
 
 
-@task(
-    help={
-        "inventory": "inventory (default: hosts/rehearsal.yaml)",
-        "hosts": HOSTS_HELP,
-        "archive": "archive root (default: logs/)",
-        "resume": "finish an interrupted rehearsal",
-    }
-)
-@user_errors
-def rehearse(c, inventory="hosts/rehearsal.yaml", hosts=None, archive=None, resume=False):
+@REHEARSE.task()
+def rehearse(c, **given):
     """The seeds' experiment on simulated 8-GPU hosts: baseline vs eagle3 at C=1,10,64, x3."""
     import time
 
     from gpufleet.cli.output import line
+    from gpufleet.control.arms import expand
+    from gpufleet.control.launchoptions import LaunchOptions
 
     start = time.monotonic()
-    request = experiment_request(
-        SWEEP, SWEEP.parse({"profiles": "", "concurrency": ["1,10,64"], "output_len": "64",
-                            "archive": archive})
-    )  # fmt: skip
+    o = REHEARSE.parse(given)
+    cell = {"concurrency": ["1,10,64"], "output_len": "64", "archive": o.archive}
+    request = SWEEP.request(SWEEP.parse({"profiles": "", **cell}))
     request.fixed_levels = REHEARSAL_LEVELS
-    command = resume_command(["inv", "rehearse"], {"--archive": archive})
+    command = resume_command(["inv", "rehearse"], REHEARSE.given(o, LEFT_OUT))
     profiles = ["baseline", "eagle3"]
-    from gpufleet.control.arms import expand
-
     arms = expand(profiles, [], REHEARSAL_REPEATS)  # interleaved: baseline, eagle3, again
-    run_sweep(
-        profiles, request, hosts, inventory, resume, False, False, "sim", None, command,
-        arms=arms,
-    )  # fmt: skip
+    with experiment(o, command, LaunchOptions(engine="sim")) as exp:
+        exp.sweep(profiles, arms, "sweep", o.resume, request)
     line(f"rehearsal finished in {time.monotonic() - start:.0f}s")

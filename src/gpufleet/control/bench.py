@@ -204,7 +204,7 @@ def archive_run(
     kept = {k: v for k, v in files.items() if k not in CONTROL_FILES}
     kept["summary.csv"] = summary_csv(run.results).encode()
     kept["summary.md"] = summary_md(record, run.results).encode()
-    path = store.write_run(request.archive_root, host, run_id, kept, record)
+    path = store.write_run(request.archive, host, run_id, kept, record)
     tail = []
     if run.status["status"] != RunStatus.DONE and "server.log" in kept:
         tail = kept["server.log"].decode(errors="replace").splitlines()[-40:]

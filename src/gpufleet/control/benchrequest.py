@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from gpufleet.archive.layout import DEFAULT_ROOT
+from gpufleet.archive.layout import Archive
 from gpufleet.records import BenchPlan, Level
 
 MAX_PROMPTS = 100_000  # as --num-prompts allows
@@ -46,7 +45,7 @@ class BenchRequest:
     metrics: bool = True
     url: str | None = None
     api_key_env: str | None = None  # --client local: the variable holding the server's key
-    archive_root: Path = field(default_factory=lambda: DEFAULT_ROOT)
+    archive: Archive = field(default_factory=Archive.at)
     command_line: list[str] = field(default_factory=lambda: list(sys.argv))
     fixed_levels: list[dict[str, int]] | None = None  # explicit requests per level
     engine: str = PLAN.engine  # or sglang-bench: SGLang's own bench_serving on the host

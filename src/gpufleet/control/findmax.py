@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.archive import store
-from gpufleet.archive.layout import Layout, profile_label
+from gpufleet.archive.layout import profile_label
 from gpufleet.archived import FindMaxRecord
 from gpufleet.archived import ProbeRecord as Probe
 from gpufleet.control import bench as benchrun
@@ -146,7 +146,7 @@ def find_max(
         search = Search(by, target, start, limit, max_probes)
         answer = find_on(session, request, search, progress)
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        path = Layout(request.archive_root).findmax_record(session.host.name, stamp, answer.profile)
+        path = request.archive.findmax_record(session.host.name, stamp, answer.profile)
         store.make_dirs(path.parent)
         store.write_private_file(path, answer.to_json().encode())
         return answer, path

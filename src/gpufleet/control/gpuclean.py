@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 
 from gpufleet.archive import store
-from gpufleet.archive.layout import DEFAULT_ROOT, Layout
+from gpufleet.archive.layout import Archive
 from gpufleet.archived import HealthRecord
 from gpufleet.control.cleanoptions import CleanOptions
 from gpufleet.control.fanout import HostResult, run_on_hosts
@@ -44,12 +43,12 @@ def clean_on(session: Session, options: CleanOptions) -> CleanAnswer:
 
 
 def clean(
-    hosts: list[Host], options: CleanOptions, forks: int, root: Path | None = None
+    hosts: list[Host], options: CleanOptions, forks: int, archive: Archive | None = None
 ) -> list[HostResult[CleanAnswer]]:
     results = run_on_hosts(hosts, lambda s: clean_on(s, options), forks=forks)
     for res in results:
         if res.value is not None:
-            record_health(res.host.name, res.value.gpus, root)
+            record_health(res.host.name, res.value.gpus, archive)
     for res in results:
         if res.ok and res.value is not None and not options.dry_run and not res.value.clean:
             res.error = verdict_reason(res.value)
@@ -71,7 +70,7 @@ def verdict_lines(gpus: list[GpuReading]) -> list[tuple[bool, str]]:
     return out or [(False, f"GPU health: {len(judged)} of {len(gpus)} GPUs ok")]
 
 
-def record_health(host: str, gpus: list[GpuReading], root: Path | None = None) -> None:
+def record_health(host: str, gpus: list[GpuReading], archive: Archive | None = None) -> None:
     """Keep the host's GPU verdicts (`--hosts healthy` reads them)."""
     lines = [
         f"GPU {g.index}: {g.health.verdict}"
@@ -85,16 +84,16 @@ def record_health(host: str, gpus: list[GpuReading], root: Path | None = None) -
     ]
     record = HealthRecord(host=host, at=datetime.now(UTC).isoformat(), gpus=lines)
     store.write_private_file(
-        Layout(root or DEFAULT_ROOT).health_record(host), record.to_json().encode()
+        (archive or Archive.at()).health_record(host), record.to_json().encode()
     )
 
 
-def healthy(hosts: list[Host], root: Path | None = None) -> tuple[list[Host], list[str]]:
+def healthy(hosts: list[Host], archive: Archive | None = None) -> tuple[list[Host], list[str]]:
     """The hosts whose last gpu-clean found no bad GPU, and why each other one was skipped
     (a host never cleaned is kept: nothing is known against it)."""
     keep, skipped = [], []
     for host in hosts:
-        path = Layout(root or DEFAULT_ROOT).health_record(host.name)
+        path = (archive or Archive.at()).health_record(host.name)
         record = HealthRecord.load(path) if path.exists() else None
         if record is not None and record.bad:
             skipped.append(f"{host.name} ({'; '.join(record.bad)}; gpu-clean at {record.at[:19]})")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from gpufleet.control.cancel import SLICE_S, CancelToken
 from gpufleet.control.fanout import HostResult, run_on_hosts
 from gpufleet.control.inventory import Host
+from gpufleet.control.launchoptions import LaunchOptions
 from gpufleet.control.playbook import Profile, build_specs
 from gpufleet.control.transport import Progress, Session, host_events
 from gpufleet.errors import HostError
@@ -15,17 +16,6 @@ from gpufleet.kinds import Kind
 from gpufleet.readings import LaunchAnswer, StopAnswer, WaitReadyAnswer
 from gpufleet.records import HEALTH_TIMEOUT_S, LaunchSpec, ServerState
 from gpufleet.report.gpu import dirty_gpus
-
-
-@dataclass
-class LaunchOptions:
-    replace: bool = False
-    clean: bool = False
-    engine: str | None = None
-    timeout_s: float | None = None
-    skip_flag_check: bool = False
-    grace_s: float = 15.0
-    allow_unhealthy: bool = False  # launch on a GPU the health check calls bad (recorded)
 
 
 @dataclass

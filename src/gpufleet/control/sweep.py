@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.archive import select, store
-from gpufleet.archive.layout import Layout
+from gpufleet.archive.layout import Archive
 from gpufleet.archived import Cell, Manifest, SweepRecord
 from gpufleet.control import bench as benchrun
 from gpufleet.control import lifecycle as server
@@ -56,7 +56,7 @@ class SweepState:
     @classmethod
     def new(
         cls,
-        root: Path,
+        archive: Archive,
         profiles: list[str],
         hosts: list[str],
         levels: list[int],
@@ -78,14 +78,14 @@ class SweepState:
             created_at=datetime.now(UTC).isoformat(),
             cells={a.key: {h: Cell() for h in hosts} for a in arms},
         )
-        state = cls(Layout(root).sweep_state(sweep_id), record)
+        state = cls(archive.sweep_state(sweep_id), record)
         state.save()
         return state
 
     @classmethod
     def latest(
         cls,
-        root: Path,
+        archive: Archive,
         profiles: list[str],
         arms: list[ArmSpec] | None = None,
         kind: str = "sweep",
@@ -93,16 +93,14 @@ class SweepState:
         """The newest sweep of these profiles and cells (a finished one resumes to its
         compare)."""
         keys = [a.key for a in arms] if arms else None
-        candidates = sorted(Layout(root).sweeps_dir.glob("*.json"))
+        candidates = archive.sweep_states()
         for path in reversed(candidates):
             record = SweepRecord.load(path)
             if record.profiles != profiles or record.kind != kind:
                 continue
             if keys is None or [a["key"] for a in record.arms or []] == keys:
                 return cls(path, record)
-        raise UserError(
-            f"--resume: no {kind} of {','.join(profiles)} under {Layout(root).sweeps_dir}/"
-        )
+        raise UserError(f"--resume: no {kind} of {','.join(profiles)} under {archive.sweeps_dir}/")
 
     @property
     def sweep_id(self) -> str:
@@ -214,7 +212,7 @@ class _Cell:
 
     def archived_dir(self) -> Path | None:
         run_id = self.entry.run_id
-        path = Layout(self.request.archive_root).run_dir(self.host, str(run_id))
+        path = self.request.archive.run_dir(self.host, str(run_id))
         return path if run_id and (path / "manifest.json").exists() else None
 
     # -- resuming what an interruption left ---------------------------------------------
@@ -429,7 +427,7 @@ def check_arms(names: list[str], arms: list[ArmSpec]) -> None:
 
 
 def open_state(
-    root: Path,
+    archive: Archive,
     profiles: list[str],
     hosts: list[Host],
     levels: list[int],
@@ -439,8 +437,8 @@ def open_state(
 ) -> SweepState:
     """The latest sweep of these cells (--resume), or a new one."""
     if resume:
-        return SweepState.latest(root, profiles, arms, kind)
-    return SweepState.new(root, profiles, [h.name for h in hosts], levels, arms, kind)
+        return SweepState.latest(archive, profiles, arms, kind)
+    return SweepState.new(archive, profiles, [h.name for h in hosts], levels, arms, kind)
 
 
 def hosts_of(state: SweepState, selected: list[Host]) -> list[Host]:
@@ -448,6 +446,6 @@ def hosts_of(state: SweepState, selected: list[Host]) -> list[Host]:
     return [h for h in selected if h.name in state.record.hosts]
 
 
-def report_input(state: SweepState, root: Path) -> ReportInput:
+def report_input(state: SweepState, archive: Archive) -> ReportInput:
     """What the sweep's report shows: finished cells compared, failed cells listed."""
-    return select.report_for_sweep(root, state.path)
+    return select.report_for_sweep(archive, state.path)

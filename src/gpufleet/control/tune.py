@@ -41,7 +41,7 @@ from typing import Any, TypedDict
 import yaml
 
 from gpufleet.archive import store
-from gpufleet.archive.layout import Layout
+from gpufleet.archive.layout import Archive
 from gpufleet.archived import SweepRecord
 from gpufleet.control.arms import ArmSpec, profile_label
 from gpufleet.control.playbook import PLAYBOOKS, load_profile
@@ -50,8 +50,6 @@ from gpufleet.kinds import CellStatus
 from gpufleet.records import ResultRow
 from gpufleet.sim.speculation import capture_sizes, first_batch, padded
 
-DEFAULT_DEPTHS = (1, 2, 3, 5, 7)
-DEFAULT_LADDER = (1, 2, 4, 8, 16, 32, 64)
 MARGIN = 0.02  # within 2% of the best throughput, the shallowest depth is chosen
 SPEC_FLAGS = (
     "speculative-algorithm",
@@ -116,18 +114,6 @@ def depth_arms(profile: str, depths: list[int]) -> list[ArmSpec]:
         remove = ["speculative-adaptive", "speculative-adaptive-config"]
         arms.append(ArmSpec(profile, overrides, 1, f"{name}[depth={d}]", remove=remove))
     return arms
-
-
-def parse_depths(text: str | None) -> list[int]:
-    if not text:
-        return list(DEFAULT_DEPTHS)
-    try:
-        depths = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise UserError(f"--depths {text!r}: expected draft depths such as 1,2,3,5,7") from None
-    if not depths or depths[0] < 1 or depths[-1] > 16:
-        raise UserError(f"--depths {text!r}: each depth from 1 to 16 (0 is always measured)")
-    return depths
 
 
 @dataclass
@@ -371,7 +357,7 @@ def profile_capture_sizes(profile: str) -> list[int] | None:
 
 
 def rows_by_depth(
-    arms: list[ArmSpec], state: SweepRecord, root: Path
+    arms: list[ArmSpec], state: SweepRecord, archive: Archive
 ) -> dict[Any, dict[int, list[ResultRow]]]:
     """The finished cells' result rows: depth (or PLAIN, SKIP) -> concurrency -> rows."""
     out: dict[Any, dict[int, list[ResultRow]]] = {}
@@ -384,7 +370,7 @@ def rows_by_depth(
         for host, cell in state.cells[arm.key].items():
             if cell.status != CellStatus.DONE:
                 continue
-            for row in store.read_results(Layout(root).run_dir(host, str(cell.run_id))):
+            for row in store.read_results(archive.run_dir(host, str(cell.run_id))):
                 out.setdefault(depth, {}).setdefault(row.max_concurrency, []).append(row)
     return out
 

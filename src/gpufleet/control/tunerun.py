@@ -1,8 +1,9 @@
 """`inv tune` as one orchestration: measure every depth (a sweep), choose the table, write
 the tuned profile, verify it (a second sweep) and archive the tune record.
 
-The sweeps themselves are run by the caller's `Sweeper` (the CLI's, which owns Ctrl-C and
-progress printing), so this module holds the order of steps and the record, and no output.
+The sweeps themselves run through the caller's `Experiment` (control/experiment.py: hosts,
+Ctrl-C's token, the console), so this module holds the order of steps and the record, and
+no output.
 The record is saved once measured and again with the verification: a tune interrupted
 during its verification keeps its table (`--resume` finishes it).
 """
@@ -16,17 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.archive import select, store
-from gpufleet.archive.layout import Layout
+from gpufleet.archive.layout import Archive
 from gpufleet.archived import TuneRecord
 from gpufleet.control import tune as tuning
 from gpufleet.control import tunestep
 from gpufleet.control.arms import ArmSpec
-from gpufleet.control.bench import BenchRequest
+from gpufleet.control.benchrequest import BenchRequest
+from gpufleet.control.experiment import Experiment
 from gpufleet.control.sweep import SweepState
 from gpufleet.errors import UserError
-
-# (profiles, cells, kind, resume, what each cell runs) -> the finished sweep's state
-Sweeper = Callable[[list[str], list[ArmSpec], str, bool, BenchRequest], SweepState]
 
 
 def save_record(record: TuneRecord, path: Path) -> None:
@@ -68,14 +67,14 @@ def run(
     name: str | None,
     verify: bool,
     resume: bool,
-    sweep: Sweeper,
+    experiment: Experiment,
     on_chosen: Callable[[TuneOutcome], None] | None = None,
 ) -> TuneOutcome:
     """The whole tune; `on_chosen` sees the table as soon as it is written (before the
     verification sweep, which takes as long again)."""
-    root = request.archive_root
+    root = request.archive
     arms = tuning.depth_arms(profile, depths)
-    state = sweep([profile], arms, "tune", resume, request)
+    state = experiment.sweep([profile], arms, "tune", resume, request)
     result = tuning.choose(
         tuning.rows_by_depth(arms, state.record, root), floor,
         tuning.profile_capture_sizes(profile),
@@ -97,7 +96,7 @@ def run(
         tuned_profile=str(profile_path),
         launches=sum(len(cells) for cells in state.record.cells.values()),
     )
-    record_path = Layout(root).tune_record(record.tune_id)
+    record_path = root.tune_record(record.tune_id)
     save_record(record, record_path)
     outcome = TuneOutcome(result, config_path, profile_path, record, record_path)
     if on_chosen is not None:
@@ -107,7 +106,7 @@ def run(
     tuned = str(profile_path) if profile.endswith((".yaml", ".yml")) else profile_path.stem
     checks = tuning.verification_arms(profile, tuned)
     again = resume and _has_state(root, [profile, tuned], checks, "tune-verify")
-    check = sweep([profile, tuned], checks, "tune-verify", again, request)
+    check = experiment.sweep([profile, tuned], checks, "tune-verify", again, request)
     data = select.report_for_sweep(root, check.path)
     for host, host_arms in data.per_host.items():
         rows, sentence = tuning.verdict(host_arms)
@@ -118,7 +117,7 @@ def run(
             "sentence": sentence,
         }
     save_record(record, record_path)
-    _load_step(profile, tuned, checks, request, resume, sweep, outcome)
+    _load_step(profile, tuned, checks, request, resume, experiment, outcome)
     save_record(record, record_path)
     return outcome
 
@@ -129,19 +128,21 @@ def _load_step(
     checks: list[ArmSpec],
     request: BenchRequest,
     resume: bool,
-    sweep: Sweeper,
+    experiment: Experiment,
     outcome: TuneOutcome,
 ) -> None:
     """The verification's load step (low -> high -> low in one run per server) and bursty
     trace: per phase, the tuned server against that phase's better static, and its depth
     switches."""
-    root = request.archive_root
+    root = request.archive
     profiles = [profile, tuned]
     again = resume and _has_state(root, profiles, checks, "tune-step")
-    stepped = sweep(profiles, checks, "tune-step", again, tunestep.step_request(request))
-    trace = Layout(root).tune_burst_trace(outcome.record.tune_id)
+    step = tunestep.step_request(request)
+    stepped = experiment.sweep(profiles, checks, "tune-step", again, step)
+    trace = root.tune_burst_trace(outcome.record.tune_id)
     again = resume and _has_state(root, profiles, checks, "tune-burst")
-    burst = sweep(profiles, checks, "tune-burst", again, tunestep.burst_request(request, trace))
+    bursty = tunestep.burst_request(request, trace)
+    burst = experiment.sweep(profiles, checks, "tune-burst", again, bursty)
     labels = [arm.label for arm in checks]
     bursts = tunestep.step_rows(checks, burst.record, root)
     for host, by_arm in tunestep.step_rows(checks, stepped.record, root).items():
@@ -163,7 +164,7 @@ def _load_step(
         }
 
 
-def _has_state(root: Path, profiles: list[str], arms: list[ArmSpec], kind: str) -> bool:
+def _has_state(root: Archive, profiles: list[str], arms: list[ArmSpec], kind: str) -> bool:
     """Whether an earlier (interrupted) tune got as far as this sweep."""
     try:
         SweepState.latest(root, profiles, arms, kind)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpufleet.archive import store
-from gpufleet.archive.layout import Layout
+from gpufleet.archive.layout import Archive
 from gpufleet.archived import SweepRecord
 from gpufleet.control.arms import ArmSpec
 from gpufleet.control.benchrequest import BenchRequest, default_num_prompts
@@ -46,7 +46,7 @@ def step_request(request: BenchRequest) -> BenchRequest:
 
 
 def step_rows(
-    arms: list[ArmSpec], state: SweepRecord, root: Path
+    arms: list[ArmSpec], state: SweepRecord, archive: Archive
 ) -> dict[str, dict[str, list[ResultRow]]]:
     """host -> arm label -> the step's result rows in the order they ran (its phases)."""
     out: dict[str, dict[str, list[ResultRow]]] = {}
@@ -54,7 +54,7 @@ def step_rows(
         for host, cell in state.cells[arm.key].items():
             if cell.status != CellStatus.DONE:
                 continue
-            rows = store.read_results(Layout(root).run_dir(host, str(cell.run_id)))
+            rows = store.read_results(archive.run_dir(host, str(cell.run_id)))
             out.setdefault(host, {})[arm.label] = list(rows)
     return out
 

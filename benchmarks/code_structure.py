@@ -1,0 +1,106 @@
+"""The code's structure, measured the way issue 36 measured it (ast and grep, nothing run):
+`dict[str, Any]` annotations by package, option reads from a dict, functions over 60 lines
+in cli/ and control/, modules that build a path under the archive, and calls from control/
+up into cli/. Prints figures; tests/test_structure.py holds the ceilings.
+
+    python benchmarks/code_structure.py
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "gpufleet"
+ANY_DICT = re.compile(r"dict\[str,\s*Any\]")
+OPTION_READ = re.compile(r"\bo\[\"\w+\"\]")
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in SRC.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def package_of(path: Path) -> str:
+    rel = path.relative_to(SRC)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def any_dicts() -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for path in modules():
+        counts[package_of(path)] += len(ANY_DICT.findall(path.read_text()))
+    return counts
+
+
+def option_reads() -> int:
+    return sum(len(OPTION_READ.findall(p.read_text())) for p in (SRC / "cli").rglob("*.py"))
+
+
+def long_functions(limit: int = 60, packages: tuple[str, ...] = ("cli", "control")):
+    out = []
+    for path in modules():
+        if package_of(path) not in packages:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > limit:
+                    out.append((f"{path.relative_to(SRC)}:{node.name}", length))
+    return sorted(out, key=lambda item: -item[1])
+
+
+ARCHIVE_PATHS = re.compile(
+    r"Layout\(|Archive\((?!\))|\.root\s*/|Path\([\"']logs|/\s*[\"'](sweeps|tunes|findmax|"
+    r"compare|health)[\"']"
+)
+
+
+def archive_path_builders() -> list[str]:
+    """Modules outside archive/ that build a path under the archive root themselves (a
+    Layout, an Archive made from a root, `root / "sweeps"`, `Path("logs")`); a help text
+    naming logs/ and the host's own `logs/` in its workdir are not the archive."""
+    out = []
+    for path in modules():
+        if package_of(path) in ("archive", "host", "sim"):  # the host has no archive
+            continue
+        if ARCHIVE_PATHS.search(path.read_text()):
+            out.append(str(path.relative_to(SRC)))
+    return out
+
+
+def control_calls_into_cli() -> list[str]:
+    out = []
+    for path in modules():
+        if package_of(path) != "control":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpufleet.cli"):
+                out.append(f"{path.relative_to(SRC)} imports {node.module}")
+    return out
+
+
+def main() -> int:
+    dicts = any_dicts()
+    print(f"dict[str, Any] annotations: {sum(dicts.values())} "
+          f"({', '.join(f'{k} {v}' for k, v in dicts.most_common() if v)})")  # fmt: skip
+    print(f'option reads o["..."] in cli/: {option_reads()}')
+    long = long_functions()
+    print(f"functions over 60 lines in cli/ and control/: {len(long)}")
+    for name, length in long:
+        print(f"  {name}: {length}")
+    builders = archive_path_builders()
+    print(f"modules outside archive/ building archive paths: {len(builders)}")
+    for name in builders:
+        print(f"  {name}")
+    up = control_calls_into_cli()
+    print(f"control/ imports of cli/: {len(up)}")
+    for text in up:
+        print(f"  {text}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

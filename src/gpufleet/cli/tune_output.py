@@ -1,0 +1,73 @@
+"""What `inv tune` prints: the measured depths and the chosen table, then each host's
+verification (tuned vs no drafting vs static) and load-step verdicts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpufleet.cli.output import line, table
+
+
+def print_choice(outcome: Any) -> None:
+    """The measured output tok/s (and per-request tok/s) by depth, the chosen depth per load,
+    and the files written."""
+    from gpufleet.control import tune as tuning
+
+    result = outcome.result
+    columns = tuning.measured_columns(result.measured)
+
+    def cell(depth: int, concurrency: int) -> str:
+        figures = result.measured[depth].get(concurrency)
+        if figures is None:
+            return "-"
+        return f"{figures['output_throughput']:.0f} ({figures['per_request']:.1f})"
+
+    table(
+        "measured: output tok/s (per-request tok/s) by depth",
+        ["C", *(title for _, title in columns), "chosen"],
+        [
+            [str(ch.concurrency), *(cell(d, ch.concurrency) for d, _ in columns), str(ch.depth)]
+            for ch in result.choices
+        ],
+    )
+    for text in result.ranges:
+        line(f"tune: {text}")
+    for text in result.notes:
+        line(f"tune: note: {text}")
+    line(f"tune: wrote {outcome.config_path} {json.dumps(result.table)}")
+    line(f"tune: wrote {outcome.profile_path} (inv launch --profile {outcome.profile_path.stem})")
+
+
+def print_verdicts(outcome: Any) -> None:
+    """Per host: tuned against the better of no drafting and static, by load; then the load
+    step and bursts, phase by phase; then where the record is archived."""
+    for v in outcome.verdicts:
+        table(
+            f"{v.host}: tuned vs the better of no drafting and static speculation",
+            ["C", "wins", *(f"{a.label} req tok/s" for a in v.arms),
+             *(f"{a.label} tok/s" for a in v.arms), "tuned kept"],
+            [
+                [str(r.concurrency), r.winner,
+                 *(f"{x:.1f}" for x in r.per_request.values()),
+                 *(f"{x:.0f}" for x in r.throughput.values()), f"{r.kept:.0%}"]
+                for r in v.rows
+            ],
+        )  # fmt: skip
+        line(f"{v.host}: {v.sentence}")
+    for st in outcome.steps:
+        labels = list(st.phases[0].per_request) if st.phases else []
+        table(
+            f"{st.host}: load step and bursts, each phase against its better static",
+            ["phase", "C", "wins", *(f"{label} req tok/s" for label in labels),
+             *(f"{label} tok/s" for label in labels), "tuned kept", "depth switches"],
+            [
+                [p.phase, str(p.concurrency), p.winner,
+                 *(f"{x:.1f}" for x in p.per_request.values()),
+                 *(f"{x:.0f}" for x in p.throughput.values()), f"{p.kept:.0%}",
+                 "-" if p.switches is None else str(p.switches)]
+                for p in st.phases
+            ],
+        )  # fmt: skip
+        line(f"{st.host}: {st.sentence}")
+    line(f"tune: archived {outcome.record_path}")
