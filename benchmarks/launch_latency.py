@@ -23,9 +23,11 @@ import yaml
 from _fleet import BenchFleet
 
 from gpufleet.control import lifecycle as server
+from gpufleet.control.fleet import Fleet
 from gpufleet.control.inventory import load_inventory
 from gpufleet.control.playbook import load_profile
 from gpufleet.host import health as healthprobe
+from gpufleet.host.protocol import StopArgs
 from gpufleet.sim.sshd import free_port
 
 
@@ -76,7 +78,7 @@ def launch_round(fleet: BenchFleet, n: int) -> tuple[list[float], list[float]]:
             reported[host] = time.time()
 
     start = time.time()
-    results = server.launch(hosts, prof, server.LaunchOptions(), forks=32, progress=progress)
+    results = server.launch(Fleet(hosts, 32), prof, server.LaunchOptions(), progress=progress)
     end = time.time()
     for s in stops:
         s.set()
@@ -89,7 +91,7 @@ def launch_round(fleet: BenchFleet, n: int) -> tuple[list[float], list[float]]:
         started = datetime.fromisoformat(st["started_at"].replace("Z", "+00:00")).timestamp()
         lags.append(reported[res.host.name] - probes[i]["t"])
         overheads.append((end - start) - (probes[i]["t"] - started))
-    server.stop(hosts, None, None, 5, 30, forks=32)
+    server.stop(Fleet(hosts, 32), StopArgs(grace_s=5, timeout_s=30))
     return lags, overheads
 
 
@@ -111,7 +113,7 @@ def crash_lag(fleet: BenchFleet) -> float:
             sim={},
         )
     )
-    [res] = server.launch([host], prof, server.LaunchOptions(), forks=1)
+    [res] = server.launch(Fleet([host], 1), prof, server.LaunchOptions())
     reported = time.time()
     assert not res.ok and res.tail is not None
     return reported - float(marker.read_text())
@@ -120,13 +122,13 @@ def crash_lag(fleet: BenchFleet) -> float:
 def main() -> None:
     fleet = BenchFleet(hosts=8, sshds=1, max_startups="100:30:200")
     try:
+        everyone = Fleet(load_inventory(fleet.inventory).select(None), 32)
         server.launch(
-            load_inventory(fleet.inventory).select(None),
+            everyone,
             load_profile(profile(fleet.root, "warm", sim={"load-seconds": 0.1})),
             server.LaunchOptions(),
-            32,
         )
-        server.stop(load_inventory(fleet.inventory).select(None), None, None, 5, 30, 32)
+        server.stop(everyone, StopArgs(grace_s=5, timeout_s=30))
         for n in (1, 8):
             lags, overheads = launch_round(fleet, n)
             print(

@@ -26,6 +26,7 @@ from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
 from gpufleet.control import sweep as sw
 from gpufleet.control.benchrequest import BenchRequest
+from gpufleet.control.fleet import Fleet
 from gpufleet.control.inventory import load_inventory
 from gpufleet.control.launchoptions import LaunchOptions
 
@@ -56,7 +57,7 @@ def one(n_hosts: int) -> None:
             archive, ["baseline", "eagle3"], [h.name for h in hosts], [1, 10, 64]
         )
         start = time.monotonic()
-        sw.run(state, hosts, request, LaunchOptions(engine="sim"), False, 32, lambda _: None)
+        sw.run(state, Fleet(hosts), request, LaunchOptions(engine="sim"), False, lambda _: None)
         wall = time.monotonic() - start
         assert state.record.status == "done", state.record
         load = bench = 0.0

@@ -73,15 +73,12 @@ def test_the_resume_line_repeats_what_the_task_was_given():
     from gpufleet.cli.experiments import LEFT_OUT, resume_command
     from gpufleet.cli.tasksets import SWEEP, TUNE
 
-    class Inv:
-        source = "hosts/x.yaml"
-
     args = {"profiles": "a,b", "concurrency": ["1,10", "64"], "flush": False,
             "grid": ["speculative-num-steps=1,3", "speculative-eagle-topk=1,4"],
             "prompts": None, "resume": False, "hosts": "h0", "seed": "7",
             "slo": "ttft_ms=500,tpot_ms=50", "archive": "/tmp/a b"}  # fmt: skip
     words = SWEEP.given(SWEEP.parse(args), LEFT_OUT)
-    line = resume_command(["inv", "sweep"], words)(Inv(), ["h0"])
+    line = resume_command(["inv", "sweep"], words)("hosts/x.yaml", ["h0"])
     assert line == (
         "inv sweep --profiles a,b --concurrency 1,10,64 --seed 7 --slo ttft_ms=500,tpot_ms=50 "
         "--no-flush --archive '/tmp/a b' --grid speculative-num-steps=1,3 "

@@ -6,6 +6,7 @@ import os
 import subprocess
 
 from gpufleet.control import gpuclean as gpu
+from gpufleet.control.fleet import Fleet
 from gpufleet.control.inventory import load_inventory
 from gpufleet.host.protocol import SysinfoArgs
 from gpufleet.sim import gpustate
@@ -82,7 +83,7 @@ def test_sigterm_ignored_escalates_to_sigkill(fleet):
     proc, pids = fleet.hold("h2", "--gpu", "7", "--mib", "100", "--ignore-sigterm")
     try:
         inv = load_inventory(fleet.inventory)
-        results = gpu.clean(inv.select("h2"), gpu.CleanOptions(grace_s=0.5), forks=4)
+        results = gpu.clean(Fleet(inv.select("h2"), 4), gpu.CleanOptions(grace_s=0.5))
         assert results[0].ok, results[0].error
         killed = {k.pid: k.signal for k in results[0].value.killed}
         assert killed == {pids[0]: "SIGKILL after 0.5s"}  # the table says it took SIGKILL

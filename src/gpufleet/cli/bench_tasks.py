@@ -38,23 +38,22 @@ def bench(c, **given):
             raise Exit(f"gpufleet: run archived as FAILED: {value.reason}", code=1)
         return
     fleet = select_hosts(o)
-    selected, forks = fleet.hosts, fleet.forks
     if o.find_max:
-        _find_max(request, selected, forks, o)
+        _find_max(request, fleet, o)
         return
     if attach and not re.match(r"^[0-9]{8}T[0-9]{6}Z-[A-Za-z0-9_.-]+$", attach):
         raise UserError(
             f"--attach {attach!r}: expected a run id such as 20261129T101500Z-eagle3-1a2b3c"
         )
-    run_id = attach or bench_control.fresh_run_id(request, selected, forks)
+    run_id = attach or bench_control.fresh_run_id(request, fleet)
     try:
         now = report_lost_hosts_at_once
         if attach:
-            results = bench_control.attach(selected, attach, request, forks, bench_progress(), now)
+            results = bench_control.attach(fleet, attach, request, bench_progress(), now)
         else:
-            results = bench_control.bench(selected, request, run_id, forks, bench_progress(), now)
+            results = bench_control.bench(fleet, request, run_id, bench_progress(), now)
     except KeyboardInterrupt:
-        hint = bench_control.attach_hint(run_id, selected)
+        hint = bench_control.attach_hint(run_id, fleet.hosts)
         raise Exit(
             f"gpufleet: interrupted; the benchmark goes on on the hosts: fetch it with `{hint}`",
             code=130,
@@ -63,7 +62,7 @@ def bench(c, **given):
     finish(results, with_tail=True)
 
 
-def _find_max(request, selected, forks, o):
+def _find_max(request, fleet, o):
     """`inv bench --find-max`: the search per host, its answer, the exit code."""
     from gpufleet.cli.output import line
     from gpufleet.cli.progress import bench_progress
@@ -72,7 +71,7 @@ def _find_max(request, selected, forks, o):
 
     limit = o.max_load or FIND_MAX_LIMIT[o.by]
     results = findmax.find_max(
-        selected, request, o.by, o.target, limit, o.max_probes, forks, bench_progress()
+        fleet, request, o.by, o.target, limit, o.max_probes, bench_progress()
     )
     for res in results:
         if res.ok and res.value:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import invoke
@@ -67,28 +66,24 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def finish(results: list[Any], with_tail: bool = False, report: bool = True) -> None:
-    """Print each failed host's line (and server log tail); exit 1 if any host failed."""
-    from gpufleet.cli.output import exit_code, print_failures
+def finish(results: Any, with_tail: bool = False, report: bool = True) -> None:
+    """Print each host's warnings and each failed host's line (and server log tail) on
+    stderr; exit 1 if any host failed (a FleetResult, control/fanout.py)."""
+    import sys
+
+    from gpufleet.cli.output import line
 
     if report:
-        print_failures(results, with_tail)
-    code, message = exit_code(results)
-    if code:
-        raise Exit(message, code=code)
+        for text in results.report(with_tail):
+            line(text, sys.stderr)
+    if results.exit_code():
+        raise Exit(f"gpufleet: {results.summary()}", code=results.exit_code())
 
 
-@dataclass(frozen=True)
-class Selection:
-    """The hosts a task acts on, their inventory and how many at once."""
-
-    inventory: Any
-    hosts: list[Any]
-    forks: int
-
-
-def select_hosts(options: Any) -> Selection:
-    """The hosts that parsed fleet options (--inventory, --hosts, --forks) choose."""
+def select_hosts(options: Any) -> Any:
+    """The Fleet (control/fleet.py) that parsed options choose: --inventory, --hosts (or
+    `healthy[:NAMES]`), --forks."""
+    from gpufleet.control.fleet import Fleet
     from gpufleet.control.inventory import load_inventory
 
     inv = load_inventory(options.inventory)
@@ -107,4 +102,4 @@ def select_hosts(options: Any) -> Selection:
         from gpufleet.errors import UserError
 
         raise UserError(f"{inv.source}: no hosts selected")
-    return Selection(inv, selected, getattr(options, "forks", 0) or inv.forks)
+    return Fleet(selected, getattr(options, "forks", 0) or inv.forks, inv.source)

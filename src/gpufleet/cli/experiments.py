@@ -18,13 +18,13 @@ from gpufleet.cli.compare_tasks import show_compare
 LEFT_OUT = ("resume", "dry_run", "hosts", "inventory")  # the resume line sets these
 
 
-def resume_command(base: list[str], words: list[str]) -> Callable[[Any, list[str]], str]:
+def resume_command(base: list[str], words: list[str]) -> Callable[[str, list[str]], str]:
     """Build the pasteable `--resume` line: the task's options as given (OptionSet.given),
     its inventory and hosts."""
     import shlex
 
-    def command(inv: Any, hosts: list[str]) -> str:
-        tail = ["--inventory", inv.source, "--hosts", ",".join(hosts), "--resume"]
+    def command(inventory: str, hosts: list[str]) -> str:
+        tail = ["--inventory", inventory, "--hosts", ",".join(hosts), "--resume"]
         return shlex.join([*base, *words, *tail])
 
     return command
@@ -58,7 +58,7 @@ def ctrl_c_stops(cancel: Any, hint: Callable[[], str]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def experiment(
-    o: Any, command: Callable[[Any, list[str]], str], launch: Any, fail_fast: bool = False
+    o: Any, command: Callable[[str, list[str]], str], launch: Any, fail_fast: bool = False
 ) -> Iterator[Any]:
     """The Experiment a task's sweeps run in, on the hosts its options select, printing
     through the CLI; a sweep left unfinished exits 130 (interrupted) or 1 (failed cells),
@@ -71,11 +71,10 @@ def experiment(
     opened: list[Any] = []
     shown = lambda data, out_dir: show_compare(data, "table", out_dir)  # noqa: E731
     console = Console(line, shown, launch_progress(), bench_progress(), opened.append)
-    exp = Experiment(fleet.hosts, fleet.forks, console, launch, fail_fast)
+    exp = Experiment(fleet, console, launch, fail_fast)
 
     def hint() -> str:
-        hosts = opened[-1].record.hosts if opened else [h.name for h in fleet.hosts]
-        return command(fleet.inventory, hosts)
+        return command(fleet.source, opened[-1].record.hosts if opened else fleet.names)
 
     with ctrl_c_stops(exp.cancel, hint):
         try:

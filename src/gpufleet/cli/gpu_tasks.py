@@ -18,7 +18,7 @@ def gpu_clean(c, **given):
     options = CLEAN.request(o)
     gpuclean.check_patterns(options.patterns)
     fleet = select_hosts(o)
-    results = gpuclean.clean(fleet.hosts, options, fleet.forks)
+    results = gpuclean.clean(fleet, options)
     if o.json:
         print(_json.dumps(gpu_output.clean_json(results), indent=2))
     else:
@@ -34,7 +34,7 @@ def status(c, **given):
 
     o = STATUS.parse(given)
     fleet = select_hosts(o)
-    results = gpuclean.status(fleet.hosts, fleet.forks)
+    results = gpuclean.status(fleet)
     if o.json:
         print(_json.dumps(gpu_output.status_json(results), indent=2))
     else:
@@ -45,11 +45,10 @@ def status(c, **given):
 @SYSINFO.task()
 def sysinfo(c, **given):
     """Driver, CUDA, GPU names and UUIDs, Python and package versions per host (JSON)."""
-    from gpufleet.control.fanout import run_on_hosts
     from gpufleet.host.protocol import SysinfoArgs
 
     fleet = select_hosts(SYSINFO.parse(given))
-    results = run_on_hosts(fleet.hosts, lambda s: s.call(SysinfoArgs()), forks=fleet.forks)
+    results = fleet.call(SysinfoArgs())
     out = {
         r.host.name: (r.value.to_wire() if r.ok and r.value is not None else {"error": r.error})
         for r in results

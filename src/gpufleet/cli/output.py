@@ -46,38 +46,12 @@ def line(text: str, stream: TextIO | None = None) -> None:
     print(text, file=stream or sys.stdout, flush=True)
 
 
-def print_failures(results: list[Any], with_tail: bool = False) -> None:
-    """`host: FAILED: why` on stderr for each failed host, and the server log's tail;
-    before them, each host's warnings about itself (a python other users can change)."""
-    for res in results:
-        for warning in getattr(res, "warnings", []):
-            line(f"{res.host.name}: warning: {warning}", sys.stderr)
-    for res in results:
-        if res.ok or res.reported:
-            continue
-        line(f"{res.host.name}: FAILED: {res.error}", sys.stderr)
-        if with_tail and res.tail:
-            line(
-                f"--- {res.host.name}: last {len(res.tail)} lines of the server log ---", sys.stderr
-            )
-            for text in res.tail:
-                line(f"{res.host.name}| {text}", sys.stderr)
-
-
 def report_lost_hosts_at_once(res: Any) -> None:
     """A host lost mid-run is said the moment it happens (with its resume hint), not after
     the other hosts finish."""
     if not res.ok and res.kind == Kind.CONNECTION:
         line(f"{res.host.name}: FAILED: {res.error}", sys.stderr)
         res.reported = True
-
-
-def exit_code(results: list[Any]) -> tuple[int, str]:
-    """(0, "") when every host succeeded, else (1, "N of M host(s) failed")."""
-    failed = sum(1 for r in results if not r.ok)
-    if failed:
-        return 1, f"gpufleet: {failed} of {len(results)} host(s) failed"
-    return 0, ""
 
 
 def print_runs(results: list[Any]) -> None:

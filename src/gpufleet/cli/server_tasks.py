@@ -37,9 +37,9 @@ def launch(c, **given):
     fleet = select_hosts(o)
     options = LAUNCH.request(o)
     if o.dry_run:
-        _print_dry_run(lifecycle.dry_run(fleet.hosts, prof, options, fleet.forks))
+        _print_dry_run(lifecycle.dry_run(fleet, prof, options))
         return
-    results = lifecycle.launch(fleet.hosts, prof, options, fleet.forks, launch_progress())
+    results = lifecycle.launch(fleet, prof, options, launch_progress())
     for res in results:
         if res.ok and res.value is not None:
             st = res.value.state
@@ -55,6 +55,7 @@ def _print_dry_run(checked):
     import shlex
 
     from gpufleet.cli.output import line
+    from gpufleet.control.fanout import FleetResult
     from gpufleet.host.redact import redact_env
 
     for spec, res in checked:
@@ -71,7 +72,7 @@ def _print_dry_run(checked):
         for warning in res.value.warnings:
             line(f"{name}: warning: {warning}")
     line("dry run: nothing started")
-    finish([res for _, res in checked])
+    finish(FleetResult(res for _, res in checked))
 
 
 @WAIT.task()
@@ -85,7 +86,7 @@ def wait(c, **given):
     o = WAIT.parse(given)
     port_number = o.port or (load_profile(o.profile).port if o.profile else 30000)
     fleet = select_hosts(o)
-    results = lifecycle.wait(fleet.hosts, port_number, o.timeout, fleet.forks, launch_progress())
+    results = lifecycle.wait(fleet, port_number, o.timeout, launch_progress())
     for res in results:
         if res.ok:
             line(f"{res.host.name}: READY port {port_number} ({res.value.elapsed_s:.1f}s)")
@@ -100,7 +101,7 @@ def stop(c, **given):
 
     o = STOP.parse(given)
     fleet = select_hosts(o)
-    results = lifecycle.stop(fleet.hosts, o.profile, o.port, o.grace, o.timeout, fleet.forks)
+    results = lifecycle.stop(fleet, STOP.request(o))
     for res in results:
         if res.ok:
             answer = res.value
@@ -127,11 +128,9 @@ def logs(c, **given):
 
     o = LOGS.parse(given)
     follow = o.follow
-    fleet = select_hosts(o)
     results = lifecycle.logs(
-        fleet.hosts, o.profile, o.port, o.lines, follow, fleet.forks,
-        launch_progress() if follow else None,
-    )  # fmt: skip
+        select_hosts(o), LOGS.request(o), launch_progress() if follow else None
+    )
     for res in results:
         if res.ok and not follow:
             line(f"--- {res.host.name}: {res.value['log']} ---")

@@ -22,7 +22,8 @@ from gpufleet.control import prompts as prompt_sets
 from gpufleet.control import workloads
 from gpufleet.control.benchrequest import BenchRequest
 from gpufleet.control.cancel import SLICE_S, CancelToken
-from gpufleet.control.fanout import HostResult, run_on_hosts
+from gpufleet.control.fanout import FleetResult, HostResult
+from gpufleet.control.fleet import Fleet
 from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Progress, Session, host_events
 from gpufleet.errors import UserError
@@ -64,7 +65,7 @@ def make_run_id(request: BenchRequest, hosts: list[str], served: str | None = No
     return f"{stamp}-{label}-{digest.hexdigest()[:6]}"
 
 
-def served_profile(hosts: list[Host], request: BenchRequest, forks: int) -> str | None:
+def served_profile(fleet: Fleet, request: BenchRequest) -> str | None:
     """The profile of the server a bench without --profile will measure, as the host will
     pick it (alive, on --port if given, the latest started), when every host runs the same
     one; None when they differ, run none or cannot say (the bench itself reports that)."""
@@ -76,16 +77,15 @@ def served_profile(hosts: list[Host], request: BenchRequest, forks: int) -> str 
         alive = [s for s in servers if s.alive and request.port in (None, s.port)]
         return max(alive, key=lambda s: s.started_at).profile if alive else None
 
-    names = {res.value if res.ok else None for res in run_on_hosts(hosts, picked, forks=forks)}
+    names = {res.value if res.ok else None for res in fleet.each(picked)}
     return names.pop() if len(names) == 1 else None
 
 
-def fresh_run_id(request: BenchRequest, hosts: list[Host], forks: int) -> str:
+def fresh_run_id(request: BenchRequest, fleet: Fleet) -> str:
     """A new run's id, named after the profile asked for or the one the hosts serve; bad
     input is refused first, before any host is asked."""
     build_plan(request, "check")
-    served = served_profile(hosts, request, forks)
-    return make_run_id(request, [h.name for h in hosts], served)
+    return make_run_id(request, fleet.names, served_profile(fleet, request))
 
 
 def _rows(
@@ -280,37 +280,28 @@ def bench_on(
 
 
 def bench(
-    hosts: list[Host],
+    fleet: Fleet,
     request: BenchRequest,
     run_id: str,
-    forks: int,
     progress: Progress | None = None,
     on_done: Callable[[HostResult[ArchivedRun]], None] | None = None,
-) -> list[HostResult[ArchivedRun]]:
+) -> FleetResult[ArchivedRun]:
     """Run one benchmark (run id from make_run_id) on every host and archive it per host."""
     build_plan(request, run_id)  # bad input fails here, before any host is touched
-    results = run_on_hosts(
-        hosts, lambda s: bench_on(s, request, run_id, progress), forks=forks, on_done=on_done
-    )
-    return _fail_unfinished(results)
+    return _fail_unfinished(fleet.each(lambda s: bench_on(s, request, run_id, progress), on_done))
 
 
 def attach(
-    hosts: list[Host],
+    fleet: Fleet,
     run_id: str,
     request: BenchRequest,
-    forks: int,
     progress: Progress | None = None,
     on_done: Callable[[HostResult[ArchivedRun]], None] | None = None,
-) -> list[HostResult[ArchivedRun]]:
-    return _fail_unfinished(
-        run_on_hosts(
-            hosts, lambda s: fetch(s, run_id, request, progress), forks=forks, on_done=on_done
-        )
-    )
+) -> FleetResult[ArchivedRun]:
+    return _fail_unfinished(fleet.each(lambda s: fetch(s, run_id, request, progress), on_done))
 
 
-def _fail_unfinished(results: list[HostResult[ArchivedRun]]) -> list[HostResult[ArchivedRun]]:
+def _fail_unfinished(results: FleetResult[ArchivedRun]) -> FleetResult[ArchivedRun]:
     """A run archived as failed fails its host (the archive and its table are kept)."""
     for res in results:
         if res.ok and res.value is not None and not res.value.done:

@@ -18,7 +18,7 @@ from gpufleet.control import sweep as sweeps
 from gpufleet.control.arms import ArmSpec
 from gpufleet.control.benchrequest import BenchRequest
 from gpufleet.control.cancel import CancelToken
-from gpufleet.control.inventory import Host
+from gpufleet.control.fleet import Fleet
 from gpufleet.control.launchoptions import LaunchOptions
 from gpufleet.kinds import SweepStatus
 
@@ -52,8 +52,7 @@ class SweepUnfinished(Exception):
 class Experiment:
     """Where an experiment's sweeps run and how they report."""
 
-    hosts: list[Host]
-    forks: int
+    fleet: Fleet
     console: Console
     launch: LaunchOptions = field(default_factory=LaunchOptions)
     fail_fast: bool = False
@@ -72,14 +71,14 @@ class Experiment:
         sweeps.check_arms(profiles, arms)  # a bad profile or flag fails before anything starts
         root = request.archive
         state = sweeps.open_state(
-            root, profiles, self.hosts, request.concurrency, resume, arms, kind
+            root, profiles, self.fleet.hosts, request.concurrency, resume, arms, kind
         )
         self.console.opened(state)
         if resume:
             self.console.line(f"resuming sweep {state.sweep_id} ({state.record.status})")
         state = sweeps.run(
-            state, sweeps.hosts_of(state, self.hosts), request, self.launch, self.fail_fast,
-            self.forks, self.console.line, self.console.launch_progress,
+            state, sweeps.hosts_of(state, self.fleet), request, self.launch, self.fail_fast,
+            self.console.line, self.console.launch_progress,
             self.console.bench_progress, self.cancel,
         )  # fmt: skip
         data = sweeps.report_input(state, root)

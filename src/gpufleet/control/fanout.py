@@ -1,7 +1,7 @@
 """Run one function per host in parallel, bounded like Ansible's forks.
 
 Each host gets its own HostResult; an exception on one host is captured there and never
-stops or hides the others. The caller decides the exit code from `any_failed`.
+stops or hides the others. The caller decides the exit code from the FleetResult.
 Workers are daemon threads: when the user aborts (Ctrl-C), the CLI exits at once instead
 of waiting for hosts whose work goes on detached anyway (servers, benchmark runners).
 """
@@ -40,12 +40,69 @@ class HostResult(Generic[T]):
         return self.error is None
 
 
+class FleetResult(list[HostResult[T]]):
+    """Every host's result in inventory order (Fabric's GroupResult): which failed, the
+    exit code a task ends with, and what to say about the failures."""
+
+    @property
+    def failed(self) -> list[HostResult[T]]:
+        return [r for r in self if not r.ok]
+
+    def exit_code(self) -> int:
+        """0 when every host succeeded, else 1."""
+        return 1 if self.failed else 0
+
+    def summary(self) -> str:
+        """ "N of M host(s) failed", or "" when none did."""
+        return f"{len(self.failed)} of {len(self)} host(s) failed" if self.failed else ""
+
+    def report(self, with_tail: bool = False) -> list[str]:
+        """Each host's warnings about itself, then `host: FAILED: why` for each failed host
+        not already said, with its server log's tail when asked."""
+        lines = [f"{r.host.name}: warning: {w}" for r in self for w in r.warnings]
+        for res in self.failed:
+            if res.reported:
+                continue
+            lines.append(f"{res.host.name}: FAILED: {res.error}")
+            if with_tail and res.tail:
+                lines.append(
+                    f"--- {res.host.name}: last {len(res.tail)} lines of the server log ---"
+                )
+                lines += [f"{res.host.name}| {text}" for text in res.tail]
+        return lines
+
+
+def _run_one(host: Host, work: Callable[[Session], T], pool: Any) -> HostResult[T]:
+    """`work` on one host's session; whatever goes wrong is kept in its result."""
+    session: Session | None = None
+    try:
+        session = pool.take(host) if pool else open_session(host)
+        result = HostResult(host, value=work(session))
+    except HostError as exc:
+        result = HostResult(host, error=str(exc), kind=exc.kind, tail=exc.tail)
+    except Cancelled as exc:
+        result = HostResult(host, error=f"interrupted while {exc}", kind=Kind.CANCELLED)
+    except UserError as exc:
+        result = HostResult(host, error=str(exc), kind=Kind.BAD_INPUT)
+    except Exception as exc:  # a bug: keep it on this host, with enough to report it
+        detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        result = HostResult(host, error=f"internal error: {detail}", kind=Kind.CRASH)
+    finally:
+        if session is not None and pool is not None:
+            pool.give_back(session)
+        elif session is not None:
+            sessionpool.close_quietly(session)
+    if session is not None:
+        result.warnings = sorted(session.warnings)
+    return result
+
+
 def run_on_hosts(
     hosts: Iterable[Host],
     work: Callable[[Session], T],
     forks: int = 32,
     on_done: Callable[[HostResult[T]], None] | None = None,
-) -> list[HostResult[T]]:
+) -> FleetResult[T]:
     """Run `work(session)` on each host's session; results in inventory order.
 
     Inside a task (sessionpool.for_task) the session stays open for the task's next round;
@@ -54,32 +111,7 @@ def run_on_hosts(
     `on_done` sees each host's result as soon as that host finishes (e.g. to say at once
     that a host was lost, with its resume hint, while the others go on)."""
     hosts = list(hosts)
-
     pool = sessionpool.current()
-
-    def one(host: Host) -> HostResult[T]:
-        session: Session | None = None
-        try:
-            session = pool.take(host) if pool else open_session(host)
-            result = HostResult(host, value=work(session))
-        except HostError as exc:
-            result = HostResult(host, error=str(exc), kind=exc.kind, tail=exc.tail)
-        except Cancelled as exc:
-            result = HostResult(host, error=f"interrupted while {exc}", kind=Kind.CANCELLED)
-        except UserError as exc:
-            result = HostResult(host, error=str(exc), kind=Kind.BAD_INPUT)
-        except Exception as exc:  # a bug: keep it on this host, with enough to report it
-            detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            result = HostResult(host, error=f"internal error: {detail}", kind=Kind.CRASH)
-        finally:
-            if session is not None and pool is not None:
-                pool.give_back(session)
-            elif session is not None:
-                sessionpool.close_quietly(session)
-        if session is not None:
-            result.warnings = sorted(session.warnings)
-        return result
-
     results: list[HostResult[T] | None] = [None] * len(hosts)
     todo: queue.SimpleQueue[int] = queue.SimpleQueue()
     for index in range(len(hosts)):
@@ -91,7 +123,7 @@ def run_on_hosts(
                 index = todo.get_nowait()
             except queue.Empty:
                 return
-            results[index] = result = one(hosts[index])
+            results[index] = result = _run_one(hosts[index], work, pool)
             if on_done is not None:
                 on_done(result)
 
@@ -103,8 +135,4 @@ def run_on_hosts(
         thread.start()
     for thread in threads:
         thread.join()  # interruptible: Ctrl-C reaches the main thread here
-    return [r for r in results if r is not None]
-
-
-def any_failed(results: Iterable[HostResult[Any]]) -> bool:
-    return any(not r.ok for r in results)
+    return FleetResult(r for r in results if r is not None)

@@ -22,8 +22,8 @@ from gpufleet.archived import FindMaxRecord
 from gpufleet.archived import ProbeRecord as Probe
 from gpufleet.control import bench as benchrun
 from gpufleet.control.benchrequest import MAX_PROMPTS
-from gpufleet.control.fanout import HostResult, run_on_hosts
-from gpufleet.control.inventory import Host
+from gpufleet.control.fanout import FleetResult
+from gpufleet.control.fleet import Fleet
 from gpufleet.control.transport import Session
 from gpufleet.errors import UserError
 
@@ -124,15 +124,14 @@ def find_on(
 
 
 def find_max(
-    hosts: list[Host],
+    fleet: Fleet,
     request: benchrun.BenchRequest,
     by: str,
     target: float,
     limit: float,
     max_probes: int,
-    forks: int,
     progress: Any = None,
-) -> list[HostResult[tuple[FindMaxRecord, Path]]]:
+) -> FleetResult[tuple[FindMaxRecord, Path]]:
     """Search every host in parallel; each host's answer is archived as
     `<archive>/findmax/<host>/<stamp>-<profile>.json`."""
     if not request.slo:
@@ -151,4 +150,4 @@ def find_max(
         store.write_private_file(path, answer.to_json().encode())
         return answer, path
 
-    return run_on_hosts(hosts, on_host, forks=forks)
+    return fleet.each(on_host)

@@ -8,7 +8,8 @@ from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
 from gpufleet.archived import HealthRecord
 from gpufleet.control.cleanoptions import CleanOptions
-from gpufleet.control.fanout import HostResult, run_on_hosts
+from gpufleet.control.fanout import FleetResult
+from gpufleet.control.fleet import Fleet
 from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Session
 from gpufleet.errors import HostError, UserError
@@ -43,9 +44,9 @@ def clean_on(session: Session, options: CleanOptions) -> CleanAnswer:
 
 
 def clean(
-    hosts: list[Host], options: CleanOptions, forks: int, archive: Archive | None = None
-) -> list[HostResult[CleanAnswer]]:
-    results = run_on_hosts(hosts, lambda s: clean_on(s, options), forks=forks)
+    fleet: Fleet, options: CleanOptions, archive: Archive | None = None
+) -> FleetResult[CleanAnswer]:
+    results = fleet.each(lambda s: clean_on(s, options))
     for res in results:
         if res.value is not None:
             record_health(res.host.name, res.value.gpus, archive)
@@ -109,5 +110,5 @@ def status_on(session: Session) -> StatusAnswer:
         raise _driver_message(exc, session.host) from None
 
 
-def status(hosts: list[Host], forks: int) -> list[HostResult[StatusAnswer]]:
-    return run_on_hosts(hosts, status_on, forks=forks)
+def status(fleet: Fleet) -> FleetResult[StatusAnswer]:
+    return fleet.each(status_on)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpufleet.control.cancel import SLICE_S, CancelToken
-from gpufleet.control.fanout import HostResult, run_on_hosts
-from gpufleet.control.inventory import Host
+from gpufleet.control.fanout import FleetResult, HostResult
+from gpufleet.control.fleet import Fleet
 from gpufleet.control.launchoptions import LaunchOptions
 from gpufleet.control.playbook import Profile, build_specs
 from gpufleet.control.transport import Progress, Session, host_events
@@ -113,24 +113,18 @@ def launch_on(
 
 
 def launch(
-    hosts: list[Host],
-    profile: Profile,
-    options: LaunchOptions,
-    forks: int,
-    progress: Progress | None = None,
-) -> list[HostResult[Launched]]:
-    specs = {host.name: spec for host, spec in build_specs(profile, hosts, options.engine)}
-    return run_on_hosts(
-        hosts, lambda s: launch_on(s, specs[s.host.name], options, progress), forks=forks
-    )
+    fleet: Fleet, profile: Profile, options: LaunchOptions, progress: Progress | None = None
+) -> FleetResult[Launched]:
+    specs = {host.name: spec for host, spec in build_specs(profile, fleet.hosts, options.engine)}
+    return fleet.each(lambda s: launch_on(s, specs[s.host.name], options, progress))
 
 
 def dry_run(
-    hosts: list[Host], profile: Profile, options: LaunchOptions, forks: int
+    fleet: Fleet, profile: Profile, options: LaunchOptions
 ) -> list[tuple[LaunchSpec, HostResult[LaunchAnswer]]]:
     """Each host's preflight without a launch: the argv that would run there (the engine's
     flag renames on that host applied, secrets hidden), its notes and refusals."""
-    specs = {host.name: spec for host, spec in build_specs(profile, hosts, options.engine)}
+    specs = {host.name: spec for host, spec in build_specs(profile, fleet.hosts, options.engine)}
 
     def one(session: Session) -> LaunchAnswer:
         args = LaunchArgs(
@@ -142,7 +136,7 @@ def dry_run(
         )
         return session.call(args, timeout=600)
 
-    results = run_on_hosts(hosts, one, forks=forks)
+    results = fleet.each(one)
     for res in results:
         if res.ok and res.value is not None and res.value.errors:
             res.error = "preflight would refuse the launch: " + "; ".join(res.value.errors)
@@ -151,28 +145,17 @@ def dry_run(
 
 
 def wait(
-    hosts: list[Host],
-    port: int,
-    timeout_s: float | None,
-    forks: int,
-    progress: Progress | None = None,
-) -> list[HostResult[WaitReadyAnswer]]:
-    return run_on_hosts(hosts, lambda s: wait_on(s, port, timeout_s, progress), forks=forks)
+    fleet: Fleet, port: int, timeout_s: float | None, progress: Progress | None = None
+) -> FleetResult[WaitReadyAnswer]:
+    return fleet.each(lambda s: wait_on(s, port, timeout_s, progress))
 
 
-def stop(
-    hosts: list[Host],
-    profile: str | None,
-    port: int | None,
-    grace_s: float,
-    timeout_s: float,
-    forks: int,
-) -> list[HostResult[StopAnswer]]:
+def stop(fleet: Fleet, args: StopArgs) -> FleetResult[StopAnswer]:
+    """Stop the servers `args` names on every host; a host whose GPUs are not clean after
+    fails (NOT_CLEAN)."""
+
     def one(session: Session) -> StopAnswer:
-        result: StopAnswer = session.call(
-            StopArgs(profile=profile, port=port, grace_s=grace_s, timeout_s=timeout_s),
-            timeout=grace_s + timeout_s + 60,
-        )
+        result: StopAnswer = session.call(args, timeout=args.grace_s + args.timeout_s + 60)
         verify = result.verify
         if verify and not verify.clean:
             dirty = dirty_gpus(verify.gpus)
@@ -181,21 +164,10 @@ def stop(
             )
         return result
 
-    return run_on_hosts(hosts, one, forks=forks)
+    return fleet.each(one)
 
 
-def logs(
-    hosts: list[Host],
-    profile: str | None,
-    port: int | None,
-    lines: int,
-    follow: bool,
-    forks: int,
-    progress: Progress | None = None,
-) -> list[HostResult[dict]]:
-    args = LogsArgs(profile=profile, port=port, lines=lines, follow=follow)
-    return run_on_hosts(
-        hosts,
-        lambda s: s.call(args, on_event=host_events(s.host.name, progress)),
-        forks=forks,
-    )
+def logs(fleet: Fleet, args: LogsArgs, progress: Progress | None = None) -> FleetResult[dict]:
+    """The server log's tail on every host (`args.follow`: new lines as events, until
+    Ctrl-C)."""
+    return fleet.each(lambda s: s.call(args, on_event=host_events(s.host.name, progress)))

@@ -30,7 +30,7 @@ from gpufleet.control import bench as benchrun
 from gpufleet.control import lifecycle as server
 from gpufleet.control.arms import ArmSpec, profile_label
 from gpufleet.control.cancel import Cancelled, CancelToken
-from gpufleet.control.fanout import run_on_hosts
+from gpufleet.control.fleet import Fleet
 from gpufleet.control.gpuclean import CleanOptions, clean_on, verdict_lines
 from gpufleet.control.inventory import Host
 from gpufleet.control.playbook import build_specs
@@ -361,11 +361,10 @@ def _record(state: SweepState, name: str, res: Any) -> bool:
 
 def run(
     state: SweepState,
-    hosts: list[Host],
+    fleet: Fleet,
     request: benchrun.BenchRequest,
     launch: server.LaunchOptions,
     fail_fast: bool,
-    forks: int,
     say: Say,
     launch_progress: Any = None,
     bench_progress: Any = None,
@@ -379,19 +378,19 @@ def run(
         name = arm.key
         if cancel.requested:
             break
-        todo = [h for h in hosts if state.cell(name, h.name).status != CellStatus.DONE]
-        if not todo:
+        todo = fleet.only(
+            h.name for h in fleet.hosts if state.cell(name, h.name).status != CellStatus.DONE
+        )
+        if not todo.hosts:
             say(f"[sweep {index + 1}/{len(arms)}] {name}: already done, skipped")
             continue
-        say(f"[sweep {index + 1}/{len(arms)}] {name} on {', '.join(h.name for h in todo)}"
+        say(f"[sweep {index + 1}/{len(arms)}] {name} on {', '.join(todo.names)}"
             + _eta(state, len(arms) - index))  # fmt: skip
         started = time.monotonic()
-        results = run_on_hosts(
-            todo,
+        results = todo.each(
             lambda s, arm=arm: _pipeline(
                 _Cell(s, state, arm, request, launch, cancel, (launch_progress, bench_progress))
-            ),
-            forks=forks,
+            )
         )
         failed = [_record(state, name, res) for res in results]
         state.record.durations_s[name] = round(time.monotonic() - started, 1)
@@ -441,9 +440,9 @@ def open_state(
     return SweepState.new(archive, profiles, [h.name for h in hosts], levels, arms, kind)
 
 
-def hosts_of(state: SweepState, selected: list[Host]) -> list[Host]:
+def hosts_of(state: SweepState, selected: Fleet) -> Fleet:
     """The selected hosts that belong to this sweep (a resumed sweep keeps its hosts)."""
-    return [h for h in selected if h.name in state.record.hosts]
+    return selected.only(state.record.hosts)
 
 
 def report_input(state: SweepState, archive: Archive) -> ReportInput:

@@ -212,29 +212,7 @@ def choose(
     notes: list[str] = []
     for c in ladder:
         figures = {d: measured[d][c] for d in sorted(measured)}
-        rejected = {d: f["rejected"] for d, f in figures.items() if f.get("rejected")}
-        usable = {d: f for d, f in figures.items() if d not in rejected} or figures
-        allowed = [
-            d for d, f in usable.items()
-            if min_request_speed is None or f["per_request"] >= min_request_speed
-        ]  # fmt: skip
-        if allowed:
-            top_depth = max(allowed, key=lambda d: figures[d]["score"])
-            top = figures[top_depth]["score"]
-            # a tie within the noise (the margin, or the best cell's own spread) goes to
-            # the shallower depth
-            noise = max(MARGIN, figures[top_depth]["mad"] / (top or 1.0))
-            near = [d for d in allowed if figures[d]["score"] >= top * (1 - noise)]
-            best = min(near)  # within the margin of the best, the least drafting
-            why = "highest output throughput"
-            if len(near) > 1:
-                within = f"{noise:.0%}" if noise > MARGIN else f"{MARGIN:.0%}"
-                why = f"shallowest depth within {within} of the highest output throughput"
-            if min_request_speed is not None:
-                why += f" among depths at or above {min_request_speed:g} tok/s per request"
-        else:
-            best = max(figures, key=lambda d: figures[d]["per_request"])
-            why = f"no depth reaches {min_request_speed:g} tok/s per request: the fastest"
+        best, why, rejected = _choose_level(figures, min_request_speed)
         previous = choices[-1].depth if choices else None
         if previous is not None and best > previous:  # deeper under more load: say why
             gain = figures[best]["output_throughput"] / figures[previous]["output_throughput"] - 1
@@ -243,17 +221,65 @@ def choose(
                 f"because it measured {gain:+.1%} more throughput there (more than the "
                 f"{MARGIN:.0%} margin)"
             )
-        f = figures[best]
-        detail = ", ".join(
-            f"depth {d}: {figures[d]['output_throughput']:.0f} tok/s"
-            + (f" +-{figures[d]['mad']:.0f}" if figures[d]["mad"] else "")
-            + f", {figures[d]['per_request']:.1f} per request"
-            for d in figures
-        )
-        if rejected:
-            detail += "; rejected: " + ", ".join(f"depth {d} ({r})" for d, r in rejected.items())
-        choices.append(Choice(c, best, f"{why} ({detail}; chose {f['output_throughput']:.0f})"))
+        chose = f"chose {figures[best]['output_throughput']:.0f}"
+        choices.append(Choice(c, best, f"{why} ({_detail(figures, rejected)}; {chose})"))
     notes += _zero_step_notes(choices, measured, extra, skipped)
+    table, ranges = _table_and_ranges(choices, sizes)
+    skip_used = any(ch.depth == 0 and ch.concurrency in skipped for ch in choices)
+    return TuneResult(table, choices, ranges, notes, {**raw, **extra}, skip_used)
+
+
+def _choose_level(
+    figures: dict[int, dict[str, Any]], min_request_speed: float | None
+) -> tuple[int, str, dict[int, str]]:
+    """One load level's depth, why, and the depths rejected as noisy or failed: the highest
+    scoring (median minus spread) depth at or above the speed floor, or the shallowest
+    within the noise of it."""
+    rejected = {d: f["rejected"] for d, f in figures.items() if f.get("rejected")}
+    usable = {d: f for d, f in figures.items() if d not in rejected} or figures
+    allowed = [
+        d for d, f in usable.items()
+        if min_request_speed is None or f["per_request"] >= min_request_speed
+    ]  # fmt: skip
+    if not allowed:
+        best = max(figures, key=lambda d: figures[d]["per_request"])
+        return (
+            best,
+            f"no depth reaches {min_request_speed:g} tok/s per request: the fastest",
+            (rejected),
+        )
+    top_depth = max(allowed, key=lambda d: figures[d]["score"])
+    top = figures[top_depth]["score"]
+    # a tie within the noise (the margin, or the best cell's own spread) goes to the
+    # shallower depth
+    noise = max(MARGIN, figures[top_depth]["mad"] / (top or 1.0))
+    near = [d for d in allowed if figures[d]["score"] >= top * (1 - noise)]
+    why = "highest output throughput"
+    if len(near) > 1:
+        within = f"{noise:.0%}" if noise > MARGIN else f"{MARGIN:.0%}"
+        why = f"shallowest depth within {within} of the highest output throughput"
+    if min_request_speed is not None:
+        why += f" among depths at or above {min_request_speed:g} tok/s per request"
+    return min(near), why, rejected  # within the margin of the best, the least drafting
+
+
+def _detail(figures: dict[int, dict[str, Any]], rejected: dict[int, str]) -> str:
+    """Every depth's figures at one level, and the ones rejected."""
+    detail = ", ".join(
+        f"depth {d}: {figures[d]['output_throughput']:.0f} tok/s"
+        + (f" +-{figures[d]['mad']:.0f}" if figures[d]["mad"] else "")
+        + f", {figures[d]['per_request']:.1f} per request"
+        for d in figures
+    )
+    if rejected:
+        detail += "; rejected: " + ", ".join(f"depth {d} ({r})" for d, r in rejected.items())
+    return detail
+
+
+def _table_and_ranges(
+    choices: list[Choice], sizes: list[int] | None
+) -> tuple[dict[str, AdaptiveSlot], list[str]]:
+    """SGLang's adaptive table (a key per range start) and each range said in batches."""
     table: dict[str, AdaptiveSlot] = {}
     starts = _range_starts(choices, sizes)
     ranges: list[str] = []
@@ -267,8 +293,7 @@ def choose(
         else:
             span = f"batch >= {low}"
         ranges.append(f"{span}: depth {choice.depth} (C={choice.concurrency}: {choice.why})")
-    skip_used = any(ch.depth == 0 and ch.concurrency in skipped for ch in choices)
-    return TuneResult(table, choices, ranges, notes, {**raw, **extra}, skip_used)
+    return table, ranges
 
 
 def _range_starts(choices: list[Choice], sizes: list[int] | None) -> list[tuple[int, int]]:

@@ -80,22 +80,8 @@ def run(
         tuning.profile_capture_sizes(profile),
     )  # fmt: skip
     config_path, profile_path = tuning.write_outputs(profile, result, name)
-    record = TuneRecord(
-        tune_id=state.sweep_id,
-        profile=profile,
-        depths=[0, *depths],
-        concurrency=list(request.concurrency),
-        min_request_speed=floor,
-        sweep_state=str(state.path),
-        measured={str(d): {str(c): v for c, v in m.items()} for d, m in result.measured.items()},
-        choices=[dataclasses.asdict(ch) for ch in result.choices],
-        table=result.table,
-        ranges=result.ranges,
-        notes=result.notes,
-        config=str(config_path),
-        tuned_profile=str(profile_path),
-        launches=sum(len(cells) for cells in state.record.cells.values()),
-    )
+    outputs = (config_path, profile_path)
+    record = _new_record(profile, depths, request, floor, state, result, outputs)
     record_path = root.tune_record(record.tune_id)
     save_record(record, record_path)
     outcome = TuneOutcome(result, config_path, profile_path, record, record_path)
@@ -120,6 +106,35 @@ def run(
     _load_step(profile, tuned, checks, request, resume, experiment, outcome)
     save_record(record, record_path)
     return outcome
+
+
+def _new_record(
+    profile: str,
+    depths: list[int],
+    request: BenchRequest,
+    floor: float | None,
+    state: SweepState,
+    result: tuning.TuneResult,
+    outputs: tuple[Path, Path],
+) -> TuneRecord:
+    """The tune's record once measured and chosen, with the config and profile it wrote
+    (the verification is added later)."""
+    return TuneRecord(
+        tune_id=state.sweep_id,
+        profile=profile,
+        depths=[0, *depths],
+        concurrency=list(request.concurrency),
+        min_request_speed=floor,
+        sweep_state=str(state.path),
+        measured={str(d): {str(c): v for c, v in m.items()} for d, m in result.measured.items()},
+        choices=[dataclasses.asdict(ch) for ch in result.choices],
+        table=result.table,
+        ranges=result.ranges,
+        notes=result.notes,
+        config=str(outputs[0]),
+        tuned_profile=str(outputs[1]),
+        launches=sum(len(cells) for cells in state.record.cells.values()),
+    )
 
 
 def _load_step(
