@@ -267,3 +267,22 @@ def unwrap(text: str) -> str:
         else:
             lines.append(line)
     return "\n".join(lines)
+
+
+def level(c: int = 1, ci: dict | None = None, **figures):
+    """A measured level as the report reads it (report/stats.LevelFigures), from the figures
+    a test cares about; `ci` {key: (low, high)} makes it a level with repeats."""
+    from gpufleet.records import ResultRow
+    from gpufleet.report.stats import LevelFigures
+
+    wire = {"max_concurrency": c, "completed": 1, "failed": 0, "output_throughput": 0.0}
+    row = ResultRow.from_wire({**wire, **figures})
+    return LevelFigures(row, repeats=3 if ci else 1, ci=dict(ci or {}))
+
+
+def row(**figures):
+    """A results.jsonl row with the figures a test cares about."""
+    from gpufleet.records import ResultRow
+
+    wire = {"max_concurrency": 1, "completed": 1, "failed": 0, "output_throughput": 0.0}
+    return ResultRow.from_wire({**wire, **figures})

@@ -7,6 +7,7 @@ from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
 from gpufleet.host.bench.metrics import summarize
 from gpufleet.report.answer import sentence
 from gpufleet.report.compare import Arm
+from helpers import level
 
 
 def test_each_requests_acceptance_comes_from_the_servers_verify_count(sim_server):
@@ -33,11 +34,13 @@ def test_compare_says_the_acceptance_beside_the_crossover():
     def arm(label, per_request, accept=None):
         levels = {}
         for c, p in zip((1, 8, 64), per_request, strict=True):
-            levels[c] = {"median_per_request_output_tps": p, "output_throughput": p * c}
+            spread = {}
             if accept:
-                levels[c].update(median_request_accept_length=accept[0],
-                                 p10_request_accept_length=accept[1],
-                                 p90_request_accept_length=accept[2])  # fmt: skip
+                spread = dict(median_request_accept_length=accept[0],
+                              p10_request_accept_length=accept[1],
+                              p90_request_accept_length=accept[2])  # fmt: skip
+            levels[c] = level(c, median_per_request_output_tps=p, output_throughput=p * c,
+                              **spread)  # fmt: skip
         return Arm(label, [], levels)
 
     said = sentence(arm("baseline", (60, 50, 12)), arm("eagle3", (80, 55, 5), (2.9, 2.1, 3.6)),

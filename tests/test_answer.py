@@ -16,7 +16,7 @@ from gpufleet.archive import store as archive
 from gpufleet.archive.layout import Archive
 from gpufleet.archived import Manifest
 from gpufleet.report import answer, figures, metrics
-from helpers import run_cli, unwrap
+from helpers import level, run_cli, unwrap
 
 # Three repeats per level. At C=64 the two arms' total throughputs overlap (no significant
 # difference); per-request speed crosses between C=1 and C=8.
@@ -162,9 +162,9 @@ def test_a_profile_keeps_its_colour_whatever_the_argument_order():
 
 
 def test_plot_marks_ticks_error_bars_and_slo():
-    rows = {c: {"median_ttft_ms": 40.0 * c, "p99_ttft_ms": 90.0 * c,
-                "goodput_output_throughput": 92.3 * c, "slo": {"ttft_ms": 500.0, "tpot_ms": 50.0},
-                "ci": {"goodput_output_throughput": [-30.0, 92.3 * c + 40]}}
+    rows = {c: level(c, median_ttft_ms=40.0 * c, p99_ttft_ms=90.0 * c,
+                     goodput_output_throughput=92.3 * c, slo={"ttft_ms": 500.0, "tpot_ms": 50.0},
+                     ci={"goodput_output_throughput": (-30.0, 92.3 * c + 40)})
             for c in (1, 2, 3)}  # fmt: skip
     arms = [_arm("baseline", rows)]
     spec = {s.name: s for s in metrics.PLOTS}

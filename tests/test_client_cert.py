@@ -12,7 +12,7 @@ import pytest
 
 from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
 from gpufleet.host.bench.metrics import summarize
-from helpers import REPO
+from helpers import REPO, level
 
 LEVEL = """
 import json, sys
@@ -203,8 +203,9 @@ def test_compare_says_when_a_crossover_rests_on_client_bound_levels():
 
     def arm(label, per_request, total, bound_at=()):
         levels = {
-            c: {"median_per_request_output_tps": p, "output_throughput": t,
-                "client_bound": "client CPU 0.97 of a core (bound 0.9)" if c in bound_at else None}
+            c: level(c, median_per_request_output_tps=p, output_throughput=t,
+                     client_bound="client CPU 0.97 of a core (bound 0.9)" if c in bound_at
+                     else None)
             for c, p, t in zip((1, 8, 64), per_request, total, strict=True)
         }  # fmt: skip
         return Arm(label, [], levels)

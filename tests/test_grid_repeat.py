@@ -9,7 +9,7 @@ import pytest
 from gpufleet.control.arms import expand, parse_grid, short_names
 from gpufleet.errors import UserError
 from gpufleet.report import stats
-from helpers import run_cli
+from helpers import row, run_cli
 
 
 def test_grid_cells_are_named_readably_and_interleaved_by_repeat():
@@ -67,10 +67,10 @@ def test_grid_dry_run_lists_every_cell(tmp_path):
 def test_t_interval_and_ratio_interval():
     mean, _low, high = stats.mean_ci([10.0, 12.0, 11.0])
     assert mean == 11.0 and high - mean == pytest.approx(4.303 * 1.0 / 3**0.5)
-    a = stats.aggregate([{"output_throughput": v, "completed": 4} for v in (100.0, 102.0, 98.0)])
-    b = stats.aggregate([{"output_throughput": v, "completed": 4} for v in (150.0, 149.0, 151.0)])
-    same = stats.aggregate([{"output_throughput": v, "completed": 4} for v in (99.0, 103.0, 97.0)])
-    assert a["repeats"] == 3 and a["completed"] == 12
+    a = stats.aggregate([row(output_throughput=v, completed=4) for v in (100.0, 102.0, 98.0)])
+    b = stats.aggregate([row(output_throughput=v, completed=4) for v in (150.0, 149.0, 151.0)])
+    same = stats.aggregate([row(output_throughput=v, completed=4) for v in (99.0, 103.0, 97.0)])
+    assert a.repeats == 3 and a.get("completed") == 12 and a.get("output_throughput") == 100.0
     assert stats.ratio_text(a, b, "output_throughput").startswith("1.50x [1.4")
     assert stats.ratio_text(a, same, "output_throughput").endswith(" n.s.")
 

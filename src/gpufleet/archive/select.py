@@ -14,6 +14,7 @@ from gpufleet.archive.layout import Archive, profile_label
 from gpufleet.archived import FindMaxRecord, SweepRecord
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus, RunStatus
+from gpufleet.records import ResultRow
 from gpufleet.report import html
 from gpufleet.report.compare import Arm
 from gpufleet.report.html import Failure, ReportInput
@@ -24,11 +25,11 @@ def load_arm(label: str, run_dirs: list[Path]) -> Arm:
     """One arm from its runs: a level measured several times (`--repeat`, or several runs
     of a sweep's repeated cells) becomes the mean with its confidence interval."""
     arm = Arm(label=label, manifests=[])
-    samples: dict[int, list[dict]] = {}
+    samples: dict[int, list[ResultRow]] = {}
     for run_dir in run_dirs:
         arm.manifests.append(store.read_manifest(run_dir))
-        for row in store.read_results(run_dir):  # the report reads figures by catalogue name
-            samples.setdefault(row.max_concurrency, []).append(row.to_wire())
+        for row in store.read_results(run_dir):
+            samples.setdefault(row.max_concurrency, []).append(row)
     arm.levels = {c: aggregate(rows) for c, rows in sorted(samples.items())}
     return arm
 

@@ -79,9 +79,9 @@ def repeat_lines(results: list[ResultRow]) -> list[str]:
     from gpufleet.report import metrics
     from gpufleet.report.stats import aggregate
 
-    by_level: dict[int, list[dict[str, Any]]] = {}
+    by_level: dict[int, list[ResultRow]] = {}
     for row in results:
-        by_level.setdefault(row.max_concurrency, []).append(row.to_wire())
+        by_level.setdefault(row.max_concurrency, []).append(row)
     out = []
     for c, rows in sorted(by_level.items()):
         if len(rows) < 2:
@@ -90,8 +90,9 @@ def repeat_lines(results: list[ResultRow]) -> list[str]:
         parts = []
         for metric in metrics.where(metrics.Place.REPEATS):
             key = metric.key
-            low, high = agg["ci"].get(key, (agg[key], agg[key]))
-            parts.append(f"{metric.label} {agg[key]:.1f} [{low:.1f}-{high:.1f}]")
+            mean = agg.get(key)
+            low, high = agg.ci.get(key, (mean, mean))
+            parts.append(f"{metric.label} {mean:.1f} [{low:.1f}-{high:.1f}]")
         out.append(f"C={c}, {len(rows)} repeats, mean [95% CI]: " + "; ".join(parts))
     return out
 
@@ -151,7 +152,7 @@ def print_compare(per_host: dict[str, Any], fmt: str, wide: bool = False) -> Non
                     {"label": a.label, "run_ids": [m.run_id for m in a.manifests]} for a in arms
                 ],
                 "levels": {
-                    str(c): {a.label: a.levels[c] for a in arms}
+                    str(c): {a.label: a.levels[c].to_json() for a in arms}
                     for c in compare.common_levels(arms)
                 },
             }

@@ -479,8 +479,8 @@ def verdict(arms: list[Any]) -> tuple[list[VerdictRow], str]:
     levels = sorted(set(base.levels) & set(static.levels) & set(tuned.levels))
     rows = []
     for c in levels:
-        per = {a.label: float(a.levels[c]["median_per_request_output_tps"]) for a in arms}
-        tput = {a.label: float(a.levels[c]["output_throughput"]) for a in arms}
+        per = {a.label: float(a.levels[c].row.median_per_request_output_tps or 0) for a in arms}
+        tput = {a.label: float(a.levels[c].row.output_throughput or 0) for a in arms}
         if per[static.label] > per[base.label]:
             winner, kept = "speculation", per[tuned.label] / per[static.label]
         else:

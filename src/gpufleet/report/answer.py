@@ -120,7 +120,7 @@ def ratios(arms: list[Arm], levels: list[int]) -> list[Ratio]:
                     continue
                 interval = ratio_ci(a, b, m.key)
                 significant = None if interval is None else not interval[0] <= 1.0 <= interval[1]
-                up = float(b[m.key]) > float(a[m.key])
+                up = float(b.get(m.key)) > float(a.get(m.key))
                 better = None if m.higher_is_better is None else up == m.higher_is_better
                 out.append(Ratio(c, m.key, arm.label, text, significant, better))
     return out
@@ -130,7 +130,7 @@ def claims(a: Arm, b: Arm, levels: list[int], found: list[Notice]) -> list[Claim
     """The sentence, claim by claim: per-request speed, total throughput (each crossover
     with its interval), the top level's ratio only where it is significant, then what
     weakens the answer (unequal GPUs, overloaded or client-bound levels, energy)."""
-    repeats = any(arm.levels[c].get("ci") for arm in (a, b) for c in levels)
+    repeats = any(arm.levels[c].ci for arm in (a, b) for c in levels)
     out = [_per_request(a, b, levels), _total(a, b, levels), _top(a, b, levels)]
     gpu_errors = [n for n in found if n.severity == Severity.ERROR and n.topic == "gpu"]
     if gpu_errors:
@@ -216,7 +216,9 @@ def _acceptance_at(arm: Arm, levels: list[int], at: float | None) -> str:
     if at is None:
         return ""
     c = min(levels, key=lambda level: abs(math.log(level) - math.log(max(at, 1e-9))))
-    row = arm.levels.get(c) or {}
+    row = arm.levels.get(c)
+    if row is None:
+        return ""
     p50, p10, p90 = (row.get(f"{q}_request_accept_length") for q in ("median", "p10", "p90"))
     if p50 is None:
         return ""

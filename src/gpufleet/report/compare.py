@@ -17,7 +17,7 @@ from typing import Any
 from gpufleet.archived import Manifest
 from gpufleet.report import metrics
 from gpufleet.report.fingerprint import PER_GPU, differences
-from gpufleet.report.stats import ratio_text
+from gpufleet.report.stats import LevelFigures, ratio_text
 
 SPECULATIVE_CAP = 48
 
@@ -26,17 +26,17 @@ SPECULATIVE_CAP = 48
 class Arm:
     label: str
     manifests: list[Manifest]
-    levels: dict[int, dict[str, Any]] = field(default_factory=dict)
+    levels: dict[int, LevelFigures] = field(default_factory=dict)
 
     @property
     def manifest(self) -> Manifest:
         return self.manifests[-1]
 
 
-def figure(row: dict[str, Any] | None, key: str) -> float | None:
-    if row is None or row.get(key) is None:
-        return None
-    return float(row[key])
+def figure(level: LevelFigures | None, key: str) -> float | None:
+    """A figure of a level as a number, None where the level or the figure is missing."""
+    value = None if level is None else level.get(key)
+    return None if value is None else float(value)
 
 
 class Crossing(StrEnum):
@@ -65,7 +65,7 @@ def crossover(levels: list[int], a: list[float], b: list[float]) -> tuple[Crossi
 def level_bound(arm: Arm, c: int, key: str, side: int) -> float:
     """The mean (side 0), or the low (-1) / high (+1) end of its interval with repeats."""
     row = arm.levels[c]
-    ci = (row.get("ci") or {}).get(key)
+    ci = row.ci.get(key)
     if side and ci:
         return float(ci[0] if side < 0 else ci[1])
     return figure(row, key) or 0.0
@@ -94,7 +94,7 @@ def crossover_text(a: Arm, b: Arm, levels: list[int], key: str) -> tuple[Crossin
 
 def client_bound(arm: Arm, levels: list[int]) -> list[tuple[int, str]]:
     """The levels where this arm's load generator was the bottleneck, with the reason."""
-    return [(c, str(arm.levels[c]["client_bound"])) for c in levels
+    return [(c, str(arm.levels[c].row.client_bound)) for c in levels
             if c in arm.levels and arm.levels[c].get("client_bound")]  # fmt: skip
 
 
@@ -198,7 +198,7 @@ def notices(arms: list[Arm], levels: list[int]) -> list[Notice]:
         for c in levels:
             if arm.levels[c].get("client_late"):
                 out.append(Notice(Severity.WARNING, f"{arm.label}: client timers late at C={c} "
-                                  f"({arm.levels[c]['client_late']})", "client"))  # fmt: skip
+                                  f"({arm.levels[c].row.client_late})", "client"))  # fmt: skip
     for arm in arms:
         cap = effective_max_running(arm.manifest)
         over = [c for c in levels if cap is not None and c > cap]

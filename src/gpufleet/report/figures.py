@@ -101,7 +101,7 @@ def draw(host: str, arms: list[Arm], spec: metrics.PlotSpec) -> tuple[Any, list[
                     markerfacecolor=colour if index == 0 else "white")  # fmt: skip
             _error_bars(ax, arm, xs, key, shown, colour)
             for c, y in zip(xs, shown, strict=True):
-                ci = (arm.levels[c].get("ci") or {}).get(key)
+                ci = arm.levels[c].ci.get(key)
                 interval = f" (95% CI {max(0.0, ci[0]):,.2f}-{ci[1]:,.2f})" if ci else ""
                 gid = f"gpufleet-pt-{len(points)}"
                 ax.plot([c], [y], linestyle="none", marker=marker, markersize=12, alpha=0.0,
@@ -128,7 +128,7 @@ def draw(host: str, arms: list[Arm], spec: metrics.PlotSpec) -> tuple[Any, list[
 
 def _error_bars(ax: Any, arm: Arm, xs: list[int], key: str, ys: list[float], colour: str) -> None:
     """With repeats, each point's 95% interval, clipped at zero (no figure here is negative)."""
-    intervals = [(arm.levels[c].get("ci") or {}).get(key) for c in xs]
+    intervals = [arm.levels[c].ci.get(key) for c in xs]
     if not all(intervals):
         return
     below = [y - max(0.0, ci[0]) for y, ci in zip(ys, intervals, strict=True)]

@@ -67,7 +67,9 @@ def render(data: ReportInput, out_dir: Path) -> str:
         body.append("</section>")
     body.append(_provenance(data, out_dir))
     payload = {
-        host: {a.label: {str(c): row for c, row in sorted(a.levels.items())} for a in arms}
+        host: {
+            a.label: {str(c): row.to_json() for c, row in sorted(a.levels.items())} for a in arms
+        }
         for host, arms in data.per_host.items()
     }
     embedded = json.dumps(_finite(payload), default=str).replace("</", "<\\/")

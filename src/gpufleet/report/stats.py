@@ -9,10 +9,13 @@ that interval includes 1.0.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
+from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.records import ResultRow
 from gpufleet.report import metrics
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1-30); 1.96 beyond.
@@ -39,38 +42,71 @@ def mean_ci(values: list[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
-def aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """One level's repeats as one row: means of the numbers, `ci` {key: [low, high]},
-    `repeats` n. A single row is returned as it is."""
+@dataclass
+class LevelFigures:
+    """One level of one arm, its repeats as one record: each figure's mean (a ResultRow),
+    and for the figures that get one (the catalogue says which) the 95% interval and the
+    repeats' own values. A level measured once is its row, with no interval."""
+
+    row: ResultRow
+    repeats: int = 1
+    ci: dict[str, tuple[float, float]] = field(default_factory=dict)
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A figure by its results.jsonl name (ResultRow.get), for catalogue-driven code."""
+        return self.row.get(key, default)
+
+    def to_json(self) -> dict[str, Any]:
+        """As the report page's data has it: the row's figures, and with repeats `ci`,
+        `samples` and `repeats`."""
+        out = self.row.to_wire()
+        if self.repeats > 1:
+            out.update(ci={k: list(v) for k, v in self.ci.items()}, samples=self.samples,
+                       repeats=self.repeats)  # fmt: skip
+        return out
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def aggregate(rows: list[ResultRow]) -> LevelFigures:
+    """One level's repeats as one record: the mean of every figure all repeats have, the
+    marks any repeat raised, the requests summed, intervals for the catalogue's keys."""
     if len(rows) == 1:
-        return rows[0]
-    out = dict(rows[-1])
-    for key, value in rows[-1].items():
-        values = [r.get(key) for r in rows]
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            numbers = [float(v) for v in values if isinstance(v, int | float)]
-            if len(numbers) == len(rows):
-                out[key] = statistics.fmean(numbers)
+        return LevelFigures(rows[0])
+    last = rows[-1]
+    means: dict[str, Any] = {}
+    for f in dataclasses.fields(ResultRow):
+        values = [getattr(r, f.name) for r in rows]
+        if f.init and _number(values[-1]) and all(_number(v) for v in values):
+            means[f.name] = statistics.fmean(float(v) for v in values)
+    extra = dict(last.extra)
+    for key, value in last.extra.items():
+        values = [r.extra.get(key) for r in rows]
+        if _number(value) and all(_number(v) for v in values):
+            extra[key] = statistics.fmean(float(v) for v in values)
     for mark in ("client_bound", "client_late"):  # any repeat's counts
-        reasons = [str(r[mark]) for r in rows if r.get(mark)]
-        out[mark] = "; ".join(dict.fromkeys(reasons)) or None
-    out["completed"] = sum(int(r.get("completed", 0)) for r in rows)
-    out["failed"] = sum(int(r.get("failed", 0)) for r in rows)
-    out["ci"] = {}
+        reasons = [str(getattr(r, mark)) for r in rows if getattr(r, mark)]
+        means[mark] = "; ".join(dict.fromkeys(reasons)) or None
+    means["completed"] = sum(int(r.completed or 0) for r in rows)
+    means["failed"] = sum(int(r.failed or 0) for r in rows)
+    row = dataclasses.replace(last, extra=extra, **means)
+    row.given = last.given
+    figures = LevelFigures(row, repeats=len(rows))
     for key in CI_KEYS:
-        numbers = [float(r[key]) for r in rows if isinstance(r.get(key), int | float)]
-        if len(numbers) == len(rows):
-            _, low, high = mean_ci(numbers)
-            out["ci"][key] = [low, high]
-    out["repeats"] = len(rows)
-    out["samples"] = {key: [r.get(key) for r in rows] for key in out["ci"]}
-    return out
+        numbers = [r.get(key) for r in rows]
+        if all(_number(v) for v in numbers):
+            _, low, high = mean_ci([float(v) for v in numbers])
+            figures.ci[key] = (low, high)
+            figures.samples[key] = [float(v) for v in numbers]
+    return figures
 
 
-def ratio_ci(a: dict[str, Any], b: dict[str, Any], key: str) -> tuple[float, float] | None:
+def ratio_ci(a: LevelFigures, b: LevelFigures, key: str) -> tuple[float, float] | None:
     """95% interval of mean(b)/mean(a) for one figure, or None without repeats on both."""
-    sa = (a.get("samples") or {}).get(key)
-    sb = (b.get("samples") or {}).get(key)
+    sa, sb = a.samples.get(key), b.samples.get(key)
     if not sa or not sb or len(sa) < 2 or len(sb) < 2:
         return None
     ma, mb = statistics.fmean(sa), statistics.fmean(sb)
@@ -82,7 +118,7 @@ def ratio_ci(a: dict[str, Any], b: dict[str, Any], key: str) -> tuple[float, flo
     return math.exp(log_ratio - half), math.exp(log_ratio + half)
 
 
-def ratio_text(a: dict[str, Any], b: dict[str, Any], key: str) -> str:
+def ratio_text(a: LevelFigures, b: LevelFigures, key: str) -> str:
     """`1.32x`, or with repeats `1.32x [1.28-1.36]`, and ` n.s.` when 1.0 is inside."""
     va, vb = a.get(key), b.get(key)
     if not isinstance(va, int | float) or not isinstance(vb, int | float) or not va:
@@ -95,10 +131,9 @@ def ratio_text(a: dict[str, Any], b: dict[str, Any], key: str) -> str:
     return f"{text} [{low:.2f}-{high:.2f}]" + (" n.s." if low <= 1.0 <= high else "")
 
 
-def half_width(row: dict[str, Any], key: str) -> float | None:
+def half_width(level: LevelFigures, key: str) -> float | None:
     """The interval's half-width relative to the mean (0.02 = +-2%), with repeats."""
-    ci = (row.get("ci") or {}).get(key)
-    mean = row.get(key)
+    ci, mean = level.ci.get(key), level.get(key)
     if not ci or not mean:
         return None
     return (ci[1] - ci[0]) / 2 / abs(mean)
