@@ -19,7 +19,7 @@ from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus, SweepStatus
 from gpufleet.readings import GpuFacts
 from gpufleet.records import BenchPlan
-from gpufleet.wire import Record, WireError
+from gpufleet.wire import JsonObject, Record, WireError
 
 R = TypeVar("R", bound="Archived")
 
@@ -54,7 +54,7 @@ class Archived(Record):
             raise UserError(f"{what}: not a gpufleet {cls.NOUN} ({exc})") from None
 
     @classmethod
-    def upgrade(cls, data: dict[str, Any], schema: int) -> dict[str, Any]:
+    def upgrade(cls, data: JsonObject, schema: int) -> JsonObject:
         """Bring an older schema's fields to this one (schema 1 is every record so far)."""
         data["schema"] = cls.SCHEMA
         return data
@@ -138,7 +138,7 @@ class Manifest(Archived):
     gpufleet_version: str | None = None
     command_line: list[str] = field(default_factory=list)
     server: ServerFacts = field(default_factory=ServerFacts)
-    resolved_profile: dict[str, Any] | None = None
+    resolved_profile: JsonObject | None = None
     host_facts: HostFacts = field(default_factory=HostFacts)
     prompt_set: PromptSetRef = field(default_factory=PromptSetRef)
     levels: list[LevelOutcome] = field(default_factory=list)
@@ -172,7 +172,7 @@ class SweepRecord(Archived):
     cells: dict[str, dict[str, Cell]]  # cell key -> host -> cell
     schema: int = 1
     kind: str = "sweep"  # sweep, tune, tune-verify
-    arms: list[dict[str, Any]] | None = None  # control/arms.ArmSpec.to_json; None: one per profile
+    arms: list[JsonObject] | None = None  # control/arms.ArmSpec.to_json; None: one per profile
     created_at: str | None = None
     status: str = SweepStatus.RUNNING  # kinds.SweepStatus
     durations_s: dict[str, float] = field(default_factory=dict)  # cell key -> seconds
@@ -209,17 +209,17 @@ class TuneRecord(Archived):
     concurrency: list[int]
     min_request_speed: float | None
     sweep_state: str
-    measured: dict[str, dict[str, Any]]  # depth -> concurrency -> figures
-    choices: list[dict[str, Any]]  # control/tune.Choice, one per batch range
-    table: dict[str, Any]  # SGLang's adaptive config as written
+    measured: dict[str, JsonObject]  # depth -> concurrency -> figures
+    choices: list[JsonObject]  # control/tune.Choice, one per batch range
+    table: JsonObject  # SGLang's adaptive config as written
     ranges: list[str]
     notes: list[str]
     config: str
     tuned_profile: str
     launches: int
     schema: int = 1
-    verify: dict[str, Any] = field(default_factory=dict)  # host -> sweep id, rows, sentence
-    step: dict[str, Any] = field(default_factory=dict)  # host -> sweep id, phases, sentence
+    verify: JsonObject = field(default_factory=dict)  # host -> sweep id, rows, sentence
+    step: JsonObject = field(default_factory=dict)  # host -> sweep id, phases, sentence
 
 
 @dataclass

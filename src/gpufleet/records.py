@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from gpufleet.wire import Record
+from gpufleet.wire import JsonObject, Record
 
 HEALTH_TIMEOUT_S = 1800.0  # a big model's load, CUDA graphs and warm-up: the default wait
 
@@ -23,6 +23,11 @@ class Level(Record):
     concurrency: int
     num_prompts: int
     repeat: int = 1
+
+    @property
+    def tag(self) -> str:
+        """How the level's files are named: c64, or c64-r2 for its second repeat."""
+        return f"c{self.concurrency}" if self.repeat == 1 else f"c{self.concurrency}-r{self.repeat}"
 
 
 @dataclass
@@ -56,7 +61,7 @@ class BenchPlan(Record):
     prompt_set_sha256: str | None = None
     prompts_sha256: str | None = None
     system_prompt: str | None = None  # multi-turn sessions share it
-    random: dict[str, Any] | None = None  # random-ids lengths
+    random: JsonObject | None = None  # random-ids lengths
     model: str = ""
     client_procs: int | str = 1  # generator processes per level, or "auto" (host/bench/spread)
 
@@ -82,7 +87,7 @@ class LaunchSpec(Record):
     node_rank: int = 0
     nnodes: int = 1
     warnings: list[str] = field(default_factory=list)
-    resolved_profile: dict[str, Any] = field(default_factory=dict)  # env redacted
+    resolved_profile: JsonObject = field(default_factory=dict)  # env redacted
     files: dict[str, str] = field(default_factory=dict)  # stored name -> content (host/files)
     secret_env: list[str] = field(default_factory=list)  # the profile's declared secret names
 
@@ -102,13 +107,13 @@ class ServerState(Record):
     started_at: str
     status: str = "starting"  # kinds.ServerStatus
     pgid: int | None = None  # the server's own process group (setsid)
-    proc: dict[str, Any] | None = None  # procstat.ProcRef: pid and start time
+    proc: JsonObject | None = None  # procstat.ProcRef: pid and start time
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     engine_version: str | None = None
     log_offset: int = 0
     gpus: list[int] = field(default_factory=list)
-    resolved_profile: dict[str, Any] | None = None
+    resolved_profile: JsonObject | None = None
     flag_renames: list[str] = field(default_factory=list)
     key_file: str | None = None  # the server's secret flags (0600), read by gpufleet's client
     secrets_in_argv: bool = False  # the engine had no --config: its key shows in `ps`
@@ -143,7 +148,7 @@ class PromptRow(Record):
     output_len: int | None = None  # this request's own output length (else the plan's)
     at: float | None = None  # a trace's send time, seconds after the level starts
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> JsonObject:
         return {k: v for k, v in super().to_wire().items() if v is not None}
 
 
@@ -217,14 +222,14 @@ class ResultRow(Record):
     error_messages: list[str] = field(default_factory=list)
     total_cached_tokens: int | None = None
     cache_hit_rate: F = None
-    per_turn: list[dict[str, Any]] | None = None  # multi-turn sessions, turn by turn
+    per_turn: list[JsonObject] | None = None  # multi-turn sessions, turn by turn
     accept_length: F = None  # SGLang's average speculative acceptance (server_info)
     # each request's own: completion tokens / its spec_verify_ct (host/bench/metrics.py)
     p10_request_accept_length: F = None
     median_request_accept_length: F = None
     p90_request_accept_length: F = None
     depth_switches: int | None = None  # draft-depth changes the server logged in the level
-    server_info: dict[str, Any] | None = None
+    server_info: JsonObject | None = None
     dataset_name: str | None = None
     tag: str | None = None
     seed: int | None = None
@@ -289,7 +294,7 @@ class ResultRow(Record):
     steady_median_ttft_ms: F = None
     steady_median_tpot_ms: F = None
     steady_median_per_request_output_tps: F = None
-    extra: dict[str, Any] = field(default_factory=dict)  # bench_serving's other keys
+    extra: JsonObject = field(default_factory=dict)  # bench_serving's other keys
     given: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
     @classmethod
@@ -298,7 +303,7 @@ class ResultRow(Record):
         row.given = frozenset(data)  # a null the writer meant (cache_flushed: None) stays
         return row
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> JsonObject:
         """As results.jsonl has it: a figure the level does not have is absent, not null,
         unless the writer gave it as null or bench_serving always writes it."""
         keep = self.given | self.BENCH_SERVING

@@ -17,6 +17,14 @@ from typing import Any
 
 from gpufleet.kinds import Kind
 
+JsonObject: typing.TypeAlias = dict[str, Any]
+"""A JSON object at a boundary, as decoded or about to be encoded: a foreign API's request
+or answer (SGLang's /server_info, an OpenAI body), a YAML or JSON file as read, the state
+files the rehearsal engine shares between processes, a record on its way to the wire.
+Inside gpufleet data travels as declared records (Record below); this name says where a
+plain dict is the right type, and tests/test_structure.py counts the `JsonObject`
+annotations left elsewhere."""
+
 
 class WireError(Exception):
     """A record that does not match its declared type (the agent answers bad_input)."""
@@ -43,7 +51,7 @@ class Record:
             raise WireError(f"{where}: expected a JSON object")
         hints, fields = _declared(cls)
         unknown = sorted(set(data) - {f.name for f in fields})
-        values: dict[str, Any] = {}
+        values: JsonObject = {}
         if cls.OPEN:
             values["extra"] = {k: data[k] for k in unknown}
             fields = [f for f in fields if f.name != "extra"]
@@ -56,7 +64,7 @@ class Record:
                 raise WireError(f"{where}: missing field {f.name!r}")
         return cls(**values)
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> JsonObject:
         data = dataclasses.asdict(self)  # type: ignore[call-overload]
         if self.OPEN:
             data.update(data.pop("extra"))
@@ -67,7 +75,7 @@ class Record:
 
 
 @functools.cache
-def _declared(cls: type[Record]) -> tuple[dict[str, Any], list[dataclasses.Field[Any]]]:
+def _declared(cls: type[Record]) -> tuple[JsonObject, list[dataclasses.Field[Any]]]:
     """A record's resolved type hints and init fields, worked out once per class (a fleet's
     answers are read by the thousand; resolving hints is most of a small record's cost)."""
     fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]

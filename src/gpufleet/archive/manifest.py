@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from gpufleet.archive.store import parse_results
 from gpufleet.archived import HostFacts, LevelOutcome, Manifest, PromptSetRef, ServerFacts
 from gpufleet.records import BenchPlan
-from gpufleet.wire import Record, WireError
+from gpufleet.wire import JsonObject, Record, WireError
 
 R = TypeVar("R", bound=Record)
 
@@ -44,7 +44,7 @@ class FetchedRun:
             return None
 
 
-def _pick(record: type[R], data: dict[str, Any]) -> R:
+def _pick(record: type[R], data: JsonObject) -> R:
     """The fields of `record` that `data` has (the rest of a state file stays on the host)."""
     names = {f.name for f in dataclasses.fields(record)}  # type: ignore[arg-type]
     return record.from_wire({k: v for k, v in data.items() if k in names})

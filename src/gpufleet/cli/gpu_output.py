@@ -9,6 +9,7 @@ from gpufleet.control.fanout import HostResult
 from gpufleet.control.gpuclean import CleanOptions
 from gpufleet.readings import CleanAnswer, GpuReading, LiveServerInfo, StatusAnswer
 from gpufleet.report.gpu import gpu_verdict, killed_by_gpu
+from gpufleet.wire import JsonObject
 
 
 def _short_cmd(cmdline: list[str] | None, width: int = 60) -> str:
@@ -116,7 +117,7 @@ def live_server_line(host: Any, server: LiveServerInfo) -> str:
     )
 
 
-def clean_json(results: list[HostResult[Any]]) -> dict[str, Any]:
+def clean_json(results: list[HostResult[Any]]) -> JsonObject:
     return {
         r.host.name: {
             "ok": r.ok, "error": r.error, "kind": r.kind,
@@ -168,5 +169,5 @@ def print_status(results: list[HostResult[StatusAnswer]]) -> None:
             line(f"{res.host.name}: server process {p.pid} ({p.user}): {_short_cmd(p.cmdline)}")
 
 
-def status_json(results: list[HostResult[StatusAnswer]]) -> dict[str, Any]:
+def status_json(results: list[HostResult[StatusAnswer]]) -> JsonObject:
     return clean_json(results)

@@ -24,6 +24,7 @@ from typing import Any
 from gpufleet.cli.args import Arg
 from gpufleet.cli.common import task, user_errors
 from gpufleet.errors import UserError
+from gpufleet.wire import JsonObject
 
 Check = Callable[[Any, Arg], Any]  # (value as given, the option) -> value
 FROM_REQUEST = object()  # the default is the request field's own
@@ -144,7 +145,7 @@ class OptionSet:
             "ParsedOptions", [(name, Any) for name in self.options], frozen=True
         )
 
-    def parse(self, given: dict[str, Any]) -> Any:
+    def parse(self, given: JsonObject) -> Any:
         """Each option's checked value (its default when not given), as one value; then the
         rules, so a bad combination stops the task before a host is touched."""
         out = {}
@@ -163,7 +164,7 @@ class OptionSet:
                 raise UserError(rule.message)
         return parsed
 
-    def request_fields(self, parsed: Any) -> dict[str, Any]:
+    def request_fields(self, parsed: Any) -> JsonObject:
         """The parsed values that are request fields, by field name."""
         return {
             option.field or name: getattr(parsed, name)

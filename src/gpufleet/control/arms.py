@@ -18,6 +18,7 @@ from typing import Any
 from gpufleet.archive.layout import profile_label
 from gpufleet.control.playbook import FLAG_NAME, Profile, load_profile
 from gpufleet.errors import UserError
+from gpufleet.wire import JsonObject
 
 MAX_CELLS = 1_000
 
@@ -25,7 +26,7 @@ MAX_CELLS = 1_000
 @dataclass
 class ArmSpec:
     profile: str  # the profile's name or path, as the user gave it
-    overrides: dict[str, Any] = field(default_factory=dict)  # flag -> value (grid point)
+    overrides: JsonObject = field(default_factory=dict)  # flag -> value (grid point)
     repeat: int = 1  # 1-based
     label: str = ""  # profile stem plus the grid point: what compare groups by
     remove: list[str] = field(default_factory=list)  # flags dropped (tune's plain server)
@@ -36,7 +37,7 @@ class ArmSpec:
     def key(self) -> str:
         return self.label if self.repeat == 1 else f"{self.label}#{self.repeat}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "key": self.key,
             "profile": self.profile,
@@ -49,7 +50,7 @@ class ArmSpec:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ArmSpec:
+    def from_json(cls, data: JsonObject) -> ArmSpec:
         return cls(
             data["profile"],
             dict(data.get("overrides") or {}),

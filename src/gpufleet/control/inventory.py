@@ -21,6 +21,7 @@ from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
 from gpufleet.host import trust
 from gpufleet.host.redact import remember, secrets_in
+from gpufleet.wire import JsonObject
 
 DEFAULT_INVENTORY = Path("hosts/rehearsal.yaml")
 DEFAULT_FORKS = 32
@@ -96,7 +97,7 @@ class Host(BaseModel):
     known_hosts: str | None = None
     connect_timeout: float = Field(default=10.0, gt=0)
     proxy_jump: str | None = None  # "[user@]bastion[:port]", as ssh -J (keys checked too)
-    vars: dict[str, Any] = Field(default_factory=dict)
+    vars: JsonObject = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -143,8 +144,8 @@ class Host(BaseModel):
 class _InventoryFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    defaults: dict[str, Any] = Field(default_factory=dict)
-    hosts: dict[str, dict[str, Any] | None] = Field(default_factory=dict)
+    defaults: JsonObject = Field(default_factory=dict)
+    hosts: dict[str, JsonObject | None] = Field(default_factory=dict)
     groups: dict[str, list[str]] = Field(default_factory=dict)
     forks: int = Field(default=DEFAULT_FORKS, ge=1, le=1024)
 
@@ -183,7 +184,7 @@ class Inventory(BaseModel):
         raise UserError(f"unknown host or group {name!r} (in {self.source}: {known})")
 
 
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+def _merge(base: JsonObject, override: JsonObject) -> JsonObject:
     out = dict(base)
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
@@ -208,11 +209,11 @@ def _slurm_nodes(spec: str, where: str) -> list[str]:
         raise UserError(f"{where}: {exc}") from None
 
 
-def _expand_entries(raw_hosts: dict[str, Any], source: str) -> tuple[dict[str, Any], dict]:
+def _expand_entries(raw_hosts: JsonObject, source: str) -> tuple[JsonObject, dict]:
     """Host entries with Slurm node lists expanded: a key `gpu[01-04]`, `slurm:job=N` or
     `slurm:partition=P` is one entry per node, each with the entry's fields (its address is
     the node name); `group: NAME` in such an entry makes the nodes a group."""
-    hosts: dict[str, Any] = {}
+    hosts: JsonObject = {}
     groups: dict[str, list[str]] = {}
     for key, fields in raw_hosts.items():
         key = str(key)

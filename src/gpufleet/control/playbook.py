@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -21,6 +21,7 @@ from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
 from gpufleet.host.redact import redact_env, redact_flags, redact_tree, remember, secrets_in
 from gpufleet.records import HEALTH_TIMEOUT_S, LaunchSpec
+from gpufleet.wire import JsonObject
 
 PLAYBOOKS = Path("playbooks")
 FlagValue = bool | int | float | str | list[bool | int | float | str] | None
@@ -73,7 +74,7 @@ class Profile(BaseModel):
 
     @field_validator("env")
     @classmethod
-    def _env_names(cls, env: dict[str, Any]) -> dict[str, Any]:
+    def _env_names(cls, env: JsonObject) -> JsonObject:
         for key in env:
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
                 raise ValueError(f"environment variable name {key!r} is not valid")
@@ -154,7 +155,7 @@ def load_profile(name: str, directory: Path = PLAYBOOKS) -> Profile:
     if name.endswith((".yaml", ".yml")) and Path(name).exists():
         directory = Path(name).parent  # parents of a profile given by path live beside it
     chain: list[str] = []
-    merged: dict[str, Any] = {}
+    merged: JsonObject = {}
     current: str | None = name
     sources: list[str] = []
     while current is not None:
@@ -195,7 +196,7 @@ def _profile_path(name: str, directory: Path, referenced_by: str | None) -> Path
     return path
 
 
-def _merge_profile(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+def _merge_profile(parent: JsonObject, child: JsonObject) -> JsonObject:
     """Child values win; mappings (flags, env, sim) merge key by key."""
     out = dict(parent)
     for key, value in child.items():

@@ -15,11 +15,11 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gpufleet.control import prompts as prompt_sets
 from gpufleet.errors import UserError
 from gpufleet.records import PromptRow
+from gpufleet.wire import JsonObject
 
 ID_LOW, ID_HIGH = 100, 30_000
 TRACE_BLOCK_TOKENS = 512  # Mooncake's block size: one hash_id per 512 tokens
@@ -153,7 +153,7 @@ def load_trace(path_text: str, speedup: float) -> list[PromptRow]:
     return rows
 
 
-def _trace_entry(path: str, number: int, line: str) -> dict[str, Any]:
+def _trace_entry(path: str, number: int, line: str) -> JsonObject:
     expected = "expected {timestamp, input_length, output_length, hash_ids} (Mooncake format)"
     try:
         entry = json.loads(line)

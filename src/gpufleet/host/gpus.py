@@ -32,6 +32,7 @@ from gpufleet.readings import (
     ProcessInfo,
     SysInfo,
 )
+from gpufleet.wire import JsonObject
 
 
 def _check_count(gpus: list[GpuReading], expected: int | None) -> None:
@@ -219,6 +220,6 @@ def cpu_governor() -> str | None:
         return None
 
 
-def echo(args: EchoArgs) -> dict[str, Any]:
+def echo(args: EchoArgs) -> JsonObject:
     """Return the payload as received, with argv and cwd: a transport self-test."""
     return {"payload": args.payload, "argv": sys.argv[1:], "cwd": os.getcwd()}

@@ -18,7 +18,6 @@ import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from gpufleet.host import gpus, health, safewrite, serverkeys
 from gpufleet.host.preflight import launch_env, preflight
@@ -57,6 +56,7 @@ from gpufleet.readings import (
     WaitReadyAnswer,
 )
 from gpufleet.records import LaunchSpec, ServerState
+from gpufleet.wire import JsonObject
 
 FATAL_PATTERNS = [
     ("Traceback (most recent call last)", "Python traceback"),
@@ -369,7 +369,7 @@ def servers() -> list[ServerSummary]:
     return out
 
 
-def logs(args: LogsArgs) -> dict[str, Any]:
+def logs(args: LogsArgs) -> JsonObject:
     states = all_states()
     if args.port is not None:
         states = [s for s in states if s.port == args.port]

@@ -14,6 +14,7 @@ from typing import Any
 from gpufleet.host.protocol import AgentError
 from gpufleet.kinds import Kind
 from gpufleet.readings import GpuProcess, GpuReading
+from gpufleet.wire import JsonObject
 
 MIB = 1024 * 1024
 
@@ -23,7 +24,7 @@ def shim_dir() -> str:
     return str(Path(__file__).resolve().parent.parent / "sim" / "shim")
 
 
-def activate_simulation(sim: dict[str, Any], host: str) -> None:
+def activate_simulation(sim: JsonObject, host: str) -> None:
     """Make `import pynvml` (here and in children we start) load the simulated NVML."""
     from gpufleet.sim import gpustate
 

@@ -30,7 +30,7 @@ from gpufleet.readings import (
     WaitReadyAnswer,
 )
 from gpufleet.records import HEALTH_TIMEOUT_S, BenchPlan, LaunchSpec
-from gpufleet.wire import Record, WireError, check
+from gpufleet.wire import JsonObject, Record, WireError, check
 
 MARK = "gpufleet_agent"
 SERVE = "serve"  # `agent.pyz serve`: one `VERB ARGS` line per call until stdin ends
@@ -54,7 +54,7 @@ class VerbArgs:
 
     host: str = ""
     expected_gpus: int | None = None
-    sim: dict[str, Any] | None = None  # the simulated GPU topology on rehearsal hosts
+    sim: JsonObject | None = None  # the simulated GPU topology on rehearsal hosts
 
     def to_wire(self) -> str:
         """One JSON line for the agent's stdin."""
@@ -87,7 +87,7 @@ class EchoArgs(VerbArgs):
     """Transport self-test: the agent answers with what it received."""
 
     VERB: ClassVar[str] = "echo"
-    payload: dict[str, Any] = field(default_factory=dict)
+    payload: JsonObject = field(default_factory=dict)
 
 
 @dataclass
@@ -301,7 +301,7 @@ def read_args(verb: str, stream: typing.TextIO) -> VerbArgs:
     return CONTRACT[verb].from_wire(data)
 
 
-def write_line(obj: dict[str, Any]) -> None:
+def write_line(obj: JsonObject) -> None:
     """One JSON line to the control plane, scrubbed like the archive: the values of the
     servers' keys and secret-looking ones (a crash tail echoing `api_key='...'`) hidden."""
     sys.stdout.write(scrub_known(json.dumps(obj, default=str)) + "\n")

@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from gpufleet.wire import JsonObject
+
 SECRET_PARTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY", "API_KEY", "ACCESSKEY",
                 "ACCESS_KEY", "CREDENTIAL")  # fmt: skip
 SECRET_WORDS = {"token", "secret", "password", "passwd", "credential", "credentials"}
@@ -163,7 +165,7 @@ def redact_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def redact_flags(flags: dict[str, Any]) -> dict[str, Any]:
+def redact_flags(flags: JsonObject) -> JsonObject:
     """A profile's `flags:` mapping with secret values hidden (names without dashes)."""
     return {
         k: (REDACTED if is_secret_flag("--" + k) and v not in (None, False, True) else v)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from gpufleet.report import metrics
 from gpufleet.report.compare import (
@@ -28,6 +27,7 @@ from gpufleet.report.compare import (
 from gpufleet.report.compare import Notice as Notice
 from gpufleet.report.compare import Severity as Severity
 from gpufleet.report.stats import ratio_ci, ratio_text
+from gpufleet.wire import JsonObject
 
 PER_REQUEST = "median_per_request_output_tps"
 TOTAL = "output_throughput"
@@ -92,7 +92,7 @@ class Answer:
             + [r.text for r in self.ratios if r.key in headline]
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         data = asdict(self)
         data["sentence"] = self.sentence
         return data

@@ -17,6 +17,7 @@ from typing import Any
 
 from gpufleet.records import ResultRow
 from gpufleet.report import metrics
+from gpufleet.wire import JsonObject
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1-30); 1.96 beyond.
 T95 = [
@@ -57,7 +58,7 @@ class LevelFigures:
         """A figure by its results.jsonl name (ResultRow.get), for catalogue-driven code."""
         return self.row.get(key, default)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """As the report page's data has it: the row's figures, and with repeats `ci`,
         `samples` and `repeats`."""
         out = self.row.to_wire()
@@ -77,7 +78,7 @@ def aggregate(rows: list[ResultRow]) -> LevelFigures:
     if len(rows) == 1:
         return LevelFigures(rows[0])
     last = rows[-1]
-    means: dict[str, Any] = {}
+    means: JsonObject = {}
     for f in dataclasses.fields(ResultRow):
         values = [getattr(r, f.name) for r in rows]
         if f.init and _number(values[-1]) and all(_number(v) for v in values):

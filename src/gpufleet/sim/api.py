@@ -19,6 +19,7 @@ from aiohttp import web
 from gpufleet.sim.prefixcache import id_blocks, text_blocks
 from gpufleet.sim.speculation import prompt_domain
 from gpufleet.sim.timing import Engine, SimRequest
+from gpufleet.wire import JsonObject
 
 WORDS = ("the", "model", "returns", "a", "value", "for", "each", "token", "in", "code")
 
@@ -39,7 +40,7 @@ class ServerState:
         self.engine = engine
         self.args = args
         self.phase = "starting"  # starting -> ready -> (shutting_down)
-        self.traces: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.traces: OrderedDict[str, JsonObject] = OrderedDict()
         self.model_name = args.served_model_name or args.model_path
         self.created = int(time.time())
 
@@ -64,7 +65,7 @@ def _json_body_error(message: str, status: int = 400) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
-async def _read_json(request: web.Request) -> dict[str, Any]:
+async def _read_json(request: web.Request) -> JsonObject:
     try:
         body = await request.json()
     except (ValueError, UnicodeDecodeError):
@@ -88,7 +89,7 @@ class _Prompt:
     """A request's prompt as the engine sees it: tokens, prefix-cache blocks, and the text
     (None for input_ids) after which its output is cached."""
 
-    def __init__(self, body: dict[str, Any], text_key: str, chat: bool = False) -> None:
+    def __init__(self, body: JsonObject, text_key: str, chat: bool = False) -> None:
         self.output_sep = ""
         self.text: str | None = None
         ids = body.get("input_ids") if not chat else None
@@ -171,7 +172,7 @@ class Api:
             if not k.startswith("sim_") and k != "explicit_max_running"
         }
         engine = self.state.engine
-        internal: dict[str, Any] = {"last_gen_throughput": engine.throughput() if engine else 0.0}
+        internal: JsonObject = {"last_gen_throughput": engine.throughput() if engine else 0.0}
         if a.speculative_algorithm and engine:
             internal["avg_spec_accept_length"] = engine.avg_accept_length
             if engine.adaptive is not None:  # SGLang reports the live depth
@@ -280,8 +281,8 @@ class Api:
         req = self._admit(prompt, _max_tokens(params.get("max_new_tokens")))
         spec = bool(self.state.args.speculative_algorithm)
 
-        def meta(final: bool) -> dict[str, Any]:
-            m: dict[str, Any] = {
+        def meta(final: bool) -> JsonObject:
+            m: JsonObject = {
                 "id": req.rid,
                 "finish_reason": {"type": "length", "length": req.generated} if final else None,
                 "prompt_tokens": req.prompt_tokens,
@@ -359,9 +360,9 @@ class _OpenAIReply:
         self.rid = ("chatcmpl-" if chat else "cmpl-") + req.rid
         self.created = int(time.time())
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> JsonObject:
         req = self.req
-        usage: dict[str, Any] = {
+        usage: JsonObject = {
             "prompt_tokens": req.prompt_tokens,
             "completion_tokens": req.generated,
             "total_tokens": req.prompt_tokens + req.generated,
@@ -370,7 +371,7 @@ class _OpenAIReply:
             usage["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
         return usage
 
-    def envelope(self, obj: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    def envelope(self, obj: str, choices: list[JsonObject], **extra: Any) -> JsonObject:
         return {
             "id": self.rid,
             "object": obj,
@@ -380,7 +381,7 @@ class _OpenAIReply:
             **extra,
         }
 
-    def choice(self, piece: str, finish: str | None) -> dict[str, Any]:
+    def choice(self, piece: str, finish: str | None) -> JsonObject:
         if self.chat:
             return {
                 "index": 0,

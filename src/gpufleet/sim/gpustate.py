@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.host.procstat import ProcRef
+from gpufleet.wire import JsonObject
 
 STATE_ENV = "GPUFLEET_SIM_STATE"
 
@@ -49,9 +50,9 @@ def ensure_topology(
     memory_mib: int = 143771,
     reserved_mib: int = 615,
     host: str = "sim",
-    faults: dict[str, dict[str, Any]] | None = None,
+    faults: dict[str, JsonObject] | None = None,
     boot_id: str | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Create or update gpus.json; allocations already registered are kept."""
     root = Path(path)
     topo = {
@@ -76,7 +77,7 @@ def ensure_topology(
     return topo
 
 
-def read_topology(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def read_topology(path: str | os.PathLike[str] | None = None) -> JsonObject:
     return json.loads((state_dir(path) / "gpus.json").read_text())
 
 
@@ -123,9 +124,9 @@ def release(pid: int | None = None, path: str | os.PathLike[str] | None = None) 
         file.unlink(missing_ok=True)
 
 
-def live_allocations(path: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+def live_allocations(path: str | os.PathLike[str] | None = None) -> list[JsonObject]:
     """Allocations whose process is alive; stale files of dead processes are swept."""
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     alloc_dir = state_dir(path) / "alloc"
     for file in sorted(alloc_dir.glob("*.json")):
         try:
@@ -171,14 +172,12 @@ def host_pids(path: str | os.PathLike[str] | None = None) -> set[int]:
     return out
 
 
-def write_activity(
-    gpu: int, data: dict[str, Any], path: str | os.PathLike[str] | None = None
-) -> None:
+def write_activity(gpu: int, data: JsonObject, path: str | os.PathLike[str] | None = None) -> None:
     """What a simulated server's work does to GPU `gpu` (power, energy above idle, load)."""
     _write_json_atomic(state_dir(path) / "activity" / f"{gpu}.json", data)
 
 
-def read_activity(gpu: int, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def read_activity(gpu: int, path: str | os.PathLike[str] | None = None) -> JsonObject:
     try:
         return json.loads((state_dir(path) / "activity" / f"{gpu}.json").read_text())
     except (OSError, ValueError):

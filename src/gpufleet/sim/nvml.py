@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gpufleet.sim import gpustate, power
+from gpufleet.wire import JsonObject
 
 MIB = 1024 * 1024
 nvmlMemory_v1 = 0x1000018
@@ -83,7 +84,7 @@ class c_nvmlProcessInfo_t:
     computeInstanceId: int = 0xFFFFFFFF
 
 
-def _topology() -> dict[str, Any]:
+def _topology() -> JsonObject:
     if not _initialized:
         raise NVMLError_Uninitialized()
     return gpustate.read_topology()
@@ -184,7 +185,7 @@ class c_nvmlUtilization_t:
     memory: int
 
 
-def _activity(index: int) -> dict[str, Any]:
+def _activity(index: int) -> JsonObject:
     data = gpustate.read_activity(index)
     fresh = data and time.time() - data.get("t", 0) <= _STALE_S
     return data if fresh else {"extra_j": data.get("extra_j", 0.0) if data else 0.0}

@@ -25,7 +25,8 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+
+from gpufleet.wire import JsonObject
 
 EventHandler = Callable[[bytes, float], None]  # (payload after "data: ", perf_counter time)
 MAX_ERROR_BODY = 64 * 1024
@@ -428,7 +429,7 @@ class StreamClient:
             return _KernelTimedConnection(sock, loop)
         raise last or OSError(f"cannot resolve {self.host}")
 
-    def _request(self, path: str, body: dict[str, Any]) -> bytes:
+    def _request(self, path: str, body: JsonObject) -> bytes:
         data = json.dumps(body).encode()
         head = (
             f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
@@ -439,7 +440,7 @@ class StreamClient:
         return head.encode("latin-1") + data
 
     async def post_stream(
-        self, path: str, body: dict[str, Any], on_event: EventHandler, timeout: float
+        self, path: str, body: JsonObject, on_event: EventHandler, timeout: float
     ) -> Response:
         """Send; `on_event` gets every SSE `data:` payload as it arrives; returns at the end."""
         request = self._request(path, body)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpufleet.host.bench.clientcert import ClientClock
+from gpufleet.wire import JsonObject
 
 
 @dataclass
@@ -57,7 +58,7 @@ class RequestRecord:
             return None
         return self.completion_tokens / self.spec_verify_ct
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         row = asdict(self)
         del row["text"]
         if self.session is None:

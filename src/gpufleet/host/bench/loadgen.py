@@ -25,6 +25,7 @@ from typing import Any
 from gpufleet.host.bench.clientcert import ClientClock
 from gpufleet.host.bench.httpstream import StreamClient
 from gpufleet.host.bench.level import LevelRun, Prompt, RequestRecord, Tally
+from gpufleet.wire import JsonObject
 
 BACKENDS = ("sglang", "openai", "openai-chat")
 WARMUP_TOKENS = 16
@@ -204,7 +205,7 @@ class _StreamTracker:
         record.chunks += 1
         self.last = now
 
-    def _error(self, chunk: dict[str, Any]) -> None:
+    def _error(self, chunk: JsonObject) -> None:
         error = chunk["error"]
         self.record.error = str(error.get("message", error) if isinstance(error, dict) else error)
         self.stopped = True

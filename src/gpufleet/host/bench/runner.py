@@ -255,36 +255,15 @@ def _sglang_bench_level(
     except (RuntimeError, OSError, ValueError) as exc:
         return "failed", f"level C={c}: {exc}"
     records = sglang_bench.requests(row)
-    repeat = level.repeat
-    tag = f"c{c}" if repeat == 1 else f"c{c}-r{repeat}"
-    writer.lines(f"requests-{tag}.jsonl", records)
-    row["repeat"] = repeat
+    writer.lines(f"requests-{level.tag}.jsonl", records)
     row.update(slos.goodput([RequestRecord(**r) for r in records], row["duration"], plan.slo or {}))
-    if gauge is not None:
-        writer.lines(f"telemetry-{tag}.jsonl", gauge.rows)
-        row.update(telemetry.summarize(gauge.rows, int(row.get("total_output_tokens", 0))))
     if not plan.output_details:  # the arrays live in requests-c<N>.jsonl
         for key in ("input_lens", "output_lens", "ttfts", "itls", "generated_texts"):
             row.pop(key, None)
         row["errors"] = row["error_messages"]
-    alive = _server_alive(server_state)
-    row.update(
-        dataset_name=plan.prompt_set,
-        tag=plan.profile,
-        seed=plan.seed,
-        output_len=plan.output_len,
-        level_status="ok" if row["failed"] == 0 and alive else "failed",
-    )
-    checked = writer.result(row, level)
-    writer.event(
-        {
-            "level": c,
-            "phase": "end",
-            "completed": checked.completed,
-            "failed": checked.failed,
-            "output_throughput": round(checked.output_throughput, 1),
-        }
-    )
+    row.update(dataset_name=plan.prompt_set, tag=plan.profile, seed=plan.seed,
+               output_len=plan.output_len)  # fmt: skip
+    checked, alive = _level_tail(row, level, writer, gauge, server_state)
     if not alive:
         return "failed", f"the server process exited during level C={c}"
     if checked.failed:
@@ -379,6 +358,30 @@ def _telemetry(
         return None
 
 
+def _level_tail(
+    figures: dict[str, Any],
+    level: Level,
+    writer: RunWriter,
+    gauge: telemetry.Sampler | None,
+    server_state: ServerState | None,
+) -> tuple[ResultRow, bool]:
+    """What both level runners (gpufleet's generator, SGLang's bench_serving) end with: the
+    GPU telemetry, the repeat, the level's status, its results.jsonl row checked against
+    ResultRow, the progress event; (the row, whether the server is still alive)."""
+    if gauge is not None:
+        writer.lines(f"telemetry-{level.tag}.jsonl", gauge.rows)
+        figures.update(telemetry.summarize(gauge.rows, int(figures.get("total_output_tokens", 0))))
+    alive = _server_alive(server_state)
+    figures["repeat"] = level.repeat
+    figures["level_status"] = "ok" if figures["failed"] == 0 and alive else "failed"
+    row = writer.result(figures, level)
+    end = {"level": level.concurrency, "phase": "end", "completed": row.completed}
+    writer.event(
+        {**end, "failed": row.failed, "output_throughput": round(row.output_throughput, 1)}
+    )
+    return row, alive
+
+
 def _gpufleet_level(
     plan: BenchPlan,
     level: Level,
@@ -403,27 +406,10 @@ def _gpufleet_level(
     summary = _summary(plan, run, samples, run.after_warmup, keys)
     if (summary.get("server_info") or {}).get("speculative_adaptive"):
         summary["depth_switches"] = depth_switches(server_state, begun, marks[-1][0])
-    repeat = level.repeat
-    summary["repeat"] = repeat
-    tag = f"c{c}" if repeat == 1 else f"c{c}-r{repeat}"  # --repeat: one file set per repeat
-    if gauge is not None:
-        writer.lines(f"telemetry-{tag}.jsonl", gauge.rows)
-        summary.update(telemetry.summarize(gauge.rows, int(summary["total_output_tokens"])))
     if samples:
-        writer.lines(f"metrics-{tag}.jsonl", samples)
-    writer.lines(f"requests-{tag}.jsonl", [r.to_json() for r in run.records])
-    alive = _server_alive(server_state)
-    summary["level_status"] = "ok" if (summary["failed"] == 0 and alive) else "failed"
-    row = writer.result(summary, level)
-    writer.event(
-        {
-            "level": c,
-            "phase": "end",
-            "completed": row.completed,
-            "failed": row.failed,
-            "output_throughput": round(row.output_throughput, 1),
-        }
-    )
+        writer.lines(f"metrics-{level.tag}.jsonl", samples)
+    writer.lines(f"requests-{level.tag}.jsonl", [r.to_json() for r in run.records])
+    row, alive = _level_tail(summary, level, writer, gauge, server_state)
     if not alive:
         return "failed", f"the server process exited during level C={c}", True
     if row.failed:

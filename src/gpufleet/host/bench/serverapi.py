@@ -8,9 +8,9 @@ import json
 import time
 import urllib.error
 import urllib.request
-from typing import Any
 
 from gpufleet.host import serverkeys
+from gpufleet.wire import JsonObject
 
 PROM_KEYS = (
     "sglang:num_running_reqs",
@@ -21,7 +21,7 @@ PROM_KEYS = (
 )
 
 
-def _get_json(url: str, keys: dict[str, str]) -> dict[str, Any] | None:
+def _get_json(url: str, keys: dict[str, str]) -> JsonObject | None:
     request = urllib.request.Request(url, headers=serverkeys.headers(keys))
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
@@ -30,7 +30,7 @@ def _get_json(url: str, keys: dict[str, str]) -> dict[str, Any] | None:
         return None
 
 
-def server_info(base_url: str, keys: dict[str, str]) -> dict[str, Any] | None:
+def server_info(base_url: str, keys: dict[str, str]) -> JsonObject | None:
     """SGLang's /server_info (the older name as a fallback), with the server's key."""
     return _get_json(base_url + "/server_info", keys) or _get_json(
         base_url + "/get_server_info", keys

@@ -20,10 +20,10 @@ import math
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from gpufleet.host import childenv, safewrite, serverkeys
 from gpufleet.records import BenchPlan, Level
+from gpufleet.wire import JsonObject
 
 BACKENDS = {"sglang": "sglang", "openai": "sglang-oai", "openai-chat": "sglang-oai-chat"}
 
@@ -79,7 +79,7 @@ def command(
     return argv
 
 
-def requests(row: dict[str, Any]) -> list[dict[str, Any]]:
+def requests(row: JsonObject) -> list[JsonObject]:
     """bench_serving's per-request arrays (`--output-details`) as gpufleet request records."""
     out = []
     arrays = zip(
@@ -98,7 +98,7 @@ def requests(row: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def parse(line: str, level: Level, plan: BenchPlan) -> dict[str, Any]:
+def parse(line: str, level: Level, plan: BenchPlan) -> JsonObject:
     """One bench_serving JSONL line -> gpufleet's results row (bench_serving keys kept);
     per-request figures from its per-request arrays, as gpufleet computes them."""
     import statistics
@@ -128,7 +128,7 @@ def run_level(
     run_dir: Path,
     tokenizer: str | None,
     keys: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """One level through bench_serving; the server's key in OPENAI_API_KEY, which it sends
     as `Authorization: Bearer` (its documented way: never on its command line)."""
     from datetime import UTC, datetime

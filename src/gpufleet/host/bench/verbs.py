@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from gpufleet.host import childenv, gpus, safewrite, serverkeys
 from gpufleet.host import nvml as nvmlread
@@ -31,6 +30,7 @@ from gpufleet.host.protocol import (
 from gpufleet.host.servers import all_states, read_state, server_alive, tail
 from gpufleet.kinds import Kind, RunStatus
 from gpufleet.records import BenchPlan, ServerState
+from gpufleet.wire import JsonObject
 
 RUNS = Path("runs")
 
@@ -109,7 +109,7 @@ def _spawn_runner(run_dir: Path, args: BenchRunArgs) -> ProcRef:
     return ProcRef.capture(proc.pid) or ProcRef(proc.pid, -1)
 
 
-def _nvml_snapshot() -> list[dict[str, Any]] | None:
+def _nvml_snapshot() -> list[JsonObject] | None:
     """What nvml_before.json and nvml_after.json hold: each GPU's reading (None: no NVML)."""
     try:
         return [gpu.to_wire() for gpu in nvmlread.snapshot(nvmlread.load_pynvml())]
