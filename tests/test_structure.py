@@ -1,0 +1,63 @@
+"""The code's structure holds what issue 36 declared once (benchmarks/code_structure.py
+measures it, ast and grep, nothing run): a new option, archive path or level shape that
+goes around the one place fails here."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _measure():
+    spec = importlib.util.spec_from_file_location(
+        "code_structure", REPO / "benchmarks" / "code_structure.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["code_structure"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_options_are_read_only_from_their_parsed_value():
+    assert _measure().option_reads() == 0
+
+
+def test_every_task_is_declared_by_an_option_set():
+    """A task's flags come from one OptionSet (cli/tasksets.py): its signature, help and
+    short flags; a task with a hand-written signature would declare its flags twice."""
+    from gpufleet.cli import tasksets
+    from gpufleet.cli.options import OptionSet
+    from gpufleet.cli.tasks import ns
+
+    sets = [v for v in vars(tasksets).values() if isinstance(v, OptionSet)]
+    for name in ns.task_names:
+        task = ns[name]
+        flags = set(task.help)
+        if not flags:  # profiles: no options at all
+            assert not task.get_arguments(), name
+            continue
+        owners = [s for s in sets if set(s.help()) == flags and s.help() == task.help]
+        assert owners, f"inv {name}: its flags are not one OptionSet's ({sorted(flags)})"
+        declared = {n for s in owners for n in s.options}
+        assert {a.name for a in task.get_arguments()} == declared, name
+
+
+def test_no_long_functions_in_cli_or_control():
+    assert _measure().long_functions() == []
+
+
+def test_only_the_archive_builds_archive_paths():
+    assert _measure().archive_path_builders() == []
+
+
+def test_control_never_calls_up_into_cli():
+    assert _measure().control_calls_into_cli() == []
+
+
+def test_plain_dicts_stay_few():
+    """`dict[str, Any]` marks a shape not yet declared; a JSON object at a boundary is
+    wire.JsonObject. The ceiling only comes down."""
+    assert sum(_measure().any_dicts().values()) <= 28
