@@ -11,19 +11,16 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from gpufleet.archive.layout import RESERVED
-from gpufleet.control import hostlist
-from gpufleet.control.yamlconfig import read_yaml, validate
+from gpufleet.control.yamlconfig import validate
 from gpufleet.errors import UserError
-from gpufleet.host import trust
 from gpufleet.host.redact import remember, secrets_in
 from gpufleet.wire import JsonObject
 
-DEFAULT_INVENTORY = Path("hosts/rehearsal.yaml")
 DEFAULT_FORKS = 32
 
 
@@ -194,121 +191,13 @@ def _merge(base: JsonObject, override: JsonObject) -> JsonObject:
     return out
 
 
-SLURM_PREFIX = "slurm:"
-
-
-def _slurm_nodes(spec: str, where: str) -> list[str]:
-    """`gpu[01-16,20]`, `job=123456` or `partition=h200` -> node names."""
-    if spec.startswith("job="):
-        return hostlist.job_nodes(spec[4:])
-    if spec.startswith("partition="):
-        return hostlist.partition_nodes(spec[len("partition=") :])
-    try:
-        return hostlist.expand(spec)
-    except UserError as exc:
-        raise UserError(f"{where}: {exc}") from None
-
-
-def _expand_entries(raw_hosts: JsonObject, source: str) -> tuple[JsonObject, dict]:
-    """Host entries with Slurm node lists expanded: a key `gpu[01-04]`, `slurm:job=N` or
-    `slurm:partition=P` is one entry per node, each with the entry's fields (its address is
-    the node name); `group: NAME` in such an entry makes the nodes a group."""
-    hosts: JsonObject = {}
-    groups: dict[str, list[str]] = {}
-    for key, fields in raw_hosts.items():
-        key = str(key)
-        spec = key[len(SLURM_PREFIX) :] if key.startswith(SLURM_PREFIX) else key
-        if "[" not in spec and not key.startswith(SLURM_PREFIX):
-            hosts[key] = fields
-            continue
-        fields = dict(fields or {})
-        if "address" in fields:
-            raise UserError(f"{source}: hosts.{key}.address: a node list's address is each "
-                            "node's name (set it per host instead)")  # fmt: skip
-        group = fields.pop("group", None)
-        nodes = _slurm_nodes(spec, source if source == key else f"{source}: hosts.{key}")
-        for node in nodes:
-            if node in hosts:
-                raise UserError(f"{source}: hosts.{key}: {node} is listed twice")
-            hosts[node] = fields
-        if group:
-            groups[str(group)] = nodes
-    return hosts, groups
-
-
-def _run_inventory_program(file: Path) -> Any:
-    """An executable inventory (as Ansible's): run it, read its JSON or YAML output.
-
-    It runs as whoever runs gpufleet (often root), so it runs only when the trust rule
-    passes it: the program and every directory on its way are this user's or root's and
-    nobody else can write them.
-    """
-    import subprocess
-
-    import yaml
-
-    try:
-        real = trust.judge(str(file.absolute()), os.geteuid(), trust.FILE, "inventory program")
-    except trust.Untrusted as exc:
-        raise UserError(f"refusing to run {exc}") from None
-    try:
-        done = subprocess.run([real], capture_output=True, text=True, timeout=60, check=False)
-    except subprocess.TimeoutExpired:
-        raise UserError(f"inventory program {file}: no answer in 60 s") from None
-    except OSError as exc:
-        raise UserError(f"inventory program {file}: cannot run it ({exc.strerror})") from None
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output on stderr"])[-1]
-        raise UserError(f"inventory program {file} exited {done.returncode}: {tail}")
-    try:
-        return yaml.safe_load(done.stdout)  # JSON is YAML
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" (line {where.line + 1})" if where else ""
-        raise UserError(f"inventory program {file}: its output is not JSON or YAML{at}") from None
-
-
-def _is_program(file: Path) -> bool:
-    return (
-        file.is_file()
-        and os.access(file, os.X_OK)
-        and not file.name.endswith((".yaml", ".yml", ".json"))
-    )
-
-
-def resolve_inventory_path(path: str | None) -> Path:
-    """`--inventory` value, else $GPUFLEET_INVENTORY, else hosts/rehearsal.yaml.
-
-    A bare name (no `/`) means `hosts/NAME.yaml`, then `hosts/NAME`: never a file of the
-    current directory, which may be anyone's (`-i fleet` typed in /tmp must not run
-    /tmp/fleet). `./NAME` or a path with a `/` names a file where it is.
-    """
-    raw = path or os.environ.get("GPUFLEET_INVENTORY") or str(DEFAULT_INVENTORY)
-    if "/" in raw or raw.startswith("~"):
-        candidates = [Path(raw).expanduser()]
-    else:
-        yaml_name = raw if raw.endswith((".yaml", ".yml", ".json")) else f"{raw}.yaml"
-        candidates = list(dict.fromkeys([Path("hosts") / yaml_name, Path("hosts") / raw]))
-    for candidate in candidates:
-        if candidate.exists():
-            return candidate
-    looked = ", ".join(str(c) for c in candidates)
-    here = f"; ./{raw} is in this directory: pass ./{raw} to use it" if Path(raw).exists() else ""
-    raise UserError(
-        f"inventory {raw!r} not found (looked for {looked}){here}; pass --inventory FILE "
-        "or set GPUFLEET_INVENTORY"
-    )
-
-
 def load_inventory(path: str | Path | None = None) -> Inventory:
-    raw_path = str(path) if path is not None else os.environ.get("GPUFLEET_INVENTORY")
-    if raw_path and raw_path.startswith(SLURM_PREFIX):
-        source = raw_path
-        data: Any = {"hosts": {raw_path: {"group": "slurm"}}}
-    else:
-        file = resolve_inventory_path(raw_path)
-        source = str(file)
-        data = _run_inventory_program(file) if _is_program(file) else read_yaml(file)
+    """The inventory `path` names (else $GPUFLEET_INVENTORY, else the rehearsal's), read
+    by the source that claims it (control/inventorysources.py), checked."""
+    from gpufleet.control.inventorysources import expand_entries, read_source
+
+    spec = str(path) if path is not None else os.environ.get("GPUFLEET_INVENTORY")
+    source, data = read_source(spec)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -316,7 +205,7 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
     raw = validate(_InventoryFile, data, source)
     if not isinstance(raw.defaults, dict):
         raise UserError(f"{source}: defaults: expected a mapping")
-    entries, node_groups = _expand_entries(raw.hosts, source)
+    entries, node_groups = expand_entries(raw.hosts, source)
     for group, nodes in node_groups.items():
         if group in raw.groups:
             raise UserError(f"{source}: groups.{group}: also the group of a node list")
