@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
 # Quick start, tests: install what the suite needs (openssh-server, Debian's chromium for the
 # report's browser tests, Python deps), run it all.
+#   scripts/test.sh            the whole suite (the README's command; CI runs it)
+#   scripts/test.sh --fast     the unit tier: no sshd, no server, no other process (~1 min)
+#   scripts/test.sh ARGS...    pytest ARGS (e.g. tests/test_bench.py -k crash)
 set -euo pipefail
+fast=0
+if [ "${1:-}" = "--fast" ]; then
+  fast=1
+  shift
+fi
 missing=()
-[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
-command -v strace >/dev/null || missing+=(strace)  # the root census traces sshd
-command -v chromium >/dev/null || missing+=(chromium)
+if [ $fast = 0 ]; then
+  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+  command -v strace >/dev/null || missing+=(strace)  # the root census traces sshd
+  command -v chromium >/dev/null || missing+=(chromium)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -q && apt-get install -y -q "${missing[@]}"
 fi
 source "$(dirname "$0")/setup-venv.sh"
 ruff check src tests benchmarks tasks.py
 ruff format --check src tests benchmarks tasks.py
+if [ $fast = 1 ]; then
+  exec python -m pytest -q -m unit "$@"
+fi
 python -m pytest -q "$@"

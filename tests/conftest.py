@@ -97,3 +97,28 @@ def sim_server(tmp_path):
     yield start
     for s in servers:
         s.stop()
+
+
+# The unit tier (`scripts/test.sh --fast`, pytest -m unit): what needs no sshd, no server
+# and no other process of gpufleet, so every change can run it first in under 2 minutes.
+REAL_PARTS = {"sshd_hosts", "fresh_sshd", "fleet", "sim_server", "census_host", "uvicorn_url"}
+SPAWNS = ("run_cli(", "subprocess", "Popen", "SimServer", "BenchFleet", "chromium", "visit(")
+
+
+def _spawns(item: pytest.Item) -> bool:
+    import inspect
+
+    function = getattr(item, "function", None)
+    try:
+        source = inspect.getsource(function) if function else ""
+    except (OSError, TypeError):
+        return True
+    return any(word in source for word in SPAWNS)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        heavy = REAL_PARTS & set(getattr(item, "fixturenames", ()))
+        if not heavy and "slow" not in item.keywords and "gpu" not in item.keywords:
+            if not _spawns(item):
+                item.add_marker(pytest.mark.unit)
