@@ -120,3 +120,37 @@ def test_bench_repeat_runs_rounds_and_prints_intervals(sim_server, tmp_path):
     compared = run_cli("compare", run_dir.name, run_dir.name, "--archive", str(archive))
     assert compared.returncode == 0, compared.stdout + compared.stderr
     assert "1.00x [" in compared.stdout and "n.s." in compared.stdout
+
+
+def test_resume_runs_the_request_the_sweep_was_started_with(tmp_path, monkeypatch):
+    """The sweep's record keeps its request: `--resume` benches with it even when the flags
+    are not repeated (or differ), so a resumed sweep measures what it started measuring."""
+    from gpufleet.archive.layout import Archive
+    from gpufleet.control import sweep as sweeps
+    from gpufleet.control.arms import expand
+    from gpufleet.control.benchrequest import BenchRequest
+    from gpufleet.control.experiment import Console, Experiment
+    from gpufleet.control.fleet import Fleet
+
+    archive = Archive(tmp_path / "a")
+    benched = []
+    real_run = sweeps.run
+
+    def run(state, fleet, request, *rest, **kwargs):
+        benched.append(request)
+        return real_run(state, fleet, request, *rest, **kwargs)
+
+    monkeypatch.setattr(sweeps, "run", run)
+    said = []
+    exp = Experiment(Fleet([]), Console(said.append, lambda data, path: None))
+    arms = expand(["baseline"], [], 1)
+    first = BenchRequest([2, 8], num_prompts=6, output_len=8, slo={"ttft_ms": 500.0},
+                         seed=3, archive=archive)  # fmt: skip
+    state = exp.sweep(["baseline"], arms, "sweep", False, first)
+    assert state.record.request["num_prompts"] == 6
+    exp.sweep(["baseline"], arms, "sweep", True, BenchRequest([64], archive=archive))
+    assert [r.concurrency for r in benched] == [[2, 8], [2, 8]]
+    kept = benched[1]
+    assert (kept.num_prompts, kept.output_len, kept.slo, kept.seed) == (6, 8, first.slo, 3)
+    assert kept.archive == archive
+    assert any(line.startswith("resuming sweep") for line in said)

@@ -176,6 +176,7 @@ class SweepRecord(Archived):
     created_at: str | None = None
     status: str = SweepStatus.RUNNING  # kinds.SweepStatus
     durations_s: dict[str, float] = field(default_factory=dict)  # cell key -> seconds
+    request: JsonObject | None = None  # control/benchrequest.BenchRequest.to_json: --resume runs it
 
 
 # -- a host's GPU health ---------------------------------------------------------------

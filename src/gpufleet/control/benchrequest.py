@@ -6,11 +6,13 @@ Defaults shared with the plan are the plan's own (records.BenchPlan), declared o
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 
 from gpufleet.archive.layout import Archive
 from gpufleet.records import BenchPlan, Level
+from gpufleet.wire import JsonObject
 
 MAX_PROMPTS = 100_000  # as --num-prompts allows
 PLAN = BenchPlan  # the host-side defaults (a dataclass field's default is a class attribute)
@@ -51,6 +53,19 @@ class BenchRequest:
     engine: str = PLAN.engine  # or sglang-bench: SGLang's own bench_serving on the host
     tokenizer: str | None = None  # for sglang-bench (default: the served model's path)
     telemetry_interval_s: float = 0.5  # GPU sampling during each level; 0 = off
+
+    def to_json(self) -> JsonObject:
+        """As a sweep's record keeps it, so `--resume` runs what the sweep was started with
+        (the archive is where the record lies; the API key's variable name is kept, never
+        its value)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "archive"}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: JsonObject, archive: Archive) -> BenchRequest:
+        """The request a record kept (fields this version does not know are left out)."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"archive"}
+        return cls(archive=archive, **{k: v for k, v in data.items() if k in known})
 
     def levels(self, available: int | None = None) -> list[Level]:
         """Requests (sessions for multiturn) per level; `available` caps them (a trace)."""

@@ -71,11 +71,14 @@ class Experiment:
         sweeps.check_arms(profiles, arms)  # a bad profile or flag fails before anything starts
         root = request.archive
         state = sweeps.open_state(
-            root, profiles, self.fleet.hosts, request.concurrency, resume, arms, kind
-        )
+            root, profiles, self.fleet.hosts, request.concurrency, resume, arms, kind,
+            request.to_json(),
+        )  # fmt: skip
         self.console.opened(state)
         if resume:
             self.console.line(f"resuming sweep {state.sweep_id} ({state.record.status})")
+            if state.record.request is not None:  # what it was started with, whatever is given
+                request = BenchRequest.from_json(state.record.request, root)
         state = sweeps.run(
             state, sweeps.hosts_of(state, self.fleet), request, self.launch, self.fail_fast,
             self.console.line, self.console.launch_progress,

@@ -40,6 +40,7 @@ from gpufleet.host.protocol import StopArgs
 from gpufleet.kinds import CellStatus, Kind, RunStatus, SweepStatus
 from gpufleet.records import LaunchSpec
 from gpufleet.report.html import ReportInput
+from gpufleet.wire import JsonObject
 
 Say = Callable[[str], None]
 
@@ -62,6 +63,7 @@ class SweepState:
         levels: list[int],
         arms: list[ArmSpec] | None = None,
         kind: str = "sweep",
+        request: JsonObject | None = None,
     ) -> SweepState:
         arms = arms or [ArmSpec(p, label=profile_label(p)) for p in profiles]
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -77,6 +79,7 @@ class SweepState:
             concurrency=levels,
             created_at=datetime.now(UTC).isoformat(),
             cells={a.key: {h: Cell() for h in hosts} for a in arms},
+            request=request,
         )
         state = cls(archive.sweep_state(sweep_id), record)
         state.save()
@@ -433,11 +436,13 @@ def open_state(
     resume: bool,
     arms: list[ArmSpec] | None = None,
     kind: str = "sweep",
+    request: JsonObject | None = None,
 ) -> SweepState:
-    """The latest sweep of these cells (--resume), or a new one."""
+    """The latest sweep of these cells (--resume), or a new one that keeps `request`."""
     if resume:
         return SweepState.latest(archive, profiles, arms, kind)
-    return SweepState.new(archive, profiles, [h.name for h in hosts], levels, arms, kind)
+    names = [h.name for h in hosts]
+    return SweepState.new(archive, profiles, names, levels, arms, kind, request)
 
 
 def hosts_of(state: SweepState, selected: Fleet) -> Fleet:
