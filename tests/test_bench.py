@@ -31,14 +31,20 @@ def test_metrics_match_the_servers_ground_truth(sim_server):
     summary = summarize(run, "sglang")
     assert summary["completed"] == 16 and summary["failed"] == 0
     assert summary["total_output_tokens"] == 16 * 24
-    itl_errors, e2e = [], []
+    itl_errors, true_gaps = [], []
     for rec in run.records:
         truth = _trace(server.url, rec.rid)
         gaps = [b - a for a, b in zip(truth["emit_times"], truth["emit_times"][1:], strict=False)]
         assert len(rec.itl) == len(gaps) == 23
         itl_errors += [abs(a - b) for a, b in zip(rec.itl, gaps, strict=True)]
-        e2e.append(rec.e2e)
-    assert percentile(itl_errors, 99) < 0.005  # 5 ms on a loaded 2-core CI machine
+        true_gaps += gaps
+    # Judged against references taken in this level, so it holds on a busy machine too: the
+    # typical gap is measured to within 5% of the server's own gap, and the worst gaps are
+    # off by no more than the client's own event loop was late (a chunk read late lengthens
+    # one gap and shortens the next by as much), plus a millisecond of clock reads.
+    assert percentile(itl_errors, 50) < 0.05 * percentile(true_gaps, 50)
+    late = max(run.client.loop_lags, default=0.0)
+    assert percentile(itl_errors, 99) < late + 0.001, (percentile(itl_errors, 99), late)
     # token counts come from the server, and the engine's own totals agree
     assert summary["output_throughput"] == pytest.approx(16 * 24 / run.duration)
 
