@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from gpufleet.kinds import Kind
 from gpufleet.records import ResultRow
+
+if TYPE_CHECKING:  # report is heavy: imported where a comparison is printed
+    from gpufleet.report.compare import Arm
 
 
 def _plain(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -133,7 +136,7 @@ def _compare_table(
         table(title, headers, rows)
 
 
-def print_compare(per_host: dict[str, Any], fmt: str, wide: bool = False) -> None:
+def print_compare(per_host: dict[str, list[Arm]], fmt: str, wide: bool = False) -> None:
     """Per host: the table (table/md/csv/json), then the answer (report/answer.py): its
     sentence, its errors and its warnings, wrapped to the terminal.
 

@@ -230,7 +230,7 @@ def choose(
 
 
 def _choose_level(
-    figures: dict[int, dict[str, Any]], min_request_speed: float | None
+    figures: dict[int, Cell], min_request_speed: float | None
 ) -> tuple[int, str, dict[int, str]]:
     """One load level's depth, why, and the depths rejected as noisy or failed: the highest
     scoring (median minus spread) depth at or above the speed floor, or the shallowest
@@ -263,7 +263,7 @@ def _choose_level(
     return min(near), why, rejected  # within the margin of the best, the least drafting
 
 
-def _detail(figures: dict[int, dict[str, Any]], rejected: dict[int, str]) -> str:
+def _detail(figures: dict[int, Cell], rejected: dict[int, str]) -> str:
     """Every depth's figures at one level, and the ones rejected."""
     detail = ", ".join(
         f"depth {d}: {figures[d]['output_throughput']:.0f} tok/s"
