@@ -1,4 +1,4 @@
-"""What `inv gpu-clean` asks of every host, as the task parses it (cli/options.py); a light
+"""What `inv gpu-clean` asks of every host, as the task parses it (cli/tasksets.py); a light
 module, since `inv --list` reads its defaults, which are the agent's own (CleanArgs)."""
 
 from __future__ import annotations
