@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from gpufleet.control.arms import expand, parse_grid, short_names
 from gpufleet.errors import UserError
 from gpufleet.report import stats
-from helpers import row, run_cli
+from helpers import REPO, row, run_cli
 
 
 def test_grid_cells_are_named_readably_and_interleaved_by_repeat():
@@ -154,3 +156,37 @@ def test_resume_runs_the_request_the_sweep_was_started_with(tmp_path, monkeypatc
     assert (kept.num_prompts, kept.output_len, kept.slo, kept.seed) == (6, 8, first.slo, 3)
     assert kept.archive == archive
     assert any(line.startswith("resuming sweep") for line in said)
+
+
+def test_rehearse_asks_for_the_seeds_experiment(tmp_path):
+    """`inv rehearse` (the quick start's command) as typed: its one sweep is baseline vs
+    eagle3, interleaved three times, at C=1,10,64 on the rehearsal engine, archived where
+    --archive says. The sweep itself is the one every sweep test runs; here it is replaced
+    by a line saying what it was asked, so the task's own wiring is what is tested."""
+    script = (
+        "import json, sys\n"
+        "from gpufleet.control import experiment\n"
+        "def sweep(self, profiles, arms, kind, resume, request):\n"
+        "    print(json.dumps({'profiles': profiles, 'arms': [a.key for a in arms],\n"
+        "        'levels': request.fixed_levels, 'archive': str(request.archive),\n"
+        "        'engine': self.launch.engine, 'hosts': self.fleet.names, 'kind': kind}))\n"
+        "experiment.Experiment.sweep = sweep\n"
+        "from gpufleet.cli.main import program\n"
+        "program.run(['gpufleet', *sys.argv[1:]])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, "rehearse", "--archive", str(tmp_path / "a")],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    asked = json.loads(out.stdout.splitlines()[0])
+    assert asked["profiles"] == ["baseline", "eagle3"] and asked["kind"] == "sweep"
+    assert asked["arms"] == ["baseline", "eagle3", "baseline#2", "eagle3#2", "baseline#3",
+                             "eagle3#3"]  # fmt: skip
+    assert [lv["concurrency"] for lv in asked["levels"]] == [1, 10, 64]
+    assert (asked["archive"], asked["engine"], asked["hosts"]) == (
+        str(tmp_path / "a"),
+        "sim",
+        ["sim-h200"],
+    )
+    assert "rehearsal finished" in out.stdout

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpufleet.control.inventory import load_inventory
@@ -170,6 +172,28 @@ def test_rehearsal_inventory_cleans_locally():
     assert "sim-h200: verified clean" in out.stdout
     rows = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("sim-h200 ")]
     assert [r[-2:] for r in rows] == [["clean", "ok"]] * 8  # verdict, health
+
+
+def test_sysinfo_reports_each_host_as_json():
+    out = run_cli("sysinfo", "--inventory", str(REPO / "hosts/rehearsal.yaml"))
+    assert out.returncode == 0, out.stderr
+    facts = json.loads(out.stdout)["sim-h200"]
+    assert facts["simulated"] is True and len(facts["gpus"]) == 8
+    assert facts["gpus"][0]["name"] == "NVIDIA H200"
+
+
+def test_every_task_is_run_by_a_test():
+    """A census over the collection: each task is typed, as a user types it, by some test
+    (`inv rehearse` and `inv sysinfo` were not, and a broken one went unseen)."""
+    import re
+
+    from gpufleet.cli.tasks import ns
+
+    text = "\n".join(p.read_text() for p in (REPO / "tests").glob("test_*.py"))
+    for name in ns.task_names:
+        typed = re.search(rf"""(cli|run_cli|_start|_parse_argv)\(\s*"{name}"|\["{name}"|"{name}",""",
+                          text)  # fmt: skip
+        assert typed, f"inv {name}: no test runs it"
 
 
 def test_shipped_inventories_parse():

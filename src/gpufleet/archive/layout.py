@@ -46,8 +46,10 @@ class Archive:
     root: Path
 
     @classmethod
-    def at(cls, root: Path | str | None = None) -> Archive:
+    def at(cls, root: Archive | Path | str | None = None) -> Archive:
         """The archive at `root`, else $GPUFLEET_ARCHIVE, else logs/."""
+        if isinstance(root, Archive):
+            return root
         return cls(Path(root or os.environ.get("GPUFLEET_ARCHIVE") or "logs"))
 
     def __str__(self) -> str:

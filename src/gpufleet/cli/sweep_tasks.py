@@ -48,13 +48,13 @@ def rehearse(c, **given):
 
     from gpufleet.cli.output import line
     from gpufleet.control.arms import expand
+    from gpufleet.control.benchrequest import BenchRequest
     from gpufleet.control.launchoptions import LaunchOptions
 
     start = time.monotonic()
     o = REHEARSE.parse(given)
-    cell = {"concurrency": ["1,10,64"], "output_len": "64", "archive": o.archive}
-    request = SWEEP.request(SWEEP.parse({"profiles": "", **cell}))
-    request.fixed_levels = REHEARSAL_LEVELS
+    levels = [level["concurrency"] for level in REHEARSAL_LEVELS]
+    request = BenchRequest(levels, output_len=64, archive=o.archive, fixed_levels=REHEARSAL_LEVELS)
     command = resume_command(["inv", "rehearse"], REHEARSE.given(o, LEFT_OUT))
     profiles = ["baseline", "eagle3"]
     arms = expand(profiles, [], REHEARSAL_REPEATS)  # interleaved: baseline, eagle3, again
