@@ -20,7 +20,7 @@ from gpufleet.archive import select, store
 from gpufleet.archive.layout import Archive
 from gpufleet.archived import TuneRecord
 from gpufleet.control import tune as tuning
-from gpufleet.control import tunestep
+from gpufleet.control import tunestep, tuneverify
 from gpufleet.control.arms import ArmSpec
 from gpufleet.control.benchrequest import BenchRequest
 from gpufleet.control.experiment import Experiment
@@ -37,7 +37,7 @@ def save_record(record: TuneRecord, path: Path) -> None:
 class Verdict:
     host: str
     arms: list[Any]
-    rows: list[tuning.VerdictRow]
+    rows: list[tuneverify.VerdictRow]
     sentence: str
 
 
@@ -90,12 +90,12 @@ def run(
     if not verify:
         return outcome
     tuned = str(profile_path) if profile.endswith((".yaml", ".yml")) else profile_path.stem
-    checks = tuning.verification_arms(profile, tuned)
+    checks = tuneverify.verification_arms(profile, tuned)
     again = resume and _has_state(root, [profile, tuned], checks, "tune-verify")
     check = experiment.sweep([profile, tuned], checks, "tune-verify", again, request)
     data = select.report_for_sweep(root, check.path)
     for host, host_arms in data.per_host.items():
-        rows, sentence = tuning.verdict(host_arms)
+        rows, sentence = tuneverify.verdict(host_arms)
         outcome.verdicts.append(Verdict(host, host_arms, rows, sentence))
         record.verify[host] = {
             "sweep_id": check.sweep_id,
