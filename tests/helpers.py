@@ -272,12 +272,11 @@ def unwrap(text: str) -> str:
 def level(c: int = 1, ci: dict | None = None, **figures):
     """A measured level as the report reads it (report/stats.LevelFigures), from the figures
     a test cares about; `ci` {key: (low, high)} makes it a level with repeats."""
-    from gpufleet.records import ResultRow
     from gpufleet.report.stats import LevelFigures
 
-    wire = {"max_concurrency": c, "completed": 1, "failed": 0, "output_throughput": 0.0}
-    row = ResultRow.from_wire({**wire, **figures})
-    return LevelFigures(row, repeats=3 if ci else 1, ci=dict(ci or {}))
+    return LevelFigures(
+        row(max_concurrency=c, **figures), repeats=3 if ci else 1, ci=dict(ci or {})
+    )
 
 
 def row(**figures):

@@ -94,9 +94,6 @@ class OptionSet:
         options[name] = dataclasses.replace(options[name], **changes)
         return OptionSet(self.request_type, *self.rules, **options)
 
-    def with_rules(self, *rules: Rule) -> OptionSet:
-        return OptionSet(self.request_type, *self.rules, *rules, **self.options)
-
     def default(self, name: str) -> Any:
         option = self.options[name]
         if option.default is not FROM_REQUEST:
