@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -16,29 +17,34 @@ HOSTENV = Path(os.environ.get("GPUFLEET_TEST_HOSTENV", "/tmp/gpufleet-test-hoste
 HOST_PACKAGES = ["psutil", "nvidia-ml-py", "aiohttp", "setproctitle", "uvloop"]
 
 
+# Test workers side by side (pytest-xdist, scripts/test.sh) each take their own slice of
+# the loopback ports (gpufleet.sim.sshd.free_port), so two tests never pick the same port.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["GPUFLEET_PORT_SLICE"] = "{}/{}".format(
+        int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw")),
+        os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"),
+    )
+
+
 @pytest.fixture(scope="session")
 def host_python() -> str:
     """A Python like an SGLang venv's: psutil, nvidia-ml-py, aiohttp; gpufleet NOT installed."""
     python = HOSTENV / "bin" / "python"
     marker = HOSTENV / ".ready"
-    if not marker.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(HOSTENV)], check=True)
-        subprocess.run(
-            [
-                str(python),
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                *HOST_PACKAGES,
-            ],
-            check=True,
-        )
-        marker.write_text("ok\n")
+    with open(f"{HOSTENV}.lock", "w") as lock:  # workers side by side build it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.exists():
+            _build_hostenv(python, marker)
     probe = subprocess.run([str(python), "-c", "import gpufleet"], capture_output=True)
     assert probe.returncode != 0, "the host venv must not have gpufleet"
     return str(python)
+
+
+def _build_hostenv(python: Path, marker: Path) -> None:
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(HOSTENV)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, *HOST_PACKAGES], check=True)
+    marker.write_text("ok\n")
 
 
 @pytest.fixture(scope="session")
@@ -122,3 +128,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         light = not heavy and "slow" not in item.keywords and "gpu" not in item.keywords
         if light and not _spawns(item):
             item.add_marker(pytest.mark.unit)
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        # workers side by side (with --maxschedchunk 1, xdist hands tests out in this
+        # order): the longest go out first, so none starts last and holds the run open
+        # alone. The same order on every worker, as xdist needs.
+        items.sort(key=_expected_minutes, reverse=True)
+
+
+def _expected_minutes(item: pytest.Item) -> float:
+    """`@pytest.mark.slow(minutes=4)`: how long the test is expected to take (1 for a bare
+    `slow`, 0 for the rest), to send the longest out first."""
+    marks = list(item.iter_markers("slow"))
+    return max((m.kwargs.get("minutes", 1) for m in marks), default=0)

@@ -24,6 +24,7 @@ def _trace(url: str, rid: str) -> dict:
         return json.loads(r.read())
 
 
+@pytest.mark.exclusive  # judges the machine's own load: runs alone
 def test_metrics_match_the_servers_ground_truth(sim_server):
     server = sim_server()
     prompts = [Prompt(text="def f(x):\n    return x * 2\n" * 4, output_len=24) for _ in range(16)]

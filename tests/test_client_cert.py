@@ -23,6 +23,7 @@ print(json.dumps({k: v for k, v in summarize(run, "sglang").items() if k.startsw
 """
 
 
+@pytest.mark.exclusive  # judges the machine's own load: runs alone
 def test_a_client_that_kept_up_is_not_marked(sim_server):
     server = sim_server()
     run = run_async(run_level(server.url, [Prompt("hello " * 20, output_len=48)] * 16, 4))
@@ -32,6 +33,7 @@ def test_a_client_that_kept_up_is_not_marked(sim_server):
     assert 0 <= row["client_dispatch_lag_p50_ms"] <= row["client_dispatch_lag_p99_ms"] < 5
 
 
+@pytest.mark.exclusive  # judges the machine's own load: runs alone
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
 def test_a_starved_client_is_marked_late_and_one_beside_it_is_judged_by_its_own_lag(sim_server):
     """The mark fires when its condition holds and says nothing it did not measure: a client
@@ -85,6 +87,7 @@ def test_the_marks_claim_only_what_the_calibration_separates():
     assert "slots idle 3.0%" in clientcert.verdict(0.2, 0.03, 40.0)
 
 
+@pytest.mark.exclusive  # judges the machine's own load: runs alone
 def test_sampling_gpus_does_not_make_the_client_late(sim_server, tmp_path, monkeypatch):
     """Issue 35: with a sampling thread in the client, 6 of 6 unstarved C=64 levels were
     marked (loop lag p99 5.4-6.6 ms), 0 of 4 without it. The sampler (8 simulated GPUs,
@@ -128,6 +131,7 @@ def test_open_loop_waits_for_a_slot_are_reported_apart_from_latency(sim_server):
     assert row["p99_ttft_ms"] < 500 < row["p99_queue_wait_ms"]
 
 
+@pytest.mark.exclusive  # judges the machine's own load: runs alone
 def test_an_open_loop_level_that_fell_behind_is_marked_overloaded_and_one_that_kept_up_not(
     sim_server,
 ):

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 
 from helpers import REPO, run_cli
@@ -79,6 +80,7 @@ def _scan_files(root: Path, allowed: set[Path]) -> tuple[int, list[str]]:
     return count, hits
 
 
+@pytest.mark.slow(minutes=2)
 def test_canaries_never_reach_a_terminal_a_file_or_ps(fleet, tmp_path, monkeypatch):
     data = yaml.safe_load(fleet.inventory.read_text())
     data["defaults"]["vars"] = {"hub_password": CANARIES["inventory_var"]}

@@ -164,7 +164,7 @@ def _run_traced(fleet, sshd, argv: list[str], log: Path):
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=3)
 def test_the_census_of_what_root_touches(fleet, census_host, tmp_path, host_python):
     sshd, commands, names = census_host
     found: dict[str, dict[str, list[str]]] = {}
@@ -203,8 +203,15 @@ def test_the_census_of_what_root_touches(fleet, census_host, tmp_path, host_pyth
     record("root_census", {t: {"paths": sizes[t], "directories": len(found[t])} for t in TASKS})
 
 
-def _hostile_cases() -> list[tuple[str, str]]:
-    """Each directory of the census once, with the cheapest task that touches it."""
+def _marks(task: str, own: bool) -> list:
+    marks = [] if own else [pytest.mark.exclusive]
+    return marks + ([pytest.mark.slow(minutes=2)] if task == "tune" else [])
+
+
+def _hostile_cases() -> list:
+    """Each directory of the census once, with the cheapest task that touches it. A
+    directory outside the test's own (the host venv, Python's, /etc) is shared by every
+    test running beside it: turning it hostile runs alone (`exclusive`)."""
     if not CENSUS.exists():
         return []
     committed = json.loads(CENSUS.read_text())
@@ -214,7 +221,11 @@ def _hostile_cases() -> list[tuple[str, str]]:
             if kinds == ["probe"] or "RUN" in directory or directory in cases:
                 continue
             cases[directory] = task
-    return sorted((task, d) for d, task in cases.items())
+    own = ("<workdir>", "<tmp>")
+    return [
+        pytest.param(task, d, marks=_marks(task, d.startswith(own)))
+        for task, d in sorted((task, d) for d, task in cases.items())
+    ]
 
 
 def _flip(path: Path) -> int | None:

@@ -199,7 +199,7 @@ def test_every_fallback_sglang_checks_is_named_before_launch(fleet):
     assert out.stderr.rstrip().endswith("SGLang would fall back to static")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=4)
 def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path):
     """Depths 0 and 1 at C=1 and 16 on one simulated host over sshd: four launches (a plain
     server; depth 0 as SGLang runs it, with and without the skip variable; depth 1), a

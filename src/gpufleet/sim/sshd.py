@@ -34,6 +34,20 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+PORT_SLICE_ENV = "GPUFLEET_PORT_SLICE"
+OFFSET_ROOM = 100  # a host's servers sit up to this far above its profile's port
+
+
+def _port_slice() -> tuple[int, int]:
+    """($GPUFLEET_PORT_SLICE as "i/n") this process's share of the port range: rehearsals
+    (or test workers) side by side on one machine each take ports from their own slice, so
+    one never binds a port another has just picked. (0, 1) when unset or malformed."""
+    index, _, count = os.environ.get(PORT_SLICE_ENV, "").partition("/")
+    if index.isdigit() and count.isdigit() and int(index) < int(count):
+        return int(index), int(count)
+    return 0, 1
+
+
 def free_port() -> int:
     """A free loopback port below the ephemeral range (with room for per-host offsets).
 
@@ -41,7 +55,11 @@ def free_port() -> int:
     SSH connections of a test run) between this call and the server's bind.
     """
     lo, _ = _ephemeral_range()
-    candidates = list(range(max(1024, lo - 12000), max(1025, lo - 1000)))  # room for offsets
+    bottom, top = max(1024, lo - 12000), max(1025 + OFFSET_ROOM, lo - 1000)
+    index, count = _port_slice()
+    width = (top - bottom) // count
+    start = bottom + index * width
+    candidates = list(range(start, max(start + 1, start + width - OFFSET_ROOM)))
     random.shuffle(candidates)
     for port in candidates[:200]:
         with socket.socket() as s:
