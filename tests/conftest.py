@@ -128,6 +128,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         light = not heavy and "slow" not in item.keywords and "gpu" not in item.keywords
         if light and not _spawns(item):
             item.add_marker(pytest.mark.unit)
+        minutes = _expected_minutes(item)
+        if minutes > 1:  # side by side on a busy machine, the longest take 2-3x as long
+            item.add_marker(pytest.mark.timeout(max(300, int(minutes * 60 * 3))))
     if "PYTEST_XDIST_WORKER" in os.environ:
         # workers side by side (with --maxschedchunk 1, xdist hands tests out in this
         # order): the longest go out first, so none starts last and holds the run open

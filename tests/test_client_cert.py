@@ -147,7 +147,12 @@ def test_an_open_loop_level_that_fell_behind_is_marked_overloaded_and_one_that_k
                        "sglang")  # fmt: skip
     assert behind["overloaded"] is True
     assert behind["achieved_request_rate"] < 0.5 * behind["offered_request_rate"]
-    [note] = level_notes([behind], steady=False)
+    notes = level_notes([behind], steady=False)
+    [note] = [n for n in notes if "overloaded" in n]
+    # a busy machine may make this client's timers late too: said then, and only then
+    late = [n for n in notes if n != note]
+    assert late == ([f"C=1: client timers late: {behind['client_late']}"] if behind.get(
+        "client_late") else []), notes  # fmt: skip
     assert note.startswith("C=1: overloaded: achieved ") and "before being sent" in note
     behind["level_status"] = "ok"  # as the runner sets it
     table = dict(zip(headers([behind]), rows([behind])[0], strict=True))
@@ -161,7 +166,10 @@ def test_an_open_loop_level_that_fell_behind_is_marked_overloaded_and_one_that_k
         )
         assert kept["overloaded"] is False, kept
         assert 0.95 <= kept["achieved_request_rate"] / kept["offered_request_rate"] <= 1.05
-        assert level_notes([kept], steady=False) == []
+        late = (
+            [f"C=8: client timers late: {kept['client_late']}"] if kept.get("client_late") else []
+        )
+        assert level_notes([kept], steady=False) == late  # not overloaded; late only if it was
 
 
 def _level(open_loop: bool):

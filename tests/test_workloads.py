@@ -192,7 +192,10 @@ def test_bad_trace_line_names_file_and_line(tmp_path):
 
 def test_memory_follows_what_is_in_flight(sim_server):
     """Only the requests in flight exist as tasks: 2,000 prompts at C=4 never hold more than
-    four (plus the dispatcher's own) pending tasks."""
+    two tasks per request in flight (its own, and on Python 3.11 the one `asyncio.wait_for`
+    wraps its timed wait in) plus the level's own. Idle, the second is rarely seen; on a
+    busy machine it is (11 tasks seen), so the bound counts it: what matters is that it
+    follows C, not the 2,000 prompts."""
     import asyncio
 
     server = sim_server("--sim-zero-cost")
@@ -201,7 +204,10 @@ def test_memory_follows_what_is_in_flight(sim_server):
     async def run() -> None:
         async def watch() -> None:
             while True:
-                peak["tasks"] = max(peak["tasks"], len(asyncio.all_tasks()))
+                tasks = asyncio.all_tasks()
+                if len(tasks) > peak["tasks"]:
+                    peak["tasks"] = len(tasks)
+                    peak["names"] = sorted(t.get_coro().__qualname__ for t in tasks)
                 await asyncio.sleep(0.005)
 
         watcher = asyncio.create_task(watch())
@@ -211,7 +217,8 @@ def test_memory_follows_what_is_in_flight(sim_server):
         assert sum(r.ok for r in run.records) == 2000
 
     asyncio.run(run())
-    assert peak["tasks"] <= 4 + 3  # the requests, the level, the watcher, the event loop's own
+    # the requests (two tasks each at most), the level, the watcher, the loop watch
+    assert peak["tasks"] <= 2 * 4 + 3, peak
 
 
 def test_multiturn_progress_counts_requests_not_sessions(fleet, tmp_path):
