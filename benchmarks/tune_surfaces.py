@@ -31,6 +31,10 @@ SURFACES: dict[str, tuple[dict[str, object], str]] = {
     "calibrated-chat": ({}, "chat"),
     "accept-0.8-draft-x0.5": ({"accept-rate": "0.8", "draft-cost": 0.5}, "coding"),
     "accept-0.5-draft-x1.5": ({"accept-rate": "0.5", "draft-cost": 1.5}, "coding"),
+    # issue 37's surfaces, not calibrated to anything: a weak drafter, and one that reads
+    # code well and chat badly, tuned on code
+    "accept-0.35": ({"accept-rate": "0.35"}, "coding"),
+    "code-0.85-chat-0.3": ({"accept-rate": "chat=0.3,code=0.85"}, "coding"),
 }
 HOSTS = ("sim-a", "sim-b", "sim-c", "sim-d")
 PARENTS = ("baseline", "eagle3", "eagle3-adaptive")
@@ -90,11 +94,13 @@ def report(name: str, archive: Path, host: str, wall: float) -> None:
         " + 3 (bursts)"
     )
     print(f"table {json.dumps(record['table'])}")
-    print(f"{'C':>4} {'depth':>5} {'wins':>12} {'kept':>6}")
+    print(f"{'C':>4} {'depth':>5} {'wins':>12} {'kept':>6} {'best static':>15} {'kept':>6}")
     chosen = {ch["concurrency"]: ch["depth"] for ch in record["choices"]}
     for row in record["verify"][host]["rows"]:
-        c = row["concurrency"]
-        print(f"{c:>4} {chosen.get(c, '-'):>5} {row['winner']:>12} {row['kept']:>6.1%}")
+        c, best = row["concurrency"], row.get("kept_best")
+        print(f"{c:>4} {chosen.get(c, '-'):>5} {row['winner']:>12} {row['kept']:>6.1%} "
+              f"{row.get('best_static') or '-':>15} "
+              f"{'-' if best is None else f'{best:.1%}':>6}")  # fmt: skip
     print(record["verify"][host]["sentence"])
     for phase in record["step"][host]["phases"]:
         print(

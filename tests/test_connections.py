@@ -93,3 +93,26 @@ def test_a_dropped_connection_is_reopened_for_the_next_round(fleet, fresh_sshd):
         assert res.ok, res.error
     assert pool.opened == 2
     assert log.since()["logins"] == 2
+
+
+def test_each_connection_has_a_fabric_configuration_of_its_own(fleet):
+    """One Fabric Config shared by every connection of the fan-out's threads failed a host
+    under load (`No attribute or config key found for 'gateway'`): Fabric's Config is
+    mutable, and its clone() even re-reads the SSH files into the source. The rule: no
+    Fabric object is shared between two connections, and the once-parsed SSH files are
+    only ever copied."""
+    from gpufleet.control.inventory import load_inventory
+    from gpufleet.control.ssh import _ssh_files, open_connection
+
+    host = load_inventory(fleet.inventory).hosts["h0"]
+    a, b = open_connection(host), open_connection(host)
+    try:
+        assert a.config is not b.config
+        assert a.config.base_ssh_config is not b.config.base_ssh_config
+        rules = len(_ssh_files()._config)
+        a.config.clone(), b.config.clone()  # what Fabric does for a ProxyJump from ssh_config
+        assert len(_ssh_files()._config) == rules
+        assert all(c.run("true", hide=True, in_stream=False).ok for c in (a, b))
+    finally:
+        a.close()
+        b.close()

@@ -403,3 +403,31 @@ def test_adaptive_depth_switches_are_logged_as_sglang_logs_them(sim_server, tmp_
     lines = [ln for ln in server.text().splitlines() if "Switch adaptive runtime state" in ln]
     assert lines and "steps 3 -> 0, draft_tokens 4 -> 1" in lines[0]
     assert "steps 0 -> 3, draft_tokens 1 -> 4" in lines[-1]
+
+
+@pytest.mark.parametrize("text", ["chat:0.3,code:0.85", "chat=high", "seventy"])
+def test_a_bad_accept_rate_names_the_form_it_wants(text):
+    """Issue 37.6: `chat:0.3,code:0.85` said only "could not convert string to float"."""
+    from gpufleet.sim.speculation import parse_accept_rates
+
+    with pytest.raises(ValueError) as caught:
+        parse_accept_rates(text)
+    assert str(caught.value).endswith(
+        "expected one rate (0.7) or rates by domain (chat=0.3,code=0.85)"
+    ), caught.value
+    assert repr(text) in str(caught.value)
+
+
+def test_per_request_acceptance_counts_every_verify_step_as_sglang_does(sim_server, tmp_path):
+    """Issue 37.6: a request that ran at depth 0 (the adaptive table's choice at its batch
+    size) counted no verify steps, so one deep step read as 32 tokens a step. SGLang counts
+    every step of a speculative server: at depth 0, one token per step."""
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"1": {"candidate_steps": [0]}, "16": {"candidate_steps": [3]}}))
+    server = sim_server(
+        "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+        "--speculative-adaptive", "--speculative-adaptive-config", str(table),
+        "--sim-decode-base-ms", "1", "--sim-decode-per-req-ms", "0",
+    )  # fmt: skip
+    assert 0.95 < _accept_per_request(server, "What is a thread?", n=3) < 1.1

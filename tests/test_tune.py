@@ -12,18 +12,22 @@ from gpufleet.control import tune
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow
 from gpufleet.sim.speculation import AdaptiveDepth, accept_length, step_costs_ms
-from helpers import pid_alive
+from helpers import REPO, pid_alive
 
 
-def _rows(table: dict[int, dict[int, tuple[float, float]]]) -> dict:
-    """depth -> C -> (throughput, per-request) as result rows."""
+def _rows(table: dict[int, dict[int, tuple]], p10_share: float = 0.8, completed: int = 40) -> dict:
+    """depth -> C -> (throughput, per-request[, steady throughput]) as one run's result
+    rows; its requests' p10 speed at `p10_share` of the median, so over 40 requests the
+    run's own noise is 0.2 / 1.28 / sqrt(40) = 2.5%."""
     return {
         d: {
-            c: [ResultRow(c, 10, 0, t, median_per_request_output_tps=p)]
-            for c, (t, p) in levels.items()
+            c: [ResultRow(c, completed, 0, figures[0], median_per_request_output_tps=figures[1],
+                          p10_per_request_output_tps=figures[1] * p10_share,
+                          steady_output_throughput=figures[2] if len(figures) > 2 else None)]
+            for c, figures in levels.items()
         }
         for d, levels in table.items()
-    }
+    }  # fmt: skip
 
 
 def test_the_table_follows_the_measurements():
@@ -45,15 +49,16 @@ def test_the_table_follows_the_measurements():
 
 
 def test_more_load_never_drafts_deeper_unless_the_data_says_so():
-    """Within 2% of the best, the shallowest depth wins: noise cannot buy a deeper draft
-    at more load. Beyond 2% the deeper depth is kept and the note says why."""
+    """Within the best cell's measured noise (here 2.5%: its requests' spread over their
+    number), the shallowest depth wins: noise cannot buy a deeper draft at more load.
+    Beyond it the deeper depth is kept and the note says why."""
     noisy = tune.choose(_rows({
         0: {1: (60, 60), 8: (300, 37), 16: (480, 30)},
         1: {1: (77, 77), 8: (320, 40), 16: (400, 25)},
         3: {1: (70, 70), 8: (325, 40.5), 16: (280, 18)},
     }))  # fmt: skip
     assert [c.depth for c in noisy.choices] == [1, 1, 0]
-    assert "shallowest depth within 2% of the highest output throughput" in noisy.choices[1].why
+    assert "shallowest depth within 2.5% (the best cell's measured noise)" in noisy.choices[1].why
     assert noisy.notes == []
     depths = [c.depth for c in noisy.choices]
     assert depths == sorted(depths, reverse=True)  # monotone where the data is
@@ -64,9 +69,30 @@ def test_more_load_never_drafts_deeper_unless_the_data_says_so():
     }))  # fmt: skip
     assert [c.depth for c in real.choices] == [1, 3]
     assert real.notes and "because it measured +12.5% more throughput" in real.notes[0]
+    assert "more than its measured noise, 2.5%" in real.notes[0]
     # a tie at C=1 goes to the shallower depth too
     tie = tune.choose(_rows({0: {1: (60, 60)}, 2: {1: (82, 82)}, 3: {1: (82.5, 82.5)}}))
     assert tie.choices[0].depth == 2
+
+
+def test_the_objective_is_the_steady_window_and_the_margin_is_the_measured_noise():
+    """Issue 37.1: depths were chosen by whole-level throughput with a fixed 2% tie margin;
+    with short outputs ramp-up and drain flatten whole levels and the margin swallowed real
+    gains. Now the steady window decides, and a tie is only what the cells' own noise
+    cannot tell apart: a precise 1.6% gain is taken, the same gain on noisy cells is not."""
+    costly_verify = {  # whole levels say depth 1; the steady windows say depth 2, by 6%
+        0: {4: (180, 45, 190)},
+        1: {4: (200, 50, 205)},
+        2: {4: (199, 49.8, 217)},
+    }
+    steady = tune.choose(_rows(costly_verify))
+    assert steady.choices[0].depth == 2
+    assert "highest steady window output throughput" in steady.choices[0].why
+    gain = {1: {8: (320, 40)}, 3: {8: (325, 40.6)}}  # +1.6%
+    precise = tune.choose(_rows(gain, p10_share=0.99, completed=400))  # noise 0.04%
+    noisy = tune.choose(_rows(gain))  # noise 2.5%
+    assert precise.choices[0].depth == 3 and noisy.choices[0].depth == 1
+    assert "whole level" in precise.choices[0].why  # no steady window: said
 
 
 def test_depth_0_counts_at_its_real_cost_and_the_skip_only_where_it_measured_better():
@@ -119,8 +145,9 @@ def test_repeats_choose_by_median_minus_spread_and_reject_noisy_or_failed_cells(
     failed requests, or spreading more than 10%, is rejected and the reasoning says so; a
     tie within the best cell's own noise goes to the shallower depth."""
 
-    def rows(values, failed=0):
-        return [ResultRow(8, 10, failed, v, median_per_request_output_tps=v / 8) for v in values]
+    def rows(values, failed=0):  # each run's own requests agree closely: noise from repeats
+        return [ResultRow(8, 10, failed, v, median_per_request_output_tps=v / 8,
+                          p10_per_request_output_tps=v / 8 * 0.99) for v in values]  # fmt: skip
 
     result = tune.choose({
         0: {8: rows([300, 302])},
@@ -131,7 +158,7 @@ def test_repeats_choose_by_median_minus_spread_and_reject_noisy_or_failed_cells(
     })  # fmt: skip
     [choice] = result.choices
     assert choice.depth == 1
-    assert "shallowest depth within 3% of the highest output throughput" in choice.why
+    assert "shallowest depth within 2.9% (the best cell's measured noise)" in choice.why
     assert "depth 3: 340 tok/s +-10" in choice.why
     assert "rejected: depth 2 (6 failed request(s)), depth 5 (spread 17% (bound 10%))" in choice.why
     assert result.measured[1][8]["runs"] == 3 and result.measured[3][8]["score"] == 330
@@ -334,7 +361,7 @@ def test_batch_ranges_follow_cuda_graph_padding(tmp_path):
     applies from batch 15, and a key at an uncaptured C is the captured size it pads to."""
     from gpufleet.sim.speculation import AdaptiveDepth, capture_sizes
 
-    sizes = capture_sizes()
+    sizes = capture_sizes(max_running=64)
     assert sizes[:10] == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12] and sizes[-2:] == [60, 64]
     result = tune.choose(_rows({
         0: {1: (60, 60), 8: (300, 38), 10: (380, 38), 16: (480, 30)},
@@ -355,6 +382,39 @@ def test_batch_ranges_follow_cuda_graph_padding(tmp_path):
     assert [routed.steps_for(b) for b in (14, 15, 16, 17)] == [3, 0, 0, 0]
     plain = AdaptiveDepth(3, str(config), None)  # --disable-cuda-graph: no padding
     assert [plain.steps_for(b) for b in (14, 15, 16)] == [3, 3, 0]
+
+
+def test_capture_sizes_are_sglangs_own_for_every_max_batch():
+    """Issue 37.4: the sizes stopped at 64, so a ladder to 128 keyed its ranges as if batches
+    65-128 ran unpadded. The fixture holds SGLang 0.5.23's own function's answer for each
+    max batch; the default max batch is SGLang's for an H200 (256, 512 from TP 4), capped by
+    the max running requests (48 for a speculative server unless set)."""
+    from gpufleet.sim.speculation import capture_sizes
+
+    fixture = json.loads(
+        (REPO / "tests/fixtures/sglang-0.5.23-decode-capture-sizes.json").read_text()
+    )
+    for max_bs, expected in fixture["sizes"].items():
+        assert capture_sizes(max_bs=int(max_bs)) == expected, max_bs
+    assert capture_sizes(max_running=128) == fixture["sizes"]["128"]
+    assert capture_sizes(max_running=48) == fixture["sizes"]["48"]
+    assert capture_sizes() == fixture["sizes"]["256"]
+    assert capture_sizes(tp=8) == fixture["sizes"]["512"]
+    assert capture_sizes(max_bs=20, padding_disabled=True) == list(range(1, 21))
+
+
+def test_a_ladder_to_128_keys_its_ranges_where_sglang_applies_them():
+    """Between C=64 and C=128 the range starts halfway, at batch 96, which SGLang 0.5.23
+    pads to 96 (captured 88, 96): the key is 96 and it applies from batch 89."""
+    from gpufleet.sim.speculation import capture_sizes
+
+    sizes = capture_sizes(max_running=128)
+    result = tune.choose(_rows({
+        0: {1: (60, 60), 64: (1500, 23), 128: (2600, 20)},
+        3: {1: (80, 80), 64: (1700, 27), 128: (2000, 16)},
+    }), sizes=sizes)  # fmt: skip
+    assert result.table == {"1": {"candidate_steps": [3]}, "96": {"candidate_steps": [0]}}
+    assert result.ranges[1].startswith("batch >= 89: depth 0"), result.ranges
 
 
 def test_tune_takes_repeat_and_refuses_a_bad_one_in_one_line():
@@ -449,3 +509,69 @@ def test_depth_switches_are_counted_only_from_a_log_that_would_show_them(tmp_pat
     log.write_text("[x] warning only\n" + level.replace("Switch", "Other") + "[x] Decode\n")
     assert depth_switches(state, 17, log.stat().st_size) is None
     assert depth_switches(None, 0, 10) is None
+
+
+def test_the_docs_show_tuned_tables_only_in_the_form_sglang_reads():
+    """Issue 37.7: the README showed `{"1": [2], ...}`, a shorthand SGLang 0.5.23 rejects
+    (docs/FACTS.md: `AttributeError: 'list' object has no attribute 'get'`). A key whose
+    value is a bare list may appear only where the docs show that rejection."""
+    import re
+
+    shorthand = re.compile(r'\{"\d+": \[')
+    found = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()[:100]}"
+        for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if shorthand.search(line) and "AttributeError" not in line
+    ]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("prompts", ["coding", "chat"])
+def test_bursts_replay_the_tunes_own_prompts(tmp_path, prompts):
+    """Issue 37.3: the burst trace sent random token ids, which an engine (the rehearsal
+    one included) reads as chat, so a coding-tuned table was judged on chat acceptance.
+    Each arrival of the burst now carries one of the tune's own prompts."""
+    from gpufleet.archive.layout import Archive
+    from gpufleet.control import prompts as prompt_sets
+    from gpufleet.control import tunestep
+    from gpufleet.control.bench import build_plan
+    from gpufleet.control.benchrequest import BenchRequest
+
+    request = BenchRequest(concurrency=[1, 8], prompts=prompts, output_len=16,
+                           archive=Archive.at(tmp_path))  # fmt: skip
+    plan, body = build_plan(tunestep.burst_request(request, tmp_path / "burst.jsonl"), "r")
+    rows = [json.loads(line) for line in body.decode().splitlines()]
+    own = set(prompt_sets.load_texts(prompts, 0)[1])
+    assert len(rows) == tunestep.BURST_CYCLES * (4 + 8)
+    assert all(row.get("prompt") in own and "input_ids" not in row for row in rows)
+    assert [row["at"] for row in rows] == sorted(row["at"] for row in rows)
+    assert plan.prompt_set.startswith(f"{prompts}") and "@trace:" in plan.prompt_set
+
+
+def test_the_verdict_holds_the_tuned_server_to_the_best_static_the_tune_measured():
+    """Issue 37.2: the bar was plain and the profile's own static depth only, so a tuned
+    server at 92% of static depth 4 passed. Now each level also has the best static cell
+    of the tune's own measurement (a rejected cell is not a bar), and the sentence says
+    both."""
+    from gpufleet.control.tuneverify import verdict
+    from gpufleet.report.compare import Arm
+    from helpers import level
+
+    def arm(label, per, tput):
+        return Arm(label, [], {4: level(4, median_per_request_output_tps=per,
+                                        output_throughput=tput, steady_output_throughput=tput)})  # fmt: skip
+
+    arms = [arm("p[plain]", 50, 200), arm("p-static", 55, 210), arm("p-tuned", 56, 220)]
+    measured = {
+        tune.PLAIN: {4: {"output_throughput": 200.0}},
+        2: {4: {"output_throughput": 230.0}},
+        3: {4: {"output_throughput": 250.0, "rejected": "spread 17% (bound 10%)"}},
+    }
+    [row], sentence = verdict(arms, measured)
+    assert row.winner == "speculation" and round(row.kept, 2) == 1.02  # the side-by-side bar
+    assert row.best_static == "depth 2" and row.best_static_tps == 230
+    assert round(row.kept_best, 3) == round(220 / 230, 3)
+    assert "keeps 102% of static speculation's per-request speed at C=4" in sentence
+    assert sentence.endswith("keeps 96% at worst (C=4, depth 2).")
+    assert verdict(arms)[0][0].kept_best is None  # without the tune's figures: one bar

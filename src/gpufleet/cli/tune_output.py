@@ -44,13 +44,18 @@ def print_verdicts(outcome: Any) -> None:
     step and bursts, phase by phase; then where the record is archived."""
     for v in outcome.verdicts:
         table(
-            f"{v.host}: tuned vs the better of no drafting and static speculation",
+            f"{v.host}: tuned vs the better of no drafting and static speculation, and vs the "
+            "best static the tune measured",
             ["C", "wins", *(f"{a.label} req tok/s" for a in v.arms),
-             *(f"{a.label} tok/s" for a in v.arms), "tuned kept"],
+             *(f"{a.label} tok/s" for a in v.arms), "tuned kept", "best static (tune)",
+             "its tok/s", "tuned kept"],
             [
                 [str(r.concurrency), r.winner,
                  *(f"{x:.1f}" for x in r.per_request.values()),
-                 *(f"{x:.0f}" for x in r.throughput.values()), f"{r.kept:.0%}"]
+                 *(f"{x:.0f}" for x in r.throughput.values()), f"{r.kept:.0%}",
+                 r.best_static or "-",
+                 "-" if r.best_static_tps is None else f"{r.best_static_tps:.0f}",
+                 "-" if r.kept_best is None else f"{r.kept_best:.0%}"]
                 for r in v.rows
             ],
         )  # fmt: skip

@@ -99,6 +99,8 @@ def _rows(
         rows = workloads.load_trace(request.trace, request.trace_speedup)
         speed = f"x{request.trace_speedup:g}" if request.trace_speedup != 1 else ""
         label = f"trace:{Path(request.trace).name}{speed}"
+        if request.trace_prompts:
+            label, rows = _texts_on_arrivals(request, rows, label)
         return label, _digest(rows), rows, request.levels(len(rows)), {}
     levels = request.levels()
     count = max(lv.num_prompts for lv in levels)
@@ -122,6 +124,24 @@ def _rows(
         return f"{label}+{workload.label}", prompt_sets.digest(texts), rows, levels, extra
     rows = [PromptRow(prompt=t) for t in prompt_sets.sample(texts, count, request.seed)]
     return label, prompt_sets.digest(texts), rows, levels, {}
+
+
+def _texts_on_arrivals(
+    request: BenchRequest, rows: list[PromptRow], label: str
+) -> tuple[str, list[PromptRow]]:
+    """The trace's arrival times and output lengths carrying the texts of a prompt set
+    (`inv tune`'s bursts replay the tune's own prompts: an engine's acceptance depends on
+    what is asked, and a trace's token ids read as neither code nor chat)."""
+    assert request.trace_prompts
+    name, texts = prompt_sets.load_texts(
+        request.trace_prompts, request.seed, request.random_input_len
+    )
+    picked = prompt_sets.sample(texts, len(rows), request.seed)
+    rows = [
+        PromptRow(prompt=t, output_len=r.output_len, at=r.at)
+        for t, r in zip(picked, rows, strict=True)
+    ]
+    return f"{name}@{label}", rows
 
 
 def _digest(rows: list[PromptRow]) -> str:

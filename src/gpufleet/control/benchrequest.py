@@ -34,6 +34,7 @@ class BenchRequest:
     workload: str = PLAN.workload  # single, multiturn[:turns=N], shared-prefix[:...]
     trace: str | None = None  # a Mooncake-format JSONL replayed at its timestamps
     trace_speedup: float = 1.0
+    trace_prompts: str | None = None  # a prompt set whose texts ride the trace's arrivals
     flush_cache: bool = PLAN.flush_cache  # empty the server's prefix cache before each level
     slo: dict[str, float] = field(default_factory=dict)  # per-request bounds, ms (host/bench/slo)
     output_details: bool = (

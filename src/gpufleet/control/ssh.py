@@ -7,6 +7,7 @@ unknown or changed host keys, name resolution errors, timeouts.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import os
@@ -81,10 +82,18 @@ def _strict_on_every_hop(conn: Connection, host: Host) -> None:
 
 
 @functools.cache
-def _base_config() -> Config:
-    """Fabric's configuration (its defaults and ~/.ssh/config), read once per process and
-    shared by every connection: each host reading it again cost ~5 ms of CPU."""
-    return Config()
+def _ssh_files() -> paramiko.SSHConfig:
+    """~/.ssh/config and /etc/ssh/ssh_config as Fabric reads them, parsed once per process."""
+    return Config().base_ssh_config
+
+
+def _own_config() -> Config:
+    """A Fabric configuration of one connection's own, its SSH files' rules copied from
+    the parse above. Never one shared by the fan-out's threads: Fabric's Config is mutable
+    (even its clone() re-reads the SSH files into the source, appending their rules again),
+    and one shared by every connection failed a host under load with `AttributeError: No
+    attribute or config key found for 'gateway'` (docs/RELIABILITY.md)."""
+    return Config(ssh_config=copy.deepcopy(_ssh_files()))
 
 
 def open_connection(host: Host, attempts: int = 8) -> Connection:
@@ -101,13 +110,13 @@ def open_connection(host: Host, attempts: int = 8) -> Connection:
     if host.proxy_jump:
         gateway = Connection(
             host.proxy_jump,
-            config=_base_config(),
+            config=_own_config(),
             connect_timeout=host.connect_timeout,
             connect_kwargs=connect_kwargs,
         )
     conn = Connection(
         host.address,
-        config=_base_config(),
+        config=_own_config(),
         user=host.user,
         port=host.port,
         connect_timeout=host.connect_timeout,

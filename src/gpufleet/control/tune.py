@@ -11,9 +11,14 @@ table); this module chooses the table from the user's own measurements:
    server (no speculative flags: the gap depth 0 leaves, reported) and each depth d in
    `--depths` (topk 1, d + 1 draft tokens, adaptive off), one launch each, every level of
    the ladder on that server (control/sweep.py runs them, resumably);
-2. per level, the shallowest depth within MARGIN of the highest output throughput among
+2. per level, the depth with the highest steady-window output throughput (the level at
+   full load, ramp-up and drain left out: with short outputs they flatten whole-level
+   figures and hide 3-7% gains; the whole level where no steady window was found), among
    those that keep the per-request speed floor (`--min-request-speed`), else the fastest
-   per request;
+   per request. At one closed-loop level every request shares the batch, so this is also
+   the per-request speed the verification judges. A tie within the best cell's measured
+   noise goes to the shallowest depth: its repeats' spread (MAD / median), or with one run
+   the standard error of its per-request speeds (module `_noise`), never a fixed margin;
 3. the table: a key where each run of equal choices begins, one candidate each (a single
    candidate is a fixed depth; SGLang's EMA only moves between several). A range begins
    halfway (geometric mean) between the last level of the run below and the first of its
@@ -21,9 +26,9 @@ table); this module chooses the table from the user's own measurements:
    just below C (a request finishes before its successor arrives), and a boundary at C
    itself sends those steps to the other depth and back (measured: a key at 8 kept 96% of
    a plain server's throughput at C=8, a key at 6 kept 99%; the switches halved). Within
-   MARGIN of the best throughput the shallowest depth wins (less GPU work per token, and
-   measurement noise does not buy a deeper draft), so more load gets a deeper draft than
-   less load only where it measured better by more than MARGIN, and the notes say so.
+   the noise the shallowest depth wins (less GPU work per token, and noise does not buy a
+   deeper draft), so more load gets a deeper draft than less load only where it measured
+   better by more than its noise, and the notes say so.
 
 Batch size vs concurrency: with closed-loop load at C, the decode batch is about C (the
 server caps it at max-running-requests), so the ladder's levels are the table's keys.
@@ -48,9 +53,9 @@ from gpufleet.control.playbook import PLAYBOOKS, load_profile
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
 from gpufleet.records import ResultRow
+from gpufleet.sim.serverargs import CAPPED_ALGORITHMS, SPEC_DEFAULT_MAX_RUNNING
 from gpufleet.sim.speculation import capture_sizes, first_batch, padded
 
-MARGIN = 0.02  # within 2% of the best throughput, the shallowest depth is chosen
 SPEC_FLAGS = (
     "speculative-algorithm",
     "speculative-draft-model-path",
@@ -133,9 +138,11 @@ class AdaptiveSlot(TypedDict):
 class Cell(TypedDict, total=False):
     """One depth at one concurrency, over its hosts and repeats (see _measured)."""
 
-    output_throughput: float  # median
+    output_throughput: float  # median of the objective: steady-window output tok/s
+    basis: str  # "steady window", or "whole level" where a run had no steady window
     per_request: float  # median of the per-request output speeds' medians
     mad: float  # median absolute deviation of output_throughput
+    noise: float  # relative: the repeats' MAD / median, at least the within-run error
     score: float  # median - MAD: a noisy cell pays for its noise
     runs: int
     rejected: str  # why the cell may not be chosen (absent: it may)
@@ -159,21 +166,47 @@ def _mad(values: list[float]) -> float:
     return statistics.median(abs(v - middle) for v in values)
 
 
+def objective(row: ResultRow) -> tuple[float, str]:
+    """What the tune maximises at a level, and its basis: the steady window's output
+    throughput, else the whole level's (no steady window: too few requests at full load)."""
+    if row.steady_output_throughput:
+        return float(row.steady_output_throughput), "steady window"
+    return float(row.output_throughput or 0.0), "whole level"
+
+
+def _noise(row: ResultRow) -> float:
+    """One run's relative standard error on its level figure: the spread of its requests'
+    speeds (median - p10 is 1.28 sigma) over the root of their number. A closed-loop
+    level's throughput is its slots times the mean request speed, so it carries that error."""
+    median, p10 = row.median_per_request_output_tps, row.p10_per_request_output_tps
+    if not (median and p10 is not None and row.completed):
+        return 0.0
+    return max(0.0, median - p10) / 1.2816 / median / math.sqrt(row.completed)
+
+
 def _measured(per_depth: dict[Any, dict[int, list[ResultRow]]]) -> dict:
-    """depth -> C -> the cell's figures over its hosts and repeats: medians, the spread
-    (median absolute deviation), `score` = median - MAD (a noisy cell pays for its noise),
-    and `rejected` (why, or absent): failed requests, or a spread above SPREAD_BOUND."""
+    """depth -> C -> the cell's figures over its hosts and repeats: medians of the
+    objective, the spread (median absolute deviation), the relative noise (the larger of
+    the spread and the runs' own standard error), `score` = median - MAD (a noisy cell
+    pays for its noise), and `rejected` (why, or absent): failed requests, or a spread
+    above SPREAD_BOUND."""
     out: dict[Any, dict[int, Cell]] = {}
     for depth, levels in per_depth.items():
         for c, rows in levels.items():
-            tput = [r.output_throughput for r in rows]
+            judged = [objective(r) for r in rows]
+            tput = [figure for figure, _ in judged]
             middle, mad = statistics.median(tput), _mad(tput)
+            within = statistics.median(_noise(r) for r in rows) / math.sqrt(len(rows))
             cell: Cell = {
                 "output_throughput": middle,
+                "basis": "steady window"
+                if all(b == "steady window" for _, b in judged)
+                else "whole level",
                 "per_request": statistics.median(
                     r.median_per_request_output_tps or 0.0 for r in rows
                 ),
                 "mad": mad,
+                "noise": max(mad / middle if middle else 0.0, within),
                 "score": middle - mad,
                 "runs": len(rows),
             }
@@ -218,8 +251,8 @@ def choose(
             gain = figures[best]["output_throughput"] / figures[previous]["output_throughput"] - 1
             notes.append(
                 f"C={c}: depth {best} drafts deeper than at lower load (depth {previous}) "
-                f"because it measured {gain:+.1%} more throughput there (more than the "
-                f"{MARGIN:.0%} margin)"
+                f"because it measured {gain:+.1%} more throughput there (more than its "
+                f"measured noise, {figures[best]['noise']:.1%})"
             )
         chose = f"chose {figures[best]['output_throughput']:.0f}"
         choices.append(Choice(c, best, f"{why} ({_detail(figures, rejected)}; {chose})"))
@@ -250,14 +283,14 @@ def _choose_level(
         )
     top_depth = max(allowed, key=lambda d: figures[d]["score"])
     top = figures[top_depth]["score"]
-    # a tie within the noise (the margin, or the best cell's own spread) goes to the
-    # shallower depth
-    noise = max(MARGIN, figures[top_depth]["mad"] / (top or 1.0))
+    # a tie within the best cell's own measured noise goes to the shallower depth
+    noise = figures[top_depth]["noise"]
     near = [d for d in allowed if figures[d]["score"] >= top * (1 - noise)]
-    why = "highest output throughput"
+    basis = figures[top_depth]["basis"]
+    why = f"highest {basis} output throughput"
     if len(near) > 1:
-        within = f"{noise:.0%}" if noise > MARGIN else f"{MARGIN:.0%}"
-        why = f"shallowest depth within {within} of the highest output throughput"
+        why = (f"shallowest depth within {noise:.1%} (the best cell's measured noise) of the "
+               f"highest {basis} output throughput")  # fmt: skip
     if min_request_speed is not None:
         why += f" among depths at or above {min_request_speed:g} tok/s per request"
     return min(near), why, rejected  # within the margin of the best, the least drafting
@@ -324,14 +357,17 @@ def measured_columns(measured: dict[Any, Any]) -> list[tuple[Any, str]]:
 def _skip_wins(
     measured: dict[Any, dict[int, dict[str, float]]], skip: dict[int, dict[str, float]] | None
 ) -> set[int]:
-    """Levels where depth 0 with the skip variable measured better by more than MARGIN:
-    depth 0 counts at the skip's figures there (the variable is measured, never assumed)."""
+    """Levels where depth 0 with the skip variable measured better by more than the pinned
+    cell's noise: depth 0 counts at the skip's figures there (the variable is measured,
+    never assumed)."""
     if not skip or 0 not in measured:
         return set()
     wins = set()
     for c, figures in skip.items():
         pinned = measured[0].get(c)
-        if pinned and figures["output_throughput"] > pinned["output_throughput"] * (1 + MARGIN):
+        if pinned and figures["output_throughput"] > pinned["output_throughput"] * (
+            1 + pinned["noise"]
+        ):
             measured[0][c] = figures
             wins.add(c)
     return wins
@@ -369,16 +405,22 @@ def _zero_step_notes(
 def profile_capture_sizes(profile: str) -> list[int] | None:
     """The capture sizes the profile's server will have (its flags, else SGLang's
     speculative defaults)."""
-    flags = load_profile(profile).flags
+    loaded = load_profile(profile)
+    flags = loaded.flags
     listed = flags.get("cuda-graph-bs")
     if isinstance(listed, str):
         listed = [int(x) for x in listed.replace(",", " ").split()]
     elif isinstance(listed, int):
         listed = [listed]
     cap = flags.get("cuda-graph-max-bs-decode") or flags.get("cuda-graph-max-bs")
+    running = flags.get("max-running-requests")
+    if running is None and flags.get("speculative-algorithm") in CAPPED_ALGORITHMS:
+        running = SPEC_DEFAULT_MAX_RUNNING  # SGLang's reset for speculative servers
     return capture_sizes(
-        listed or None, int(cap) if cap else None, bool(flags.get("disable-cuda-graph"))
-    )
+        listed or None, int(cap) if cap else None, bool(flags.get("disable-cuda-graph")),
+        max_running=int(running) if running else None, tp=loaded.tp,
+        padding_disabled=bool(flags.get("disable-cuda-graph-padding")),
+    )  # fmt: skip
 
 
 def rows_by_depth(

@@ -95,7 +95,7 @@ def run(
     check = experiment.sweep([profile, tuned], checks, "tune-verify", again, request)
     data = select.report_for_sweep(root, check.path)
     for host, host_arms in data.per_host.items():
-        rows, sentence = tuneverify.verdict(host_arms)
+        rows, sentence = tuneverify.verdict(host_arms, result.measured)
         outcome.verdicts.append(Verdict(host, host_arms, rows, sentence))
         record.verify[host] = {
             "sweep_id": check.sweep_id,

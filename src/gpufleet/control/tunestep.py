@@ -129,12 +129,15 @@ def burst_trace(path: Path, high: int, output_len: int) -> Path:
 
 def burst_request(request: BenchRequest, trace: Path) -> BenchRequest:
     """The tune's request replaying the burst trace, its concurrency capped at the ladder's
-    highest level."""
+    highest level, each arrival carrying one of the tune's own prompts (a trace's token ids
+    would judge a coding-tuned table on what an engine reads as chat)."""
     high = max(request.concurrency)
+    own = None if request.trace or request.prompts == "random-ids" else request.prompts
     return replace(
         request, concurrency=[high], repeat=1, fixed_levels=None, num_prompts=None,
         trace=str(burst_trace(trace, high, request.output_len)), trace_speedup=1.0,
-        prompts=str(trace), workload=None, request_rate=None, duration=None,
+        prompts=str(trace), trace_prompts=own, workload=None, request_rate=None,
+        duration=None,
     )  # fmt: skip
 
 

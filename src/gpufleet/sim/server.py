@@ -164,7 +164,7 @@ def _adaptive(args: Any) -> tuple[AdaptiveDepth, Any] | None:
     start = initial_steps(args.speculative_num_steps, args.speculative_adaptive_config)
     sizes = capture_sizes(
         args.cuda_graph_bs, args.cuda_graph_max_bs_decode or args.cuda_graph_max_bs,
-        args.disable_cuda_graph,
+        args.disable_cuda_graph, max_running=args.max_running_requests, tp=args.tp_size,
     )  # fmt: skip
 
     def switched(old: int, new: int) -> None:

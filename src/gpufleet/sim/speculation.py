@@ -71,11 +71,17 @@ def parse_accept_rates(text: str | None) -> dict[str, float]:
     rates = dict(DOMAIN_ACCEPT_P)
     if not text:
         return rates
+    form = "expected one rate (0.7) or rates by domain (chat=0.3,code=0.85)"
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, sep, value = part.rpartition("=")
         if sep and name not in rates:
             raise ValueError(f"--sim-accept-rate {text!r}: domain {name!r} is not chat or code")
-        rate = float(value)
+        try:
+            rate = float(value)
+        except ValueError:
+            raise ValueError(
+                f"--sim-accept-rate {text!r}: {part!r} is not a rate; {form}"
+            ) from None
         if not 0.0 <= rate < 1.0:
             raise ValueError(f"--sim-accept-rate {text!r}: {rate} is not in [0, 1)")
         for key in [name] if sep else list(rates):
@@ -127,20 +133,39 @@ def step_costs_ms(
     return base, 1.03 + draft + VERIFY_PER_REQ_MS * tokens**0.5
 
 
+def default_decode_max_bs(tp: int = 1, max_running: int | None = None) -> int:
+    """SGLang 0.5.23's decode CUDA-graph max batch when `--cuda-graph-max-bs` is not given,
+    on a 60-160 GB GPU (H100, H200): 256 below TP 4, else 512, capped by the server's max
+    running requests (48 with speculation unless set)."""
+    max_bs = 256 if tp < 4 else 512
+    return min(max_bs, max_running) if max_running else max_bs
+
+
 def capture_sizes(
     cuda_graph_bs: list[int] | None = None,
     max_bs: int | None = None,
     disabled: bool = False,
+    *,
+    max_running: int | None = None,
+    tp: int = 1,
+    padding_disabled: bool = False,
 ) -> list[int] | None:
-    """The decode batch sizes SGLang captures CUDA graphs for with speculative decoding:
-    `--cuda-graph-bs` when given, else 1-8, 10-32 step 2, 40-64 step 4 (capped by
-    `--cuda-graph-max-bs`); None with `--disable-cuda-graph` (no padding)."""
+    """The decode batch sizes SGLang 0.5.23 captures CUDA graphs for with speculative
+    decoding (`generate_decode_cuda_graph_batch_sizes`): `--cuda-graph-bs` when given, else
+    1-8, 10-32 step 2, 40-64 step 4, 72-256 step 8, then step 16, up to the max batch
+    (`max_bs`, else `default_decode_max_bs`), which is itself always captured; every size
+    up to it with `--disable-cuda-graph-padding`; None with `--disable-cuda-graph` (no
+    padding). tests/fixtures/sglang-0.5.23-decode-capture-sizes.json holds SGLang's own."""
     if disabled:
         return None
     if cuda_graph_bs:
         return sorted(set(cuda_graph_bs))
-    sizes = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4)]
-    return [s for s in sizes if max_bs is None or s <= max_bs] or None
+    top = max_bs or default_decode_max_bs(tp, max_running)
+    if padding_disabled:
+        return list(range(1, top + 1))
+    steps = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8)]
+    sizes = [s for s in [*steps, *range(272, top + 1, 16)] if s <= top]
+    return sizes if top in sizes else [*sizes, top]
 
 
 def padded(batch: int, sizes: list[int] | None) -> int:

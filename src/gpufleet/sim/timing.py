@@ -215,7 +215,8 @@ class Engine:
                 if self.model.max_accept > 1:
                     self.accepted_total += n
                     self.spec_steps += 1
-                    req.accepted_steps += 1
+                if self.model.max_accept > 1 or self.adaptive is not None:
+                    req.accepted_steps += 1  # SGLang's spec_verify_ct: every step, depth 0 too
                 req.finished = req.generated >= req.max_new_tokens
                 req.queue.put_nowait((n, now))
                 emitted += n
