@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -86,7 +88,12 @@ def fresh_sshd(tmp_path, ssh_keys):
 
 @pytest.fixture
 def fleet(tmp_path, sshd_hosts, ssh_keys, host_python) -> Fleet:
-    return Fleet(tmp_path, sshd_hosts, ssh_keys, host_python)
+    fleet = Fleet(tmp_path, sshd_hosts, ssh_keys, host_python)
+    yield fleet
+    for pid in fleet.held:  # a held process's children outlive the test's proc.kill()
+        with contextlib.suppress(OSError):  # gone; and never a pid reused by another program
+            if b"gpufleet.sim.hold" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture

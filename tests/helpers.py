@@ -26,6 +26,7 @@ class Fleet:
         self.known_hosts = root / "known_hosts"
         self.known_hosts.write_text("".join(h.known_hosts_line() for h in hosts))
         self.names = [f"h{i}" for i in range(len(hosts))]
+        self.held: list[int] = []  # every process `hold` started, children included
         self.inventory = root / "fleet.yaml"
         self.write_inventory()
 
@@ -101,7 +102,9 @@ class Fleet:
         )
         line = proc.stdout.readline().split()
         assert line and line[0] == "ready", f"hold did not start: {line}"
-        return proc, [int(p) for p in line[1:]]
+        pids = [int(p) for p in line[1:]]
+        self.held += pids  # the fleet fixture kills what a test left (a child outlives kill())
+        return proc, pids
 
     def profile(self, name: str = "test", **fields) -> Path:
         """Write a rehearsal profile into this test's playbooks folder; return its path."""
