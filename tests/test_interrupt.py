@@ -43,7 +43,10 @@ PHASES = {
 
 
 def _profiles(fleet) -> Path:
-    sim = {"load-seconds": 1.5, "warmup-seconds": 0.2}
+    # each running request costs 15 ms a step: C=4 runs 4x slower per token than C=1, so
+    # the second level lasts ~3.6 s (the SIGINT "between levels" lands before it ends on a
+    # busy machine) on few tokens (8 x 24: little CPU)
+    sim = {"load-seconds": 1.5, "warmup-seconds": 0.2, "decode-per-req-ms": 15}
     a = fleet.profile("ia", tp=1, sim=sim)
     port = yaml.safe_load(a.read_text())["port"]
     fleet.profile("ib", tp=1, port=port, sim=sim, flags={"max-running-requests": 16})
