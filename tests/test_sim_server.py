@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -248,7 +249,9 @@ def test_trace_gives_ground_truth_emission_times(sim_server):
     times = trace["emit_times"]
     assert len(times) == 6 and times == sorted(times) and times[0] >= start
     gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert all(0.010 < g < 0.05 for g in gaps)  # ~16.6 ms steps at batch 1
+    # ~16.6 ms steps at batch 1: never faster (the step is paced); a busy machine can stall
+    # one step, so the typical gap is judged, not every gap (one was 50+ ms beside 3 workers)
+    assert all(g > 0.010 for g in gaps) and 0.010 < statistics.median(gaps) < 0.05, gaps
 
 
 def test_crash_injection_leaves_orphans_and_the_seeds_error(sim_server):
