@@ -93,7 +93,6 @@ def test_sampling_gpus_does_not_make_the_client_late(sim_server, tmp_path, monke
     marked (loop lag p99 5.4-6.6 ms), 0 of 4 without it. The sampler (8 simulated GPUs,
     every 0.1 s) now runs in its own process: the loop lag with it stays near the lag
     without it, alternating, in the same test."""
-    import statistics
 
     from gpufleet.host import nvml as nvmlread
     from gpufleet.host.bench import telemetry
@@ -115,8 +114,10 @@ def test_sampling_gpus_does_not_make_the_client_late(sim_server, tmp_path, monke
             else:
                 run = run_async(run_level(server.url, prompts, 32))
             lags[sampled].append(summarize(run, "sglang")["client_loop_lag_p99_ms"])
-    on, off = statistics.median(lags[True]), statistics.median(lags[False])
-    # with the thread: medians 5.19 ms on against 2.10 ms off on the 2-core machine
+    # each side's least-disturbed level: a busy machine's other work lands on either side at
+    # random (medians 7.7 on vs 4.0 off once beside a CPU hog, minima 3.4 vs 3.5), while the
+    # thread disturbed every level (5.4-6.6 ms against 2.1 off, issue 35)
+    on, off = min(lags[True]), min(lags[False])
     assert on < 1.5 * off + 0.5, lags
 
 
