@@ -386,17 +386,23 @@ def test_acceptance_follows_what_the_prompt_asks(sim_server):
     assert "Traceback" not in bad.stderr
 
 
+def _adaptive_server(sim_server, tmp_path, depths: dict[str, list[int]], *extra: str):
+    """An EAGLE3 server (steps 3, topk 1) with SGLang's adaptive table `{key: depths}`,
+    written in the form SGLang reads."""
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({k: {"candidate_steps": v} for k, v in depths.items()}))
+    return sim_server(
+        "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+        "--speculative-adaptive", "--speculative-adaptive-config", str(table), *extra,
+    )  # fmt: skip
+
+
 def test_adaptive_depth_switches_are_logged_as_sglang_logs_them(sim_server, tmp_path):
     """A table with depth 3 at batch 1 and depth 0 from batch 4: a load that moves between
     the two ranges switches depth, one SGLang log line per switch."""
-    table = tmp_path / "table.json"
-    table.write_text(json.dumps({"1": {"candidate_steps": [3]}, "4": {"candidate_steps": [0]}}))
-    server = sim_server(
-        "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
-        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
-        "--speculative-adaptive", "--speculative-adaptive-config", str(table),
-        "--cuda-graph-bs", "1", "2", "4", "8",
-    )  # fmt: skip
+    server = _adaptive_server(sim_server, tmp_path, {"1": [3], "4": [0]},
+                              "--cuda-graph-bs", "1", "2", "4", "8")  # fmt: skip
     body = {"text": "hi", "sampling_params": {"max_new_tokens": 20}}
     post(server.url + "/generate", body)  # batch 1: depth 3, no switch
     assert "Switch adaptive runtime state" not in server.text()
@@ -425,12 +431,6 @@ def test_per_request_acceptance_counts_every_verify_step_as_sglang_does(sim_serv
     """Issue 37.6: a request that ran at depth 0 (the adaptive table's choice at its batch
     size) counted no verify steps, so one deep step read as 32 tokens a step. SGLang counts
     every step of a speculative server: at depth 0, one token per step."""
-    table = tmp_path / "table.json"
-    table.write_text(json.dumps({"1": {"candidate_steps": [0]}, "16": {"candidate_steps": [3]}}))
-    server = sim_server(
-        "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
-        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
-        "--speculative-adaptive", "--speculative-adaptive-config", str(table),
-        "--sim-decode-base-ms", "1", "--sim-decode-per-req-ms", "0",
-    )  # fmt: skip
+    server = _adaptive_server(sim_server, tmp_path, {"1": [0], "16": [3]},
+                              "--sim-decode-base-ms", "1", "--sim-decode-per-req-ms", "0")  # fmt: skip
     assert 0.95 < _accept_per_request(server, "What is a thread?", n=3) < 1.1
