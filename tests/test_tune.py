@@ -250,6 +250,13 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
         timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert (
+        "tune: 13 launches (4 measurement, 3 verification, 3 load step, 3 bursts); the first "
+        "cell sets the time estimate" in out.stdout
+    )
+    # the estimate follows every cell after the first, down to the last
+    assert out.stdout.count(" cells left, ~") == 11, out.stdout
+    assert "tune: 1 cell left, ~" in out.stdout
     assert pid_alive(by_state["pid"]), "a sweep cell stopped a server that was not its own"
     assert fleet.cli("stop", "--hosts", "h0", "--port", str(by_port)).returncode == 0
     [record_path] = (archive / "tunes").glob("*.json")
@@ -310,8 +317,47 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     # 4 tune cells + 3 verify cells + 3 load-step cells + 3 burst cells
     assert again.stdout.count("already done, skipped") == 13
+    assert "13 done by the run it resumes" in again.stdout
+    assert " left, ~" not in again.stdout
     assert len(list((archive / "h0").iterdir())) == runs_before
     assert '{"1": {"candidate_steps": [1]}, "4": {"candidate_steps": [0]}}' in again.stdout
+
+
+def test_a_tune_over_its_budget_drops_the_least_informative_cells(fleet, tmp_path):
+    """--budget 1 on a tune of depths 1 and 2: the first cell (plain) sets the pace, then
+    the bursts, load step, skip variant, depth 2 and the verification are dropped, each
+    said; plain, depth 0 and depth 1 run, the table is written and its notes say what was
+    left out; the sweep reads done, its dropped cells marked so."""
+    profile = fleet.profile(
+        "bspec", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1},
+        flags={"speculative-algorithm": "EAGLE3", "speculative-num-steps": 3,
+               "speculative-eagle-topk": 1, "speculative-num-draft-tokens": 4},
+    )  # fmt: skip
+    archive = tmp_path / "a"
+    out = fleet.cli(
+        "tune", "--profile", str(profile), "--depths", "1,2", "--concurrency", "1,4",
+        "--num-prompts", "8", "--output-len", "16", "--hosts", "h0", "--archive", str(archive),
+        "--budget", "1", timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    dropped = [line.split("dropped ")[1].split(" (")[0]
+               for line in out.stdout.splitlines() if "tune: --budget: dropped" in line]  # fmt: skip
+    assert dropped == ["bursts", "load step", "bspec[depth=0,skip]", "bspec[depth=2]",
+                       "verification"], out.stdout  # fmt: skip
+    assert "still needs" in out.stdout
+    [record_path] = (archive / "tunes").glob("*.json")
+    record = json.loads(record_path.read_text())
+    assert sorted(record["measured"]) == ["0", "1", "plain"]
+    assert record["verify"] == {} and record["step"] == {}
+    assert sum("--budget: dropped" in n for n in record["notes"]) == 5
+    state = json.loads((archive / "sweeps" / f"{record['tune_id']}.json").read_text())
+    assert state["status"] == "done"
+    statuses = {key: cells["h0"]["status"] for key, cells in state["cells"].items()}
+    assert statuses == {"bspec[plain]": "done", "bspec[depth=0]": "done",
+                        "bspec[depth=0,skip]": "dropped", "bspec[depth=1]": "done",
+                        "bspec[depth=2]": "dropped"}  # fmt: skip
+    assert len(list((archive / "h0").iterdir())) == 3  # three launches archived
+    assert (profile.parent / "bspec-tuned.yaml").exists()
 
 
 def test_a_tuned_profile_starts_at_a_depth_sglang_accepts(tmp_path, monkeypatch):

@@ -78,6 +78,7 @@ class CellStatus(StrEnum):
     DONE = "done"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
+    DROPPED = "dropped"  # left out by inv tune's --budget (said, never run)
 
 
 class SweepStatus(StrEnum):

@@ -420,6 +420,10 @@ TUNE = OptionSet(
                   flag_default=True, default=True, default_text="on", to_request=False),
     repeat=Option("measure every level N times on each server, in rounds: cells are judged by "
                   "median minus spread, noisy or failed ones rejected", positive_int, most=100),
+    budget=Option("seconds the tune may take: the least informative cells are dropped to fit "
+                  "(bursts, load step, depth 0's skip variant, deep depths; each said)",
+                  _nonzero(positive_float), default=None, to_request=False, most=30 * 86400,
+                  expected="seconds, such as 1800"),
 ) | experiment_options().replace(
     "concurrency", help="the load ladder", default=TUNE_LADDER
 )  # fmt: skip

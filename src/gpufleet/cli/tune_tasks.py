@@ -21,6 +21,6 @@ def tune(c, **given):
     with experiment(o, command, launch) as exp:
         outcome = tunerun.run(
             o.profile, o.depths, request, o.min_request_speed, o.name, o.verify, o.resume, exp,
-            print_choice,
+            print_choice, o.budget,
         )  # fmt: skip
     print_verdicts(outcome)

@@ -65,6 +65,7 @@ class Experiment:
         kind: str,
         resume: bool,
         request: BenchRequest,
+        hooks: sweeps.CellHooks | None = None,
     ) -> sweeps.SweepState:
         """One sweep of these cells (the latest one of them with `resume`), its comparison
         shown; SweepUnfinished unless every cell is done."""
@@ -82,7 +83,7 @@ class Experiment:
         state = sweeps.run(
             state, sweeps.hosts_of(state, self.fleet), request, self.launch, self.fail_fast,
             self.console.line, self.console.launch_progress,
-            self.console.bench_progress, self.cancel,
+            self.console.bench_progress, self.cancel, hooks,
         )  # fmt: skip
         data = sweeps.report_input(state, root)
         if data.per_host or data.failures:

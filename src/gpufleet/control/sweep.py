@@ -18,7 +18,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,16 @@ from gpufleet.report.html import ReportInput
 from gpufleet.wire import JsonObject
 
 Say = Callable[[str], None]
+
+
+@dataclass
+class CellHooks:
+    """What a sweep asks before each cell and tells after it (inv tune's time budget,
+    control/tunebudget.py): `drop(arm)` gives why to leave the cell out (None: run it);
+    `after(arm, state, ran)` hears of each cell the sweep ran (`ran`) or found done."""
+
+    drop: Callable[[ArmSpec], str | None] = lambda arm: None
+    after: Callable[[ArmSpec, SweepState, bool], None] = lambda arm, state, ran: None
 
 
 class SweepState:
@@ -372,9 +382,11 @@ def run(
     launch_progress: Any = None,
     bench_progress: Any = None,
     cancel: CancelToken | None = None,
+    hooks: CellHooks | None = None,
 ) -> SweepState:
     """Run every cell, one at a time, all hosts in parallel."""
     cancel = cancel or CancelToken()
+    hooks = hooks or CellHooks()
     state.say = say
     arms = state.arms()
     for index, arm in enumerate(arms):
@@ -386,6 +398,13 @@ def run(
         )
         if not todo.hosts:
             say(f"[sweep {index + 1}/{len(arms)}] {name}: already done, skipped")
+            hooks.after(arm, state, False)
+            continue
+        why = hooks.drop(arm)
+        if why is not None:
+            for host in todo.names:
+                state.update(name, host, status=CellStatus.DROPPED, error=None)
+            say(f"[sweep {index + 1}/{len(arms)}] {name}: dropped by --budget ({why})")
             continue
         say(f"[sweep {index + 1}/{len(arms)}] {name} on {', '.join(todo.names)}"
             + _eta(state, len(arms) - index))  # fmt: skip
@@ -398,11 +417,12 @@ def run(
         failed = [_record(state, name, res) for res in results]
         state.record.durations_s[name] = round(time.monotonic() - started, 1)
         state.save()
+        hooks.after(arm, state, True)
         if any(failed) and fail_fast:
             say("[sweep] stopping: --fail-fast")
             break
     cells = [c for a in arms for c in state.record.cells[a.key].values()]
-    if all(c.status == CellStatus.DONE for c in cells):
+    if all(c.status in (CellStatus.DONE, CellStatus.DROPPED) for c in cells):
         state.record.status = SweepStatus.DONE
     else:
         state.record.status = (

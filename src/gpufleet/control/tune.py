@@ -442,15 +442,26 @@ def rows_by_depth(
     return out
 
 
-def write_outputs(profile: str, result: TuneResult, name: str | None) -> tuple[Path, Path]:
-    """playbooks/files/<name>.json (the table) and playbooks/<name>.yaml (the profile that
-    ships it and passes it), written atomically; beside the profile when given as a path."""
+def output_paths(profile: str, name: str | None) -> tuple[Path, Path]:
+    """Where the tune writes its table and its profile: playbooks/files/<name>.json and
+    playbooks/<name>.yaml, beside the profile when given as a path."""
     is_path = profile.endswith((".yaml", ".yml"))
     playbooks = Path(profile).parent if is_path else PLAYBOOKS
+    name = name or f"{profile_label(profile)}-tuned"
+    return playbooks / "files" / f"{name}.json", playbooks / f"{name}.yaml"
+
+
+def tuned_reference(profile: str, name: str | None) -> str:
+    """How the verification names the tuned profile: a path when the profile was one."""
+    _, profile_path = output_paths(profile, name)
+    return str(profile_path) if profile.endswith((".yaml", ".yml")) else profile_path.stem
+
+
+def write_outputs(profile: str, result: TuneResult, name: str | None) -> tuple[Path, Path]:
+    """The table and the profile that ships it and passes it (`output_paths`), written
+    atomically."""
     base = profile_label(profile)
-    name = name or f"{base}-tuned"
-    config_path = playbooks / "files" / f"{name}.json"
-    profile_path = playbooks / f"{name}.yaml"
+    config_path, profile_path = output_paths(profile, name)
     store.make_dirs(config_path.parent)
     first = result.table["1"]["candidate_steps"][0]
     config_ref = _relative_to_cwd(config_path)

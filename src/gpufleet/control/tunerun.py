@@ -20,12 +20,13 @@ from gpufleet.archive import select, store
 from gpufleet.archive.layout import Archive
 from gpufleet.archived import TuneRecord
 from gpufleet.control import tune as tuning
-from gpufleet.control import tunestep, tuneverify
+from gpufleet.control import tunebudget, tunestep, tuneverify
 from gpufleet.control.arms import ArmSpec
 from gpufleet.control.benchrequest import BenchRequest
 from gpufleet.control.experiment import Experiment
 from gpufleet.control.sweep import SweepState
 from gpufleet.errors import UserError
+from gpufleet.kinds import CellStatus
 
 
 def save_record(record: TuneRecord, path: Path) -> None:
@@ -69,30 +70,42 @@ def run(
     resume: bool,
     experiment: Experiment,
     on_chosen: Callable[[TuneOutcome], None] | None = None,
+    budget_s: float | None = None,
 ) -> TuneOutcome:
     """The whole tune; `on_chosen` sees the table as soon as it is written (before the
-    verification sweep, which takes as long again)."""
+    verification sweep, which takes as long again). The clock (control/tunebudget.py)
+    says the time up front and as cells finish, and drops cells to fit `budget_s`."""
     root = request.archive
     arms = tuning.depth_arms(profile, depths)
-    state = experiment.sweep([profile], arms, "tune", resume, request)
+    tuned = tuning.tuned_reference(profile, name)
+    checks = tuneverify.verification_arms(profile, tuned)
+    clock = tunebudget.TimeKeeper.for_tune(
+        arms, checks, request, verify, budget_s, experiment.console.line,
+        tunebudget.archived_pace(root, profile),
+        _finished_cells(root, profile, tuned, arms, checks) if resume else set(),
+    )  # fmt: skip
+    measure_hooks = clock.hooks(tunebudget.MEASURE, root)
+    state = experiment.sweep([profile], arms, "tune", resume, request, measure_hooks)
     result = tuning.choose(
         tuning.rows_by_depth(arms, state.record, root), floor,
         tuning.profile_capture_sizes(profile),
     )  # fmt: skip
     config_path, profile_path = tuning.write_outputs(profile, result, name)
     outputs = (config_path, profile_path)
+    result.notes += clock.notes
     record = _new_record(profile, depths, request, floor, state, result, outputs)
     record_path = root.tune_record(record.tune_id)
     save_record(record, record_path)
     outcome = TuneOutcome(result, config_path, profile_path, record, record_path)
     if on_chosen is not None:
         on_chosen(outcome)
-    if not verify:
+    if not verify or clock.stage_dropped(tunebudget.VERIFY):
         return outcome
-    tuned = str(profile_path) if profile.endswith((".yaml", ".yml")) else profile_path.stem
-    checks = tuneverify.verification_arms(profile, tuned)
     again = resume and _has_state(root, [profile, tuned], checks, "tune-verify")
-    check = experiment.sweep([profile, tuned], checks, "tune-verify", again, request)
+    check = experiment.sweep(
+        [profile, tuned], checks, "tune-verify", again, request,
+        clock.hooks(tunebudget.VERIFY, root),
+    )  # fmt: skip
     data = select.report_for_sweep(root, check.path)
     for host, host_arms in data.per_host.items():
         rows, sentence = tuneverify.verdict(host_arms, result.measured)
@@ -103,7 +116,8 @@ def run(
             "sentence": sentence,
         }
     save_record(record, record_path)
-    _load_step(profile, tuned, checks, request, resume, experiment, outcome)
+    _load_step(profile, tuned, checks, request, resume, experiment, outcome, clock)
+    record.notes = result.notes + [n for n in clock.notes if n not in result.notes]
     save_record(record, record_path)
     return outcome
 
@@ -145,21 +159,29 @@ def _load_step(
     resume: bool,
     experiment: Experiment,
     outcome: TuneOutcome,
+    clock: tunebudget.TimeKeeper,
 ) -> None:
     """The verification's load step (low -> high -> low in one run per server) and bursty
     trace: per phase, the tuned server against that phase's better static, and its depth
-    switches."""
+    switches. A stage `--budget` dropped is not run (the record's notes say so)."""
     root = request.archive
     profiles = [profile, tuned]
+    if clock.stage_dropped(tunebudget.STEP):
+        return  # the bursts went before it
     again = resume and _has_state(root, profiles, checks, "tune-step")
     step = tunestep.step_request(request)
-    stepped = experiment.sweep(profiles, checks, "tune-step", again, step)
-    trace = root.tune_burst_trace(outcome.record.tune_id)
-    again = resume and _has_state(root, profiles, checks, "tune-burst")
-    bursty = tunestep.burst_request(request, trace)
-    burst = experiment.sweep(profiles, checks, "tune-burst", again, bursty)
+    step_hooks = clock.hooks(tunebudget.STEP, root)
+    stepped = experiment.sweep(profiles, checks, "tune-step", again, step, step_hooks)
+    bursts: dict[str, dict[str, list[Any]]] = {}
+    burst_id = None
+    if not clock.stage_dropped(tunebudget.BURST):
+        trace = root.tune_burst_trace(outcome.record.tune_id)
+        again = resume and _has_state(root, profiles, checks, "tune-burst")
+        bursty = tunestep.burst_request(request, trace)
+        burst_hooks = clock.hooks(tunebudget.BURST, root)
+        burst = experiment.sweep(profiles, checks, "tune-burst", again, bursty, burst_hooks)
+        bursts, burst_id = tunestep.step_rows(checks, burst.record, root), burst.sweep_id
     labels = [arm.label for arm in checks]
-    bursts = tunestep.step_rows(checks, burst.record, root)
     for host, by_arm in tunestep.step_rows(checks, stepped.record, root).items():
         phases, sentence = tunestep.step_verdict(by_arm, labels)
         spike = tunestep.burst_verdict(bursts.get(host, {}), labels)
@@ -173,10 +195,30 @@ def _load_step(
         outcome.steps.append(StepVerdict(host, phases, sentence))
         outcome.record.step[host] = {
             "sweep_id": stepped.sweep_id,
-            "burst_sweep_id": burst.sweep_id,
+            "burst_sweep_id": burst_id,
             "phases": [dataclasses.asdict(p) for p in phases],
             "sentence": sentence,
         }
+
+
+def _finished_cells(
+    root: Archive, profile: str, tuned: str, arms: list[ArmSpec], checks: list[ArmSpec]
+) -> set[tuple[str, str]]:
+    """(stage, arm key) of the cells an interrupted tune finished on every host: what
+    `--resume` will not run again, so the clock leaves them out."""
+    later = [kind for kind in tunebudget.STAGE_NAMES if kind != tunebudget.MEASURE]
+    stages = [(tunebudget.MEASURE, [profile], arms)]
+    stages += [(kind, [profile, tuned], checks) for kind in later]
+    done = set()
+    for kind, profiles, kind_arms in stages:
+        try:
+            state = SweepState.latest(root, profiles, kind_arms, kind)
+        except UserError:
+            continue
+        for key, cells in state.record.cells.items():
+            if cells and all(c.status == CellStatus.DONE for c in cells.values()):
+                done.add((kind, key))
+    return done
 
 
 def _has_state(root: Archive, profiles: list[str], arms: list[ArmSpec], kind: str) -> bool:

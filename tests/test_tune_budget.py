@@ -1,0 +1,161 @@
+"""inv tune's clock (control/tunebudget.py): the estimate before the first launch and as
+cells finish, and `--budget`, which drops the least informative cells first and never the
+three a table needs."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet.archive.layout import Archive
+from gpufleet.archived import Cell, SweepRecord
+from gpufleet.control import tune, tunebudget, tuneverify
+from gpufleet.control.benchrequest import BenchRequest
+from gpufleet.control.tunebudget import BURST, MEASURE, STEP, VERIFY, Pace, TimeKeeper
+
+
+@pytest.fixture
+def spec(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        "model_path: /m\nflags:\n  speculative-algorithm: EAGLE3\n  speculative-num-steps: 3\n"
+        "  speculative-eagle-topk: 1\n  speculative-num-draft-tokens: 4\n"
+    )
+    return str(path)
+
+
+def _clock(spec, budget=None, pace=None, depths=(1, 2, 3, 5), verify=True, finished=None):
+    lines: list[str] = []
+    request = BenchRequest([1, 8], num_prompts=16, output_len=32)
+    arms = tune.depth_arms(spec, list(depths))
+    checks = tuneverify.verification_arms(spec, tune.tuned_reference(spec, None))
+    clock = TimeKeeper.for_tune(arms, checks, request, verify, budget, lines.append, pace,
+                                finished)  # fmt: skip
+    return clock, lines
+
+
+def test_decode_rounds_count_requests_in_a_row_times_their_tokens():
+    """16 requests at C=1 decode 16 in a row, at C=8 two rounds; one warm-up request per
+    level; repeats multiply."""
+    request = BenchRequest([1, 8], num_prompts=16, output_len=32)
+    assert tunebudget.decode_rounds(request) == (16 + 1 + 2 + 1) * 32
+    repeated = BenchRequest([1, 8], num_prompts=16, output_len=32, repeat=3)
+    assert tunebudget.decode_rounds(repeated) == 3 * (16 + 1 + 2 + 1) * 32
+
+
+def test_the_plan_counts_every_launch_and_the_estimate_waits_for_a_pace(spec):
+    clock, lines = _clock(spec)
+    stages = [c.stage for c in clock.cells]
+    assert stages.count(MEASURE) == 3 + 4 and stages.count(VERIFY) == 3
+    assert stages.count(STEP) == 3 and stages.count(BURST) == 3
+    assert lines == [
+        "tune: 16 launches (7 measurement, 3 verification, 3 load step, 3 bursts); the first "
+        "cell sets the time estimate (no archived tune of this profile to go by)"
+    ]
+    unverified, _ = _clock(spec, verify=False)
+    assert len(unverified.cells) == 7
+
+
+def test_the_estimate_is_launches_plus_rounds_at_the_pace(spec):
+    pace = Pace(fixed_s=10.0, round_s=0.01, basis="a test")
+    clock, lines = _clock(spec, pace=pace)
+    rounds = tunebudget.decode_rounds(BenchRequest([1, 8], num_prompts=16, output_len=32))
+    burst = clock.cells[-1]
+    assert burst.floor_s == 12.0 and pace.cell_s(burst) == 10 + max(12.0, 0.01 * 3 * 32)
+    measure = clock.cells[0]
+    assert pace.cell_s(measure) == pytest.approx(10 + 0.01 * rounds)
+    expected = sum(pace.cell_s(c) for c in clock.cells)
+    assert clock.left_s() == pytest.approx(expected)
+    assert lines[0].endswith(f"estimate ~{expected / 60:.1f} min (the pace of a test)")
+
+
+def test_the_pace_is_fitted_to_the_cells_that_finished(spec):
+    """Fixed part: the median of clean + launch + stop; a round: bench seconds over rounds."""
+    clock, lines = _clock(spec)
+    first, second = clock.measure[:2]
+    rounds = clock.cells[0].rounds
+    clock.finished(MEASURE, first, {"clean": 1, "launch": 8, "bench": rounds * 0.02, "stop": 1})
+    clock.finished(MEASURE, second, {"clean": 1, "launch": 12, "bench": rounds * 0.04, "stop": 1})
+    assert clock.pace.fixed_s == 12.0 and clock.pace.round_s == pytest.approx(0.03)
+    assert lines[-1].startswith("tune: 14 cells left, ~")
+    assert "12s a launch + 30.0 ms a decode round" in lines[-1]
+
+
+def test_budget_drops_least_informative_first_and_never_the_three_a_table_needs(spec):
+    """With a budget that fits nothing: bursts, load step, the skip variant, depths 5, 3, 2
+    (deepest first), then the verification, each said; plain, depth 0 and depth 1 stay,
+    and the line says the budget is still exceeded."""
+    clock, lines = _clock(spec, budget=1, pace=Pace(10.0, 0.01, "a test"))
+    said = [line for line in lines if "--budget: dropped" in line]
+    assert [s.split("dropped ")[1].split(" (")[0] for s in said] == [
+        "bursts", "load step", "spec[depth=0,skip]", "spec[depth=5]", "spec[depth=3]",
+        "spec[depth=2]", "verification",
+    ]  # fmt: skip
+    kept = {c.label for c in clock.remaining()}
+    assert kept == {"spec[plain]", "spec[depth=0]", "spec[depth=1]"}
+    assert "still needs" in lines[-1] and "never dropped" in lines[-1]
+    assert clock.stage_dropped(VERIFY) and clock.stage_dropped(STEP)
+    assert clock.hooks(MEASURE, Archive.at("/nonexistent")).drop(clock.measure[0]) is None
+
+
+def test_budget_drops_only_what_it_must(spec):
+    """A budget 20 s short of the estimate drops the bursts only (three launches of 10 s+);
+    one that fits drops nothing and says nothing."""
+    pace = Pace(10.0, 0.01, "a test")
+    full, _ = _clock(spec, pace=pace)
+    estimate = full.left_s()
+    clock, lines = _clock(spec, budget=estimate - 20, pace=pace)
+    assert {k[0] for k in clock.dropped} == {BURST}
+    assert sum("--budget" in line for line in lines) == 1
+    roomy, lines = _clock(spec, budget=estimate + 60, pace=pace)
+    assert not roomy.dropped and not any("--budget" in line for line in lines)
+
+
+def test_a_depth_that_fell_below_the_one_before_sends_deeper_ones_first(spec):
+    """Depth 3 measured below depth 2 at every level: depth 5 goes before depth 2 would
+    (plain deepest-first would drop 5 then 3); with 2 below 1 too, 3 and 2 follow."""
+    clock, _ = _clock(spec)
+    clock.measured = {1: {1: 100, 8: 400}, 2: {1: 120, 8: 420}, 3: {1: 110, 8: 380}}
+    order = [u.what for u in clock.units() if u.keys[0][0] == MEASURE]
+    assert order[1:3] == ["spec[depth=5]", "spec[depth=3]"]
+    units = {u.what: u.why for u in clock.units()}
+    assert "depth 3 measured below the depth before it" in units["spec[depth=5]"]
+    assert tunebudget.falling_depth({1: {1: 100}, 2: {1: 120, 8: 1}, 3: {8: 2}}) is None
+
+
+def test_a_unit_with_a_cell_already_run_is_kept_whole(spec):
+    clock, _ = _clock(spec, pace=Pace(10.0, 0.01, "a test"))
+    clock.finished(BURST, clock.checks[0], {})
+    clock.budget_s = 1
+    clock.fit_budget()
+    assert not any(k[0] == BURST for k in clock.dropped)
+
+
+def test_a_resumed_tune_leaves_out_what_its_earlier_run_finished(spec):
+    done = {(MEASURE, a.key) for a in tune.depth_arms(spec, [1, 2, 3, 5])}
+    clock, lines = _clock(spec, pace=Pace(10.0, 0.01, "a test"), finished=done)
+    assert len(clock.remaining()) == 9
+    assert "7 done by the run it resumes" in lines[0]
+
+
+def test_the_archived_pace_comes_from_this_profiles_tune_sweeps(tmp_path, spec):
+    """Each arm's slowest host counts; other profiles' and other kinds' sweeps do not."""
+    archive = Archive.at(tmp_path / "logs")
+    request = BenchRequest([1, 8], num_prompts=16, output_len=32, archive=archive)
+    rounds = tunebudget.decode_rounds(request)
+    hosts = {
+        "h0": Cell(status="done", steps_s={"clean": 1, "launch": 5, "bench": rounds * 0.01,
+                                           "stop": 1}),
+        "h1": Cell(status="done", steps_s={"clean": 1, "launch": 9, "bench": rounds * 0.02,
+                                           "stop": 1}),
+    }  # fmt: skip
+    for sweep_id, profile, kind in (("1-a-tune", spec, "tune"), ("2-b-tune", "other", "tune"),
+                                    ("3-c", spec, "sweep")):  # fmt: skip
+        record = SweepRecord(sweep_id, [profile], ["h0", "h1"], [1, 8], {"x": hosts}, kind=kind,
+                             request=request.to_json())  # fmt: skip
+        path = archive.sweep_state(sweep_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(record.to_json())
+    pace = tunebudget.archived_pace(archive, spec)
+    assert pace.fixed_s == 11 and pace.round_s == pytest.approx(0.02)
+    assert pace.basis == f"1 archived tune cells of {spec}"
+    assert tunebudget.archived_pace(archive, "nobody") is None
