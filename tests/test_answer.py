@@ -161,6 +161,36 @@ def test_a_profile_keeps_its_colour_whatever_the_argument_order():
     assert len(set(figures.colours([_arm(f"p{i}", {}) for i in range(8)]))) == 8
 
 
+def test_each_figure_is_drawn_once_for_its_png_and_the_pages_svg(tmp_path, monkeypatch):
+    """`inv sweep` and `inv compare` write both: drawing is most of a report's time, and it
+    was done twice (the PNGs, then report.html's SVGs)."""
+    import dataclasses
+
+    from gpufleet.report import html as report_html
+    from gpufleet.report.compare import Arm
+    from gpufleet.report.html import ReportInput
+
+    rows = {c: level(c, median_ttft_ms=40.0 * c, p99_ttft_ms=90.0 * c) for c in (1, 2, 3)}
+    data = ReportInput("t", {"h": [Arm("baseline", [Manifest("r1", "h", "done")], rows)]})
+    drawn = []
+
+    def counted(*args):
+        figure = real(*args)
+        if figure is not None:  # a plot without data is skipped, not drawn
+            drawn.append(args[2].name)
+        return figure
+
+    real = figures.draw
+    monkeypatch.setattr(figures, "draw", counted)
+    svgs, written = figures.write_all(data.per_host, tmp_path)
+    assert len(written) == len(svgs["h"]) == len(drawn) >= 2
+    monkeypatch.setattr(report_html, "_provenance", lambda data, out_dir: "")  # runs without files
+    page = report_html.render(dataclasses.replace(data, plots=svgs), tmp_path)
+    assert len(drawn) == len(written), "report.html drew the figures again"
+    assert page.count('<svg class="plot"') == len(written)
+    assert report_html.render(data, tmp_path).count('<svg class="plot"') == len(written)  # alone
+
+
 def test_plot_marks_ticks_error_bars_and_slo():
     rows = {c: level(c, median_ttft_ms=40.0 * c, p99_ttft_ms=90.0 * c,
                      goodput_output_throughput=92.3 * c, slo={"ttft_ms": 500.0, "tpot_ms": 50.0},

@@ -38,13 +38,18 @@ def compare(c, **given):
 
 def show_compare(data: Any, fmt: str, out_dir: Any, plots: bool = True, wide: bool = False) -> None:
     """Print the comparison; write its plots and report.html (paths printed unless json)."""
+    import dataclasses
+
     from gpufleet.archive import select, store
     from gpufleet.cli.output import line, print_compare
     from gpufleet.report.figures import write_all
 
     print_compare(data.per_host, fmt, wide)
     store.make_dirs(out_dir)
-    written = write_all(data.per_host, out_dir) if plots else []
+    written: list[Any] = []
+    if plots:  # each figure drawn once, for the PNG and the page's SVG
+        svgs, written = write_all(data.per_host, out_dir)
+        data = dataclasses.replace(data, plots=svgs)
     page = select.write_report(data, out_dir)
     select.write_summary(data, out_dir)
     if fmt != "json":

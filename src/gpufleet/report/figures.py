@@ -170,35 +170,43 @@ def plot_specs(arms: list[Arm]) -> list[metrics.PlotSpec]:
 
 def inline(host: str, arms: list[Arm]) -> list[str]:
     """Every plot of one host as inline SVG, for report.html."""
-    out = []
-    for spec in plot_specs(arms):
-        drawn = draw(host, arms, spec)
-        if drawn is not None:
-            out.append(svg(drawn[0], f"{host}: {spec.title}", drawn[1]))
-    return out
+    return render(host, arms, None)[0]
 
 
-def write(host: str, arms: list[Arm], out_dir: Path) -> list[Path]:
-    """One PNG per catalogue plot that has data, as private as its folder."""
+def render(host: str, arms: list[Arm], png_dir: Path | None) -> tuple[list[str], list[Path]]:
+    """Every catalogue plot of one host that has data, each figure drawn once: as inline
+    SVG for report.html and, with `png_dir`, as a PNG file there, as private as its folder
+    (drawing is most of a report's time: an `inv sweep` writes both)."""
     import matplotlib.pyplot as plt
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    if png_dir is not None:
+        png_dir.mkdir(parents=True, exist_ok=True)
+    svgs, written = [], []
     for spec in plot_specs(arms):
         drawn = draw(host, arms, spec)
         if drawn is None:
             continue
-        path = out_dir / f"{host}-{spec.name}.png"
-        drawn[0].savefig(path)
-        plt.close(drawn[0])
-        os.chmod(path, stat.S_IMODE(out_dir.stat().st_mode) & 0o666)
-        written.append(path)
-    return written
+        fig, points = drawn
+        try:
+            if png_dir is not None:
+                path = png_dir / f"{host}-{spec.name}.png"
+                fig.savefig(path)
+                os.chmod(path, stat.S_IMODE(png_dir.stat().st_mode) & 0o666)
+                written.append(path)
+            svgs.append(svg(fig, f"{host}: {spec.title}", points))
+        finally:
+            plt.close(fig)
+    return svgs, written
 
 
-def write_all(per_host: dict[str, list[Arm]], out_dir: Path) -> list[Path]:
-    """The plots of every host that has levels in common; the files written."""
+def write_all(
+    per_host: dict[str, list[Arm]], out_dir: Path
+) -> tuple[dict[str, list[str]], list[Path]]:
+    """The plots of every host that has levels in common: host -> inline SVGs, and the PNG
+    files written (one drawing each)."""
+    svgs: dict[str, list[str]] = {}
     written: list[Path] = []
     for host, arms in per_host.items():
-        written += write(host, arms, out_dir)
-    return written
+        svgs[host], pngs = render(host, arms, out_dir)
+        written += pngs
+    return svgs, written

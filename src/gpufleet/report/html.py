@@ -46,6 +46,7 @@ class ReportInput:
     failures: list[Failure] = field(default_factory=list)
     run_dirs: dict[str, Path] = field(default_factory=dict)  # run id -> its directory
     checksums: dict[str, str] = field(default_factory=dict)  # run id -> ok, or the problems
+    plots: dict[str, list[str]] | None = None  # host -> inline SVGs already drawn (with PNGs)
 
 
 def render(data: ReportInput, out_dir: Path) -> str:
@@ -59,7 +60,9 @@ def render(data: ReportInput, out_dir: Path) -> str:
         body.append(f'<section class="host"><h2>{_e(host)}</h2>')
         body.append(_verdict_table(arms, answers[host]))
         body.append(_open_loop_table(arms))
-        body.append('<div class="plots">' + "".join(figures.inline(host, arms)) + "</div>")
+        drawn = data.plots.get(host) if data.plots is not None else None
+        svgs = drawn if drawn is not None else figures.inline(host, arms)
+        body.append('<div class="plots">' + "".join(svgs) + "</div>")
         warnings = answers[host].warnings
         if warnings:
             items = "".join(f"<li>{_e(n.text)}</li>" for n in warnings)
