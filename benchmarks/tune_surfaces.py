@@ -8,13 +8,19 @@ ports), so they run at once; give it a machine with cores to spare (the README's
 come from the 16-core GPU machine; 2 cores make every level noisier).
 
     python benchmarks/tune_surfaces.py --depths 1,2,3 --output-len 32
+
+A run longer than one sitting: `--root DIR --stop-after SECONDS` interrupts every tune
+(Ctrl-C, as a user would) when the time is up; `--root DIR --resume` finishes them (each
+tune's own `--resume`). The report gives each tune's first estimate beside its wall time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -63,9 +69,15 @@ def start(name: str, profile: Path, host: str, archive: Path, args: argparse.Nam
         "--depths", args.depths, "--concurrency", args.concurrency,
         "--output-len", str(args.output_len), "--prompts", SURFACES[name][1],
         "--repeat", str(args.repeat), "--archive", str(archive),
+        *(["--resume"] if args.resume else []),
     ]  # fmt: skip
-    log = open(archive.parent / f"{name}.out", "w")  # noqa: SIM115
+    log = open(archive.parent / f"{name}.out", "a")  # noqa: SIM115
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO), log
+
+
+def estimates(out: str) -> list[str]:
+    """The tune's own time lines: its plan up front, then the estimate after each cell."""
+    return [ln for ln in out.splitlines() if re.match(r"tune: (\d+ launches|\d+ cells? left)", ln)]
 
 
 def acceptance(archive: Path, host: str, sweep_id: str) -> dict[int, tuple[float, ...]]:
@@ -94,6 +106,9 @@ def report(name: str, archive: Path, host: str, wall: float) -> None:
         " + 3 (bursts)"
     )
     print(f"table {json.dumps(record['table'])}")
+    said = estimates((archive.parent / f"{name}.out").read_text())
+    if len(said) > 1:
+        print(f"the tune's estimate after its first cell: {said[1]}")
     print(f"{'C':>4} {'depth':>5} {'wins':>12} {'kept':>6} {'best static':>15} {'kept':>6}")
     chosen = {ch["concurrency"]: ch["depth"] for ch in record["choices"]}
     for row in record["verify"][host]["rows"]:
@@ -121,16 +136,25 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--only", help="comma-separated surface names (default: all)")
+    p.add_argument("--root", type=Path, help="where the outputs go (default: a new temp dir)")
+    p.add_argument("--resume", action="store_true", help="finish the tunes under --root")
+    p.add_argument("--stop-after", type=float, help="Ctrl-C every tune after this many s")
     args = p.parse_args()
     names = args.only.split(",") if args.only else list(SURFACES)
-    root = Path(tempfile.mkdtemp(prefix="tune-surfaces-"))
-    profiles = write_profiles(root)
+    root = args.root or Path(tempfile.mkdtemp(prefix="tune-surfaces-"))
+    root = root.resolve()
+    profiles = {n: root / "playbooks" / f"{n}.yaml" for n in SURFACES}
+    if not args.resume:
+        profiles = write_profiles(root)
     running = {}
     began = time.monotonic()
     for name, host in zip(names, HOSTS, strict=False):
         archive = root / name / "logs"
-        archive.mkdir(parents=True)
+        archive.mkdir(parents=True, exist_ok=True)
         running[name] = (*start(name, profiles[name], host, archive, args), host, archive)
+    if args.stop_after and _stopped(running, args.stop_after):
+        print(f"stopped after {args.stop_after:.0f} s; finish with --root {root} --resume")
+        return 3
     failed = 0
     for name, (proc, log, host, archive) in running.items():
         code = proc.wait()
@@ -144,6 +168,25 @@ def main() -> int:
         report(name, archive, host, wall)
     print(f"\noutputs under {root}")
     return 1 if failed else 0
+
+
+def _stopped(running: dict, after: float) -> bool:
+    """Ctrl-C (SIGINT) every tune still running `after` seconds from now, as a user would;
+    True if any was."""
+    deadline = time.monotonic() + after
+    while time.monotonic() < deadline:
+        if all(proc.poll() is not None for proc, *_ in running.values()):
+            return False
+        time.sleep(1)
+    stopped = False
+    for proc, *_ in running.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            stopped = True
+    for proc, log, *_ in running.values():
+        proc.wait()
+        log.close()
+    return stopped
 
 
 if __name__ == "__main__":

@@ -95,6 +95,25 @@ def test_the_objective_is_the_steady_window_and_the_margin_is_the_measured_noise
     assert "whole level" in precise.choices[0].why  # no steady window: said
 
 
+def test_a_tie_that_may_cost_more_than_2_percent_is_said_and_a_smaller_one_not():
+    """On the lent machine with --repeat 3, C=2 chose depth 2 within its noise of depth 3
+    and the verification found depth 3 ahead by 2.5%: silent until then. The note fires
+    when the shallower depth won a tie it measured more than 2% behind, and only then."""
+    noisy_gain = {1: {8: (320, 40)}, 3: {8: (328, 41)}}  # +2.5%, noise 2.5% (40 requests)
+    said = tune.choose(_rows(noisy_gain))
+    assert said.choices[0].depth == 1
+    [note] = [n for n in said.notes if "behind depth" in n]
+    assert note.startswith("C=8: depth 1 measured 2.5% behind depth 3, within the cells' noise")
+    assert "--num-prompts" in note
+    quiet = [
+        tune.choose(_rows({1: {8: (320, 40)}, 3: {8: (325, 40.6)}})),  # +1.6%: within 2%
+        tune.choose(_rows(noisy_gain, p10_share=0.99, completed=400)),  # precise: depth 3
+        tune.choose(_rows({1: {8: (330, 41)}, 3: {8: (320, 40)}})),  # shallower is best
+    ]
+    assert [q.choices[0].depth for q in quiet] == [1, 3, 1]
+    assert not [n for q in quiet for n in q.notes if "behind depth" in n]
+
+
 def test_depth_0_counts_at_its_real_cost_and_the_skip_only_where_it_measured_better():
     result = tune.choose(_rows({
         tune.PLAIN: {1: (60, 60), 16: (500, 31)},
@@ -290,7 +309,10 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
         ("low again", 1),
         ("burst", 16),
     ]
-    assert [p["winner"] for p in phases[:3]] == ["speculation", "no drafting", "speculation"]
+    # at C=1 speculation wins by about 2x; at 16 the margin is a few percent, which CPU
+    # starvation beside the suite can turn either way, so the high phase's winner is not
+    # judged here (its kept share is, below)
+    assert phases[0]["winner"] == phases[2]["winner"] == "speculation", phases
     assert all(p["kept"] >= 0.9 for p in phases), phases
     assert phases[0]["switches"] == 0 and phases[1]["switches"] >= 1, phases
     assert phases[3]["switches"] >= 2, phases  # each burst goes up through batch 4 and back

@@ -159,3 +159,21 @@ def test_the_archived_pace_comes_from_this_profiles_tune_sweeps(tmp_path, spec):
     assert pace.fixed_s == 11 and pace.round_s == pytest.approx(0.02)
     assert pace.basis == f"1 archived tune cells of {spec}"
     assert tunebudget.archived_pace(archive, "nobody") is None
+
+
+def test_an_interrupted_cell_is_not_counted_done(spec, tmp_path):
+    """Ctrl-C during a cell's benchmark: the sweep still reports the cell, which is not
+    done (`--resume` runs it), so the clock keeps it in what is left."""
+    from gpufleet.control.sweep import SweepState
+
+    clock, _ = _clock(spec, pace=Pace(10.0, 0.01, "a test"))
+    arm = clock.measure[0]
+    record = SweepRecord("s", [spec], ["h0", "h1"], [1, 8],
+                         {arm.key: {"h0": Cell(status="done", steps_s={"bench": 1.0}),
+                                    "h1": Cell(status="interrupted")}})  # fmt: skip
+    after = clock.hooks(MEASURE, Archive.at(tmp_path)).after
+    after(arm, SweepState(tmp_path / "s.json", record), True)
+    assert (MEASURE, arm.key) not in clock.done and len(clock.remaining()) == 16
+    record.cells[arm.key]["h1"] = Cell(status="done", steps_s={"bench": 2.0})
+    after(arm, SweepState(tmp_path / "s.json", record), True)
+    assert (MEASURE, arm.key) in clock.done and len(clock.remaining()) == 15

@@ -256,6 +256,7 @@ def choose(
             )
         chose = f"chose {figures[best]['output_throughput']:.0f}"
         choices.append(Choice(c, best, f"{why} ({_detail(figures, rejected)}; {chose})"))
+        notes += _noise_note(c, best, figures, rejected)
     notes += _zero_step_notes(choices, measured, extra, skipped)
     table, ranges = _table_and_ranges(choices, sizes)
     skip_used = any(ch.depth == 0 and ch.concurrency in skipped for ch in choices)
@@ -294,6 +295,29 @@ def _choose_level(
     if min_request_speed is not None:
         why += f" among depths at or above {min_request_speed:g} tok/s per request"
     return min(near), why, rejected  # within the margin of the best, the least drafting
+
+
+NOISE_NOTE_BOUND = 0.02  # a within-noise choice that may cost more than this is said
+
+
+def _noise_note(c: int, best: int, figures: dict[int, Cell], rejected: dict[int, str]) -> list[str]:
+    """Where the shallower depth won a tie that measured more than 2% behind the best: the
+    level's cells were too short to tell them apart, and the choice may cost that much (the
+    verification then shows it). More requests per level narrow the noise."""
+    usable = {d: f for d, f in figures.items() if d not in rejected}
+    if best not in usable:
+        return []
+    top = max(usable, key=lambda d: usable[d]["output_throughput"])
+    base = usable[best]["output_throughput"]
+    gap = usable[top]["output_throughput"] / base - 1 if base else 0.0
+    if top == best or gap <= NOISE_NOTE_BOUND:
+        return []
+    return [
+        f"C={c}: depth {best} measured {gap:.1%} behind depth {top}, within the cells' noise "
+        f"({usable[top]['noise']:.1%}): too few requests at this level to tell them apart, "
+        "so the choice may cost that much; more requests per level (--num-prompts, or "
+        "--repeat) narrow it"
+    ]
 
 
 def _detail(figures: dict[int, Cell], rejected: dict[int, str]) -> str:

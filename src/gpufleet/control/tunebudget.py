@@ -343,7 +343,9 @@ class TimeKeeper:
         host's steps; a measured drafting depth's objective by level)."""
 
         def after(arm: ArmSpec, state: SweepState, ran: bool) -> None:
-            cells = [c for c in state.record.cells[arm.key].values() if c.status == CellStatus.DONE]
+            cells = list(state.record.cells[arm.key].values())
+            if not cells or any(c.status != CellStatus.DONE for c in cells):
+                return  # failed or interrupted: not done, and --resume runs it again
             steps = max((c.steps_s for c in cells), key=lambda s: sum(s.values()), default={})
             figures = None
             if stage == MEASURE and depth_of(arm) is not None:
