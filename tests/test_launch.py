@@ -106,6 +106,26 @@ def test_preflight_refuses_taken_port_unknown_flag_and_busy_gpu(fleet):
         holder.wait()
 
 
+def test_the_engines_help_is_asked_once_per_version_and_kept_in_the_workdir(fleet):
+    """Every sweep cell launches again, and SGLang's --help takes ~16 s on a CPU: the
+    flags are checked against a copy kept per engine version in the workdir. Shown by
+    editing the copy: the next launch reads it (and refuses a flag it no longer lists);
+    without the copy the engine is asked again."""
+    profile = fleet.profile("helpcache", tp=1)
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h0").returncode == 0
+    assert fleet.cli("stop", "--hosts", "h0").returncode == 0
+    [kept] = (fleet.workdir("h0") / "cache" / "engine-help").glob("*.txt")
+    assert "--model-path" in kept.read_text() and oct(kept.stat().st_mode & 0o777) == "0o600"
+    kept.write_text(kept.read_text().replace("--model-path", "--modelpath"))
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0")
+    assert out.returncode == 1
+    assert "flag --model-path is not accepted by this engine version" in out.stderr
+    kept.unlink()
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h0").returncode == 0
+    assert fleet.cli("stop", "--hosts", "h0").returncode == 0
+    assert "--model-path" in kept.read_text()
+
+
 def test_orphaned_schedulers_after_launcher_sigkill_are_cleaned(fleet):
     profile = fleet.profile()
     port = yaml.safe_load(profile.read_text())["port"]

@@ -7,6 +7,8 @@ engine's own `--help` lists on this host.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import socket
@@ -15,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.host import childenv, flagrenames, gpuhealth
+from gpufleet.host import childenv, flagrenames, gpuhealth, safewrite
 from gpufleet.host import nvml as nvmlread
 from gpufleet.host.protocol import AgentError, LaunchArgs
 from gpufleet.host.servers import read_state, server_alive
@@ -85,8 +87,27 @@ def _port_free(host: str, port: int) -> str | None:
     return None
 
 
-def help_text(argv_head: list[str], env: dict[str, str]) -> str:
-    """The engine's own `--help` on this host (SGLang's takes ~16 s on a CPU)."""
+HELP_CACHE = Path("cache") / "engine-help"  # in the workdir: one file per engine version
+
+
+def help_text(argv_head: list[str], env: dict[str, str], version: str | None = None) -> str:
+    """The engine's own `--help` on this host, kept per installed version in the workdir:
+    SGLang's takes ~16 s on a CPU, and every cell of a sweep launches again. The key is the
+    version, the command, the server's PYTHONPATH and this agent (a new gpufleet asks
+    again); an unknown version is never kept."""
+    if version is None:
+        return _run_help(argv_head, env)
+    key = json.dumps([version, argv_head, env.get("PYTHONPATH", ""), Path(sys.argv[0]).name])
+    path = HELP_CACHE / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.txt"
+    kept = safewrite.read_own(path)
+    if kept is not None:
+        return kept.decode(errors="replace")
+    text = _run_help(argv_head, env)
+    safewrite.write_atomic(path, text)
+    return text
+
+
+def _run_help(argv_head: list[str], env: dict[str, str]) -> str:
     out = subprocess.run(
         [*argv_head, "--help"],
         capture_output=True,
@@ -217,7 +238,7 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
                 errors.append(str(exc))
     argv, renames, accepts_config = spec.argv, [], False
     if engine in ENGINE_MODULES and not errors and not args.skip_flag_check:
-        text = help_text(spec.argv[:3], launch_env(spec))
+        text = help_text(spec.argv[:3], launch_env(spec), version)
         check = check_flags_against(spec.argv, 3, text, f"{engine} {version or ''}".strip())
         argv, renames = check.argv, check.renames
         accepts_config = "--config CONFIG" in text or "--config " in text

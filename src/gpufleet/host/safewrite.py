@@ -114,6 +114,25 @@ def open_fresh(path: str | Path, text: bool = False) -> IO:
     return _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, text)
 
 
+def read_own(path: str | Path) -> bytes | None:
+    """A file gpufleet wrote and reads back as it (a cache): its directories judged as for a
+    write, the file itself this user's and writable by nobody else, never through a link;
+    None if it is not there."""
+    path = Path(path)
+    own_dir(path.parent)
+    try:
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno in (40, 20):  # ELOOP, ENOTDIR
+            raise _refuse(path, os.lstat(path), "it is a symlink") from None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        _judge_own(path, os.fstat(fh.fileno()), "file")
+        return fh.read()
+
+
 def open_lock(path: str | Path) -> int:
     """A lock file's descriptor (read-write, created 0600), never through a link."""
     own_dir(Path(path).parent)
