@@ -99,7 +99,30 @@ def test_sweep_grid_with_repeats_on_the_rehearsal_engine(fleet, tmp_path):
     assert state["status"] == "done"
     assert len(list((tmp_path / "a" / "h0").iterdir())) == 4
     assert "A=spec[steps=1] vs B=spec[steps=5]" in out.stdout
-    assert "x [" in out.stdout  # ratios carry their interval
+    # two repeats give t one degree of freedom (12.7 x the standard error): no interval is
+    # shown, and the answer says why (intervals from 3 repeats: the next test)
+    assert "x [" not in out.stdout
+    assert "2 runs per arm are too few, so no interval: --repeat 3 gives each figure one" in (
+        out.stdout
+    )
+
+
+def test_intervals_need_three_repeats_and_never_reach_below_zero():
+    """Issue 38: with --repeat 2 the 95% intervals included negative throughputs
+    (`[-180.3-374.8]`) and ratios of `[0.00-997439.59]`."""
+    from gpufleet.records import ResultRow
+    from gpufleet.report.stats import aggregate, mean_ci, ratio_text
+
+    def level(*tps):
+        return aggregate([ResultRow(4, 8, 0, t, median_ttft_ms=t / 10) for t in tps])
+
+    two, other_two = level(10.0, 400.0), level(20.0, 380.0)
+    assert two.ci == {} and ratio_text(two, other_two, "output_throughput") == "0.98x"
+    three = level(10.0, 400.0, 30.0)
+    low, high = three.ci["output_throughput"]
+    assert low == 0.0 and high > 400  # stopped at zero: a throughput is never negative
+    assert "[" in ratio_text(three, level(20.0, 380.0, 50.0), "output_throughput")
+    assert mean_ci([-5.0, 5.0, 1.0])[1] < 0  # a figure that can be negative keeps its low end
 
 
 def test_bench_repeat_runs_rounds_and_prints_intervals(sim_server, tmp_path):

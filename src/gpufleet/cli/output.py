@@ -94,9 +94,11 @@ def repeat_lines(results: list[ResultRow]) -> list[str]:
         for metric in metrics.where(metrics.Place.REPEATS):
             key = metric.key
             mean = agg.get(key)
-            low, high = agg.ci.get(key, (mean, mean))
-            parts.append(f"{metric.label} {mean:.1f} [{low:.1f}-{high:.1f}]")
-        out.append(f"C={c}, {len(rows)} repeats, mean [95% CI]: " + "; ".join(parts))
+            interval = agg.ci.get(key)
+            shown = f" [{interval[0]:.1f}-{interval[1]:.1f}]" if interval else ""
+            parts.append(f"{metric.label} {mean:.1f}{shown}")
+        said = "mean [95% CI]" if agg.ci else "mean (too few repeats for an interval: 3 give one)"
+        out.append(f"C={c}, {len(rows)} repeats, {said}: " + "; ".join(parts))
     return out
 
 
@@ -126,11 +128,11 @@ def _compare_table(
         writer.writerows([[host, *r] for r in rows])
         print(out.getvalue(), end="")
     elif fmt == "md":
+        from gpufleet.report.markdown import md_table
+
         line(f"### {title}\n")
-        line("| " + " | ".join(headers) + " |")
-        line("|" + "---|" * len(headers))
-        for r in rows:
-            line("| " + " | ".join(r) + " |")
+        for text in md_table(headers, rows):
+            line(text)
         line("")
     else:
         table(title, headers, rows)

@@ -26,6 +26,7 @@ from gpufleet.report.compare import (
 )
 from gpufleet.report.compare import Notice as Notice
 from gpufleet.report.compare import Severity as Severity
+from gpufleet.report.markdown import md_cell, md_table
 from gpufleet.report.stats import ratio_ci, ratio_text
 from gpufleet.wire import JsonObject
 
@@ -154,7 +155,9 @@ def claims(a: Arm, b: Arm, levels: list[int], found: list[Notice]) -> list[Claim
     if energy:
         out.append(energy)
     if not repeats:
-        out.append(Claim("one run per arm, so no interval: --repeat 3 gives each figure one"))
+        runs = max((arm.levels[c].repeats for arm in (a, b) for c in levels), default=1)
+        said = "one run per arm" if runs < 2 else f"{runs} runs per arm are too few"
+        out.append(Claim(f"{said}, so no interval: --repeat 3 gives each figure one"))
     return out
 
 
@@ -260,7 +263,7 @@ def to_markdown(
     lines = [f"# {title}", ""]
     for answer in answers:
         lines += [
-            f"## {answer.host}: {' vs '.join(answer.labels)}",
+            f"## {answer.host}: {md_cell(' vs '.join(answer.labels))}",
             "",
             f"**Answer:** {answer.sentence}",
             "",
@@ -268,7 +271,6 @@ def to_markdown(
         lines += [f"- **error:** {n.text}" for n in answer.errors]
         lines += [f"- warning: {n.text}" for n in answer.warnings]
         headers, rows = tables[answer.host]
-        lines += ["", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        lines += ["", *md_table(headers, rows)]
         lines.append("")
     return "\n".join(lines)

@@ -28,6 +28,10 @@ T95 = [
 
 # Figures that get an interval (the catalogue says which).
 CI_KEYS = metrics.interval_keys()
+# Two repeats give Student's t one degree of freedom (12.7 x the standard error): intervals
+# that reach below zero and ratios of [0.00-997439.59], which say nothing. From three on
+# (4.3 x) an interval is shown; below, the answer says so.
+MIN_REPEATS_FOR_INTERVAL = 3
 
 
 def t95(dof: int) -> float:
@@ -35,12 +39,17 @@ def t95(dof: int) -> float:
 
 
 def mean_ci(values: list[float]) -> tuple[float, float, float]:
-    """(mean, low, high); with one value the interval is that value."""
+    """(mean, low, high); with one value the interval is that value. The figures that get
+    an interval are never negative (throughputs, latencies, speeds), so neither is the
+    interval's low end: it stops at zero, as the plots' error bars do."""
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, mean, mean
     half = t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return mean, mean - half, mean + half
+    low = mean - half
+    if all(v >= 0 for v in values):
+        low = max(0.0, low)
+    return mean, low, mean + half
 
 
 @dataclass
@@ -96,6 +105,8 @@ def aggregate(rows: list[ResultRow]) -> LevelFigures:
     row = dataclasses.replace(last, extra=extra, **means)
     row.given = last.given
     figures = LevelFigures(row, repeats=len(rows))
+    if len(rows) < MIN_REPEATS_FOR_INTERVAL:
+        return figures
     for key in CI_KEYS:
         numbers = [r.get(key) for r in rows]
         if all(_number(v) for v in numbers):
@@ -108,7 +119,7 @@ def aggregate(rows: list[ResultRow]) -> LevelFigures:
 def ratio_ci(a: LevelFigures, b: LevelFigures, key: str) -> tuple[float, float] | None:
     """95% interval of mean(b)/mean(a) for one figure, or None without repeats on both."""
     sa, sb = a.samples.get(key), b.samples.get(key)
-    if not sa or not sb or len(sa) < 2 or len(sb) < 2:
+    if not sa or not sb or min(len(sa), len(sb)) < MIN_REPEATS_FOR_INTERVAL:
         return None
     ma, mb = statistics.fmean(sa), statistics.fmean(sb)
     if ma <= 0 or mb <= 0:

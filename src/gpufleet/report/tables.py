@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from gpufleet.archived import Manifest
 from gpufleet.report import metrics
+from gpufleet.report.markdown import md_table
 
 
 class Figures(Protocol):
@@ -106,10 +107,8 @@ def summary_md(manifest: Manifest, results: Sequence[Figures]) -> str:
         f"output length {m.plan.output_len if m.plan else None}",
         "- metrics use SGLang bench_serving's definitions (see definitions.json)",
         "",
-        "| " + " | ".join(headers(results)) + " |",
-        "|" + "---|" * len(headers(results)),
+        *md_table(headers(results), rows(results)),
     ]
-    lines += ["| " + " | ".join(r) + " |" for r in rows(results)]
     notes = level_notes(results)
     if notes:
         lines += ["", *[f"- {note}" for note in notes]]
