@@ -378,14 +378,16 @@ def test_a_profile_named_with_dots_is_benchmarked_under_its_whole_name(fleet, tm
     assert profile_label("playbooks/qwen2.5-chat.yaml") == "qwen2.5-chat"
     assert profile_label("accept-0.8-draft-x0.5[depth=1]") == "accept-0.8-draft-x0.5[depth=1]"
     profile = fleet.profile("qwen2.5-chat", tp=1, sim={"load-seconds": 0.2})
+    # the sweep speaks OpenAI's dialect (issue 38: sweep and tune had no --backend, so an
+    # OpenAI-only engine answered every cell 404)
     out = fleet.cli(
         "sweep", "--profiles", str(profile), "--hosts", "h0", "--concurrency", "2",
         "--num-prompts", "4", "--output-len", "8", "--grid", "max-running-requests=8",
-        "--archive", str(tmp_path / "a"), timeout=300,
+        "--backend", "openai", "--archive", str(tmp_path / "a"), timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     [run] = (tmp_path / "a" / "h0").iterdir()
     assert "qwen2.5-chat" in run.name
-    assert json.loads((run / "manifest.json").read_text())["profile"] == (
-        "qwen2.5-chat[requests=8]"
-    )
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["profile"] == "qwen2.5-chat[requests=8]"
+    assert manifest["plan"]["backend"] == "openai"

@@ -17,6 +17,7 @@ from gpufleet.control.cleanoptions import CleanOptions
 from gpufleet.control.launchoptions import LaunchOptions
 from gpufleet.errors import UserError
 from gpufleet.host.protocol import LogsArgs, StopArgs
+from gpufleet.kinds import BACKENDS
 from gpufleet.records import HEALTH_TIMEOUT_S
 
 DAY = 86_400
@@ -156,6 +157,8 @@ def request_options() -> OptionSet:
     """The options of a benchmark request, shared by bench, sweep and tune."""
     return OptionSet(
         BenchRequest,
+        backend=Option("sglang (/generate), openai (/v1/completions), openai-chat (any "
+                       "OpenAI-compatible server)", _choice(*BACKENDS)),
         concurrency=Option("levels, comma separated and/or repeated (e.g. 1,10,64)", _levels,
                            iterable=True, short="c", most=100_000),
         num_prompts=Option("requests per level", _nonzero(count), default_text="max(10, 4 x C)",
@@ -292,7 +295,6 @@ BENCH = (
         profile=Option("bench the running server of this profile (default: the one running)",
                        short="p"),
         port=Option("bench the server on this port", _nonzero(count), most=PORT_MAX),
-        backend=Option("sglang (/generate), openai (/v1/completions), openai-chat"),
         warmup=Option("warm-up requests per level, excluded from figures", count, most=1000),
         client=Option("host (the generator runs on the GPU host) or local",
                       _choice("host", "local"), default="host", to_request=False),
@@ -376,7 +378,7 @@ def experiment_options() -> OptionSet:
     cell = request_options().only(
         "concurrency", "num_prompts", "output_len", "prompts", "seed", "workload", "trace",
         "trace_speedup", "random_input_len", "random_output_len", "random_range_ratio", "slo",
-        "flush", "archive",
+        "flush", "archive", "backend",
     )  # fmt: skip
     own = OptionSet(
         BenchRequest,

@@ -27,10 +27,9 @@ from gpufleet.control.fleet import Fleet
 from gpufleet.control.inventory import Host
 from gpufleet.control.transport import Progress, Session, host_events
 from gpufleet.errors import UserError
-from gpufleet.host.bench.loadgen import BACKENDS
 from gpufleet.host.protocol import BenchStartArgs, BenchWatchAnswer, BenchWatchArgs, StatusArgs
 from gpufleet.host.redact import redact_argv, redact_tree, remember
-from gpufleet.kinds import Kind, RunStatus
+from gpufleet.kinds import BACKENDS, Kind, RunStatus
 from gpufleet.records import BenchPlan, Level, PromptRow, ResultRow
 from gpufleet.report.tables import summary_csv, summary_md
 

@@ -25,9 +25,9 @@ from typing import Any
 from gpufleet.host.bench.clientcert import ClientClock
 from gpufleet.host.bench.httpstream import StreamClient
 from gpufleet.host.bench.level import LevelRun, Prompt, RequestRecord, Tally
+from gpufleet.kinds import BACKENDS as BACKENDS  # declared once there
 from gpufleet.wire import JsonObject
 
-BACKENDS = ("sglang", "openai", "openai-chat")
 WARMUP_TOKENS = 16
 
 
