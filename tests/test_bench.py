@@ -67,6 +67,22 @@ def test_openai_backends(sim_server):
         assert all(r.ok and r.completion_tokens == 8 for r in run.records), backend
 
 
+@pytest.mark.parametrize("backend", ["sglang", "openai", "openai-chat"])
+def test_progress_counts_the_tokens_of_requests_in_flight(sim_server, backend):
+    """Issue 38: over the OpenAI backends a request's tokens counted only when it finished,
+    so the live line read 0.0 tok/s between finished requests and then spiked. Each report
+    while both requests stream must see tokens, and they only grow."""
+    server = sim_server()
+    seen: list[tuple[int, int]] = []
+    prompts = [Prompt("hello", output_len=64)] * 2
+    asyncio.run(run_level(server.url, prompts, 2, backend,
+                          on_progress=lambda t, _: seen.append((t.done, t.tokens)),
+                          progress_every=0.05))  # fmt: skip
+    streaming = [tokens for done, tokens in seen if done == 0]
+    assert any(0 < tokens < 128 for tokens in streaming), seen
+    assert [t for _, t in seen] == sorted(t for _, t in seen) and seen[-1] == (2, 128)
+
+
 def _bench_profile(fleet, **sim):
     return fleet.profile("bench", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1, **sim})
 

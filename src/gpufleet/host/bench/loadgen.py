@@ -190,6 +190,7 @@ class _StreamTracker:
         if not piece:  # the role chunk, or the final usage-only chunk
             if usage:
                 self.seen_tokens = max(seen, int(usage.get("completion_tokens", seen)))
+                record.completion_tokens = self.seen_tokens
             return
         # With usage in every chunk (continuous_usage_stats) a chunk of k tokens counts as k
         # gaps of 1/k, like the sglang backend; a server that omits it gives one per chunk.
@@ -199,7 +200,9 @@ class _StreamTracker:
             record.ttft = now - self.start
         else:
             record.itl.extend([(now - self.last) / new] * new)
-        self.seen_tokens = max(total, seen + 1)
+        # counted as they arrive, as the sglang backend does: the live progress counts
+        # tokens of requests in flight (it read 0 tok/s between finished requests)
+        self.seen_tokens = record.completion_tokens = max(total, seen + 1)
         if self.keep_text:
             record.text += piece
         record.chunks += 1

@@ -11,6 +11,7 @@ Files written in the run directory:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import json
@@ -88,6 +89,7 @@ def _log_size(state: ServerState | None) -> int | None:
 
 # SGLang 0.5.23 logs every change of draft depth between decode batches with this line
 # (speculative/eagle_worker_v2.py, apply_runtime_state); so does the rehearsal server
+RATE_WINDOW_S = 3.0  # the live tok/s: tokens over about this many seconds
 DEPTH_SWITCH = b"Switch adaptive runtime state:"
 
 
@@ -168,7 +170,7 @@ async def _level(
 ) -> tuple[Any, list[serverapi.MetricSample]]:
     concurrency = level.concurrency
     total = sum(p.requests for p in prompts)
-    last = {"t": time.perf_counter(), "tokens": 0}
+    recent: collections.deque[tuple[float, int]] = collections.deque([(time.perf_counter(), 0)])
     # With ignore_eos every request streams exactly output_len tokens, so tokens received
     # say how far the level is; counting finished requests would not (at C=64 the first
     # 64 all finish together, and after the first one the estimate read ~1,300 s).
@@ -178,8 +180,12 @@ async def _level(
     def progress(tally: Tally, elapsed: float) -> None:
         tokens = tally.tokens  # in-flight requests too
         now = time.perf_counter()
-        rate = (tokens - last["tokens"]) / max(1e-6, now - last["t"])
-        last.update(t=now, tokens=tokens)
+        # over the last few seconds, not since the last report: tokens arrive in bursts
+        while len(recent) > 1 and now - recent[1][0] >= RATE_WINDOW_S:
+            recent.popleft()
+        then, before = recent[0]
+        rate = (tokens - before) / max(1e-6, now - then)
+        recent.append((now, tokens))
         if expected_tokens and tokens:
             eta = elapsed * max(0, expected_tokens - tokens) / tokens
         else:
