@@ -154,6 +154,33 @@ def _arm(label, levels):
     return Arm(label, [], levels)
 
 
+def test_the_per_request_crossover_says_its_basis_where_decode_speed_crosses_elsewhere():
+    """Issue 38: per-request speed is tokens over the whole request (TTFT included); by
+    decode speed (TPOT) a 40% draft on llama.cpp stayed faster to C=8, end to end only to
+    C~3, and the sentence did not say which. Both are said where they differ, neither
+    where they agree."""
+
+    def arm(label, per_request, tpot):
+        rows = {c: level(c, median_per_request_output_tps=p, median_tpot_ms=t)
+                for c, p, t in zip((1, 4, 16), per_request, tpot, strict=True)}  # fmt: skip
+        return _arm(label, rows)
+
+    base = arm("target", [50, 45, 30], [20.0, 22.0, 30.0])
+    differ = arm("draft", [60, 40, 20], [15.0, 18.0, 35.0])  # e2e falls by 4, decode by 16
+    [claim] = answer.claims(base, differ, [1, 4, 16], [])[:1]
+    assert claim.text.startswith("draft is faster per request up to C~")
+    assert (
+        "end to end, TTFT included; by decode speed alone (1000/TPOT) draft is faster "
+        "up to C~" in claim.text
+    )
+    agree = arm("draft", [60, 40, 20], [15.0, 24.0, 40.0])  # both fall between 1 and 4
+    [claim] = answer.claims(base, agree, [1, 4, 16], [])[:1]
+    assert "decode speed" not in claim.text
+    no_tpot = _arm("draft", {c: level(c, median_per_request_output_tps=p)
+                             for c, p in zip((1, 4, 16), (60, 40, 20), strict=True)})  # fmt: skip
+    assert "decode speed" not in answer.claims(base, no_tpot, [1, 4, 16], [])[0].text
+
+
 def test_a_profile_keeps_its_colour_whatever_the_argument_order():
     a, b = _arm("baseline", {}), _arm("eagle3", {})
     assert figures.colours([a, b]) == list(reversed(figures.colours([b, a])))

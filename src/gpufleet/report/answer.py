@@ -176,10 +176,37 @@ def _per_request(a: Arm, b: Arm, levels: list[int]) -> Claim:
                         f"(C<={levels[-1]})",
         Crossing.BELOW: f"{b.label} is slower per request at every measured level",
     })  # fmt: skip
-    accepted = _acceptance_at(b, levels, at) or _acceptance_at(a, levels, at)
-    if accepted:
-        claim.text += f" ({accepted})"
+    said = [_decode_basis(a, b, levels, kind, at)]
+    said.append(_acceptance_at(b, levels, at) or _acceptance_at(a, levels, at))
+    if any(said):
+        claim.text += f" ({'; '.join(x for x in said if x)})"
     return claim
+
+
+def _decode_basis(a: Arm, b: Arm, levels: list[int], kind: Crossing, at: float | None) -> str:
+    """Per-request speed is output tokens over the whole request, TTFT included. Where
+    decode speed alone (1000 / TPOT) crosses elsewhere, both are said: with a prefill-heavy
+    or queueing server they differ (llama.cpp's 40% draft: C~3 end to end, C~8 decoding),
+    and each answers a different question. Silent where they agree or TPOT is missing."""
+    tpot = [[arm.levels[c].get("median_tpot_ms") for c in levels] for arm in (a, b)]
+    if any(not isinstance(v, int | float) or v <= 0 for side in tpot for v in side):
+        return ""
+    speeds = [[1000.0 / float(v) for v in side] for side in tpot]
+    decode_kind, decode_at = crossover(levels, *speeds)
+    decode_where = f"C~{decode_at:.0f}" if decode_at is not None else ""
+
+    def bracket(c: float | None) -> int:  # the measured levels it falls between
+        return -1 if c is None else sum(level < c for level in levels)
+
+    if decode_kind == kind and bracket(decode_at) == bracket(at):
+        return ""  # the same crossing, as far as the measured levels can tell
+    text = {
+        Crossing.DOWN: f"faster up to {decode_where}",
+        Crossing.UP: f"slower below {decode_where} and faster from there",
+        Crossing.NEVER: "at least as fast at every measured level",
+        Crossing.BELOW: "slower at every measured level",
+    }[decode_kind]
+    return f"end to end, TTFT included; by decode speed alone (1000/TPOT) {b.label} is {text}"
 
 
 def _total(a: Arm, b: Arm, levels: list[int]) -> Claim:
