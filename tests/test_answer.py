@@ -181,6 +181,27 @@ def test_the_per_request_crossover_says_its_basis_where_decode_speed_crosses_els
     assert "decode speed" not in answer.claims(base, no_tpot, [1, 4, 16], [])[0].text
 
 
+def test_a_prefix_cache_that_could_not_be_emptied_is_said_and_only_then():
+    """Issue 38: llama-server has no /flush_cache; every level recorded cache_flushed false,
+    its prompt cache served 54-98% after the first level and TTFT at C=1 fell from 157 to
+    40 ms between rounds, and nothing warned."""
+    from gpufleet.report.compare import Arm, notices
+
+    def arm(label, flushed, hit):
+        rows = {c: level(c, output_throughput=100.0, cache_flushed=flushed, cache_hit_rate=h)
+                for c, h in zip((1, 4), hit, strict=True)}  # fmt: skip
+        return Arm(label, [Manifest(f"r-{label}", "h", "done")], rows)
+
+    said = [n.text for n in notices([arm("target", True, (0, 0)),
+                                     arm("llama", False, (0.0, 0.54))], [1, 4])]  # fmt: skip
+    [text] = [t for t in said if "prefix cache" in t]
+    assert text.startswith("llama: the prefix cache could not be emptied before C=1,4")
+    assert "served C=4 54% of prompt tokens" in text
+    for flushed in (True, None):  # emptied, or not asked (--no-flush): nothing to say
+        quiet = notices([arm("a", flushed, (0.5, 0.5)), arm("b", flushed, (0.5, 0.5))], [1, 4])
+        assert not [n for n in quiet if "prefix cache" in n.text]
+
+
 def test_a_profile_keeps_its_colour_whatever_the_argument_order():
     a, b = _arm("baseline", {}), _arm("eagle3", {})
     assert figures.colours([a, b]) == list(reversed(figures.colours([b, a])))

@@ -199,6 +199,9 @@ def notices(arms: list[Arm], levels: list[int]) -> list[Notice]:
             if arm.levels[c].get("client_late"):
                 out.append(Notice(Severity.WARNING, f"{arm.label}: client timers late at C={c} "
                                   f"({arm.levels[c].row.client_late})", "client"))  # fmt: skip
+        unflushed = _unflushed(arm, levels)
+        if unflushed:
+            out.append(Notice(Severity.WARNING, unflushed, "workload"))
     for arm in arms:
         cap = effective_max_running(arm.manifest)
         over = [c for c in levels if cap is not None and c > cap]
@@ -212,6 +215,26 @@ def notices(arms: list[Arm], levels: list[int]) -> list[Notice]:
             out.append(Notice(Severity.WARNING, f"{arm.label}: at C={','.join(map(str, over))} "
                               f"requests queue ({why})", "queue"))  # fmt: skip
     return out
+
+
+def _unflushed(arm: Arm, levels: list[int]) -> str | None:
+    """Levels whose server's prefix cache could not be emptied before them (asked, and the
+    server has no /flush_cache, or refused): an earlier level's prompts may have warmed
+    them. Silent where nothing was asked (--no-flush) or every flush succeeded."""
+    missed = [c for c in levels if arm.levels[c].get("cache_flushed") is False]
+    if not missed:
+        return None
+    hits = [
+        f"C={c} {rate:.0%}"
+        for c in missed
+        if isinstance(rate := arm.levels[c].get("cache_hit_rate"), int | float) and rate > 0
+    ]
+    served = f"; its prefix cache served {', '.join(hits)} of prompt tokens" if hits else ""
+    return (
+        f"{arm.label}: the prefix cache could not be emptied before C={','.join(map(str, missed))}"
+        f" (the server has no /flush_cache, or refused it){served}: an earlier level's prompts "
+        "may have made these faster (TTFT above all)"
+    )
 
 
 def _said(value: Any) -> str:
