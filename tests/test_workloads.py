@@ -231,3 +231,28 @@ def test_multiturn_progress_counts_requests_not_sessions(fleet, tmp_path):
     assert "h0: C=2: 6 requests (3 sessions)" in out.stdout
     assert "h0: C=2: done, 6 ok, 0 failed" in out.stdout
     assert fleet.cli("stop", "--hosts", "h0").returncode == 0
+
+
+def test_token_ids_stay_under_the_vocabulary_given_and_the_default_draws_do_not_move(tmp_path):
+    """Issue 38: `--prompts random-ids` drew ids 100-29999 whatever the model: against a
+    512-token vocabulary every request failed. `--random-vocab 512` keeps every id of
+    random-ids, shared-prefix and a trace under 512 (and off the lowest, special ids);
+    without it the ids are the ones every earlier run drew."""
+    import random as stdlib_random
+
+    from gpufleet.control import workloads
+
+    rows = workloads.random_ids(20, 3, 64, 8, 1.0, vocab=512)
+    ids = [i for r in rows for i in r.input_ids]
+    assert len(ids) == 20 * 64 and min(ids) >= 100 and max(ids) < 512
+    shared = workloads.shared_prefix(8, 3, {"groups": 2, "per_group": 4, "prefix_len": 32,
+                                            "question_len": 8}, vocab=512)  # fmt: skip
+    assert all(i < 512 for r in shared for i in r.input_ids)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 700, "output_length": 4, '
+                     '"hash_ids": [1]}\n')  # fmt: skip
+    [row] = workloads.load_trace(str(trace), 1.0, vocab=512)
+    assert len(row.input_ids) == 700 and max(row.input_ids) < 512
+    rng = stdlib_random.Random(3)
+    first = workloads.random_ids(1, 3, 16, 8, 1.0)[0].input_ids
+    assert first == [rng.randrange(100, 30_000) for _ in range(16)]

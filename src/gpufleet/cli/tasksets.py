@@ -185,6 +185,10 @@ def request_options() -> OptionSet:
                                 "random-ids", positive_int, most=1_000_000),
         random_output_len=Option("random-ids: output tokens", positive_int,
                                  default_text="--output-len", most=1_000_000),
+        random_vocab=Option("token ids are drawn below this (random-ids, shared-prefix, "
+                            "traces): the model's vocabulary size when it is under 30000",
+                            positive_int, most=10_000_000,
+                            expected="a vocabulary size, such as 512"),
         random_range_ratio=Option("random-ids: lengths uniform in [len x ratio, len]",
                                   positive_float, default_text="1: exact", most=1,
                                   expected="a ratio above 0 and at most 1, such as 0.5"),
@@ -378,7 +382,7 @@ def experiment_options() -> OptionSet:
     cell = request_options().only(
         "concurrency", "num_prompts", "output_len", "prompts", "seed", "workload", "trace",
         "trace_speedup", "random_input_len", "random_output_len", "random_range_ratio", "slo",
-        "flush", "archive", "backend",
+        "flush", "archive", "backend", "random_vocab",
     )  # fmt: skip
     own = OptionSet(
         BenchRequest,

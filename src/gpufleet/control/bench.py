@@ -95,7 +95,7 @@ def _rows(
     if request.trace:
         if workload.name != "single" or request.prompts not in ("coding", request.trace):
             raise UserError("--trace replays its own requests: drop --workload and --prompts")
-        rows = workloads.load_trace(request.trace, request.trace_speedup)
+        rows = workloads.load_trace(request.trace, request.trace_speedup, request.random_vocab)
         speed = f"x{request.trace_speedup:g}" if request.trace_speedup != 1 else ""
         label = f"trace:{Path(request.trace).name}{speed}"
         if request.trace_prompts:
@@ -108,13 +108,17 @@ def _rows(
             raise UserError(f"--prompts random-ids: not with --workload {workload.name}")
         out = request.random_output_len or request.output_len
         ratio = request.random_range_ratio
-        rows = workloads.random_ids(count, request.seed, request.random_input_len, out, ratio)
+        vocab = request.random_vocab
+        rows = workloads.random_ids(
+            count, request.seed, request.random_input_len, out, ratio, vocab
+        )
         label = f"random-ids-{request.random_input_len}-{out}"
         label += f"-r{ratio:g}" if ratio < 1 else ""
+        label += f"-v{vocab}" if vocab != workloads.ID_HIGH else ""
         lengths = {"input_len": request.random_input_len, "output_len": out, "range_ratio": ratio}
         return label, _digest(rows), rows, levels, {"random": lengths}
     if workload.name == "shared-prefix":
-        rows = workloads.shared_prefix(count, request.seed, workload.options)
+        rows = workloads.shared_prefix(count, request.seed, workload.options, request.random_vocab)
         return workload.label, _digest(rows), rows, levels, {}
     label, texts = prompt_sets.load_texts(request.prompts, request.seed, request.random_input_len)
     if workload.name == "multiturn":

@@ -31,6 +31,7 @@ class BenchRequest:
     random_input_len: int = 256
     random_output_len: int | None = None  # random-ids: default output_len
     random_range_ratio: float = 1.0  # random-ids: lengths uniform in [len x ratio, len]
+    random_vocab: int = 30_000  # token ids are drawn below this (workloads.ID_HIGH)
     workload: str = PLAN.workload  # single, multiturn[:turns=N], shared-prefix[:...]
     trace: str | None = None  # a Mooncake-format JSONL replayed at its timestamps
     trace_speedup: float = 1.0

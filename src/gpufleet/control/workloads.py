@@ -6,7 +6,9 @@ every profile gets the very same requests for the same seed.
 Rows: {"prompt": text} | {"input_ids": [...], "output_len": n} | {"turns": [...]}, with
 "at" (seconds after the level starts) for a trace. Token ids are drawn from 100-29999, which
 every current vocabulary (Llama 2's 32,000 and up) holds: no tokenizer is needed, as with
-bench_serving's `random-ids`.
+bench_serving's `random-ids`. A smaller model says its vocabulary (`--random-vocab N`): ids
+then come from min(100, N/4) up to N - 1 (the lowest ids are a vocabulary's special
+tokens).
 """
 
 from __future__ import annotations
@@ -64,8 +66,10 @@ def parse_workload(spec: str | None) -> Workload:
     return Workload(name, options if name != "single" else {})
 
 
-def _ids(rng: random.Random, count: int) -> list[int]:
-    return [rng.randrange(ID_LOW, ID_HIGH) for _ in range(count)]
+def _ids(rng: random.Random, count: int, vocab: int = ID_HIGH) -> list[int]:
+    """Random token ids under `vocab` (the default's draws are the same ids as always)."""
+    low = min(ID_LOW, vocab // 4)
+    return [rng.randrange(low, vocab) for _ in range(count)]
 
 
 def _length(rng: random.Random, full: int, ratio: float) -> int:
@@ -74,28 +78,30 @@ def _length(rng: random.Random, full: int, ratio: float) -> int:
 
 
 def random_ids(
-    count: int, seed: int, input_len: int, output_len: int, ratio: float
+    count: int, seed: int, input_len: int, output_len: int, ratio: float, vocab: int = ID_HIGH
 ) -> list[PromptRow]:
     """Token-exact random prompts (bench_serving's `random-ids`)."""
     rng = random.Random(seed)
     return [
         PromptRow(
-            input_ids=_ids(rng, _length(rng, input_len, ratio)),
+            input_ids=_ids(rng, _length(rng, input_len, ratio), vocab),
             output_len=_length(rng, output_len, ratio),
         )
         for _ in range(count)
     ]
 
 
-def shared_prefix(count: int, seed: int, options: dict[str, int]) -> list[PromptRow]:
+def shared_prefix(
+    count: int, seed: int, options: dict[str, int], vocab: int = ID_HIGH
+) -> list[PromptRow]:
     """bench_serving's generated-shared-prefix: `groups` long prefixes, `per_group` questions
     each; the rows go out group after group shuffled, cycled up to `count`."""
     rng = random.Random(seed)
     rows = []
     for _ in range(options["groups"]):
-        prefix = _ids(rng, options["prefix_len"])
+        prefix = _ids(rng, options["prefix_len"], vocab)
         rows += [
-            PromptRow(input_ids=prefix + _ids(rng, options["question_len"]))
+            PromptRow(input_ids=prefix + _ids(rng, options["question_len"], vocab))
             for _ in range(options["per_group"])
         ]
     rng.shuffle(rows)
@@ -119,7 +125,7 @@ def multiturn(texts: list[str], count: int, seed: int, turns: int) -> list[Promp
     ]
 
 
-def load_trace(path_text: str, speedup: float) -> list[PromptRow]:
+def load_trace(path_text: str, speedup: float, vocab: int = ID_HIGH) -> list[PromptRow]:
     """A Mooncake-format JSONL trace as rows: equal hash_ids give equal 512-token blocks;
     arrival times divided by `speedup`, starting at 0."""
     path = Path(path_text)
@@ -138,9 +144,10 @@ def load_trace(path_text: str, speedup: float) -> list[PromptRow]:
         first = entry["timestamp"] if first is None else first
         ids: list[int] = []
         for block in entry["hash_ids"]:
-            ids += _ids(random.Random(f"block-{block}"), TRACE_BLOCK_TOKENS)
+            ids += _ids(random.Random(f"block-{block}"), TRACE_BLOCK_TOKENS, vocab)
         need = entry["input_length"]
-        ids = ids[:need] + _ids(random.Random(f"tail-{number}"), max(0, need - len(ids)))
+        tail = _ids(random.Random(f"tail-{number}"), max(0, need - len(ids)), vocab)
+        ids = ids[:need] + tail
         rows.append(
             PromptRow(
                 input_ids=ids,
