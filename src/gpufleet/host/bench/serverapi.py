@@ -19,6 +19,19 @@ PROM_KEYS = (
     "sglang:token_usage",
     "sglang:spec_accept_length",
 )
+# The same gauges under other engines' names, read into SGLang's (whose names the results
+# keep: prom_num_running_reqs_max, ...). vLLM renamed its KV-cache gauge in v1; llama.cpp's
+# server publishes these with --metrics. A name no engine here has is not guessed at.
+ALIASES = {
+    "vllm:num_requests_running": "sglang:num_running_reqs",
+    "llamacpp:requests_processing": "sglang:num_running_reqs",
+    "vllm:num_requests_waiting": "sglang:num_queue_reqs",
+    "llamacpp:requests_deferred": "sglang:num_queue_reqs",
+    "llamacpp:predicted_tokens_seconds": "sglang:gen_throughput",
+    "vllm:gpu_cache_usage_perc": "sglang:token_usage",
+    "vllm:kv_cache_usage_perc": "sglang:token_usage",
+    "llamacpp:kv_cache_usage_ratio": "sglang:token_usage",
+}
 
 
 def _get_json(url: str, keys: dict[str, str]) -> JsonObject | None:
@@ -46,6 +59,7 @@ def prometheus(text: str) -> dict[str, float]:
         if line.startswith("#") or not line.strip():
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
+        name = ALIASES.get(name, name)
         if name in PROM_KEYS:
             try:
                 out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
