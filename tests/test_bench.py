@@ -432,3 +432,29 @@ def test_server_gauges_are_read_under_each_engines_own_names():
                                 "sglang:token_usage": 0.25}  # fmt: skip
     sglang = 'sglang:num_running_reqs{tp_rank="0"} 4\nsglang:spec_accept_length 2.5\n'
     assert prometheus(sglang) == {"sglang:num_running_reqs": 4.0, "sglang:spec_accept_length": 2.5}
+
+
+def test_llama_cpp_acceptance_is_read_from_its_timings():
+    """Issue 38: "accept length -" at every level against llama-server, though each
+    completion reports `timings.draft_n_accepted` (REFERENCE.md: 100% accepted was 5.0
+    tokens a step with --spec-draft-n-max 4). Each step yields the target's token plus the
+    accepted drafts, so 40 tokens with 32 accepted are 8 steps of 5."""
+    import json as jsonlib
+
+    from gpufleet.host.bench.level import RequestRecord
+    from gpufleet.host.bench.loadgen import _StreamTracker
+
+    def stream(final_timings):
+        record = RequestRecord(0)
+        tracker = _StreamTracker("openai", record, 0.0)
+        for i in range(40):
+            tracker.on_event(jsonlib.dumps({"choices": [{"text": "x"}]}).encode(), 0.01 * i)
+        final = {"choices": [{"text": ""}], "timings": final_timings}
+        tracker.on_event(jsonlib.dumps(final).encode(), 0.5)
+        record.completion_tokens = tracker.seen_tokens
+        record.spec_verify_ct = tracker.spec_verify_ct()
+        return record
+
+    assert stream({"draft_n": 32, "draft_n_accepted": 32}).accept_length == 5.0
+    assert stream({"draft_n": 64, "draft_n_accepted": 19}).accept_length == 40 / 21
+    assert stream({"predicted_n": 40}).accept_length is None  # not speculative: no figure

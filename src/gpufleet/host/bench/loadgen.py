@@ -117,13 +117,21 @@ class _StreamTracker:
         self.stopped = False  # an error event arrived: ignore the rest
         self.keep_text = keep_text  # a session's next turn needs this answer's text
         self.last_payload = b""
+        self.draft_accepted: int | None = None  # llama.cpp's timings.draft_n_accepted
         self.on_event = self._sglang_event if backend == "sglang" else self._openai_event
 
     def spec_verify_ct(self) -> int | None:
-        """SGLang's verify steps for the request, from its last chunk (None: not speculative)."""
+        """The request's verify steps (None: not speculative): SGLang's count from its last
+        chunk; from llama.cpp's server, its tokens less the draft tokens it accepted (each
+        step yields the target's one token plus those accepted: 40 tokens with 32 accepted
+        are 8 steps of 5)."""
         at = self.last_payload.rfind(_VERIFY)
         match = _VERIFY_VALUE.match(self.last_payload, at) if at >= 0 else None
-        return int(match.group(1)) if match else None
+        if match:
+            return int(match.group(1))
+        if self.draft_accepted is not None and self.seen_tokens > self.draft_accepted:
+            return self.seen_tokens - self.draft_accepted
+        return None
 
     def final_text(self) -> str:
         """The whole answer (SGLang's chunks carry the cumulative text: parse the last)."""
@@ -177,6 +185,9 @@ class _StreamTracker:
             self._error(chunk)
             return
         usage = chunk.get("usage")
+        timings = chunk.get("timings")  # llama.cpp's server, on its last chunk
+        if isinstance(timings, dict) and isinstance(timings.get("draft_n_accepted"), int):
+            self.draft_accepted = timings["draft_n_accepted"]
         seen = self.seen_tokens
         if usage:
             record.prompt_tokens = int(usage.get("prompt_tokens", 0))
