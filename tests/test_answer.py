@@ -202,6 +202,26 @@ def test_a_prefix_cache_that_could_not_be_emptied_is_said_and_only_then():
         assert not [n for n in quiet if "prefix cache" in n.text]
 
 
+def test_an_itl_that_reads_the_streams_framing_is_said_and_only_then():
+    """Issue 38: llama.cpp's server streams each accepted draft token as its own chunk, so
+    the draft arm's ITL median read 0.0-0.2 ms against 34-53 ms for the target (TPOT was
+    right). Said where ITL is under a quarter of TPOT; silent where they agree."""
+    from gpufleet.report.compare import Arm, notices
+
+    def arm(label, itl, tpot):
+        rows = {c: level(c, output_throughput=100.0, median_itl_ms=i, median_tpot_ms=t)
+                for c, i, t in zip((1, 4), itl, tpot, strict=True)}  # fmt: skip
+        return Arm(label, [Manifest(f"r-{label}", "h", "done")], rows)
+
+    said = notices([arm("target", (34.0, 53.0), (35.0, 54.0)),
+                    arm("draft", (0.1, 0.2), (20.0, 30.0))], [1, 4])  # fmt: skip
+    [text] = [n.text for n in said if "ITL p50" in n.text]
+    assert text.startswith("draft: ITL p50 is a small part of TPOT p50 (C=1 0.1 vs 20.0 ms")
+    quiet = notices([arm("a", (20.0, 30.0), (21.0, 31.0)), arm("b", (8.0, 9.0), (10.0, 11.0))],
+                    [1, 4])  # fmt: skip
+    assert not [n for n in quiet if "ITL p50" in n.text]
+
+
 def test_a_profile_keeps_its_colour_whatever_the_argument_order():
     a, b = _arm("baseline", {}), _arm("eagle3", {})
     assert figures.colours([a, b]) == list(reversed(figures.colours([b, a])))
