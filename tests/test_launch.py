@@ -226,6 +226,20 @@ def test_hostile_values_reach_a_custom_engine_literally(fleet, tmp_path):
     assert not canary.exists()
 
 
+def test_a_custom_engines_missing_program_is_one_line_at_preflight_and_dry_run(fleet):
+    """Issue 38: a custom engine whose program is not installed gave a Python traceback at
+    launch, and `--dry-run` passed. Both now refuse in one line naming the program."""
+    for command in (["llama-server-not-installed", "--port", "{port}"],
+                    ["/opt/nowhere/llama-server", "--port", "{port}"]):  # fmt: skip
+        profile = fleet.profile("nobinary", engine="custom", health_path="/",
+                                check_model_path=False, command=command, sim={})  # fmt: skip
+        for dry in ([], ["--dry-run"]):
+            out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h1", *dry)
+            assert out.returncode == 1, out.stdout + out.stderr
+            assert f"the engine's program {command[0]!r} is not" in out.stderr, out.stderr
+            assert "Traceback" not in out.stdout + out.stderr
+
+
 def test_malformed_profile_is_one_line(fleet):
     path = fleet.root / "playbooks" / "broken.yaml"
     path.parent.mkdir(exist_ok=True)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -200,6 +201,23 @@ def check_gpus(gpus: list[int], args: LaunchArgs, in_use: bool) -> GpuCheck:
     return out
 
 
+def _missing_program(spec: LaunchSpec) -> str | None:
+    """A custom engine's program that is not on this host (as the server's PATH finds it):
+    one line at preflight, and so at --dry-run, instead of a traceback at launch."""
+    if spec.engine in ENGINE_MODULES or not spec.argv:
+        return None
+    program = spec.argv[0]
+    path = launch_env(spec).get("PATH", os.defpath)
+    if os.sep in program:
+        found = os.path.isfile(program) and os.access(program, os.X_OK)
+    else:
+        found = shutil.which(program, path=path) is not None
+    if found:
+        return None
+    where = "is not an executable file" if os.sep in program else f"is not on PATH ({path})"
+    return f"the engine's program {program!r} {where} on this host"
+
+
 def preflight(args: LaunchArgs) -> LaunchAnswer:
     """Everything that can refuse a launch in seconds rather than after a model load."""
     spec = args.spec
@@ -223,6 +241,9 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
     if spec.check_model_path and not Path(spec.model_path).exists():
         errors.append(f"model path {spec.model_path!r} does not exist on this host")
     engine = spec.engine
+    missing = _missing_program(spec)
+    if missing:
+        errors.append(missing)
     version = engine_version(engine, launch_env(spec)) if not errors else None
     if engine == "sglang" and version is None and not errors:
         errors.append(f"{sys.executable} has no sglang installed (pip show sglang found nothing)")
