@@ -123,7 +123,10 @@ def test_all_three_backends_agree_on_itl_on_a_speculative_server(sim_server):
             r.completion_tokens for r in run.records
         )
     # On an otherwise idle machine they agree within 5%; on 2 cores with a CPU hog and a second
-    # suite beside it they drifted to 6.8% apart (10.57 vs 9.89 ms): 10% holds both.
-    assert max(itl.values()) / min(itl.values()) < 1.10, itl
+    # suite beside it they drifted to 6.8% apart (10.57 vs 9.89 ms), and beside a CPU hog
+    # with three other workers to 12.3% (11.12 vs 9.90 ms, the backends run one after the
+    # other). The fault this guards against, one gap per chunk, reads 2.4x: 1.3 tells them
+    # apart on any of those machines.
+    assert max(itl.values()) / min(itl.values()) < 1.3, itl
     # the server's step is ~29.8 ms for ~2.4 tokens: ~12.4 ms per token, not per chunk
     assert 9 < itl["openai"] < 16 and all(c < 0.6 for c in chunks.values()), (itl, chunks)

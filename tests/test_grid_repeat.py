@@ -11,7 +11,7 @@ import pytest
 from gpufleet.control.arms import expand, parse_grid, short_names
 from gpufleet.errors import UserError
 from gpufleet.report import stats
-from helpers import REPO, row, run_cli
+from helpers import REPO, row, run_cli, unwrap
 
 
 def test_grid_cells_are_named_readably_and_interleaved_by_repeat():
@@ -103,7 +103,7 @@ def test_sweep_grid_with_repeats_on_the_rehearsal_engine(fleet, tmp_path):
     # shown, and the answer says why (intervals from 3 repeats: the next test)
     assert "x [" not in out.stdout
     assert "2 runs per arm are too few, so no interval: --repeat 3 gives each figure one" in (
-        out.stdout
+        unwrap(out.stdout)
     )
 
 
