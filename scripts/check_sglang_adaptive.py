@@ -4,7 +4,7 @@ has SGLang (never a gpufleet dependency), from the repository root:
     python3 -m venv /tmp/sgl && /tmp/sgl/bin/pip install sglang==0.5.23
     PYTHONPATH=src /tmp/sgl/bin/python scripts/check_sglang_adaptive.py
 
-It writes tuned profiles with gpufleet's own writer (control/tune.py) for the shapes the
+It writes tuned profiles with gpufleet's own writer (control/tunefiles.py) for the shapes the
 tests produce, then puts each through SGLang's start-up path: `prepare_server_args` on the
 profile's flags, the adaptive hook that refuses a starting depth outside the table
 (`_init_adaptive_speculative_params`) and `AdaptiveSpeculativeParams`. It also feeds the
@@ -25,7 +25,7 @@ import yaml
 
 logging.disable(logging.WARNING)
 
-from gpufleet.control import tune  # noqa: E402
+from gpufleet.control import tune, tunefiles  # noqa: E402
 from gpufleet.records import ResultRow  # noqa: E402
 from gpufleet.sim.speculation import AdaptiveDepth, initial_steps  # noqa: E402
 
@@ -95,7 +95,8 @@ def main() -> int:
     cases = []
     for name, measured in MEASURED.items():
         result = tune.choose(_rows(measured))
-        config, profile = tune.write_outputs("playbooks/spec.yaml", result, "t" + str(len(cases)))
+        name = "t" + str(len(cases))
+        config, profile = tunefiles.write_outputs("playbooks/spec.yaml", result, name)
         flags = yaml.safe_load(profile.read_text())["flags"]
         keep = {k: v for k, v in flags.items() if k.startswith("speculative-") and
                 k not in ("speculative-adaptive", "speculative-adaptive-config")}  # fmt: skip

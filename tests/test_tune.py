@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from gpufleet.control import tune
+from gpufleet.control import tune, tunefiles
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow
 from gpufleet.sim.speculation import AdaptiveDepth, accept_length, step_costs_ms
@@ -396,7 +396,7 @@ def test_a_tuned_profile_starts_at_a_depth_sglang_accepts(tmp_path, monkeypatch)
         ({0: {1: (60, 60), 8: (400, 50)}, 3: {1: (80, 80), 8: (300, 37)}}, 3),
     ):
         result = tune.choose(_rows(table))
-        config, profile = tune.write_outputs(str(tmp_path / "playbooks" / "spec.yaml"), result,
+        config, profile = tunefiles.write_outputs(str(tmp_path / "playbooks" / "spec.yaml"), result,
                                              f"t{start}")  # fmt: skip
         flags = yaml.safe_load(profile.read_text())["flags"]
         assert flags["speculative-num-steps"] == start

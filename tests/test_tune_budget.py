@@ -8,7 +8,7 @@ import pytest
 
 from gpufleet.archive.layout import Archive
 from gpufleet.archived import Cell, SweepRecord
-from gpufleet.control import tune, tunebudget, tuneverify
+from gpufleet.control import tune, tunebudget, tunefiles, tuneverify
 from gpufleet.control.benchrequest import BenchRequest
 from gpufleet.control.tunebudget import BURST, MEASURE, STEP, VERIFY, Pace, TimeKeeper
 
@@ -27,7 +27,7 @@ def _clock(spec, budget=None, pace=None, depths=(1, 2, 3, 5), verify=True, finis
     lines: list[str] = []
     request = BenchRequest([1, 8], num_prompts=16, output_len=32)
     arms = tune.depth_arms(spec, list(depths))
-    checks = tuneverify.verification_arms(spec, tune.tuned_reference(spec, None))
+    checks = tuneverify.verification_arms(spec, tunefiles.tuned_reference(spec, None))
     clock = TimeKeeper.for_tune(arms, checks, request, verify, budget, lines.append, pace,
                                 finished)  # fmt: skip
     return clock, lines

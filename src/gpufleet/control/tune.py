@@ -36,20 +36,17 @@ server caps it at max-running-requests), so the ladder's levels are the table's 
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypedDict
-
-import yaml
 
 from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
 from gpufleet.archived import SweepRecord
 from gpufleet.control.arms import ArmSpec, profile_label
-from gpufleet.control.playbook import PLAYBOOKS, load_profile
+from gpufleet.control.playbook import load_profile
+from gpufleet.control.tunefiles import SKIP_ENV, depth0_config, relative_to_cwd
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
 from gpufleet.records import ResultRow
@@ -69,20 +66,6 @@ SPEC_FLAGS = (
 
 PLAIN = "plain"  # the profile without speculation: what depth 0 is compared with
 SKIP = "skip"  # depth 0 with SGLang's skip variable
-SKIP_ENV = {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}
-DEPTH0_TABLE = {"1": {"candidate_steps": [0]}}
-
-
-def depth0_config(profile: str) -> Path:
-    """The one-slot table that pins the speculative server at depth 0 (a file, as SGLang
-    reads its adaptive config), beside the profile's other files; written once."""
-    playbooks = Path(profile).parent if profile.endswith((".yaml", ".yml")) else PLAYBOOKS
-    path = playbooks / "files" / f"{profile_label(profile)}-depth0.json"
-    text = json.dumps(DEPTH0_TABLE) + "\n"
-    if not path.exists() or path.read_text() != text:
-        store.make_dirs(path.parent)
-        _write_text(path, text)
-    return path
 
 
 def depth_arms(profile: str, depths: list[int]) -> list[ArmSpec]:
@@ -104,7 +87,7 @@ def depth_arms(profile: str, depths: list[int]) -> list[ArmSpec]:
         "speculative-eagle-topk": 1,
         "speculative-num-draft-tokens": 1,
     }
-    files = {"depth0-config": str(_relative_to_cwd(depth0_config(profile)))}
+    files = {"depth0-config": str(relative_to_cwd(depth0_config(profile)))}
     arms = [
         ArmSpec(profile, {}, 1, f"{name}[{PLAIN}]", remove=list(SPEC_FLAGS)),
         ArmSpec(profile, pinned, 1, f"{name}[depth=0]", files=files),
@@ -464,64 +447,3 @@ def rows_by_depth(
             for row in store.read_results(archive.run_dir(host, str(cell.run_id))):
                 out.setdefault(depth, {}).setdefault(row.max_concurrency, []).append(row)
     return out
-
-
-def output_paths(profile: str, name: str | None) -> tuple[Path, Path]:
-    """Where the tune writes its table and its profile: playbooks/files/<name>.json and
-    playbooks/<name>.yaml, beside the profile when given as a path."""
-    is_path = profile.endswith((".yaml", ".yml"))
-    playbooks = Path(profile).parent if is_path else PLAYBOOKS
-    name = name or f"{profile_label(profile)}-tuned"
-    return playbooks / "files" / f"{name}.json", playbooks / f"{name}.yaml"
-
-
-def tuned_reference(profile: str, name: str | None) -> str:
-    """How the verification names the tuned profile: a path when the profile was one."""
-    _, profile_path = output_paths(profile, name)
-    return str(profile_path) if profile.endswith((".yaml", ".yml")) else profile_path.stem
-
-
-def write_outputs(profile: str, result: TuneResult, name: str | None) -> tuple[Path, Path]:
-    """The table and the profile that ships it and passes it (`output_paths`), written
-    atomically."""
-    base = profile_label(profile)
-    config_path, profile_path = output_paths(profile, name)
-    store.make_dirs(config_path.parent)
-    first = result.table["1"]["candidate_steps"][0]
-    config_ref = _relative_to_cwd(config_path)
-    extends = base
-    data = {
-        "description": f"{base} with the adaptive table inv tune measured",
-        "extends": extends,
-        "files": {"adaptive-config": str(config_ref)},
-        "flags": {
-            "speculative-adaptive": True,
-            "speculative-adaptive-config": "{file:adaptive-config}",
-            "speculative-eagle-topk": 1,
-            # SGLang starts at --speculative-num-steps, which must be a candidate (it refuses
-            # to start otherwise): the depth of the slot that applies first, 0 included;
-            # it then sets draft tokens to steps + 1 itself
-            "speculative-num-steps": first,
-            "speculative-num-draft-tokens": first + 1,
-        },
-    }
-    if result.skip_extend:
-        data["env"] = dict(SKIP_ENV)
-    header = "".join(f"# {line}\n" for line in ["Written by `inv tune`:", *result.ranges])
-    _write_text(config_path, json.dumps(result.table, indent=2) + "\n")
-    _write_text(profile_path, header + yaml.safe_dump(data, sort_keys=False))
-    return config_path, profile_path
-
-
-def _relative_to_cwd(path: Path) -> Path:
-    """Profile file paths are read relative to where `inv` runs (the repository)."""
-    try:
-        return path.resolve().relative_to(Path.cwd().resolve())
-    except ValueError:
-        return path.resolve()
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)

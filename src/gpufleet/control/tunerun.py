@@ -20,7 +20,7 @@ from gpufleet.archive import select, store
 from gpufleet.archive.layout import Archive
 from gpufleet.archived import TuneRecord
 from gpufleet.control import tune as tuning
-from gpufleet.control import tunebudget, tunestep, tuneverify
+from gpufleet.control import tunebudget, tunefiles, tunestep, tuneverify
 from gpufleet.control.arms import ArmSpec
 from gpufleet.control.benchrequest import BenchRequest
 from gpufleet.control.experiment import Experiment
@@ -77,7 +77,7 @@ def run(
     says the time up front and as cells finish, and drops cells to fit `budget_s`."""
     root = request.archive
     arms = tuning.depth_arms(profile, depths)
-    tuned = tuning.tuned_reference(profile, name)
+    tuned = tunefiles.tuned_reference(profile, name)
     checks = tuneverify.verification_arms(profile, tuned)
     clock = tunebudget.TimeKeeper.for_tune(
         arms, checks, request, verify, budget_s, experiment.console.line,
@@ -90,7 +90,7 @@ def run(
         tuning.rows_by_depth(arms, state.record, root), floor,
         tuning.profile_capture_sizes(profile),
     )  # fmt: skip
-    config_path, profile_path = tuning.write_outputs(profile, result, name)
+    config_path, profile_path = tunefiles.write_outputs(profile, result, name)
     outputs = (config_path, profile_path)
     result.notes += clock.notes
     record = _new_record(profile, depths, request, floor, state, result, outputs)
