@@ -83,14 +83,16 @@ def finish(results: Any, with_tail: bool = False, report: bool = True) -> None:
 def select_hosts(options: Any) -> Any:
     """The Fleet (control/fleet.py) that parsed options choose: --inventory, --hosts (or
     `healthy[:NAMES]`), --forks."""
+    from gpufleet.cli.output import line
     from gpufleet.control.fleet import Fleet
     from gpufleet.control.inventory import load_inventory
 
     inv = load_inventory(options.inventory)
+    for node, why in inv.skipped.items():
+        line(f"skipped {node}: {why}")
     hosts = options.hosts
     if hosts is not None and (hosts == "healthy" or hosts.startswith("healthy:")):
         # `healthy` or `healthy:NAMES`: skip hosts whose last gpu-clean found a bad GPU
-        from gpufleet.cli.output import line
         from gpufleet.control.gpuclean import healthy
 
         selected, skipped = healthy(inv.select(hosts.partition(":")[2] or None))

@@ -135,15 +135,19 @@ class SSHAgent(AgentProcess):
 
 
 class LocalAgent(AgentProcess):
-    """`connection: local`: the same bootstrap run by `sh` here."""
+    """`connection: local`: the same bootstrap run by `sh` here (or, given `argv`, by a
+    command that runs it elsewhere: `srun ... /bin/sh -c SCRIPT`)."""
 
-    def __init__(self, script: str) -> None:
+    def __init__(
+        self, script: str, argv: list[str] | None = None, env: dict[str, str] | None = None
+    ) -> None:
         super().__init__()
         self.proc = subprocess.Popen(
-            ["sh", "-c", script],
+            argv or ["sh", "-c", script],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            env=env,
         )
         self._err_reader = threading.Thread(target=self._collect_stderr, daemon=True)
         self._err_reader.start()

@@ -18,7 +18,8 @@ from typing import Any, Generic, TypeVar
 from gpufleet.control import sessionpool
 from gpufleet.control.cancel import Cancelled
 from gpufleet.control.inventory import Host
-from gpufleet.control.transport import Session, open_session
+from gpufleet.control.sessions import open_session
+from gpufleet.control.transport import Session
 from gpufleet.errors import HostError, UserError
 from gpufleet.kinds import Kind
 

@@ -1,14 +1,12 @@
 """Slurm's host list syntax (`gpu[01-16,20]`, `rack[1-2]-n[1-4]`, `a1,b[2-3]`), expanded the
 way `scontrol show hostnames` does: ranges keep their zero padding, several bracket groups
-multiply, commas outside brackets separate lists. Works without Slurm; where Slurm is
-installed, a job's allocation or a partition's nodes come from its own commands.
+multiply, commas outside brackets separate lists. Works without Slurm; what Slurm itself
+says of a job, a partition or a node is asked in control/slurm.py.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
 from gpufleet.errors import UserError
 
@@ -117,40 +115,3 @@ def expand(text: str) -> list[str]:
                 raise UserError(f"host list {text[:80]!r}: {name!r} is not a host name")
             seen[name] = None
     return list(seen)
-
-
-def _slurm_nodes(command: list[str], what: str, none: str) -> list[str]:
-    """The node list a Slurm command prints (-o %N), expanded; one line if it cannot."""
-    if shutil.which(command[0]) is None:
-        raise UserError(f"{what} needs Slurm's `{command[0]}` on this machine (not found)")
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
-    except subprocess.TimeoutExpired:
-        raise UserError(f"{what}: `{' '.join(command)}` did not answer in 30 s") from None
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UserError(f"{what}: `{' '.join(command)}` failed: {tail}")
-    listed = done.stdout.split()
-    if not listed:
-        raise UserError(f"{what}: {none}")
-    return expand(",".join(listed))
-
-
-def job_nodes(job: str) -> list[str]:
-    """The nodes of a Slurm job's allocation (squeue)."""
-    if not re.match(r"^\d+(_\d+)?$", job):
-        raise UserError(f"slurm job {job!r}: expected a job id such as 123456")
-    return _slurm_nodes(
-        ["squeue", "-h", "-j", job, "-o", "%N"], f"slurm job {job}",
-        "no such running job (squeue lists no nodes)",
-    )  # fmt: skip
-
-
-def partition_nodes(partition: str) -> list[str]:
-    """The nodes of a Slurm partition (sinfo)."""
-    if not re.match(r"^[A-Za-z0-9_.-]+$", partition):
-        raise UserError(f"slurm partition {partition!r}: not a partition name")
-    return _slurm_nodes(
-        ["sinfo", "-h", "-p", partition, "-o", "%N"], f"slurm partition {partition}",
-        "no nodes (sinfo lists none)",
-    )  # fmt: skip

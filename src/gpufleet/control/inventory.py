@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gpufleet.archive.layout import RESERVED
 from gpufleet.control.yamlconfig import validate
@@ -85,7 +85,9 @@ class Host(BaseModel):
     port: int | None = Field(default=None, ge=1, le=65535)
     user: str | None = None
     identity_file: str | None = None
-    connection: Literal["ssh", "local"] = "ssh"
+    # srun: the agent runs as a step of `slurm_job` on the node (control/srun.py), no SSH
+    connection: Literal["ssh", "local", "srun"] = "ssh"
+    slurm_job: str | None = Field(default=None, pattern=r"^\d+(_\d+)?$")
     python: str = "python3"
     python_trust: Literal["refuse", "warn"] = "refuse"  # warn: a lab machine's shared venv
     workdir: str = "~/.gpufleet"
@@ -110,6 +112,15 @@ class Host(BaseModel):
                 "and set `address:` for the real name"
             )
         return value
+
+    @model_validator(mode="after")
+    def _srun_has_a_job(self) -> Host:
+        if self.connection == "srun" and self.slurm_job is None:
+            raise ValueError(
+                "connection: srun needs slurm_job: a running job of yours that holds the "
+                "node (or list the nodes as `slurm:job=N`, which sets it)"
+            )
+        return self
 
     @field_validator("python", "workdir", "address")
     @classmethod
@@ -152,6 +163,7 @@ class Inventory(BaseModel):
     hosts: dict[str, Host]
     groups: dict[str, list[str]]
     forks: int = DEFAULT_FORKS
+    skipped: dict[str, str] = {}  # nodes a node list named that Slurm will not run on: why
 
     def select(self, spec: str | None) -> list[Host]:
         """Resolve `--hosts`: comma list of host or group names; empty/None/`all` = every host."""
@@ -205,8 +217,9 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
     raw = validate(_InventoryFile, data, source)
     if not isinstance(raw.defaults, dict):
         raise UserError(f"{source}: defaults: expected a mapping")
-    entries, node_groups = expand_entries(raw.hosts, source)
-    for group, nodes in node_groups.items():
+    expanded = expand_entries(raw.hosts, source)
+    entries = expanded.hosts
+    for group, nodes in expanded.groups.items():
         if group in raw.groups:
             raise UserError(f"{source}: groups.{group}: also the group of a node list")
         raw.groups[group] = nodes
@@ -229,7 +242,9 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
             if member not in hosts and member not in raw.groups:
                 raise UserError(f"{source}: groups.{group}: unknown host or group {member!r}")
     remember(secrets_in(data))  # a token in vars never reaches the terminal
-    inv = Inventory(source=source, hosts=hosts, groups=raw.groups, forks=raw.forks)
+    inv = Inventory(
+        source=source, hosts=hosts, groups=raw.groups, forks=raw.forks, skipped=expanded.skipped
+    )
     for group in raw.groups:
         inv.select(group)  # detects cycles early
     return inv

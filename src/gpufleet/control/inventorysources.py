@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpufleet.control import hostlist
+from gpufleet.control import hostlist, slurm
 from gpufleet.control.yamlconfig import read_yaml
 from gpufleet.errors import UserError
 from gpufleet.host import trust
@@ -139,34 +139,50 @@ def resolve_inventory_path(path: str | None) -> Path:
 
 @dataclass(frozen=True)
 class NodeList:
-    """A host key that stands for several nodes: `prefix` + spec -> node names."""
+    """A host key that stands for several nodes: `prefix` + spec -> the nodes (and the
+    ones skipped, with why); `fields` adds host fields the spec implies."""
 
     prefix: str
-    nodes: Callable[[str], list[str]]
+    nodes: Callable[[str], slurm.Nodes]
+    fields: Callable[[str], JsonObject] = lambda spec: {}
 
     def claims(self, key: str) -> bool:
         return key.startswith(self.prefix) and (bool(self.prefix) or "[" in key)
 
 
+def _expanded(text: str) -> slurm.Nodes:
+    return slurm.Nodes(hostlist.expand(text))
+
+
 NODE_LISTS: tuple[NodeList, ...] = (
-    NodeList(SLURM_PREFIX + "job=", hostlist.job_nodes),
-    NodeList(SLURM_PREFIX + "partition=", hostlist.partition_nodes),
-    NodeList(SLURM_PREFIX, hostlist.expand),  # slurm:gpu[01-04]
-    NodeList("", hostlist.expand),  # gpu[01-04]
+    # a job's nodes carry its id: `connection: srun` starts its steps in that job
+    NodeList(SLURM_PREFIX + "job=", slurm.job_nodes, lambda job: {"slurm_job": job}),
+    NodeList(SLURM_PREFIX + "partition=", slurm.partition_nodes),
+    NodeList(SLURM_PREFIX, slurm.listed_nodes),  # slurm:gpu[01-04], checked by sinfo
+    NodeList("", _expanded),  # gpu[01-04]
 )
 
 
-def expand_entries(raw_hosts: JsonObject, source: str) -> tuple[JsonObject, dict[str, list[str]]]:
+@dataclass
+class Expanded:
+    """Host entries with node lists expanded, the groups node lists made, and the nodes
+    skipped (node -> why, in Slurm's words)."""
+
+    hosts: JsonObject
+    groups: dict[str, list[str]]
+    skipped: dict[str, str]
+
+
+def expand_entries(raw_hosts: JsonObject, source: str) -> Expanded:
     """Host entries with node lists expanded: a key NODE_LISTS claims is one entry per
     node, each with the entry's fields (its address is the node name); `group: NAME` in
     such an entry makes the nodes a group."""
-    hosts: JsonObject = {}
-    groups: dict[str, list[str]] = {}
+    out = Expanded({}, {}, {})
     for key, fields in raw_hosts.items():
         key = str(key)
         kind = next((n for n in NODE_LISTS if n.claims(key)), None)
         if kind is None:
-            hosts[key] = fields
+            out.hosts[key] = fields
             continue
         fields = dict(fields or {})
         if "address" in fields:
@@ -174,16 +190,19 @@ def expand_entries(raw_hosts: JsonObject, source: str) -> tuple[JsonObject, dict
                             "node's name (set it per host instead)")  # fmt: skip
         group = fields.pop("group", None)
         where = source if source == key else f"{source}: hosts.{key}"
+        spec = key[len(kind.prefix) :]
         try:
-            nodes = kind.nodes(key[len(kind.prefix) :])
+            nodes = kind.nodes(spec)
         except UserError as exc:
-            if kind.nodes is not hostlist.expand:
+            if kind.nodes is not _expanded:
                 raise
             raise UserError(f"{where}: {exc}") from None
-        for node in nodes:
-            if node in hosts:
+        fields = {**kind.fields(spec), **fields}
+        for node in nodes.names:
+            if node in out.hosts:
                 raise UserError(f"{source}: hosts.{key}: {node} is listed twice")
-            hosts[node] = fields
+            out.hosts[node] = fields
+        out.skipped.update(nodes.skipped)
         if group:
-            groups[str(group)] = nodes
-    return hosts, groups
+            out.groups[str(group)] = nodes.names
+    return out

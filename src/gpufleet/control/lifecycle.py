@@ -75,6 +75,9 @@ def launch_on(
     progress: Progress | None,
     cancel: CancelToken | None = None,
 ) -> Launched:
+    why_not = session.cannot_keep_servers()
+    if why_not:
+        raise HostError(f"cannot launch here: {why_not}", kind=Kind.PREFLIGHT)
     if options.clean:
         from gpufleet.control.gpuclean import CleanOptions, clean_on, verdict_lines
 

@@ -29,7 +29,7 @@ class SessionPool:
         self.opened = 0  # sessions opened during the task (benchmarks, tests)
 
     def take(self, host: Host) -> Session:
-        from gpufleet.control.transport import open_session
+        from gpufleet.control.sessions import open_session
 
         with self._lock:
             session = self._idle.pop(host.name, None)

@@ -188,6 +188,10 @@ class Session:
         """The way to the host still works (a pooled session is reused only then)."""
         return True
 
+    def cannot_keep_servers(self) -> str | None:
+        """None when a server the agent starts outlives the task; else why not."""
+        return None
+
     def download(self, path: str) -> bytes:
         """The bytes of an absolute path on the host."""
         raise NotImplementedError
@@ -431,9 +435,3 @@ class SSHSession(Session):
         if self.alive:
             super().close()
         self.conn.close()
-
-
-def open_session(host: Host) -> Session:
-    if host.connection == "local":
-        return LocalSession(host)
-    return SSHSession(host)

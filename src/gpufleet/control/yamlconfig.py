@@ -68,12 +68,13 @@ def describe_validation_error(source: str, exc: ValidationError, prefix: str = "
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     key = ".".join(p for p in (prefix, loc) if p) or "(top level)"
     got = err.get("input")
-    message = err["msg"]
+    message = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         message = "unknown key"
     elif err["type"] == "missing":
         message = "required key is missing"
-    shown = "" if err["type"] in ("missing", "extra_forbidden") else f" (got {got!r})"
+    whole = isinstance(got, dict) and err["type"] == "value_error"  # a rule over several keys
+    shown = "" if whole or err["type"] in ("missing", "extra_forbidden") else f" (got {got!r})"
     more = len(exc.errors()) - 1
     tail = f"; and {more} more problem(s)" if more else ""
     return f"{source}: {key}: {message}{shown}{tail}"
