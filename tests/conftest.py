@@ -86,6 +86,32 @@ def fresh_sshd(tmp_path, ssh_keys):
         h.stop()
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real Slurm (munged, slurmctld, three slurmds: n1-n3; partition h200 = n2-n3) in a
+    temporary folder, shared by the session's tests and stopped by PID at its end. It
+    fails, never skips, where Slurm is missing: the test command installs it."""
+    import shutil
+    import tempfile
+
+    from gpufleet.sim.slurm import APT_PACKAGES, LocalSlurm, missing_programs
+
+    missing = missing_programs()
+    if missing:
+        pytest.fail(f"Slurm missing ({', '.join(missing)}): apt-get install -y {APT_PACKAGES}")
+    # in /tmp itself, not pytest's 0700 folder: another user's job (a test) reads it
+    directory = Path(tempfile.mkdtemp(prefix="gpufleet-slurm-"))
+    cluster = LocalSlurm(directory)
+    try:
+        cluster.start()
+    except Exception:
+        cluster.stop()
+        raise
+    yield cluster
+    cluster.stop()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 @pytest.fixture
 def fleet(tmp_path, sshd_hosts, ssh_keys, host_python) -> Fleet:
     fleet = Fleet(tmp_path, sshd_hosts, ssh_keys, host_python)
@@ -114,7 +140,8 @@ def sim_server(tmp_path):
 
 # The unit tier (`scripts/test.sh --fast`, pytest -m unit): what needs no sshd, no server
 # and no other process of gpufleet, so every change can run it first in under 2 minutes.
-REAL_PARTS = {"sshd_hosts", "fresh_sshd", "fleet", "sim_server", "census_host", "uvicorn_url"}
+REAL_PARTS = {"sshd_hosts", "fresh_sshd", "fleet", "sim_server", "census_host", "uvicorn_url",
+              "slurm_cluster"}  # fmt: skip
 SPAWNS = ("run_cli(", "subprocess", "Popen", "SimServer", "BenchFleet", "chromium", "visit(")
 
 

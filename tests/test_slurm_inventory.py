@@ -5,14 +5,13 @@ and exit 2."""
 
 from __future__ import annotations
 
-import os
 import re
 import stat
 from pathlib import Path
 
 import pytest
 
-from gpufleet.control import hostlist
+from gpufleet.control import hostlist, slurm
 from gpufleet.control.inventory import load_inventory
 from gpufleet.errors import UserError
 from helpers import run_cli
@@ -66,10 +65,7 @@ def test_a_node_list_entry_is_one_host_per_node_with_the_entry_fields(tmp_path):
     assert [h.name for h in inv.select("h200")] == ["gpu01", "gpu02", "gpu03"]
 
 
-def test_an_inventory_given_as_a_slurm_host_list_on_the_command_line():
-    out = run_cli("hosts", "--inventory", "slurm:gpu[1-2]")
-    assert out.returncode == 0, out.stderr
-    assert "gpu1" in out.stdout and "gpu2" in out.stdout and "slurm" in out.stdout
+def test_an_inventory_given_as_a_bad_slurm_host_list_on_the_command_line():
     bad = run_cli("hosts", "--inventory", "slurm:gpu[2-1]")
     assert bad.returncode == 2
     assert bad.stderr.strip() == (
@@ -83,23 +79,16 @@ def _program(path: Path, body: str) -> Path:
     return path
 
 
-def test_a_job_and_a_partition_come_from_slurms_own_commands(tmp_path, monkeypatch):
-    # a stand-in for Slurm's squeue and sinfo (no controller runs here): they print the
-    # compressed node list, as the real ones do with -o %N
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    _program(bin_dir / "squeue", 'test "$3" = 4242 && echo "gpu[07-08],gpu11" || exit 1\n')
-    _program(bin_dir / "sinfo", 'echo "h200-[1-2]"\n')
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    assert hostlist.job_nodes("4242") == ["gpu07", "gpu08", "gpu11"]
-    assert hostlist.partition_nodes("h200") == ["h200-1", "h200-2"]
-    with pytest.raises(UserError, match=r"slurm job 99: `squeue -h -j 99 -o %N` failed"):
-        hostlist.job_nodes("99")
-    with pytest.raises(UserError, match="expected a job id"):
-        hostlist.job_nodes("12;rm")
+def test_a_job_or_a_partition_without_slurm_here_is_one_line(tmp_path, monkeypatch):
+    # with Slurm here, tests/test_slurm_real.py asks the real one
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     with pytest.raises(UserError, match="needs Slurm's `squeue` on this machine"):
-        hostlist.job_nodes("4242")
+        slurm.job_nodes("4242")
+    with pytest.raises(UserError, match="needs Slurm's `sinfo` on this machine"):
+        slurm.partition_nodes("h200")
+    with pytest.raises(UserError, match="expected a job id"):
+        slurm.job_nodes("12;rm")
+    assert slurm.listed_nodes("gpu[1-2]").names == ["gpu1", "gpu2"]  # no sinfo: expanded
 
 
 def test_an_executable_inventory_is_run_and_checked(tmp_path):

@@ -97,7 +97,7 @@ class LocalSlurm:
             "SelectTypeParameters=CR_Core",
             "SlurmdParameters=config_overrides",
             "MpiDefault=none",
-            "ReturnToService=2",
+            "ReturnToService=1",  # a node set down by hand stays down until resumed
             "MinJobAge=300",
             "SlurmctldTimeout=30",
             "SlurmdTimeout=60",
@@ -135,8 +135,9 @@ class LocalSlurm:
         d = self.directory
         d.mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o755)  # steps of another user (tests) read the config through it
-        for sub in ("state", "spool", "munge"):
+        for sub in ("state", "munge"):
             (d / sub).mkdir(mode=0o700, exist_ok=True)
+        (d / "spool").mkdir(mode=0o755, exist_ok=True)  # another user's batch script lies here
         key = d / "munge" / "munge.key"
         if not key.exists():
             key.write_bytes(os.urandom(1024))
@@ -176,7 +177,8 @@ class LocalSlurm:
 
     def submit(self, *options: str, command: str = "sleep 3600") -> str:
         """A batch job (`sbatch --parsable OPTIONS --wrap COMMAND`); its id."""
-        out = self.run("sbatch", "--parsable", "--output=/dev/null", *options, "--wrap", command)
+        out = self.run("sbatch", "--parsable", "--output=/dev/null", "--chdir=/tmp", *options,
+                       "--wrap", command)  # fmt: skip
         return out.strip().split(";")[0]
 
     def wait_running(self, job: str, timeout: float = 30) -> str:

@@ -1,0 +1,227 @@
+"""Slurm for real (issue 39): a running Slurm (munged, slurmctld, three slurmds n1-n3 on this
+machine) answers the inventories, and `connection: srun` runs the same tasks as SSH, the
+agent a job step on each node, reached by sbcast.
+
+Each failure is one line naming the Slurm command or state, exit 2; nodes Slurm will not
+run on are listed as skipped with Slurm's own reason."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet.control import slurm
+from gpufleet.sim.slurm import LocalSlurm
+from helpers import Fleet, pid_alive, run_cli
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def cluster(slurm_cluster: LocalSlurm, monkeypatch) -> LocalSlurm:
+    """The session's Slurm, its config in this test's environment (the CLI inherits it),
+    and every job the test submitted cancelled after it."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    before = set(slurm_cluster.run("squeue", "-h", "-o", "%i").split())
+    yield slurm_cluster
+    for job in set(slurm_cluster.run("squeue", "-h", "-o", "%i").split()) - before:
+        slurm_cluster.cancel(job)
+
+
+def _one_line_exit_2(out, said: str) -> None:
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and said in lines[0], out.stderr
+
+
+def test_the_cluster_is_real_and_runs_jobs(cluster):
+    states = set(cluster.run("sinfo", "-h", "-N", "-o", "%N %T").splitlines())
+    assert states == {"n1 idle", "n2 idle", "n3 idle"}
+    job = cluster.submit("-N2", "-p", "h200")
+    assert cluster.wait_running(job) == "n[2-3]"
+    out = cluster.run("srun", f"--jobid={job}", "--overlap", "-w", "n3", "-N1", "-n1",
+                      "printenv", "SLURMD_NODENAME")  # fmt: skip
+    assert out.strip() == "n3"
+
+
+def test_a_running_job_of_yours_is_its_nodes(cluster):
+    job = cluster.submit("-N2", "-p", "h200")
+    cluster.wait_running(job)
+    out = run_cli("hosts", "--inventory", f"slurm:job={job}")
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^n2 .* slurm", out.stdout, re.M) and re.search(r"^n3 ", out.stdout, re.M)
+    assert "n1" not in out.stdout
+
+
+def test_a_job_that_is_not_yours_and_running_is_one_line_naming_why(cluster):
+    pending = cluster.submit("--begin=now+1hour")
+    _one_line_exit_2(
+        run_cli("hosts", "--inventory", f"slurm:job={pending}"),
+        f"slurm job {pending} is pending (BeginTime): it holds no nodes yet",
+    )
+    ended = cluster.submit("-N1")
+    cluster.wait_running(ended)
+    cluster.cancel(ended)
+    _one_line_exit_2(run_cli("hosts", "--inventory", f"slurm:job={ended}"),
+                     f"slurm job {ended} is not running (CANCELLED)")  # fmt: skip
+    _one_line_exit_2(
+        run_cli("hosts", "--inventory", "slurm:job=987654"),
+        "slurm job 987654: no such job (ended and purged, or never submitted)",
+    )
+    theirs = cluster.submit("--uid=nobody")
+    cluster.wait_running(theirs)
+    _one_line_exit_2(run_cli("hosts", "--inventory", f"slurm:job={theirs}"),
+                     f"slurm job {theirs} belongs to nobody, not root")  # fmt: skip
+
+
+def test_drained_and_down_nodes_are_skipped_with_slurms_reason(cluster):
+    try:
+        cluster.run("scontrol", "update", "nodename=n1", "state=drain", "reason=fan failure")
+        out = run_cli("hosts", "--inventory", "slurm:partition=main")
+        assert out.returncode == 0, out.stderr
+        assert "skipped n1: drained (fan failure)" in out.stdout
+        assert re.search(r"^n2 ", out.stdout, re.M) and not re.search(r"^n1 ", out.stdout, re.M)
+        listed = run_cli("hosts", "--inventory", "slurm:n[1-2]")
+        assert listed.returncode == 0, listed.stderr
+        assert "skipped n1: drained (fan failure)" in listed.stdout
+        assert re.search(r"^n2 ", listed.stdout, re.M)
+
+        cluster.run("scontrol", "update", "nodename=n1", "state=resume")  # drain outlives down
+        cluster.run("scontrol", "update", "nodename=n1", "state=down", "reason=psu dead")
+        out = run_cli("hosts", "--inventory", "slurm:partition=main")
+        # `down*` as sinfo prints it: down, and (set by hand) not answering the controller
+        assert re.search(r"^skipped n1: down(, not responding)? \(psu dead\)$", out.stdout, re.M)
+        _one_line_exit_2(
+            run_cli("hosts", "--inventory", "slurm:n1"),
+            "slurm nodes n1: every node is skipped: n1 down",
+        )
+    finally:
+        cluster.run("scontrol", "update", "nodename=n1", "state=resume", check=False)
+    ok = run_cli("hosts", "--inventory", "slurm:partition=h200")
+    assert ok.returncode == 0 and "skipped" not in ok.stdout, ok.stdout + ok.stderr
+    _one_line_exit_2(
+        run_cli("hosts", "--inventory", "slurm:partition=nope"),
+        "slurm partition nope: no such partition, or no nodes (sinfo lists none)",
+    )
+    _one_line_exit_2(
+        run_cli("hosts", "--inventory", "slurm:zz[1-2]"),
+        "slurm nodes zz[1-2]: not nodes of this Slurm: zz1, zz2",
+    )
+
+
+def test_a_slurm_command_that_fails_is_one_line_naming_it(cluster, tmp_path, monkeypatch):
+    broken = tmp_path / "slurm.conf"
+    broken.write_text("ClusterName=x\nSlurmctldHost=nowhere\n")
+    monkeypatch.setenv("SLURM_CONF", str(broken))
+    out = run_cli("hosts", "--inventory", "slurm:job=1", timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "slurm job 1: `squeue -h -j 1 --states=all -o %T|%u|%N|%r` failed:" in out.stderr
+
+
+def _srun_inventory(fleet: Fleet, job: str, nodes: list[str]) -> Path:
+    """The fleet's hosts (same names, workdirs and port offsets), reached by srun on the
+    job's nodes instead of sshd."""
+    data = yaml.safe_load(fleet.inventory.read_text())
+    data["defaults"] = {
+        "connection": "srun", "slurm_job": job, "python": fleet.python,
+        "gpus": data["defaults"]["gpus"],
+    }  # fmt: skip
+    hosts = {}
+    for name, node in zip(fleet.names, nodes, strict=False):
+        fields = data["hosts"][name]
+        hosts[name] = {"address": node, "workdir": fields["workdir"], "vars": fields["vars"]}
+    data["hosts"] = hosts
+    data["groups"] = {"all-sim": list(hosts)}
+    fleet.inventory.write_text(yaml.safe_dump(data))
+    return fleet.inventory
+
+
+@pytest.mark.slow(minutes=2)
+@pytest.mark.parametrize("connection", ["ssh", "srun"])
+def test_the_same_tasks_pass_over_ssh_and_over_srun(connection, fleet, cluster):
+    """gpu-clean kills a stale holder, launch --clean, bench, stop: the same outcome and
+    output over either way to the host."""
+    if connection == "srun":
+        job = cluster.submit("-N2", "-p", "h200")
+        cluster.wait_running(job)
+        _srun_inventory(fleet, job, ["n2", "n3"])
+    stale, stale_pids = fleet.hold("h1", "--gpu", "3", "--mib", "4000")
+    try:
+        out = fleet.cli("gpu-clean", "--hosts", "h0,h1")
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"h1: killed {stale_pids[0]}" in out.stdout or str(stale_pids[0]) in out.stdout
+        assert "h0: verified clean" in out.stdout and "h1: verified clean" in out.stdout
+        assert not pid_alive(stale_pids[0])
+    finally:
+        stale.kill()
+        stale.wait()
+    profile = fleet.profile()
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0", "--clean")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "h0: READY test" in out.stdout
+    if connection == "srun":  # the server outlived the step that started it
+        steps = cluster.run("squeue", "-h", "-s", "-j", job, "-o", "%i").split()
+        assert steps == [f"{job}.batch"], steps
+    bench = fleet.cli("bench", "--profile", str(profile), "--hosts", "h0", "--concurrency",
+                      "1,2", "--num-prompts", "4", "--output-len", "8", timeout=300)  # fmt: skip
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    assert re.search(r"^2 +4 +0 ", bench.stdout, re.M), bench.stdout
+    assert "h0: archived logs/h0/" in bench.stdout
+    stop = fleet.cli("stop", "--hosts", "h0")
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert "h0: stopped test" in stop.stdout and "verified clean" in stop.stdout
+    if connection == "srun":  # every agent step ended with its task
+        assert cluster.run("squeue", "-h", "-s", "-j", job, "-o", "%i").split() == [f"{job}.batch"]
+
+
+def test_srun_judges_the_host_python_before_it_runs(fleet, cluster, tmp_path):
+    """The trust rule over srun reads the node through its own stat and find: a python
+    in a directory others can write is refused before it runs, as over SSH."""
+    job = cluster.submit("-N1", "-p", "h200")
+    cluster.wait_running(job)
+    inventory = _srun_inventory(fleet, job, [cluster.run("squeue", "-h", "-j", job, "-o", "%N")
+                                             .strip()])  # fmt: skip
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    os.symlink(fleet.python, shared / "python3")
+    data = yaml.safe_load(inventory.read_text())
+    data["defaults"]["python"] = str(shared / "python3")
+    inventory.write_text(yaml.safe_dump(data))
+    out = fleet.cli("gpu-clean", "--hosts", "h0")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "h0: FAILED: refusing to run the host python:" in out.stderr
+    assert f"{shared} (owner uid 0, mode 0777) is writable by other users" in out.stderr
+
+
+def test_a_job_of_nodes_under_srun_from_the_inventory_key(fleet, cluster):
+    """`slurm:job=N` with `connection: srun` in the defaults: every node a host, each step
+    in that job (the key sets slurm_job)."""
+    job = cluster.submit("-N1", "-p", "h200")
+    node = cluster.wait_running(job)
+    fleet.inventory.write_text(yaml.safe_dump({
+        "defaults": {"connection": "srun", "python": fleet.python,
+                     "workdir": str(fleet.root / "work" / "slurm"),
+                     "gpus": {"count": 8, "simulated": True}},
+        "hosts": {f"slurm:job={job}": {"group": "mine"}},
+    }))  # fmt: skip
+    out = fleet.cli("gpu-clean", "--hosts", "mine")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{node}: verified clean" in out.stdout
+    missing = fleet.root / "nojob.yaml"
+    missing.write_text(yaml.safe_dump({"hosts": {"x": {"connection": "srun"}}}))
+    _one_line_exit_2(run_cli("hosts", "--inventory", str(missing)),
+                     "hosts.x: connection: srun needs slurm_job")  # fmt: skip
+
+
+def test_a_slurm_that_ends_a_steps_servers_refuses_the_launch_naming_the_setting():
+    config = slurm.parse_config((FIXTURES / "slurm-show-config-22.05.txt").read_text())
+    assert config["ProctrackType"] == "proctrack/linuxproc"
+    assert slurm.steps_keep_servers(config) is None
+    said = slurm.steps_keep_servers({**config, "ProctrackType": "proctrack/cgroup"})
+    assert said and "proctrack/cgroup (ProctrackType)" in said and "kills the server" in said
