@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quick start, tests: install what the suite needs (openssh-server, Debian's chromium for the
-# report's browser tests, Python deps), run it all.
+# report's browser tests, Slurm and MUNGE for a real cluster, Python deps), run it all.
 #   scripts/test.sh            the whole suite (the README's command; CI runs it): the tests
 #                              side by side on $GPUFLEET_TEST_WORKERS workers (default 4; they
 #                              mostly wait on simulated decode and sshd), then the `exclusive`
@@ -18,6 +18,11 @@ if [ $fast = 0 ]; then
   [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
   command -v strace >/dev/null || missing+=(strace)  # the root census traces sshd
   command -v chromium >/dev/null || missing+=(chromium)
+  # a real Slurm (munged, slurmctld, three slurmds) for tests/test_slurm_real.py
+  [ -x /usr/sbin/slurmctld ] || missing+=(slurmctld)
+  [ -x /usr/sbin/slurmd ] || missing+=(slurmd)
+  command -v srun >/dev/null || missing+=(slurm-client)
+  [ -x /usr/sbin/munged ] || missing+=(munge)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -q && apt-get install -y -q "${missing[@]}"

@@ -252,6 +252,15 @@ class SrunSession(Session):
         uid, home = tree.who()
         return tree, uid, home
 
+    def _serving_agent(self) -> AgentProcess:
+        """The agent, started; the node's shell then ends (it judged and uploaded; a later
+        download starts another): one srun here per host, not two, while the task runs."""
+        agent = super()._serving_agent()
+        if self._shell is not None:
+            self._shell.close()
+            self._shell = None
+        return agent
+
     def _start(self, script: str) -> AgentProcess:
         try:
             return SrunAgent(script, [*step_argv(self.host), "/bin/sh", "-c", script], step_env())
@@ -292,7 +301,8 @@ class SrunSession(Session):
 
     @property
     def alive(self) -> bool:
-        return self._shell is None or self._shell.alive
+        agent = self._agent
+        return not isinstance(agent, SrunAgent) or agent.proc.poll() is None
 
     def close(self) -> None:
         super().close()
