@@ -48,7 +48,7 @@ def test_defaults_groups_and_selection(tmp_path):
         ("hosts: {a: {prot: 22}}", "inv.yaml: hosts.a.prot: unknown key"),
         (
             "hosts: {a: {connection: telnet}}",
-            "inv.yaml: hosts.a.connection: Input should be 'ssh' or 'local'",
+            "inv.yaml: hosts.a.connection: Input should be 'ssh', 'local' or 'srun'",
         ),
         (
             "hosts: {a: {gpus: {count: -1}}}",

@@ -102,7 +102,7 @@ def test_speculative_without_max_running_warns_about_the_silent_cap(tmp_path):
         ({"a": "extends: ghost\nmodel_path: /m\n"}, "a.yaml: extends: unknown profile 'ghost'"),
         (
             {"a": "model_path: /m\nflags: {--tp: 2}\n"},
-            "a.yaml: flags: Value error, flag name '--tp'",
+            "a.yaml: flags: flag name '--tp'",
         ),
         (
             {"a": "model_path: /m\nport: 99999\n"},
@@ -110,7 +110,7 @@ def test_speculative_without_max_running_warns_about_the_silent_cap(tmp_path):
         ),
         (
             {"a": "model_path: /m\nlog: /etc/passwd\n"},
-            "a.yaml: log: Value error, must be a relative",
+            "a.yaml: log: must be a relative",
         ),
         ({"a": "model_path: /m\nengine: custom\n"}, "engine custom needs `command`"),
         ({"a": "tp: 2\n"}, "a.yaml: model_path: required key is missing"),
