@@ -9,6 +9,7 @@ client command (squeue, sinfo, srun, sbcast) finds this cluster through `SLURM_C
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -193,8 +194,19 @@ class LocalSlurm:
     def cancel(self, job: str) -> None:
         self.run("scancel", job, check=False)
 
+    def _jobs(self) -> list[str]:
+        return self.run("squeue", "-h", "-o", "%i", check=False, timeout=10).split()
+
     def stop(self) -> None:
-        """Every daemon this cluster started, by PID: TERM, then KILL after 5 s."""
+        """Every job cancelled (a job's slurmstepd and its processes are not the daemons'
+        children: they would outlive them), then every daemon, by PID: TERM, then KILL
+        after 5 s; last, whatever still carries this cluster's SLURM_CONF is killed."""
+        if self.procs:
+            jobs = self._jobs()
+            if jobs:
+                self.run("scancel", *jobs, check=False, timeout=10)
+                with contextlib.suppress(RuntimeError):
+                    self._wait(lambda: not self._jobs(), 20, "jobs ended")
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -205,3 +217,18 @@ class LocalSlurm:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.procs.clear()
+        for pid in _carrying(f"SLURM_CONF={self.conf}".encode()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _carrying(entry: bytes) -> list[int]:
+    """The processes whose environment holds `entry` (a step left by a slurmd killed)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if entry in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+    return found
