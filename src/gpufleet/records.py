@@ -72,7 +72,7 @@ class LaunchSpec(Record):
     (control/playbook.py), sent with launch, executed by the agent (host/lifecycle.py)."""
 
     profile: str
-    engine: str  # sglang, sim or custom
+    engine: str  # control/engines.py: sglang, sim, llamacpp, vllm or custom
     argv: list[str]
     env: dict[str, str]
     host: str  # the address the server binds
@@ -90,6 +90,12 @@ class LaunchSpec(Record):
     resolved_profile: JsonObject = field(default_factory=dict)  # env redacted
     files: dict[str, str] = field(default_factory=dict)  # stored name -> content (host/files)
     secret_env: list[str] = field(default_factory=list)  # the profile's declared secret names
+    # a program engine's probes (control/engines.py fills them; the agent runs them):
+    version_argv: list[str] = field(default_factory=list)  # prints its version
+    help_argv: list[str] = field(default_factory=list)  # + --help lists its flags
+    flags_from: int = 0  # argv[flags_from:] are checked against that list
+    slots: int | None = None  # requests the server serves at once, where its flags say
+    needs_gpu: bool = True  # False: a CPU engine (llama.cpp's server) runs without GPUs
 
 
 @dataclass
@@ -126,6 +132,7 @@ class ServerState(Record):
     pid_start: int | None = None  # state files written before `proc` existed
     gpu_health: list[str] = field(default_factory=list)  # "GPU 3: warn: ..." at launch
     allowed_unhealthy: bool = False  # launched with --allow-unhealthy
+    slots: int | None = None  # requests it serves at once, as its engine's flags say
 
     def update(self, **fields: Any) -> None:
         """Set fields by name (an unknown name is a bug: AttributeError)."""

@@ -171,9 +171,25 @@ def _check_combination(request: BenchRequest, rows: list[PromptRow], label: str)
         )
 
 
+def engine_backend(profile: str | None) -> str:
+    """The dialect the profile's engine speaks (llama.cpp's and vLLM's: openai), where
+    the profile can be read here; else SGLang's."""
+    from gpufleet.control.engines import engine
+    from gpufleet.control.playbook import load_profile
+
+    if profile:
+        try:
+            return engine(load_profile(profile).engine).backend
+        except UserError:
+            pass
+    return BenchPlan.backend
+
+
 def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
     if request.engine not in ("gpufleet", "sglang-bench"):
         raise UserError(f"--engine {request.engine!r}: expected gpufleet or sglang-bench")
+    if request.backend is None:
+        request = replace(request, backend=engine_backend(request.profile))
     if request.backend not in BACKENDS:
         raise UserError(f"--backend {request.backend!r}: expected one of {', '.join(BACKENDS)}")
     label, set_digest, rows, levels, extra = _rows(request)
@@ -293,6 +309,25 @@ def start(session: Session, request: BenchRequest, run_id: str, progress: Progre
             session.host.name,
             {"phase": "started", "run_id": run_id, "base_url": started["base_url"]},
         )
+        queued = queueing_warning(request.concurrency, started.get("slots"), started.get("engine"))
+        if queued:
+            progress(session.host.name, {"warning": queued})
+
+
+def queueing_warning(levels: list[int], slots: int | None, engine: str | None) -> str | None:
+    """Levels above the requests the server serves at once measure its queue: said, with
+    the engine's flag that sets it; silent where every level fits or nobody knows."""
+    over = [c for c in levels if slots is not None and c > slots]
+    if not over or slots is None:
+        return None
+    from gpufleet.control.engines import ENGINES
+
+    flag = ENGINES[engine].slots_flag if engine in ENGINES else ""
+    setting = f" (--{flag})" if flag else ""
+    return (
+        f"C={','.join(map(str, over))} above the {slots} requests the server serves at once"
+        f"{setting}: the rest wait in its queue, and TTFT and E2E include that wait"
+    )
 
 
 def bench_on(

@@ -44,7 +44,7 @@ class BenchRequest:
     repeat: int = 1  # every level this many times, in rounds (1,10,64, 1,10,64, ...)
     client_procs: int | str = PLAN.client_procs  # generator processes per level, or "auto"
     seed: int = PLAN.seed
-    backend: str = PLAN.backend
+    backend: str | None = None  # None: the profile's engine's dialect (control/engines.py)
     warmup: int = PLAN.warmup
     metrics: bool = True
     url: str | None = None

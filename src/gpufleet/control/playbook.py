@@ -1,6 +1,7 @@
 """Server profiles (playbooks/*.yaml) -> validated Profile -> per-host LaunchSpec (argv, env).
 
-A profile names an engine (`sglang`, `sim`, or `custom` with a command template), the
+A profile names an engine (`sglang`, `sim`, `llamacpp`, `vllm`, or `custom` with a command
+template; each engine's facts in control/engines.py), the
 model, tp, bind host/port, extra server flags (true -> bare flag, false/null -> omitted,
 list -> repeated), environment, visible GPUs, `extends` (any depth; cycles and unknown
 parents are errors), a health timeout and a log path template under the host workdir.
@@ -16,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpufleet.archive.layout import profile_label
+from gpufleet.control import engines
 from gpufleet.control.inventory import Host
 from gpufleet.control.yamlconfig import read_yaml, validate
 from gpufleet.errors import UserError
@@ -37,8 +39,12 @@ class Profile(BaseModel):
 
     name: str
     description: str = ""
-    engine: Literal["sglang", "sim", "custom"] = "sglang"
-    command: list[str] | None = None  # custom engine: template with {python} {model_path} {port}
+    engine: Literal["sglang", "sim", "llamacpp", "vllm", "custom"] = "sglang"
+    # a program engine's argv template, {python} {model_path} {port} {host} {tp}: custom
+    # needs one; llamacpp and vllm have theirs (control/engines.py)
+    command: list[str] | None = None
+    version_command: list[str] | None = None  # prints the engine's version (custom)
+    check_flags: bool | None = None  # `program --help` lists its flags (custom: off)
     health_path: str = "/health"
     model_path: str
     tp: int = Field(default=1, ge=1)
@@ -99,8 +105,17 @@ class Profile(BaseModel):
 
     @property
     def speculative_algorithm(self) -> str | None:
-        value = self.flags.get("speculative-algorithm")
-        return str(value) if value else None
+        """What this profile drafts with, in its engine's words (None: no drafting)."""
+        from gpufleet.control.engines import engine
+
+        return engine(self.engine).drafts(self.flags)
+
+    @property
+    def slots(self) -> int | None:
+        """Requests the server serves at once, where its engine and flags say."""
+        from gpufleet.control.engines import engine
+
+        return engine(self.engine).slots(self.flags)
 
     @property
     def max_running_requests(self) -> int | None:
@@ -284,7 +299,11 @@ def _server_flags(profile: Profile, port: int, rank: int, head: Host) -> dict[st
 
 
 def _custom_argv(profile: Profile, python: str, port: int) -> list[str]:
-    """A custom engine's command template filled in, then its flags."""
+    """A program engine's command template (the profile's, else its engine's) filled in,
+    then its flags."""
+    from gpufleet.control.engines import engine
+
+    template = profile.command or list(engine(profile.engine).command or ())
     values = {
         "python": python,
         "model_path": profile.model_path,
@@ -293,7 +312,7 @@ def _custom_argv(profile: Profile, python: str, port: int) -> list[str]:
         "tp": str(profile.tp),
     }
     try:
-        head_argv = [part.format(**values) for part in profile.command or []]
+        head_argv = [part.format(**values) for part in template]
     except (KeyError, IndexError, ValueError) as exc:
         raise UserError(
             f"profile {profile.name}: command: unknown placeholder {exc} "
@@ -306,7 +325,7 @@ def _argv_for(
     profile: Profile, host: Host, engine: str, port: int, rank: int, head: Host
 ) -> list[str]:
     python = host.python_path
-    if engine == "custom":
+    if engine not in ("sglang", "sim"):
         return _custom_argv(profile, python, port)
     flags = _flag_args(_server_flags(profile, port, rank, head))
     if engine == "sglang":
@@ -392,6 +411,11 @@ def _spec_for(
     resolved = redact_tree(resolved)
     argv, files, recorded = _with_files(profile, _argv_for(profile, host, engine, port, rank, head))
     resolved["files"] = recorded
+    probes = engines.probes(
+        engine,
+        argv,
+        {"version_command": profile.version_command, "check_flags": profile.check_flags},
+    )
     return LaunchSpec(
         profile=profile.name,
         engine=engine,
@@ -412,4 +436,9 @@ def _spec_for(
         warnings=profile.warnings(),
         resolved_profile=resolved,
         secret_env=profile.secret_env,
+        version_argv=probes.version_argv,
+        help_argv=probes.help_argv,
+        flags_from=probes.flags_from,
+        slots=engines.engine(engine).slots(profile.flags),
+        needs_gpu=engines.engine(engine).needs_gpu,
     )

@@ -168,6 +168,7 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
             profile=spec.profile,
             engine=spec.engine,
             engine_version=check.engine_version,
+            slots=spec.slots,
             log=str(Path.cwd() / spec.log),
             gpus=spec.gpus,
             resolved_profile=spec.resolved_profile,

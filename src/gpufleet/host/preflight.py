@@ -57,6 +57,23 @@ def engine_version(engine: str, env: dict[str, str] | None = None) -> str | None
     return None
 
 
+def program_version(argv: list[str], env: dict[str, str]) -> str | None:
+    """A program engine's version as it prints it (`llama-server --version` on stderr:
+    `version: 7134 (0a1b2c3)`): its first line naming a version, else its first line."""
+    if not argv:
+        return None
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env,
+                             stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [line.strip() for line in (out.stdout + "\n" + out.stderr).splitlines() if line.strip()]
+    if out.returncode != 0 or not lines:
+        return None
+    line = next((x for x in lines if "version" in x.lower()), lines[0])
+    return line.removeprefix("version:").strip()[:80] or None
+
+
 def _agent_pythonpath() -> list[str]:
     """Paths that make `gpufleet.sim.server` importable from this zipapp, for the sim engine."""
     root = str(Path(__file__).resolve().parent.parent.parent)
@@ -244,11 +261,15 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
     missing = _missing_program(spec)
     if missing:
         errors.append(missing)
-    version = engine_version(engine, launch_env(spec)) if not errors else None
+    version = None
+    if not errors:
+        version = engine_version(engine, launch_env(spec)) or program_version(
+            spec.version_argv, launch_env(spec)
+        )
     if engine == "sglang" and version is None and not errors:
         errors.append(f"{sys.executable} has no sglang installed (pip show sglang found nothing)")
     health: list[str] = []
-    if not args.skip_gpu_check:
+    if not args.skip_gpu_check and spec.needs_gpu:  # a CPU engine's host may have none
         try:
             gpus = check_gpus(spec.gpus, args, in_use=not (existing and args.replace))
             errors += gpus.errors
@@ -263,6 +284,14 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
         check = check_flags_against(spec.argv, 3, text, f"{engine} {version or ''}".strip())
         argv, renames = check.argv, check.renames
         accepts_config = "--config CONFIG" in text or "--config " in text
+        errors += [f"flag {e}" for e in check.errors]
+        warnings += check.warnings
+    elif spec.help_argv and not errors and not args.skip_flag_check:
+        text = help_text(spec.help_argv, launch_env(spec), version)
+        check = check_flags_against(
+            spec.argv, spec.flags_from, text, f"{engine} {version or ''}".strip()
+        )
+        argv, renames = check.argv, check.renames
         errors += [f"flag {e}" for e in check.errors]
         warnings += check.warnings
     return LaunchAnswer(

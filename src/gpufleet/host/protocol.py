@@ -216,6 +216,8 @@ class BenchStartAnswer(TypedDict):
     pid: int
     base_url: str
     profile: str | None
+    slots: int | None  # requests the server serves at once (its engine's flags), if known
+    engine: str | None
 
 
 class RunStatusFile(TypedDict, total=False):

@@ -87,6 +87,8 @@ def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
         "pid": runner.pid,
         "base_url": plan.base_url,
         "profile": plan.profile,
+        "slots": state.slots if state else None,
+        "engine": state.engine if state else None,
     }
 
 

@@ -1,0 +1,132 @@
+"""What gpufleet knows of each inference engine, one adapter each (issue 38): how its server
+is started, how its version and flags are asked of it on the host, the API dialect a bench
+speaks to it by default, how many requests it serves at once, whether a profile makes it
+draft, and whether it needs a GPU.
+
+The host agent stays engine-neutral: the launch spec carries the probes (`version_argv`,
+`help_argv`, `flags_from`) and the facts (`slots`, `needs_gpu`) an adapter filled in.
+To add an engine: one Engine in ENGINES (and its name in playbook.Profile.engine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpufleet.wire import JsonObject
+
+Flags = dict[str, object]
+
+
+def _flag_int(flags: Flags, *names: str) -> int | None:
+    for name in names:
+        value = flags.get(name)
+        if value not in (None, False, True):
+            try:
+                return int(str(value))
+            except ValueError:
+                return None
+    return None
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine's facts. `command` is the argv template of a program engine ({model_path}
+    {host} {port} {tp} {python}); None for the Python-module engines (sglang, sim)."""
+
+    name: str
+    backend: str  # the dialect a bench speaks when --backend is not given
+    command: tuple[str, ...] | None = None
+    version_args: tuple[str, ...] | None = None  # program + these: its version on a line
+    checks_flags: bool = True  # `program --help` lists every flag it takes
+    needs_gpu: bool = True
+    slots: Callable[[Flags], int | None] = lambda flags: None  # requests served at once
+    slots_flag: str = ""  # the flag that sets them, for the warning's words
+    drafts: Callable[[Flags], str | None] = lambda flags: None  # what it drafts with
+
+
+def _sglang_drafts(flags: Flags) -> str | None:
+    value = flags.get("speculative-algorithm")
+    return str(value) if value else None
+
+
+def _sglang_slots(flags: Flags) -> int | None:
+    explicit = _flag_int(flags, "max-running-requests")
+    if explicit is not None:
+        return explicit
+    # SGLang caps EAGLE, EAGLE3 and STANDALONE at 48 when it is not set (REFERENCE.md)
+    return 48 if _sglang_drafts(flags) in ("EAGLE", "EAGLE3", "STANDALONE") else None
+
+
+def _llamacpp_drafts(flags: Flags) -> str | None:
+    draft = flags.get("model-draft") or flags.get("md")
+    if not draft:
+        return None
+    kind = flags.get("spec-type")
+    return f"draft model ({kind})" if kind else "draft model (no --spec-type: unused)"
+
+
+def _vllm_drafts(flags: Flags) -> str | None:
+    config = flags.get("speculative-config")
+    return str(config)[:40] if config else None
+
+
+ENGINES: dict[str, Engine] = {
+    e.name: e
+    for e in (
+        Engine("sglang", "sglang", slots=_sglang_slots, slots_flag="max-running-requests",
+               drafts=_sglang_drafts),
+        Engine("sim", "sglang", needs_gpu=True, slots=_sglang_slots,
+               slots_flag="max-running-requests", drafts=_sglang_drafts),
+        # llama.cpp's server (REFERENCE.md): one slot unless --parallel says more, drafts
+        # only with --spec-type, no GPU needed
+        Engine("llamacpp", "openai",
+               command=("llama-server", "-m", "{model_path}", "--host", "{host}",
+                        "--port", "{port}"),
+               version_args=("--version",), needs_gpu=False,
+               slots=lambda flags: _flag_int(flags, "parallel", "np") or 1,
+               slots_flag="parallel", drafts=_llamacpp_drafts),
+        Engine("vllm", "openai",
+               command=("vllm", "serve", "{model_path}", "--host", "{host}", "--port",
+                        "{port}", "--tensor-parallel-size", "{tp}"),
+               version_args=("--version",),
+               slots=lambda flags: _flag_int(flags, "max-num-seqs"),
+               slots_flag="max-num-seqs", drafts=_vllm_drafts),
+        Engine("custom", "sglang", checks_flags=False, needs_gpu=True),
+    )
+}  # fmt: skip
+NAMES = tuple(ENGINES)
+
+
+def engine(name: str) -> Engine:
+    return ENGINES[name]
+
+
+@dataclass(frozen=True)
+class Probes:
+    """What the host asks the engine before a launch, filled into the launch spec."""
+
+    version_argv: list[str]
+    help_argv: list[str]
+    flags_from: int
+
+
+def probes(name: str, argv: list[str], settings: JsonObject) -> Probes:
+    """A program engine's version and --help probes (`settings`: the profile's
+    `version_command` and `check_flags`, for custom engines); the module engines
+    (sglang, sim) are asked by the agent itself (host/preflight.py). --help is asked of
+    the argv's words before its first flag (`llama-server`, `vllm serve MODEL`)."""
+    adapter = ENGINES[name]
+    if adapter.command is None and name != "custom":
+        return Probes([], [], 0)
+    head = next((i for i, word in enumerate(argv) if word.startswith("-")), len(argv))
+    version = settings.get("version_command")
+    if isinstance(version, list) and version:
+        version_argv = [str(w) for w in version]
+    elif adapter.version_args and argv:
+        version_argv = [argv[0], *adapter.version_args]
+    else:
+        version_argv = []
+    check = settings.get("check_flags")
+    checks = adapter.checks_flags if check is None else bool(check)
+    return Probes(version_argv, argv[:head] if checks and head else [], head)
