@@ -147,6 +147,7 @@ class CleanAnswer(Record):
     killed: list[KilledProcess] = field(default_factory=list)
     would_kill: list[ProcessInfo] = field(default_factory=list)  # dry run only
     cleared_xids: list[FatalXid] = field(default_factory=list)  # --clear-xid's, logged
+    no_gpus: bool = False  # a host the inventory gives no GPUs (`gpus: {count: 0}`)
 
 
 @dataclass

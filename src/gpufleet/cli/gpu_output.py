@@ -78,7 +78,9 @@ def _clean_lines(host: Any, value: CleanAnswer, options: CleanOptions) -> None:
         line(f"{name}: cleared XID {entry.xid} on bus {entry.bus} ({entry.line[:60]}); "
              "logged in the workdir's health/xid-clears.log")  # fmt: skip
     health_lines(host, value.gpus)
-    if not options.dry_run:
+    if value.no_gpus:
+        line(f"{name}: no GPUs (the inventory gives it `gpus: {{count: 0}}`): nothing to clean")
+    elif not options.dry_run:
         state = "verified clean" if value.clean else "NOT clean"
         line(f"{name}: {state} in {value.elapsed_s:.2f}s")
 

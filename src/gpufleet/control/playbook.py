@@ -399,6 +399,8 @@ def _spec_for(
     port = _host_port(profile, host)
     env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in profile.env.items()}
     gpus = profile.gpus if profile.gpus is not None else list(range(profile.tp // profile.nnodes))
+    if not engines.engine(engine).needs_gpu and profile.gpus is None:
+        gpus = []  # a CPU engine holds no GPU: nothing to check before, nor verify after
     if profile.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in profile.gpus)
         # CUDA numbers GPUs fastest-first by default; NVML (and so gpufleet's indexes,

@@ -76,7 +76,11 @@ def stale_processes(args: StatusArgs) -> tuple[list[GpuReading], list[ProcessInf
 
 
 def clean(args: CleanArgs) -> CleanAnswer:
-    """gpu-clean on this host in one call: find, kill (unless dry run), verify by NVML v2."""
+    """gpu-clean on this host in one call: find, kill (unless dry run), verify by NVML v2.
+    A host the inventory gives no GPUs (a CPU engine's) is not asked of NVML at all: it
+    has nothing to clean and says so."""
+    if args.expected_gpus == 0 and not args.sim:
+        return CleanAnswer(before=[], gpus=[], clean=True, elapsed_s=0.0, no_gpus=True)
     nvml = nvmlread.load_pynvml()
     started = time.monotonic()
     before = nvmlread.snapshot(nvml)
