@@ -158,7 +158,8 @@ def request_options() -> OptionSet:
     return OptionSet(
         BenchRequest,
         backend=Option("sglang (/generate), openai (/v1/completions), openai-chat (any "
-                       "OpenAI-compatible server)", _choice(*BACKENDS)),
+                       "OpenAI-compatible server); default: the profile's engine's (openai "
+                       "for llamacpp and vllm, else sglang)", _choice(*BACKENDS)),
         concurrency=Option("levels, comma separated and/or repeated (e.g. 1,10,64)", _levels,
                            iterable=True, short="c", most=100_000),
         num_prompts=Option("requests per level", _nonzero(count), default_text="max(10, 4 x C)",

