@@ -74,10 +74,12 @@ def site(tmp_path_factory) -> Path:
 
 
 def cli(site: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The CLI in the site folder, against its inventory (but for the tasks without one)."""
+    inventory = [] if args[0] in ("profiles", "compare") else ["--inventory", "cpu"]
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
     env.pop("GPUFLEET_INVENTORY", None)
     return subprocess.run(
-        [sys.executable, "-m", "gpufleet", *args, "--inventory", "cpu"], capture_output=True,
+        [sys.executable, "-m", "gpufleet", *args, *inventory], capture_output=True,
         text=True, timeout=timeout, cwd=site, env=env, stdin=subprocess.DEVNULL,
     )  # fmt: skip
 

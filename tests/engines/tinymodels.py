@@ -38,9 +38,14 @@ def _vocabulary() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
-def write_model(path: Path, layers: int, residual_scale: float, seed: int = 7) -> Path:
+def write_model(
+    path: Path, layers: int, residual_scale: float, head_shuffle: float = 0.0, seed: int = 7
+) -> Path:
     """One model: `layers` blocks whose residual outputs are scaled by `residual_scale` /
-    sqrt(WIDTH); the embedding and head are the same for every model (seed 7)."""
+    sqrt(WIDTH); the embedding and head are the same for every model (seed 7), but for a
+    `head_shuffle` share of the head's rows, swapped among themselves: with the residual
+    near zero a model repeats its context's last token, and a draft whose head row for
+    that token is swapped proposes another one, rejected every time."""
     import gguf
 
     shared = np.random.default_rng(seed)
@@ -70,7 +75,12 @@ def write_model(path: Path, layers: int, residual_scale: float, seed: int = 7) -
     writer.add_add_bos_token(True)
     writer.add_tensor("token_embd.weight", embed)
     writer.add_tensor("output_norm.weight", np.ones(WIDTH, np.float32))
-    writer.add_tensor("output.weight", embed.copy())
+    head = embed.copy()
+    if head_shuffle:
+        rows = np.random.default_rng(seed + 1).permutation(np.arange(3, VOCAB))
+        chosen = rows[: int(head_shuffle * len(rows))]
+        head[chosen] = head[np.roll(chosen, 1)]
+    writer.add_tensor("output.weight", head)
     scale = residual_scale / np.sqrt(WIDTH)
 
     def weight(rows: int, cols: int, factor: float = 1.0) -> np.ndarray:
@@ -93,15 +103,15 @@ def write_model(path: Path, layers: int, residual_scale: float, seed: int = 7) -
 
 
 def write_all(directory: Path) -> dict[str, Path]:
-    """The target and two drafts: one nearly exact (scale 0.001 like the target), one that
-    its layer moves away from the target's choices (scale 0.3)."""
+    """The target and two drafts: one that proposes what the target would choose, one whose
+    head swaps half of its rows (its proposals for those tokens always rejected)."""
     directory.mkdir(parents=True, exist_ok=True)
     made = {}
-    for name, layers, scale in (("target", TARGET_LAYERS, 0.001), ("draft-exact", 1, 0.001),
-                                ("draft-loose", 1, 0.3)):  # fmt: skip
+    for name, layers, shuffle in (("target", TARGET_LAYERS, 0.0), ("draft-exact", 1, 0.0),
+                                  ("draft-loose", 1, 0.5)):  # fmt: skip
         path = directory / f"{name}.gguf"
         if not path.exists():
-            write_model(path.with_suffix(".part"), layers, scale).rename(path)
+            write_model(path.with_suffix(".part"), layers, 0.001, shuffle).rename(path)
         made[name] = path
     return made
 

@@ -29,6 +29,10 @@ def _flag_int(flags: Flags, *names: str) -> int | None:
     return None
 
 
+def _positive(value: int | None) -> int | None:
+    return value if value is not None and value > 0 else None
+
+
 @dataclass(frozen=True)
 class Engine:
     """One engine's facts. `command` is the argv template of a program engine ({model_path}
@@ -78,13 +82,13 @@ ENGINES: dict[str, Engine] = {
                drafts=_sglang_drafts),
         Engine("sim", "sglang", needs_gpu=True, slots=_sglang_slots,
                slots_flag="max-running-requests", drafts=_sglang_drafts),
-        # llama.cpp's server (REFERENCE.md): one slot unless --parallel says more, drafts
-        # only with --spec-type, no GPU needed
+        # llama.cpp's server (REFERENCE.md): --parallel N slots (its default, -1, is
+        # "auto": unknown here), drafts only with --spec-type, no GPU needed
         Engine("llamacpp", "openai",
                command=("llama-server", "-m", "{model_path}", "--host", "{host}",
                         "--port", "{port}"),
                version_args=("--version",), needs_gpu=False,
-               slots=lambda flags: _flag_int(flags, "parallel", "np") or 1,
+               slots=lambda flags: _positive(_flag_int(flags, "parallel", "np")),
                slots_flag="parallel", drafts=_llamacpp_drafts),
         Engine("vllm", "openai",
                command=("vllm", "serve", "{model_path}", "--host", "{host}", "--port",
