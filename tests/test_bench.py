@@ -453,8 +453,23 @@ def test_llama_cpp_acceptance_is_read_from_its_timings():
         tracker.on_event(jsonlib.dumps(final).encode(), 0.5)
         record.completion_tokens = tracker.seen_tokens
         record.spec_verify_ct = tracker.spec_verify_ct()
+        record.ok = True
         return record
 
     assert stream({"draft_n": 32, "draft_n_accepted": 32}).accept_length == 5.0
     assert stream({"draft_n": 64, "draft_n_accepted": 19}).accept_length == 40 / 21
     assert stream({"predicted_n": 40}).accept_length is None  # not speculative: no figure
+
+    # the level's own figure (the table's "accept length"), where the server has no
+    # average of its own (SGLang's /server_info): the requests' tokens over their steps,
+    # pooled. Found against a real llama-server (tests/engines): "-" at every level.
+    from types import SimpleNamespace
+
+    from gpufleet.host.bench.runner import _accept_length
+
+    records = [stream({"draft_n": 32, "draft_n_accepted": 32}),
+               stream({"draft_n": 64, "draft_n_accepted": 19})]  # fmt: skip
+    run = SimpleNamespace(records=[*records, stream({"predicted_n": 40})])
+    assert _accept_length(None, run) == 80 / (8 + 21)
+    assert _accept_length({"internal_states": [{"avg_spec_accept_length": 3.2}]}, run) == 3.2
+    assert _accept_length(None, SimpleNamespace(records=[stream({"predicted_n": 40})])) is None

@@ -297,11 +297,18 @@ def _prompt(plan: BenchPlan, row: PromptRow) -> Prompt:
     )
 
 
-def _accept_length(info: dict[str, Any] | None) -> float | None:
-    """SGLang's average speculative acceptance length from /server_info, when it has one."""
+def _accept_length(info: dict[str, Any] | None, run: Any) -> float | None:
+    """SGLang's average speculative acceptance length from /server_info, when it has one;
+    else the level's requests' own (their tokens over their verify steps, pooled: from
+    llama.cpp's per-response timings), so a drafting engine without SGLang's endpoint does
+    not read like one that never drafts."""
     if info and info.get("internal_states"):
-        return info["internal_states"][0].get("avg_spec_accept_length")
-    return None
+        found = info["internal_states"][0].get("avg_spec_accept_length")
+        if found is not None:
+            return found
+    drafted = [r for r in run.records if r.ok and r.spec_verify_ct]
+    steps = sum(r.spec_verify_ct for r in drafted)
+    return sum(r.completion_tokens for r in drafted) / steps if steps else None
 
 
 def _summary(
@@ -322,7 +329,7 @@ def _summary(
             "seed": plan.seed,
             "output_len": plan.output_len,
             **random_lengths(plan),
-            "accept_length": _accept_length(info),
+            "accept_length": _accept_length(info, run),
             "server_info": info,
             "started_at": datetime.fromtimestamp(run.started_at, UTC).isoformat(),
             "warmup_errors": run.warmup_errors,
