@@ -35,7 +35,9 @@ def bench_progress() -> Progress:
     last: dict[str, float] = {}
 
     def show(host: str, event: ProgressEvent) -> None:
-        if event.get("phase") == "started":
+        if "warning" in event:
+            line(f"{host}: warning: {event['warning']}")
+        elif event.get("phase") == "started":
             line(f"{host}: run {event['run_id']} started against {event['base_url']}")
         elif event.get("phase") == "start":
             sessions = f" ({event['sessions']} sessions)" if event.get("sessions") else ""

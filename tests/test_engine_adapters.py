@@ -1,0 +1,106 @@
+"""Engine adapters (issue 38): each engine's facts in one place (control/engines.py), turned
+into the launch spec's probes and facts, the bench's default dialect and its warning where
+a level is above the requests the server serves at once."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from gpufleet.control import engines
+from gpufleet.control.bench import engine_backend, queueing_warning
+from gpufleet.control.inventory import Host
+from gpufleet.control.playbook import Profile, build_specs
+
+
+def _spec(tmp_path, **fields):
+    profile = Profile(name="p", model_path=str(tmp_path), **fields)
+    host = Host(name="h", connection="local", gpus={"count": 0})
+    [(_, spec)] = build_specs(profile, [host])
+    return spec
+
+
+def test_each_engine_fills_its_probes_and_facts(tmp_path):
+    llama = _spec(tmp_path, engine="llamacpp", flags={"parallel": 4, "model-draft": "d.gguf",
+                                                      "spec-type": "draft-simple"})  # fmt: skip
+    assert llama.argv[:3] == ["llama-server", "-m", str(tmp_path)]
+    assert llama.version_argv == ["llama-server", "--version"]
+    assert llama.help_argv == ["llama-server"] and llama.flags_from == 1
+    assert llama.slots == 4 and llama.needs_gpu is False and llama.gpus == []
+    vllm = _spec(tmp_path, engine="vllm", flags={"max-num-seqs": 64})
+    assert vllm.help_argv == ["vllm", "serve", str(tmp_path)] and vllm.slots == 64
+    assert vllm.needs_gpu is True
+    custom = _spec(tmp_path, engine="custom", command=["my-server", "--port", "{port}"])
+    assert custom.version_argv == [] and custom.help_argv == []  # nothing asked unless said
+    checked = _spec(tmp_path, engine="custom", command=["my-server", "--port", "{port}"],
+                    version_command=["my-server", "-V"], check_flags=True)  # fmt: skip
+    assert checked.version_argv == ["my-server", "-V"] and checked.help_argv == ["my-server"]
+    sglang = _spec(tmp_path, engine="sglang", flags={"speculative-algorithm": "EAGLE3"})
+    assert sglang.help_argv == [] and sglang.slots == 48  # SGLang's silent EAGLE cap
+
+
+def test_what_a_profile_drafts_with_in_its_engines_words(tmp_path):
+    def drafts(engine, flags):
+        return Profile(name="p", engine=engine, model_path="m", flags=flags,
+                       command=["x"] if engine == "custom" else None).speculative_algorithm  # fmt: skip
+
+    assert drafts("sglang", {"speculative-algorithm": "EAGLE3"}) == "EAGLE3"
+    assert drafts("llamacpp", {"model-draft": "d.gguf", "spec-type": "draft-simple"}) == (
+        "draft model (draft-simple)"
+    )
+    # llama.cpp loads a draft and never uses it without --spec-type (REFERENCE.md): said
+    assert drafts("llamacpp", {"model-draft": "d.gguf"}) == "draft model (no --spec-type: unused)"
+    assert drafts("vllm", {"speculative-config": '{"method": "eagle3"}'}).startswith("{")
+    assert drafts("llamacpp", {}) is None and drafts("custom", {}) is None
+
+
+def test_a_bench_speaks_the_profiles_engine_dialect_unless_told(tmp_path, monkeypatch):
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks" / "llama.yaml").write_text(
+        yaml.safe_dump({"engine": "llamacpp", "model_path": "/m.gguf"})
+    )
+    (tmp_path / "playbooks" / "sg.yaml").write_text(yaml.safe_dump({"model_path": "/m"}))
+    monkeypatch.chdir(tmp_path)
+    assert engine_backend("llama") == "openai"
+    assert engine_backend("sg") == "sglang"
+    assert engine_backend(None) == "sglang" and engine_backend("missing") == "sglang"
+
+
+@pytest.mark.parametrize(
+    ("levels", "slots", "engine", "said"),
+    [
+        ([1, 2, 4, 8], 4, "llamacpp", "C=8 above the 4 requests the server serves at once "
+                                      "(--parallel)"),
+        ([1, 64], 48, "sglang", "C=64 above the 48 requests the server serves at once "
+                                "(--max-running-requests)"),
+        ([1, 2, 4], 4, "llamacpp", None),  # every level fits: silent
+        ([1, 64], None, "llamacpp", None),  # nobody knows the slots (--parallel auto): silent
+    ],
+)  # fmt: skip
+def test_the_queueing_warning_fires_only_above_the_slots(levels, slots, engine, said):
+    got = queueing_warning(levels, slots, engine)
+    assert (got is None) if said is None else (got is not None and got.startswith(said))
+
+
+def test_every_engine_a_profile_may_name_has_an_adapter():
+    named = Profile.model_fields["engine"].annotation.__args__  # type: ignore[union-attr]
+    assert set(named) == set(engines.NAMES)
+
+
+def test_a_bench_above_the_servers_slots_says_so_and_only_there(fleet):
+    profile = fleet.profile("capped", flags={"max-running-requests": 2})
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0")
+    assert out.returncode == 0, out.stdout + out.stderr
+    try:
+        over = fleet.cli("bench", "--profile", "capped", "--hosts", "h0", "--concurrency",
+                         "1,4", "--num-prompts", "4", "--output-len", "4")  # fmt: skip
+        assert over.returncode == 0, over.stdout + over.stderr
+        assert re.search(r"h0: warning: C=4 above the 2 requests the server serves at once "
+                         r"\(--max-running-requests\)", over.stdout), over.stdout  # fmt: skip
+        within = fleet.cli("bench", "--profile", "capped", "--hosts", "h0", "--concurrency",
+                           "1,2", "--num-prompts", "4", "--output-len", "4")  # fmt: skip
+        assert within.returncode == 0 and "requests the server serves at once" not in within.stdout
+    finally:
+        fleet.cli("stop", "--hosts", "h0")
