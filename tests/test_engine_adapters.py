@@ -104,3 +104,35 @@ def test_a_bench_above_the_servers_slots_says_so_and_only_there(fleet):
         assert within.returncode == 0 and "requests the server serves at once" not in within.stdout
     finally:
         fleet.cli("stop", "--hosts", "h0")
+
+
+def test_a_host_without_gpus_is_said_and_a_cpu_engine_needs_none(tmp_path):
+    """Issue 38 item 8: a CPU-only host had to claim simulated GPUs to get past gpu-clean
+    (and then recorded their idle power as the server's energy)."""
+    from helpers import run_cli
+
+    inventory = tmp_path / "cpu.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": {"cpu1": {
+        "connection": "local", "python": "auto", "workdir": str(tmp_path / "work"),
+        "gpus": {"count": 0}}}}))  # fmt: skip
+    clean = run_cli("gpu-clean", "--inventory", str(inventory))
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "cpu1: no GPUs (the inventory gives it `gpus: {count: 0}`): nothing to clean" in (
+        clean.stdout
+    )
+    program = tmp_path / "llama-server"
+    program.write_text("#!/bin/sh\necho 'version: 42 (test)' >&2\n")
+    program.chmod(0o755)
+    profile = tmp_path / "llama.yaml"
+    profile.write_text(yaml.safe_dump({
+        "engine": "llamacpp", "model_path": str(tmp_path), "port": 18999,
+        "command": [str(program), "-m", "{model_path}", "--port", "{port}"],
+        "check_flags": False,
+    }))  # fmt: skip
+    dry = run_cli("launch", "--profile", str(profile), "--inventory", str(inventory), "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr  # no GPU asked for, none checked
+    sglang = profile.with_name("sg.yaml")
+    sglang.write_text(yaml.safe_dump({"model_path": str(tmp_path), "port": 18998}))
+    refused = run_cli("launch", "--profile", str(sglang), "--inventory", str(inventory),
+                      "--dry-run")  # fmt: skip
+    assert refused.returncode == 1  # a GPU engine on it still needs what it lacks
