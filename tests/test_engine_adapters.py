@@ -136,3 +136,36 @@ def test_a_host_without_gpus_is_said_and_a_cpu_engine_needs_none(tmp_path):
     refused = run_cli("launch", "--profile", str(sglang), "--inventory", str(inventory),
                       "--dry-run")  # fmt: skip
     assert refused.returncode == 1  # a GPU engine on it still needs what it lacks
+
+
+def test_a_server_that_cannot_empty_its_cache_gets_prompts_of_each_levels_own(
+    tmp_path, monkeypatch
+):
+    """Issue 38 item 3: llama-server has no /flush_cache, and every level sent the same
+    first prompts: its prompt cache served 100% of prompt tokens from C=2 on (the tier)."""
+    from gpufleet.control.bench import build_plan
+    from gpufleet.control.benchrequest import BenchRequest
+    from gpufleet.host.bench.level import Prompt
+    from gpufleet.host.bench.runner import salted
+
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks" / "llama.yaml").write_text(
+        yaml.safe_dump({"engine": "llamacpp", "model_path": "/m.gguf"})
+    )
+    (tmp_path / "playbooks" / "sg.yaml").write_text(yaml.safe_dump({"model_path": "/m"}))
+    monkeypatch.chdir(tmp_path)
+
+    def plan(profile, flush=True):
+        request = BenchRequest(concurrency=[1, 2], profile=profile, flush_cache=flush,
+                               prompts="random", num_prompts=2)  # fmt: skip
+        return build_plan(request, "20261202T000000Z-x-abc123")[0]
+
+    assert plan("llama").salt_prompts is True
+    assert plan("sg").salt_prompts is False  # SGLang empties its cache: prompts as they are
+    assert plan("llama", flush=False).salt_prompts is False  # --no-flush: the cache is wanted
+    prompts = [Prompt(text="shared prefix, then a"), Prompt(text="shared prefix, then b"),
+               Prompt(input_ids=[5, 6, 7])]  # fmt: skip
+    one, two = salted(prompts, "[abc123 c1] "), salted(prompts, "[abc123 c2] ")
+    assert one[0].text == "[abc123 c1] shared prefix, then a" and one[2].input_ids == [5, 6, 7]
+    assert one[0].text != two[0].text  # no level's prompt is another's
+    assert one[0].text[:25] == one[1].text[:25]  # within a level, the shared part stays shared

@@ -39,6 +39,9 @@ class BenchPlan(Record):
     levels: list[Level]
     backend: str = "sglang"  # sglang (/generate), openai, openai-chat
     engine: str = "gpufleet"  # or sglang-bench (SGLang's own bench_serving)
+    # the server cannot empty its prefix cache (no /flush_cache: llama.cpp's, vLLM's): each
+    # level's text prompts start with a tag of their own, so no level reuses another's
+    salt_prompts: bool = False
     output_len: int = 256
     profile: str | None = None
     port: int | None = None

@@ -171,18 +171,29 @@ def _check_combination(request: BenchRequest, rows: list[PromptRow], label: str)
         )
 
 
-def engine_backend(profile: str | None) -> str:
-    """The dialect the profile's engine speaks (llama.cpp's and vLLM's: openai), where
-    the profile can be read here; else SGLang's."""
+def _engine_of(profile: str | None) -> Any:
+    """The adapter of the profile's engine, where the profile can be read here."""
     from gpufleet.control.engines import engine
     from gpufleet.control.playbook import load_profile
 
     if profile:
         try:
-            return engine(load_profile(profile).engine).backend
+            return engine(load_profile(profile).engine)
         except UserError:
             pass
-    return BenchPlan.backend
+    return None
+
+
+def engine_backend(profile: str | None) -> str:
+    """The dialect the profile's engine speaks (llama.cpp's and vLLM's: openai), where
+    the profile can be read here; else SGLang's."""
+    adapter = _engine_of(profile)
+    return adapter.backend if adapter else BenchPlan.backend
+
+
+def _cannot_flush(profile: str | None) -> bool:
+    adapter = _engine_of(profile)
+    return adapter is not None and not adapter.flushes_cache
 
 
 def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
@@ -214,6 +225,7 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
         metrics=request.metrics,
         telemetry_interval_s=request.telemetry_interval_s,
         flush_cache=request.flush_cache,
+        salt_prompts=request.flush_cache and _cannot_flush(request.profile),
         slo=dict(request.slo or {}),
         output_details=request.output_details,
         prompt_set=label,

@@ -44,6 +44,7 @@ class Engine:
     version_args: tuple[str, ...] | None = None  # program + these: its version on a line
     checks_flags: bool = True  # `program --help` lists every flag it takes
     needs_gpu: bool = True
+    flushes_cache: bool = True  # answers SGLang's /flush_cache (else: prompts are salted)
     slots: Callable[[Flags], int | None] = lambda flags: None  # requests served at once
     slots_flag: str = ""  # the flag that sets them, for the warning's words
     drafts: Callable[[Flags], str | None] = lambda flags: None  # what it drafts with
@@ -87,13 +88,13 @@ ENGINES: dict[str, Engine] = {
         Engine("llamacpp", "openai",
                command=("llama-server", "-m", "{model_path}", "--host", "{host}",
                         "--port", "{port}"),
-               version_args=("--version",), needs_gpu=False,
+               version_args=("--version",), needs_gpu=False, flushes_cache=False,
                slots=lambda flags: _positive(_flag_int(flags, "parallel", "np")),
                slots_flag="parallel", drafts=_llamacpp_drafts),
         Engine("vllm", "openai",
                command=("vllm", "serve", "{model_path}", "--host", "{host}", "--port",
                         "{port}", "--tensor-parallel-size", "{tp}"),
-               version_args=("--version",),
+               version_args=("--version",), flushes_cache=False,
                slots=lambda flags: _flag_int(flags, "max-num-seqs"),
                slots_flag="max-num-seqs", drafts=_vllm_drafts),
         Engine("custom", "sglang", checks_flags=False, needs_gpu=True),

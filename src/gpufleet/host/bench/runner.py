@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -287,6 +288,15 @@ def _read_rows(run_dir: Path) -> list[PromptRow]:
     ]
 
 
+def salted(prompts: list[Prompt], tag: str) -> list[Prompt]:
+    """Every text prompt of a level begun with the level's own tag: a prefix cache the
+    server could not empty cannot serve one level's prompts from another's, while the
+    level's prompts still share what they share (a shared prefix stays shared). Token-id
+    prompts are left as they are."""
+    return [dataclasses.replace(p, text=tag + p.text) if p.text and p.input_ids is None else p
+            for p in prompts]  # fmt: skip
+
+
 def _prompt(plan: BenchPlan, row: PromptRow) -> Prompt:
     return Prompt(
         text=row.prompt if row.prompt is not None else plan.system_prompt,
@@ -407,6 +417,8 @@ def _gpufleet_level(
     """Run one level with gpufleet's generator and write its files: (status, reason, stop)."""
     c = level.concurrency
     prompts = [_prompt(plan, row) for row in rows[: level.num_prompts]]
+    if plan.salt_prompts:
+        prompts = salted(prompts, f"[{plan.run_id[-6:]} {level.tag}] ")
     gauge = _telemetry(plan, server_state, writer, level)
     try:
         with gauge or contextlib.nullcontext():
