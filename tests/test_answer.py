@@ -200,6 +200,13 @@ def test_a_prefix_cache_that_could_not_be_emptied_is_said_and_only_then():
     for flushed in (True, None):  # emptied, or not asked (--no-flush): nothing to say
         quiet = notices([arm("a", flushed, (0.5, 0.5)), arm("b", flushed, (0.5, 0.5))], [1, 4])
         assert not [n for n in quiet if "prefix cache" in n.text]
+    # not emptied, but each level's prompts began with its own tag: no earlier level's
+    # prompts can have served these (the real llama-server: 100% served became 12-13%)
+    salted = arm("llama", False, (0.12, 0.13))
+    for measured in salted.levels.values():
+        measured.row.prompts_salted = True
+    assert not [n for n in notices([arm("target", True, (0, 0)), salted], [1, 4])
+                if "prefix cache" in n.text]  # fmt: skip
 
 
 def test_an_itl_that_reads_the_streams_framing_is_said_and_only_then():

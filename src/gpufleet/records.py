@@ -249,6 +249,7 @@ class ResultRow(Record):
     random_range_ratio: F = None
     warmup_errors: list[str] = field(default_factory=list)  # failed warm-up requests
     cache_flushed: bool | None = None
+    prompts_salted: bool | None = None  # each text prompt began with the level's own tag
     # --slo (host/bench/slo.py)
     slo: dict[str, float] | None = None
     slo_attainment: F = None

@@ -246,8 +246,13 @@ def _bursty_itl(arm: Arm, levels: list[int]) -> str | None:
 def _unflushed(arm: Arm, levels: list[int]) -> str | None:
     """Levels whose server's prefix cache could not be emptied before them (asked, and the
     server has no /flush_cache, or refused): an earlier level's prompts may have warmed
-    them. Silent where nothing was asked (--no-flush) or every flush succeeded."""
-    missed = [c for c in levels if arm.levels[c].get("cache_flushed") is False]
+    them. Silent where nothing was asked (--no-flush), every flush succeeded, or the
+    level's prompts began with a tag of their own (`prompts_salted`: what the cache served
+    there was shared within the level, never an earlier level's)."""
+    missed = [
+        c for c in levels
+        if arm.levels[c].get("cache_flushed") is False and not arm.levels[c].get("prompts_salted")
+    ]  # fmt: skip
     if not missed:
         return None
     hits = [

@@ -145,7 +145,7 @@ ARCHIVE_ONLY = re.compile(
     r"|duration|concurrency|request_rate|repeat|seed|output_len|random_\w+|warmup_errors"
     r"|gpu_\w+|energy_\w+|prom_\w+|sglang_\w+|max_\w+|mean_\w+|cached_tokens\w*"
     r"|goodput|goodput_\w+|slo_\w+|cache_\w+|\w+_count|\w+_s"
-    r"|client_\w+|steady_\w+|(mean|std|p90|p95)_queue_wait_ms|overloaded)$"
+    r"|client_\w+|steady_\w+|(mean|std|p90|p95)_queue_wait_ms|overloaded|prompts_salted)$"
 )
 
 

@@ -344,6 +344,7 @@ def _summary(
             "started_at": datetime.fromtimestamp(run.started_at, UTC).isoformat(),
             "warmup_errors": run.warmup_errors,
             "cache_flushed": flushed,
+            "prompts_salted": plan.salt_prompts or None,
         },
         slo=plan.slo,
         with_details=bool(plan.output_details),
