@@ -220,6 +220,10 @@ def test_three_kinds_of_broken_host_are_reported_precisely(fleet, fresh_sshd, tm
         }
     )
     start = time.monotonic()
+    healthy = fleet.cli("status", "--hosts", "h0,h1")  # the reference, on this machine now
+    reference = time.monotonic() - start
+    assert healthy.returncode == 0, healthy.stderr
+    start = time.monotonic()
     out = fleet.cli("status", "--hosts", "down,noauth,newkey,h0,h1")
     elapsed = time.monotonic() - start
     assert out.returncode == 1
@@ -231,7 +235,10 @@ def test_three_kinds_of_broken_host_are_reported_precisely(fleet, fresh_sshd, tm
     assert "newkey: FAILED: HOST KEY CHANGED" in out.stderr
     assert "3 of 5 host(s) failed" in out.stderr
     assert out.stdout.count("NVIDIA H200") == 16  # h0 and h1 answered
-    assert elapsed < 30
+    # no broken host holds the task: beyond what the healthy ones take here, at most the
+    # refused host's retries (jittered, 2 s apart at most) -- was `< 30 s`, 31.2 s beside a
+    # CPU hog in CI
+    assert elapsed < 2 * reference + 15, (elapsed, reference)
     record("three_broken_hosts_s", round(elapsed, 1))
 
 
