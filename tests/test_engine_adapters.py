@@ -145,8 +145,7 @@ def test_a_server_that_cannot_empty_its_cache_gets_prompts_of_each_levels_own(
     first prompts: its prompt cache served 100% of prompt tokens from C=2 on (the tier)."""
     from gpufleet.control.bench import build_plan
     from gpufleet.control.benchrequest import BenchRequest
-    from gpufleet.host.bench.level import Prompt
-    from gpufleet.host.bench.runner import salted
+    from gpufleet.host.bench.level import Prompt, salted
 
     (tmp_path / "playbooks").mkdir()
     (tmp_path / "playbooks" / "llama.yaml").write_text(

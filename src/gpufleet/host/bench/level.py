@@ -5,7 +5,7 @@ generator (loadgen.py), its processes (spread.py) and the figures (metrics.py, s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gpufleet.host.bench.clientcert import ClientClock
@@ -106,3 +106,12 @@ class LevelRun:
             f"LevelRun(concurrency={self.concurrency}, request_rate={self.request_rate}, "
             f"{len(self.records)} records)"
         )
+
+
+def salted(prompts: list[Prompt], tag: str) -> list[Prompt]:
+    """Every text prompt of a level begun with the level's own tag: a prefix cache the
+    server could not empty cannot serve one level's prompts from another's, while the
+    level's prompts still share what they share (a shared prefix stays shared). Token-id
+    prompts are left as they are."""
+    return [replace(p, text=tag + p.text) if p.text and p.input_ids is None else p
+            for p in prompts]  # fmt: skip

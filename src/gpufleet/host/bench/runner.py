@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import functools
 import json
 import os
@@ -26,7 +25,7 @@ from typing import Any
 from gpufleet.host import safewrite, serverkeys
 from gpufleet.host.bench import serverapi, telemetry
 from gpufleet.host.bench import slo as slos
-from gpufleet.host.bench.level import Prompt, RequestRecord, Tally
+from gpufleet.host.bench.level import Prompt, RequestRecord, Tally, salted
 from gpufleet.host.bench.loadgen import run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
 from gpufleet.host.bench.spread import auto_procs, run_spread
@@ -286,15 +285,6 @@ def _read_rows(run_dir: Path) -> list[PromptRow]:
         for number, line in enumerate(lines, 1)
         if line.strip()
     ]
-
-
-def salted(prompts: list[Prompt], tag: str) -> list[Prompt]:
-    """Every text prompt of a level begun with the level's own tag: a prefix cache the
-    server could not empty cannot serve one level's prompts from another's, while the
-    level's prompts still share what they share (a shared prefix stays shared). Token-id
-    prompts are left as they are."""
-    return [dataclasses.replace(p, text=tag + p.text) if p.text and p.input_ids is None else p
-            for p in prompts]  # fmt: skip
 
 
 def _prompt(plan: BenchPlan, row: PromptRow) -> Prompt:
