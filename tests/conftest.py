@@ -102,11 +102,14 @@ def slurm_cluster():
     # in /tmp itself, not pytest's 0700 folder: another user's job (a test) reads it
     directory = Path(tempfile.mkdtemp(prefix="gpufleet-slurm-"))
     cluster = LocalSlurm(directory)
-    try:
-        cluster.start()
-    except Exception:
-        cluster.stop()
-        raise
+    for attempt in range(3):  # its ports are the kernel's: one may be taken before a bind
+        try:
+            cluster.start()
+            break
+        except RuntimeError:
+            cluster.stop()
+            if attempt == 2:
+                raise
     yield cluster
     cluster.stop()
     shutil.rmtree(directory, ignore_errors=True)

