@@ -191,16 +191,12 @@ def engine_backend(profile: str | None) -> str:
     return adapter.backend if adapter else BenchPlan.backend
 
 
-def _cannot_flush(profile: str | None) -> bool:
-    adapter = _engine_of(profile)
-    return adapter is not None and not adapter.flushes_cache
-
-
 def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
     if request.engine not in ("gpufleet", "sglang-bench"):
         raise UserError(f"--engine {request.engine!r}: expected gpufleet or sglang-bench")
+    adapter = _engine_of(request.profile)  # the profile read once, for both of its facts
     if request.backend is None:
-        request = replace(request, backend=engine_backend(request.profile))
+        request = replace(request, backend=adapter.backend if adapter else BenchPlan.backend)
     if request.backend not in BACKENDS:
         raise UserError(f"--backend {request.backend!r}: expected one of {', '.join(BACKENDS)}")
     label, set_digest, rows, levels, extra = _rows(request)
@@ -225,7 +221,7 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
         metrics=request.metrics,
         telemetry_interval_s=request.telemetry_interval_s,
         flush_cache=request.flush_cache,
-        salt_prompts=request.flush_cache and _cannot_flush(request.profile),
+        salt_prompts=request.flush_cache and adapter is not None and not adapter.flushes_cache,
         slo=dict(request.slo or {}),
         output_details=request.output_details,
         prompt_set=label,
@@ -330,7 +326,7 @@ def queueing_warning(levels: list[int], slots: int | None, engine: str | None) -
     """Levels above the requests the server serves at once measure its queue: said, with
     the engine's flag that sets it; silent where every level fits or nobody knows."""
     over = [c for c in levels if slots is not None and c > slots]
-    if not over or slots is None:
+    if not over:
         return None
     from gpufleet.control.engines import ENGINES
 
