@@ -3,6 +3,8 @@ tokens per verify step, its p10/p50/p90 per level, and said beside compare's cro
 
 from __future__ import annotations
 
+import pytest
+
 from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
 from gpufleet.host.bench.metrics import summarize
 from gpufleet.report.answer import sentence
@@ -48,3 +50,16 @@ def test_compare_says_the_acceptance_beside_the_crossover():
     assert (
         "eagle3's per-request acceptance at C=8: p50 2.90 tokens a step, p10-p90 2.10-3.60" in said
     )
+
+
+def test_decode_speed_per_request_leaves_ttft_out():
+    """Issue 38: two requests of 5 tokens in 1 s each, one waiting 0.8 s for its first
+    token: end to end both read 5 tok/s, decoding 20 and 5 tok/s (median 12.5)."""
+    from gpufleet.host.bench.level import LevelRun, RequestRecord
+
+    records = [RequestRecord(0, ok=True, ttft=0.8, e2e=1.0, completion_tokens=5),
+               RequestRecord(1, ok=True, ttft=0.2, e2e=1.0, completion_tokens=5),
+               RequestRecord(2, ok=True, ttft=0.5, e2e=0.5, completion_tokens=1)]  # fmt: skip
+    row = summarize(LevelRun(2, float("inf"), 1.0, records, 0.0), "openai")
+    assert row["median_per_request_output_tps"] == 5.0
+    assert row["median_per_request_decode_tps"] == pytest.approx(12.5)  # 1-token: none

@@ -361,6 +361,8 @@ def test_sglang_bench_engine_command_and_parsing(tmp_path):
     assert row["failed"] == 2 and row["engine"] == "sglang-bench"
     # per request as gpufleet computes it: tokens / (TTFT + sum of ITLs), not 1000 / TPOT
     assert row["median_per_request_output_tps"] == pytest.approx((4 / 0.4 + 4 / 0.5) / 2)
+    # decoding only (issue 38): (tokens - 1) / (e2e - ttft), TTFT left out
+    assert row["median_per_request_decode_tps"] == pytest.approx((3 / 0.3 + 3 / 0.2) / 2)
     assert row["output_throughput"] == 364.6 and row["error_messages"] == ["Connection reset"]
     records = sglang_bench.requests(row)
     assert [r["ok"] for r in records] == [True, True, False]

@@ -265,3 +265,16 @@ def test_compare_says_its_figures_are_whole_levels_when_steady_ones_exist(tmp_pa
     assert "`--wide` adds the steady window's throughput" in stdout
     wide = run_cli("compare", "a", "b", "--archive", str(tmp_path), "--no-plots", "--wide")
     assert "steady tok/s" in wide.stdout
+
+
+def test_wide_shows_the_other_per_request_speed_decode_only(tmp_path):
+    """Issue 38: the crossover's per-request speed is end to end (TTFT included); `--wide`
+    shows the same requests' decode speed beside it, and the headline table leaves it out."""
+    _run(tmp_path, "h", "a1", "a", {1: (10, 10), 8: (50, 6)}, median_per_request_decode_tps=31.5)
+    _run(tmp_path, "h", "b1", "b", {1: (12, 12), 8: (40, 5)}, median_per_request_decode_tps=47.25)
+    headline = run_cli("compare", "a", "b", "--archive", str(tmp_path), "--no-plots")
+    assert headline.returncode == 0, headline.stderr
+    assert "decode tok/s" not in headline.stdout
+    wide = run_cli("compare", "a", "b", "--archive", str(tmp_path), "--no-plots", "--wide")
+    assert "a decode tok/s p50" in wide.stdout and "b decode tok/s p50" in wide.stdout
+    assert "31.5" in wide.stdout and "47.2" in wide.stdout

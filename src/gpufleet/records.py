@@ -203,6 +203,7 @@ class ResultRow(Record):
     mean_per_request_output_tps: F = None
     median_per_request_output_tps: F = None
     p10_per_request_output_tps: F = None
+    median_per_request_decode_tps: F = None  # (output tokens - 1) / (e2e - ttft)
     mean_ttft_ms: F = None
     median_ttft_ms: F = None
     std_ttft_ms: F = None

@@ -67,6 +67,9 @@ CATALOGUE: list[Metric] = [
     _m("mean_per_request_output_tps", "per-request tok/s (mean)", "tok/s", True, "{:.1f}",
        interval=True),
     _m("p10_per_request_output_tps", "per-request tok/s (p10)", "tok/s", True, "{:.1f}", R),
+    # the other per-request speed (issue 38): decoding only, TTFT left out; --wide shows it
+    _m("median_per_request_decode_tps", "per-request decode tok/s (median)", "tok/s", True,
+       "{:.1f}", C, short="decode tok/s p50", interval=True),
     _m("median_ttft_ms", "TTFT p50 ms", "ms", False, "{:.1f}", R, C, X, H, P, V,
        headline="TTFT ms", headline_fmt="{:.0f}", interval=True),
     _m("p99_ttft_ms", "TTFT p99 ms", "ms", False, "{:.1f}", R, C, V, interval=True),

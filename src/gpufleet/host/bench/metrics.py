@@ -4,7 +4,9 @@ TTFT: request start to first token. TPOT: (e2e - ttft) / (output_tokens - 1) per
 ITL: gaps between chunks, a chunk of k tokens counting as k gaps of gap/k (sglang backend).
 Throughputs divide by the level's wall duration. `concurrency` is bench_serving's: the sum
 of e2e latencies over the duration (mean requests in flight), not the cap (`max_concurrency`).
-Per-request output tok/s = output_tokens / e2e latency (gpufleet's addition).
+Per-request output tok/s = output_tokens / e2e latency (gpufleet's addition); per-request
+decode tok/s = (output_tokens - 1) / (e2e - ttft), the same request's speed once its first
+token is out (1000 / its TPOT): the crossover uses the first, `inv compare --wide` shows both.
 """
 
 from __future__ import annotations
@@ -106,6 +108,11 @@ def summarize(
     tpots = [(r.e2e - r.ttft) / (r.completion_tokens - 1) for r in ok if r.completion_tokens > 1]
     itls = [g for r in ok for g in r.itl]
     per_request = [r.completion_tokens / r.e2e for r in ok if r.e2e > 0]
+    decoding = [
+        (r.completion_tokens - 1) / (r.e2e - r.ttft)
+        for r in ok
+        if r.completion_tokens > 1 and r.e2e > r.ttft
+    ]
     result: dict[str, Any] = {
         "backend": backend,
         "request_rate": run.request_rate if math.isfinite(run.request_rate) else "inf",
@@ -130,6 +137,7 @@ def summarize(
         "mean_per_request_output_tps": statistics.fmean(per_request) if per_request else 0.0,
         "median_per_request_output_tps": statistics.median(per_request) if per_request else 0.0,
         "p10_per_request_output_tps": percentile(per_request, 10),
+        "median_per_request_decode_tps": statistics.median(decoding) if decoding else 0.0,
         # distinct messages; with --output-details `errors` becomes bench_serving's
         # per-request list ("" for a success) and the messages stay in error_messages
         "errors": sorted({r.error or "" for r in failed})[:20],

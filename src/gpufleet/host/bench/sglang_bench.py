@@ -106,7 +106,13 @@ def parse(line: str, level: Level, plan: BenchPlan) -> JsonObject:
     row = json.loads(line, parse_constant=lambda name: float(name.replace("Infinity", "inf")))
     completed = int(row.get("completed", 0))
     records = requests(row)
-    speeds = [r["completion_tokens"] / r["e2e"] for r in records if r["ok"] and r["e2e"] > 0]
+    ok = [r for r in records if r["ok"]]
+    speeds = [r["completion_tokens"] / r["e2e"] for r in ok if r["e2e"] > 0]
+    decoding = [
+        (r["completion_tokens"] - 1) / (r["e2e"] - r["ttft"])
+        for r in ok
+        if r["completion_tokens"] > 1 and r["e2e"] > r["ttft"]
+    ]
     rate = row.get("request_rate")
     row.update(
         max_concurrency=level.concurrency,
@@ -116,6 +122,7 @@ def parse(line: str, level: Level, plan: BenchPlan) -> JsonObject:
         request_rate=rate if isinstance(rate, int | float) and math.isfinite(rate) else "inf",
         median_per_request_output_tps=statistics.median(speeds) if speeds else None,
         mean_per_request_output_tps=statistics.fmean(speeds) if speeds else None,
+        median_per_request_decode_tps=statistics.median(decoding) if decoding else None,
         error_messages=sorted({r["error"] for r in records if r["error"]})[:20],
     )
     return row
