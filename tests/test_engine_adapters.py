@@ -168,3 +168,32 @@ def test_a_server_that_cannot_empty_its_cache_gets_prompts_of_each_levels_own(
     assert one[0].text == "[abc123 c1] shared prefix, then a" and one[2].input_ids == [5, 6, 7]
     assert one[0].text != two[0].text  # no level's prompt is another's
     assert one[0].text[:25] == one[1].text[:25]  # within a level, the shared part stays shared
+
+
+def test_a_grid_or_tune_cell_benches_in_its_own_engines_dialect(tmp_path, monkeypatch):
+    """Issue 38: a cell's request is named by its label (`llama[depth=1]`), which is no
+    profile file: its engine was looked up by that name, not found, and every tune cell on
+    llama-server posted SGLang's /generate (404) with prompts unsalted. The cell now carries
+    its resolved profile's engine, and the static cell of a tune (the profile as written)
+    runs under its own label."""
+    from gpufleet.control.arms import ArmSpec
+    from gpufleet.control.bench import build_plan
+    from gpufleet.control.benchrequest import BenchRequest
+    from gpufleet.control.launchoptions import LaunchOptions
+    from gpufleet.control.sweep import cell_request
+
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks" / "llama.yaml").write_text(yaml.safe_dump({
+        "engine": "llamacpp", "model_path": "/m.gguf",
+        "flags": {"model-draft": "/d.gguf", "spec-type": "draft-simple"}}))  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    request = BenchRequest(concurrency=[1], prompts="random", num_prompts=2)
+    for arm in (ArmSpec("llama", {"spec-draft-n-max": 1}, 1, "llama[depth=1]"),
+                ArmSpec("llama", {}, 1, "llama-static")):  # fmt: skip
+        cell = cell_request(request, arm, LaunchOptions())
+        assert cell.profile == arm.label and cell.server_engine == "llamacpp"
+        plan = build_plan(cell, "20261202T000000Z-x-abc123")[0]
+        assert plan.backend == "openai" and plan.salt_prompts is True
+        assert arm.resolved_profile().name == arm.label
+    rehearsed = cell_request(request, ArmSpec("llama", {}, 1, "llama"), LaunchOptions(engine="sim"))
+    assert build_plan(rehearsed, "20261202T000000Z-x-abc123")[0].backend == "sglang"

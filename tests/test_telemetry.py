@@ -95,10 +95,15 @@ def test_the_sampler_reads_from_a_child_process_never_a_thread_of_the_client(tmp
     nvmlread.activate_simulation({"state_dir": str(state), "count": 2}, "t")
     nvml = nvmlread.load_pynvml()
     threads = threading.active_count()
-    with telemetry.Sampler(nvml, [0, 1], 0.05) as gauge:
+    spool = tmp_path / "readings.jsonl"
+    with telemetry.Sampler(nvml, [0, 1], 0.05, spool=spool) as gauge:
         assert threading.active_count() == threads  # no thread of ours samples
         [child] = [c for c in psutil.Process().children() if "telemetry" in " ".join(c.cmdline())]
-        time.sleep(1.0)
+        # until the child has read 3 rounds of 2 GPUs: its start may take seconds on a
+        # busy machine (1 s of sleep saw no reading beside a CPU hog)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(spool.read_bytes().splitlines()) < 6:
+            time.sleep(0.05)
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
     rounds = sorted({r["round"] for r in gauge.rows})
     assert rounds[0] == 1 and len(rounds) >= 5  # first, the child's, last

@@ -226,3 +226,40 @@ def _server_rate(runs: list[Path], profile: str, row: dict) -> float | None:
         busy = [b for b in busy if b]
         return sum(busy) / len(busy) if busy else None
     return None
+
+
+@pytest.mark.slow(minutes=4)
+def test_tune_sets_llama_servers_one_draft_depth_and_verifies_it(site):
+    """Issue 38: inv tune on an engine with one depth for every load: plain (depth 0) and
+    depths 1 and 4 of the loose draft over C=1,4, the depth whose worst level keeps the most
+    written as a profile extending draft-loose, verified beside plain and the profile as
+    written, over the engine's own dialect."""
+    out = cli(site, "tune", "--profile", "draft-loose", "--depths", "1,4", "--concurrency",
+              "1,4", "--num-prompts", "8", "--output-len", "48", "--random-vocab", "512",
+              timeout=1800)  # fmt: skip
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    found = re.search(r"tune: depth (\d) at every load: .* keeps (\d+)% of the best", text)
+    assert found, text[-3000:]
+    depth = int(found.group(1))
+    tuned = yaml.safe_load((site / "playbooks" / "draft-loose-tuned.yaml").read_text())
+    assert tuned["extends"] == "draft-loose"
+    if depth:
+        assert tuned["flags"]["spec-draft-n-max"] == depth
+    else:
+        assert tuned["flags"]["model-draft"] is False
+    record = json.loads(max((site / "logs" / "tunes").glob("*.json")).read_text())
+    assert record["table"] == {} and set(record["measured"]) == {"0", "1", "4"}
+    if depth:
+        assert "cpu1" in record["verify"], record.get("notes")
+    best = {ch["concurrency"]: ch["depth"] for ch in record["choices"]}
+    _figures(
+        {
+            "tune": {
+                "written_depth": depth,
+                "best_per_level": best,
+                "line": found.group(0),
+                "verify": record["verify"].get("cpu1", {}).get("sentence"),
+            }
+        }
+    )

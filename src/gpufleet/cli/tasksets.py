@@ -414,7 +414,8 @@ SWEEP = OptionSet(
 
 TUNE = OptionSet(
     BenchRequest,
-    profile=Option("an EAGLE/EAGLE3 profile to tune (e.g. eagle3-adaptive)", required=True,
+    profile=Option("a drafting profile to tune: SGLang EAGLE/EAGLE3 (e.g. eagle3-adaptive) or "
+                   "llama.cpp with a draft model", required=True,
                    to_request=False, short="p"),
     depths=Option("static draft depths to measure besides 0 (topk 1)", _depths,
                   default=[1, 2, 3, 5, 7], most=16, to_request=False),

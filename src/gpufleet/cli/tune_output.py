@@ -35,7 +35,8 @@ def print_choice(outcome: Any) -> None:
         line(f"tune: {text}")
     for text in result.notes:
         line(f"tune: note: {text}")
-    line(f"tune: wrote {outcome.config_path} {json.dumps(result.table)}")
+    if outcome.config_path is not None:
+        line(f"tune: wrote {outcome.config_path} {json.dumps(result.table)}")
     line(f"tune: wrote {outcome.profile_path} (inv launch --profile {outcome.profile_path.stem})")
 
 

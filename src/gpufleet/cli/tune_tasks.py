@@ -1,5 +1,6 @@
-"""inv tune: static draft depths measured, SGLang's adaptive table chosen, a tuned profile
-written and verified against no drafting and static speculation (control/tunerun.py)."""
+"""inv tune: static draft depths measured, SGLang's adaptive table chosen (or, on an engine
+with one depth for every load, that depth), a tuned profile written and verified against no
+drafting and static speculation (control/tunerun.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from gpufleet.cli.tasksets import TUNE
 
 @TUNE.task()
 def tune(c, **given):
-    """Measure draft depths by load, write SGLang's adaptive table and a profile using it."""
+    """Measure draft depths by load, write SGLang's adaptive table (llama.cpp: the one depth)
+    and a profile using it."""
     from gpufleet.cli.tune_output import print_choice, print_verdicts
     from gpufleet.control import tunerun
     from gpufleet.control.launchoptions import LaunchOptions

@@ -64,8 +64,11 @@ class ArmSpec:
     def resolved_profile(self) -> Profile:
         """The profile with this cell's flags applied (a value of false drops the flag)."""
         base = load_profile(self.profile)
-        if not (self.overrides or self.remove or self.files or self.env):
+        changed = self.overrides or self.remove or self.files or self.env
+        if not changed and self.label in ("", base.name):
             return base
+        if not changed:  # the profile as written, under the cell's own name (tune's static)
+            return base.model_copy(update={"name": self.label})
         flags = {k: v for k, v in base.flags.items() if k not in self.remove}
         flags.update(self.overrides)
         update = {

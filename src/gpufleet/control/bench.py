@@ -171,6 +171,12 @@ def _check_combination(request: BenchRequest, rows: list[PromptRow], label: str)
         )
 
 
+def engine_named(name: str | None) -> Any:
+    from gpufleet.control.engines import ENGINES
+
+    return ENGINES.get(name) if name else None
+
+
 def _engine_of(profile: str | None) -> Any:
     """The adapter of the profile's engine, where the profile can be read here."""
     from gpufleet.control.engines import engine
@@ -194,7 +200,8 @@ def engine_backend(profile: str | None) -> str:
 def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
     if request.engine not in ("gpufleet", "sglang-bench"):
         raise UserError(f"--engine {request.engine!r}: expected gpufleet or sglang-bench")
-    adapter = _engine_of(request.profile)  # the profile read once, for both of its facts
+    # the profile read once, for both of its facts
+    adapter = engine_named(request.server_engine) or _engine_of(request.profile)
     if request.backend is None:
         request = replace(request, backend=adapter.backend if adapter else BenchPlan.backend)
     if request.backend not in BACKENDS:

@@ -45,6 +45,9 @@ class BenchRequest:
     client_procs: int | str = PLAN.client_procs  # generator processes per level, or "auto"
     seed: int = PLAN.seed
     backend: str | None = None  # None: the profile's engine's dialect (control/engines.py)
+    # the profile's engine where the caller resolved it: a sweep or tune cell's label
+    # (`draft[depth=2]`) names no profile file to read it from
+    server_engine: str | None = None
     warmup: int = PLAN.warmup
     metrics: bool = True
     url: str | None = None

@@ -186,6 +186,16 @@ class _Steps:
         self.mark = now
 
 
+def cell_request(
+    request: benchrun.BenchRequest, arm: ArmSpec, launch: server.LaunchOptions
+) -> benchrun.BenchRequest:
+    """A cell's bench request: named by the cell's label, with the cell's engine (--engine's,
+    else its resolved profile's), since a label (`llama[depth=1]`) is no profile file to
+    read the engine's dialect and cache facts from."""
+    engine = launch.engine or arm.resolved_profile().engine
+    return replace(request, profile=arm.label, server_engine=engine)
+
+
 class _Cell:
     """One profile on one host: its state entry, its session and what it needs to run."""
 
@@ -204,7 +214,7 @@ class _Cell:
         self.arm = arm
         self.profile = arm.key  # the cell's key in the sweep state
         self.host = session.host.name
-        self.request = replace(request, profile=arm.label)
+        self.request = cell_request(request, arm, launch)
         self.launch_options = dataclasses.replace(launch, replace=True)
         self.engine = launch.engine
         self.cancel = cancel

@@ -37,6 +37,7 @@ server caps it at max-running-requests), so the ladder's levels are the table's 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -44,8 +45,9 @@ from typing import Any, TypedDict
 from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
 from gpufleet.archived import SweepRecord
+from gpufleet.control import engines
 from gpufleet.control.arms import ArmSpec, profile_label
-from gpufleet.control.playbook import load_profile
+from gpufleet.control.playbook import Profile, load_profile
 from gpufleet.control.tunefiles import SKIP_ENV, depth0_config, relative_to_cwd
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
@@ -53,55 +55,68 @@ from gpufleet.records import ResultRow
 from gpufleet.sim.serverargs import CAPPED_ALGORITHMS, SPEC_DEFAULT_MAX_RUNNING
 from gpufleet.sim.speculation import capture_sizes, first_batch, padded
 
-SPEC_FLAGS = (
-    "speculative-algorithm",
-    "speculative-draft-model-path",
-    "speculative-num-steps",
-    "speculative-eagle-topk",
-    "speculative-num-draft-tokens",
-    "speculative-adaptive",
-    "speculative-adaptive-config",
-)
-
-
 PLAIN = "plain"  # the profile without speculation: what depth 0 is compared with
 SKIP = "skip"  # depth 0 with SGLang's skip variable
+DEPTH_LABEL = re.compile(r"\[depth=(\d+)(,skip)?\]$")
+
+
+def drafting_of(base: Profile) -> engines.Drafting:
+    """How the profile's engine sets its draft depth, or one line why it cannot be tuned."""
+    drafting = engines.engine(base.engine).drafting
+    if drafting is None:
+        tunable = ", ".join(n for n, e in engines.ENGINES.items() if e.drafting)
+        raise UserError(
+            f"profile {base.name}: inv tune cannot set engine {base.engine}'s draft depth "
+            f"(it can for {tunable})"
+        )
+    problem = drafting.refuse(base.flags)
+    if problem:
+        raise UserError(f"profile {base.name}: {problem}")
+    return drafting
+
+
+def plain_arm(profile: str, base: Profile, drafting: engines.Drafting) -> ArmSpec:
+    """The profile without drafting: the bar every depth is measured against."""
+    name = profile_label(profile)
+    return ArmSpec(profile, {}, 1, f"{name}[{PLAIN}]", remove=drafting.flags(base.flags))
 
 
 def depth_arms(profile: str, depths: list[int]) -> list[ArmSpec]:
-    """The tune's cells: a plain server, depth 0 as SGLang runs it (with and without the
-    skip variable), and each static depth, topk 1."""
+    """The tune's cells: a plain server, each static depth, and on an adaptive engine depth 0
+    as SGLang runs it (with and without the skip variable). On an engine with one depth for
+    every load (llama.cpp) the plain server is depth 0."""
     base = load_profile(profile)
-    if base.speculative_algorithm not in ("EAGLE", "EAGLE3"):
-        raise UserError(
-            f"profile {base.name}: inv tune needs speculative-algorithm EAGLE or EAGLE3 "
-            f"(got {base.speculative_algorithm}); adaptive speculation supports only those"
-        )
-    if base.flags.get("enable-dp-attention"):
-        raise UserError(f"profile {base.name}: adaptive speculation does not support DP attention")
+    drafting = drafting_of(base)
     name = profile_label(profile)
-    pinned = {
-        "speculative-adaptive": True,
-        "speculative-adaptive-config": "{file:depth0-config}",
-        "speculative-num-steps": 0,
-        "speculative-eagle-topk": 1,
-        "speculative-num-draft-tokens": 1,
-    }
-    files = {"depth0-config": str(relative_to_cwd(depth0_config(profile)))}
-    arms = [
-        ArmSpec(profile, {}, 1, f"{name}[{PLAIN}]", remove=list(SPEC_FLAGS)),
-        ArmSpec(profile, pinned, 1, f"{name}[depth=0]", files=files),
-        ArmSpec(profile, pinned, 1, f"{name}[depth=0,{SKIP}]", files=files, env=SKIP_ENV),
-    ]
-    for d in depths:
-        overrides = {
-            "speculative-num-steps": d,
+    arms = [plain_arm(profile, base, drafting)]
+    if drafting.adaptive:
+        pinned = {
+            "speculative-adaptive": True,
+            "speculative-adaptive-config": "{file:depth0-config}",
+            "speculative-num-steps": 0,
             "speculative-eagle-topk": 1,
-            "speculative-num-draft-tokens": d + 1,
+            "speculative-num-draft-tokens": 1,
         }
-        remove = ["speculative-adaptive", "speculative-adaptive-config"]
+        files = {"depth0-config": str(relative_to_cwd(depth0_config(profile)))}
+        arms += [
+            ArmSpec(profile, pinned, 1, f"{name}[depth=0]", files=files),
+            ArmSpec(profile, pinned, 1, f"{name}[depth=0,{SKIP}]", files=files, env=SKIP_ENV),
+        ]
+    remove = list(drafting.static_remove)
+    for d in depths:
+        overrides = drafting.depth(base.flags, d)
         arms.append(ArmSpec(profile, overrides, 1, f"{name}[depth={d}]", remove=remove))
     return arms
+
+
+def arm_depth(arm: ArmSpec) -> int | str | None:
+    """A measurement cell's depth from its label: d, PLAIN, SKIP (None: not a tune cell)."""
+    if arm.label.endswith(f"[{PLAIN}]"):
+        return PLAIN
+    found = DEPTH_LABEL.search(arm.label)
+    if found is None:
+        return None
+    return SKIP if found.group(2) else int(found.group(1))
 
 
 @dataclass
@@ -119,7 +134,7 @@ class AdaptiveSlot(TypedDict):
 
 
 class Cell(TypedDict, total=False):
-    """One depth at one concurrency, over its hosts and repeats (see _measured)."""
+    """One depth at one concurrency, over its hosts and repeats (see measured_cells)."""
 
     output_throughput: float  # median of the objective: steady-window output tok/s
     basis: str  # "steady window", or "whole level" where a run had no steady window
@@ -139,6 +154,7 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     measured: dict[Any, dict[int, dict[str, float]]] = field(default_factory=dict)
     skip_extend: bool = False  # the tuned server sets SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND
+    fixed_depth: int | None = None  # an engine with one depth for every load: it (no table)
 
 
 SPREAD_BOUND = 0.10  # a cell whose repeats spread more than this (MAD / median) is rejected
@@ -167,7 +183,7 @@ def _noise(row: ResultRow) -> float:
     return max(0.0, median - p10) / 1.2816 / median / math.sqrt(row.completed)
 
 
-def _measured(per_depth: dict[Any, dict[int, list[ResultRow]]]) -> dict:
+def measured_cells(per_depth: dict[Any, dict[int, list[ResultRow]]]) -> dict:
     """depth -> C -> the cell's figures over its hosts and repeats: medians of the
     objective, the spread (median absolute deviation), the relative noise (the larger of
     the spread and the runs' own standard error), `score` = median - MAD (a noisy cell
@@ -217,8 +233,8 @@ def choose(
     `sizes` are the server's CUDA-graph capture sizes: SGLang pads a decode batch to the
     next captured size before it picks a key, so keys are padded sizes and each range says
     the batches it really covers (a key of 16 applies from batch 15)."""
-    extra = _measured({k: v for k, v in per_depth.items() if k in (PLAIN, SKIP)})
-    raw = _measured({k: v for k, v in per_depth.items() if k not in (PLAIN, SKIP)})
+    extra = measured_cells({k: v for k, v in per_depth.items() if k in (PLAIN, SKIP)})
+    raw = measured_cells({k: v for k, v in per_depth.items() if k not in (PLAIN, SKIP)})
     measured = {d: dict(levels) for d, levels in raw.items()}  # depth 0 at its better variant
     skipped = _skip_wins(measured, extra.get(SKIP))
     ladder = sorted(set.intersection(*(set(levels) for levels in measured.values())))
@@ -228,7 +244,7 @@ def choose(
     notes: list[str] = []
     for c in ladder:
         figures = {d: measured[d][c] for d in sorted(measured)}
-        best, why, rejected = _choose_level(figures, min_request_speed)
+        best, why, rejected = choose_level(figures, min_request_speed)
         previous = choices[-1].depth if choices else None
         if previous is not None and best > previous:  # deeper under more load: say why
             gain = figures[best]["output_throughput"] / figures[previous]["output_throughput"] - 1
@@ -246,7 +262,7 @@ def choose(
     return TuneResult(table, choices, ranges, notes, {**raw, **extra}, skip_used)
 
 
-def _choose_level(
+def choose_level(
     figures: dict[int, Cell], min_request_speed: float | None
 ) -> tuple[int, str, dict[int, str]]:
     """One load level's depth, why, and the depths rejected as noisy or failed: the highest
@@ -356,7 +372,8 @@ def measured_columns(measured: dict[Any, Any]) -> list[tuple[Any, str]]:
     """The measured table's columns in reading order: plain, depth 0 (and its skip
     variant), then the drafting depths."""
     depths = sorted(k for k in measured if isinstance(k, int))
-    order = [(PLAIN, "plain")] + [(0, "depth 0")] * (0 in depths) + [(SKIP, "depth 0 skip")]
+    zero = "depth 0" if PLAIN in measured else "depth 0 (plain)"  # one depth per launch
+    order = [(PLAIN, "plain")] + [(0, zero)] * (0 in depths) + [(SKIP, "depth 0 skip")]
     order += [(d, f"depth {d}") for d in depths if d != 0]
     return [(key, title) for key, title in order if key in measured]
 
@@ -436,11 +453,7 @@ def rows_by_depth(
     """The finished cells' result rows: depth (or PLAIN, SKIP) -> concurrency -> rows."""
     out: dict[Any, dict[int, list[ResultRow]]] = {}
     for arm in arms:
-        depth: Any = int(arm.overrides.get("speculative-num-steps", 0))
-        if arm.remove == list(SPEC_FLAGS):
-            depth = PLAIN
-        elif arm.env == SKIP_ENV:
-            depth = SKIP
+        depth = arm_depth(arm)
         for host, cell in state.cells[arm.key].items():
             if cell.status != CellStatus.DONE:
                 continue

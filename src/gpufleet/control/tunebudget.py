@@ -144,9 +144,8 @@ def plan_cells(
 
 def depth_of(arm: ArmSpec) -> int | None:
     """A drafting measurement cell's static depth (None for plain and depth 0's cells)."""
-    if arm.remove and "speculative-adaptive" in arm.remove:
-        return int(arm.overrides.get("speculative-num-steps", 0)) or None
-    return None
+    depth = tuning.arm_depth(arm)
+    return depth if isinstance(depth, int) and depth > 0 else None
 
 
 def drop_order(

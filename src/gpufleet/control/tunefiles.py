@@ -88,6 +88,24 @@ def write_outputs(profile: str, result: TuneResult, name: str | None) -> tuple[P
     return config_path, profile_path
 
 
+def write_fixed(
+    profile: str, name: str | None, flags: Mapping[str, object], ranges: list[str]
+) -> Path:
+    """The tuned profile of an engine with one draft depth for every load: the profile with
+    that depth's flags (a flag set to false is dropped), no table."""
+    _, profile_path = output_paths(profile, name)
+    base = profile_label(profile)
+    data = {
+        "description": f"{base} at the one draft depth inv tune measured best",
+        "extends": base,
+        "flags": dict(flags),
+    }
+    header = "".join(f"# {line}\n" for line in ["Written by `inv tune`:", *ranges])
+    store.make_dirs(profile_path.parent)
+    _write_text(profile_path, header + yaml.safe_dump(data, sort_keys=False))
+    return profile_path
+
+
 def relative_to_cwd(path: Path) -> Path:
     """Profile file paths are read relative to where `inv` runs (the repository)."""
     try:

@@ -20,10 +20,11 @@ from gpufleet.archive import select, store
 from gpufleet.archive.layout import Archive
 from gpufleet.archived import TuneRecord
 from gpufleet.control import tune as tuning
-from gpufleet.control import tunebudget, tunefiles, tunestep, tuneverify
+from gpufleet.control import tunebudget, tunefiles, tunefixed, tunestep, tuneverify
 from gpufleet.control.arms import ArmSpec
 from gpufleet.control.benchrequest import BenchRequest
 from gpufleet.control.experiment import Experiment
+from gpufleet.control.playbook import load_profile
 from gpufleet.control.sweep import SweepState
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
@@ -52,7 +53,7 @@ class StepVerdict:
 @dataclass
 class TuneOutcome:
     result: tuning.TuneResult
-    config_path: Path
+    config_path: Path | None  # SGLang's adaptive table (None: an engine with one depth)
     profile_path: Path
     record: TuneRecord
     record_path: Path
@@ -86,12 +87,9 @@ def run(
     )  # fmt: skip
     measure_hooks = clock.hooks(tunebudget.MEASURE, root)
     state = experiment.sweep([profile], arms, "tune", resume, request, measure_hooks)
-    result = tuning.choose(
-        tuning.rows_by_depth(arms, state.record, root), floor,
-        tuning.profile_capture_sizes(profile),
-    )  # fmt: skip
-    config_path, profile_path = tunefiles.write_outputs(profile, result, name)
-    outputs = (config_path, profile_path)
+    rows = tuning.rows_by_depth(arms, state.record, root)
+    result, outputs = _choose_and_write(profile, name, floor, rows)
+    config_path, profile_path = outputs
     result.notes += clock.notes
     record = _new_record(profile, depths, request, floor, state, result, outputs)
     record_path = root.tune_record(record.tune_id)
@@ -101,6 +99,8 @@ def run(
         on_chosen(outcome)
     if not verify or clock.stage_dropped(tunebudget.VERIFY):
         return outcome
+    if result.fixed_depth == 0:
+        return outcome  # depth 0 is the plain server, just measured: nothing new to verify
     again = resume and _has_state(root, [profile, tuned], checks, "tune-verify")
     check = experiment.sweep(
         [profile, tuned], checks, "tune-verify", again, request,
@@ -116,10 +116,27 @@ def run(
             "sentence": sentence,
         }
     save_record(record, record_path)
-    _load_step(profile, tuned, checks, request, resume, experiment, outcome, clock)
+    if result.fixed_depth is None:  # the step and bursts judge depth switching: none here
+        _load_step(profile, tuned, checks, request, resume, experiment, outcome, clock)
     record.notes = result.notes + [n for n in clock.notes if n not in result.notes]
     save_record(record, record_path)
     return outcome
+
+
+def _choose_and_write(
+    profile: str, name: str | None, floor: float | None, rows: dict[Any, Any]
+) -> tuple[tuning.TuneResult, tuple[Path | None, Path]]:
+    """The choice from the measured cells, and the files that ship it: SGLang's adaptive
+    table and a profile using it, or on an engine with one depth (control/tunefixed.py)
+    a profile at that depth."""
+    base = load_profile(profile)
+    drafting = tuning.drafting_of(base)
+    if drafting.adaptive:
+        result = tuning.choose(rows, floor, tuning.profile_capture_sizes(profile))
+        return result, tunefiles.write_outputs(profile, result, name)
+    result = tunefixed.choose_fixed(rows, floor)
+    flags = tunefixed.profile_flags(drafting, base.flags, result.fixed_depth or 0)
+    return result, (None, tunefiles.write_fixed(profile, name, flags, result.ranges))
 
 
 def _new_record(
@@ -129,7 +146,7 @@ def _new_record(
     floor: float | None,
     state: SweepState,
     result: tuning.TuneResult,
-    outputs: tuple[Path, Path],
+    outputs: tuple[Path | None, Path],
 ) -> TuneRecord:
     """The tune's record once measured and chosen, with the config and profile it wrote
     (the verification is added later)."""
@@ -145,7 +162,7 @@ def _new_record(
         table=result.table,
         ranges=result.ranges,
         notes=result.notes,
-        config=str(outputs[0]),
+        config=str(outputs[0]) if outputs[0] else "",
         tuned_profile=str(outputs[1]),
         launches=sum(len(cells) for cells in state.record.cells.values()),
     )

@@ -10,17 +10,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.control.arms import ArmSpec, profile_label
-from gpufleet.control.tune import PLAIN, SKIP, SPEC_FLAGS, objective
+from gpufleet.control.playbook import load_profile
+from gpufleet.control.tune import PLAIN, SKIP, drafting_of, objective, plain_arm
 
 
 def verification_arms(profile: str, tuned_profile: str) -> list[ArmSpec]:
     """Tuned against both things it must match: no drafting, and the profile's own static
     speculation (the profile without its adaptive flags)."""
-    name = profile_label(profile)
+    base = load_profile(profile)
+    drafting = drafting_of(base)
     return [
-        ArmSpec(profile, {}, 1, f"{name}[{PLAIN}]", remove=list(SPEC_FLAGS)),
-        ArmSpec(profile, {}, 1, f"{name}-static",
-                remove=["speculative-adaptive", "speculative-adaptive-config"]),
+        plain_arm(profile, base, drafting),
+        ArmSpec(profile, {}, 1, f"{profile_label(profile)}-static",
+                remove=list(drafting.static_remove) if drafting.adaptive else []),
         ArmSpec(tuned_profile, {}, 1, profile_label(tuned_profile)),
     ]  # fmt: skip
 
