@@ -278,3 +278,22 @@ def test_wide_shows_the_other_per_request_speed_decode_only(tmp_path):
     wide = run_cli("compare", "a", "b", "--archive", str(tmp_path), "--no-plots", "--wide")
     assert "a decode tok/s p50" in wide.stdout and "b decode tok/s p50" in wide.stdout
     assert "31.5" in wide.stdout and "47.2" in wide.stdout
+
+
+def test_the_queue_notice_reads_the_slots_the_engines_adapter_archived(tmp_path):
+    """Issue 38: the report read SGLang's rule from the archived argv, so a llama-server run
+    over its --parallel slots was never said to queue; now the slots its adapter read at
+    launch are archived with the server and the notice names no SGLang flag."""
+    _run(tmp_path, "h", "r1-t", "target", {1: (10, 10), 8: (50, 6)})
+    _run(tmp_path, "h", "r2-d", "draft", {1: (12, 12), 8: (40, 5)})
+    for run_id in ("r1-t", "r2-d"):
+        path = tmp_path / "h" / run_id / "manifest.json"
+        data = json.loads(path.read_text())
+        data["server"] = {"argv": ["llama-server", "--parallel", "4"], "engine": "llamacpp",
+                          "slots": 4}  # fmt: skip
+        path.write_text(json.dumps(data))
+    out = run_cli("compare", "target", "draft", "--archive", str(tmp_path), "--no-plots")
+    assert out.returncode == 0, out.stderr
+    stdout = unwrap(out.stdout)
+    assert "draft: at C=8 requests queue (the server serves 4 at once)" in stdout
+    assert "max-running-requests" not in stdout and "C=1 requests queue" not in stdout

@@ -5,6 +5,7 @@ a level is above the requests the server serves at once."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -38,7 +39,21 @@ def test_each_engine_fills_its_probes_and_facts(tmp_path):
                     version_command=["my-server", "-V"], check_flags=True)  # fmt: skip
     assert checked.version_argv == ["my-server", "-V"] and checked.help_argv == ["my-server"]
     sglang = _spec(tmp_path, engine="sglang", flags={"speculative-algorithm": "EAGLE3"})
-    assert sglang.help_argv == [] and sglang.slots == 48  # SGLang's silent EAGLE cap
+    assert sglang.slots == 48  # SGLang's silent EAGLE cap
+    # a module engine is asked with the server's own Python: --help of its module, the
+    # version of its distribution, and its renames and --config come from its adapter
+    python = sglang.argv[0]
+    assert sglang.help_argv == [python, "-m", "sglang.launch_server"] and sglang.flags_from == 3
+    assert sglang.version_argv[:2] == [python, "-c"] and "'sglang'" in sglang.version_argv[2]
+    assert sglang.version_missing.startswith("has no sglang installed")
+    assert {r["old"] for r in sglang.renames} == {
+        "--cuda-graph-max-bs",
+        "--enable-flashinfer-allreduce-fusion",
+    }
+    assert sglang.takes_config and not llama.takes_config and not llama.renames
+    sim = _spec(tmp_path, engine="sim")
+    assert sim.version and sim.version.startswith("gpufleet-sim ") and sim.version_argv == []
+    assert sim.help_argv == [sim.argv[0], "-m", "gpufleet.sim.server"]
 
 
 def test_what_a_profile_drafts_with_in_its_engines_words(tmp_path):
@@ -197,3 +212,66 @@ def test_a_grid_or_tune_cell_benches_in_its_own_engines_dialect(tmp_path, monkey
         assert arm.resolved_profile().name == arm.label
     rehearsed = cell_request(request, ArmSpec("llama", {}, 1, "llama"), LaunchOptions(engine="sim"))
     assert build_plan(rehearsed, "20261202T000000Z-x-abc123")[0].backend == "sglang"
+
+
+ENGINE_WORDS = re.compile(
+    r"sglang\.launch_server|llama-server|spec-draft|model-draft|spec-type|max-running-requests|"
+    r"max-num-seqs|speculative-algorithm|speculative-config|metadata\.version\('sglang'\)"
+)
+# where an engine's own words may appear in code, and why
+ENGINE_WORDS_ALLOWED = {
+    "control/engines.py": "the adapters themselves",
+    "sim/": "the rehearsal engine imitates SGLang, flags and all",
+    "control/tune.py": "SGLang's adaptive table, written where its adapter says adaptive",
+    "control/tunefiles.py": "the same table's files",
+    "report/compare.py": "runs archived before the adapters read SGLang's cap from argv",
+}
+
+
+def test_an_engines_knowledge_lives_in_its_adapter():
+    """A census (issue 38): no string in code (docstrings and comments aside) names an
+    engine's program, module or flags outside its adapter, but where the list above says
+    why. SGLang's module probes, flag renames, adaptive refusals and EAGLE cap were spread
+    over preflight, flagrenames and playbook; the next such string fails here."""
+    import ast
+
+    src = Path(__file__).resolve().parents[1] / "src" / "gpufleet"
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        name = path.relative_to(src).as_posix()
+        if any(name.startswith(allowed) for allowed in ENGINE_WORDS_ALLOWED):
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body and isinstance(node.body[0], ast.Expr)
+        }  # fmt: skip
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and id(node) not in docstrings and ENGINE_WORDS.search(node.value)):  # fmt: skip
+                found.append(f"{name}:{node.lineno}: {node.value[:60]!r}")
+    assert not found, found
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "name", "stale"),
+    [
+        (["/opt/llama/bin/llama-server", "-m", "t.gguf"], "llama-server", True),
+        (["python3", "-m", "sglang.launch_server", "--port", "30000"], "python3", True),
+        (["sglang::scheduler_TP0"], "python3", True),
+        (["python3", "-m", "gpufleet.sim.server"], "python3", True),
+        (["bash", "-c", "llama-server -m t.gguf"], "bash", False),  # mentions it, runs bash
+        (["less", "llama-server.log"], "less", False),
+        (["/usr/bin/llama-server-wrapper"], "llama-server-wr", False),
+    ],
+)  # fmt: skip
+def test_gpu_clean_looks_for_every_engines_processes_from_its_adapter(cmdline, name, stale):
+    """Issue 38: gpu-clean's default patterns were SGLang's and the rehearsal's, in the host
+    agent; each adapter now names its own processes and the control sends them."""
+    from gpufleet.host import identity
+    from gpufleet.host.procs import compile_patterns
+
+    regexes = compile_patterns(engines.process_patterns())
+    assert identity.matches(regexes, cmdline, name) is stale

@@ -19,8 +19,12 @@ GPU_HOST = Host(name="gpu1", address="192.0.2.10", python="/opt/sglang/bin/pytho
 
 def _check(profile, version):
     [(_, spec)] = build_specs(profile, [GPU_HOST])
-    return check_flags_against(
-        spec.argv, 3, (HELP / f"{version}.txt").read_text(), f"sglang {version}"
+    return check_flags_against(  # the renames the spec carries: SGLang's adapter's
+        spec.argv,
+        spec.flags_from,
+        (HELP / f"{version}.txt").read_text(),
+        f"sglang {version}",
+        spec.renames,
     )
 
 

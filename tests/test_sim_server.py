@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
+from gpufleet.control import engines
 from gpufleet.host import health as healthprobe
 from gpufleet.sim import gpustate
 from gpufleet.sim.server import READY_LINE
@@ -111,7 +112,7 @@ def test_sigkill_of_launcher_orphans_schedulers_for_gpu_clean(sim_server, tmp_pa
 
     from gpufleet.host import procs
 
-    found = procs.find_pattern_matches(procs.DEFAULT_PATTERNS, str(server.state_dir))
+    found = procs.find_pattern_matches(engines.process_patterns(), str(server.state_dir))
     assert {k.pid for k in kids} <= set(found)
     tree, _ = procs.collect_trees(found, procs.KillPolicy(frozenset(procs.protected_pids())))
     procs.kill_trees(tree, grace_s=2)

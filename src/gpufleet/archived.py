@@ -78,6 +78,7 @@ class ServerFacts(Record):
     gpus: list[int] | None = None  # the GPUs the server ran on
     gpu_health: list[str] | None = None  # each GPU's health verdict at launch
     allowed_unhealthy: bool | None = None  # launched with --allow-unhealthy
+    slots: int | None = None  # requests it served at once, as its engine's adapter read them
 
 
 @dataclass

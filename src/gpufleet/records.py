@@ -93,10 +93,14 @@ class LaunchSpec(Record):
     resolved_profile: JsonObject = field(default_factory=dict)  # env redacted
     files: dict[str, str] = field(default_factory=dict)  # stored name -> content (host/files)
     secret_env: list[str] = field(default_factory=list)  # the profile's declared secret names
-    # a program engine's probes (control/engines.py fills them; the agent runs them):
+    # the engine's probes and facts (control/engines.py fills them; the agent runs them):
     version_argv: list[str] = field(default_factory=list)  # prints its version
     help_argv: list[str] = field(default_factory=list)  # + --help lists its flags
     flags_from: int = 0  # argv[flags_from:] are checked against that list
+    version: str | None = None  # known without asking (the rehearsal engine: this gpufleet)
+    version_missing: str = ""  # the refusal where version_argv prints nothing
+    renames: list[JsonObject] = field(default_factory=list)  # engines.Rename, as JSON
+    takes_config: bool = False  # `--config FILE` where its --help lists it (SGLang 0.5.16+)
     slots: int | None = None  # requests the server serves at once, where its flags say
     needs_gpu: bool = True  # False: a CPU engine (llama.cpp's server) runs without GPUs
 

@@ -198,7 +198,7 @@ def test_a_sweep_of_the_target_and_two_drafts_against_the_servers_own_numbers(si
     for draft in ("draft-exact", "draft-loose"):
         res = cli(site, "compare", "target", draft)
         assert res.returncode == 0, res.stderr
-        compare[draft] = [line for line in res.stdout.splitlines() if "faster" in line][:4]
+        compare[draft] = [line for line in res.stdout.splitlines() if "per request" in line][:4]
     _figures({"compare": compare, "throughput_ratio_gpufleet": ours,
               "throughput_ratio_server_metrics": theirs,
               "accept_length": {"draft-exact": [min(exact), max(exact)],
@@ -231,10 +231,10 @@ def _server_rate(runs: list[Path], profile: str, row: dict) -> float | None:
 @pytest.mark.slow(minutes=4)
 def test_tune_sets_llama_servers_one_draft_depth_and_verifies_it(site):
     """Issue 38: inv tune on an engine with one depth for every load: plain (depth 0) and
-    depths 1 and 4 of the loose draft over C=1,4, the depth whose worst level keeps the most
-    written as a profile extending draft-loose, verified beside plain and the profile as
-    written, over the engine's own dialect."""
-    out = cli(site, "tune", "--profile", "draft-loose", "--depths", "1,4", "--concurrency",
+    depths 1 and 4 of the exact draft over C=1,4, the depth whose worst level keeps the most
+    written as a profile extending draft-exact, verified beside plain and the profile as
+    written (a drafting depth), over the engine's own dialect."""
+    out = cli(site, "tune", "--profile", "draft-exact", "--depths", "1,4", "--concurrency",
               "1,4", "--num-prompts", "8", "--output-len", "48", "--random-vocab", "512",
               timeout=1800)  # fmt: skip
     text = out.stdout + out.stderr
@@ -242,8 +242,8 @@ def test_tune_sets_llama_servers_one_draft_depth_and_verifies_it(site):
     found = re.search(r"tune: depth (\d) at every load: .* keeps (\d+)% of the best", text)
     assert found, text[-3000:]
     depth = int(found.group(1))
-    tuned = yaml.safe_load((site / "playbooks" / "draft-loose-tuned.yaml").read_text())
-    assert tuned["extends"] == "draft-loose"
+    tuned = yaml.safe_load((site / "playbooks" / "draft-exact-tuned.yaml").read_text())
+    assert tuned["extends"] == "draft-exact"
     if depth:
         assert tuned["flags"]["spec-draft-n-max"] == depth
     else:
@@ -253,12 +253,15 @@ def test_tune_sets_llama_servers_one_draft_depth_and_verifies_it(site):
     if depth:
         assert "cpu1" in record["verify"], record.get("notes")
     best = {ch["concurrency"]: ch["depth"] for ch in record["choices"]}
+    measured = {d: {c: round(cell["output_throughput"]) for c, cell in levels.items()}
+                for d, levels in record["measured"].items()}  # fmt: skip
     _figures(
         {
             "tune": {
                 "written_depth": depth,
                 "best_per_level": best,
                 "line": found.group(0),
+                "measured_tok_s": measured,
                 "verify": record["verify"].get("cpu1", {}).get("sentence"),
             }
         }

@@ -14,6 +14,7 @@ from gpufleet.cli.args import Arg
 from gpufleet.cli.options import Option, OptionSet, Rule, switch
 from gpufleet.control.benchrequest import BenchRequest
 from gpufleet.control.cleanoptions import CleanOptions
+from gpufleet.control.engines import NAMES as ENGINE_NAMES
 from gpufleet.control.launchoptions import LaunchOptions
 from gpufleet.errors import UserError
 from gpufleet.host.protocol import LogsArgs, StopArgs
@@ -222,8 +223,8 @@ CLEAN = OptionSet(
     tolerance=Option("MiB of NVML v2 `used` still accepted as clean", count,
                      field="tolerance_mib", most=10_000_000),
     pattern=Option("regex for a stale server's program, title or Python module, never a "
-                   "whole command line (repeatable; default: the SGLang family and "
-                   "gpufleet's rehearsal server)", _patterns, field="patterns", iterable=True,
+                   "whole command line (repeatable; default: every engine's own processes, "
+                   "as control/engines.py names them)", _patterns, field="patterns", iterable=True,
                    default=None),
     include_running=Option("also kill servers that answer /health 200 (left alone by default)",
                            flag_default=False, default=False),
@@ -249,7 +250,7 @@ LAUNCH = OptionSet(
     replace=Option("stop a server already running on the port first", flag_default=False),
     clean=Option("run gpu-clean on the hosts first", flag_default=False),
     engine=Option("override the engine (e.g. sim to rehearse a profile)",
-                  _choice("sglang", "sim", "custom")),
+                  _choice(*ENGINE_NAMES)),
     timeout=Option("seconds to wait for health", _nonzero(positive_float), field="timeout_s",
                    default_text="the profile's health_timeout", most=7 * DAY),
     skip_flag_check=Option("do not check flags against the engine's --help on the host",

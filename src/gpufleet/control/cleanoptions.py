@@ -7,6 +7,7 @@ import getpass
 import socket
 from dataclasses import dataclass, field
 
+from gpufleet.control import engines
 from gpufleet.errors import UserError
 from gpufleet.host.protocol import CleanArgs
 
@@ -43,7 +44,7 @@ class CleanOptions:
             timeout_s=self.timeout_s,
             grace_s=self.grace_s,
             tolerance_mib=self.tolerance_mib,
-            patterns=self.patterns or None,
+            patterns=self.patterns or engines.process_patterns(),
             include_running=self.include_running,
             clear_xids=self.clear_xids or None,
             clear_reason=self.clear_reason,

@@ -4,15 +4,17 @@ speaks to it by default, how many requests it serves at once, whether a profile 
 draft, how `inv tune` sets its draft depth, and whether it needs a GPU.
 
 The host agent stays engine-neutral: the launch spec carries the probes (`version_argv`,
-`help_argv`, `flags_from`) and the facts (`slots`, `needs_gpu`) an adapter filled in.
+`help_argv`, `flags_from`), the engine's flag renames across releases, and the facts
+(`slots`, `needs_gpu`, `takes_config`) an adapter filled in.
 To add an engine: one Engine in ENGINES (and its name in playbook.Profile.engine).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+from gpufleet import __version__
 from gpufleet.wire import JsonObject
 
 Flags = dict[str, object]
@@ -34,6 +36,27 @@ def _positive(value: int | None) -> int | None:
 
 
 @dataclass(frozen=True)
+class Rename:
+    """A flag an engine renamed: where the host's --help no longer takes `old` (unknown,
+    ambiguous or deprecated) and takes `new[0]`, preflight rewrites it (host/flagrenames)."""
+
+    old: str
+    new: tuple[str, ...]  # the words that replace the old flag (a value it took follows)
+    takes_value: bool
+    why: str
+
+
+# SGLang's, checked against the real --help of the releases in tests/fixtures/sglang-help/
+SGLANG_RENAMES = (
+    Rename("--cuda-graph-max-bs", ("--cuda-graph-max-bs-decode",), True,
+           "split into -decode and -prefill (deprecated alias from 0.5.14, ambiguous later)"),
+    Rename("--enable-flashinfer-allreduce-fusion",
+           ("--flashinfer-allreduce-fusion-backend", "auto"), False,
+           "deprecated in 0.5.23: use --flashinfer-allreduce-fusion-backend=auto"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Drafting:
     """How `inv tune` sets an engine's draft depth. `adaptive`: the server switches depth by
     batch size from a table (SGLang's --speculative-adaptive-config), so the tune writes
@@ -49,11 +72,16 @@ class Drafting:
 @dataclass(frozen=True)
 class Engine:
     """One engine's facts. `command` is the argv template of a program engine ({model_path}
-    {host} {port} {tp} {python}); None for the Python-module engines (sglang, sim)."""
+    {host} {port} {tp} {python}); None for the Python-module engines (sglang, sim), which
+    run `python -m module` and give their version as a distribution's or gpufleet's own."""
 
     name: str
     backend: str  # the dialect a bench speaks when --backend is not given
     command: tuple[str, ...] | None = None
+    module: str | None = None  # a Python-module engine's server module
+    dist: str | None = None  # the distribution whose version is the engine's
+    renames: tuple[Rename, ...] = ()
+    takes_config: bool = False  # `--config FILE.yaml` (SGLang 0.5.16+, where --help lists it)
     version_args: tuple[str, ...] | None = None  # program + these: its version on a line
     checks_flags: bool = True  # `program --help` lists every flag it takes
     needs_gpu: bool = True
@@ -62,6 +90,12 @@ class Engine:
     slots_flag: str = ""  # the flag that sets them, for the warning's words
     drafts: Callable[[Flags], str | None] = lambda flags: None  # what it drafts with
     drafting: Drafting | None = None  # None: inv tune cannot set its draft depth
+    # why the server would not run these flags as written (refused before any host), and
+    # what it would do with them silently (said at launch and sweep)
+    # its processes, for gpu-clean and status (a regex on the command line or title)
+    processes: str = ""
+    refuses: Callable[[Flags], str | None] = lambda flags: None
+    warns: Callable[[Flags], list[str]] = lambda flags: []
 
 
 def _sglang_drafts(flags: Flags) -> str | None:
@@ -69,12 +103,56 @@ def _sglang_drafts(flags: Flags) -> str | None:
     return str(value) if value else None
 
 
+SGLANG_CAPPED = ("EAGLE", "EAGLE3", "STANDALONE")  # capped at 48 requests unless set
+SGLANG_SPEC_CAP = 48
+
+
 def _sglang_slots(flags: Flags) -> int | None:
     explicit = _flag_int(flags, "max-running-requests")
     if explicit is not None:
         return explicit
     # SGLang caps EAGLE, EAGLE3 and STANDALONE at 48 when it is not set (REFERENCE.md)
-    return 48 if _sglang_drafts(flags) in ("EAGLE", "EAGLE3", "STANDALONE") else None
+    return SGLANG_SPEC_CAP if _sglang_drafts(flags) in SGLANG_CAPPED else None
+
+
+def _sglang_warns(flags: Flags) -> list[str]:
+    algorithm = _sglang_drafts(flags)
+    if algorithm in SGLANG_CAPPED and _flag_int(flags, "max-running-requests") is None:
+        return [f"{algorithm} without max-running-requests: SGLang silently caps it at "
+                f"{SGLANG_SPEC_CAP}, so load above C={SGLANG_SPEC_CAP} queues (set it "
+                "explicitly)"]  # fmt: skip
+    return []
+
+
+# SGLang's other reasons to fall back to static speculation (adaptive_unsupported_reason)
+ADAPTIVE_UNSUPPORTED = {
+    "enable-multi-layer-eagle": "its worker does not implement adaptive",
+    "enable-two-batch-overlap": "the adaptive state swap would drop the TBO backend",
+    "enable-pdmux": "the adaptive state swap does not update the decode backend group",
+}
+
+
+def _sglang_refuses(flags: Flags) -> str | None:
+    """Why SGLang would silently run this adaptive profile with static speculation, every
+    reason it checks (speculative/adaptive_spec_params.py: adaptive_unsupported_reason,
+    where it logs "speculative_adaptive disabled ... Falling back to static"), or None."""
+    if not flags.get("speculative-adaptive"):
+        return None
+    problems = []
+    algorithm = _sglang_drafts(flags)
+    if algorithm not in ("EAGLE", "EAGLE3"):
+        problems.append(f"needs speculative-algorithm EAGLE or EAGLE3 (got {algorithm})")
+    topk = flags.get("speculative-eagle-topk")
+    if topk not in (None, 1, "1"):
+        problems.append(f"needs speculative-eagle-topk 1 (got {topk})")
+    if flags.get("enable-dp-attention"):
+        problems.append("does not work with attention DP (enable-dp-attention)")
+    for flag, why in ADAPTIVE_UNSUPPORTED.items():
+        if flags.get(flag):
+            problems.append(f"does not work with {flag} ({why})")
+    if not problems:
+        return None
+    return f"speculative-adaptive {'; '.join(problems)}; SGLang would fall back to static"
 
 
 # SGLang's speculative flags: all of them go for the tune's plain server
@@ -89,7 +167,7 @@ SGLANG_SPEC_FLAGS = (
 )
 
 
-def _sglang_refuses(flags: Flags) -> str | None:
+def _sglang_untunable(flags: Flags) -> str | None:
     algorithm = _sglang_drafts(flags)
     if algorithm not in ("EAGLE", "EAGLE3"):
         return (f"inv tune needs speculative-algorithm EAGLE or EAGLE3 (got {algorithm}); "
@@ -108,7 +186,7 @@ SGLANG_DRAFTING = Drafting(
     },
     static_remove=("speculative-adaptive", "speculative-adaptive-config"),
     adaptive=True,
-    refuse=_sglang_refuses,
+    refuse=_sglang_untunable,
 )
 
 
@@ -156,11 +234,19 @@ def _vllm_drafts(flags: Flags) -> str | None:
 ENGINES: dict[str, Engine] = {
     e.name: e
     for e in (
-        Engine("sglang", "sglang", slots=_sglang_slots, slots_flag="max-running-requests",
-               drafts=_sglang_drafts, drafting=SGLANG_DRAFTING),
-        Engine("sim", "sglang", needs_gpu=True, slots=_sglang_slots,
+        Engine("sglang", "sglang", module="sglang.launch_server", dist="sglang",
+               renames=SGLANG_RENAMES, takes_config=True, slots=_sglang_slots,
                slots_flag="max-running-requests", drafts=_sglang_drafts,
-               drafting=SGLANG_DRAFTING),
+               drafting=SGLANG_DRAFTING, refuses=_sglang_refuses, warns=_sglang_warns,
+               # upstream SGLang's own cleanup pattern (docs/FACTS.md, "SGLang's HTTP server")
+               processes=r"sglang::|sglang\.launch_server|sglang\.bench|sglang\.data_parallel"
+                         r"|sglang\.srt"),
+        # the rehearsal engine takes SGLang's flags (and their renames) as SGLang does
+        Engine("sim", "sglang", module="gpufleet.sim.server", renames=SGLANG_RENAMES,
+               takes_config=True, needs_gpu=True, slots=_sglang_slots,
+               slots_flag="max-running-requests", drafts=_sglang_drafts,
+               drafting=SGLANG_DRAFTING, refuses=_sglang_refuses, warns=_sglang_warns,
+               processes=r"gpufleet\.sim\.server"),  # it too must not survive gpu-clean
         # llama.cpp's server (REFERENCE.md): --parallel N slots (its default, -1, is
         # "auto": unknown here), drafts only with --spec-type, no GPU needed
         Engine("llamacpp", "openai",
@@ -168,7 +254,8 @@ ENGINES: dict[str, Engine] = {
                         "--port", "{port}"),
                version_args=("--version",), needs_gpu=False, flushes_cache=False,
                slots=lambda flags: _positive(_flag_int(flags, "parallel", "np")),
-               slots_flag="parallel", drafts=_llamacpp_drafts, drafting=LLAMACPP_DRAFTING),
+               slots_flag="parallel", drafts=_llamacpp_drafts, drafting=LLAMACPP_DRAFTING,
+               processes=r"(^|/)llama-server$"),
         Engine("vllm", "openai",
                command=("vllm", "serve", "{model_path}", "--host", "{host}", "--port",
                         "{port}", "--tensor-parallel-size", "{tp}"),
@@ -185,6 +272,11 @@ def engine(name: str) -> Engine:
     return ENGINES[name]
 
 
+def process_patterns() -> list[str]:
+    """What gpu-clean and status look for besides NVML's PIDs: every engine's processes."""
+    return ["|".join(e.processes for e in ENGINES.values() if e.processes)]
+
+
 @dataclass(frozen=True)
 class Probes:
     """What the host asks the engine before a launch, filled into the launch spec."""
@@ -192,16 +284,31 @@ class Probes:
     version_argv: list[str]
     help_argv: list[str]
     flags_from: int
+    version: str | None = None  # known without asking (the rehearsal engine is this gpufleet)
+    version_missing: str = ""  # said where the version probe prints nothing
+    renames: tuple[JsonObject, ...] = ()
+    takes_config: bool = False
+
+
+DIST_VERSION = "from importlib import metadata; print(metadata.version({!r}))"
 
 
 def probes(name: str, argv: list[str], settings: JsonObject) -> Probes:
-    """A program engine's version and --help probes (`settings`: the profile's
-    `version_command` and `check_flags`, for custom engines); the module engines
-    (sglang, sim) are asked by the agent itself (host/preflight.py). --help is asked of
-    the argv's words before its first flag (`llama-server`, `vllm serve MODEL`)."""
+    """The engine's version and --help probes, run by the agent in the server's environment
+    (`settings`: the profile's `version_command` and `check_flags`, for custom engines).
+    A module engine is asked with its own Python (`python -m module --help`, its
+    distribution's version); a program's --help is asked of the argv's words before its
+    first flag (`llama-server`, `vllm serve MODEL`)."""
     adapter = ENGINES[name]
-    if adapter.command is None and name != "custom":
-        return Probes([], [], 0)
+    renames = tuple(asdict(r) for r in adapter.renames)
+    if adapter.module is not None:
+        python = argv[0]
+        if adapter.dist is None:
+            return Probes([], argv[:3], 3, f"gpufleet-{name} {__version__}", "", renames,
+                          adapter.takes_config)  # fmt: skip
+        missing = f"has no {adapter.dist} installed (pip show {adapter.dist} found nothing)"
+        return Probes([python, "-c", DIST_VERSION.format(adapter.dist)], argv[:3], 3, None,
+                      missing, renames, adapter.takes_config)  # fmt: skip
     head = next((i for i, word in enumerate(argv) if word.startswith("-")), len(argv))
     version = settings.get("version_command")
     if isinstance(version, list) and version:
@@ -212,4 +319,5 @@ def probes(name: str, argv: list[str], settings: JsonObject) -> Probes:
         version_argv = []
     check = settings.get("check_flags")
     checks = adapter.checks_flags if check is None else bool(check)
-    return Probes(version_argv, argv[:head] if checks and head else [], head)
+    return Probes(version_argv, argv[:head] if checks and head else [], head, None, "",
+                  renames, adapter.takes_config)  # fmt: skip

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
 from gpufleet.archived import HealthRecord
+from gpufleet.control import engines
 from gpufleet.control.cleanoptions import CleanOptions
 from gpufleet.control.fanout import FleetResult
 from gpufleet.control.fleet import Fleet
@@ -105,7 +106,7 @@ def healthy(hosts: list[Host], archive: Archive | None = None) -> tuple[list[Hos
 
 def status_on(session: Session) -> StatusAnswer:
     try:
-        return session.call(StatusArgs())
+        return session.call(StatusArgs(patterns=engines.process_patterns()))
     except HostError as exc:
         raise _driver_message(exc, session.host) from None
 

@@ -29,7 +29,6 @@ PLAYBOOKS = Path("playbooks")
 FlagValue = bool | int | float | str | list[bool | int | float | str] | None
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # no '/', no leading '.'
 FLAG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-SPECULATIVE_CAPPED = {"EAGLE", "EAGLE3", "STANDALONE"}
 
 
 class Profile(BaseModel):
@@ -117,39 +116,18 @@ class Profile(BaseModel):
 
         return engine(self.engine).slots(self.flags)
 
-    @property
-    def max_running_requests(self) -> int | None:
-        value = self.flags.get("max-running-requests")
-        return int(value) if value not in (None, False) else None
-
     def adaptive_problem(self) -> str | None:
-        """Why SGLang would silently run this adaptive profile with static speculation, every
-        reason it checks (speculative/adaptive_spec_params.py: adaptive_unsupported_reason,
-        where it logs "speculative_adaptive disabled ... Falling back to static"), or None."""
-        if not self.flags.get("speculative-adaptive"):
-            return None
-        problems = []
-        algorithm = self.speculative_algorithm
-        if algorithm not in ("EAGLE", "EAGLE3"):
-            problems.append(f"needs speculative-algorithm EAGLE or EAGLE3 (got {algorithm})")
-        topk = self.flags.get("speculative-eagle-topk")
-        if topk not in (None, 1, "1"):
-            problems.append(f"needs speculative-eagle-topk 1 (got {topk})")
-        if self.flags.get("enable-dp-attention"):
-            problems.append("does not work with attention DP (enable-dp-attention)")
-        for flag, why in ADAPTIVE_UNSUPPORTED.items():
-            if self.flags.get(flag):
-                problems.append(f"does not work with {flag} ({why})")
-        return "speculative-adaptive " + "; ".join(problems) if problems else None
+        """Why its engine would not run these flags as written (SGLang: adaptive speculation
+        it would silently make static), or None."""
+        from gpufleet.control.engines import engine
+
+        return engine(self.engine).refuses(self.flags)
 
     def warnings(self) -> list[str]:
-        out = []
-        if self.speculative_algorithm in SPECULATIVE_CAPPED and self.max_running_requests is None:
-            out.append(
-                f"{self.name}: {self.speculative_algorithm} without max-running-requests: SGLang "
-                "silently caps it at 48, so load above C=48 queues (set it explicitly)"
-            )
-        return out
+        """What its engine would do with these flags silently (SGLang's EAGLE cap)."""
+        from gpufleet.control.engines import engine
+
+        return [f"{self.name}: {text}" for text in engine(self.engine).warns(self.flags)]
 
 
 def _flag_args(flags: dict[str, FlagValue]) -> list[str]:
@@ -232,21 +210,13 @@ def list_profiles(directory: Path = PLAYBOOKS) -> list[Profile | UserError]:
     return out
 
 
-# SGLang's other reasons to fall back to static speculation (adaptive_unsupported_reason)
-ADAPTIVE_UNSUPPORTED = {
-    "enable-multi-layer-eagle": "its worker does not implement adaptive",
-    "enable-two-batch-overlap": "the adaptive state swap would drop the TBO backend",
-    "enable-pdmux": "the adaptive state swap does not update the decode backend group",
-}
-
-
 def build_specs(
     profile: Profile, hosts: list[Host], engine_override: str | None = None
 ) -> list[tuple[Host, LaunchSpec]]:
     """One LaunchSpec per host. Multi-node profiles take `nnodes` hosts, ranks in order."""
     problem = profile.adaptive_problem()
     if problem:
-        raise UserError(f"profile {profile.name}: {problem}; SGLang would fall back to static")
+        raise UserError(f"profile {profile.name}: {problem}")
     if profile.nnodes > 1 and len(hosts) % profile.nnodes:
         raise UserError(
             f"profile {profile.name} has nnodes {profile.nnodes}: select a multiple of "
@@ -325,13 +295,13 @@ def _argv_for(
     profile: Profile, host: Host, engine: str, port: int, rank: int, head: Host
 ) -> list[str]:
     python = host.python_path
-    if engine not in ("sglang", "sim"):
+    module = engines.engine(engine).module
+    if module is None:
         return _custom_argv(profile, python, port)
     flags = _flag_args(_server_flags(profile, port, rank, head))
-    if engine == "sglang":
-        return [python, "-m", "sglang.launch_server", *flags]
     sim = {f"sim-{k}" if not k.startswith("sim-") else k: v for k, v in profile.sim.items()}
-    return [python, "-m", "gpufleet.sim.server", *flags, *_flag_args(sim)]
+    rehearsal = _flag_args(sim) if engine == "sim" else []  # the rehearsal's own flags
+    return [python, "-m", module, *flags, *rehearsal]
 
 
 FILE_REF = re.compile(r"\{file:([^}]*)\}")
@@ -441,6 +411,10 @@ def _spec_for(
         version_argv=probes.version_argv,
         help_argv=probes.help_argv,
         flags_from=probes.flags_from,
+        version=probes.version,
+        version_missing=probes.version_missing,
+        renames=list(probes.renames),
+        takes_config=probes.takes_config,
         slots=engines.engine(engine).slots(profile.flags),
         needs_gpu=engines.engine(engine).needs_gpu,
     )

@@ -65,7 +65,7 @@ def stale_processes(args: StatusArgs) -> tuple[list[GpuReading], list[ProcessInf
     gpuhealth.attach(nvml, snap, remember_xids=False)  # status reads; gpu-clean checks
     sim_state = (args.sim or {}).get("state_dir")
     stale = []
-    for pid in procs.find_pattern_matches(args.patterns or procs.DEFAULT_PATTERNS, sim_state):
+    for pid in procs.find_pattern_matches(args.patterns or [], sim_state):
         try:
             info = procs.describe(psutil.Process(pid))
         except psutil.NoSuchProcess:
@@ -88,7 +88,7 @@ def clean(args: CleanArgs) -> CleanAnswer:
     cleared = _clear_xids(nvml, before, args)
     _annotate(before)
     sim_state = (args.sim or {}).get("state_dir")
-    patterns = args.patterns or procs.DEFAULT_PATTERNS
+    patterns = args.patterns or []
     tolerance = args.tolerance_mib
 
     roots: list[int] = []

@@ -25,41 +25,13 @@ from gpufleet.host.servers import read_state, server_alive
 from gpufleet.kinds import Kind
 from gpufleet.readings import LaunchAnswer
 from gpufleet.records import LaunchSpec
-
-ENGINE_MODULES = {
-    "sglang": ("sglang", "sglang.launch_server"),
-    "sim": (None, "gpufleet.sim.server"),
-}
-
-
-def engine_version(engine: str, env: dict[str, str] | None = None) -> str | None:
-    """The engine's version as the server will see it: asked of a Python started in the
-    server's environment (the agent itself runs isolated, `python -I`, and ignores a
-    PYTHONPATH that the host's login or the profile sets for SGLang)."""
-    if engine == "sglang":
-        probe = "from importlib import metadata; print(metadata.version('sglang'))"
-        try:
-            out = subprocess.run(
-                [sys.executable, "-c", probe],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                env=env,
-                stdin=subprocess.DEVNULL,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    if engine == "sim":
-        from gpufleet import __version__
-
-        return f"gpufleet-sim {__version__}"
-    return None
+from gpufleet.wire import JsonObject
 
 
 def program_version(argv: list[str], env: dict[str, str]) -> str | None:
-    """A program engine's version as it prints it (`llama-server --version` on stderr:
-    `version: 7134 (0a1b2c3)`): its first line naming a version, else its first line."""
+    """An engine's version as its probe prints it (`llama-server --version` on stderr:
+    `version: 7134 (0a1b2c3)`; SGLang's distribution version on stdout): its first line
+    naming a version, else its first line."""
     if not argv:
         return None
     try:
@@ -67,8 +39,14 @@ def program_version(argv: list[str], env: dict[str, str]) -> str | None:
                              stdin=subprocess.DEVNULL, check=False)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
-    lines = [line.strip() for line in (out.stdout + "\n" + out.stderr).splitlines() if line.strip()]
-    if out.returncode != 0 or not lines:
+    if out.returncode != 0:
+        return None
+    # stdout where it says anything (a warning on stderr may name a version too), else
+    # stderr (llama-server prints its version there)
+    lines = [x.strip() for x in out.stdout.splitlines() if x.strip()] or [
+        x.strip() for x in out.stderr.splitlines() if x.strip()
+    ]
+    if not lines:
         return None
     line = next((x for x in lines if "version" in x.lower()), lines[0])
     return line.removeprefix("version:").strip()[:80] or None
@@ -150,10 +128,12 @@ class FlagCheck:
     warnings: list[str] = field(default_factory=list)
 
 
-def check_flags_against(argv: list[str], head: int, help_text: str, engine: str) -> FlagCheck:
-    """Every `--flag` in argv must be one this --help lists, after known renames."""
+def check_flags_against(
+    argv: list[str], head: int, help_text: str, engine: str, renames: list[JsonObject] | None = None
+) -> FlagCheck:
+    """Every `--flag` in argv must be one this --help lists, after the engine's renames."""
     known = set(re.findall(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_-]*)", help_text))
-    renamed, notes = flagrenames.apply(argv, head, known, help_text, engine)
+    renamed, notes = flagrenames.apply(argv, head, known, help_text, engine, renames or [])
     check = FlagCheck(argv=renamed, renames=notes)
     errors, warnings = check.errors, check.warnings
     for word in renamed[head:]:
@@ -219,9 +199,10 @@ def check_gpus(gpus: list[int], args: LaunchArgs, in_use: bool) -> GpuCheck:
 
 
 def _missing_program(spec: LaunchSpec) -> str | None:
-    """A custom engine's program that is not on this host (as the server's PATH finds it):
-    one line at preflight, and so at --dry-run, instead of a traceback at launch."""
-    if spec.engine in ENGINE_MODULES or not spec.argv:
+    """An engine's program (or a module engine's Python) that is not on this host (as the
+    server's PATH finds it): one line at preflight, and so at --dry-run, instead of a
+    traceback at launch."""
+    if not spec.argv:
         return None
     program = spec.argv[0]
     path = launch_env(spec).get("PATH", os.defpath)
@@ -261,13 +242,11 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
     missing = _missing_program(spec)
     if missing:
         errors.append(missing)
-    version = None
-    if not errors:
-        version = engine_version(engine, launch_env(spec)) or program_version(
-            spec.version_argv, launch_env(spec)
-        )
-    if engine == "sglang" and version is None and not errors:
-        errors.append(f"{sys.executable} has no sglang installed (pip show sglang found nothing)")
+    version = spec.version
+    if not errors and version is None:
+        version = program_version(spec.version_argv, launch_env(spec))
+        if version is None and spec.version_missing:
+            errors.append(f"{spec.version_argv[0]} {spec.version_missing}")
     health: list[str] = []
     if not args.skip_gpu_check and spec.needs_gpu:  # a CPU engine's host may have none
         try:
@@ -279,19 +258,13 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
             if spec.engine != "custom":
                 errors.append(str(exc))
     argv, renames, accepts_config = spec.argv, [], False
-    if engine in ENGINE_MODULES and not errors and not args.skip_flag_check:
-        text = help_text(spec.argv[:3], launch_env(spec), version)
-        check = check_flags_against(spec.argv, 3, text, f"{engine} {version or ''}".strip())
-        argv, renames = check.argv, check.renames
-        accepts_config = "--config CONFIG" in text or "--config " in text
-        errors += [f"flag {e}" for e in check.errors]
-        warnings += check.warnings
-    elif spec.help_argv and not errors and not args.skip_flag_check:
+    if spec.help_argv and not errors and not args.skip_flag_check:
         text = help_text(spec.help_argv, launch_env(spec), version)
         check = check_flags_against(
-            spec.argv, spec.flags_from, text, f"{engine} {version or ''}".strip()
+            spec.argv, spec.flags_from, text, f"{engine} {version or ''}".strip(), spec.renames
         )
         argv, renames = check.argv, check.renames
+        accepts_config = spec.takes_config and ("--config CONFIG" in text or "--config " in text)
         errors += [f"flag {e}" for e in check.errors]
         warnings += check.warnings
     return LaunchAnswer(

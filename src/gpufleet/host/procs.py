@@ -18,12 +18,6 @@ from gpufleet.host.redact import redact_argv
 from gpufleet.kinds import Kind
 from gpufleet.readings import KilledProcess, ProcessInfo
 
-# Upstream SGLang's own cleanup pattern (docs/FACTS.md, "SGLang's HTTP server").
-# gpufleet's rehearsal server counts as SGLang: it too must not survive gpu-clean.
-DEFAULT_PATTERNS = [
-    r"sglang::|sglang\.launch_server|sglang\.bench|sglang\.data_parallel|sglang\.srt"
-    r"|gpufleet\.sim\.server"
-]
 MAX_MATCH_SHARE = 0.25  # a pattern matching more of the host's processes is a mistake
 NEVER_KILL_NAMES = {"sshd", "sshd-session", "sshd-auth", "systemd", "init", "dockerd", "containerd"}
 

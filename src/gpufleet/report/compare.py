@@ -109,6 +109,10 @@ def _flag(argv: list[str] | None, name: str) -> str | None:
 
 
 def effective_max_running(manifest: Manifest) -> int | None:
+    """The requests the server served at once: as its engine's adapter read them at launch
+    (archived since issue 38), else, for an older run, SGLang's rule read from its argv."""
+    if manifest.server.slots is not None:
+        return manifest.server.slots
     argv = manifest.server.argv or []
     explicit = _flag(argv, "--max-running-requests")
     if explicit is not None:
@@ -209,12 +213,15 @@ def notices(arms: list[Arm], levels: list[int]) -> list[Notice]:
         cap = effective_max_running(arm.manifest)
         over = [c for c in levels if cap is not None and c > cap]
         if over:
+            argv = arm.manifest.server.argv or []
+            sglang = arm.manifest.server.engine in (None, "sglang", "sim")
             why = (
                 "SGLang's silent cap of 48 for speculative decoding"
-                if cap == SPECULATIVE_CAP
-                and _flag(arm.manifest.server.argv or [], "--max-running-requests") is None
-                else f"max-running-requests {cap}"
-            )
+                if sglang and cap == SPECULATIVE_CAP
+                and _flag(argv, "--max-running-requests") is None
+                else f"max-running-requests {cap}" if sglang
+                else f"the server serves {cap} at once"
+            )  # fmt: skip
             out.append(Notice(Severity.WARNING, f"{arm.label}: at C={','.join(map(str, over))} "
                               f"requests queue ({why})", "queue"))  # fmt: skip
     return out
