@@ -415,6 +415,7 @@ def test_server_gauges_are_read_under_each_engines_own_names():
     """Issue 38: /metrics samples kept only `sglang:*` names, so llama-server's archived
     samples held timestamps only. vLLM's and llama.cpp's gauges are read into the same
     figures (as exposed: llama.cpp's with --metrics; vLLM's v0 and v1 cache names)."""
+    from gpufleet.control.engines import gauge_names
     from gpufleet.host.bench.serverapi import prometheus
 
     llama = (
@@ -423,17 +424,23 @@ def test_server_gauges_are_read_under_each_engines_own_names():
         "llamacpp:requests_processing 3\nllamacpp:requests_deferred 1\n"
         "llamacpp:predicted_tokens_seconds 41.5\nllamacpp:tokens_predicted_total 3469\n"
     )
-    assert prometheus(llama) == {"sglang:num_running_reqs": 3.0, "sglang:num_queue_reqs": 1.0,
+    assert prometheus(llama, gauge_names("llamacpp")) == {"sglang:num_running_reqs": 3.0, "sglang:num_queue_reqs": 1.0,
                                  "sglang:gen_throughput": 41.5}  # fmt: skip
     vllm = (
         'vllm:num_requests_running{model_name="m"} 7\n'
         'vllm:num_requests_waiting{model_name="m"} 2\n'
         'vllm:kv_cache_usage_perc{model_name="m"} 0.25\n'
     )
-    assert prometheus(vllm) == {"sglang:num_running_reqs": 7.0, "sglang:num_queue_reqs": 2.0,
+    assert prometheus(vllm, gauge_names("vllm")) == {"sglang:num_running_reqs": 7.0, "sglang:num_queue_reqs": 2.0,
                                 "sglang:token_usage": 0.25}  # fmt: skip
     sglang = 'sglang:num_running_reqs{tp_rank="0"} 4\nsglang:spec_accept_length 2.5\n'
-    assert prometheus(sglang) == {"sglang:num_running_reqs": 4.0, "sglang:spec_accept_length": 2.5}
+    assert prometheus(sglang, gauge_names("sglang")) == {
+        "sglang:num_running_reqs": 4.0,
+        "sglang:spec_accept_length": 2.5,
+    }
+    # a bench by hand (no profile: no engine known) reads every engine's names
+    assert prometheus(llama, gauge_names(None)) == prometheus(llama, gauge_names("llamacpp"))
+    assert prometheus(vllm, gauge_names(None))["sglang:token_usage"] == 0.25
 
 
 def test_llama_cpp_acceptance_is_read_from_its_timings():

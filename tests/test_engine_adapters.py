@@ -216,7 +216,8 @@ def test_a_grid_or_tune_cell_benches_in_its_own_engines_dialect(tmp_path, monkey
 
 ENGINE_WORDS = re.compile(
     r"sglang\.launch_server|llama-server|spec-draft|model-draft|spec-type|max-running-requests|"
-    r"max-num-seqs|speculative-algorithm|speculative-config|metadata\.version\('sglang'\)"
+    r"max-num-seqs|speculative-algorithm|speculative-config|metadata\.version\('sglang'\)|"
+    r"llamacpp:|vllm:"
 )
 # where an engine's own words may appear in code, and why
 ENGINE_WORDS_ALLOWED = {

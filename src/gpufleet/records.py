@@ -48,6 +48,8 @@ class BenchPlan(Record):
     base_url: str | None = None  # --url, or set on the host from the server's state
     server_port: int | None = None  # set on the host: the server benched
     metrics_url: str | None = None  # set on the host when /metrics is sampled
+    # the engine's /metrics gauge names -> the names results keep (control/engines.py)
+    metric_names: dict[str, str] = field(default_factory=dict)
     tokenizer: str | None = None
     request_rate: float | None = None  # Poisson arrivals per second; None: all at once
     duration: float | None = None  # seconds per level instead of a request count

@@ -171,6 +171,12 @@ def _check_combination(request: BenchRequest, rows: list[PromptRow], label: str)
         )
 
 
+def gauge_names(name: str | None) -> dict[str, str]:
+    from gpufleet.control.engines import gauge_names as names
+
+    return names(name)
+
+
 def engine_named(name: str | None) -> Any:
     from gpufleet.control.engines import ENGINES
 
@@ -227,6 +233,7 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
         seed=request.seed,
         metrics=request.metrics,
         telemetry_interval_s=request.telemetry_interval_s,
+        metric_names=gauge_names(adapter.name if adapter else None),
         flush_cache=request.flush_cache,
         salt_prompts=request.flush_cache and adapter is not None and not adapter.flushes_cache,
         slo=dict(request.slo or {}),

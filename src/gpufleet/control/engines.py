@@ -94,6 +94,8 @@ class Engine:
     # what it would do with them silently (said at launch and sweep)
     # its processes, for gpu-clean and status (a regex on the command line or title)
     processes: str = ""
+    # its /metrics gauges under the names results keep (SGLang's: prom_num_running_reqs_max)
+    gauges: tuple[tuple[str, str], ...] = ()
     refuses: Callable[[Flags], str | None] = lambda flags: None
     warns: Callable[[Flags], list[str]] = lambda flags: []
 
@@ -255,13 +257,22 @@ ENGINES: dict[str, Engine] = {
                version_args=("--version",), needs_gpu=False, flushes_cache=False,
                slots=lambda flags: _positive(_flag_int(flags, "parallel", "np")),
                slots_flag="parallel", drafts=_llamacpp_drafts, drafting=LLAMACPP_DRAFTING,
-               processes=r"(^|/)llama-server$"),
+               processes=r"(^|/)llama-server$",
+               gauges=(("llamacpp:requests_processing", "sglang:num_running_reqs"),
+                       ("llamacpp:requests_deferred", "sglang:num_queue_reqs"),
+                       ("llamacpp:predicted_tokens_seconds", "sglang:gen_throughput"),
+                       ("llamacpp:kv_cache_usage_ratio", "sglang:token_usage"))),
         Engine("vllm", "openai",
                command=("vllm", "serve", "{model_path}", "--host", "{host}", "--port",
                         "{port}", "--tensor-parallel-size", "{tp}"),
                version_args=("--version",), flushes_cache=False,
                slots=lambda flags: _flag_int(flags, "max-num-seqs"),
-               slots_flag="max-num-seqs", drafts=_vllm_drafts),
+               slots_flag="max-num-seqs", drafts=_vllm_drafts,
+               # v1 renamed the KV-cache gauge; both are read
+               gauges=(("vllm:num_requests_running", "sglang:num_running_reqs"),
+                       ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
+                       ("vllm:gpu_cache_usage_perc", "sglang:token_usage"),
+                       ("vllm:kv_cache_usage_perc", "sglang:token_usage"))),
         Engine("custom", "sglang", checks_flags=False, needs_gpu=True),
     )
 }  # fmt: skip
@@ -270,6 +281,13 @@ NAMES = tuple(ENGINES)
 
 def engine(name: str) -> Engine:
     return ENGINES[name]
+
+
+def gauge_names(name: str | None) -> dict[str, str]:
+    """The engine's /metrics gauges under the names results keep; every engine's where the
+    engine is not known here (a bench by hand: each engine's names carry its own prefix)."""
+    chosen = [ENGINES[name]] if name in ENGINES else list(ENGINES.values())
+    return {theirs: ours for e in chosen for theirs, ours in e.gauges}
 
 
 def process_patterns() -> list[str]:

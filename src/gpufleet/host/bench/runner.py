@@ -212,7 +212,7 @@ async def _level(
         import aiohttp  # noqa: F401  # imported here: inside the task it would stall the first send
 
         sampler = asyncio.create_task(
-            serverapi.sample_metrics(plan.metrics_url, samples, stop, keys)
+            serverapi.sample_metrics(plan.metrics_url, samples, stop, keys, plan.metric_names)
         )
     generate = run_level if procs == 1 else functools.partial(run_spread, procs)
     run = await generate(

@@ -19,19 +19,6 @@ PROM_KEYS = (
     "sglang:token_usage",
     "sglang:spec_accept_length",
 )
-# The same gauges under other engines' names, read into SGLang's (whose names the results
-# keep: prom_num_running_reqs_max, ...). vLLM renamed its KV-cache gauge in v1; llama.cpp's
-# server publishes these with --metrics. A name no engine here has is not guessed at.
-ALIASES = {
-    "vllm:num_requests_running": "sglang:num_running_reqs",
-    "llamacpp:requests_processing": "sglang:num_running_reqs",
-    "vllm:num_requests_waiting": "sglang:num_queue_reqs",
-    "llamacpp:requests_deferred": "sglang:num_queue_reqs",
-    "llamacpp:predicted_tokens_seconds": "sglang:gen_throughput",
-    "vllm:gpu_cache_usage_perc": "sglang:token_usage",
-    "vllm:kv_cache_usage_perc": "sglang:token_usage",
-    "llamacpp:kv_cache_usage_ratio": "sglang:token_usage",
-}
 
 
 def _get_json(url: str, keys: dict[str, str]) -> JsonObject | None:
@@ -53,13 +40,16 @@ def server_info(base_url: str, keys: dict[str, str]) -> JsonObject | None:
 MetricSample = dict[str, float]  # one scrape: "t" (wall clock) and each gauge of PROM_KEYS
 
 
-def prometheus(text: str) -> dict[str, float]:
+def prometheus(text: str, aliases: dict[str, str] | None = None) -> dict[str, float]:
+    """The gauges results keep (PROM_KEYS), summed over labels; `aliases`: the engine's own
+    names for them (the plan carries them from its adapter, control/engines.py)."""
+    aliases = aliases or {}
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("#") or not line.strip():
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        name = ALIASES.get(name, name)
+        name = aliases.get(name, name)
         if name in PROM_KEYS:
             try:
                 out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
@@ -69,8 +59,9 @@ def prometheus(text: str) -> dict[str, float]:
 
 
 async def sample_metrics(
-    url: str, samples: list[MetricSample], stop: asyncio.Event, keys: dict[str, str]
-) -> None:
+    url: str, samples: list[MetricSample], stop: asyncio.Event, keys: dict[str, str],
+    aliases: dict[str, str] | None = None,
+) -> None:  # fmt: skip
     import aiohttp
 
     async with aiohttp.ClientSession(headers=serverkeys.headers(keys)) as session:
@@ -79,7 +70,7 @@ async def sample_metrics(
                 async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
                     if resp.status != 200:
                         return
-                    values = prometheus(await resp.text())
+                    values = prometheus(await resp.text(), aliases)
                     samples.append({"t": time.time(), **values})
             except (TimeoutError, aiohttp.ClientError):
                 pass
