@@ -115,10 +115,11 @@ def test_sampling_gpus_does_not_make_the_client_late(sim_server, tmp_path, monke
                 run = run_async(run_level(server.url, prompts, 32))
             lags[sampled].append(summarize(run, "sglang")["client_loop_lag_p99_ms"])
     # each side's least-disturbed level: a busy machine's other work lands on either side at
-    # random (medians 7.7 on vs 4.0 off once beside a CPU hog, minima 3.4 vs 3.5), while the
-    # thread disturbed every level (5.4-6.6 ms against 2.1 off, issue 35)
+    # random (medians 7.7 on vs 4.0 off once beside a CPU hog, minima 3.4 vs 3.5; minima 3.3
+    # vs 1.8 another time), while the thread disturbed every level (5.4-6.6 ms against 2.1
+    # off, issue 35: above this bound's 4.2)
     on, off = min(lags[True]), min(lags[False])
-    assert on < 1.5 * off + 0.5, lags
+    assert on < 1.5 * off + 1.0, lags
 
 
 def test_open_loop_waits_for_a_slot_are_reported_apart_from_latency(sim_server):
