@@ -186,6 +186,9 @@ def test_a_sweep_of_the_target_and_two_drafts_against_the_servers_own_numbers(si
         for r in runs_rows:
             level = figures.setdefault(profile, {}).setdefault(r["max_concurrency"], [])
             level.append((r["output_throughput"], _server_rate(runs, profile, r)))
+    # the server's own gauge, read under llama.cpp's names (its adapter's), at every level
+    assert all(rate is not None for levels in figures.values() for pairs in levels.values()
+               for _, rate in pairs), figures  # fmt: skip
     ours, theirs = {}, {}
     for draft in ("draft-exact", "draft-loose"):
         for c in sorted(figures["target"]):
