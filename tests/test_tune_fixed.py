@@ -106,3 +106,23 @@ def test_the_fixed_depth_profile_extends_the_original_at_that_depth(tmp_path):
             assert resolved.speculative_algorithm == "draft model (draft-simple)"
         else:
             assert resolved.speculative_algorithm is None  # no drafting at all
+
+
+def test_the_clock_plans_no_load_step_nor_bursts_for_one_depth_per_launch(tmp_path):
+    """The load step and the bursts judge depth switching: a server with one depth per
+    launch has none, so the tune neither runs them nor counts them in its estimate."""
+    from gpufleet.control import tunebudget
+    from gpufleet.control.benchrequest import BenchRequest
+
+    profile = _profile(tmp_path, DRAFT)
+    arms = tune.depth_arms(profile, [1, 3])
+    checks = [ArmSpec(profile, {}, 1, "p[plain]"), ArmSpec(profile, {}, 1, "p-static"),
+              ArmSpec(profile, {}, 1, "p-tuned")]  # fmt: skip
+    request = BenchRequest(concurrency=[1, 4], num_prompts=8, output_len=32)
+    said: list[str] = []
+    clock = tunebudget.TimeKeeper.for_tune(arms, checks, request, True, None, said.append,
+                                           None, None, switches=False)  # fmt: skip
+    assert {c.stage for c in clock.cells} == {tunebudget.MEASURE, tunebudget.VERIFY}
+    assert said[0].startswith("tune: 6 launches (3 measurement, 3 verification);")
+    adaptive = tunebudget.plan_cells(arms, checks, request, True)
+    assert len(adaptive) == 12  # SGLang's: the load step and the bursts too

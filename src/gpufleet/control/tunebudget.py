@@ -123,15 +123,18 @@ class DropUnit:
 
 
 def plan_cells(
-    measure: list[ArmSpec], checks: list[ArmSpec], request: BenchRequest, verify: bool
-) -> list[PlannedCell]:
+    measure: list[ArmSpec], checks: list[ArmSpec], request: BenchRequest, verify: bool,
+    switches: bool = True,
+) -> list[PlannedCell]:  # fmt: skip
     """Every cell the tune would run, in order: the measurement, then (with `verify`) the
-    verification, the load step and the bursts (a trace of BURST_CYCLES bursts, each
-    decoding its tokens at once, that lasts its span however fast the server is)."""
+    verification, and where the server switches depth by load (`switches`: SGLang's
+    table), the load step and the bursts (a trace of BURST_CYCLES bursts, each decoding
+    its tokens at once, that lasts its span however fast the server is)."""
     stages = [(MEASURE, measure, decode_rounds(request), 0.0)]
     if verify:
+        stages.append((VERIFY, checks, decode_rounds(request), 0.0))
+    if verify and switches:
         stages += [
-            (VERIFY, checks, decode_rounds(request), 0.0),
             (STEP, checks, decode_rounds(step_request(request)), 0.0),
             (BURST, checks, BURST_CYCLES * request.output_len, BURST_CYCLES * 2 * QUIET_S),
         ]
@@ -232,10 +235,12 @@ class TimeKeeper:
         cls, measure: list[ArmSpec], checks: list[ArmSpec], request: BenchRequest,
         verify: bool, budget_s: float | None, say: Callable[[str], None],
         pace: Pace | None, finished: set[tuple[str, str]] | None = None,
+        switches: bool = True,
     ) -> TimeKeeper:  # fmt: skip
         """The clock of a tune about to start; `finished`: (stage, arm key) of the cells an
-        interrupted run of it already did (`--resume`), left out of what remains."""
-        cells = plan_cells(measure, checks, request, verify)
+        interrupted run of it already did (`--resume`), left out of what remains;
+        `switches`: the server switches depth by load (else no load step nor bursts)."""
+        cells = plan_cells(measure, checks, request, verify, switches)
         clock = cls(measure, checks, cells, budget_s, say, pace, done=set(finished or ()))
         for text in clock.opening_lines():
             say(text)

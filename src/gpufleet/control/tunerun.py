@@ -84,6 +84,7 @@ def run(
         arms, checks, request, verify, budget_s, experiment.console.line,
         tunebudget.archived_pace(root, profile),
         _finished_cells(root, profile, tuned, arms, checks) if resume else set(),
+        tuning.drafting_of(load_profile(profile)).adaptive,
     )  # fmt: skip
     measure_hooks = clock.hooks(tunebudget.MEASURE, root)
     state = experiment.sweep([profile], arms, "tune", resume, request, measure_hooks)
