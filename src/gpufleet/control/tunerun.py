@@ -98,10 +98,9 @@ def run(
     outcome = TuneOutcome(result, config_path, profile_path, record, record_path)
     if on_chosen is not None:
         on_chosen(outcome)
-    if not verify or clock.stage_dropped(tunebudget.VERIFY):
+    # a fixed depth 0 is the plain server, just measured: nothing new to verify
+    if not verify or clock.stage_dropped(tunebudget.VERIFY) or result.fixed_depth == 0:
         return outcome
-    if result.fixed_depth == 0:
-        return outcome  # depth 0 is the plain server, just measured: nothing new to verify
     again = resume and _has_state(root, [profile, tuned], checks, "tune-verify")
     check = experiment.sweep(
         [profile, tuned], checks, "tune-verify", again, request,
