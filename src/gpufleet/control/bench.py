@@ -18,8 +18,8 @@ from urllib.parse import urlparse
 from gpufleet import __version__
 from gpufleet.archive import manifest, store
 from gpufleet.archive.layout import profile_label
+from gpufleet.control import engines, workloads
 from gpufleet.control import prompts as prompt_sets
-from gpufleet.control import workloads
 from gpufleet.control.benchrequest import BenchRequest
 from gpufleet.control.cancel import SLICE_S, CancelToken
 from gpufleet.control.fanout import FleetResult, HostResult
@@ -171,26 +171,13 @@ def _check_combination(request: BenchRequest, rows: list[PromptRow], label: str)
         )
 
 
-def gauge_names(name: str | None) -> dict[str, str]:
-    from gpufleet.control.engines import gauge_names as names
-
-    return names(name)
-
-
-def engine_named(name: str | None) -> Any:
-    from gpufleet.control.engines import ENGINES
-
-    return ENGINES.get(name) if name else None
-
-
 def _engine_of(profile: str | None) -> Any:
     """The adapter of the profile's engine, where the profile can be read here."""
-    from gpufleet.control.engines import engine
     from gpufleet.control.playbook import load_profile
 
     if profile:
         try:
-            return engine(load_profile(profile).engine)
+            return engines.engine(load_profile(profile).engine)
         except UserError:
             pass
     return None
@@ -206,8 +193,8 @@ def engine_backend(profile: str | None) -> str:
 def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
     if request.engine not in ("gpufleet", "sglang-bench"):
         raise UserError(f"--engine {request.engine!r}: expected gpufleet or sglang-bench")
-    # the profile read once, for both of its facts
-    adapter = engine_named(request.server_engine) or _engine_of(request.profile)
+    # the engine the caller resolved (a sweep cell), else the profile's, read once
+    adapter = engines.ENGINES.get(request.server_engine or "") or _engine_of(request.profile)
     if request.backend is None:
         request = replace(request, backend=adapter.backend if adapter else BenchPlan.backend)
     if request.backend not in BACKENDS:
@@ -233,7 +220,7 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
         seed=request.seed,
         metrics=request.metrics,
         telemetry_interval_s=request.telemetry_interval_s,
-        metric_names=gauge_names(adapter.name if adapter else None),
+        metric_names=engines.gauge_names(adapter.name if adapter else None),
         flush_cache=request.flush_cache,
         salt_prompts=request.flush_cache and adapter is not None and not adapter.flushes_cache,
         slo=dict(request.slo or {}),
@@ -342,9 +329,7 @@ def queueing_warning(levels: list[int], slots: int | None, engine: str | None) -
     over = [c for c in levels if slots is not None and c > slots]
     if not over:
         return None
-    from gpufleet.control.engines import ENGINES
-
-    flag = ENGINES[engine].slots_flag if engine in ENGINES else ""
+    flag = engines.ENGINES[engine].slots_flag if engine in engines.ENGINES else ""
     setting = f" (--{flag})" if flag else ""
     return (
         f"C={','.join(map(str, over))} above the {slots} requests the server serves at once"

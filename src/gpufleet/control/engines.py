@@ -12,7 +12,7 @@ To add an engine: one Engine in ENGINES (and its name in playbook.Profile.engine
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from gpufleet import __version__
 from gpufleet.wire import JsonObject
@@ -90,12 +90,12 @@ class Engine:
     slots_flag: str = ""  # the flag that sets them, for the warning's words
     drafts: Callable[[Flags], str | None] = lambda flags: None  # what it drafts with
     drafting: Drafting | None = None  # None: inv tune cannot set its draft depth
-    # why the server would not run these flags as written (refused before any host), and
-    # what it would do with them silently (said at launch and sweep)
     # its processes, for gpu-clean and status (a regex on the command line or title)
     processes: str = ""
     # its /metrics gauges under the names results keep (SGLang's: prom_num_running_reqs_max)
     gauges: tuple[tuple[str, str], ...] = ()
+    # why the server would not run these flags as written (refused before any host), and
+    # what it would do with them silently (said at launch and sweep)
     refuses: Callable[[Flags], str | None] = lambda flags: None
     warns: Callable[[Flags], list[str]] = lambda flags: []
 
@@ -107,6 +107,7 @@ def _sglang_drafts(flags: Flags) -> str | None:
 
 SGLANG_CAPPED = ("EAGLE", "EAGLE3", "STANDALONE")  # capped at 48 requests unless set
 SGLANG_SPEC_CAP = 48
+SGLANG_ADAPTIVE = ("EAGLE", "EAGLE3")  # the algorithms adaptive speculation supports
 
 
 def _sglang_slots(flags: Flags) -> int | None:
@@ -142,7 +143,7 @@ def _sglang_refuses(flags: Flags) -> str | None:
         return None
     problems = []
     algorithm = _sglang_drafts(flags)
-    if algorithm not in ("EAGLE", "EAGLE3"):
+    if algorithm not in SGLANG_ADAPTIVE:
         problems.append(f"needs speculative-algorithm EAGLE or EAGLE3 (got {algorithm})")
     topk = flags.get("speculative-eagle-topk")
     if topk not in (None, 1, "1"):
@@ -171,7 +172,7 @@ SGLANG_SPEC_FLAGS = (
 
 def _sglang_untunable(flags: Flags) -> str | None:
     algorithm = _sglang_drafts(flags)
-    if algorithm not in ("EAGLE", "EAGLE3"):
+    if algorithm not in SGLANG_ADAPTIVE:
         return (f"inv tune needs speculative-algorithm EAGLE or EAGLE3 (got {algorithm}); "
                 "adaptive speculation supports only those")  # fmt: skip
     if flags.get("enable-dp-attention"):
@@ -233,22 +234,23 @@ def _vllm_drafts(flags: Flags) -> str | None:
     return str(config)[:40] if config else None
 
 
+SGLANG = Engine(
+    "sglang", "sglang", module="sglang.launch_server", dist="sglang", renames=SGLANG_RENAMES,
+    takes_config=True, slots=_sglang_slots, slots_flag="max-running-requests",
+    drafts=_sglang_drafts, drafting=SGLANG_DRAFTING, refuses=_sglang_refuses,
+    warns=_sglang_warns,
+    # upstream SGLang's own cleanup pattern (docs/FACTS.md, "SGLang's HTTP server")
+    processes=r"sglang::|sglang\.launch_server|sglang\.bench|sglang\.data_parallel|sglang\.srt",
+)  # fmt: skip
+
 ENGINES: dict[str, Engine] = {
     e.name: e
     for e in (
-        Engine("sglang", "sglang", module="sglang.launch_server", dist="sglang",
-               renames=SGLANG_RENAMES, takes_config=True, slots=_sglang_slots,
-               slots_flag="max-running-requests", drafts=_sglang_drafts,
-               drafting=SGLANG_DRAFTING, refuses=_sglang_refuses, warns=_sglang_warns,
-               # upstream SGLang's own cleanup pattern (docs/FACTS.md, "SGLang's HTTP server")
-               processes=r"sglang::|sglang\.launch_server|sglang\.bench|sglang\.data_parallel"
-                         r"|sglang\.srt"),
-        # the rehearsal engine takes SGLang's flags (and their renames) as SGLang does
-        Engine("sim", "sglang", module="gpufleet.sim.server", renames=SGLANG_RENAMES,
-               takes_config=True, needs_gpu=True, slots=_sglang_slots,
-               slots_flag="max-running-requests", drafts=_sglang_drafts,
-               drafting=SGLANG_DRAFTING, refuses=_sglang_refuses, warns=_sglang_warns,
-               processes=r"gpufleet\.sim\.server"),  # it too must not survive gpu-clean
+        SGLANG,
+        # the rehearsal engine takes SGLang's flags (and their renames) as SGLang does; its
+        # version is this gpufleet's, and it too must not survive gpu-clean
+        replace(SGLANG, name="sim", module="gpufleet.sim.server", dist=None,
+                processes=r"gpufleet\.sim\.server"),
         # llama.cpp's server (REFERENCE.md): --parallel N slots (its default, -1, is
         # "auto": unknown here), drafts only with --spec-type, no GPU needed
         Engine("llamacpp", "openai",
