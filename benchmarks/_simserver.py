@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpufleet.host import health as healthprobe
+from gpufleet.host.server import probe as healthprobe
 from gpufleet.sim import gpustate
 from gpufleet.sim.sshd import free_port
 

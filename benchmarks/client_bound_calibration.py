@@ -29,10 +29,10 @@ HOG = "import os,sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile 1: pass
 
 def one_run(url: str, state: str, concurrency: int, prompts: int) -> dict:
     """In the pinned child: one level with the telemetry sampler on; the client's figures."""
-    from gpufleet.host import nvml as nvmlread
     from gpufleet.host.bench import clientcert, telemetry
     from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
     from gpufleet.host.bench.metrics import summarize
+    from gpufleet.host.gpu import nvml as nvmlread
 
     nvmlread.activate_simulation({"state_dir": state, "count": 8}, "calibration")
     texts = [Prompt(text=f"calibrate {i} " * 30, output_len=OUTPUT_LEN) for i in range(prompts)]

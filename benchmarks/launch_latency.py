@@ -22,12 +22,12 @@ from pathlib import Path
 import yaml
 from _fleet import BenchFleet
 
-from gpufleet.control import lifecycle as server
-from gpufleet.control.fleet import Fleet
-from gpufleet.control.inventory import load_inventory
-from gpufleet.control.playbook import load_profile
-from gpufleet.host import health as healthprobe
-from gpufleet.host.protocol import StopArgs
+from gpufleet.control.connect.fleet import Fleet
+from gpufleet.control.inventory.model import load_inventory
+from gpufleet.control.server import lifecycle as server
+from gpufleet.control.server.profiles import load_profile
+from gpufleet.host.agent.protocol import StopArgs
+from gpufleet.host.server import probe as healthprobe
 from gpufleet.sim.sshd import free_port
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from gpufleet.control.bench import BenchRequest, build_plan
+from gpufleet.control.bench.run import BenchRequest, build_plan
 from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
 from gpufleet.host.bench.metrics import summarize
 from helpers import SimServer

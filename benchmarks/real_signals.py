@@ -22,9 +22,9 @@ SRC = str(Path(__file__).resolve().parent.parent / "src")
 
 def main() -> None:
     python = sys.argv[1] if len(sys.argv) > 1 else sys.executable
-    from gpufleet.host import gpuhealth
-    from gpufleet.host import nvml as nvmlread
     from gpufleet.host.bench import telemetry
+    from gpufleet.host.gpu import health as gpuhealth
+    from gpufleet.host.gpu import nvml as nvmlread
 
     os.chdir(tempfile.mkdtemp(prefix="gpufleet-signals-"))  # the ledger lives in the workdir
     nvml = nvmlread.load_pynvml()
@@ -51,7 +51,7 @@ def main() -> None:
                       "power_w": [r["power_w"] for r in gauge.rows[:2]]}))  # fmt: skip
     code = (
         "import os, sys, time; sys.path.insert(0, sys.argv[1]); "
-        "from gpufleet.control import bootstrap; "
+        "from gpufleet.control.agent import bootstrap; "
         "t = time.perf_counter(); bootstrap.module_directories(0); "
         "roots = {p for p in sys.path if os.path.isdir(p)}; "
         "n = len({d for r in roots for d, _, _ in os.walk(r)}); "

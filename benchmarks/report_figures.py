@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from browser import CHROMIUM, visit
 from gpufleet.archive import select, store
 from gpufleet.archive.layout import Archive
-from gpufleet.archived import Manifest
+from gpufleet.archive.records import Manifest
 from gpufleet.report import html
 
 

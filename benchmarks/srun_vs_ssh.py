@@ -28,9 +28,9 @@ from pathlib import Path
 import yaml
 from _fleet import BenchFleet
 
-from gpufleet.control.inventory import load_inventory
-from gpufleet.control.sessions import open_session
-from gpufleet.host.protocol import EchoArgs
+from gpufleet.control.connect.pool import open_session
+from gpufleet.control.inventory.model import load_inventory
+from gpufleet.host.agent.protocol import EchoArgs
 from gpufleet.sim.slurm import LocalSlurm
 
 CALLS = 200

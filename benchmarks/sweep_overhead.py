@@ -24,11 +24,11 @@ from _fleet import BenchFleet
 
 from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
-from gpufleet.control import sweep as sw
-from gpufleet.control.benchrequest import BenchRequest
-from gpufleet.control.fleet import Fleet
-from gpufleet.control.inventory import load_inventory
-from gpufleet.control.launchoptions import LaunchOptions
+from gpufleet.control.bench.request import BenchRequest
+from gpufleet.control.connect.fleet import Fleet
+from gpufleet.control.inventory.model import load_inventory
+from gpufleet.control.server.options import LaunchOptions
+from gpufleet.control.sweep import run as sw
 
 REPO = Path(__file__).resolve().parent.parent
 LEVELS = [

@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _simserver import BenchServer
 
-from gpufleet.host import nvml as nvmlread
 from gpufleet.host.bench import telemetry
 from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
 from gpufleet.host.bench.metrics import summarize
+from gpufleet.host.gpu import nvml as nvmlread
 
 C, N, OUT = 64, 256, 256
 

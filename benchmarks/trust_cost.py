@@ -19,8 +19,9 @@ import time
 
 from _fleet import BenchFleet, host_python
 
-from gpufleet.control import interpreter, ssh
-from gpufleet.control.inventory import load_inventory
+from gpufleet.control.agent import trust as interpreter
+from gpufleet.control.connect import ssh
+from gpufleet.control.inventory.model import load_inventory
 
 
 def _median(samples: list[float]) -> str:
@@ -47,7 +48,7 @@ def main() -> None:
               f"{len(verdict.judged)} paths judged, problems: {len(verdict.problems)}")  # fmt: skip
         code = (
             "import sys, time; sys.path.insert(0, sys.argv[1]); "
-            "from gpufleet.control import bootstrap; "
+            "from gpufleet.control.agent import bootstrap; "
             "t = time.perf_counter(); bootstrap.module_directories(0); "
             "print(time.perf_counter() - t)"
         )

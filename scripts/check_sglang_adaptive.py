@@ -4,7 +4,7 @@ has SGLang (never a gpufleet dependency), from the repository root:
     python3 -m venv /tmp/sgl && /tmp/sgl/bin/pip install sglang==0.5.23
     PYTHONPATH=src /tmp/sgl/bin/python scripts/check_sglang_adaptive.py
 
-It writes tuned profiles with gpufleet's own writer (control/tunefiles.py) for the shapes the
+It writes tuned profiles with gpufleet's own writer (control/tune/files.py) for the shapes the
 tests produce, then puts each through SGLang's start-up path: `prepare_server_args` on the
 profile's flags, the adaptive hook that refuses a starting depth outside the table
 (`_init_adaptive_speculative_params`) and `AdaptiveSpeculativeParams`. It also feeds the
@@ -25,7 +25,8 @@ import yaml
 
 logging.disable(logging.WARNING)
 
-from gpufleet.control import tune, tunefiles  # noqa: E402
+from gpufleet.control.tune import files as tunefiles  # noqa: E402
+from gpufleet.control.tune import table as tune
 from gpufleet.records import ResultRow  # noqa: E402
 from gpufleet.sim.speculation import AdaptiveDepth, initial_steps  # noqa: E402
 

@@ -216,7 +216,7 @@ class SimServer:
     def wait_ready(self, timeout: float = 20) -> None:
         import time
 
-        from gpufleet.host import health as healthprobe
+        from gpufleet.host.server import probe as healthprobe
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -14,7 +14,7 @@ import pytest
 from gpufleet.archive import select
 from gpufleet.archive import store as archive
 from gpufleet.archive.layout import Archive
-from gpufleet.archived import Manifest
+from gpufleet.archive.records import Manifest
 from gpufleet.report import answer, figures, metrics
 from helpers import level, run_cli, unwrap
 

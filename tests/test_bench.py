@@ -13,7 +13,7 @@ import yaml
 
 from gpufleet.archive import store as archive
 from gpufleet.archive.layout import Archive
-from gpufleet.archived import Manifest
+from gpufleet.archive.records import Manifest
 from gpufleet.host.bench.loadgen import Prompt, run_level
 from gpufleet.host.bench.metrics import percentile, summarize
 from helpers import REPO, read_run_id, run_cli
@@ -287,7 +287,7 @@ def test_client_local_against_a_url(sim_server, tmp_path):
 
 
 def test_same_seed_same_prompts(tmp_path):
-    from gpufleet.control.bench import BenchRequest, build_plan
+    from gpufleet.control.bench.run import BenchRequest, build_plan
 
     a = build_plan(BenchRequest(concurrency=[4], num_prompts=20, seed=7), "r1")
     b = build_plan(BenchRequest(concurrency=[4], num_prompts=20, seed=7, profile="eagle3"), "r2")
@@ -415,7 +415,7 @@ def test_server_gauges_are_read_under_each_engines_own_names():
     """Issue 38: /metrics samples kept only `sglang:*` names, so llama-server's archived
     samples held timestamps only. vLLM's and llama.cpp's gauges are read into the same
     figures (as exposed: llama.cpp's with --metrics; vLLM's v0 and v1 cache names)."""
-    from gpufleet.control.engines import gauge_names
+    from gpufleet.control.server.engines import gauge_names
     from gpufleet.host.bench.serverapi import prometheus
 
     llama = (

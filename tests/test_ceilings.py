@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 import gpufleet
-from gpufleet.control import hostlist
+from gpufleet.control.inventory import hostlist
 from gpufleet.errors import UserError
-from gpufleet.host import main as agent_main
-from gpufleet.host import redact
+from gpufleet.host.agent import main as agent_main
+from gpufleet.host.agent import redact
 from helpers import REPO
 from test_reliability import record
 
@@ -102,9 +102,10 @@ def test_the_regex_census_finds_the_patterns_that_scrub_and_parse():
     found = every_pattern()
     names = set(found.values())
     assert (
-        "gpufleet.host.redact.URL_PASSWORD" in names and "gpufleet.host.redact.KEY_VALUE" in names
+        "gpufleet.host.agent.redact.URL_PASSWORD" in names
+        and "gpufleet.host.agent.redact.KEY_VALUE" in names
     )
-    assert any(w.startswith("src/gpufleet/host/preflight.py") for w in names)
+    assert any(w.startswith("src/gpufleet/host/server/preflight.py") for w in names)
     assert len(found) >= 20, len(found)
     record("regex_census", {"patterns": len(found)})
 

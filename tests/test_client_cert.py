@@ -94,8 +94,8 @@ def test_sampling_gpus_does_not_make_the_client_late(sim_server, tmp_path, monke
     every 0.1 s) now runs in its own process: the loop lag with it stays near the lag
     without it, alternating, in the same test."""
 
-    from gpufleet.host import nvml as nvmlread
     from gpufleet.host.bench import telemetry
+    from gpufleet.host.gpu import nvml as nvmlread
     from gpufleet.sim import gpustate
 
     server = sim_server("--tp-size", "8")

@@ -9,7 +9,7 @@ import yaml
 
 from gpufleet.archive import store as archive
 from gpufleet.archive.layout import Archive
-from gpufleet.archived import Manifest
+from gpufleet.archive.records import Manifest
 from gpufleet.report import compare
 from helpers import run_cli, unwrap
 

@@ -1,16 +1,16 @@
 """One SSH connection, and one agent start, per host per task: counted in a real sshd's
 own log (LogLevel DEBUG1 logs each login and each exec request). Each task also opens one
 SFTP channel on that connection: the host python is judged over it before it runs
-(control/interpreter.py), and uploads and downloads share it."""
+(control/agent/trust.py), and uploads and downloads share it."""
 
 from __future__ import annotations
 
 import yaml
 
-from gpufleet.control.fanout import run_on_hosts
-from gpufleet.control.inventory import load_inventory
-from gpufleet.control.sessionpool import for_task
-from gpufleet.host.protocol import StatusArgs
+from gpufleet.control.connect.fanout import run_on_hosts
+from gpufleet.control.connect.pool import for_task
+from gpufleet.control.inventory.model import load_inventory
+from gpufleet.host.agent.protocol import StatusArgs
 
 
 class SshdLog:
@@ -101,8 +101,8 @@ def test_each_connection_has_a_fabric_configuration_of_its_own(fleet):
     mutable, and its clone() even re-reads the SSH files into the source. The rule: no
     Fabric object is shared between two connections, and the once-parsed SSH files are
     only ever copied."""
-    from gpufleet.control.inventory import load_inventory
-    from gpufleet.control.ssh import _ssh_files, open_connection
+    from gpufleet.control.connect.ssh import _ssh_files, open_connection
+    from gpufleet.control.inventory.model import load_inventory
 
     host = load_inventory(fleet.inventory).hosts["h0"]
     a, b = open_connection(host), open_connection(host)

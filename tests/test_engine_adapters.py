@@ -1,4 +1,4 @@
-"""Engine adapters (issue 38): each engine's facts in one place (control/engines.py), turned
+"""Engine adapters (issue 38): each engine's facts in one place (control/server/engines.py), turned
 into the launch spec's probes and facts, the bench's default dialect and its warning where
 a level is above the requests the server serves at once."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufleet.control import engines
-from gpufleet.control.bench import engine_backend, queueing_warning
-from gpufleet.control.inventory import Host
-from gpufleet.control.playbook import Profile, build_specs
+from gpufleet.control.bench.run import engine_backend, queueing_warning
+from gpufleet.control.inventory.model import Host
+from gpufleet.control.server import engines
+from gpufleet.control.server.profiles import Profile, build_specs
 
 
 def _spec(tmp_path, **fields):
@@ -158,8 +158,8 @@ def test_a_server_that_cannot_empty_its_cache_gets_prompts_of_each_levels_own(
 ):
     """Issue 38 item 3: llama-server has no /flush_cache, and every level sent the same
     first prompts: its prompt cache served 100% of prompt tokens from C=2 on (the tier)."""
-    from gpufleet.control.bench import build_plan
-    from gpufleet.control.benchrequest import BenchRequest
+    from gpufleet.control.bench.request import BenchRequest
+    from gpufleet.control.bench.run import build_plan
     from gpufleet.host.bench.level import Prompt, salted
 
     (tmp_path / "playbooks").mkdir()
@@ -191,11 +191,11 @@ def test_a_grid_or_tune_cell_benches_in_its_own_engines_dialect(tmp_path, monkey
     llama-server posted SGLang's /generate (404) with prompts unsalted. The cell now carries
     its resolved profile's engine, and the static cell of a tune (the profile as written)
     runs under its own label."""
-    from gpufleet.control.arms import ArmSpec
-    from gpufleet.control.bench import build_plan
-    from gpufleet.control.benchrequest import BenchRequest
-    from gpufleet.control.launchoptions import LaunchOptions
-    from gpufleet.control.sweep import cell_request
+    from gpufleet.control.bench.request import BenchRequest
+    from gpufleet.control.bench.run import build_plan
+    from gpufleet.control.server.options import LaunchOptions
+    from gpufleet.control.sweep.cells import ArmSpec
+    from gpufleet.control.sweep.run import cell_request
 
     (tmp_path / "playbooks").mkdir()
     (tmp_path / "playbooks" / "llama.yaml").write_text(yaml.safe_dump({
@@ -221,10 +221,10 @@ ENGINE_WORDS = re.compile(
 )
 # where an engine's own words may appear in code, and why
 ENGINE_WORDS_ALLOWED = {
-    "control/engines.py": "the adapters themselves",
+    "control/server/engines.py": "the adapters themselves",
     "sim/": "the rehearsal engine imitates SGLang, flags and all",
-    "control/tune.py": "SGLang's adaptive table, written where its adapter says adaptive",
-    "control/tunefiles.py": "the same table's files",
+    "control/tune/table.py": "SGLang's adaptive table, written where its adapter says adaptive",
+    "control/tune/files.py": "the same table's files",
     "report/compare.py": "runs archived before the adapters read SGLang's cap from argv",
 }
 
@@ -271,8 +271,8 @@ def test_an_engines_knowledge_lives_in_its_adapter():
 def test_gpu_clean_looks_for_every_engines_processes_from_its_adapter(cmdline, name, stale):
     """Issue 38: gpu-clean's default patterns were SGLang's and the rehearsal's, in the host
     agent; each adapter now names its own processes and the control sends them."""
-    from gpufleet.host import identity
-    from gpufleet.host.procs import compile_patterns
+    from gpufleet.host.proc import identity
+    from gpufleet.host.proc.gpuprocs import compile_patterns
 
     regexes = compile_patterns(engines.process_patterns())
     assert identity.matches(regexes, cmdline, name) is stale

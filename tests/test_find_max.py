@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gpufleet.control.findmax import Probe, Search
+from gpufleet.control.bench.findmax import Probe, Search
 from helpers import run_cli
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.control.inventory import Host
-from gpufleet.control.playbook import build_specs, list_profiles
-from gpufleet.host.preflight import check_flags_against
+from gpufleet.control.inventory.model import Host
+from gpufleet.control.server.profiles import build_specs, list_profiles
+from gpufleet.host.server.preflight import check_flags_against
 
 HELP = Path(__file__).parent / "fixtures" / "sglang-help"
 VERSIONS = sorted(p.stem for p in HELP.glob("*.txt"))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 
-from gpufleet.control import gpuclean as gpu
-from gpufleet.control.fleet import Fleet
-from gpufleet.control.inventory import load_inventory
-from gpufleet.host.protocol import SysinfoArgs
+from gpufleet.control.connect.fleet import Fleet
+from gpufleet.control.inventory.model import load_inventory
+from gpufleet.control.server import gpuclean as gpu
+from gpufleet.host.agent.protocol import SysinfoArgs
 from gpufleet.sim import gpustate
 from helpers import pid_alive
 
@@ -179,7 +179,7 @@ def test_accept_new_records_the_key_only_when_asked(fleet, fresh_sshd):
 
 def test_agent_runs_with_a_python_lacking_gpufleet(fleet):
     inv = load_inventory(fleet.inventory)
-    from gpufleet.control.fanout import run_on_hosts
+    from gpufleet.control.connect.fanout import run_on_hosts
 
     results = run_on_hosts(inv.select("all-sim"), lambda s: (s.call(SysinfoArgs()), s.workdir), 8)
     for res in results:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufleet.host import gpuhealth
-from gpufleet.host import nvml as nvmlread
+from gpufleet.host.gpu import health as gpuhealth
+from gpufleet.host.gpu import nvml as nvmlread
 from gpufleet.sim import gpustate
 from gpufleet.sim import nvml as simnvml
 from helpers import run_cli

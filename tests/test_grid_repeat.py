@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gpufleet.control.arms import expand, parse_grid, short_names
+from gpufleet.control.sweep.cells import expand, parse_grid, short_names
 from gpufleet.errors import UserError
 from gpufleet.report import stats
 from helpers import REPO, row, run_cli, unwrap
@@ -151,11 +151,11 @@ def test_resume_runs_the_request_the_sweep_was_started_with(tmp_path, monkeypatc
     """The sweep's record keeps its request: `--resume` benches with it even when the flags
     are not repeated (or differ), so a resumed sweep measures what it started measuring."""
     from gpufleet.archive.layout import Archive
-    from gpufleet.control import sweep as sweeps
-    from gpufleet.control.arms import expand
-    from gpufleet.control.benchrequest import BenchRequest
-    from gpufleet.control.experiment import Console, Experiment
-    from gpufleet.control.fleet import Fleet
+    from gpufleet.control.bench.request import BenchRequest
+    from gpufleet.control.connect.fleet import Fleet
+    from gpufleet.control.sweep import run as sweeps
+    from gpufleet.control.sweep.cells import expand
+    from gpufleet.control.sweep.experiment import Console, Experiment
 
     archive = Archive(tmp_path / "a")
     benched = []
@@ -188,7 +188,7 @@ def test_rehearse_asks_for_the_seeds_experiment(tmp_path):
     by a line saying what it was asked, so the task's own wiring is what is tested."""
     script = (
         "import json, sys\n"
-        "from gpufleet.control import experiment\n"
+        "from gpufleet.control.sweep import experiment\n"
         "def sweep(self, profiles, arms, kind, resume, request):\n"
         "    print(json.dumps({'profiles': profiles, 'arms': [a.key for a in arms],\n"
         "        'levels': request.fixed_levels, 'archive': str(request.archive),\n"

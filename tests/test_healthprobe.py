@@ -17,7 +17,7 @@ import pytest
 SCRIPT = textwrap.dedent(
     """
     import http.client, http.server, socket, subprocess, threading
-    from gpufleet.host import health as healthprobe
+    from gpufleet.host.server import probe as healthprobe
 
     P, Q = 40007, 40011
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)

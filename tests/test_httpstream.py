@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufleet.host import health as healthprobe
 from gpufleet.host.bench import httpstream
 from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
+from gpufleet.host.server import probe as healthprobe
 from gpufleet.sim.sshd import free_port
 from helpers import REPO
 

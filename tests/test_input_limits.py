@@ -7,8 +7,8 @@ import pytest
 
 from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
-from gpufleet.archived import Manifest
-from gpufleet.control.inventory import load_inventory
+from gpufleet.archive.records import Manifest
+from gpufleet.control.inventory.model import load_inventory
 from gpufleet.errors import UserError
 from helpers import run_cli
 

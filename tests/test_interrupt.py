@@ -22,8 +22,8 @@ import yaml
 
 from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
-from gpufleet.host.procstat import ProcRef
-from gpufleet.host.servers import server_alive
+from gpufleet.host.proc.procstat import ProcRef
+from gpufleet.host.server.state import server_alive
 from gpufleet.records import ServerState
 from helpers import REPO, run_cli
 from test_reliability import record

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpufleet.control.inventory import load_inventory
+from gpufleet.control.inventory.model import load_inventory
 from gpufleet.errors import UserError
 from helpers import REPO, dedent, run_cli
 

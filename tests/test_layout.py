@@ -13,9 +13,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-from gpufleet.control import agentzip
-from gpufleet.host.protocol import CONTRACT
-from gpufleet.host.verbs import VERBS
+from gpufleet.control.agent import bundle as agentzip
+from gpufleet.host.agent.protocol import CONTRACT
+from gpufleet.host.agent.registry import VERBS
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = SRC / "gpufleet"
@@ -27,7 +27,7 @@ BASE = {
     "gpufleet.wire",
     "gpufleet.records",
     "gpufleet.readings",
-    "gpufleet.archived",
+    "gpufleet.archive.records",
 }  # shared by every package
 SHIPPED_BASE = {
     "gpufleet",
@@ -105,7 +105,7 @@ def test_no_module_imports_a_package_above_its_own():
                 upward.append(f"{source} -> {target}")
             elif src_pkg in SHIPPED and dst_pkg not in SHIPPED:
                 upward.append(f"{source} -> {target} (shipped code imports the control plane)")
-            elif src_pkg == "sim" and dst_pkg == "host" and target != "gpufleet.host.procstat":
+            elif src_pkg == "sim" and dst_pkg == "host" and target != "gpufleet.host.proc.procstat":
                 upward.append(f"{source} -> {target} (the rehearsal engine may use only procstat)")
     assert not upward, "imports against the one-way flow:\n" + "\n".join(sorted(upward))
 

@@ -6,8 +6,8 @@ import shlex
 
 import pytest
 
-from gpufleet.control.inventory import Host
-from gpufleet.control.playbook import build_specs, load_profile
+from gpufleet.control.inventory.model import Host
+from gpufleet.control.server.profiles import build_specs, load_profile
 from gpufleet.errors import UserError
 from helpers import REPO, dedent
 
@@ -139,7 +139,7 @@ def test_multi_node_ranks_and_dist_init_addr(tmp_path):
 
 
 def test_every_shipped_profile_is_valid():
-    from gpufleet.control.playbook import list_profiles
+    from gpufleet.control.server.profiles import list_profiles
 
     items = list_profiles(REPO / "playbooks")
     assert len(items) >= 6 and all(not isinstance(i, UserError) for i in items)

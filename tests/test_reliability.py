@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.archive import store as archive
-from gpufleet.control.fanout import run_on_hosts
-from gpufleet.control.inventory import load_inventory
-from gpufleet.host.protocol import EchoArgs
+from gpufleet.control.connect.fanout import run_on_hosts
+from gpufleet.control.inventory.model import load_inventory
+from gpufleet.host.agent.protocol import EchoArgs
 from gpufleet.sim import gpustate
 from gpufleet.sim.sshd import LoopbackSshd, free_port, keygen
 from helpers import REPO, pid_alive, read_run_id, run_cli

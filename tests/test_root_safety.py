@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.host import trust
+from gpufleet.host.agent import trust
 from test_reliability import record
 
 NOBODY = 65534

@@ -201,7 +201,7 @@ def test_an_engine_without_config_keeps_the_key_in_argv_and_says_so(fleet, tmp_p
 
 
 def test_scrubbing_rules_on_text_gpufleet_relays():
-    from gpufleet.host.redact import redact_text
+    from gpufleet.host.agent.redact import redact_text
 
     key = CANARIES["api_key"]
     lines = [

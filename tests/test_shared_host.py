@@ -121,7 +121,7 @@ def test_a_workdir_or_agent_planted_by_someone_else_is_never_run(fleet, tmp_path
     import os
     import zipfile
 
-    from gpufleet.control import agentzip
+    from gpufleet.control.agent import bundle as agentzip
 
     # a shared workdir another user created first (e.g. under /tmp): refused, nothing run
     shared = tmp_path / "shared-workdir"

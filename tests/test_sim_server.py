@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
-from gpufleet.control import engines
-from gpufleet.host import health as healthprobe
+from gpufleet.control.server import engines
+from gpufleet.host.server import probe as healthprobe
 from gpufleet.sim import gpustate
 from gpufleet.sim.server import READY_LINE
 from helpers import REPO, pid_alive
@@ -110,7 +110,7 @@ def test_sigkill_of_launcher_orphans_schedulers_for_gpu_clean(sim_server, tmp_pa
     assert all(pid_alive(k.pid) for k in kids)
     assert len(gpustate.live_allocations(server.state_dir)) == 2
 
-    from gpufleet.host import procs
+    from gpufleet.host.proc import gpuprocs as procs
 
     found = procs.find_pattern_matches(engines.process_patterns(), str(server.state_dir))
     assert {k.pid for k in kids} <= set(found)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.control import hostlist, slurm
-from gpufleet.control.inventory import load_inventory
+from gpufleet.control.inventory import hostlist, slurm
+from gpufleet.control.inventory.model import load_inventory
 from gpufleet.errors import UserError
 from helpers import run_cli
 

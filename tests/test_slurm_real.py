@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufleet.control import slurm
+from gpufleet.control.inventory import slurm
 from gpufleet.sim.slurm import LocalSlurm
 from helpers import Fleet, pid_alive, run_cli
 

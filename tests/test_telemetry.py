@@ -84,7 +84,7 @@ def test_the_sampler_reads_from_a_child_process_never_a_thread_of_the_client(tmp
 
     import psutil
 
-    from gpufleet.host import nvml as nvmlread
+    from gpufleet.host.gpu import nvml as nvmlread
     from gpufleet.sim import gpustate
 
     state = tmp_path / "gpus"

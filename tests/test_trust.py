@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufleet.host import trust
+from gpufleet.host.agent import trust
 from helpers import REPO, run_cli
 from test_reliability import record
 
@@ -132,7 +132,7 @@ def test_a_bare_python_runs_the_system_one_judged_not_the_logins(fleet, tmp_path
     fleet.write_inventory(extra_hosts={"h9": {"address": "127.0.0.1", "port": sshd.port,
                                               "python": "python3",
                                               "workdir": str(fleet.workdir("h9"))}})  # fmt: skip
-    from gpufleet.control import interpreter
+    from gpufleet.control.agent import trust as interpreter
 
     verdict = interpreter.judge_python("python3", 0, interpreter.LocalTree())
     assert verdict.executable.startswith(("/usr/", "/bin/")) and not verdict.problems
@@ -255,7 +255,7 @@ def test_the_bootstrap_runs_the_bytes_it_hashed_not_the_file(tmp_path):
     import io
     import zipfile
 
-    from gpufleet.control import bootstrap
+    from gpufleet.control.agent import bootstrap
 
     marker = tmp_path / "ran"
     buffer = io.BytesIO()
@@ -267,7 +267,7 @@ def test_the_bootstrap_runs_the_bytes_it_hashed_not_the_file(tmp_path):
         )
     gone = tmp_path / "agent-gone.pyz"
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from gpufleet.control import bootstrap; "
+        "import sys; sys.path.insert(0, sys.argv[1]); from gpufleet.control.agent import bootstrap; "
         "bootstrap.run_from_memory(sys.argv[2], sys.stdin.buffer.read())"
     )
     done = subprocess.run(
@@ -337,7 +337,7 @@ def test_a_python_that_is_a_script_is_refused(fleet, tmp_path):
 
 
 def test_the_clean_environment_keeps_what_servers_need_and_drops_what_loads_code(tmp_path):
-    from gpufleet.host import childenv
+    from gpufleet.host.server import childenv
 
     theirs = tmp_path / "their-cache"
     theirs.mkdir()
@@ -357,7 +357,7 @@ def test_the_clean_environment_keeps_what_servers_need_and_drops_what_loads_code
 
 
 def test_relative_paths_are_judged_where_they_resolve(tmp_path, monkeypatch):
-    from gpufleet.control import interpreter
+    from gpufleet.control.agent import trust as interpreter
 
     monkeypatch.chdir(tmp_path)
     assert trust.judge("wd", 0, trust.WORKDIR, create=True) == str(tmp_path / "wd")
@@ -366,7 +366,7 @@ def test_relative_paths_are_judged_where_they_resolve(tmp_path, monkeypatch):
 
 
 def test_a_venv_whose_home_is_relative_is_judged_not_a_crash(tmp_path):
-    from gpufleet.control import interpreter
+    from gpufleet.control.agent import trust as interpreter
 
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)

@@ -2,14 +2,14 @@
 next untrusted one (issue 34.7).
 
 Each task runs over a real sshd traced by strace (tests/census.py). Three rules:
-1. every path touched passes the trust rule (host/trust.py) at the time;
+1. every path touched passes the trust rule (host/agent/trust.py) at the time;
 2. every directory touched is in the committed census (tests/fixtures/root-census.json):
    a task that starts touching a new place fails here until the place is judged and the
    census is written again (`GPUFLEET_WRITE_CENSUS=1 pytest tests/test_trust_census.py`);
 3. each directory of the census, made writable by another user in turn, makes the task
    refuse before anything in that directory is executed, imported or written.
-Plus the static half: in host/, only host/safewrite.py opens a file for writing, and every
-child process gets its environment from host/childenv.py.
+Plus the static half: in host/, only host/agent/safewrite.py opens a file for writing, and every
+child process gets its environment from host/server/childenv.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from census import touches, traced
-from gpufleet.host import trust
+from gpufleet.host.agent import trust
 from helpers import REPO
 from test_reliability import record
 
@@ -75,9 +75,9 @@ def test_in_host_only_safewrite_opens_files_for_writing():
     # directory (os.mkdir, for its EXISTS answer, inside a directory own_dir judged) and
     # each missing level of the workdir (the trust rule's walk, `create`)
     allowed = {("src/gpufleet/host/bench/verbs.py", "os.mkdir(run_dir"),
-               ("src/gpufleet/host/trust.py", "os.mkdir(candidate")}  # fmt: skip
+               ("src/gpufleet/host/agent/trust.py", "os.mkdir(candidate")}  # fmt: skip
     left = [f for f in found if not any(f.startswith(p) and s in f for p, s in allowed)]
-    assert not left, "write through host/safewrite.py:\n" + "\n".join(left)
+    assert not left, "write through host/agent/safewrite.py:\n" + "\n".join(left)
 
 
 def test_every_child_of_the_agent_gets_the_clean_environment():

@@ -8,7 +8,8 @@ import json
 import pytest
 import yaml
 
-from gpufleet.control import tune, tunefiles
+from gpufleet.control.tune import files as tunefiles
+from gpufleet.control.tune import table as tune
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow
 from gpufleet.sim.speculation import AdaptiveDepth, accept_length, step_costs_ms
@@ -500,8 +501,8 @@ def test_the_load_step_holds_each_phase_against_its_own_better_static():
     """Low, high, low again: per phase the figure of whichever static wins that phase, and
     the tuned server's switches; a server whose log was not read says so, and a step that
     did not finish everywhere gives no verdict rather than a partial one."""
-    from gpufleet.control.benchrequest import BenchRequest
-    from gpufleet.control.tunestep import step_request, step_verdict
+    from gpufleet.control.bench.request import BenchRequest
+    from gpufleet.control.tune.step import step_request, step_verdict
 
     def row(c, tput, per, switches=None):
         return ResultRow(c, 10, 0, tput, median_per_request_output_tps=per,
@@ -533,9 +534,9 @@ def test_the_load_step_holds_each_phase_against_its_own_better_static():
 
 
 def test_the_burst_trace_alternates_quiet_spells_and_bursts_of_the_highest_level(tmp_path):
-    from gpufleet.control import workloads
-    from gpufleet.control.benchrequest import BenchRequest
-    from gpufleet.control.tunestep import BURST_CYCLES, burst_request, burst_verdict
+    from gpufleet.control.bench import workloads
+    from gpufleet.control.bench.request import BenchRequest
+    from gpufleet.control.tune.step import BURST_CYCLES, burst_request, burst_verdict
 
     request = burst_request(
         BenchRequest(concurrency=[1, 8, 64], prompts="chat", output_len=32), tmp_path / "b.jsonl"
@@ -604,10 +605,10 @@ def test_bursts_replay_the_tunes_own_prompts(tmp_path, prompts):
     one included) reads as chat, so a coding-tuned table was judged on chat acceptance.
     Each arrival of the burst now carries one of the tune's own prompts."""
     from gpufleet.archive.layout import Archive
-    from gpufleet.control import prompts as prompt_sets
-    from gpufleet.control import tunestep
-    from gpufleet.control.bench import build_plan
-    from gpufleet.control.benchrequest import BenchRequest
+    from gpufleet.control.bench import prompts as prompt_sets
+    from gpufleet.control.bench.request import BenchRequest
+    from gpufleet.control.bench.run import build_plan
+    from gpufleet.control.tune import step as tunestep
 
     request = BenchRequest(concurrency=[1, 8], prompts=prompts, output_len=16,
                            archive=Archive.at(tmp_path))  # fmt: skip
@@ -625,7 +626,7 @@ def test_the_verdict_holds_the_tuned_server_to_the_best_static_the_tune_measured
     server at 92% of static depth 4 passed. Now each level also has the best static cell
     of the tune's own measurement (a rejected cell is not a bar), and the sentence says
     both."""
-    from gpufleet.control.tuneverify import verdict
+    from gpufleet.control.tune.verify import verdict
     from gpufleet.report.compare import Arm
     from helpers import level
 

@@ -1,4 +1,4 @@
-"""inv tune's clock (control/tunebudget.py): the estimate before the first launch and as
+"""inv tune's clock (control/tune/budget.py): the estimate before the first launch and as
 cells finish, and `--budget`, which drops the least informative cells first and never the
 three a table needs."""
 
@@ -7,10 +7,13 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.archive.layout import Archive
-from gpufleet.archived import Cell, SweepRecord
-from gpufleet.control import tune, tunebudget, tunefiles, tuneverify
-from gpufleet.control.benchrequest import BenchRequest
-from gpufleet.control.tunebudget import BURST, MEASURE, STEP, VERIFY, Pace, TimeKeeper
+from gpufleet.archive.records import Cell, SweepRecord
+from gpufleet.control.bench.request import BenchRequest
+from gpufleet.control.tune import budget as tunebudget
+from gpufleet.control.tune import files as tunefiles
+from gpufleet.control.tune import table as tune
+from gpufleet.control.tune import verify as tuneverify
+from gpufleet.control.tune.budget import BURST, MEASURE, STEP, VERIFY, Pace, TimeKeeper
 
 
 @pytest.fixture
@@ -164,7 +167,7 @@ def test_the_archived_pace_comes_from_this_profiles_tune_sweeps(tmp_path, spec):
 def test_an_interrupted_cell_is_not_counted_done(spec, tmp_path):
     """Ctrl-C during a cell's benchmark: the sweep still reports the cell, which is not
     done (`--resume` runs it), so the clock keeps it in what is left."""
-    from gpufleet.control.sweep import SweepState
+    from gpufleet.control.sweep.run import SweepState
 
     clock, _ = _clock(spec, pace=Pace(10.0, 0.01, "a test"))
     arm = clock.measure[0]

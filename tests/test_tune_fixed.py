@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gpufleet.control import tune, tunefixed
-from gpufleet.control.arms import ArmSpec
+from gpufleet.control.sweep.cells import ArmSpec
+from gpufleet.control.tune import fixed as tunefixed
+from gpufleet.control.tune import table as tune
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow
 
@@ -85,7 +86,8 @@ def test_one_depth_for_every_load_is_the_one_that_costs_least_where_it_costs_mos
 
 
 def test_the_fixed_depth_profile_extends_the_original_at_that_depth(tmp_path):
-    from gpufleet.control import engines, tunefiles
+    from gpufleet.control.server import engines
+    from gpufleet.control.tune import files as tunefiles
 
     profile = _profile(tmp_path, DRAFT)
     drafting = engines.engine("llamacpp").drafting
@@ -111,8 +113,8 @@ def test_the_fixed_depth_profile_extends_the_original_at_that_depth(tmp_path):
 def test_the_clock_plans_no_load_step_nor_bursts_for_one_depth_per_launch(tmp_path):
     """The load step and the bursts judge depth switching: a server with one depth per
     launch has none, so the tune neither runs them nor counts them in its estimate."""
-    from gpufleet.control import tunebudget
-    from gpufleet.control.benchrequest import BenchRequest
+    from gpufleet.control.bench.request import BenchRequest
+    from gpufleet.control.tune import budget as tunebudget
 
     profile = _profile(tmp_path, DRAFT)
     arms = tune.depth_arms(profile, [1, 3])

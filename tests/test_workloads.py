@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.control.bench import BenchRequest, build_plan
+from gpufleet.control.bench.run import BenchRequest, build_plan
 from gpufleet.errors import UserError
 from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
 from helpers import REPO, bench_local_run, run_cli
@@ -240,7 +240,7 @@ def test_token_ids_stay_under_the_vocabulary_given_and_the_default_draws_do_not_
     without it the ids are the ones every earlier run drew."""
     import random as stdlib_random
 
-    from gpufleet.control import workloads
+    from gpufleet.control.bench import workloads
 
     rows = workloads.random_ids(20, 3, 64, 8, 1.0, vocab=512)
     ids = [i for r in rows for i in r.input_ids]

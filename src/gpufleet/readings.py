@@ -45,7 +45,7 @@ class GpuProcess(Record):
 
 @dataclass
 class FatalXid(Record):
-    """An XID after which the GPU is unfit until reset (host/gpuhealth.py: FATAL_XIDS), as
+    """An XID after which the GPU is unfit until reset (host/gpu/health.py: FATAL_XIDS), as
     the host's ledger keeps it: the GPU's bus, the XID, its kernel log line, when first read."""
 
     bus: str | None
@@ -58,7 +58,7 @@ class FatalXid(Record):
 class GpuHealth(Record):
     """What makes an empty GPU unfit to measure on, read through NVML (and the kernel log for
     XIDs). A field the GPU or driver does not support is None ("n/a"), never an error.
-    `verdict` is ok, warn or bad, with `reasons` in words (host/gpuhealth.py judges)."""
+    `verdict` is ok, warn or bad, with `reasons` in words (host/gpu/health.py judges)."""
 
     verdict: str = "ok"
     reasons: list[str] = field(default_factory=list)

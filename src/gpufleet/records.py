@@ -1,6 +1,6 @@
 """Records that cross a boundary (SSH, a file on the host, the archive), each with one
 declared type that both sides import: the launch spec, the bench plan and its levels, the
-server state file, the per-level result row. The verb arguments in host/protocol.py and the
+server state file, the per-level result row. The verb arguments in host/agent/protocol.py and the
 archive's own records (archive/records.py) are checked the same way (gpufleet/wire.py).
 
 Defaults are declared once, here. Standard library only: this module ships.
@@ -32,7 +32,7 @@ class Level(Record):
 
 @dataclass
 class BenchPlan(Record):
-    """What a benchmark run does, built on the control machine (control/bench.py), sent
+    """What a benchmark run does, built on the control machine (control/bench/run.py), sent
     with bench-start, written as the run's plan.json and read by the runner."""
 
     run_id: str
@@ -48,7 +48,7 @@ class BenchPlan(Record):
     base_url: str | None = None  # --url, or set on the host from the server's state
     server_port: int | None = None  # set on the host: the server benched
     metrics_url: str | None = None  # set on the host when /metrics is sampled
-    # the engine's /metrics gauge names -> the names results keep (control/engines.py)
+    # the engine's /metrics gauge names -> the names results keep (control/server/engines.py)
     metric_names: dict[str, str] = field(default_factory=dict)
     tokenizer: str | None = None
     request_rate: float | None = None  # Poisson arrivals per second; None: all at once
@@ -74,10 +74,10 @@ class BenchPlan(Record):
 @dataclass
 class LaunchSpec(Record):
     """What one host will run: built on the control side from a profile
-    (control/playbook.py), sent with launch, executed by the agent (host/lifecycle.py)."""
+    (control/server/profiles.py), sent with launch, executed by the agent (host/server/verbs.py)."""
 
     profile: str
-    engine: str  # control/engines.py: sglang, sim, llamacpp, vllm or custom
+    engine: str  # control/server/engines.py: sglang, sim, llamacpp, vllm or custom
     argv: list[str]
     env: dict[str, str]
     host: str  # the address the server binds
@@ -95,7 +95,7 @@ class LaunchSpec(Record):
     resolved_profile: JsonObject = field(default_factory=dict)  # env redacted
     files: dict[str, str] = field(default_factory=dict)  # stored name -> content (host/files)
     secret_env: list[str] = field(default_factory=list)  # the profile's declared secret names
-    # the engine's probes and facts (control/engines.py fills them; the agent runs them):
+    # the engine's probes and facts (control/server/engines.py fills them; the agent runs them):
     version_argv: list[str] = field(default_factory=list)  # prints its version
     help_argv: list[str] = field(default_factory=list)  # + --help lists its flags
     flags_from: int = 0  # argv[flags_from:] are checked against that list
@@ -110,7 +110,7 @@ class LaunchSpec(Record):
 @dataclass
 class ServerState(Record):
     """`<workdir>/servers/<port>.json`: what was launched and what became of it. Written
-    by host/lifecycle.py, read by every verb that finds a server, copied into each run as
+    by host/server/verbs.py, read by every verb that finds a server, copied into each run as
     server_state.json (the manifest's `server` comes from it). Secrets already redacted."""
 
     pid: int
@@ -154,7 +154,7 @@ class ServerState(Record):
 @dataclass
 class PromptRow(Record):
     """One line of a run's prompts.jsonl: what one request (or one multi-turn session)
-    sends. Built on the control machine (control/workloads.py, control/bench.py), uploaded
+    sends. Built on the control machine (control/bench/workloads.py, control/bench/run.py), uploaded
     with the plan, read by the runner. Exactly one of `prompt`, `input_ids` or `turns`; a
     field left out is absent from the file (the prompt set's digest stays what it was)."""
 

@@ -9,8 +9,8 @@ import time
 import pynvml
 from gpuhelpers import record
 
-from gpufleet.host import gpuhealth
-from gpufleet.host import nvml as nvmlread
+from gpufleet.host.gpu import health as gpuhealth
+from gpufleet.host.gpu import nvml as nvmlread
 from helpers import run_cli
 
 

@@ -3,7 +3,7 @@
 Everything about the server comes from what was launched (the host's state file, copied
 into the run as server_state.json: argv, redacted environment, engine version and the
 profile as resolved at launch), never from `playbooks/` as it is now. Secrets are hidden
-before the files get here (control/bench.py).
+before the files get here (control/bench/run.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import json
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from gpufleet.archive.records import HostFacts, LevelOutcome, Manifest, PromptSetRef, ServerFacts
 from gpufleet.archive.store import parse_results
-from gpufleet.archived import HostFacts, LevelOutcome, Manifest, PromptSetRef, ServerFacts
 from gpufleet.records import BenchPlan
 from gpufleet.wire import JsonObject, Record, WireError
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpufleet.archive import store
 from gpufleet.archive.layout import Archive, profile_label
-from gpufleet.archived import FindMaxRecord, SweepRecord
+from gpufleet.archive.records import FindMaxRecord, SweepRecord
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus, RunStatus
 from gpufleet.records import ResultRow

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpufleet.archive.layout import Archive
-from gpufleet.archived import Manifest, Superseded
+from gpufleet.archive.records import Manifest, Superseded
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow
 from gpufleet.wire import WireError

@@ -21,7 +21,7 @@ def bench(c, **given):
         table,
     )
     from gpufleet.cli.progress import bench_progress
-    from gpufleet.control import bench as bench_control
+    from gpufleet.control.bench import run as bench_control
     from gpufleet.errors import UserError
     from gpufleet.report.tables import headers, rows
 
@@ -66,7 +66,7 @@ def _find_max(request, fleet, o):
     """`inv bench --find-max`: the search per host, its answer, the exit code."""
     from gpufleet.cli.output import line
     from gpufleet.cli.progress import bench_progress
-    from gpufleet.control import findmax
+    from gpufleet.control.bench import findmax
     from gpufleet.report.capacity import describe
 
     limit = o.max_load or FIND_MAX_LIMIT[o.by]

@@ -46,12 +46,12 @@ INVENTORY_HELP = "inventory file or name under hosts/ (default: $GPUFLEET_INVENT
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn a UserError into one line on stderr and exit code 2, never a traceback;
     scrub everything the task prints (cli/scrubbing.py); and keep one session per host
-    for the whole task (control/sessionpool.py)."""
+    for the whole task (control/connect/pool.py)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from gpufleet.cli import scrubbing
-        from gpufleet.control import sessionpool
+        from gpufleet.control.connect import pool as sessionpool
         from gpufleet.errors import UserError
 
         scrubbing.install()  # every byte printed from here on is scrubbed of secrets
@@ -68,7 +68,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def finish(results: Any, with_tail: bool = False, report: bool = True) -> None:
     """Print each host's warnings and each failed host's line (and server log tail) on
-    stderr; exit 1 if any host failed (a FleetResult, control/fanout.py)."""
+    stderr; exit 1 if any host failed (a FleetResult, control/connect/fanout.py)."""
     import sys
 
     from gpufleet.cli.output import line
@@ -81,11 +81,11 @@ def finish(results: Any, with_tail: bool = False, report: bool = True) -> None:
 
 
 def select_hosts(options: Any) -> Any:
-    """The Fleet (control/fleet.py) that parsed options choose: --inventory, --hosts (or
+    """The Fleet (control/connect/fleet.py) that parsed options choose: --inventory, --hosts (or
     `healthy[:NAMES]`), --forks."""
     from gpufleet.cli.output import line
-    from gpufleet.control.fleet import Fleet
-    from gpufleet.control.inventory import load_inventory
+    from gpufleet.control.connect.fleet import Fleet
+    from gpufleet.control.inventory.model import load_inventory
 
     inv = load_inventory(options.inventory)
     for node, why in inv.skipped.items():
@@ -93,7 +93,7 @@ def select_hosts(options: Any) -> Any:
     hosts = options.hosts
     if hosts is not None and (hosts == "healthy" or hosts.startswith("healthy:")):
         # `healthy` or `healthy:NAMES`: skip hosts whose last gpu-clean found a bad GPU
-        from gpufleet.control.gpuclean import healthy
+        from gpufleet.control.server.gpuclean import healthy
 
         selected, skipped = healthy(inv.select(hosts.partition(":")[2] or None))
         for text in skipped:

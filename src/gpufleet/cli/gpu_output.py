@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.cli.output import line, table
-from gpufleet.control.fanout import HostResult
-from gpufleet.control.gpuclean import CleanOptions
+from gpufleet.control.connect.fanout import HostResult
+from gpufleet.control.server.gpuclean import CleanOptions
 from gpufleet.readings import CleanAnswer, GpuReading, LiveServerInfo, StatusAnswer
 from gpufleet.report.gpu import gpu_verdict, killed_by_gpu
 from gpufleet.wire import JsonObject

@@ -12,7 +12,7 @@ from gpufleet.cli.tasksets import CLEAN, HOSTS, STATUS, SYSINFO
 def gpu_clean(c, **given):
     """Kill stale GPU processes and verify every GPU reads 0 MiB (NVML v2 used)."""
     from gpufleet.cli import gpu_output
-    from gpufleet.control import gpuclean
+    from gpufleet.control.server import gpuclean
 
     o = CLEAN.parse(given)
     options = CLEAN.request(o)
@@ -30,7 +30,7 @@ def gpu_clean(c, **given):
 def status(c, **given):
     """Read-only: GPUs, GPU processes and stale server processes per host."""
     from gpufleet.cli import gpu_output
-    from gpufleet.control import gpuclean
+    from gpufleet.control.server import gpuclean
 
     o = STATUS.parse(given)
     fleet = select_hosts(o)
@@ -45,7 +45,7 @@ def status(c, **given):
 @SYSINFO.task()
 def sysinfo(c, **given):
     """Driver, CUDA, GPU names and UUIDs, Python and package versions per host (JSON)."""
-    from gpufleet.host.protocol import SysinfoArgs
+    from gpufleet.host.agent.protocol import SysinfoArgs
 
     fleet = select_hosts(SYSINFO.parse(given))
     results = fleet.call(SysinfoArgs())
@@ -61,7 +61,7 @@ def sysinfo(c, **given):
 def hosts(c, **given):
     """List the inventory's hosts and groups."""
     from gpufleet.cli.output import table
-    from gpufleet.control.inventory import load_inventory
+    from gpufleet.control.inventory.model import load_inventory
 
     inv = load_inventory(HOSTS.parse(given).inventory)
     rows = []

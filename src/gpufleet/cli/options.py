@@ -2,7 +2,7 @@
 value is checked and bounded, its short flag, which field of the request it sets and, when
 the request has that field, its default (the request type's own: BenchRequest, whose shared
 defaults are records.BenchPlan's; for gpu-clean, stop and logs, the verb's in
-host/protocol.py). An `OptionSet` is a task's options plus its cross-option `Rule`s; from it
+host/agent/protocol.py). An `OptionSet` is a task's options plus its cross-option `Rule`s; from it
 come the task's signature (what Invoke parses), its help with the default said, its short
 flags, the one-line error a bad value or a bad combination gets, and the parsed options as
 one typed value (`parse`), checked before any host is touched.

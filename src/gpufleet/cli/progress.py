@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from gpufleet.cli.output import line
-from gpufleet.control.transport import Progress
-from gpufleet.host.protocol import ProgressEvent
+from gpufleet.control.connect.base import Progress
+from gpufleet.host.agent.protocol import ProgressEvent
 
 
 def launch_progress() -> Progress:

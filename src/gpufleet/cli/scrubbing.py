@@ -1,4 +1,4 @@
-"""Every byte a task prints goes through the archive's scrubbing (host/redact.py).
+"""Every byte a task prints goes through the archive's scrubbing (host/agent/redact.py).
 
 Tables, JSON, relayed server log lines, crash tails and Invoke's own exit messages all
 reach the terminal through sys.stdout and sys.stderr, so the task wrapper replaces both
@@ -12,7 +12,7 @@ import io
 import sys
 from typing import Any, TextIO
 
-from gpufleet.host.redact import scrub_known
+from gpufleet.host.agent.redact import scrub_known
 
 
 class ScrubbingStream(io.TextIOBase):

@@ -11,7 +11,7 @@ from gpufleet.cli.tasksets import LAUNCH, LOGS, STOP, WAIT
 def profiles(c):
     """List the server profiles in playbooks/ (resolved through `extends`)."""
     from gpufleet.cli.output import table
-    from gpufleet.control.playbook import list_profiles
+    from gpufleet.control.server.profiles import list_profiles
     from gpufleet.errors import UserError
 
     rows = []
@@ -29,8 +29,8 @@ def launch(c, **given):
     """Start the profile's server detached on each host and wait until /health answers 200."""
     from gpufleet.cli.output import line
     from gpufleet.cli.progress import launch_progress
-    from gpufleet.control import lifecycle
-    from gpufleet.control.playbook import load_profile
+    from gpufleet.control.server import lifecycle
+    from gpufleet.control.server.profiles import load_profile
 
     o = LAUNCH.parse(given)
     prof = load_profile(o.profile)
@@ -55,8 +55,8 @@ def _print_dry_run(checked):
     import shlex
 
     from gpufleet.cli.output import line
-    from gpufleet.control.fanout import FleetResult
-    from gpufleet.host.redact import redact_env
+    from gpufleet.control.connect.fanout import FleetResult
+    from gpufleet.host.agent.redact import redact_env
 
     for spec, res in checked:
         name = res.host.name
@@ -80,8 +80,8 @@ def wait(c, **given):
     """Resume waiting for launched servers to become healthy (after a dropped connection)."""
     from gpufleet.cli.output import line
     from gpufleet.cli.progress import launch_progress
-    from gpufleet.control import lifecycle
-    from gpufleet.control.playbook import load_profile
+    from gpufleet.control.server import lifecycle
+    from gpufleet.control.server.profiles import load_profile
 
     o = WAIT.parse(given)
     port_number = o.port or (load_profile(o.profile).port if o.profile else 30000)
@@ -97,7 +97,7 @@ def wait(c, **given):
 def stop(c, **given):
     """Stop launched servers (process group: SIGTERM, grace, SIGKILL) and verify GPUs clean."""
     from gpufleet.cli.output import line
-    from gpufleet.control import lifecycle
+    from gpufleet.control.server import lifecycle
 
     o = STOP.parse(given)
     fleet = select_hosts(o)
@@ -124,7 +124,7 @@ def logs(c, **given):
     """Show the tail of the remote server log (optionally follow it)."""
     from gpufleet.cli.output import line
     from gpufleet.cli.progress import launch_progress
-    from gpufleet.control import lifecycle
+    from gpufleet.control.server import lifecycle
 
     o = LOGS.parse(given)
     follow = o.follow

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpufleet.cli.experiments import LEFT_OUT, experiment, resume_command
+from gpufleet.cli.experiment_context import LEFT_OUT, experiment, resume_command
 from gpufleet.cli.tasksets import REHEARSE, SWEEP
 
 
@@ -14,9 +14,9 @@ def sweep(c, **given):
     """
     from gpufleet.cli.common import select_hosts
     from gpufleet.cli.output import line
-    from gpufleet.control import sweep as sweeps
-    from gpufleet.control.arms import expand, parse_grid
-    from gpufleet.control.launchoptions import LaunchOptions
+    from gpufleet.control.server.options import LaunchOptions
+    from gpufleet.control.sweep import run as sweeps
+    from gpufleet.control.sweep.cells import expand, parse_grid
 
     o = SWEEP.parse(given)
     request = SWEEP.request(o)
@@ -47,9 +47,9 @@ def rehearse(c, **given):
     import time
 
     from gpufleet.cli.output import line
-    from gpufleet.control.arms import expand
-    from gpufleet.control.benchrequest import BenchRequest
-    from gpufleet.control.launchoptions import LaunchOptions
+    from gpufleet.control.bench.request import BenchRequest
+    from gpufleet.control.server.options import LaunchOptions
+    from gpufleet.control.sweep.cells import expand
 
     start = time.monotonic()
     o = REHEARSE.parse(given)

@@ -1,6 +1,6 @@
 """Every task's options, declared once (the mechanism is cli/options.py). A request's
-defaults are its type's own: BenchRequest (control/benchrequest.py), CleanOptions,
-LaunchOptions, and the stop and logs verbs' arguments (host/protocol.py).
+defaults are its type's own: BenchRequest (control/bench/request.py), CleanOptions,
+LaunchOptions, and the stop and logs verbs' arguments (host/agent/protocol.py).
 
 This module is read by `inv --list`: it imports only light modules at import time.
 """
@@ -12,12 +12,11 @@ from typing import Any
 from gpufleet.cli import args as checks
 from gpufleet.cli.args import Arg
 from gpufleet.cli.options import Option, OptionSet, Rule, switch
-from gpufleet.control.benchrequest import BenchRequest
-from gpufleet.control.cleanoptions import CleanOptions
-from gpufleet.control.engines import NAMES as ENGINE_NAMES
-from gpufleet.control.launchoptions import LaunchOptions
+from gpufleet.control.bench.request import BenchRequest
+from gpufleet.control.server.engines import NAMES as ENGINE_NAMES
+from gpufleet.control.server.options import CleanOptions, LaunchOptions
 from gpufleet.errors import UserError
-from gpufleet.host.protocol import LogsArgs, StopArgs
+from gpufleet.host.agent.protocol import LogsArgs, StopArgs
 from gpufleet.kinds import BACKENDS
 from gpufleet.records import HEALTH_TIMEOUT_S
 
@@ -60,7 +59,7 @@ def _slo(value: Any, arg: Arg) -> dict[str, float]:
 
 
 def _workload(value: Any, arg: Arg) -> str:
-    from gpufleet.control.workloads import parse_workload
+    from gpufleet.control.bench.workloads import parse_workload
 
     parse_workload(value)  # a bad name or option: one line now
     return value or arg.default
@@ -224,7 +223,8 @@ CLEAN = OptionSet(
                      field="tolerance_mib", most=10_000_000),
     pattern=Option("regex for a stale server's program, title or Python module, never a "
                    "whole command line (repeatable; default: every engine's own processes, "
-                   "as control/engines.py names them)", _patterns, field="patterns", iterable=True,
+                   "as control/server/engines.py names them)",
+                   _patterns, field="patterns", iterable=True,
                    default=None),
     include_running=Option("also kill servers that answer /health 200 (left alone by default)",
                            flag_default=False, default=False),

@@ -12,7 +12,7 @@ from gpufleet.cli.output import line, table
 def print_choice(outcome: Any) -> None:
     """The measured output tok/s (and per-request tok/s) by depth, the chosen depth per load,
     and the files written."""
-    from gpufleet.control import tune as tuning
+    from gpufleet.control.tune import table as tuning
 
     result = outcome.result
     columns = tuning.measured_columns(result.measured)

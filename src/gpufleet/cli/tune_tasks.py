@@ -1,10 +1,10 @@
 """inv tune: static draft depths measured, SGLang's adaptive table chosen (or, on an engine
 with one depth for every load, that depth), a tuned profile written and verified against no
-drafting and static speculation (control/tunerun.py)."""
+drafting and static speculation (control/tune/run.py)."""
 
 from __future__ import annotations
 
-from gpufleet.cli.experiments import LEFT_OUT, experiment, resume_command
+from gpufleet.cli.experiment_context import LEFT_OUT, experiment, resume_command
 from gpufleet.cli.tasksets import TUNE
 
 
@@ -13,8 +13,8 @@ def tune(c, **given):
     """Measure draft depths by load, write SGLang's adaptive table (llama.cpp: the one depth)
     and a profile using it."""
     from gpufleet.cli.tune_output import print_choice, print_verdicts
-    from gpufleet.control import tunerun
-    from gpufleet.control.launchoptions import LaunchOptions
+    from gpufleet.control.server.options import LaunchOptions
+    from gpufleet.control.tune import run as tunerun
 
     o = TUNE.parse(given)
     request = TUNE.request(o)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpufleet.archived import FindMaxRecord
+from gpufleet.archive.records import FindMaxRecord
 
 
 def describe(answer: FindMaxRecord) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from gpufleet.archived import Manifest
+from gpufleet.archive.records import Manifest
 from gpufleet.report import metrics
 from gpufleet.report.fingerprint import PER_GPU, differences
 from gpufleet.report.stats import LevelFigures, ratio_text

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.archived import Manifest
+from gpufleet.archive.records import Manifest
 from gpufleet.report import answer, figures, metrics
 from gpufleet.report.answer import Answer
 from gpufleet.report.compare import Arm, common_levels

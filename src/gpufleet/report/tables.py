@@ -7,7 +7,7 @@ import io
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from gpufleet.archived import Manifest
+from gpufleet.archive.records import Manifest
 from gpufleet.report import metrics
 from gpufleet.report.markdown import md_table
 

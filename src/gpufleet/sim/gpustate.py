@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from gpufleet.host.procstat import ProcRef
+from gpufleet.host.proc.procstat import ProcRef
 from gpufleet.wire import JsonObject
 
 STATE_ENV = "GPUFLEET_SIM_STATE"
@@ -64,7 +64,7 @@ def ensure_topology(
         "cuda": 13000,
         "uuids": [str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{host}/gpu{i}")) for i in range(count)],
         "faults": faults or {},  # index -> health faults the simulated NVML reports (issue 25)
-        "boot_id": boot_id or "simulated-boot-1",  # a new one is a reboot (host/gpuhealth.py)
+        "boot_id": boot_id or "simulated-boot-1",  # a new one is a reboot (host/gpu/health.py)
     }
     current = root / "gpus.json"
     try:

@@ -371,7 +371,7 @@ def gpufleet_boot_id() -> str:
 
 def gpufleet_kernel_log() -> list[str]:
     """The simulated host's kernel log: an `xid` fault is the NVRM line a real driver writes
-    (host/gpuhealth.py reads this instead of dmesg on a simulated host)."""
+    (host/gpu/health.py reads this instead of dmesg on a simulated host)."""
     faults = _topology().get("faults") or {}
     lines = []
     for index, fault in sorted(faults.items()):

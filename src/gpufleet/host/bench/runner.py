@@ -22,17 +22,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpufleet.host import safewrite, serverkeys
+from gpufleet.host.agent import safewrite
+from gpufleet.host.agent.protocol import ProgressEvent, RunStatusFile
+from gpufleet.host.agent.redact import process_secrets, scrub
 from gpufleet.host.bench import serverapi, telemetry
 from gpufleet.host.bench import slo as slos
 from gpufleet.host.bench.level import Prompt, RequestRecord, Tally, salted
 from gpufleet.host.bench.loadgen import run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
 from gpufleet.host.bench.spread import auto_procs, run_spread
-from gpufleet.host.nvml import load_pynvml
-from gpufleet.host.protocol import ProgressEvent, RunStatusFile
-from gpufleet.host.redact import process_secrets, scrub
-from gpufleet.host.servers import server_alive
+from gpufleet.host.gpu.nvml import load_pynvml
+from gpufleet.host.server import keys as serverkeys
+from gpufleet.host.server.state import server_alive
 from gpufleet.records import BenchPlan, Level, PromptRow, ResultRow, ServerState
 
 
@@ -278,7 +279,7 @@ def _sglang_bench_level(
 
 
 def _read_rows(run_dir: Path) -> list[PromptRow]:
-    """prompts.jsonl: one row per prompt (control/workloads.py says which shapes), checked."""
+    """prompts.jsonl: one row per prompt (control/bench/workloads.py says which shapes), checked."""
     lines = (run_dir / "prompts.jsonl").read_text().splitlines()
     return [
         PromptRow.from_wire(json.loads(line), f"prompts.jsonl:{number}")

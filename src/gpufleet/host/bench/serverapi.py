@@ -1,5 +1,5 @@
 """What the runner asks of the server besides its load: /server_info, /flush_cache and
-/metrics samples, each with the server's key when it has one (host/serverkeys.py)."""
+/metrics samples, each with the server's key when it has one (host/server/keys.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import urllib.error
 import urllib.request
 
-from gpufleet.host import serverkeys
+from gpufleet.host.server import keys as serverkeys
 from gpufleet.wire import JsonObject
 
 PROM_KEYS = (
@@ -42,7 +42,7 @@ MetricSample = dict[str, float]  # one scrape: "t" (wall clock) and each gauge o
 
 def prometheus(text: str, aliases: dict[str, str] | None = None) -> dict[str, float]:
     """The gauges results keep (PROM_KEYS), summed over labels; `aliases`: the engine's own
-    names for them (the plan carries them from its adapter, control/engines.py)."""
+    names for them (the plan carries them from its adapter, control/server/engines.py)."""
     aliases = aliases or {}
     out: dict[str, float] = {}
     for line in text.splitlines():

@@ -5,7 +5,7 @@ bench_serving is installed wherever SGLang is. Prompts travel as a ShareGPT file
 version reads `--dataset-name sharegpt --dataset-path`); bench_serving tokenizes them with
 `--tokenizer` (default: the served model's path) and shuffles them with its own seed.
 
-Every gpufleet option is passed on or refused (control/bench.py refuses --duration and
+Every gpufleet option is passed on or refused (control/bench/run.py refuses --duration and
 non-text workloads): warm-up as `--warmup-requests`, the cache flush as `--flush-cache`,
 and `--output-details` always, so each level's requests are archived as
 `requests-c<N>.jsonl` like gpufleet's own and every figure recomputes from them. The
@@ -21,7 +21,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpufleet.host import childenv, safewrite, serverkeys
+from gpufleet.host.agent import safewrite
+from gpufleet.host.server import childenv
+from gpufleet.host.server import keys as serverkeys
 from gpufleet.records import BenchPlan, Level
 from gpufleet.wire import JsonObject
 

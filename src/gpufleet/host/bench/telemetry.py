@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
-from gpufleet.host import childenv, safewrite
+from gpufleet.host.agent import safewrite
+from gpufleet.host.server import childenv
 
 NVML_CLOCK_SM = 1
 NVML_TEMPERATURE_GPU = 0
@@ -174,7 +175,7 @@ class Sampler:
 def _shim_path() -> str | None:
     """The rehearsal's `pynvml` folder when this process reads simulated GPUs (the child runs
     with -I, which ignores PYTHONPATH)."""
-    from gpufleet.host.nvml import shim_dir
+    from gpufleet.host.gpu.nvml import shim_dir
 
     shim = shim_dir()
     return shim if shim in sys.path else None
@@ -197,7 +198,7 @@ def child_main() -> None:
         os.nice(5)
     except OSError:
         pass
-    from gpufleet.host.nvml import load_pynvml
+    from gpufleet.host.gpu.nvml import load_pynvml
 
     nvml = load_pynvml()
     handles = [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in job["indexes"]]

@@ -14,10 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpufleet.host import childenv, gpus, safewrite, serverkeys
-from gpufleet.host import nvml as nvmlread
-from gpufleet.host.procstat import ProcRef
-from gpufleet.host.protocol import (
+from gpufleet.host.agent import safewrite
+from gpufleet.host.agent.protocol import (
     AgentError,
     BenchRunArgs,
     BenchStartAnswer,
@@ -27,7 +25,12 @@ from gpufleet.host.protocol import (
     RunStatusFile,
     emit_event,
 )
-from gpufleet.host.servers import all_states, read_state, server_alive, tail
+from gpufleet.host.gpu import nvml as nvmlread
+from gpufleet.host.gpu import verbs as gpus
+from gpufleet.host.proc.procstat import ProcRef
+from gpufleet.host.server import childenv
+from gpufleet.host.server import keys as serverkeys
+from gpufleet.host.server.state import all_states, read_state, server_alive, tail
 from gpufleet.kinds import Kind, RunStatus
 from gpufleet.records import BenchPlan, ServerState
 from gpufleet.wire import JsonObject

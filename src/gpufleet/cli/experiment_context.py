@@ -1,0 +1,89 @@
+"""An experiment started from a task: its hosts, the console it prints through, Ctrl-C, and
+the exit code and pasteable `--resume` line a sweep that did not finish ends with. Used by
+`inv sweep`, `inv tune` and `inv rehearse`; the orchestration itself is control/sweep/experiment.py,
+control/sweep/run.py and control/tune/run.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from invoke.exceptions import Exit
+
+from gpufleet.cli.common import select_hosts
+from gpufleet.cli.compare_tasks import show_compare
+
+LEFT_OUT = ("resume", "dry_run", "hosts", "inventory")  # the resume line sets these
+
+
+def resume_command(base: list[str], words: list[str]) -> Callable[[str, list[str]], str]:
+    """Build the pasteable `--resume` line: the task's options as given (OptionSet.given),
+    its inventory and hosts."""
+    import shlex
+
+    def command(inventory: str, hosts: list[str]) -> str:
+        tail = ["--inventory", inventory, "--hosts", ",".join(hosts), "--resume"]
+        return shlex.join([*base, *words, *tail])
+
+    return command
+
+
+@contextlib.contextmanager
+def ctrl_c_stops(cancel: Any, hint: Callable[[], str]) -> Iterator[None]:
+    """First Ctrl-C: nothing new starts, the cells in flight stop cleanly (see sweep.py).
+    Second Ctrl-C: exit at once; what runs on the hosts goes on and --resume finishes it."""
+    import os
+    import signal
+    import sys
+
+    from gpufleet.cli.output import line
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if not cancel.requested:
+            cancel.request()
+            line("gpufleet: stopping: no new cell starts, cells in flight stop cleanly "
+                 "(Ctrl-C again to abort now)", sys.stderr)  # fmt: skip
+            return
+        line(f"gpufleet: aborted; finish the sweep with `{hint()}`", sys.stderr)
+        os._exit(130)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def experiment(
+    o: Any, command: Callable[[str, list[str]], str], launch: Any, fail_fast: bool = False
+) -> Iterator[Any]:
+    """The Experiment a task's sweeps run in, on the hosts its options select, printing
+    through the CLI; a sweep left unfinished exits 130 (interrupted) or 1 (failed cells),
+    with the line that finishes it."""
+    from gpufleet.cli.output import line
+    from gpufleet.cli.progress import bench_progress, launch_progress
+    from gpufleet.control.sweep.experiment import Console, Experiment, SweepUnfinished
+
+    fleet = select_hosts(o)
+    opened: list[Any] = []
+    shown = lambda data, out_dir: show_compare(data, "table", out_dir)  # noqa: E731
+    console = Console(line, shown, launch_progress(), bench_progress(), opened.append)
+    exp = Experiment(fleet, console, launch, fail_fast)
+
+    def hint() -> str:
+        return command(fleet.source, opened[-1].record.hosts if opened else fleet.names)
+
+    with ctrl_c_stops(exp.cancel, hint):
+        try:
+            yield exp
+        except SweepUnfinished as unfinished:
+            if unfinished.interrupted:
+                raise Exit(
+                    f"gpufleet: interrupted; finish the sweep with `{hint()}`", 130
+                ) from None
+            raise Exit(
+                f"gpufleet: some sweep cells failed (see above); retry them with `{hint()}`", 1
+            ) from None

@@ -1,0 +1,4 @@
+"""The agent that is shipped: the zip built from host/ (and sim/ for rehearsal hosts), the
+bootstrap that runs it from memory, and the judge of the host interpreter root would run it
+with.
+"""

@@ -1,0 +1,446 @@
+"""Reach a host and run the agent there: Fabric over SSH, or a subprocess for `local`.
+
+Both sessions expose the same `call(args, on_event)`, where `args` is one of the verb
+contract's dataclasses (host/agent/protocol.py), so every task runs identically on a laptop
+rehearsal, a local GPU box and a fleet over SSH. Arguments travel on the agent's stdin,
+one line per verb, to the one agent a session keeps running (control/connect/agentproc.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import os
+import secrets
+import shlex
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from paramiko import SSHException
+
+from gpufleet.control.agent import bootstrap
+from gpufleet.control.agent import bundle as agentzip
+from gpufleet.control.agent import trust as interpreter
+from gpufleet.control.connect.agentproc import (
+    EOF,
+    FINAL,
+    TIMEOUT,
+    AgentProcess,
+    LocalAgent,
+    SSHAgent,
+)
+from gpufleet.control.inventory.model import Host
+from gpufleet.errors import HostError
+from gpufleet.host.agent import trust
+from gpufleet.host.agent.protocol import MARK, SERVE, FinalLine, Hello, ProgressEvent, VerbArgs
+from gpufleet.kinds import Kind
+from gpufleet.wire import WireError
+
+EventHandler = Callable[[ProgressEvent], None]
+Progress = Callable[[str, ProgressEvent], None]  # (host name, event): a per-host printer
+
+
+def host_events(host_name: str, progress: Progress | None) -> EventHandler | None:
+    """An agent's progress events, handed to a per-host progress printer (if any)."""
+    if progress is None:
+        return None
+    return lambda event: progress(host_name, event)
+
+
+class _LineParser:
+    """A file-like sink that splits agent stdout into JSON lines as they arrive."""
+
+    def __init__(self, on_event: EventHandler | None) -> None:
+        self.on_event = on_event
+        self.buffer = ""
+        self.final: FinalLine | None = None
+        self.hello: Hello | None = None  # a serving agent's first line
+        self.other: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.buffer += text
+        while "\n" in self.buffer:
+            line, self.buffer = self.buffer.split("\n", 1)
+            self._line(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.buffer:
+            self._line(self.buffer)
+            self.buffer = ""
+
+    def _line(self, line: str) -> None:
+        line = line.strip()
+        if not line:
+            return
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            self.other.append(line)
+            return
+        if not isinstance(obj, dict) or obj.get(MARK) != 1:
+            self.other.append(line)
+        elif "event" in obj:
+            if self.on_event:
+                self.on_event(obj["event"])
+        elif "hello" in obj:
+            self.hello = obj["hello"]
+        else:
+            self.final = obj
+
+
+MISSING = bootstrap.MISSING
+START_TIMEOUT_S = 60.0  # bootstrap, hash check and imports; a login shell's rc files too
+
+
+def _compact(source: str) -> str:
+    """The bootstrap's code without docstrings or comments: what `ps` shows on the host."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            body[:] = body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
+
+
+def _inline_trust(source: str) -> str:
+    """The bootstrap's source with host/agent/trust.py in place of its import of it: the host
+    has nothing of gpufleet's that may be imported before the hash is checked."""
+    tree, rule = ast.parse(source), ast.parse(Path(trust.__file__).read_text())
+    rule_body = [
+        node for node in rule.body
+        if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+    ]  # fmt: skip
+    body: list[ast.stmt] = []
+    for node in tree.body:
+        inlined = isinstance(node, ast.ImportFrom) and node.module == trust.__name__
+        body.extend(rule_body if inlined else [node])
+    tree.body = body
+    return ast.unparse(tree)
+
+
+BOOTSTRAP = _compact(_inline_trust(Path(bootstrap.__file__).read_text()))
+
+
+def _kind(value: Any) -> Kind:
+    """The kind an agent answered (an older agent's unknown kind is just an error)."""
+    try:
+        return Kind(value)
+    except ValueError:
+        return Kind.ERROR
+
+
+class Session:
+    """Runs agent verbs on one host; subclasses say how to start a command and upload.
+
+    The first call starts one agent there (`agent.pyz serve`) that answers every verb of
+    the task, one `VERB ARGS` line each, over one SSH connection: no new remote command,
+    login shell or Python per verb. The bootstrap checks the workdir path (creating what
+    is missing, 0700) and the agent's hash before anything from the host's disk runs; if
+    this version is not there it answers MISSING, the agent is uploaded and it starts
+    again. A timed-out or broken agent is dropped and the next call starts a fresh one.
+    """
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self._lock = threading.Lock()
+        self._agent: AgentProcess | None = None
+        self._workdir: str | None = None
+        self.agent_starts = 0  # how many agents this session started (tests, benchmarks)
+        self.warnings: set[str] = set()  # said once per host (a python others can change)
+        self.python: interpreter.Verdict | None = None  # the host python, as judged
+
+    def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
+        """The host's filesystem as the trust rule reads it, the connecting uid, home."""
+        raise NotImplementedError
+
+    def _judged_python(self) -> str:
+        """The host python's executable, once its whole tree passed the trust rule: judged
+        from outside, before it runs (a `python_trust: warn` host runs it, warned first)."""
+        if self.python is None:
+            fs, uid, home = self._tree()
+            try:
+                verdict = interpreter.judge_python(self.host.python_path, uid, fs, home)
+            except OSError as exc:
+                why = f"cannot read the host python's tree: {exc}"
+                raise HostError(why, Kind.CONNECTION) from None
+            if verdict.problems:
+                more = len(verdict.problems) - 1
+                first = verdict.problems[0] + (f" (and {more} more)" if more else "")
+                if self.host.python_trust != "warn":
+                    raise HostError(f"refusing to run the host python: {first}", Kind.UNTRUSTED)
+                self.warnings.add(f"running an untrusted python (python_trust: warn): {first}")
+            self.python = verdict
+        return self.python.executable
+
+    def _start(self, script: str) -> AgentProcess:
+        raise NotImplementedError
+
+    def _upload(self, data: bytes, path: str) -> None:
+        raise NotImplementedError
+
+    @property
+    def alive(self) -> bool:
+        """The way to the host still works (a pooled session is reused only then)."""
+        return True
+
+    def cannot_keep_servers(self) -> str | None:
+        """None when a server the agent starts outlives the task; else why not."""
+        return None
+
+    def download(self, path: str) -> bytes:
+        """The bytes of an absolute path on the host."""
+        raise NotImplementedError
+
+    def upload(self, data: bytes, path: str) -> None:
+        """Write an absolute path on the host atomically (temporary name, then rename)."""
+        self._upload(data, path)
+
+    def close(self) -> None:
+        """End the serving agent (it exits when its stdin ends)."""
+        agent, self._agent = self._agent, None
+        if agent is not None:
+            agent.finish()
+
+    @property
+    def workdir(self) -> str:
+        """Absolute workdir on the host, as the serving agent said when it started."""
+        self._serving_agent()
+        assert self._workdir is not None
+        return self._workdir
+
+    def _bootstrap(self, agent: str, digest: str, verb: list[str]) -> str:
+        """The one remote command: the isolated bootstrap checks the workdir path and the
+        agent's hash before anything from the host's disk is imported (control/agent/bootstrap.py).
+        """
+        python = self._judged_python()
+        trust_mode = self.host.python_trust
+        argv = [python, "-I", "-c", BOOTSTRAP, self.host.workdir, agent, digest, trust_mode]
+        return f"umask 077; exec {shlex.join([*argv, *verb])}"
+
+    def _raise_for_workdir(self, code: int | None, err: str) -> None:
+        lines = err.strip().splitlines()
+        if code == 90:
+            raise HostError(f"{(lines or ['cannot create workdir'])[-1]}", Kind.WORKDIR)
+        if code == 91:
+            raise HostError(
+                f"refusing to run the agent: {(lines or ['unsafe workdir'])[-1]}",
+                kind=Kind.UNSAFE_WORKDIR,
+            )
+
+    def _serving_agent(self) -> AgentProcess:
+        """The task's agent on this host, started (and uploaded first if missing) on need."""
+        if self._agent is not None:
+            return self._agent
+        bundle = agentzip.build()
+        script = self._bootstrap(bundle.filename, bundle.digest, [SERVE])
+        for _attempt in range(2):
+            agent = self._start(script)
+            self.agent_starts += 1
+            sink = _LineParser(None)
+            deadline = time.monotonic() + START_TIMEOUT_S
+            outcome = agent.pump(sink, deadline, lambda sink=sink: sink.hello is not None)
+            if sink.hello is not None:
+                for line in agent.stderr_text().splitlines():  # said once per host
+                    if line.startswith(bootstrap.WARNING):
+                        self.warnings.add(line[len(bootstrap.WARNING) :].strip())
+                self._agent, self._workdir = agent, str(sink.hello["workdir"])
+                return agent
+            missing = [line for line in sink.other if line.startswith(MISSING + " ")]
+            if outcome == EOF and missing:
+                agent.exit_code()
+                with self._lock:
+                    self._upload(
+                        bundle.data, missing[-1][len(MISSING) + 1 :] + "/" + bundle.filename
+                    )
+                continue
+            break
+        if outcome == TIMEOUT:
+            agent.kill()
+            raise HostError(f"the agent did not start within {START_TIMEOUT_S:g}s", kind=Kind.AGENT)
+        self._fail_lost(agent)
+        code, err = agent.exit_code(), agent.stderr_text()
+        self._raise_for_workdir(code, err)
+        raise HostError(self._explain_failure(code, err, sink.other), kind=Kind.AGENT)
+
+    def _fail_lost(self, agent: AgentProcess) -> None:
+        if agent.lost:
+            raise HostError("connection lost", kind=Kind.CONNECTION)
+
+    def with_host(self, args: VerbArgs) -> VerbArgs:
+        """Fill in what every verb needs to know about the host (name, simulation, GPU count).
+
+        Paths are relative to the workdir, where the agent runs.
+        """
+        args.host = self.host.name
+        gpus = self.host.gpus
+        if args.expected_gpus is None:
+            args.expected_gpus = gpus.count
+        if gpus.simulated:
+            args.sim = {
+                "state_dir": "sim-gpus",
+                "count": next(c for c in (gpus.sim_count, gpus.count, 8) if c is not None),
+                "model": gpus.model,
+                "memory_mib": gpus.memory_mib,
+                "reserved_mib": gpus.reserved_mib,
+                "faults": {str(i): f.model_dump(exclude_none=True) for i, f in gpus.faults.items()},
+                "boot_id": gpus.boot_id,
+            }
+        return args
+
+    def call(
+        self,
+        args: VerbArgs,
+        on_event: EventHandler | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Run one agent verb; return its result or raise HostError with the agent's message."""
+        agent = self._serving_agent()
+        sink = _LineParser(on_event)
+        try:
+            agent.send(f"{args.VERB} {self.with_host(args).to_wire()}")
+        except (OSError, EOFError):
+            pass  # the agent is gone: said below, from what it left
+        deadline = None if timeout is None else time.monotonic() + timeout
+        outcome = agent.pump(sink, deadline, lambda: sink.final is not None)
+        if outcome != FINAL:
+            self._agent = None  # a fresh agent for the next call
+            if outcome == TIMEOUT:
+                agent.kill()
+                raise HostError(
+                    f"agent did not finish (timed out after {timeout:g}s)", kind=Kind.AGENT
+                )
+            self._fail_lost(agent)
+            code, err = agent.exit_code(), agent.stderr_text()
+            raise HostError(self._explain_failure(code, err, sink.other), kind=Kind.AGENT)
+        final = sink.final
+        assert final is not None
+        if not final.get("ok"):
+            raise HostError(final.get("error", "agent failed"), _kind(final.get("kind")))
+        result = final.get("result")
+        answer = type(args).ANSWER
+        if answer is None:
+            return result
+        try:
+            return answer.from_wire(result, args.VERB)
+        except WireError as exc:  # the agent's hash matched: a bug, said with its field
+            raise HostError(f"the agent's answer does not match: {exc}", kind=Kind.AGENT) from None
+
+    def call_resumable(
+        self,
+        args: VerbArgs,
+        on_event: EventHandler | None,
+        timeout: float | None,
+        doing: str,
+        resume: str,
+    ) -> Any:
+        """`call` for long verbs whose work goes on on the host if the connection drops:
+        a lost connection becomes one line saying what keeps running and how to resume."""
+        try:
+            return self.call(args, on_event=on_event, timeout=timeout)
+        except HostError as exc:
+            if exc.kind in (Kind.CONNECTION, Kind.AGENT):
+                raise HostError(
+                    f"lost the host while {doing} ({exc}); it keeps running there: {resume}",
+                    kind=Kind.CONNECTION,
+                ) from None
+            raise
+
+    def _explain_failure(self, code: int | None, err: str, other: list[str]) -> str:
+        lines = err.strip().splitlines()
+        tail = (lines or other or ["no output"])[-1]
+        if code == 127:
+            return (
+                f"python {self.host.python_path!r} not found on the host "
+                f"(set `python:` for {self.host.name} in the inventory)"
+            )
+        if code is None or code < 0:
+            return f"agent did not finish ({tail})"
+        return f"agent exited with code {code}: {tail}"
+
+
+class LocalSession(Session):
+    """`connection: local`: the same agent and the same script, run by `sh` here."""
+
+    def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
+        return interpreter.LocalTree(), os.geteuid(), os.path.expanduser("~")
+
+    def download(self, path: str) -> bytes:
+        return Path(path).read_bytes()
+
+    def _upload(self, data: bytes, path: str) -> None:
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, target)
+
+    def _start(self, script: str) -> AgentProcess:
+        return LocalAgent(script)
+
+
+class SSHSession(Session):
+    """Fabric over SSH with strict host keys, a connect timeout and transient-error retries."""
+
+    def __init__(self, host: Host) -> None:
+        super().__init__(host)
+        from gpufleet.control.connect import ssh as sshconnect
+
+        self.conn = sshconnect.open_connection(host)
+
+    def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
+        tree = interpreter.SftpTree(self.conn.sftp())
+        home = tree.home()
+        return tree, tree.lstat(home).st_uid, home
+
+    def _upload(self, data: bytes, path: str) -> None:
+        """A fresh temporary (SFTP's create-exclusive: never through a planted link), 0600
+        before a byte is in it, renamed over the name."""
+        sftp = self.conn.sftp()
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        with sftp.open(tmp, "wbx") as fh:
+            fh.chmod(0o600)
+            fh.set_pipelined(True)
+            fh.write(data)
+        sftp.posix_rename(tmp, path)
+
+    def download(self, path: str) -> bytes:
+        buffer = io.BytesIO()
+        try:
+            self.conn.sftp().getfo(path, buffer)
+        except (OSError, EOFError) as exc:
+            raise HostError(f"cannot fetch {path}: {exc}", kind=Kind.CONNECTION) from None
+        return buffer.getvalue()
+
+    def _start(self, script: str) -> AgentProcess:
+        transport = self.conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise HostError("connection lost", kind=Kind.CONNECTION)
+        try:
+            return SSHAgent(transport, script)
+        except (OSError, EOFError, SSHException) as exc:
+            raise HostError(f"connection lost: {exc}", kind=Kind.CONNECTION) from None
+
+    @property
+    def alive(self) -> bool:
+        transport = self.conn.client.get_transport()
+        return transport is not None and transport.is_active()
+
+    def close(self) -> None:
+        if self.alive:
+            super().close()
+        self.conn.close()

@@ -1,0 +1,44 @@
+"""The hosts a task acts on as one value (Fabric's Group, with gpufleet's forks bound, error
+kinds and session pool): `fleet.each(work)` runs `work(session)` on every host, at most
+`forks` at once, and `fleet.call(args)` sends one agent verb to every host; both return a
+FleetResult (control/connect/fanout.py) with `.failed`, `.exit_code()` and `.report()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from gpufleet.control.connect.base import Session
+from gpufleet.control.connect.fanout import FleetResult, HostResult, run_on_hosts
+from gpufleet.control.inventory.model import DEFAULT_FORKS, Host
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Fleet:
+    hosts: list[Host]
+    forks: int = DEFAULT_FORKS
+    source: str = ""  # the inventory they came from, for pasteable hints
+
+    @property
+    def names(self) -> list[str]:
+        return [h.name for h in self.hosts]
+
+    def only(self, names: Iterable[str]) -> Fleet:
+        """The hosts among these names (a resumed sweep keeps its own hosts)."""
+        keep = set(names)
+        return replace(self, hosts=[h for h in self.hosts if h.name in keep])
+
+    def each(
+        self,
+        work: Callable[[Session], T],
+        on_done: Callable[[HostResult[T]], None] | None = None,
+    ) -> FleetResult[T]:
+        return run_on_hosts(self.hosts, work, self.forks, on_done)
+
+    def call(self, args: Any) -> FleetResult[Any]:
+        """One agent verb (host/agent/protocol.py's VerbArgs) on every host; its answers."""
+        return self.each(lambda session: session.call(args))

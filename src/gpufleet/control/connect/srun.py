@@ -1,0 +1,312 @@
+"""`connection: srun`: reach a node through Slurm where SSH to compute nodes is closed.
+
+The agent runs as a job step of the host's `slurm_job` on that node (`srun --jobid J
+--overlap -w NODE -N1 -n1`), answering the same verbs over the step's stdin and stdout,
+after the same bootstrap and hash check as over SSH. What SFTP does there is done by a
+second step, a `/bin/sh` of the node's own: it answers the trust rule's reads (lstat,
+readlink, listdir, read) with root's programs (stat, find, head, base64) before the host
+python runs, and moves the agent into place. The agent's bytes reach the job's nodes by
+`sbcast` (Slurm's own broadcast: no shared filesystem assumed), once per job.
+
+A server launched this way outlives the step that started it (it runs in its own session,
+which `proctrack/linuxproc` does not follow); under `proctrack/cgroup` Slurm ends every
+process of a step with it, and launch refuses, saying so (`cannot_keep_servers`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import secrets
+import select
+import shlex
+import signal
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.control.agent import trust as interpreter
+from gpufleet.control.connect.agentproc import AgentProcess, LocalAgent
+from gpufleet.control.connect.base import Session
+from gpufleet.control.inventory import slurm
+from gpufleet.control.inventory.model import Host
+from gpufleet.control.inventory.slurm import step_env
+from gpufleet.errors import HostError, UserError
+from gpufleet.kinds import Kind
+
+SHELL_TIMEOUT_S = 30.0
+_DONE = b"__gpufleet_done"
+_DONE_LINE = re.compile(rb"\n__gpufleet_done (\d+)\n")
+_TYPES = {"f": stat.S_IFREG, "d": stat.S_IFDIR, "l": stat.S_IFLNK, "c": stat.S_IFCHR,
+          "b": stat.S_IFBLK, "p": stat.S_IFIFO, "s": stat.S_IFSOCK}  # fmt: skip
+
+
+def step_argv(host: Host) -> list[str]:
+    """The start of every srun this host's steps use: one task on its node, inside its
+    job beside whatever runs there, with a clean environment (as an SSH login has)."""
+    assert host.slurm_job is not None  # the inventory requires it for srun
+    return ["srun", f"--jobid={host.slurm_job}", "--overlap", f"--nodelist={host.address}",
+            "-N1", "-n1", "--unbuffered", "--quiet", "--export=NONE"]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """What the trust rule reads of an lstat (as os.stat_result and SFTP's attributes)."""
+
+    st_mode: int
+    st_uid: int
+    st_gid: int
+    st_size: int
+
+
+class NodeShell:
+    """A `/bin/sh` step on the node, asked one command at a time: its output and status.
+
+    Only root's programs answer (PATH is /usr/bin:/bin), and nothing of the host python's
+    tree runs before the trust rule has judged it."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        try:
+            self.proc = subprocess.Popen(
+                [*step_argv(host), "/bin/sh"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=step_env(),
+            )  # fmt: skip
+        except FileNotFoundError:
+            raise HostError("connection srun needs Slurm's `srun` on this machine (not found)",
+                            Kind.CONNECTION) from None  # fmt: skip
+        self._buffer = b""
+        self._lock = threading.Lock()
+        self.asked = 0
+        code, _ = self.ask("export PATH=/usr/bin:/bin LC_ALL=C; umask 077")
+        if code != 0:
+            raise HostError(self._lost("the node's shell did not start"), Kind.CONNECTION)
+
+    def _lost(self, what: str) -> str:
+        err = b""
+        if self.proc.poll() is not None and self.proc.stderr is not None:
+            err = self.proc.stderr.read() or b""
+        tail = (err.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+        job, node = self.host.slurm_job, self.host.address
+        return f"{what} (srun into job {job} on {node}: {tail})"
+
+    def ask(self, command: str, timeout: float = SHELL_TIMEOUT_S) -> tuple[int, bytes]:
+        """(exit status, stdout) of one command in the node's shell."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        with self._lock:
+            self.asked += 1
+            try:
+                # the answer leaves in one write: as several small ones (the command's,
+                # then the status line), Nagle's algorithm between srun and the step
+                # holds each answer ~40 ms
+                self.proc.stdin.write(
+                    f"o=$({{ {command}\n}} 2>/dev/null </dev/null); s=$?; "
+                    f"printf '%s\\n{_DONE.decode()} %s\\n' \"$o\" $s\n".encode()
+                )
+                self.proc.stdin.flush()
+            except OSError:
+                raise HostError(self._lost("the node's shell is gone"), Kind.CONNECTION) from None
+            fd = self.proc.stdout.fileno()
+            deadline = time.monotonic() + timeout
+            while (found := _DONE_LINE.search(self._buffer)) is None:
+                left = deadline - time.monotonic()
+                ready, _, _ = select.select([fd], [], [], max(0.0, left))
+                if not ready:
+                    raise HostError(f"the node's shell did not answer in {timeout:g}s",
+                                    Kind.CONNECTION)  # fmt: skip
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise HostError(self._lost("the node's shell ended"), Kind.CONNECTION)
+                self._buffer += chunk
+            out, self._buffer = self._buffer[: found.start()], self._buffer[found.end() :]
+            return int(found.group(1)), out
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class ShellTree:
+    """The node's filesystem as the trust rule reads it, through its own stat and find."""
+
+    def __init__(self, shell: NodeShell) -> None:
+        self.shell = shell
+
+    def _ask(self, command: str, path: str) -> bytes:
+        code, out = self.shell.ask(command)
+        if code != 0:
+            raise FileNotFoundError(errno.ENOENT, "not found or not readable", path)
+        return out
+
+    def lstat(self, path: str) -> Attributes:
+        q = shlex.quote(path)
+        mode, uid, gid, size = self._ask(f"stat -c '%f %u %g %s' -- {q}", path).split()
+        return Attributes(int(mode, 16), int(uid), int(gid), int(size))
+
+    def readlink(self, path: str) -> str:
+        q = shlex.quote(path)
+        return self._ask(f"test -L {q} && readlink -- {q}", path).decode().strip()
+
+    def listdir(self, path: str) -> list[tuple[str, Any]]:
+        q = shlex.quote(path)
+        out = self._ask(
+            f"test -d {q} && find {q}/ -mindepth 1 -maxdepth 1 -printf '%f\\0%y %m %U %G %s\\0'"
+            " | base64 -w0", path,
+        )  # fmt: skip
+        fields = base64.b64decode(out.strip()).split(b"\0")
+        entries = []
+        for name, attrs in zip(fields[0::2], fields[1::2], strict=False):
+            kind, mode, uid, gid, size = attrs.decode().split()
+            st_mode = _TYPES.get(kind, 0) | int(mode, 8)
+            entries.append((name.decode(errors="surrogateescape"),
+                            Attributes(st_mode, int(uid), int(gid), int(size))))  # fmt: skip
+        return entries
+
+    def read(self, path: str, limit: int) -> bytes:
+        q = shlex.quote(path)
+        out = self._ask(f"test ! -L {q} && test -f {q} && head -c {int(limit)} -- {q} | base64 -w0",
+                        path)  # fmt: skip
+        return base64.b64decode(out.strip())
+
+    def who(self) -> tuple[int, str]:
+        """The uid the steps run as, and its home directory."""
+        code, out = self.shell.ask('printf "%s %s" "$(id -u)" ~')
+        uid, _, home = out.decode().strip().partition(" ")
+        if code != 0 or not uid.isdigit():
+            raise HostError("the node's shell cannot say who it is", Kind.CONNECTION)
+        return int(uid), home
+
+
+class SrunAgent(LocalAgent):
+    """The agent as a job step: ended by SIGTERM to srun, which Slurm passes to the step
+    (a SIGKILLed srun would leave the step running until Slurm noticed)."""
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            super().kill()
+
+
+# one sbcast per (job, agent) for every session of this process: Slurm copies the file to
+# each node of the job at once, under a name nobody can guess
+_broadcast_lock = threading.Lock()
+_broadcast: dict[tuple[str, str], str] = {}
+
+
+def broadcast(job: str, data: bytes, again: bool = False) -> str:
+    """The path on every node of `job` where these bytes now lie (sbcast, once; `again`:
+    a fresh copy, the last one being gone)."""
+    key = (job, hashlib.sha256(data).hexdigest())
+    with _broadcast_lock:
+        if key in _broadcast and not again:
+            return _broadcast[key]
+        dest = f"/tmp/gpufleet-{key[1][:12]}-{secrets.token_hex(8)}.pyz"
+        with tempfile.NamedTemporaryFile(prefix="gpufleet-agent-", suffix=".pyz") as tmp:
+            tmp.write(data)
+            tmp.flush()
+            done = subprocess.run(
+                ["sbcast", "--force", f"--jobid={job}", tmp.name, dest], capture_output=True,
+                text=True, timeout=120, check=False, env=step_env(),
+            )  # fmt: skip
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise HostError(f"sbcast of the agent to job {job} failed: {tail}", Kind.CONNECTION)
+        _broadcast[key] = dest
+        return dest
+
+
+class SrunSession(Session):
+    """Runs agent verbs on one node of a Slurm job, as job steps (no SSH)."""
+
+    def __init__(self, host: Host) -> None:
+        super().__init__(host)
+        self._shell: NodeShell | None = None
+
+    @property
+    def shell(self) -> NodeShell:
+        if self._shell is None or not self._shell.alive:
+            self._shell = NodeShell(self.host)
+        return self._shell
+
+    def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
+        tree = ShellTree(self.shell)
+        uid, home = tree.who()
+        return tree, uid, home
+
+    def _serving_agent(self) -> AgentProcess:
+        """The agent, started; the node's shell then ends (it judged and uploaded; a later
+        download starts another): one srun here per host, not two, while the task runs."""
+        agent = super()._serving_agent()
+        if self._shell is not None:
+            self._shell.close()
+            self._shell = None
+        return agent
+
+    def _start(self, script: str) -> AgentProcess:
+        try:
+            return SrunAgent(script, [*step_argv(self.host), "/bin/sh", "-c", script], step_env())
+        except FileNotFoundError:
+            raise HostError("connection srun needs Slurm's `srun` on this machine (not found)",
+                            Kind.CONNECTION) from None  # fmt: skip
+
+    def _upload(self, data: bytes, path: str) -> None:
+        """sbcast to the job's nodes (once), then copied into place on this node under a
+        fresh name and renamed over `path` (never written through a planted link); the
+        broadcast copy is removed. Where nodes share /tmp another node may have removed it
+        first: broadcast again, once."""
+        q = shlex.quote
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        for again in (False, True):
+            source = broadcast(str(self.host.slurm_job), data, again)
+            code, _ = self.shell.ask(
+                f"cp -- {q(source)} {q(tmp)} && mv -f -- {q(tmp)} {q(path)} && rm -f -- {q(source)}"
+            )
+            if code == 0:
+                return
+        raise HostError(f"cannot put the agent at {path} on {self.host.address}",
+                        Kind.CONNECTION)  # fmt: skip
+
+    def download(self, path: str) -> bytes:
+        q = shlex.quote(path)
+        code, out = self.shell.ask(f"test ! -L {q} && test -f {q} && base64 -w0 -- {q}",
+                                   timeout=120)  # fmt: skip
+        if code != 0:
+            raise HostError(f"cannot fetch {path}: not a file", kind=Kind.CONNECTION)
+        return base64.b64decode(out.strip())
+
+    def cannot_keep_servers(self) -> str | None:
+        try:
+            return slurm.steps_keep_servers(slurm.config())
+        except UserError as exc:
+            raise HostError(str(exc), Kind.CONNECTION) from None
+
+    @property
+    def alive(self) -> bool:
+        agent = self._agent
+        return not isinstance(agent, SrunAgent) or agent.proc.poll() is None
+
+    def close(self) -> None:
+        super().close()
+        if self._shell is not None:
+            self._shell.close()
+            self._shell = None

@@ -1,0 +1,144 @@
+"""Open a Fabric Connection the careful way: strict keys, timeouts, retries on transients only.
+
+Retried (jittered exponential backoff): refused, reset, and the banner errors sshd produces
+when its MaxStartups limit drops a connection. Never retried: authentication failures,
+unknown or changed host keys, name resolution errors, timeouts.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import os
+import socket
+
+import paramiko
+from fabric import Config, Connection
+from paramiko.ssh_exception import NoValidConnectionsError
+from tenacity import (
+    retry,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from gpufleet.control.connect import hostkeys
+from gpufleet.control.inventory.model import Host
+from gpufleet.errors import HostError
+from gpufleet.kinds import Kind
+
+# paramiko logs every failed handshake with a traceback; gpufleet reports them itself.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+TRANSIENT_MESSAGES = (
+    "Error reading SSH protocol banner",
+    "Connection reset",
+    "No existing session",
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, (paramiko.AuthenticationException, paramiko.BadHostKeyException, HostError)):
+        return False
+    if isinstance(exc, (NoValidConnectionsError, ConnectionRefusedError, ConnectionResetError)):
+        return True
+    if isinstance(exc, EOFError):
+        return True
+    return isinstance(exc, paramiko.SSHException) and any(m in str(exc) for m in TRANSIENT_MESSAGES)
+
+
+def _describe(exc: BaseException, host: Host, conn: Connection) -> HostError:
+    where = f"{conn.user}@{conn.host}:{conn.port}"
+    name = hostkeys.known_host_name(conn.host, conn.port)
+    if isinstance(exc, HostError):
+        return exc
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return HostError(hostkeys.describe_bad_key(exc, name, host.known_hosts), kind=Kind.HOST_KEY)
+    if isinstance(exc, paramiko.AuthenticationException):
+        key = f" with {host.identity_file}" if host.identity_file else ""
+        return HostError(f"authentication failed for {where}{key}: {exc}", kind=Kind.AUTH)
+    if isinstance(exc, socket.gaierror):
+        return HostError(f"cannot resolve {conn.host}: {exc.strerror}", kind=Kind.UNREACHABLE)
+    if isinstance(exc, (TimeoutError, socket.timeout)):
+        return HostError(
+            f"cannot connect to {where}: timed out after {host.connect_timeout:g}s",
+            kind=Kind.UNREACHABLE,
+        )
+    if isinstance(exc, (NoValidConnectionsError, ConnectionRefusedError)):
+        return HostError(f"cannot connect to {where}: connection refused", kind=Kind.UNREACHABLE)
+    return HostError(f"cannot connect to {where}: {exc}", kind=Kind.UNREACHABLE)
+
+
+def _strict_on_every_hop(conn: Connection, host: Host) -> None:
+    """The host's key policy on the host and on every jump host before it: Fabric builds
+    ProxyJump gateways (from `proxy_jump` or ~/.ssh/config) with an auto-add key policy, which
+    would trust any bastion's key."""
+    hop: object = conn
+    while isinstance(hop, Connection):
+        hostkeys.configure(hop.client, host.host_key_policy, host.known_hosts)
+        hop = hop.gateway
+
+
+@functools.cache
+def _ssh_files() -> paramiko.SSHConfig:
+    """~/.ssh/config and /etc/ssh/ssh_config as Fabric reads them, parsed once per process."""
+    return Config().base_ssh_config
+
+
+def _own_config() -> Config:
+    """A Fabric configuration of one connection's own, its SSH files' rules copied from
+    the parse above. Never one shared by the fan-out's threads: Fabric's Config is mutable
+    (even its clone() re-reads the SSH files into the source, appending their rules again),
+    and one shared by every connection failed a host under load with `AttributeError: No
+    attribute or config key found for 'gateway'` (docs/RELIABILITY.md)."""
+    return Config(ssh_config=copy.deepcopy(_ssh_files()))
+
+
+def open_connection(host: Host, attempts: int = 8) -> Connection:
+    connect_kwargs: dict = {
+        "banner_timeout": max(host.connect_timeout, 15.0),
+        "auth_timeout": max(host.connect_timeout, 15.0),
+        "allow_agent": True,
+    }
+    if host.identity_file:
+        connect_kwargs["key_filename"] = [os.path.expanduser(host.identity_file)]
+        connect_kwargs["look_for_keys"] = False
+        connect_kwargs["allow_agent"] = False
+    gateway = None
+    if host.proxy_jump:
+        gateway = Connection(
+            host.proxy_jump,
+            config=_own_config(),
+            connect_timeout=host.connect_timeout,
+            connect_kwargs=connect_kwargs,
+        )
+    conn = Connection(
+        host.address,
+        config=_own_config(),
+        user=host.user,
+        port=host.port,
+        connect_timeout=host.connect_timeout,
+        connect_kwargs=connect_kwargs,
+        gateway=gateway,
+    )
+    _strict_on_every_hop(conn, host)
+
+    @retry(
+        retry=retry_if_exception(is_transient),
+        wait=wait_random_exponential(multiplier=0.2, max=2.0),
+        stop=stop_after_attempt(attempts) | stop_after_delay(60),
+        reraise=True,
+    )
+    def _open() -> None:
+        if conn.client.get_transport() is not None:
+            conn.client.close()
+        conn.open()
+
+    try:
+        _open()
+    except Exception as exc:
+        conn.close()
+        raise _describe(exc, host, conn) from None
+    return conn

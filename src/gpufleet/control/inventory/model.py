@@ -1,0 +1,250 @@
+"""hosts/*.yaml -> validated Host objects, and `--hosts` selection by names, groups or lists.
+
+An inventory file has `defaults` (applied to every host), `hosts` (name -> fields) and
+`groups` (name -> host or group names). Every error names the file and the key path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from gpufleet.archive.layout import RESERVED
+from gpufleet.control.inventory.yamlconfig import validate
+from gpufleet.errors import UserError
+from gpufleet.host.agent.redact import remember, secrets_in
+from gpufleet.wire import JsonObject
+
+DEFAULT_FORKS = 32
+
+
+class SimFault(BaseModel):
+    """A health fault the rehearsal NVML reports for one GPU (docs/REHEARSAL.md): each rule
+    of the health gate can be shown and tested without breaking real hardware."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    power_limit_w: float | None = Field(default=None, gt=0)
+    sm_clock_app_mhz: int | None = Field(default=None, gt=0)  # application/locked clocks
+    clock_events: (
+        list[Literal["sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"]]
+        | None
+    ) = None
+    temperature_c: int | None = None
+    remap_pending: bool | None = None
+    remap_failed: bool | None = None
+    ecc_uncorrected: int | None = Field(default=None, ge=0)
+    ecc: bool | None = None
+    ecc_pending: bool | None = None
+    xids: list[int] | None = None
+    nvlink_down: list[int] | None = None
+    pcie_width: int | None = Field(default=None, gt=0)
+    pcie_gen: int | None = Field(default=None, gt=0)
+    mig: bool | None = None
+    mig_pending: bool | None = None
+    persistence: bool | None = None
+    compute_mode: Literal["default", "exclusive_process", "prohibited"] | None = None
+
+
+class GpuSpec(BaseModel):
+    """What the host should have; `simulated` hosts get gpufleet's rehearsal NVML."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    count: int | None = Field(default=None, ge=0, description="expected GPU count; None = any")
+    simulated: bool = False
+    model: str = "NVIDIA H200"
+    memory_mib: int = Field(default=143771, gt=0)
+    reserved_mib: int = Field(default=615, ge=0)
+    sim_count: int | None = Field(
+        default=None,
+        ge=0,
+        description="GPUs the simulation has (default: count); rehearses a lost GPU",
+    )
+    faults: dict[int, SimFault] = Field(
+        default_factory=dict, description="simulated hosts: health faults per GPU index"
+    )
+    boot_id: str | None = Field(
+        default=None, description="simulated hosts: the boot id (a new one rehearses a reboot)"
+    )
+
+
+class Host(BaseModel):
+    """One GPU host as the control plane sees it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    address: str = "localhost"
+    port: int | None = Field(default=None, ge=1, le=65535)
+    user: str | None = None
+    identity_file: str | None = None
+    # srun: the agent runs as a step of `slurm_job` on the node (control/connect/srun.py), no SSH
+    connection: Literal["ssh", "local", "srun"] = "ssh"
+    slurm_job: str | None = Field(default=None, pattern=r"^\d+(_\d+)?$")
+    python: str = "python3"
+    python_trust: Literal["refuse", "warn"] = "refuse"  # warn: a lab machine's shared venv
+    workdir: str = "~/.gpufleet"
+    gpus: GpuSpec = Field(default_factory=GpuSpec)
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
+    known_hosts: str | None = None
+    connect_timeout: float = Field(default=10.0, gt=0)
+    proxy_jump: str | None = None  # "[user@]bastion[:port]", as ssh -J (keys checked too)
+    vars: JsonObject = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$", value):
+            raise ValueError(
+                "a host name becomes an archive folder: use letters, digits, '.', '_', '@' "
+                "and '-', starting with a letter or digit (set `address:` for the real name)"
+            )
+        if value in RESERVED:
+            raise ValueError(
+                f"{value!r} is a folder of the archive (logs/{value}/): name the host otherwise "
+                "and set `address:` for the real name"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _srun_has_a_job(self) -> Host:
+        if self.connection == "srun" and self.slurm_job is None:
+            raise ValueError(
+                "connection: srun needs slurm_job: a running job of yours that holds the "
+                "node (or list the nodes as `slurm:job=N`, which sets it)"
+            )
+        return self
+
+    @field_validator("python", "workdir", "address")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        if "\n" in value or "\0" in value:
+            raise ValueError("must be a single line")
+        return value
+
+    @property
+    def python_path(self) -> str:
+        """`auto` on a local host means the control plane's own interpreter."""
+        if self.python == "auto":
+            return sys.executable
+        return self.python
+
+    @property
+    def label(self) -> str:
+        return self.name
+
+    _inventory: str | None = PrivateAttr(default=None)  # the file this host came from
+
+    def cli_hint(self) -> str:
+        """` --inventory FILE` for printed commands, so they work when pasted as they are."""
+        return f" --inventory {shlex.quote(self._inventory)}" if self._inventory else ""
+
+
+class _InventoryFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    defaults: JsonObject = Field(default_factory=dict)
+    hosts: dict[str, JsonObject | None] = Field(default_factory=dict)
+    groups: dict[str, list[str]] = Field(default_factory=dict)
+    forks: int = Field(default=DEFAULT_FORKS, ge=1, le=1024)
+
+
+class Inventory(BaseModel):
+    source: str
+    hosts: dict[str, Host]
+    groups: dict[str, list[str]]
+    forks: int = DEFAULT_FORKS
+    skipped: dict[str, str] = {}  # nodes a node list named that Slurm will not run on: why
+
+    def select(self, spec: str | None) -> list[Host]:
+        """Resolve `--hosts`: comma list of host or group names; empty/None/`all` = every host."""
+        if spec is None or not spec.strip() or spec.strip() == "all":
+            return list(self.hosts.values())
+        chosen: list[str] = []
+        for raw in spec.split(","):
+            name = raw.strip()
+            if not name:
+                raise UserError(f"--hosts {spec!r}: empty name in the list")
+            for host_name in self._expand(name, seen=()):
+                if host_name not in chosen:
+                    chosen.append(host_name)
+        return [self.hosts[n] for n in chosen]
+
+    def _expand(self, name: str, seen: tuple[str, ...]) -> list[str]:
+        if name in self.hosts:
+            return [name]
+        if name in self.groups:
+            if name in seen:
+                raise UserError(f"{self.source}: groups.{name}: group includes itself")
+            out: list[str] = []
+            for member in self.groups[name]:
+                out.extend(self._expand(member, (*seen, name)))
+            return out
+        known = ", ".join(sorted(self.hosts) + sorted(self.groups)) or "none"
+        raise UserError(f"unknown host or group {name!r} (in {self.source}: {known})")
+
+
+def _merge(base: JsonObject, override: JsonObject) -> JsonObject:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_inventory(path: str | Path | None = None) -> Inventory:
+    """The inventory `path` names (else $GPUFLEET_INVENTORY, else the rehearsal's), read
+    by the source that claims it (control/inventory/sources.py), checked."""
+    from gpufleet.control.inventory.sources import expand_entries, read_source
+
+    spec = str(path) if path is not None else os.environ.get("GPUFLEET_INVENTORY")
+    source, data = read_source(spec)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: expected a mapping with defaults/hosts/groups at top level")
+    raw = validate(_InventoryFile, data, source)
+    if not isinstance(raw.defaults, dict):
+        raise UserError(f"{source}: defaults: expected a mapping")
+    expanded = expand_entries(raw.hosts, source)
+    entries = expanded.hosts
+    for group, nodes in expanded.groups.items():
+        if group in raw.groups:
+            raise UserError(f"{source}: groups.{group}: also the group of a node list")
+        raw.groups[group] = nodes
+    hosts: dict[str, Host] = {}
+    for name, fields in entries.items():
+        fields = fields or {}
+        if not isinstance(fields, dict):
+            raise UserError(f"{source}: hosts.{name}: expected a mapping of host fields")
+        if "name" in fields:
+            raise UserError(f"{source}: hosts.{name}.name: unknown key (the name is the key)")
+        merged = _merge(raw.defaults, fields)
+        merged["name"] = str(name)
+        merged.setdefault("address", str(name))
+        hosts[str(name)] = validate(Host, merged, source, prefix=f"hosts.{name}")
+        hosts[str(name)]._inventory = source
+    for group, members in raw.groups.items():
+        if group in hosts:
+            raise UserError(f"{source}: groups.{group}: a host has the same name")
+        for member in members:
+            if member not in hosts and member not in raw.groups:
+                raise UserError(f"{source}: groups.{group}: unknown host or group {member!r}")
+    remember(secrets_in(data))  # a token in vars never reaches the terminal
+    inv = Inventory(
+        source=source, hosts=hosts, groups=raw.groups, forks=raw.forks, skipped=expanded.skipped
+    )
+    for group in raw.groups:
+        inv.select(group)  # detects cycles early
+    return inv

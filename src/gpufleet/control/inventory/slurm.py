@@ -1,0 +1,190 @@
+"""What gpufleet asks Slurm, through Slurm's own commands: a job's nodes (squeue), a
+partition's or a node list's nodes with their states (sinfo), and the environment a job
+step is started with.
+
+Every failure is one line naming the command and what Slurm said (exit 2 at the CLI).
+Nodes Slurm will not run on (drained, down, not responding) are skipped, each with Slurm's
+own state and reason, never silently.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass, field
+
+from gpufleet.control.inventory import hostlist
+from gpufleet.errors import UserError
+
+TIMEOUT_S = 30
+# sinfo's long states a job can be started on; any other (drained, draining, down, fail,
+# maint, unknown, ...) or a flag such as `*` (not responding) skips the node
+USABLE_STATES = {"idle", "mixed", "allocated", "completing", "planned", "reserved"}
+FLAG_SUFFIXES = {"*": "not responding", "~": "powered off", "#": "powering up",
+                 "%": "powering down", "!": "pending power down", "$": "in maintenance",
+                 "@": "pending reboot", "^": "rebooting", "-": "planned"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """The nodes a spec names, and those skipped: node -> Slurm's state and reason."""
+
+    names: list[str]
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def step_env() -> dict[str, str]:
+    """This environment without the SLURM_* variables of a job gpufleet itself may run in
+    (under salloc they would steer `srun --jobid` into that job); SLURM_CONF is kept."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+
+
+def run(command: list[str], what: str) -> str:
+    """A Slurm command's stdout; one line naming the command if it cannot answer."""
+    if shutil.which(command[0]) is None:
+        raise UserError(f"{what} needs Slurm's `{command[0]}` on this machine (not found)")
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+            env=step_env(),
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise UserError(f"{what}: `{' '.join(command)}` did not answer in {TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"{what}: `{' '.join(command)}` failed: {tail}")
+    return done.stdout
+
+
+def _me() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def job_nodes(job: str) -> Nodes:
+    """The nodes of a running job of this user (squeue); a pending, ended or unknown job,
+    or another user's, is one line saying which."""
+    if not re.match(r"^\d+(_\d+)?$", job):
+        raise UserError(f"slurm job {job!r}: expected a job id such as 123456")
+    what = f"slurm job {job}"
+    command = ["squeue", "-h", "-j", job, "--states=all", "-o", "%T|%u|%N|%r"]
+    try:
+        out = run(command, what)
+    except UserError as exc:
+        if "Invalid job id" not in str(exc):
+            raise
+        raise UserError(f"{what}: no such job (ended and purged, or never submitted): "
+                        f"{str(exc).rpartition(': ')[2]}") from None  # fmt: skip
+    lines = [line for line in out.splitlines() if line.strip()]
+    if not lines:
+        raise UserError(f"{what}: no such job (`{' '.join(command)}` lists nothing)")
+    state, user, nodelist, reason = ([*lines[0].split("|"), "", "", ""])[:4]
+    if state == "PENDING":
+        raise UserError(f"{what} is pending ({reason}): it holds no nodes yet; run again once "
+                        f"`squeue -j {job}` shows it RUNNING")  # fmt: skip
+    if state != "RUNNING":
+        raise UserError(f"{what} is not running ({state}): pass a running job's id")
+    if user != _me():
+        raise UserError(f"{what} belongs to {user}, not {_me()}: its nodes are in use by "
+                        "that job; pass a job of your own")  # fmt: skip
+    return Nodes(hostlist.expand(nodelist))
+
+
+def _usable(state: str) -> str | None:
+    """None when a job can start on a node in this sinfo state, else why not."""
+    flags = [FLAG_SUFFIXES[c] for c in state if c in FLAG_SUFFIXES]
+    base = state.rstrip("".join(FLAG_SUFFIXES))
+    if base in USABLE_STATES and not flags:
+        return None
+    return ", ".join([base, *flags])
+
+
+def _node_states(command: list[str], what: str) -> tuple[list[str], dict[str, str]]:
+    """sinfo -N output (`%N|%T|%E`) as the usable nodes, in order, and the skipped ones."""
+    names: list[str] = []
+    skipped: dict[str, str] = {}
+    for line in run(command, what).splitlines():
+        if not line.strip():
+            continue
+        node, state, reason = ([*line.split("|", 2), "", ""])[:3]
+        if node in names or node in skipped:
+            continue  # a node of two partitions is listed twice
+        why = _usable(state)
+        if why is None:
+            names.append(node)
+        else:
+            skipped[node] = why + (f" ({reason})" if reason and reason != "none" else "")
+    return names, skipped
+
+
+def partition_nodes(partition: str) -> Nodes:
+    """The nodes of a partition (sinfo) that can run a job; drained and down ones skipped
+    with Slurm's reason."""
+    if not re.match(r"^[A-Za-z0-9_.-]+$", partition):
+        raise UserError(f"slurm partition {partition!r}: not a partition name")
+    what = f"slurm partition {partition}"
+    names, skipped = _node_states(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%T|%E"], what)
+    if not names and not skipped:
+        raise UserError(f"{what}: no such partition, or no nodes (sinfo lists none)")
+    if not names:
+        raise UserError(f"{what}: every node is skipped: " + _said(skipped))
+    return Nodes(names, skipped)
+
+
+def listed_nodes(text: str) -> Nodes:
+    """A node list (`n[1-3]`), expanded; where Slurm's sinfo is on this machine, each node
+    checked against it (unknown ones refused, drained and down ones skipped)."""
+    expanded = hostlist.expand(text)
+    if shutil.which("sinfo") is None:
+        return Nodes(expanded)
+    what = f"slurm nodes {text}"
+    command = ["sinfo", "-h", "-N", "-n", ",".join(expanded), "-o", "%N|%T|%E"]
+    names, skipped = _node_states(command, what)
+    unknown = [n for n in expanded if n not in names and n not in skipped]
+    if unknown:
+        raise UserError(f"{what}: not nodes of this Slurm: {', '.join(unknown[:10])}")
+    if not names:
+        raise UserError(f"{what}: every node is skipped: " + _said(skipped))
+    return Nodes([n for n in expanded if n in names], skipped)
+
+
+def _said(skipped: dict[str, str]) -> str:
+    return "; ".join(f"{node} {why}" for node, why in list(skipped.items())[:10])
+
+
+_config_lock = threading.Lock()
+_config: dict[str, str] = {}
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """`scontrol show config` as key -> value."""
+    pairs = (line.partition(" = ") for line in text.splitlines() if " = " in line)
+    return {key.strip(): value.strip() for key, _, value in pairs}
+
+
+def config() -> dict[str, str]:
+    """This cluster's running configuration (`scontrol show config`), read once."""
+    with _config_lock:
+        if not _config:
+            _config.update(parse_config(run(["scontrol", "show", "config"], "slurm config")))
+        return _config
+
+
+def steps_keep_servers(settings: dict[str, str]) -> str | None:
+    """None when a server a job step starts in its own session outlives the step; else
+    why not, naming the Slurm setting that decides it."""
+    tracker = settings.get("ProctrackType", "")
+    if tracker == "proctrack/linuxproc":  # follows parents: a new session's child escapes
+        return None
+    return (
+        f"a server started by a job step would end with the step here: Slurm tracks a step's "
+        f"processes by {tracker or 'an unknown tracker'} (ProctrackType), so it kills the "
+        "server when the launch's step ends. Launch it from the job's batch script, or use "
+        "`connection: ssh` where the site allows SSH into your job (pam_slurm_adopt)"
+    )

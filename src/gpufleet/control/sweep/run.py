@@ -1,0 +1,485 @@
+"""inv sweep: for each cell (a profile, at a point of its flag grid, per repeat: see
+control/sweep/cells.py), on all hosts in parallel, gpu-clean -> launch -> bench -> stop -> verify
+clean; then compare. State is saved after every step so `--resume` finishes an interrupted
+sweep without redoing what succeeded.
+
+Interruption (docs/RELIABILITY.md, "Ctrl-C during a sweep"): once a stop is asked (the
+cancel token), no new cell starts. A cell still cleaning, launching or waiting for health
+is cancelled cleanly (its server stopped) and `--resume` runs it again; a cell whose
+benchmark has started keeps running on the host and `--resume` re-attaches, archives it
+and stops the server; a cell that is stopping finishes stopping. `--resume` re-runs every
+cell whose archived run failed (the failed archive stays, marked superseded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpufleet.archive import select, store
+from gpufleet.archive.layout import Archive
+from gpufleet.archive.records import Cell, Manifest, SweepRecord
+from gpufleet.control.bench import run as benchrun
+from gpufleet.control.connect.base import Session
+from gpufleet.control.connect.cancel import Cancelled, CancelToken
+from gpufleet.control.connect.fleet import Fleet
+from gpufleet.control.inventory.model import Host
+from gpufleet.control.server import lifecycle as server
+from gpufleet.control.server.gpuclean import CleanOptions, clean_on, verdict_lines
+from gpufleet.control.server.profiles import build_specs
+from gpufleet.control.sweep.cells import ArmSpec, profile_label
+from gpufleet.errors import HostError, UserError
+from gpufleet.host.agent.protocol import StopArgs
+from gpufleet.kinds import CellStatus, Kind, RunStatus, SweepStatus
+from gpufleet.records import LaunchSpec
+from gpufleet.report.html import ReportInput
+from gpufleet.wire import JsonObject
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class CellHooks:
+    """What a sweep asks before each cell and tells after it (inv tune's time budget,
+    control/tune/budget.py): `drop(arm)` gives why to leave the cell out (None: run it);
+    `after(arm, state, ran)` hears of each cell the sweep ran (`ran`) or found done."""
+
+    drop: Callable[[ArmSpec], str | None] = lambda arm: None
+    after: Callable[[ArmSpec, SweepState, bool], None] = lambda arm, state, ran: None
+
+
+class SweepState:
+    """The sweep's progress on disk (a SweepRecord, written atomically after every change)."""
+
+    def __init__(self, path: Path, record: SweepRecord) -> None:
+        self.path = path
+        self.record = record
+        self.lock = threading.Lock()
+        self.say: Say = lambda text: None  # progress lines, set by run()
+
+    @classmethod
+    def new(
+        cls,
+        archive: Archive,
+        profiles: list[str],
+        hosts: list[str],
+        levels: list[int],
+        arms: list[ArmSpec] | None = None,
+        kind: str = "sweep",
+        request: JsonObject | None = None,
+    ) -> SweepState:
+        arms = arms or [ArmSpec(p, label=profile_label(p)) for p in profiles]
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        sweep_id = f"{stamp}-{'-vs-'.join(profile_label(p) for p in profiles)}"
+        if kind != "sweep":
+            sweep_id += f"-{kind}"
+        record = SweepRecord(
+            sweep_id=sweep_id,
+            kind=kind,
+            profiles=profiles,
+            arms=[a.to_json() for a in arms],
+            hosts=hosts,
+            concurrency=levels,
+            created_at=datetime.now(UTC).isoformat(),
+            cells={a.key: {h: Cell() for h in hosts} for a in arms},
+            request=request,
+        )
+        state = cls(archive.sweep_state(sweep_id), record)
+        state.save()
+        return state
+
+    @classmethod
+    def latest(
+        cls,
+        archive: Archive,
+        profiles: list[str],
+        arms: list[ArmSpec] | None = None,
+        kind: str = "sweep",
+    ) -> SweepState:
+        """The newest sweep of these profiles and cells (a finished one resumes to its
+        compare)."""
+        keys = [a.key for a in arms] if arms else None
+        candidates = archive.sweep_states()
+        for path in reversed(candidates):
+            record = SweepRecord.load(path)
+            if record.profiles != profiles or record.kind != kind:
+                continue
+            if keys is None or [a["key"] for a in record.arms or []] == keys:
+                return cls(path, record)
+        raise UserError(f"--resume: no {kind} of {','.join(profiles)} under {archive.sweeps_dir}/")
+
+    @property
+    def sweep_id(self) -> str:
+        return self.record.sweep_id
+
+    def arms(self) -> list[ArmSpec]:
+        """The cells' specs in the order they run (older state files: one per profile)."""
+        if self.record.arms is None:
+            return [ArmSpec(p, label=profile_label(p)) for p in self.record.profiles]
+        return [ArmSpec.from_json(a) for a in self.record.arms]
+
+    def save(self) -> None:
+        with self.lock:
+            store.write_private_file(self.path, self.record.to_json().encode())
+
+    def cell(self, profile: str, host: str) -> Cell:
+        return self.record.cells[profile][host]
+
+    def update(self, profile: str, host: str, **fields: Any) -> None:
+        """Set a cell's fields by name (an unknown name is a bug: AttributeError)."""
+        with self.lock:
+            cell = self.record.cells[profile][host]
+            for name, value in fields.items():
+                if not hasattr(cell, name):
+                    raise AttributeError(f"a sweep cell has no field {name!r}")
+                setattr(cell, name, value)
+        self.save()
+
+
+label = profile_label  # a cell key reads as is; a profile path by its file name
+
+
+def plan_lines(
+    arms: list[ArmSpec], hosts: list[Host], request: benchrun.BenchRequest, engine: str | None
+) -> list[str]:
+    """What a sweep would do, cell by cell (the first repeat; the others say how many)."""
+    lines = []
+    repeats = max(a.repeat for a in arms)
+    levels = ", ".join(f"C={lv.concurrency} x {lv.num_prompts}" for lv in request.levels())
+    for arm in (a for a in arms if a.repeat == 1):
+        prof = arm.resolved_profile()
+        engines = {spec.engine for _, spec in build_specs(prof, hosts, engine)}
+        lines.append(
+            f"{arm.label} ({'/'.join(sorted(engines))}) on {', '.join(h.name for h in hosts)}:"
+            f" gpu-clean -> launch -> bench [{levels}; {request.output_len} tokens each]"
+            " -> stop -> verify clean"
+        )
+        if arm.overrides or arm.remove:
+            changes = [f"--{k} {v}" for k, v in arm.overrides.items()]
+            changes += [f"without --{k}" for k in arm.remove]
+            lines.append(f"  flags: {', '.join(changes)}")
+        lines += [f"  warning: {w}" for w in prof.warnings()]
+    if repeats > 1:
+        lines.append(
+            f"{repeats} repeats: {len(arms)} cells, interleaved (every cell once, then again)"
+        )
+    return lines
+
+
+class _Steps:
+    """Where one cell's time went (clean, launch, bench, stop), kept in the sweep state."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.mark = time.monotonic()
+
+    def done(self, step: str) -> None:
+        now = time.monotonic()
+        self.seconds[step] = round(now - self.mark, 2)
+        self.mark = now
+
+
+def cell_request(
+    request: benchrun.BenchRequest, arm: ArmSpec, launch: server.LaunchOptions
+) -> benchrun.BenchRequest:
+    """A cell's bench request: named by the cell's label, with the cell's engine (--engine's,
+    else its resolved profile's), since a label (`llama[depth=1]`) is no profile file to
+    read the engine's dialect and cache facts from."""
+    engine = launch.engine or arm.resolved_profile().engine
+    return replace(request, profile=arm.label, server_engine=engine)
+
+
+class _Cell:
+    """One profile on one host: its state entry, its session and what it needs to run."""
+
+    def __init__(
+        self,
+        session: Session,
+        state: SweepState,
+        arm: ArmSpec,
+        request: benchrun.BenchRequest,
+        launch: server.LaunchOptions,
+        cancel: CancelToken,
+        progress: tuple[Any, Any],
+    ) -> None:
+        self.session = session
+        self.state = state
+        self.arm = arm
+        self.profile = arm.key  # the cell's key in the sweep state
+        self.host = session.host.name
+        self.request = cell_request(request, arm, launch)
+        self.launch_options = dataclasses.replace(launch, replace=True)
+        self.engine = launch.engine
+        self.cancel = cancel
+        self.launch_progress, self.bench_progress = progress
+        self.steps = _Steps()
+
+    @property
+    def entry(self) -> Cell:
+        return self.state.cell(self.profile, self.host)
+
+    def update(self, **fields: Any) -> None:
+        self.state.update(self.profile, self.host, **fields)
+
+    def phase(self, status: CellStatus) -> None:
+        """Record and announce the step this cell enters."""
+        self.update(status=status, steps_s=self.steps.seconds)
+        self.state.say(f"[sweep] {label(self.profile)} on {self.host}: {status}")
+
+    def archived_dir(self) -> Path | None:
+        run_id = self.entry.run_id
+        path = self.request.archive.run_dir(self.host, str(run_id))
+        return path if run_id and (path / "manifest.json").exists() else None
+
+    # -- resuming what an interruption left ---------------------------------------------
+    def resume(self) -> benchrun.ArchivedRun | None:
+        """The cell's result if an earlier attempt can be finished; None to run it again."""
+        archived = self.archived_dir()
+        if archived is not None:
+            manifest = store.read_manifest(archived)
+            if manifest.status == RunStatus.DONE:
+                self.stop_server()  # archived just before an interruption
+                return _archived_result(manifest, archived)
+            store.mark_superseded(archived, f"re-run by sweep {self.state.sweep_id}")
+            return None
+        run_id = self.entry.run_id
+        if self.entry.status == CellStatus.BENCHING and run_id:
+            self.state.say(
+                f"[sweep] {label(self.profile)} on {self.host}: re-attaching run {run_id}"
+            )
+            try:  # the run went on on the host: re-attach and archive it
+                result = benchrun.fetch(
+                    self.session,
+                    run_id,
+                    self.request,
+                    self.bench_progress,
+                    self.cancel,
+                )
+            except (HostError, UserError):
+                return None  # not on the host any more: run the cell again
+            self.update(status=CellStatus.ARCHIVED, path=result.path)
+            self.stop_server()
+            return result
+        return None
+
+    # -- a fresh attempt -------------------------------------------------------------
+    def run(self) -> benchrun.ArchivedRun:
+        self.cancel.check("starting the cell")
+        self.update(run_id=None, path=None, error=None)
+        self.phase(CellStatus.CLEANING)
+        cleaned = clean_on(self.session, CleanOptions(grace_s=5))
+        for _, text in verdict_lines(cleaned.gpus):
+            self.state.say(f"[sweep] {label(self.profile)} on {self.host}: {text}")
+        if not cleaned.clean:
+            raise HostError("gpu-clean before launch did not verify clean", kind=Kind.NOT_CLEAN)
+        self.steps.done("clean")
+        self.cancel_cleanly_if_asked("before launching", server=False)
+        self.phase(CellStatus.LAUNCHING)
+        try:
+            self.launch()
+        except Cancelled:
+            self.cancel_cleanly_if_asked("waiting for the server", server=True)
+            raise
+        except BaseException:
+            self.stop_server()
+            raise
+        self.steps.done("launch")
+        self.cancel_cleanly_if_asked("before the benchmark", server=True)
+        return self.bench()
+
+    @functools.cached_property
+    def spec(self) -> LaunchSpec:
+        """What this cell launches on its host (its port is the one server it may stop)."""
+        [(_, spec)] = build_specs(self.arm.resolved_profile(), [self.session.host], self.engine)
+        return spec
+
+    def launch(self) -> None:
+        server.launch_on(
+            self.session, self.spec, self.launch_options, self.launch_progress, self.cancel
+        )
+
+    def bench(self) -> benchrun.ArchivedRun:
+        run_id = benchrun.make_run_id(self.request, [self.host])
+        self.update(status=CellStatus.BENCHING, run_id=run_id, steps_s=self.steps.seconds)
+        try:
+            benchrun.start(self.session, self.request, run_id, self.bench_progress)
+            result = benchrun.fetch(
+                self.session, run_id, self.request, self.bench_progress, self.cancel
+            )
+        except Cancelled:
+            raise  # the run goes on on the host, and its server with it: --resume fetches
+        except BaseException:
+            self.stop_server()
+            raise
+        self.steps.done("bench")
+        self.update(status=CellStatus.ARCHIVED, path=result.path)
+        self.phase(CellStatus.STOPPING)
+        self.stop_server()
+        self.steps.done("stop")
+        self.update(steps_s=self.steps.seconds)
+        return result
+
+    def cancel_cleanly_if_asked(self, doing: str, server: bool) -> None:
+        """On a stop request: stop this cell's server (if launched), mark it interrupted."""
+        if not self.cancel.requested:
+            return
+        if server:
+            self.stop_server()
+        self.update(status=CellStatus.INTERRUPTED, steps_s=self.steps.seconds)
+        raise Cancelled(doing)
+
+    def stop_server(self) -> None:
+        """Stop this cell's own server (its port): another server on the host's other GPUs
+        is someone else's and lives on."""
+        stop = StopArgs(port=self.spec.port, grace_s=10, timeout_s=60)
+        result = self.session.call(stop, timeout=180)
+        verify = result.verify
+        if verify and not verify.clean:
+            raise HostError("GPUs not clean after stopping the server", kind=Kind.NOT_CLEAN)
+
+
+def _archived_result(manifest: Manifest, path: Path) -> benchrun.ArchivedRun:
+    return benchrun.ArchivedRun(manifest.run_id, str(path), manifest.status, manifest.reason)
+
+
+def _pipeline(cell: _Cell) -> benchrun.ArchivedRun:
+    """One cell, resumed where an interruption left it or run afresh."""
+    return cell.resume() or cell.run()
+
+
+def _record(state: SweepState, name: str, res: Any) -> bool:
+    """Write one cell's outcome into the state and say it; True if the cell failed."""
+    say = state.say
+    if res.ok and res.value.done:
+        state.update(
+            name, res.host.name, status=CellStatus.DONE, run_id=res.value.run_id,
+            path=res.value.path, error=None,
+        )  # fmt: skip
+        steps = state.cell(name, res.host.name).steps_s
+        took = ", ".join(f"{k} {v:.1f}s" for k, v in steps.items())
+        say(
+            f"[sweep] {label(name)} on {res.host.name}: done"
+            + (f" ({took})" if took else "")
+            + f", archived {res.value.path}"
+        )
+        return False
+    if not res.ok and res.kind == Kind.CANCELLED:
+        where = state.cell(name, res.host.name).status
+        then = "--resume re-attaches it" if where == "benching" else "--resume runs it again"
+        say(f"[sweep] {label(name)} on {res.host.name}: {res.error} ({where}; {then})")
+        return True
+    error = res.error if not res.ok else f"run failed: {res.value.reason}"
+    extra = {"run_id": res.value.run_id, "path": res.value.path} if res.ok else {}
+    state.update(name, res.host.name, status=CellStatus.FAILED, error=error, **extra)
+    say(f"[sweep] {label(name)} on {res.host.name}: FAILED: {error}")
+    return True
+
+
+def run(
+    state: SweepState,
+    fleet: Fleet,
+    request: benchrun.BenchRequest,
+    launch: server.LaunchOptions,
+    fail_fast: bool,
+    say: Say,
+    launch_progress: Any = None,
+    bench_progress: Any = None,
+    cancel: CancelToken | None = None,
+    hooks: CellHooks | None = None,
+) -> SweepState:
+    """Run every cell, one at a time, all hosts in parallel."""
+    cancel = cancel or CancelToken()
+    hooks = hooks or CellHooks()
+    state.say = say
+    arms = state.arms()
+    for index, arm in enumerate(arms):
+        name = arm.key
+        if cancel.requested:
+            break
+        todo = fleet.only(
+            h.name for h in fleet.hosts if state.cell(name, h.name).status != CellStatus.DONE
+        )
+        if not todo.hosts:
+            say(f"[sweep {index + 1}/{len(arms)}] {name}: already done, skipped")
+            hooks.after(arm, state, False)
+            continue
+        why = hooks.drop(arm)
+        if why is not None:
+            for host in todo.names:
+                state.update(name, host, status=CellStatus.DROPPED, error=None)
+            say(f"[sweep {index + 1}/{len(arms)}] {name}: dropped by --budget ({why})")
+            continue
+        say(f"[sweep {index + 1}/{len(arms)}] {name} on {', '.join(todo.names)}"
+            + _eta(state, len(arms) - index))  # fmt: skip
+        started = time.monotonic()
+        results = todo.each(
+            lambda s, arm=arm: _pipeline(
+                _Cell(s, state, arm, request, launch, cancel, (launch_progress, bench_progress))
+            )
+        )
+        failed = [_record(state, name, res) for res in results]
+        state.record.durations_s[name] = round(time.monotonic() - started, 1)
+        state.save()
+        hooks.after(arm, state, True)
+        if any(failed) and fail_fast:
+            say("[sweep] stopping: --fail-fast")
+            break
+    cells = [c for a in arms for c in state.record.cells[a.key].values()]
+    if all(c.status in (CellStatus.DONE, CellStatus.DROPPED) for c in cells):
+        state.record.status = SweepStatus.DONE
+    else:
+        state.record.status = (
+            SweepStatus.INTERRUPTED if cancel.requested else SweepStatus.INCOMPLETE
+        )
+    state.save()
+    return state
+
+
+def _eta(state: SweepState, profiles_left: int) -> str:
+    done_times = list(state.record.durations_s.values())
+    if not done_times:
+        return ""
+    return f", ~{(sum(done_times) / len(done_times)) * profiles_left:.0f}s left"
+
+
+def check_arms(names: list[str], arms: list[ArmSpec]) -> None:
+    """Every cell's profile loads with its flags (UserError otherwise), before anything
+    starts."""
+    if not names:
+        raise UserError("--profiles needs at least one profile (e.g. baseline,eagle3)")
+    for arm in arms:
+        arm.resolved_profile()
+
+
+def open_state(
+    archive: Archive,
+    profiles: list[str],
+    hosts: list[Host],
+    levels: list[int],
+    resume: bool,
+    arms: list[ArmSpec] | None = None,
+    kind: str = "sweep",
+    request: JsonObject | None = None,
+) -> SweepState:
+    """The latest sweep of these cells (--resume), or a new one that keeps `request`."""
+    if resume:
+        return SweepState.latest(archive, profiles, arms, kind)
+    names = [h.name for h in hosts]
+    return SweepState.new(archive, profiles, names, levels, arms, kind, request)
+
+
+def hosts_of(state: SweepState, selected: Fleet) -> Fleet:
+    """The selected hosts that belong to this sweep (a resumed sweep keeps its hosts)."""
+    return selected.only(state.record.hosts)
+
+
+def report_input(state: SweepState, archive: Archive) -> ReportInput:
+    """What the sweep's report shows: finished cells compared, failed cells listed."""
+    return select.report_for_sweep(archive, state.path)

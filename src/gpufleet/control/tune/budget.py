@@ -1,0 +1,367 @@
+"""`inv tune`'s time: an estimate before the first launch, updated as cells finish, and
+`--budget SECONDS`, which drops the least informative cells to fit and says which.
+
+A tune is 3 + len(depths) measurement launches, then 3 each for the verification, the load
+step and the bursts. A cell (one launch on every host at once) costs a fixed part (clean,
+launch, stop) and its benchmark, which is about proportional to its decode rounds: a
+closed-loop level of n requests at concurrency C, each `output_len` tokens, decodes
+ceil(n / C) x output_len steps. The pace (seconds fixed, seconds a round) is fitted to the
+cells this tune has finished, or before the first launch to this profile's archived tune
+cells; with neither, the first cell sets it.
+
+What `--budget` drops, least informative first (a unit goes whole):
+1. the bursts (the verification's open-loop replay), then the load step: extra verdicts on
+   a table the verification already judges level by level;
+2. depth 0 with SGLang's skip variable (depth 0 is still measured as SGLang runs it);
+3. drafting depths, deepest first; once a deeper depth measured below the one before it
+   at every level, all deeper ones go first (a longer draft then only adds cost);
+4. the verification itself (the table is then written unverified, and the note says so).
+Plain, depth 0 and the shallowest drafting depth are never dropped: without them there is
+no table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from gpufleet.archive.layout import Archive
+from gpufleet.archive.records import SweepRecord
+from gpufleet.control.bench.request import BenchRequest
+from gpufleet.control.sweep.cells import ArmSpec
+from gpufleet.control.sweep.run import CellHooks, SweepState
+from gpufleet.control.tune import table as tuning
+from gpufleet.control.tune.step import BURST_CYCLES, QUIET_S, step_request
+from gpufleet.errors import UserError
+from gpufleet.kinds import CellStatus
+
+MEASURE, VERIFY, STEP, BURST = "tune", "tune-verify", "tune-step", "tune-burst"
+STAGE_NAMES = {MEASURE: "measurement", VERIFY: "verification", STEP: "load step",
+               BURST: "bursts"}  # fmt: skip
+FIXED_STEPS = ("clean", "launch", "stop")
+
+
+def decode_rounds(request: BenchRequest) -> float:
+    """Decode steps a closed-loop request's benchmark implies: per level, ceil(n / C)
+    requests in a row, `output_len` tokens each (warm-up included), times the repeats."""
+    per_level = sum(
+        (math.ceil(level.num_prompts / level.concurrency) + request.warmup) * request.output_len
+        for level in request.levels()
+    )
+    return per_level * (1 if request.fixed_levels else request.repeat)
+
+
+@dataclass(frozen=True)
+class PlannedCell:
+    stage: str  # the sweep's kind (MEASURE, VERIFY, STEP, BURST)
+    key: str  # the arm's key in that sweep
+    label: str
+    rounds: float
+    floor_s: float = 0.0
+
+
+@dataclass
+class Pace:
+    """Seconds a cell costs: `fixed_s` + max(its wall floor, `round_s` x its rounds)."""
+
+    fixed_s: float
+    round_s: float
+    basis: str
+
+    def cell_s(self, cell: PlannedCell) -> float:
+        return self.fixed_s + max(cell.floor_s, self.round_s * cell.rounds)
+
+
+def fit_pace(samples: list[tuple[dict[str, float], float]], basis: str) -> Pace | None:
+    """The pace from finished cells: (steps_s, rounds) each; None without one that has its
+    steps recorded."""
+    usable = [(steps, rounds) for steps, rounds in samples if "bench" in steps and rounds > 0]
+    if not usable:
+        return None
+    fixed = statistics.median(sum(s.get(k, 0.0) for k in FIXED_STEPS) for s, _ in usable)
+    round_s = sum(s["bench"] for s, _ in usable) / sum(r for _, r in usable)
+    return Pace(fixed, round_s, basis)
+
+
+def archived_pace(archive: Archive, profile: str, newest: int = 3) -> Pace | None:
+    """The pace of this profile's last `newest` archived tune sweeps (their requests say
+    each cell's rounds; each arm's slowest host counts, as the hosts run at once)."""
+    samples: list[tuple[dict[str, float], float]] = []
+    records = 0
+    for path in reversed(archive.sweep_states()):
+        if records >= newest:
+            break
+        try:
+            record = SweepRecord.load(path)
+        except UserError:
+            continue
+        if record.profiles[:1] != [profile] or not record.kind.startswith(MEASURE):
+            continue
+        if record.request is None:
+            continue
+        request = BenchRequest.from_json(record.request, archive)
+        records += 1
+        for cells in record.cells.values():
+            done = [c.steps_s for c in cells.values() if c.status == CellStatus.DONE]
+            if done:
+                slowest = max(done, key=lambda s: sum(s.values()))
+                samples.append((slowest, decode_rounds(request)))
+    return fit_pace(samples, f"{len(samples)} archived tune cells of {profile}")
+
+
+@dataclass(frozen=True)
+class DropUnit:
+    """Cells `--budget` drops together, and the reason it gives."""
+
+    keys: tuple[tuple[str, str], ...]  # (stage, arm key)
+    what: str
+    why: str
+
+
+def plan_cells(
+    measure: list[ArmSpec], checks: list[ArmSpec], request: BenchRequest, verify: bool,
+    switches: bool = True,
+) -> list[PlannedCell]:  # fmt: skip
+    """Every cell the tune would run, in order: the measurement, then (with `verify`) the
+    verification, and where the server switches depth by load (`switches`: SGLang's
+    table), the load step and the bursts (a trace of BURST_CYCLES bursts, each decoding
+    its tokens at once, that lasts its span however fast the server is)."""
+    stages = [(MEASURE, measure, decode_rounds(request), 0.0)]
+    if verify:
+        stages.append((VERIFY, checks, decode_rounds(request), 0.0))
+    if verify and switches:
+        stages += [
+            (STEP, checks, decode_rounds(step_request(request)), 0.0),
+            (BURST, checks, BURST_CYCLES * request.output_len, BURST_CYCLES * 2 * QUIET_S),
+        ]
+    return [
+        PlannedCell(stage, arm.key, arm.label, rounds, floor)
+        for stage, arms, rounds, floor in stages
+        for arm in arms
+    ]
+
+
+def depth_of(arm: ArmSpec) -> int | None:
+    """A drafting measurement cell's static depth (None for plain and depth 0's cells)."""
+    depth = tuning.arm_depth(arm)
+    return depth if isinstance(depth, int) and depth > 0 else None
+
+
+def drop_order(
+    measure: list[ArmSpec], stages: Iterable[tuple[str, list[ArmSpec]]],
+    falling_from: int | None = None,
+) -> list[DropUnit]:  # fmt: skip
+    """The units `--budget` may drop, least informative first (the module's list).
+    `falling_from`: the first depth that measured below the depth before it at every
+    level, if any (the depths deeper than it go before the others)."""
+    by_stage = dict(stages)
+    units = []
+    for stage, why in (
+        (BURST, "the verification's burst replay: an extra verdict on a table the "
+                "verification judges level by level"),
+        (STEP, "the load step: an extra verdict on a table the verification judges level "
+               "by level"),
+    ):  # fmt: skip
+        if by_stage.get(stage):
+            keys = tuple((stage, a.key) for a in by_stage[stage])
+            units.append(DropUnit(keys, STAGE_NAMES[stage], why))
+    skip = [a for a in measure if a.env and depth_of(a) is None]
+    units += [
+        DropUnit(((MEASURE, a.key),), a.label,
+                 "depth 0 stays measured as SGLang runs it by default")
+        for a in skip
+    ]  # fmt: skip
+    drafting = sorted((d, a) for a in measure if (d := depth_of(a)) is not None)
+    keep = drafting[:1]  # the shallowest drafting depth: the table needs one
+    deepest_first = sorted(drafting[1:], key=lambda da: -da[0])
+    if falling_from is not None:
+        falling = [(d, a) for d, a in deepest_first if d > falling_from]
+        others = [(d, a) for d, a in deepest_first if d <= falling_from]
+        deepest_first = falling + others
+    for d, a in deepest_first:
+        if (d, a) in keep:
+            continue
+        why = (
+            f"depth {falling_from} measured below the depth before it at every level, so a "
+            "longer draft only adds cost"
+            if falling_from is not None and d > falling_from
+            else "the deepest left: deep drafts pay off only at the lowest loads"
+        )
+        units.append(DropUnit(((MEASURE, a.key),), a.label, why))
+    if by_stage.get(VERIFY):
+        keys = tuple((VERIFY, a.key) for a in by_stage[VERIFY])
+        units.append(
+            DropUnit(keys, STAGE_NAMES[VERIFY], "the last resort: the table is written unverified")
+        )
+    return units
+
+
+def falling_depth(measured: dict[int, dict[int, float]]) -> int | None:
+    """The first drafting depth whose objective measured below the previous depth's at
+    every shared level (depth -> C -> output tok/s), or None."""
+    depths = sorted(d for d in measured if d >= 1)
+    for shallower, deeper in itertools.pairwise(depths):
+        shared = set(measured[shallower]) & set(measured[deeper])
+        if shared and all(measured[deeper][c] < measured[shallower][c] for c in shared):
+            return deeper
+    return None
+
+
+@dataclass
+class TimeKeeper:
+    """The tune's clock: what is left, at what pace, against the budget; its sweeps consult
+    it before each cell and tell it after each (`hooks`)."""
+
+    measure: list[ArmSpec]
+    checks: list[ArmSpec]
+    cells: list[PlannedCell]
+    budget_s: float | None
+    say: Callable[[str], None]
+    pace: Pace | None = None
+    started: float = field(default_factory=time.monotonic)
+    samples: list[tuple[dict[str, float], float]] = field(default_factory=list)
+    done: set[tuple[str, str]] = field(default_factory=set)
+    dropped: dict[tuple[str, str], str] = field(default_factory=dict)  # -> why
+    measured: dict[int, dict[int, float]] = field(default_factory=dict)  # depth -> C -> tok/s
+    notes: list[str] = field(default_factory=list)
+    warned_floor: bool = False
+
+    @classmethod
+    def for_tune(
+        cls, measure: list[ArmSpec], checks: list[ArmSpec], request: BenchRequest,
+        verify: bool, budget_s: float | None, say: Callable[[str], None],
+        pace: Pace | None, finished: set[tuple[str, str]] | None = None,
+        switches: bool = True,
+    ) -> TimeKeeper:  # fmt: skip
+        """The clock of a tune about to start; `finished`: (stage, arm key) of the cells an
+        interrupted run of it already did (`--resume`), left out of what remains;
+        `switches`: the server switches depth by load (else no load step nor bursts)."""
+        cells = plan_cells(measure, checks, request, verify, switches)
+        clock = cls(measure, checks, cells, budget_s, say, pace, done=set(finished or ()))
+        for text in clock.opening_lines():
+            say(text)
+        clock.fit_budget()
+        return clock
+
+    def remaining(self) -> list[PlannedCell]:
+        gone = self.done | set(self.dropped)
+        return [c for c in self.cells if (c.stage, c.key) not in gone]
+
+    def left_s(self) -> float | None:
+        if self.pace is None:
+            return None
+        return sum(self.pace.cell_s(c) for c in self.remaining())
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def opening_lines(self) -> list[str]:
+        """What the tune will run and, with a pace, how long it should take."""
+        counts: dict[str, int] = {}
+        for c in self.cells:
+            counts[c.stage] = counts.get(c.stage, 0) + 1
+        plan = ", ".join(f"{n} {STAGE_NAMES[s]}" for s, n in counts.items())
+        head = f"tune: {len(self.cells)} launches ({plan})"
+        if self.done:
+            head += f", {len(self.done)} done by the run it resumes"
+            if not self.remaining():
+                return [head]
+        left = self.left_s()
+        if left is None or self.pace is None:
+            return [f"{head}; the first cell sets the time estimate (no archived tune of "
+                    "this profile to go by)"]  # fmt: skip
+        return [f"{head}; estimate ~{_minutes(left)} (the pace of {self.pace.basis})"]
+
+    def units(self) -> list[DropUnit]:
+        stages = {c.stage for c in self.cells}
+        checked = [(s, self.checks) for s in (BURST, STEP, VERIFY) if s in stages]
+        return drop_order(self.measure, checked, falling_depth(self.measured))
+
+    def fit_budget(self) -> None:
+        """Drop units, least informative first, until the estimate fits the budget (a unit
+        with a cell already run is kept whole)."""
+        if self.budget_s is None or self.pace is None:
+            return
+        for unit in self.units():
+            if self.elapsed_s() + (self.left_s() or 0.0) <= self.budget_s:
+                return
+            if any(k in self.done for k in unit.keys):
+                continue
+            todo = [k for k in unit.keys if k not in self.dropped]
+            if not todo:
+                continue
+            for key in todo:
+                self.dropped[key] = unit.why
+            note = f"--budget: dropped {unit.what} ({len(todo)} launches): {unit.why}"
+            self.notes.append(note)
+            self.say(f"tune: {note}")
+        total = self.elapsed_s() + (self.left_s() or 0.0)
+        if total > self.budget_s and not self.warned_floor:
+            self.warned_floor = True
+            self.say(
+                f"tune: --budget {self.budget_s:g}: what is left still needs ~{_minutes(total)} "
+                f"in all (over by ~{total - self.budget_s:.0f}s); plain, depth 0 and the "
+                "shallowest drafting depth are never dropped"
+            )
+
+    def finished(
+        self, stage: str, arm: ArmSpec, steps: dict[str, float],
+        figures: dict[int, float] | None = None, said: bool = True,
+    ) -> None:  # fmt: skip
+        """A cell is done: refit the pace, drop what no longer fits, say what is left
+        (`said`: not for a cell an earlier run of a resumed tune finished)."""
+        key = (stage, arm.key)
+        if key in self.done:
+            return
+        self.done.add(key)
+        planned = next((c for c in self.cells if (c.stage, c.key) == key), None)
+        if planned is not None and steps:
+            self.samples.append((steps, planned.rounds))
+        depth = depth_of(arm)
+        if stage == MEASURE and depth is not None and figures:
+            self.measured[depth] = figures
+        fitted = fit_pace(self.samples, f"{len(self.samples)} cells of this tune")
+        self.pace = fitted or self.pace
+        self.fit_budget()
+        left = self.left_s()
+        if said and left is not None and self.pace is not None and self.remaining():
+            budget = f" of --budget {self.budget_s:g}s" if self.budget_s is not None else ""
+            n = len(self.remaining())
+            self.say(
+                f"tune: {n} cell{'s' * (n != 1)} left, ~{_minutes(left)} at "
+                f"{self.pace.fixed_s:.0f}s a launch + {self.pace.round_s * 1000:.1f} ms a "
+                f"decode round ({_minutes(self.elapsed_s())} spent{budget})"
+            )
+
+    def stage_dropped(self, stage: str) -> bool:
+        """Whether every cell of a stage was dropped (the stage is then not run at all)."""
+        keys = [(c.stage, c.key) for c in self.cells if c.stage == stage]
+        return bool(keys) and all(k in self.dropped for k in keys)
+
+    def hooks(self, stage: str, archive: Archive) -> CellHooks:
+        """The sweep's side: ask before each cell, report each finished one (its slowest
+        host's steps; a measured drafting depth's objective by level)."""
+
+        def after(arm: ArmSpec, state: SweepState, ran: bool) -> None:
+            cells = list(state.record.cells[arm.key].values())
+            if not cells or any(c.status != CellStatus.DONE for c in cells):
+                return  # failed or interrupted: not done, and --resume runs it again
+            steps = max((c.steps_s for c in cells), key=lambda s: sum(s.values()), default={})
+            figures = None
+            if stage == MEASURE and depth_of(arm) is not None:
+                rows = tuning.rows_by_depth([arm], state.record, archive)
+                figures = {
+                    c: statistics.median(tuning.objective(r)[0] for r in level)
+                    for by_c in rows.values() for c, level in by_c.items()
+                }  # fmt: skip
+            self.finished(stage, arm, steps, figures, said=ran)
+
+        return CellHooks(drop=lambda arm: self.dropped.get((stage, arm.key)), after=after)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f} min"

@@ -1,0 +1,251 @@
+"""`inv tune` as one orchestration: measure every depth (a sweep), choose the table, write
+the tuned profile, verify it (a second sweep) and archive the tune record.
+
+The sweeps themselves run through the caller's `Experiment` (control/sweep/experiment.py: hosts,
+Ctrl-C's token, the console), so this module holds the order of steps and the record, and
+no output.
+The record is saved once measured and again with the verification: a tune interrupted
+during its verification keeps its table (`--resume` finishes it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufleet.archive import select, store
+from gpufleet.archive.layout import Archive
+from gpufleet.archive.records import TuneRecord
+from gpufleet.control.bench.request import BenchRequest
+from gpufleet.control.server.profiles import load_profile
+from gpufleet.control.sweep.cells import ArmSpec
+from gpufleet.control.sweep.experiment import Experiment
+from gpufleet.control.sweep.run import SweepState
+from gpufleet.control.tune import budget as tunebudget
+from gpufleet.control.tune import files as tunefiles
+from gpufleet.control.tune import fixed as tunefixed
+from gpufleet.control.tune import step as tunestep
+from gpufleet.control.tune import table as tuning
+from gpufleet.control.tune import verify as tuneverify
+from gpufleet.errors import UserError
+from gpufleet.kinds import CellStatus
+
+
+def save_record(record: TuneRecord, path: Path) -> None:
+    store.make_dirs(path.parent)
+    store.write_private_file(path, record.to_json().encode())
+
+
+@dataclass
+class Verdict:
+    host: str
+    arms: list[Any]
+    rows: list[tuneverify.VerdictRow]
+    sentence: str
+
+
+@dataclass
+class StepVerdict:
+    host: str
+    phases: list[tunestep.StepPhase]
+    sentence: str
+
+
+@dataclass
+class TuneOutcome:
+    result: tuning.TuneResult
+    config_path: Path | None  # SGLang's adaptive table (None: an engine with one depth)
+    profile_path: Path
+    record: TuneRecord
+    record_path: Path
+    verdicts: list[Verdict] = field(default_factory=list)
+    steps: list[StepVerdict] = field(default_factory=list)
+
+
+def run(
+    profile: str,
+    depths: list[int],
+    request: BenchRequest,
+    floor: float | None,
+    name: str | None,
+    verify: bool,
+    resume: bool,
+    experiment: Experiment,
+    on_chosen: Callable[[TuneOutcome], None] | None = None,
+    budget_s: float | None = None,
+) -> TuneOutcome:
+    """The whole tune; `on_chosen` sees the table as soon as it is written (before the
+    verification sweep, which takes as long again). The clock (control/tune/budget.py)
+    says the time up front and as cells finish, and drops cells to fit `budget_s`."""
+    root = request.archive
+    arms = tuning.depth_arms(profile, depths)
+    tuned = tunefiles.tuned_reference(profile, name)
+    checks = tuneverify.verification_arms(profile, tuned)
+    clock = tunebudget.TimeKeeper.for_tune(
+        arms, checks, request, verify, budget_s, experiment.console.line,
+        tunebudget.archived_pace(root, profile),
+        _finished_cells(root, profile, tuned, arms, checks) if resume else set(),
+        tuning.drafting_of(load_profile(profile)).adaptive,
+    )  # fmt: skip
+    measure_hooks = clock.hooks(tunebudget.MEASURE, root)
+    state = experiment.sweep([profile], arms, "tune", resume, request, measure_hooks)
+    rows = tuning.rows_by_depth(arms, state.record, root)
+    result, outputs = _choose_and_write(profile, name, floor, rows)
+    config_path, profile_path = outputs
+    result.notes += clock.notes
+    record = _new_record(profile, depths, request, floor, state, result, outputs)
+    record_path = root.tune_record(record.tune_id)
+    save_record(record, record_path)
+    outcome = TuneOutcome(result, config_path, profile_path, record, record_path)
+    if on_chosen is not None:
+        on_chosen(outcome)
+    # a fixed depth 0 is the plain server, just measured: nothing new to verify
+    if not verify or clock.stage_dropped(tunebudget.VERIFY) or result.fixed_depth == 0:
+        return outcome
+    again = resume and _has_state(root, [profile, tuned], checks, "tune-verify")
+    check = experiment.sweep(
+        [profile, tuned], checks, "tune-verify", again, request,
+        clock.hooks(tunebudget.VERIFY, root),
+    )  # fmt: skip
+    data = select.report_for_sweep(root, check.path)
+    for host, host_arms in data.per_host.items():
+        rows, sentence = tuneverify.verdict(host_arms, result.measured)
+        outcome.verdicts.append(Verdict(host, host_arms, rows, sentence))
+        record.verify[host] = {
+            "sweep_id": check.sweep_id,
+            "rows": [dataclasses.asdict(r) for r in rows],
+            "sentence": sentence,
+        }
+    save_record(record, record_path)
+    if result.fixed_depth is None:  # the step and bursts judge depth switching: none here
+        _load_step(profile, tuned, checks, request, resume, experiment, outcome, clock)
+    record.notes = result.notes + [n for n in clock.notes if n not in result.notes]
+    save_record(record, record_path)
+    return outcome
+
+
+def _choose_and_write(
+    profile: str, name: str | None, floor: float | None, rows: dict[Any, Any]
+) -> tuple[tuning.TuneResult, tuple[Path | None, Path]]:
+    """The choice from the measured cells, and the files that ship it: SGLang's adaptive
+    table and a profile using it, or on an engine with one depth (control/tune/fixed.py)
+    a profile at that depth."""
+    base = load_profile(profile)
+    drafting = tuning.drafting_of(base)
+    if drafting.adaptive:
+        result = tuning.choose(rows, floor, tuning.profile_capture_sizes(profile))
+        return result, tunefiles.write_outputs(profile, result, name)
+    result = tunefixed.choose_fixed(rows, floor)
+    flags = tunefixed.profile_flags(drafting, base.flags, result.fixed_depth or 0)
+    return result, (None, tunefiles.write_fixed(profile, name, flags, result.ranges))
+
+
+def _new_record(
+    profile: str,
+    depths: list[int],
+    request: BenchRequest,
+    floor: float | None,
+    state: SweepState,
+    result: tuning.TuneResult,
+    outputs: tuple[Path | None, Path],
+) -> TuneRecord:
+    """The tune's record once measured and chosen, with the config and profile it wrote
+    (the verification is added later)."""
+    return TuneRecord(
+        tune_id=state.sweep_id,
+        profile=profile,
+        depths=[0, *depths],
+        concurrency=list(request.concurrency),
+        min_request_speed=floor,
+        sweep_state=str(state.path),
+        measured={str(d): {str(c): v for c, v in m.items()} for d, m in result.measured.items()},
+        choices=[dataclasses.asdict(ch) for ch in result.choices],
+        table=result.table,
+        ranges=result.ranges,
+        notes=result.notes,
+        config=str(outputs[0]) if outputs[0] else "",
+        tuned_profile=str(outputs[1]),
+        launches=sum(len(cells) for cells in state.record.cells.values()),
+    )
+
+
+def _load_step(
+    profile: str,
+    tuned: str,
+    checks: list[ArmSpec],
+    request: BenchRequest,
+    resume: bool,
+    experiment: Experiment,
+    outcome: TuneOutcome,
+    clock: tunebudget.TimeKeeper,
+) -> None:
+    """The verification's load step (low -> high -> low in one run per server) and bursty
+    trace: per phase, the tuned server against that phase's better static, and its depth
+    switches. A stage `--budget` dropped is not run (the record's notes say so)."""
+    root = request.archive
+    profiles = [profile, tuned]
+    if clock.stage_dropped(tunebudget.STEP):
+        return  # the bursts went before it
+    again = resume and _has_state(root, profiles, checks, "tune-step")
+    step = tunestep.step_request(request)
+    step_hooks = clock.hooks(tunebudget.STEP, root)
+    stepped = experiment.sweep(profiles, checks, "tune-step", again, step, step_hooks)
+    bursts: dict[str, dict[str, list[Any]]] = {}
+    burst_id = None
+    if not clock.stage_dropped(tunebudget.BURST):
+        trace = root.tune_burst_trace(outcome.record.tune_id)
+        again = resume and _has_state(root, profiles, checks, "tune-burst")
+        bursty = tunestep.burst_request(request, trace)
+        burst_hooks = clock.hooks(tunebudget.BURST, root)
+        burst = experiment.sweep(profiles, checks, "tune-burst", again, bursty, burst_hooks)
+        bursts, burst_id = tunestep.step_rows(checks, burst.record, root), burst.sweep_id
+    labels = [arm.label for arm in checks]
+    for host, by_arm in tunestep.step_rows(checks, stepped.record, root).items():
+        phases, sentence = tunestep.step_verdict(by_arm, labels)
+        spike = tunestep.burst_verdict(bursts.get(host, {}), labels)
+        if spike is not None:
+            phases.append(spike)
+            switches = "-" if spike.switches is None else spike.switches
+            sentence += (
+                f" Bursts of {spike.concurrency}: {spike.kept:.0%} of the better static's "
+                f"per-request speed, {switches} depth switches."
+            )
+        outcome.steps.append(StepVerdict(host, phases, sentence))
+        outcome.record.step[host] = {
+            "sweep_id": stepped.sweep_id,
+            "burst_sweep_id": burst_id,
+            "phases": [dataclasses.asdict(p) for p in phases],
+            "sentence": sentence,
+        }
+
+
+def _finished_cells(
+    root: Archive, profile: str, tuned: str, arms: list[ArmSpec], checks: list[ArmSpec]
+) -> set[tuple[str, str]]:
+    """(stage, arm key) of the cells an interrupted tune finished on every host: what
+    `--resume` will not run again, so the clock leaves them out."""
+    later = [kind for kind in tunebudget.STAGE_NAMES if kind != tunebudget.MEASURE]
+    stages = [(tunebudget.MEASURE, [profile], arms)]
+    stages += [(kind, [profile, tuned], checks) for kind in later]
+    done = set()
+    for kind, profiles, kind_arms in stages:
+        try:
+            state = SweepState.latest(root, profiles, kind_arms, kind)
+        except UserError:
+            continue
+        for key, cells in state.record.cells.items():
+            if cells and all(c.status == CellStatus.DONE for c in cells.values()):
+                done.add((kind, key))
+    return done
+
+
+def _has_state(root: Archive, profiles: list[str], arms: list[ArmSpec], kind: str) -> bool:
+    """Whether an earlier (interrupted) tune got as far as this sweep."""
+    try:
+        SweepState.latest(root, profiles, arms, kind)
+    except UserError:
+        return False
+    return True

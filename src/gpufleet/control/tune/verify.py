@@ -1,0 +1,100 @@
+"""The tune's verification, level by level, against two bars: the better of no drafting and
+the profile's own static speculation, measured beside the tuned server; and the best static
+server the tune itself measured at that level (plain, or any depth), on the objective the
+tune chose by (control/tune.objective). control/tune/step.py judges the load step and the
+bursts; control/tune/table.py chooses the table it verifies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.control.server.profiles import load_profile
+from gpufleet.control.sweep.cells import ArmSpec, profile_label
+from gpufleet.control.tune.table import PLAIN, SKIP, drafting_of, objective, plain_arm
+
+
+def verification_arms(profile: str, tuned_profile: str) -> list[ArmSpec]:
+    """Tuned against both things it must match: no drafting, and the profile's own static
+    speculation (the profile without its adaptive flags)."""
+    base = load_profile(profile)
+    drafting = drafting_of(base)
+    return [
+        plain_arm(profile, base, drafting),
+        ArmSpec(profile, {}, 1, f"{profile_label(profile)}-static",
+                remove=list(drafting.static_remove) if drafting.adaptive else []),
+        ArmSpec(tuned_profile, {}, 1, profile_label(tuned_profile)),
+    ]  # fmt: skip
+
+
+@dataclass
+class VerdictRow:
+    concurrency: int
+    winner: str  # "speculation" or "no drafting": which the tuned server must match
+    per_request: dict[str, float]  # arm -> median per-request tok/s
+    throughput: dict[str, float]  # arm -> output tok/s
+    kept: float  # tuned / winner on the winner's figure
+    best_static: str | None = None  # the best static cell the tune measured at this level
+    best_static_tps: float | None = None  # its objective (steady-window output tok/s)
+    kept_best: float | None = None  # the tuned server's objective / that
+
+
+def _cell_name(key: Any) -> str:
+    return {PLAIN: "plain", SKIP: "depth 0 (skip)"}.get(key, f"depth {key}")
+
+
+def best_static(measured: dict[Any, dict[int, Any]], c: int) -> tuple[str, float] | None:
+    """The best cell the tune measured at level c that it could have kept (not rejected):
+    its name and objective figure."""
+    cells = {k: levels[c] for k, levels in measured.items() if c in levels}
+    usable = {k: cell for k, cell in cells.items() if not cell.get("rejected")} or cells
+    if not usable:
+        return None
+    key = max(usable, key=lambda k: usable[k]["output_throughput"])
+    return _cell_name(key), float(usable[key]["output_throughput"])
+
+
+def verdict(
+    arms: list[Any], measured: dict[Any, dict[int, Any]] | None = None
+) -> tuple[list[VerdictRow], str]:
+    """Per level: the tuned server against the better of no drafting and static
+    speculation, on the figure where that one wins (per-request speed for speculation,
+    total throughput for no drafting), and against the best static cell of the tune's own
+    `measured` figures; and the one-sentence answer, both bars said."""
+    base, static, tuned = arms
+    levels = sorted(set(base.levels) & set(static.levels) & set(tuned.levels))
+    rows = []
+    for c in levels:
+        per = {a.label: float(a.levels[c].row.median_per_request_output_tps or 0) for a in arms}
+        tput = {a.label: float(a.levels[c].row.output_throughput or 0) for a in arms}
+        if per[static.label] > per[base.label]:
+            winner, kept = "speculation", per[tuned.label] / per[static.label]
+        else:
+            winner, kept = "no drafting", tput[tuned.label] / tput[base.label]
+        row = VerdictRow(c, winner, per, tput, kept)
+        bar = best_static(measured, c) if measured else None
+        if bar is not None and bar[1]:
+            row.best_static, row.best_static_tps = bar
+            row.kept_best = objective(tuned.levels[c].row)[0] / bar[1]
+        rows.append(row)
+    spec = [r for r in rows if r.winner == "speculation"]
+    plain = [r for r in rows if r.winner == "no drafting"]
+    parts = []
+    if spec:
+        r = spec[0]
+        parts.append(f"{r.kept:.0%} of static speculation's per-request speed at C={r.concurrency}")
+    if plain:
+        r = plain[-1]
+        parts.append(f"{r.kept:.0%} of no-drafting throughput at C={r.concurrency}")
+    worst = min(rows, key=lambda r: r.kept) if rows else None
+    text = f"{tuned.label} keeps " + " and ".join(parts) if parts else "no common levels"
+    if worst is not None:
+        text += f"; its worst level is C={worst.concurrency} at {worst.kept:.0%}"
+    judged = [r for r in rows if r.kept_best is not None]
+    if judged:
+        low = min(judged, key=lambda r: r.kept_best or 0.0)
+        text += (
+            ". Against the best static server the tune measured at each level it keeps "
+            f"{low.kept_best:.0%} at worst (C={low.concurrency}, {low.best_static})"
+        )
+    return rows, text + "."

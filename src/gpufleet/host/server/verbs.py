@@ -1,0 +1,400 @@
+"""Server lifecycle on the host: detached launch, wait-ready, stop, list, logs.
+
+State lives in `<workdir>/servers/<port>.json` (host/server/state.py); `<port>.lock` makes
+concurrent launches on one port exclusive. The server runs in its own session (setsid):
+immune to the SSH session ending, and stoppable as one process group even after its
+launcher died. Every signal first checks that the process group is still the server that
+was launched (host/proc/procstat.py), so a stale state file never kills a stranger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import os
+import signal
+import subprocess
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gpufleet.host.agent import safewrite
+from gpufleet.host.agent.protocol import (
+    AgentError,
+    LaunchArgs,
+    LogsArgs,
+    StopArgs,
+    WaitReadyArgs,
+    emit_event,
+)
+from gpufleet.host.agent.redact import (
+    process_secrets,
+    redact_argv,
+    redact_env,
+    remember,
+    secret_values,
+)
+from gpufleet.host.gpu import verbs as gpus
+from gpufleet.host.proc.procstat import ProcRef, command_name, group_members
+from gpufleet.host.server import keys as serverkeys
+from gpufleet.host.server import probe as health
+from gpufleet.host.server.preflight import launch_env, preflight
+from gpufleet.host.server.state import (
+    SERVERS,
+    all_states,
+    now_iso,
+    read_state,
+    server_alive,
+    server_ref,
+    tail,
+    write_state,
+)
+from gpufleet.kinds import Kind, ServerStatus
+from gpufleet.readings import (
+    LaunchAnswer,
+    ServerSummary,
+    StopAnswer,
+    StoppedServer,
+    WaitReadyAnswer,
+)
+from gpufleet.records import LaunchSpec, ServerState
+from gpufleet.wire import JsonObject
+
+FATAL_PATTERNS = [
+    ("Traceback (most recent call last)", "Python traceback"),
+    ("Initialization failed", "initialization failed"),
+    ("CUDA out of memory", "CUDA out of memory"),
+    ("OutOfMemoryError", "out of memory"),
+    ("address already in use", "address already in use"),
+    ("[Errno 98]", "address already in use"),
+]
+
+
+# -- launch ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def port_lock(port: int):
+    fd = safewrite.open_lock(SERVERS / f"{int(port)}.lock")
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AgentError(
+                f"another gpufleet launch on port {port} is in progress on this host",
+                kind=Kind.LOCKED,
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _spawn(spec: LaunchSpec) -> subprocess.Popen[bytes]:
+    """Start the server in its own session, stdout and stderr appended to its log."""
+    log = Path(spec.log)
+    with safewrite.open_append(log, buffering=0) as out:
+        out.write(f"[gpufleet] {now_iso()} launching {spec.profile}\n".encode())
+        return subprocess.Popen(
+            spec.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=launch_env(spec),
+            start_new_session=True,  # own session and process group: survives hangup
+            close_fds=True,
+        )
+
+
+def write_files(spec: LaunchSpec) -> LaunchSpec:
+    """Write the profile's files into `<workdir>/files/` (content-hashed names: an equal
+    file is written once) and put their paths into argv in place of `{files}`."""
+    files = spec.files or {}
+    if not files:
+        return spec
+    folder = Path.cwd() / safewrite.own_dir("files")
+    for name, content in files.items():
+        if "/" in name or name.startswith("."):
+            raise AgentError(f"file name {name!r} is not a plain name", kind=Kind.USAGE)
+        target = folder / name
+        if not target.is_file() or target.is_symlink():
+            safewrite.write_atomic(target, content)
+    argv = [word.replace("{files}", str(folder)) for word in spec.argv]
+    return dataclasses.replace(spec, argv=argv, files={})
+
+
+KEYS_IN_ARGV = (
+    "this engine takes its API key only on the command line (no --config): every local "
+    "user can read it in `ps`; recorded in the run manifest"
+)
+
+
+def _keep_keys_out_of_argv(port: int, check: LaunchAnswer) -> tuple[list[str], str | None, bool]:
+    """argv with secret flags moved into `servers/<port>.keys.yaml` (read by the engine
+    through `--config`), the key file's path, and whether secrets stayed in argv."""
+    argv = check.argv
+    public, secrets = serverkeys.split(argv, 3)
+    if not secrets:
+        return argv, None, False
+    path = str(serverkeys.write(port, secrets))
+    if check.accepts_config and "--config" not in public:
+        return [*public, "--config", path], path, False
+    return argv, path, True
+
+
+def launch(args: LaunchArgs) -> LaunchAnswer:
+    if args.spec is None:
+        raise AgentError("launch: missing argument 'spec'", kind=Kind.BAD_INPUT)
+    remember(secret_values(args.spec.argv, args.spec.env))
+    remember(args.spec.env[k] for k in args.spec.secret_env if k in args.spec.env)
+    spec = write_files(args.spec)
+    args.spec = spec
+    with port_lock(spec.port):
+        check = preflight(args)
+        if args.dry_run or check.errors:
+            return dataclasses.replace(check, argv=redact_argv(check.argv))
+        existing = read_state(spec.port)
+        if existing and server_alive(existing) and args.replace:
+            stop_server(existing, args.grace_s)
+        argv, key_file, in_argv = _keep_keys_out_of_argv(spec.port, check)
+        if in_argv:
+            check.warnings.append(KEYS_IN_ARGV)
+        spec = dataclasses.replace(spec, argv=argv)  # renames applied, keys in their file
+        proc = _spawn(spec)
+        ref = ProcRef.capture(proc.pid) or ProcRef(proc.pid, -1)  # -1: died at once
+        state = ServerState(
+            pid=proc.pid,
+            proc=ref.to_wire(),
+            pgid=proc.pid,
+            argv=redact_argv(spec.argv),
+            env=redact_env(spec.env, spec.secret_env),
+            port=spec.port,
+            health_url=f"http://{spec.health_host}:{spec.port}{spec.health_path}",
+            profile=spec.profile,
+            engine=spec.engine,
+            engine_version=check.engine_version,
+            slots=spec.slots,
+            log=str(Path.cwd() / spec.log),
+            gpus=spec.gpus,
+            resolved_profile=spec.resolved_profile,
+            flag_renames=check.renames,
+            key_file=key_file,
+            secrets_in_argv=in_argv,
+            node_rank=spec.node_rank,
+            started_at=now_iso(),
+            status=ServerStatus.STARTING,
+            gpu_health=check.gpu_health,
+            allowed_unhealthy=args.allow_unhealthy,
+        )
+        write_state(state)
+    return LaunchAnswer(
+        started=True, state=state, warnings=check.warnings, renames=check.renames,
+        engine_version=check.engine_version, gpu_health=check.gpu_health,
+    )  # fmt: skip
+
+
+# -- wait until healthy ---------------------------------------------------------------
+class _LogScanner:
+    """Reads what the server log gained since the last look: fatal lines and the last line."""
+
+    def __init__(self, path: str, offset: int) -> None:
+        self.path = path
+        self.offset = offset
+        self.last_line = ""
+
+    def fatal(self) -> str | None:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        self.offset += len(chunk)
+        text = chunk.decode(errors="replace")
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if lines:
+            self.last_line = lines[-1][-200:]
+        return next((label for needle, label in FATAL_PATTERNS if needle in text), None)
+
+
+def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
+    """Poll until /health answers 200 (or, without health, the process runs); stream phases."""
+    state = read_state(args.port)
+    if state is None:
+        raise AgentError(f"no server launched by gpufleet on port {args.port}", kind=Kind.NO_SERVER)
+    remember(process_secrets(state.pid) if server_alive(state) else [])
+    started = time.monotonic() - args.elapsed_before_s
+    slice_end = time.monotonic() + args.slice_s if args.slice_s else None
+    log = _LogScanner(state.log, state.log_offset)
+    phase = ""
+    last_event = 0.0
+    while True:
+        elapsed = time.monotonic() - started
+        fatal = log.fatal()
+        if fatal:
+            return _failed(state, "crashed", f"{fatal} in the server log")
+        if not server_alive(state):
+            return _failed(state, "crashed", "the server process exited")
+        new_phase = health.probe(state.health_url) if args.health else "running"
+        if new_phase in ("ready", "running"):
+            state.update(
+                status=ServerStatus.READY if args.health else ServerStatus.RUNNING,
+                ready_at=now_iso(),
+            )
+            write_state(state)
+            emit_event(
+                {"phase": new_phase, "elapsed_s": round(elapsed, 2), "last_line": log.last_line}
+            )
+            return WaitReadyAnswer(True, new_phase, round(elapsed, 3), state=state)
+        if new_phase != phase or time.monotonic() - last_event >= 1.0:
+            phase = new_phase
+            last_event = time.monotonic()
+            emit_event({"phase": phase, "elapsed_s": round(elapsed, 2), "last_line": log.last_line})
+        if elapsed > args.timeout_s:
+            return _failed(
+                state, "timeout", f"not healthy after {args.timeout_s:g}s (last: {phase})"
+            )
+        if slice_end is not None and time.monotonic() >= slice_end:
+            return WaitReadyAnswer(False, "waiting", round(elapsed, 3))
+        time.sleep(args.poll_s)
+
+
+def _failed(state: ServerState, status: str, reason: str) -> WaitReadyAnswer:
+    state.update(status=ServerStatus.FAILED, failure=reason, failed_at=now_iso())
+    write_state(state)
+    return WaitReadyAnswer(False, status, reason=reason, tail=tail(state.log), state=state)
+
+
+# -- stop, list, logs -----------------------------------------------------------------
+class StaleState(Exception):
+    """The state file's process group now belongs to someone else: nothing may be signalled."""
+
+
+def _group_is_ours(state: ServerState) -> bool:
+    """Whether the saved process group still runs what gpufleet launched.
+
+    True while the leader is our process, or while the leader is gone but its group lives
+    on (the kernel hands out no PID that a live group still uses as its id: the members are
+    our server's orphans). False when the group is empty. StaleState when the PID now
+    belongs to another process.
+    """
+    ref = server_ref(state)
+    if ref is None:
+        return False
+    if ref.alive():
+        return True
+    if ref.reused():
+        raise StaleState(
+            f"server state for port {state.port} is stale: pid {ref.pid} is now "
+            f"`{command_name(ref.pid)}`; state cleared, nothing killed"
+        )
+    return bool(group_members(state.pgid))
+
+
+def _signal_group(pgid: int, sig: signal.Signals, wait_s: float) -> bool:
+    """Signal the group; wait until no member runs. True if it emptied in time."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+    deadline = time.monotonic() + wait_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not group_members(pgid)
+
+
+def stop_server(state: ServerState, grace_s: float) -> str:
+    """SIGTERM the server's group, SIGKILL after the grace; which signal ended it.
+
+    Raises StaleState (after marking the state file) when the PID was reused.
+    """
+    try:
+        ours = _group_is_ours(state)
+    except StaleState:
+        state.update(
+            status=ServerStatus.STALE, stopped_at=now_iso(), stop_signal="none (stale state)"
+        )
+        write_state(state)
+        raise
+    signal_used = "none (already gone)"
+    if ours:
+        signal_used = "SIGTERM"
+        if not _signal_group(state.pgid, signal.SIGTERM, grace_s):
+            signal_used = "SIGKILL"
+            _signal_group(state.pgid, signal.SIGKILL, 5)
+    state.update(status=ServerStatus.STOPPED, stopped_at=now_iso(), stop_signal=signal_used)
+    write_state(state)
+    return signal_used
+
+
+def stop(args: StopArgs) -> StopAnswer:
+    states = [s for s in all_states() if args.profile in (None, s.profile)]
+    if args.port is not None:
+        states = [s for s in states if s.port == args.port]
+    stopped = []
+    refused = []
+    used_gpus: set[int] = set()
+    for state in states:
+        if state.status in (ServerStatus.STOPPED, ServerStatus.STALE):
+            continue
+        try:
+            how = stop_server(state, args.grace_s)
+        except StaleState as exc:
+            refused.append(str(exc))
+            continue
+        stopped.append(StoppedServer(state.port, state.profile, state.pid, how))
+        used_gpus.update(state.gpus)
+    verify = None
+    if used_gpus and args.verify:
+        verify = gpus.wait_gpus_clean(sorted(used_gpus), args.timeout_s)
+    return StopAnswer(stopped=stopped, refused=refused, verify=verify)
+
+
+def servers() -> list[ServerSummary]:
+    """gpufleet's servers on this host that have not been stopped, with health and uptime."""
+    out = []
+    up = (ServerStatus.STARTING, ServerStatus.READY, ServerStatus.RUNNING)
+    for state in all_states():
+        alive = server_alive(state)
+        if state.status in (ServerStatus.STOPPED, ServerStatus.STALE) and not alive:
+            continue
+        uptime = None
+        if alive:
+            started = datetime.fromisoformat(state.started_at.replace("Z", "+00:00"))
+            uptime = round((datetime.now(UTC) - started).total_seconds(), 1)
+        dead = not alive and state.status in up  # it was up; its process is gone
+        out.append(
+            ServerSummary(
+                profile=state.profile, pid=state.pid, port=state.port,
+                status=ServerStatus.DEAD if dead else state.status,
+                started_at=state.started_at, engine=state.engine, log=state.log, alive=alive,
+                health=health.probe(state.health_url) if alive else "down",
+                engine_version=state.engine_version, uptime_s=uptime,
+            )
+        )  # fmt: skip
+    return out
+
+
+def logs(args: LogsArgs) -> JsonObject:
+    states = all_states()
+    if args.port is not None:
+        states = [s for s in states if s.port == args.port]
+    if args.profile:
+        states = [s for s in states if s.profile == args.profile]
+    if not states:
+        raise AgentError("no server launched by gpufleet matches", kind=Kind.NO_SERVER)
+    state = max(states, key=lambda s: s.started_at)
+    remember(process_secrets(state.pid) if server_alive(state) else [])
+    if not args.follow:
+        return {"log": state.log, "lines": tail(state.log, args.lines)}
+    with open(state.log, "rb") as fh:
+        # the tail ends where following begins: a line written in between is not lost
+        fh.seek(0, os.SEEK_END)
+        for line in tail(state.log, args.lines, end=fh.tell()):
+            emit_event({"line": line})
+        deadline = time.monotonic() + args.follow_s
+        while time.monotonic() < deadline:
+            data = fh.readline()
+            if data:
+                emit_event({"line": data.decode(errors="replace").rstrip("\n")})
+            else:
+                time.sleep(0.2)
+    return {"log": state.log, "lines": []}
