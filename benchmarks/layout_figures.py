@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import itertools
 import io
+import itertools
 import sys
 import tempfile
 from collections import Counter

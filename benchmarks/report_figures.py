@@ -16,10 +16,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from browser import CHROMIUM, visit
-from gpufleet.archive import select, store
 from gpufleet.archive.layout import Archive
 from gpufleet.archive.records import Manifest
-from gpufleet.report import html
+from gpufleet.report import html, select, store
 
 
 def _synthetic(root: Path, runs: int, levels: int) -> list[str]:

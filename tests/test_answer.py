@@ -11,11 +11,10 @@ import re
 
 import pytest
 
-from gpufleet.archive import select
 from gpufleet.archive import store as archive
 from gpufleet.archive.layout import Archive
 from gpufleet.archive.records import Manifest
-from gpufleet.report import answer, figures, metrics
+from gpufleet.report import answer, figures, metrics, select
 from helpers import level, run_cli, unwrap
 
 # Three repeats per level. At C=64 the two arms' total throughputs overlap (no significant

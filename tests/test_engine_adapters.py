@@ -223,6 +223,7 @@ ENGINE_WORDS = re.compile(
 ENGINE_WORDS_ALLOWED = {
     "control/server/engines.py": "the adapters themselves",
     "sim/": "the rehearsal engine imitates SGLang, flags and all",
+    "engine_facts.py": "SGLang's facts that both the tuner and the rehearsal engine read",
     "control/tune/table.py": "SGLang's adaptive table, written where its adapter says adaptive",
     "control/tune/files.py": "the same table's files",
     "report/compare.py": "runs archived before the adapters read SGLang's cap from argv",

@@ -22,7 +22,7 @@ import yaml
 
 from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
-from gpufleet.host.proc.procstat import ProcRef
+from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.host.server.state import server_alive
 from gpufleet.records import ServerState
 from helpers import REPO, run_cli

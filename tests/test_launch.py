@@ -12,7 +12,7 @@ import urllib.request
 import psutil
 import yaml
 
-from gpufleet.host.proc.procstat import ProcRef
+from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.sim import gpustate
 from helpers import pid_alive
 

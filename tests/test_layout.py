@@ -1,8 +1,8 @@
-"""The layout holds: one-way imports, no cycles, the zipapp is host/ + sim/ and stdlib-only.
+"""The layout holds: every import is one the layers table allows (gpufleet/layers.py),
+no cycles between modules or packages, the zipapp is host/ + sim/ and stdlib-only, and
+docs/ARCHITECTURE.md's package table is the one generated from the table.
 
-Data flows cli -> control -> host -> archive -> report (docs/ARCHITECTURE.md); a module
-may import its own package or one further down that line, never one above it. Lazy
-imports inside functions count too: they are imports all the same.
+Lazy imports inside functions count too: they are imports all the same.
 """
 
 from __future__ import annotations
@@ -13,30 +13,15 @@ import sys
 import zipfile
 from pathlib import Path
 
+from gpufleet import layers
 from gpufleet.control.agent import bundle as agentzip
 from gpufleet.host.agent.protocol import CONTRACT
-from gpufleet.host.agent.registry import VERBS
+from gpufleet.host.registry import VERBS
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = SRC / "gpufleet"
-RANK = {"cli": 0, "control": 1, "host": 2, "sim": 2, "archive": 3, "report": 4}
-BASE = {
-    "gpufleet",
-    "gpufleet.errors",
-    "gpufleet.kinds",
-    "gpufleet.wire",
-    "gpufleet.records",
-    "gpufleet.readings",
-    "gpufleet.archive.records",
-}  # shared by every package
-SHIPPED_BASE = {
-    "gpufleet",
-    "gpufleet.kinds",
-    "gpufleet.wire",
-    "gpufleet.records",
-    "gpufleet.readings",
-}  # ... and shipped in the zipapp too
-SHIPPED = ("host", "sim")
+REPO = SRC.parent
+TOP = {"gpufleet.__main__", "gpufleet.layers"}  # the console entry point, the table itself
 # Modules of a separate process, never imported by the agent: the simulated server's HTTP
 # app needs aiohttp, as SGLang's does (the host venv has it). Nothing imports it at module
 # level (checked below), so the agent never depends on it.
@@ -82,32 +67,62 @@ def _internal_edges() -> dict[str, set[str]]:
     return graph
 
 
-def _package(module: str) -> str | None:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in RANK) else None
+def _package(module: str) -> str:
+    """The package a module lives in, as the layers table names it (`control/tune`), or
+    the base module's own name (`wire`)."""
+    path = _modules()[module].relative_to(PACKAGE)
+    parts = list(path.parts[:-1])
+    while parts and not (PACKAGE.joinpath(*parts) / "__init__.py").exists():
+        parts.pop()  # sim/shim is a directory put on a path, part of sim/
+    return "/".join(parts) or path.stem
 
 
-def test_no_module_imports_a_package_above_its_own():
-    upward = []
+def test_every_import_is_one_the_layers_table_allows():
+    """A module imports its own package, the base, or a package its package's row lists;
+    shipped code imports only the shipped base; the base imports only the base."""
+    wrong = []
     for source, targets in _internal_edges().items():
-        if source == "gpufleet.__main__":
-            continue  # the console entry point sits above everything
+        if source in TOP:
+            continue
         src_pkg = _package(source)
         for target in targets:
-            if target in BASE:
-                if src_pkg in SHIPPED and target not in SHIPPED_BASE:
-                    upward.append(f"{source} -> {target} (shipped code imports the control plane)")
-                continue
             dst_pkg = _package(target)
-            if src_pkg is None or dst_pkg is None:
-                upward.append(f"{source} -> {target} (outside the layered packages)")
-            elif RANK[dst_pkg] < RANK[src_pkg]:
-                upward.append(f"{source} -> {target}")
-            elif src_pkg in SHIPPED and dst_pkg not in SHIPPED:
-                upward.append(f"{source} -> {target} (shipped code imports the control plane)")
-            elif src_pkg == "sim" and dst_pkg == "host" and target != "gpufleet.host.proc.procstat":
-                upward.append(f"{source} -> {target} (the rehearsal engine may use only procstat)")
-    assert not upward, "imports against the one-way flow:\n" + "\n".join(sorted(upward))
+            if dst_pkg == src_pkg:
+                continue
+            if dst_pkg in layers.BASE:
+                if src_pkg in layers.SHIPPED and dst_pkg not in layers.SHIPPED_BASE:
+                    wrong.append(f"{source} -> {target} (shipped code imports the control plane)")
+                continue
+            if src_pkg in layers.BASE or dst_pkg not in layers.LAYERS.get(src_pkg, ()):
+                wrong.append(f"{source} -> {target} ({src_pkg} may not import {dst_pkg})")
+    assert not wrong, "imports the layers table does not allow:\n" + "\n".join(sorted(wrong))
+
+
+def test_every_package_has_a_row_and_a_docstring():
+    """A new package says where it sits, and what it owns, before anything imports it."""
+    packages = {_package(m) for m in _modules() if m not in TOP}
+    packages -= set(layers.BASE) | {"errors"}
+    assert packages == set(layers.LAYERS), packages ^ set(layers.LAYERS)
+    for package in packages:
+        doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text()))
+        assert doc and len(doc) > 40, f"{package}/__init__.py says nothing of what it owns"
+
+
+def test_the_packages_form_no_cycle():
+    """Rows only point at rows declared above them: layers, not a web."""
+    seen: set[str] = set()
+    for package, allowed in layers.LAYERS.items():
+        later = [p for p in allowed if p not in seen]
+        assert not later, f"{package} may import {later}, declared after it"
+        seen.add(package)
+
+
+def test_the_architecture_table_is_generated_from_the_layers_table():
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "architecture.py"), "--check"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_no_import_cycles():
@@ -134,18 +149,12 @@ def test_no_import_cycles():
 
 def test_the_zipapp_ships_host_and_sim_whole_and_nothing_else():
     shipped = {name for name, _ in agentzip.shipped_files()}
-    base = {
-        "gpufleet/__init__.py",
-        "gpufleet/kinds.py",
-        "gpufleet/wire.py",
-        "gpufleet/records.py",
-        "gpufleet/readings.py",
-    }
-    outside = sorted(n for n in shipped if n not in base and n.split("/")[1] not in SHIPPED)
+    base = {f"gpufleet/{name}.py" for name in layers.SHIPPED_BASE}
+    outside = sorted(n for n in shipped if n not in base and n.split("/")[1] not in ("host", "sim"))
     assert not outside, f"shipped from outside host/ and sim/: {outside}"
     expected = {
         f"gpufleet/{p.relative_to(PACKAGE).as_posix()}"
-        for pkg in SHIPPED
+        for pkg in ("host", "sim")
         for p in (PACKAGE / pkg).rglob("*.py")
     }
     assert expected <= shipped, f"not shipped: {sorted(expected - shipped)}"
@@ -155,7 +164,7 @@ def test_shipped_modules_import_only_the_stdlib_at_import_time():
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
     offenders = []
     for name, path in _modules().items():
-        if _package(name) not in SHIPPED:
+        if name in TOP or _package(name) not in layers.SHIPPED:
             continue
         for target, line in _imports(name, path, top_level_only=True):
             root = target.split(".")[0]

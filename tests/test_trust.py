@@ -337,7 +337,7 @@ def test_a_python_that_is_a_script_is_refused(fleet, tmp_path):
 
 
 def test_the_clean_environment_keeps_what_servers_need_and_drops_what_loads_code(tmp_path):
-    from gpufleet.host.server import childenv
+    from gpufleet.host.agent import childenv
 
     theirs = tmp_path / "their-cache"
     theirs.mkdir()

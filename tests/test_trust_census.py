@@ -9,7 +9,7 @@ Each task runs over a real sshd traced by strace (tests/census.py). Three rules:
 3. each directory of the census, made writable by another user in turn, makes the task
    refuse before anything in that directory is executed, imported or written.
 Plus the static half: in host/, only host/agent/safewrite.py opens a file for writing, and every
-child process gets its environment from host/server/childenv.py.
+child process gets its environment from host/agent/childenv.py.
 """
 
 from __future__ import annotations

@@ -431,7 +431,8 @@ def test_batch_ranges_follow_cuda_graph_padding(tmp_path):
     """SGLang pads a decode batch to the next captured size, then picks the largest key not
     above it: with the speculative capture sizes (..., 8, 10, 12, 14, 16, ...) a key of 16
     applies from batch 15, and a key at an uncaptured C is the captured size it pads to."""
-    from gpufleet.sim.speculation import AdaptiveDepth, capture_sizes
+    from gpufleet.engine_facts import capture_sizes
+    from gpufleet.sim.speculation import AdaptiveDepth
 
     sizes = capture_sizes(max_running=64)
     assert sizes[:10] == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12] and sizes[-2:] == [60, 64]
@@ -461,7 +462,7 @@ def test_capture_sizes_are_sglangs_own_for_every_max_batch():
     65-128 ran unpadded. The fixture holds SGLang 0.5.23's own function's answer for each
     max batch; the default max batch is SGLang's for an H200 (256, 512 from TP 4), capped by
     the max running requests (48 for a speculative server unless set)."""
-    from gpufleet.sim.speculation import capture_sizes
+    from gpufleet.engine_facts import capture_sizes
 
     fixture = json.loads(
         (REPO / "tests/fixtures/sglang-0.5.23-decode-capture-sizes.json").read_text()
@@ -478,7 +479,7 @@ def test_capture_sizes_are_sglangs_own_for_every_max_batch():
 def test_a_ladder_to_128_keys_its_ranges_where_sglang_applies_them():
     """Between C=64 and C=128 the range starts halfway, at batch 96, which SGLang 0.5.23
     pads to 96 (captured 88, 96): the key is 96 and it applies from batch 89."""
-    from gpufleet.sim.speculation import capture_sizes
+    from gpufleet.engine_facts import capture_sizes
 
     sizes = capture_sizes(max_running=128)
     result = tune.choose(_rows({

@@ -1,0 +1,3 @@
+"""The archive under `logs/`: every path in it (`layout.py`), runs written atomically with
+checksums and verified (`store.py`), the manifest built from what was launched, and the
+typed records every reader gets back (`records.py`: runs, sweeps, tunes, find-max, health)."""

@@ -10,8 +10,8 @@ from gpufleet.cli.tasksets import COMPARE, REPORT
 @COMPARE.task()
 def compare(c, **given):
     """Per-concurrency table, crossover, plots and report.html: inv compare baseline eagle3."""
-    from gpufleet.archive import select
     from gpufleet.errors import UserError
+    from gpufleet.report import select
 
     o = COMPARE.parse(given)
     names = [n for n in (o.first, o.second, *o.more) if n]
@@ -40,8 +40,8 @@ def show_compare(data: Any, fmt: str, out_dir: Any, plots: bool = True, wide: bo
     """Print the comparison; write its plots and report.html (paths printed unless json)."""
     import dataclasses
 
-    from gpufleet.archive import select, store
     from gpufleet.cli.output import line, print_compare
+    from gpufleet.report import select, store
     from gpufleet.report.figures import write_all
 
     print_compare(data.per_host, fmt, wide)
@@ -64,8 +64,8 @@ def report(c, **given):
 
     `inv report --latest`, `inv report --sweep ID`, `inv report --runs baseline,eagle3`.
     """
-    from gpufleet.archive import select
     from gpufleet.cli.output import line
+    from gpufleet.report import select
 
     o = REPORT.parse(given)
     root = o.archive

@@ -2,7 +2,7 @@
 comparison (report/answer.py builds the answer from them).
 
 An arm is one run (a run id) or a profile (its latest archived run on each host), loaded
-by archive/select.py. Ratios
+by report/select.py. Ratios
 are against the first arm. Crossovers are interpolated on a log-concurrency axis between
 measured levels.
 """

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from gpufleet.host.proc.procstat import ProcRef
+from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.wire import JsonObject
 
 STATE_ENV = "GPUFLEET_SIM_STATE"

@@ -19,6 +19,8 @@ import time
 from datetime import datetime
 from typing import Any
 
+from gpufleet import engine_facts
+from gpufleet.engine_facts import capture_sizes
 from gpufleet.sim import auth, gpustate, serverargs
 from gpufleet.sim.hold import set_title
 from gpufleet.sim.power import ActivityMeter
@@ -28,7 +30,6 @@ from gpufleet.sim.speculation import (
     SWITCH_LINE,
     AdaptiveDepth,
     adaptive_refusal,
-    capture_sizes,
     initial_steps,
     parse_accept_rates,
     zero_step_costs_ms,
@@ -248,8 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     set_title("sglang.launch_server (gpufleet sim) " + " ".join(argv))
     if os.environ.get(gpustate.STATE_ENV):
         gpustate.join_host()
-    if args.speculative_algorithm in serverargs.CAPPED_ALGORITHMS and not args.explicit_max_running:
-        args.max_running_requests = serverargs.SPEC_DEFAULT_MAX_RUNNING
+    if (
+        args.speculative_algorithm in engine_facts.CAPPED_ALGORITHMS
+        and not args.explicit_max_running
+    ):
+        args.max_running_requests = engine_facts.SPEC_DEFAULT_MAX_RUNNING
         log(
             "Max running requests is reset to 48 for speculative decoding. You can override "
             "this by explicitly setting --max-running-requests."

@@ -12,8 +12,6 @@ import sys
 from gpufleet.sim.speculation import parse_accept_rates
 
 SPECULATIVE_ALGORITHMS = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
-CAPPED_ALGORITHMS = {"EAGLE", "EAGLE3", "STANDALONE"}
-SPEC_DEFAULT_MAX_RUNNING = 48
 
 
 def build_parser() -> argparse.ArgumentParser:

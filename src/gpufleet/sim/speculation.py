@@ -24,11 +24,11 @@ configured). A slot with a single candidate is a fixed depth: what `inv tune` wr
 
 from __future__ import annotations
 
-import bisect
 import json
 from collections.abc import Callable
 from typing import Any
 
+from gpufleet.engine_facts import padded
 from gpufleet.wire import JsonObject
 
 ACCEPT_P = 0.65
@@ -131,59 +131,6 @@ def step_costs_ms(
     draft = steps * DRAFT_PER_REQ_MS * (0.75 + 0.25 * topk) * draft_scale
     base = 15.6 + DRAFT_BASE_MS * steps * draft_scale
     return base, 1.03 + draft + VERIFY_PER_REQ_MS * tokens**0.5
-
-
-def default_decode_max_bs(tp: int = 1, max_running: int | None = None) -> int:
-    """SGLang 0.5.23's decode CUDA-graph max batch when `--cuda-graph-max-bs` is not given,
-    on a 60-160 GB GPU (H100, H200): 256 below TP 4, else 512, capped by the server's max
-    running requests (48 with speculation unless set)."""
-    max_bs = 256 if tp < 4 else 512
-    return min(max_bs, max_running) if max_running else max_bs
-
-
-def capture_sizes(
-    cuda_graph_bs: list[int] | None = None,
-    max_bs: int | None = None,
-    disabled: bool = False,
-    *,
-    max_running: int | None = None,
-    tp: int = 1,
-    padding_disabled: bool = False,
-) -> list[int] | None:
-    """The decode batch sizes SGLang 0.5.23 captures CUDA graphs for with speculative
-    decoding (`generate_decode_cuda_graph_batch_sizes`): `--cuda-graph-bs` when given, else
-    1-8, 10-32 step 2, 40-64 step 4, 72-256 step 8, then step 16, up to the max batch
-    (`max_bs`, else `default_decode_max_bs`), which is itself always captured; every size
-    up to it with `--disable-cuda-graph-padding`; None with `--disable-cuda-graph` (no
-    padding). tests/fixtures/sglang-0.5.23-decode-capture-sizes.json holds SGLang's own."""
-    if disabled:
-        return None
-    if cuda_graph_bs:
-        return sorted(set(cuda_graph_bs))
-    top = max_bs or default_decode_max_bs(tp, max_running)
-    if padding_disabled:
-        return list(range(1, top + 1))
-    steps = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8)]
-    sizes = [s for s in [*steps, *range(272, top + 1, 16)] if s <= top]
-    return sizes if top in sizes else [*sizes, top]
-
-
-def padded(batch: int, sizes: list[int] | None) -> int:
-    """The captured size a decode batch runs as (itself above the largest, or unpadded)."""
-    if sizes:
-        index = bisect.bisect_left(sizes, batch)
-        if index < len(sizes):
-            return sizes[index]
-    return batch
-
-
-def first_batch(key: int, sizes: list[int] | None) -> int:
-    """The smallest batch whose padded size is at least `key`: where a table key starts
-    to apply (batch 15 pads to 16, so a key of 16 applies from batch 15)."""
-    if not sizes:
-        return key
-    below = [s for s in sizes if s < key]
-    return below[-1] + 1 if below else 1
 
 
 class AdaptiveSlot:

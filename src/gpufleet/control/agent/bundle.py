@@ -17,8 +17,11 @@ from functools import lru_cache
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # src/gpufleet
-SHIPPED = ("__init__.py", "kinds.py", "wire.py", "records.py", "readings.py", "host", "sim")
-MAIN = "import sys\nfrom gpufleet.host.agent.main import main\nsys.exit(main(sys.argv[1:]))\n"
+SHIPPED = (
+    "__init__.py", "kinds.py", "wire.py", "records.py", "readings.py", "engine_facts.py",
+    "host", "sim",
+)  # fmt: skip
+MAIN = "import sys\nfrom gpufleet.host.main import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.archive.select import ReportInput
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.connect.cancel import CancelToken
 from gpufleet.control.connect.fleet import Fleet
@@ -21,6 +20,7 @@ from gpufleet.control.server.options import LaunchOptions
 from gpufleet.control.sweep import run as sweeps
 from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.kinds import SweepStatus
+from gpufleet.report.select import ReportInput
 
 
 @dataclass

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.archive import select, store
 from gpufleet.archive.layout import Archive
 from gpufleet.archive.records import TuneRecord
 from gpufleet.control.bench.request import BenchRequest
@@ -32,6 +31,7 @@ from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune import verify as tuneverify
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
+from gpufleet.report import select, store
 
 
 def save_record(record: TuneRecord, path: Path) -> None:

@@ -49,11 +49,16 @@ from gpufleet.control.server import engines
 from gpufleet.control.server.profiles import Profile, load_profile
 from gpufleet.control.sweep.cells import ArmSpec, profile_label
 from gpufleet.control.tune.files import SKIP_ENV, depth0_config, relative_to_cwd
+from gpufleet.engine_facts import (
+    CAPPED_ALGORITHMS,
+    SPEC_DEFAULT_MAX_RUNNING,
+    capture_sizes,
+    first_batch,
+    padded,
+)
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
 from gpufleet.records import ResultRow
-from gpufleet.sim.serverargs import CAPPED_ALGORITHMS, SPEC_DEFAULT_MAX_RUNNING
-from gpufleet.sim.speculation import capture_sizes, first_batch, padded
 
 PLAIN = "plain"  # the profile without speculation: what depth 0 is compared with
 SKIP = "skip"  # depth 0 with SGLang's skip variable

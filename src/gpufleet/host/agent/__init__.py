@@ -1,3 +1,3 @@
-"""The agent's plumbing: verb dispatch and registry, the contract with the control plane, the
-trust rule, secrets redaction and the only way the agent writes a file.
-"""
+"""The agent's plumbing, below every room of the host: the verb contract with the control
+plane, the trust rule, the only way the agent writes a file, secrets redaction, the
+allow-listed environment of every child, and process identity from /proc."""

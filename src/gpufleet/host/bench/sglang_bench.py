@@ -21,8 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpufleet.host.agent import safewrite
-from gpufleet.host.server import childenv
+from gpufleet.host.agent import childenv, safewrite
 from gpufleet.host.server import keys as serverkeys
 from gpufleet.records import BenchPlan, Level
 from gpufleet.wire import JsonObject

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import gpufleet
+from gpufleet.host.agent import childenv
 from gpufleet.host.bench.clientcert import ClientClock
 from gpufleet.host.bench.level import LevelRun, Prompt, RequestRecord, Tally
 from gpufleet.host.bench.loadgen import run_async, run_level
-from gpufleet.host.server import childenv
 
 ROOT = str(Path(gpufleet.__file__).resolve().parent.parent)  # the zipapp, or src/
 CHILD = (

@@ -23,8 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
-from gpufleet.host.agent import safewrite
-from gpufleet.host.server import childenv
+from gpufleet.host.agent import childenv, safewrite
 
 NVML_CLOCK_SM = 1
 NVML_TEMPERATURE_GPU = 0

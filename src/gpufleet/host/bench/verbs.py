@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpufleet.host.agent import safewrite
+from gpufleet.host.agent import childenv, safewrite
+from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.host.agent.protocol import (
     AgentError,
     BenchRunArgs,
@@ -25,10 +26,8 @@ from gpufleet.host.agent.protocol import (
     RunStatusFile,
     emit_event,
 )
+from gpufleet.host.gpu import facts as gpus
 from gpufleet.host.gpu import nvml as nvmlread
-from gpufleet.host.gpu import verbs as gpus
-from gpufleet.host.proc.procstat import ProcRef
-from gpufleet.host.server import childenv
 from gpufleet.host.server import keys as serverkeys
 from gpufleet.host.server.state import all_states, read_state, server_alive, tail
 from gpufleet.kinds import Kind, RunStatus

@@ -22,8 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpufleet.host.agent import safewrite
-from gpufleet.host.server import childenv
+from gpufleet.host.agent import childenv, safewrite
 from gpufleet.readings import FatalXid, GpuHealth, GpuReading
 from gpufleet.wire import WireError
 

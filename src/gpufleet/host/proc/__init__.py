@@ -1,3 +1,2 @@
-"""Processes on the host: /proc parsing, what a process is, and finding and killing GPU holders
-as trees.
-"""
+"""Processes on the host: what a process is (an engine's server, infrastructure), and
+finding the ones that hold GPUs or look like stale servers, and killing them as trees."""

@@ -13,7 +13,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.host.proc.procstat import group_members
+from gpufleet.host.agent.procstat import group_members
 from gpufleet.host.server import probe as health
 from gpufleet.host.server.state import all_states, server_alive, server_ref
 from gpufleet.kinds import ServerStatus

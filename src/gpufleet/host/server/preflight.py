@@ -18,11 +18,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.host.agent import safewrite
+from gpufleet.host.agent import childenv, safewrite
 from gpufleet.host.agent.protocol import AgentError, LaunchArgs
 from gpufleet.host.gpu import health as gpuhealth
 from gpufleet.host.gpu import nvml as nvmlread
-from gpufleet.host.server import childenv, flagrenames
+from gpufleet.host.server import flagrenames
 from gpufleet.host.server.state import read_state, server_alive
 from gpufleet.kinds import Kind
 from gpufleet.readings import LaunchAnswer
@@ -61,7 +61,7 @@ def _agent_pythonpath() -> list[str]:
 
 
 def launch_env(spec: LaunchSpec) -> dict[str, str]:
-    """The server's environment: the login's allow-listed part (host/server/childenv.py), the
+    """The server's environment: the login's allow-listed part (host/agent/childenv.py), the
     profile's own variables, and on a simulated host the rehearsal engine's paths."""
     env = childenv.child_env(spec.env)
     parts = []

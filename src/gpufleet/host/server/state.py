@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpufleet.host.agent import safewrite
-from gpufleet.host.proc.procstat import ProcRef
+from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.records import ServerState
 from gpufleet.wire import WireError
 

@@ -4,7 +4,7 @@ State lives in `<workdir>/servers/<port>.json` (host/server/state.py); `<port>.l
 concurrent launches on one port exclusive. The server runs in its own session (setsid):
 immune to the SSH session ending, and stoppable as one process group even after its
 launcher died. Every signal first checks that the process group is still the server that
-was launched (host/proc/procstat.py), so a stale state file never kills a stranger.
+was launched (host/agent/procstat.py), so a stale state file never kills a stranger.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpufleet.host.agent import safewrite
+from gpufleet.host.agent.procstat import ProcRef, command_name, group_members
 from gpufleet.host.agent.protocol import (
     AgentError,
     LaunchArgs,
@@ -35,8 +36,7 @@ from gpufleet.host.agent.redact import (
     remember,
     secret_values,
 )
-from gpufleet.host.gpu import verbs as gpus
-from gpufleet.host.proc.procstat import ProcRef, command_name, group_members
+from gpufleet.host.gpu import facts as gpus
 from gpufleet.host.server import keys as serverkeys
 from gpufleet.host.server import probe as health
 from gpufleet.host.server.preflight import launch_env, preflight

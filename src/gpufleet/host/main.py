@@ -31,7 +31,7 @@ from gpufleet.kinds import Kind
 
 def run_verb(verb: str, stream: TextIO) -> int:
     """One verb: its arguments from the first line of `stream`, its answer on stdout."""
-    from gpufleet.host.agent.registry import VERBS
+    from gpufleet.host.registry import VERBS
 
     try:
         serverkeys.remember_all()  # no answer carries a server's key
@@ -69,7 +69,7 @@ def _lines(stdin: TextIO, limit: int):
 
 def serve(stdin: TextIO, limit: int = MAX_LINE) -> int:
     """Answer `VERB ARGS` lines until stdin ends; a hello line first says where we run."""
-    from gpufleet.host.agent.registry import VERBS
+    from gpufleet.host.registry import VERBS
 
     hello: Hello = {"workdir": os.getcwd(), "pid": os.getpid()}
     write_line({MARK: 1, "hello": hello})
@@ -89,7 +89,7 @@ def serve(stdin: TextIO, limit: int = MAX_LINE) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from gpufleet.host.agent.registry import VERBS
+    from gpufleet.host.registry import VERBS
 
     if argv == [SERVE]:
         return serve(sys.stdin)

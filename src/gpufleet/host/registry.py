@@ -1,8 +1,9 @@
 """The agent's verb registry: each verb of the contract (host/agent/protocol.py) to its function.
 
 To add a verb: declare its arguments dataclass (and answer) in protocol.py and list it in
-CONTRACT, write the function in the module of its world (gpus, lifecycle, bench/verbs),
-register it here, and call it from the control plane with `session.call(TheArgs(...))`.
+CONTRACT, write the function in the module of its world (gpu/facts, clean, server/verbs,
+bench/verbs), register it here, and call it from the control plane with
+`session.call(TheArgs(...))`.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpufleet.host import clean as gpuclean
 from gpufleet.host.agent.protocol import CONTRACT, StatusArgs
 from gpufleet.host.bench import verbs as bench
-from gpufleet.host.gpu import verbs as gpus
+from gpufleet.host.gpu import facts as gpus
 from gpufleet.host.server import verbs as lifecycle
 from gpufleet.readings import StatusAnswer
 
@@ -22,14 +24,14 @@ def status(args: StatusArgs) -> StatusAnswer:
     `servers_only`, the servers alone: what `inv bench` asks to name a run)."""
     if args.servers_only:
         return StatusAnswer(gpus=[], servers=lifecycle.servers())
-    snap, stale = gpus.stale_processes(args)
+    snap, stale = gpuclean.stale_processes(args)
     return StatusAnswer(gpus=snap, stale=stale, servers=lifecycle.servers())
 
 
 VERBS: dict[str, Callable[[Any], Any]] = {
     "echo": gpus.echo,
     "sysinfo": gpus.sysinfo,
-    "clean": gpus.clean,
+    "clean": gpuclean.clean,
     "status": status,
     "launch": lifecycle.launch,
     "wait-ready": lifecycle.wait_ready,

@@ -1,23 +1,15 @@
-"""GPU verbs: gpu-clean, the read-only status, host facts, and the transport self-test."""
+"""gpu-clean and the read-only status of stale processes: the verbs that cross the host's
+rooms (GPUs through NVML, processes, live servers), so they sit above them."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import platform
-import socket
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from gpufleet.host.agent.protocol import (
-    AgentError,
-    CleanArgs,
-    EchoArgs,
-    StatusArgs,
-    VerbArgs,
-)
+from gpufleet.host.agent.protocol import AgentError, CleanArgs, StatusArgs
+from gpufleet.host.gpu import facts
 from gpufleet.host.gpu import health as gpuhealth
 from gpufleet.host.gpu import nvml as nvmlread
 from gpufleet.host.proc import gpuprocs as procs
@@ -26,35 +18,11 @@ from gpufleet.kinds import Kind
 from gpufleet.readings import (
     CleanAnswer,
     FatalXid,
-    GpuCheck,
-    GpuFacts,
     GpuProcess,
     GpuReading,
     LiveServerInfo,
     ProcessInfo,
-    SysInfo,
 )
-from gpufleet.wire import JsonObject
-
-
-def _check_count(gpus: list[GpuReading], expected: int | None) -> None:
-    if expected is not None and len(gpus) != expected:
-        raise AgentError(f"expected {expected} GPUs, NVML sees {len(gpus)}", kind=Kind.GPU_COUNT)
-
-
-def _annotate(gpus: list[GpuReading]) -> None:
-    """Attach psutil details to NVML's PIDs; PIDs this host cannot see are unattributed."""
-    psutil = procs._psutil()
-    for gpu in gpus:
-        for entry in gpu.processes:
-            try:
-                info = procs.describe(psutil.Process(entry.pid))
-            except psutil.NoSuchProcess:
-                info = None
-            entry.visible = info is not None
-            if info:
-                entry.user, entry.name, entry.cmdline = info.user, info.name, info.cmdline
-                entry.age_s, entry.ppid = info.age_s, info.ppid
 
 
 def stale_processes(args: StatusArgs) -> tuple[list[GpuReading], list[ProcessInfo]]:
@@ -62,8 +30,8 @@ def stale_processes(args: StatusArgs) -> tuple[list[GpuReading], list[ProcessInf
     psutil = procs._psutil()
     nvml = nvmlread.load_pynvml()
     snap = nvmlread.snapshot(nvml)
-    _check_count(snap, args.expected_gpus)  # a GPU missing from NVML is the first health fact
-    _annotate(snap)
+    facts.check_count(snap, args.expected_gpus)  # a GPU missing from NVML is the first health fact
+    facts.annotate(snap)
     gpuhealth.attach(nvml, snap, remember_xids=False)  # status reads; gpu-clean checks
     sim_state = (args.sim or {}).get("state_dir")
     stale = []
@@ -86,9 +54,9 @@ def clean(args: CleanArgs) -> CleanAnswer:
     nvml = nvmlread.load_pynvml()
     started = time.monotonic()
     before = nvmlread.snapshot(nvml)
-    _check_count(before, args.expected_gpus)
+    facts.check_count(before, args.expected_gpus)
     cleared = _clear_xids(nvml, before, args)
-    _annotate(before)
+    facts.annotate(before)
     sim_state = (args.sim or {}).get("state_dir")
     patterns = args.patterns or []
     tolerance = args.tolerance_mib
@@ -144,7 +112,7 @@ def clean(args: CleanArgs) -> CleanAnswer:
         if clean_now or hopeless or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
-    _annotate(after)
+    facts.annotate(after)
     gpuhealth.attach(nvml, after, remember_xids=True)  # XIDs from here on are "new"
     answer.gpus, answer.clean = after, clean_now
     answer.elapsed_s = round(time.monotonic() - started, 3)
@@ -167,65 +135,3 @@ def _clear_xids(nvml: Any, gpus: list[GpuReading], args: CleanArgs) -> list[Fata
         raise AgentError("--clear-xid needs --reason", kind=Kind.BAD_INPUT)
     who = f"{args.cleared_by or '?'} as uid {os.geteuid()}"
     return gpuhealth.clear_fatal(nvml, args.clear_xids, args.clear_reason, who)
-
-
-def wait_gpus_clean(indexes: list[int], timeout_s: float, tolerance_mib: int = 0) -> GpuCheck:
-    """Poll NVML until the given GPUs read 0 MiB (v2 used) with no process; report them."""
-    nvml = nvmlread.load_pynvml()
-    started = time.monotonic()
-    while True:
-        snap = [g for g in nvmlread.snapshot(nvml) if g.index in indexes]
-        clean_now = all(g.is_clean(tolerance_mib) for g in snap)
-        if clean_now or time.monotonic() - started >= timeout_s:
-            break
-        time.sleep(0.2)
-    _annotate(snap)
-    return GpuCheck(clean=clean_now, gpus=snap, elapsed_s=round(time.monotonic() - started, 3))
-
-
-def _version(dist: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-PACKAGES = ("sglang", "torch", "flashinfer-python", "psutil", "nvidia-ml-py", "aiohttp")
-
-
-def sysinfo(args: VerbArgs) -> SysInfo:
-    info = SysInfo(
-        hostname=socket.gethostname(),
-        kernel=platform.release(),
-        python=sys.version.split()[0],
-        python_executable=sys.executable,
-        uid=os.geteuid(),
-        packages={name: _version(name) for name in PACKAGES},
-        simulated=bool(args.sim),
-        cpu_governor=cpu_governor(),
-    )
-    try:
-        nvml = nvmlread.load_pynvml()
-    except AgentError as exc:
-        info.nvml_error = str(exc)
-        return info
-    snap = nvmlread.snapshot(nvml)
-    gpuhealth.attach(nvml, snap, remember_xids=False)
-    info.driver, info.cuda = nvmlread.driver_versions(nvml)
-    info.gpus = [GpuFacts.of(g) for g in snap]
-    return info
-
-
-def cpu_governor() -> str | None:
-    """The CPU frequency governor (powersave slows the client and the server's scheduler)."""
-    try:
-        return Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
-    except OSError:
-        return None
-
-
-def echo(args: EchoArgs) -> JsonObject:
-    """Return the payload as received, with argv and cwd: a transport self-test."""
-    return {"payload": args.payload, "argv": sys.argv[1:], "cwd": os.getcwd()}

@@ -1,0 +1,67 @@
+"""SGLang 0.5.23's facts that both the tuner (control/tune/) and the rehearsal engine
+(sim/) read, in one shipped module, so the real tuner never imports the rehearsal engine:
+which speculative algorithms reset `--max-running-requests`, and the decode batch sizes
+SGLang captures CUDA graphs for (a batch runs padded to the next one, which is where an
+adaptive table's key starts to apply). Stdlib only: it ships in the agent's zip.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+# speculative algorithms for which SGLang resets an unset --max-running-requests to 48
+CAPPED_ALGORITHMS = {"EAGLE", "EAGLE3", "STANDALONE"}
+SPEC_DEFAULT_MAX_RUNNING = 48
+
+
+def default_decode_max_bs(tp: int = 1, max_running: int | None = None) -> int:
+    """SGLang 0.5.23's decode CUDA-graph max batch when `--cuda-graph-max-bs` is not given,
+    on a 60-160 GB GPU (H100, H200): 256 below TP 4, else 512, capped by the server's max
+    running requests (48 with speculation unless set)."""
+    max_bs = 256 if tp < 4 else 512
+    return min(max_bs, max_running) if max_running else max_bs
+
+
+def capture_sizes(
+    cuda_graph_bs: list[int] | None = None,
+    max_bs: int | None = None,
+    disabled: bool = False,
+    *,
+    max_running: int | None = None,
+    tp: int = 1,
+    padding_disabled: bool = False,
+) -> list[int] | None:
+    """The decode batch sizes SGLang 0.5.23 captures CUDA graphs for with speculative
+    decoding (`generate_decode_cuda_graph_batch_sizes`): `--cuda-graph-bs` when given, else
+    1-8, 10-32 step 2, 40-64 step 4, 72-256 step 8, then step 16, up to the max batch
+    (`max_bs`, else `default_decode_max_bs`), which is itself always captured; every size
+    up to it with `--disable-cuda-graph-padding`; None with `--disable-cuda-graph` (no
+    padding). tests/fixtures/sglang-0.5.23-decode-capture-sizes.json holds SGLang's own."""
+    if disabled:
+        return None
+    if cuda_graph_bs:
+        return sorted(set(cuda_graph_bs))
+    top = max_bs or default_decode_max_bs(tp, max_running)
+    if padding_disabled:
+        return list(range(1, top + 1))
+    steps = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8)]
+    sizes = [s for s in [*steps, *range(272, top + 1, 16)] if s <= top]
+    return sizes if top in sizes else [*sizes, top]
+
+
+def padded(batch: int, sizes: list[int] | None) -> int:
+    """The captured size a decode batch runs as (itself above the largest, or unpadded)."""
+    if sizes:
+        index = bisect.bisect_left(sizes, batch)
+        if index < len(sizes):
+            return sizes[index]
+    return batch
+
+
+def first_batch(key: int, sizes: list[int] | None) -> int:
+    """The smallest batch whose padded size is at least `key`: where a table key starts
+    to apply (batch 15 pads to 16, so a key of 16 applies from batch 15)."""
+    if not sizes:
+        return key
+    below = [s for s in sizes if s < key]
+    return below[-1] + 1 if below else 1

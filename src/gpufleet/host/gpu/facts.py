@@ -1,0 +1,110 @@
+"""GPU and host facts: NVML read until GPUs are clean, the host facts every run archives
+(sysinfo), and the transport self-test (echo). gpu-clean itself is host/clean.py."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+
+from gpufleet.host.agent.protocol import (
+    AgentError,
+    EchoArgs,
+    VerbArgs,
+)
+from gpufleet.host.gpu import health as gpuhealth
+from gpufleet.host.gpu import nvml as nvmlread
+from gpufleet.host.proc import gpuprocs as procs
+from gpufleet.kinds import Kind
+from gpufleet.readings import (
+    GpuCheck,
+    GpuFacts,
+    GpuReading,
+    SysInfo,
+)
+from gpufleet.wire import JsonObject
+
+
+def check_count(gpus: list[GpuReading], expected: int | None) -> None:
+    if expected is not None and len(gpus) != expected:
+        raise AgentError(f"expected {expected} GPUs, NVML sees {len(gpus)}", kind=Kind.GPU_COUNT)
+
+
+def annotate(gpus: list[GpuReading]) -> None:
+    """Attach psutil details to NVML's PIDs; PIDs this host cannot see are unattributed."""
+    psutil = procs._psutil()
+    for gpu in gpus:
+        for entry in gpu.processes:
+            try:
+                info = procs.describe(psutil.Process(entry.pid))
+            except psutil.NoSuchProcess:
+                info = None
+            entry.visible = info is not None
+            if info:
+                entry.user, entry.name, entry.cmdline = info.user, info.name, info.cmdline
+                entry.age_s, entry.ppid = info.age_s, info.ppid
+
+
+def wait_gpus_clean(indexes: list[int], timeout_s: float, tolerance_mib: int = 0) -> GpuCheck:
+    """Poll NVML until the given GPUs read 0 MiB (v2 used) with no process; report them."""
+    nvml = nvmlread.load_pynvml()
+    started = time.monotonic()
+    while True:
+        snap = [g for g in nvmlread.snapshot(nvml) if g.index in indexes]
+        clean_now = all(g.is_clean(tolerance_mib) for g in snap)
+        if clean_now or time.monotonic() - started >= timeout_s:
+            break
+        time.sleep(0.2)
+    annotate(snap)
+    return GpuCheck(clean=clean_now, gpus=snap, elapsed_s=round(time.monotonic() - started, 3))
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+PACKAGES = ("sglang", "torch", "flashinfer-python", "psutil", "nvidia-ml-py", "aiohttp")
+
+
+def sysinfo(args: VerbArgs) -> SysInfo:
+    info = SysInfo(
+        hostname=socket.gethostname(),
+        kernel=platform.release(),
+        python=sys.version.split()[0],
+        python_executable=sys.executable,
+        uid=os.geteuid(),
+        packages={name: _version(name) for name in PACKAGES},
+        simulated=bool(args.sim),
+        cpu_governor=cpu_governor(),
+    )
+    try:
+        nvml = nvmlread.load_pynvml()
+    except AgentError as exc:
+        info.nvml_error = str(exc)
+        return info
+    snap = nvmlread.snapshot(nvml)
+    gpuhealth.attach(nvml, snap, remember_xids=False)
+    info.driver, info.cuda = nvmlread.driver_versions(nvml)
+    info.gpus = [GpuFacts.of(g) for g in snap]
+    return info
+
+
+def cpu_governor() -> str | None:
+    """The CPU frequency governor (powersave slows the client and the server's scheduler)."""
+    try:
+        return Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
+    except OSError:
+        return None
+
+
+def echo(args: EchoArgs) -> JsonObject:
+    """Return the payload as received, with argv and cwd: a transport self-test."""
+    return {"payload": args.payload, "argv": sys.argv[1:], "cwd": os.getcwd()}
