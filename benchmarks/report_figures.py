@@ -16,9 +16,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from browser import CHROMIUM, visit
+from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
 from gpufleet.archive.records import Manifest
-from gpufleet.report import html, select, store
+from gpufleet.report import html, select
 
 
 def _synthetic(root: Path, runs: int, levels: int) -> list[str]:

@@ -40,8 +40,9 @@ def show_compare(data: Any, fmt: str, out_dir: Any, plots: bool = True, wide: bo
     """Print the comparison; write its plots and report.html (paths printed unless json)."""
     import dataclasses
 
+    from gpufleet.archive import store
     from gpufleet.cli.output import line, print_compare
-    from gpufleet.report import select, store
+    from gpufleet.report import select
     from gpufleet.report.figures import write_all
 
     print_compare(data.per_host, fmt, wide)

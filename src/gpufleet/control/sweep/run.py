@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
 from gpufleet.archive.records import Cell, Manifest, SweepRecord
 from gpufleet.control.bench import run as benchrun
@@ -38,7 +39,7 @@ from gpufleet.errors import HostError, UserError
 from gpufleet.host.agent.protocol import StopArgs
 from gpufleet.kinds import CellStatus, Kind, RunStatus, SweepStatus
 from gpufleet.records import LaunchSpec
-from gpufleet.report import select, store
+from gpufleet.report import select
 from gpufleet.report.html import ReportInput
 from gpufleet.wire import JsonObject
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
 from gpufleet.archive.records import TuneRecord
 from gpufleet.control.bench.request import BenchRequest
@@ -31,7 +32,7 @@ from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune import verify as tuneverify
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
-from gpufleet.report import select, store
+from gpufleet.report import select
 
 
 def save_record(record: TuneRecord, path: Path) -> None:
