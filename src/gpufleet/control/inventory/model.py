@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from gpufleet.archive.layout import RESERVED
+from gpufleet.archive.layout import DEFAULT_ROOT, RESERVED
 from gpufleet.control.inventory.yamlconfig import validate
 from gpufleet.errors import UserError
 from gpufleet.host.agent.redact import remember, secrets_in
@@ -108,8 +108,8 @@ class Host(BaseModel):
             )
         if value in RESERVED:
             raise ValueError(
-                f"{value!r} is a folder of the archive (logs/{value}/): name the host otherwise "
-                "and set `address:` for the real name"
+                f"{value!r} is a folder of the archive ({DEFAULT_ROOT}/{value}/): name the host "
+                "otherwise and set `address:` for the real name"
             )
         return value
 
