@@ -29,6 +29,7 @@ from gpufleet.control.connect.fleet import Fleet
 from gpufleet.control.inventory.model import load_inventory
 from gpufleet.control.server.options import LaunchOptions
 from gpufleet.control.sweep import run as sw
+from gpufleet.control.sweep import state as sweep_state
 
 REPO = Path(__file__).resolve().parent.parent
 LEVELS = [
@@ -53,7 +54,7 @@ def one(n_hosts: int) -> None:
         request = BenchRequest(
             concurrency=[1, 10, 64], output_len=64, archive=archive, fixed_levels=LEVELS
         )
-        state = sw.SweepState.new(
+        state = sweep_state.SweepState.new(
             archive, ["baseline", "eagle3"], [h.name for h in hosts], [1, 10, 64]
         )
         start = time.monotonic()

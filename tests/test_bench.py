@@ -451,7 +451,7 @@ def test_llama_cpp_acceptance_is_read_from_its_timings():
     import json as jsonlib
 
     from gpufleet.host.bench.level import RequestRecord
-    from gpufleet.host.bench.loadgen import _StreamTracker
+    from gpufleet.host.bench.sender import _StreamTracker
 
     def stream(final_timings):
         record = RequestRecord(0)

@@ -369,7 +369,7 @@ def test_oversized_chunk_and_endless_size_line_are_refused():
 )
 def test_completion_tokens_are_read_from_any_layout_sglang_sends(layout):
     from gpufleet.host.bench.level import RequestRecord
-    from gpufleet.host.bench.loadgen import _StreamTracker
+    from gpufleet.host.bench.sender import _StreamTracker
 
     record = RequestRecord(0)
     tracker = _StreamTracker("sglang", record, 0.0)

@@ -8,6 +8,7 @@ import json
 import pytest
 import yaml
 
+from gpufleet.control.tune import cells as tunecells
 from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import table as tune
 from gpufleet.errors import UserError
@@ -117,9 +118,9 @@ def test_a_tie_that_may_cost_more_than_2_percent_is_said_and_a_smaller_one_not()
 
 def test_depth_0_counts_at_its_real_cost_and_the_skip_only_where_it_measured_better():
     result = tune.choose(_rows({
-        tune.PLAIN: {1: (60, 60), 16: (500, 31)},
+        tunecells.PLAIN: {1: (60, 60), 16: (500, 31)},
         0: {1: (51, 51), 16: (403, 25)},  # the draft extend SGLang still runs at depth 0
-        tune.SKIP: {1: (51.5, 51.5), 16: (495, 31)},
+        tunecells.SKIP: {1: (51.5, 51.5), 16: (495, 31)},
         1: {1: (79, 79), 16: (434, 27)},
     }))  # fmt: skip
     assert [c.depth for c in result.choices] == [1, 0]  # depth 0 wins at 16 only with the skip
@@ -131,9 +132,9 @@ def test_depth_0_counts_at_its_real_cost_and_the_skip_only_where_it_measured_bet
     assert "first draft step starts from a zeroed draft state" in result.notes[1]
     # without the skip measured better by more than the margin, depth 0 is the pinned one
     pinned = tune.choose(_rows({
-        tune.PLAIN: {1: (60, 60), 64: (785, 12)},
+        tunecells.PLAIN: {1: (60, 60), 64: (785, 12)},
         0: {1: (51, 51), 64: (614, 10)},
-        tune.SKIP: {1: (51, 51), 64: (620, 10)},
+        tunecells.SKIP: {1: (51, 51), 64: (620, 10)},
         1: {1: (79, 79), 64: (560, 9)},
     }))  # fmt: skip
     assert [c.depth for c in pinned.choices] == [1, 0] and not pinned.skip_extend
@@ -202,7 +203,7 @@ def test_bad_depths_and_profiles_are_one_line():
     assert TUNE.parse({"profile": "eagle3", "depths": "5,1,3"}).depths == [1, 3, 5]
     assert TUNE.parse({"profile": "eagle3"}).depths == [1, 2, 3, 5, 7]
     with pytest.raises(UserError, match="inv tune needs speculative-algorithm EAGLE or EAGLE3"):
-        tune.depth_arms("baseline", [1])
+        tunecells.depth_arms("baseline", [1])
 
 
 def test_rehearsal_depth_model_and_adaptive_slots(tmp_path):
@@ -565,7 +566,7 @@ def test_the_burst_trace_alternates_quiet_spells_and_bursts_of_the_highest_level
 def test_depth_switches_are_counted_only_from_a_log_that_would_show_them(tmp_path):
     """Switch lines between a level's offsets; 0 only where the server logs at INFO (its
     start-up line is there), else unknown: a server at --log-level warning logs no switch."""
-    from gpufleet.host.bench.runner import depth_switches
+    from gpufleet.host.bench.rundir import depth_switches
     from gpufleet.records import ServerState
 
     log = tmp_path / "server.log"
@@ -637,7 +638,7 @@ def test_the_verdict_holds_the_tuned_server_to_the_best_static_the_tune_measured
 
     arms = [arm("p[plain]", 50, 200), arm("p-static", 55, 210), arm("p-tuned", 56, 220)]
     measured = {
-        tune.PLAIN: {4: {"output_throughput": 200.0}},
+        tunecells.PLAIN: {4: {"output_throughput": 200.0}},
         2: {4: {"output_throughput": 230.0}},
         3: {4: {"output_throughput": 250.0, "rejected": "spread 17% (bound 10%)"}},
     }

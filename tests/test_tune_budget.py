@@ -10,8 +10,8 @@ from gpufleet.archive.layout import Archive
 from gpufleet.archive.records import Cell, SweepRecord
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.tune import budget as tunebudget
+from gpufleet.control.tune import cells as tunecells
 from gpufleet.control.tune import files as tunefiles
-from gpufleet.control.tune import table as tune
 from gpufleet.control.tune import verify as tuneverify
 from gpufleet.control.tune.budget import BURST, MEASURE, STEP, VERIFY, Pace, TimeKeeper
 
@@ -29,7 +29,7 @@ def spec(tmp_path):
 def _clock(spec, budget=None, pace=None, depths=(1, 2, 3, 5), verify=True, finished=None):
     lines: list[str] = []
     request = BenchRequest([1, 8], num_prompts=16, output_len=32)
-    arms = tune.depth_arms(spec, list(depths))
+    arms = tunecells.depth_arms(spec, list(depths))
     checks = tuneverify.verification_arms(spec, tunefiles.tuned_reference(spec, None))
     clock = TimeKeeper.for_tune(arms, checks, request, verify, budget, lines.append, pace,
                                 finished)  # fmt: skip
@@ -134,7 +134,7 @@ def test_a_unit_with_a_cell_already_run_is_kept_whole(spec):
 
 
 def test_a_resumed_tune_leaves_out_what_its_earlier_run_finished(spec):
-    done = {(MEASURE, a.key) for a in tune.depth_arms(spec, [1, 2, 3, 5])}
+    done = {(MEASURE, a.key) for a in tunecells.depth_arms(spec, [1, 2, 3, 5])}
     clock, lines = _clock(spec, pace=Pace(10.0, 0.01, "a test"), finished=done)
     assert len(clock.remaining()) == 9
     assert "7 done by the run it resumes" in lines[0]
@@ -167,7 +167,7 @@ def test_the_archived_pace_comes_from_this_profiles_tune_sweeps(tmp_path, spec):
 def test_an_interrupted_cell_is_not_counted_done(spec, tmp_path):
     """Ctrl-C during a cell's benchmark: the sweep still reports the cell, which is not
     done (`--resume` runs it), so the clock keeps it in what is left."""
-    from gpufleet.control.sweep.run import SweepState
+    from gpufleet.control.sweep.state import SweepState
 
     clock, _ = _clock(spec, pace=Pace(10.0, 0.01, "a test"))
     arm = clock.measure[0]

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from gpufleet.control.sweep.cells import ArmSpec
+from gpufleet.control.tune import cells as tunecells
 from gpufleet.control.tune import fixed as tunefixed
-from gpufleet.control.tune import table as tune
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow
 
@@ -26,7 +26,7 @@ def _profile(tmp_path, flags: dict, engine: str = "llamacpp") -> str:
 
 
 def test_llama_cpp_cells_set_its_depth_and_the_plain_cell_drops_every_draft_flag(tmp_path):
-    arms = tune.depth_arms(_profile(tmp_path, DRAFT), [1, 3])
+    arms = tunecells.depth_arms(_profile(tmp_path, DRAFT), [1, 3])
     assert [a.label for a in arms] == ["llamacpp-draft[plain]", "llamacpp-draft[depth=1]",
                                        "llamacpp-draft[depth=3]"]  # fmt: skip
     plain = arms[0].resolved_profile()
@@ -34,24 +34,24 @@ def test_llama_cpp_cells_set_its_depth_and_the_plain_cell_drops_every_draft_flag
     three = arms[2].resolved_profile()
     assert three.flags["spec-draft-n-max"] == 3 and "spec-draft-n-min" not in three.flags
     assert three.flags["model-draft"] == "/models/draft.gguf"
-    assert [tune.arm_depth(a) for a in arms] == [tune.PLAIN, 1, 3]
+    assert [tunecells.arm_depth(a) for a in arms] == [tunecells.PLAIN, 1, 3]
     # an older llama.cpp's name for the same flag is kept where the profile uses it
     older = {**{k: v for k, v in DRAFT.items() if not k.startswith("spec-draft")},
              "draft-max": 8}  # fmt: skip
-    deep = tune.depth_arms(_profile(tmp_path, older), [2])[1].resolved_profile()
+    deep = tunecells.depth_arms(_profile(tmp_path, older), [2])[1].resolved_profile()
     assert deep.flags["draft-max"] == 2 and "spec-draft-n-max" not in deep.flags
 
 
 def test_a_profile_tune_cannot_set_the_depth_of_is_one_line(tmp_path):
     no_type = {k: v for k, v in DRAFT.items() if k != "spec-type"}
     with pytest.raises(UserError, match="draft is unused without spec-type"):
-        tune.depth_arms(_profile(tmp_path, no_type), [1])
+        tunecells.depth_arms(_profile(tmp_path, no_type), [1])
     with pytest.raises(UserError, match=r"needs a draft model \(model-draft\)"):
-        tune.depth_arms(_profile(tmp_path, {"parallel": 4}), [1])
+        tunecells.depth_arms(_profile(tmp_path, {"parallel": 4}), [1])
     vllm = _profile(tmp_path, {"speculative-config": '{"num_speculative_tokens": 3}'}, "vllm")
     with pytest.raises(UserError, match=r"cannot set engine vllm's draft depth \(it can for "
                                         r"sglang, sim, llamacpp\)"):  # fmt: skip
-        tune.depth_arms(vllm, [1])
+        tunecells.depth_arms(vllm, [1])
 
 
 def _rows(table: dict) -> dict:
@@ -67,7 +67,7 @@ def test_one_depth_for_every_load_is_the_one_that_costs_least_where_it_costs_mos
     """Depth 4 is best at C=1 and worst at C=8; plain the reverse; depth 2 keeps 90% and 92%
     of each level's best: it is written, and each level's own best is said."""
     result = tunefixed.choose_fixed(_rows({
-        tune.PLAIN: {1: 50, 8: 300},
+        tunecells.PLAIN: {1: 50, 8: 300},
         2: {1: 72, 8: 276},
         4: {1: 80, 8: 200},
     }))  # fmt: skip
@@ -78,10 +78,10 @@ def test_one_depth_for_every_load_is_the_one_that_costs_least_where_it_costs_mos
     assert result.ranges[1] == "best depth per level: C=1: 4, C=8: 0"
     assert any("cannot follow it" in note for note in result.notes)
     # where one depth is best everywhere, that is the answer and no note says otherwise
-    same = tunefixed.choose_fixed(_rows({tune.PLAIN: {1: 50, 8: 200}, 3: {1: 90, 8: 260}}))
+    same = tunefixed.choose_fixed(_rows({tunecells.PLAIN: {1: 50, 8: 200}, 3: {1: 90, 8: 260}}))
     assert same.fixed_depth == 3 and not same.notes
     # within 1% the shallower depth: less drafting for the same result
-    tie = tunefixed.choose_fixed(_rows({tune.PLAIN: {1: 50}, 2: {1: 99.5}, 5: {1: 100}}))
+    tie = tunefixed.choose_fixed(_rows({tunecells.PLAIN: {1: 50}, 2: {1: 99.5}, 5: {1: 100}}))
     assert tie.fixed_depth == 2
 
 
@@ -117,7 +117,7 @@ def test_the_clock_plans_no_load_step_nor_bursts_for_one_depth_per_launch(tmp_pa
     from gpufleet.control.tune import budget as tunebudget
 
     profile = _profile(tmp_path, DRAFT)
-    arms = tune.depth_arms(profile, [1, 3])
+    arms = tunecells.depth_arms(profile, [1, 3])
     checks = [ArmSpec(profile, {}, 1, "p[plain]"), ArmSpec(profile, {}, 1, "p-static"),
               ArmSpec(profile, {}, 1, "p-tuned")]  # fmt: skip
     request = BenchRequest(concurrency=[1, 4], num_prompts=8, output_len=32)

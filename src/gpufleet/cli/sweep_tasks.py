@@ -16,12 +16,13 @@ def sweep(c, **given):
     from gpufleet.cli.output import line
     from gpufleet.control.server.options import LaunchOptions
     from gpufleet.control.sweep import run as sweeps
+    from gpufleet.control.sweep import state as sweep_state
     from gpufleet.control.sweep.cells import expand, parse_grid
 
     o = SWEEP.parse(given)
     request = SWEEP.request(o)
     arms = expand(o.profiles, parse_grid(o.grid), o.repeat)
-    sweeps.check_arms(o.profiles, arms)  # a bad profile or flag fails before anything starts
+    sweep_state.check_arms(o.profiles, arms)  # a bad profile or flag fails before anything starts
     if o.dry_run:
         for text in sweeps.plan_lines(arms, select_hosts(o).hosts, request, o.engine):
             line(text)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gpufleet.host.agent.protocol import AgentError, CleanArgs, StatusArgs
@@ -45,6 +46,52 @@ def stale_processes(args: StatusArgs) -> tuple[list[GpuReading], list[ProcessInf
     return snap, stale
 
 
+def _roots(
+    before: list[GpuReading], patterns: list[str], sim_state: str | None
+) -> tuple[list[int], list[GpuProcess]]:
+    """The processes to kill from: every visible GPU holder and every pattern match, once;
+    and the GPU memory NVML attributes to a PID this agent cannot see."""
+    roots: list[int] = []
+    unattributed: list[GpuProcess] = []
+    for gpu in before:
+        for entry in gpu.processes:
+            if entry.visible:
+                roots.append(entry.pid)
+            else:
+                unattributed.append(dataclasses.replace(entry, gpu=gpu.index))
+    roots += procs.find_pattern_matches(patterns, sim_state)
+    return list(dict.fromkeys(roots)), unattributed
+
+
+def _live_servers(
+    before: list[GpuReading], roots: list[int]
+) -> tuple[list[LiveServerInfo], set[int]]:
+    """Servers among the roots that answer /health: left alone, with their GPUs and PIDs."""
+    live: list[LiveServerInfo] = []
+    live_pids: set[int] = set()
+    for server in liveservers.find(roots, procs._psutil()):
+        live_pids |= server.pids
+        on = [g.index for g in before if any(p.pid in server.pids for p in g.processes)]
+        live.append(server.info(on))
+    return live, live_pids
+
+
+def _wait_verified(
+    nvml: Any, verified: Callable[[list[GpuReading]], bool], untouchable: set[int],
+    timeout_s: float,
+) -> tuple[list[GpuReading], bool]:  # fmt: skip
+    """Read NVML until the GPUs verify, only untouchable holders remain, or time is up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        after = nvmlread.snapshot(nvml)
+        clean_now = verified(after)
+        remaining = {p.pid for g in after for p in g.processes}
+        hopeless = bool(remaining) and remaining <= untouchable
+        if clean_now or hopeless or time.monotonic() >= deadline:
+            return after, clean_now
+        time.sleep(0.2)
+
+
 def clean(args: CleanArgs) -> CleanAnswer:
     """gpu-clean on this host in one call: find, kill (unless dry run), verify by NVML v2.
     A host the inventory gives no GPUs (a CPU engine's) is not asked of NVML at all: it
@@ -61,24 +108,9 @@ def clean(args: CleanArgs) -> CleanAnswer:
     patterns = args.patterns or []
     tolerance = args.tolerance_mib
 
-    roots: list[int] = []
-    unattributed: list[GpuProcess] = []
-    for gpu in before:
-        for entry in gpu.processes:
-            if entry.visible:
-                roots.append(entry.pid)
-            else:
-                unattributed.append(dataclasses.replace(entry, gpu=gpu.index))
-    roots += procs.find_pattern_matches(patterns, sim_state)
-    roots = list(dict.fromkeys(roots))
-    live: list[LiveServerInfo] = []
-    live_pids: set[int] = set()
-    if not args.include_running:
-        for server in liveservers.find(roots, procs._psutil()):
-            live_pids |= server.pids
-            on = [g.index for g in before if any(p.pid in server.pids for p in g.processes)]
-            live.append(server.info(on))
-        roots = [pid for pid in roots if pid not in live_pids]
+    roots, unattributed = _roots(before, patterns, sim_state)
+    live, live_pids = ([], set()) if args.include_running else _live_servers(before, roots)
+    roots = [pid for pid in roots if pid not in live_pids]
     policy = procs.KillPolicy(frozenset(procs.protected_pids()), args.all_users, args.all_tenants)
     tree, refused = procs.collect_trees(roots, policy)
     for pid in live_pids:
@@ -103,15 +135,7 @@ def clean(args: CleanArgs) -> CleanAnswer:
     # Memory held by processes we may not kill (other users, protected) or cannot see will
     # not go away by waiting: stop polling as soon as only those remain.
     untouchable = {p.pid for p in refused} | {u.pid for u in unattributed} | live_pids
-    deadline = time.monotonic() + args.timeout_s
-    while True:
-        after = nvmlread.snapshot(nvml)
-        clean_now = verified(after)
-        remaining = {p.pid for g in after for p in g.processes}
-        hopeless = bool(remaining) and remaining <= untouchable
-        if clean_now or hopeless or time.monotonic() >= deadline:
-            break
-        time.sleep(0.2)
+    after, clean_now = _wait_verified(nvml, verified, untouchable, args.timeout_s)
     facts.annotate(after)
     gpuhealth.attach(nvml, after, remember_xids=True)  # XIDs from here on are "new"
     answer.gpus, answer.clean = after, clean_now

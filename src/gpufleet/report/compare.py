@@ -144,22 +144,38 @@ GPU_FACTS = {*PER_GPU.values(), "GPU count"}  # fingerprint entries about the GP
 
 
 def notices(arms: list[Arm], levels: list[int]) -> list[Notice]:
-    """Everything that weakens a comparison, with its severity (see Severity)."""
+    """Everything that weakens a comparison, with its severity (see Severity): the arms'
+    workloads and software against the first arm's, then each arm's own health, status,
+    load and queue."""
+    out = _differences(arms)
+    for arm in arms:
+        out += _arm_health(arm)
+    for arm in arms:
+        out += _arm_status(arm)
+    for arm in arms:
+        out += _arm_load(arm, levels)
+    for arm in arms:
+        out += _arm_queue(arm, levels)
+    return out
+
+
+def _workload(arm: Arm) -> dict[str, Any]:
+    m = arm.manifest
+    return {
+        "prompt set": m.prompt_set.prompts_sha256,
+        "output length": m.plan.output_len if m.plan else None,
+        "backend": m.plan.backend if m.plan else None,
+        "host": m.host,
+    }
+
+
+def _differences(arms: list[Arm]) -> list[Notice]:
+    """Each arm's workload, GPU and software facts that differ from the first arm's."""
     out: list[Notice] = []
     base = arms[0]
-
-    def facts(arm: Arm) -> dict[str, Any]:
-        m = arm.manifest
-        return {
-            "prompt set": m.prompt_set.prompts_sha256,
-            "output length": m.plan.output_len if m.plan else None,
-            "backend": m.plan.backend if m.plan else None,
-            "host": m.host,
-        }
-
-    ref = facts(base)
+    ref = _workload(base)
     for arm in arms[1:]:
-        other = facts(arm)
+        other = _workload(arm)
         for key, value in ref.items():
             if other[key] != value:
                 severity = Severity.WARNING if key == "host" else Severity.ERROR
@@ -169,62 +185,80 @@ def notices(arms: list[Arm], levels: list[int]) -> list[Notice]:
             topic = "gpu" if label in GPU_FACTS else "software"
             out.append(Notice(Severity.ERROR, f"{label} differs: {base.label} {_said(a)} vs "
                               f"{arm.label} {_said(b)}", topic, label))  # fmt: skip
-    for arm in arms:
-        unhealthy = [h for h in arm.manifest.server.gpu_health or [] if ": ok" not in h]
-        if unhealthy:
-            launched = (
-                " (launched with --allow-unhealthy)"
-                if arm.manifest.server.allowed_unhealthy
-                else ""
-            )
-            out.append(Notice(Severity.ERROR, f"{arm.label}: {'; '.join(unhealthy)}{launched}",
-                              "gpu", "GPU health"))  # fmt: skip
-    for arm in arms:
-        if arm.manifest.status != "done":
-            out.append(Notice(Severity.ERROR, f"{arm.label}: run {arm.manifest.run_id} is "
-                              f"{arm.manifest.status} ({arm.manifest.reason})", "run"))  # fmt: skip
-    for arm in arms:
-        for c in levels:
-            row = arm.levels[c]
-            if row.get("overloaded"):
-                out.append(Notice(
-                    Severity.WARNING,
-                    f"{arm.label}: overloaded at C={c}: achieved "
-                    f"{row.get('achieved_request_rate', 0):.2f} of "
-                    f"{row.get('offered_request_rate', 0):.2f} req/s offered, queue wait p50 "
-                    f"{row.get('median_queue_wait_ms', 0):.0f} ms, p99 "
-                    f"{row.get('p99_queue_wait_ms', 0):.0f} ms before each TTFT",
-                    "load",
-                ))  # fmt: skip
-        for c, reason in client_bound(arm, levels):
-            out.append(Notice(Severity.WARNING, f"{arm.label}: client-bound at C={c} ({reason})",
-                              "client"))  # fmt: skip
-        for c in levels:
-            if arm.levels[c].get("client_late"):
-                out.append(Notice(Severity.WARNING, f"{arm.label}: client timers late at C={c} "
-                                  f"({arm.levels[c].row.client_late})", "client"))  # fmt: skip
-        unflushed = _unflushed(arm, levels)
-        if unflushed:
-            out.append(Notice(Severity.WARNING, unflushed, "workload"))
-        bursty = _bursty_itl(arm, levels)
-        if bursty:
-            out.append(Notice(Severity.WARNING, bursty, "client"))
-    for arm in arms:
-        cap = effective_max_running(arm.manifest)
-        over = [c for c in levels if cap is not None and c > cap]
-        if over:
-            argv = arm.manifest.server.argv or []
-            sglang = arm.manifest.server.engine in (None, "sglang", "sim")
-            why = (
-                "SGLang's silent cap of 48 for speculative decoding"
-                if sglang and cap == SPECULATIVE_CAP
-                and _flag(argv, "--max-running-requests") is None
-                else f"max-running-requests {cap}" if sglang
-                else f"the server serves {cap} at once"
-            )  # fmt: skip
-            out.append(Notice(Severity.WARNING, f"{arm.label}: at C={','.join(map(str, over))} "
-                              f"requests queue ({why})", "queue"))  # fmt: skip
     return out
+
+
+def _arm_health(arm: Arm) -> list[Notice]:
+    """A GPU the health gate did not call ok."""
+    out: list[Notice] = []
+    unhealthy = [h for h in arm.manifest.server.gpu_health or [] if ": ok" not in h]
+    if unhealthy:
+        launched = (
+            " (launched with --allow-unhealthy)" if arm.manifest.server.allowed_unhealthy else ""
+        )
+        out.append(Notice(Severity.ERROR, f"{arm.label}: {'; '.join(unhealthy)}{launched}",
+                          "gpu", "GPU health"))  # fmt: skip
+    return out
+
+
+def _arm_status(arm: Arm) -> list[Notice]:
+    """A run that did not finish."""
+    out: list[Notice] = []
+    if arm.manifest.status != "done":
+        out.append(Notice(Severity.ERROR, f"{arm.label}: run {arm.manifest.run_id} is "
+                          f"{arm.manifest.status} ({arm.manifest.reason})", "run"))  # fmt: skip
+    return out
+
+
+def _arm_load(arm: Arm, levels: list[int]) -> list[Notice]:
+    """Levels where the load was not what it claims: overloaded, client-bound, late
+    timers, an unflushed cache, bursty chunks."""
+    out: list[Notice] = []
+    for c in levels:
+        row = arm.levels[c]
+        if row.get("overloaded"):
+            out.append(Notice(
+                Severity.WARNING,
+                f"{arm.label}: overloaded at C={c}: achieved "
+                f"{row.get('achieved_request_rate', 0):.2f} of "
+                f"{row.get('offered_request_rate', 0):.2f} req/s offered, queue wait p50 "
+                f"{row.get('median_queue_wait_ms', 0):.0f} ms, p99 "
+                f"{row.get('p99_queue_wait_ms', 0):.0f} ms before each TTFT",
+                "load",
+            ))  # fmt: skip
+    for c, reason in client_bound(arm, levels):
+        out.append(Notice(Severity.WARNING, f"{arm.label}: client-bound at C={c} ({reason})",
+                          "client"))  # fmt: skip
+    for c in levels:
+        if arm.levels[c].get("client_late"):
+            out.append(Notice(Severity.WARNING, f"{arm.label}: client timers late at C={c} "
+                              f"({arm.levels[c].row.client_late})", "client"))  # fmt: skip
+    unflushed = _unflushed(arm, levels)
+    if unflushed:
+        out.append(Notice(Severity.WARNING, unflushed, "workload"))
+    bursty = _bursty_itl(arm, levels)
+    if bursty:
+        out.append(Notice(Severity.WARNING, bursty, "client"))
+    return out
+
+
+def _arm_queue(arm: Arm, levels: list[int]) -> list[Notice]:
+    """Levels above what the server runs at once: the rest of the requests queue."""
+    cap = effective_max_running(arm.manifest)
+    over = [c for c in levels if cap is not None and c > cap]
+    if not over:
+        return []
+    argv = arm.manifest.server.argv or []
+    sglang = arm.manifest.server.engine in (None, "sglang", "sim")
+    why = (
+        "SGLang's silent cap of 48 for speculative decoding"
+        if sglang and cap == SPECULATIVE_CAP
+        and _flag(argv, "--max-running-requests") is None
+        else f"max-running-requests {cap}" if sglang
+        else f"the server serves {cap} at once"
+    )  # fmt: skip
+    return [Notice(Severity.WARNING, f"{arm.label}: at C={','.join(map(str, over))} "
+                   f"requests queue ({why})", "queue")]  # fmt: skip
 
 
 BURSTY_ITL = 0.25  # median ITL under this share of TPOT: tokens arrive as back-to-back chunks

@@ -14,121 +14,105 @@ from gpufleet.sim.speculation import parse_accept_rates
 SPECULATIVE_ALGORITHMS = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
 
 
+# SGLang's flags the rehearsal accepts, as data: (flag, argparse keywords)
+_STORE = {"action": "store_true"}
+_INT, _FLOAT = {"type": int}, {"type": float}
+SGLANG_FLAGS: list[tuple[str, dict[str, object]]] = [
+    ("--model-path", {"required": True}),
+    ("--tokenizer-path", {}),
+    ("--served-model-name", {}),
+    ("--tp-size", {"type": int, "default": 1}),
+    ("--dp-size", {"type": int, "default": 1}),
+    ("--host", {"default": "127.0.0.1"}),
+    ("--port", {"type": int, "default": 30000}),
+    ("--trust-remote-code", _STORE),
+    ("--cuda-graph-bs", {"type": int, "nargs": "+"}),  # the captured decode batch sizes
+    ("--cuda-graph-max-bs", _INT),
+    ("--cuda-graph-max-bs-decode", _INT),  # 0.5.14+ names
+    ("--cuda-graph-max-bs-prefill", _INT),
+    ("--flashinfer-allreduce-fusion-backend", {}),
+    ("--disable-cuda-graph", _STORE),
+    ("--disable-custom-all-reduce", _STORE),
+    ("--attention-backend", {}),
+    ("--enable-flashinfer-allreduce-fusion", _STORE),
+    ("--mem-fraction-static", {"type": float, "default": 0.88}),
+    ("--max-running-requests", _INT),
+    ("--chunked-prefill-size", _INT),
+    ("--context-length", _INT),
+    ("--enable-metrics", _STORE),
+    ("--nnodes", {"type": int, "default": 1}),
+    ("--node-rank", {"type": int, "default": 0}),
+    ("--dist-init-addr", {}),
+    ("--skip-server-warmup", _STORE),
+    ("--watchdog-timeout", {"type": float, "default": 300}),
+    ("--base-gpu-id", {"type": int, "default": 0}),
+    ("--log-level", {"default": "info"}),
+    ("--api-key", {}),  # checked on requests as SGLang does (sim/auth.py)
+    ("--admin-api-key", {}),
+    ("--config", {"help": "read options from a YAML file (SGLang 0.5.16+); the command line wins"}),
+    ("--speculative-algorithm", {"choices": SPECULATIVE_ALGORITHMS}),
+    ("--speculative-draft-model-path", {}),
+    ("--speculative-num-steps", _INT),
+    ("--speculative-eagle-topk", _INT),
+    ("--speculative-num-draft-tokens", _INT),
+    ("--speculative-adaptive", _STORE),
+    ("--speculative-adaptive-config", {}),
+    ("--enable-dp-attention", _STORE),
+    ("--enable-multi-layer-eagle", _STORE),
+    ("--enable-two-batch-overlap", _STORE),
+    ("--enable-pdmux", _STORE),
+    ("--disable-radix-cache", _STORE),
+    ("--enable-cache-report", _STORE),
+]
+
+# the rehearsal's own knobs, apart from SGLang's
+SIM_FLAGS: list[tuple[str, dict[str, object]]] = [
+    ("--sim-load-seconds", {"type": float, "default": 3.0,
+                            "help": "port closed while 'loading weights' (default 3)"}),
+    ("--sim-warmup-seconds", {"type": float, "default": 0.5,
+                              "help": "/health answers 503 this long after the port opens"}),
+    ("--sim-decode-base-ms", {"type": float, "help": "decode step cost at batch 1"}),
+    ("--sim-decode-per-req-ms", {"type": float, "help": "extra step cost per running request"}),
+    ("--sim-prefill-per-token-us", {"type": float, "default": 20.0}),
+    ("--sim-accept-length", {
+        "type": float, "help": "mean tokens per request per step with speculation (default 2.4)",
+    }),
+    ("--sim-accept-rate", {
+        "help": "chance each drafted token is accepted: one rate (0.7) or by what the prompt "
+                "asks (chat=0.56,code=0.65, the defaults; sim/speculation.py has the sources)",
+    }),
+    ("--sim-draft-cost", {"type": float, "default": 1.0,
+                          "help": "the draft model's cost, times the calibrated one (default 1)"}),
+    ("--sim-zero-cost", {"action": "store_true",
+                         "help": "every step costs nothing: measures the server's own ceiling"}),
+    ("--sim-crash-at-batch", {
+        "type": int, "help": "crash (the seeds' tensor-size error) when the batch first exceeds N",
+    }),
+    ("--sim-crash-during-load", {
+        "action": "store_true", "help": "fail while loading: 'Initialization failed. warmup error'",
+    }),
+    ("--sim-cache-tokens", {
+        "type": int, "default": 400_000,
+        "help": "prefix (radix) cache capacity in tokens (default 400000; 0: no cache)",
+    }),
+    ("--sim-seed", {"type": int, "default": 0}),
+    ("--sim-trace-keep", {"type": int, "default": 4096,
+                          "help": "requests whose token emission times /sim/trace keeps"}),
+]  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """SGLang's launch flags (above) and the rehearsal's own, in their own group."""
     p = argparse.ArgumentParser(
         prog="python -m gpufleet.sim.server",
         description="gpufleet rehearsal engine: an SGLang-compatible simulated server",
         allow_abbrev=True,  # SGLang relies on argparse prefixes (`--tp` for `--tp-size`)
     )
-    a = p.add_argument
-    a("--model-path", required=True)
-    a("--tokenizer-path")
-    a("--served-model-name")
-    a("--tp-size", type=int, default=1)
-    a("--dp-size", type=int, default=1)
-    a("--host", default="127.0.0.1")
-    a("--port", type=int, default=30000)
-    a("--trust-remote-code", action="store_true")
-    a("--cuda-graph-bs", type=int, nargs="+")  # the captured decode batch sizes
-    a("--cuda-graph-max-bs", type=int)
-    a("--cuda-graph-max-bs-decode", type=int)  # 0.5.14+ names
-    a("--cuda-graph-max-bs-prefill", type=int)
-    a("--flashinfer-allreduce-fusion-backend")
-    a("--disable-cuda-graph", action="store_true")
-    a("--disable-custom-all-reduce", action="store_true")
-    a("--attention-backend")
-    a("--enable-flashinfer-allreduce-fusion", action="store_true")
-    a("--mem-fraction-static", type=float, default=0.88)
-    a("--max-running-requests", type=int)
-    a("--chunked-prefill-size", type=int)
-    a("--context-length", type=int)
-    a("--enable-metrics", action="store_true")
-    a("--nnodes", type=int, default=1)
-    a("--node-rank", type=int, default=0)
-    a("--dist-init-addr")
-    a("--skip-server-warmup", action="store_true")
-    a("--watchdog-timeout", type=float, default=300)
-    a("--base-gpu-id", type=int, default=0)
-    a("--log-level", default="info")
-    a("--api-key")  # checked on requests as SGLang does (sim/auth.py)
-    a("--admin-api-key")
-    a("--config", help="read options from a YAML file (SGLang 0.5.16+); the command line wins")
-    a("--speculative-algorithm", choices=SPECULATIVE_ALGORITHMS)
-    a("--speculative-draft-model-path")
-    a("--speculative-num-steps", type=int)
-    a("--speculative-eagle-topk", type=int)
-    a("--speculative-num-draft-tokens", type=int)
-    a("--speculative-adaptive", action="store_true")
-    a("--speculative-adaptive-config")
-    a("--enable-dp-attention", action="store_true")
-    a("--enable-multi-layer-eagle", action="store_true")
-    a("--enable-two-batch-overlap", action="store_true")
-    a("--enable-pdmux", action="store_true")
-    a("--disable-radix-cache", action="store_true")
-    a("--enable-cache-report", action="store_true")
-
-    s = p.add_argument_group("simulation (gpufleet only)")
-    s.add_argument(
-        "--sim-load-seconds",
-        type=float,
-        default=3.0,
-        help="port closed while 'loading weights' (default 3)",
-    )
-    s.add_argument(
-        "--sim-warmup-seconds",
-        type=float,
-        default=0.5,
-        help="/health answers 503 this long after the port opens",
-    )
-    s.add_argument("--sim-decode-base-ms", type=float, help="decode step cost at batch 1")
-    s.add_argument(
-        "--sim-decode-per-req-ms", type=float, help="extra step cost per running request"
-    )
-    s.add_argument("--sim-prefill-per-token-us", type=float, default=20.0)
-    s.add_argument(
-        "--sim-accept-length",
-        type=float,
-        help="mean tokens per request per step with speculation (default 2.4)",
-    )
-    s.add_argument(
-        "--sim-accept-rate",
-        help="chance each drafted token is accepted: one rate (0.7) or by what the prompt "
-        "asks (chat=0.56,code=0.65, the defaults; sim/speculation.py has the sources)",
-    )
-    s.add_argument(
-        "--sim-draft-cost",
-        type=float,
-        default=1.0,
-        help="the draft model's cost, times the calibrated one (default 1)",
-    )
-    s.add_argument(
-        "--sim-zero-cost",
-        action="store_true",
-        help="every step costs nothing: measures the server's own ceiling",
-    )
-    s.add_argument(
-        "--sim-crash-at-batch",
-        type=int,
-        help="crash (the seeds' tensor-size error) when the batch first exceeds N",
-    )
-    s.add_argument(
-        "--sim-crash-during-load",
-        action="store_true",
-        help="fail while loading: 'Initialization failed. warmup error'",
-    )
-    s.add_argument(
-        "--sim-cache-tokens",
-        type=int,
-        default=400_000,
-        help="prefix (radix) cache capacity in tokens (default 400000; 0: no cache)",
-    )
-    s.add_argument("--sim-seed", type=int, default=0)
-    s.add_argument(
-        "--sim-trace-keep",
-        type=int,
-        default=4096,
-        help="requests whose token emission times /sim/trace keeps",
-    )
+    for flag, keywords in SGLANG_FLAGS:
+        p.add_argument(flag, **keywords)
+    group = p.add_argument_group("simulation (gpufleet only)")
+    for flag, keywords in SIM_FLAGS:
+        group.add_argument(flag, **keywords)
     return p
 
 

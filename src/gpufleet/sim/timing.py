@@ -157,6 +157,50 @@ class Engine:
         tokens = sum(n for _, n in list(self._recent)[1:])
         return tokens / (t1 - t0) if t1 > t0 else 0.0
 
+    def _admit(self) -> int:
+        """Move waiting requests into the batch up to the cap; the prompt tokens to prefill
+        (less what the prefix cache holds)."""
+        new_tokens = 0
+        while self.waiting and len(self.running) < self.max_running:
+            req = self.waiting.popleft()
+            if req.aborted:
+                continue
+            self.running.append(req)
+            if self.cache is not None:
+                req.cached_tokens = self.cache.match(req.blocks, req.prompt_tokens)
+                self.cache.insert(req.blocks)
+            new_tokens += req.prompt_tokens - req.cached_tokens
+            self.prompt_total += req.prompt_tokens
+        return new_tokens
+
+    def _emit(self, now: float) -> tuple[int, list[int]]:
+        """One decode step's tokens to every running request: how many each accepted (a
+        speculative step several), what it emitted in all and each request's drafts kept."""
+        emitted = 0
+        drafts: list[int] = []
+        for req in self.running:
+            if req.aborted:
+                continue
+            n = self._accepted(req.max_new_tokens - req.generated, req.domain)
+            if self.model.skips_draft_extend:
+                req.cold_draft = True
+            elif req.cold_draft and self.model.max_accept > 1:
+                # SGLang drafts from the zeroed stub after an upshift: nothing accepted
+                # on that first step (`_stub_skipped_draft_extend`), warm again after
+                n, req.cold_draft = 1, False
+            drafts.append(n - 1)
+            req.generated += n
+            req.emit_times.append(now)
+            if self.model.max_accept > 1:
+                self.accepted_total += n
+                self.spec_steps += 1
+            if self.model.max_accept > 1 or self.adaptive is not None:
+                req.accepted_steps += 1  # SGLang's spec_verify_ct: every step, depth 0 too
+            req.finished = req.generated >= req.max_new_tokens
+            req.queue.put_nowait((n, now))
+            emitted += n
+        return emitted, drafts
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
@@ -166,17 +210,7 @@ class Engine:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 next_at = loop.time()
-            new_tokens = 0
-            while self.waiting and len(self.running) < self.max_running:
-                req = self.waiting.popleft()
-                if req.aborted:
-                    continue
-                self.running.append(req)
-                if self.cache is not None:
-                    req.cached_tokens = self.cache.match(req.blocks, req.prompt_tokens)
-                    self.cache.insert(req.blocks)
-                new_tokens += req.prompt_tokens - req.cached_tokens
-                self.prompt_total += req.prompt_tokens
+            new_tokens = self._admit()
             if not self.running:
                 continue
             if self.on_batch:
@@ -197,29 +231,7 @@ class Engine:
                 if delay > 0:
                     await asyncio.sleep(delay)
             now = time.time()
-            emitted = 0
-            drafts: list[int] = []
-            for req in self.running:
-                if req.aborted:
-                    continue
-                n = self._accepted(req.max_new_tokens - req.generated, req.domain)
-                if self.model.skips_draft_extend:
-                    req.cold_draft = True
-                elif req.cold_draft and self.model.max_accept > 1:
-                    # SGLang drafts from the zeroed stub after an upshift: nothing accepted
-                    # on that first step (`_stub_skipped_draft_extend`), warm again after
-                    n, req.cold_draft = 1, False
-                drafts.append(n - 1)
-                req.generated += n
-                req.emit_times.append(now)
-                if self.model.max_accept > 1:
-                    self.accepted_total += n
-                    self.spec_steps += 1
-                if self.model.max_accept > 1 or self.adaptive is not None:
-                    req.accepted_steps += 1  # SGLang's spec_verify_ct: every step, depth 0 too
-                req.finished = req.generated >= req.max_new_tokens
-                req.queue.put_nowait((n, now))
-                emitted += n
+            emitted, drafts = self._emit(now)
             self.generated_total += emitted
             self.steps += 1
             if self.adaptive is not None and self.model.max_accept > 1:

@@ -18,6 +18,7 @@ from gpufleet.control.connect.cancel import CancelToken
 from gpufleet.control.connect.fleet import Fleet
 from gpufleet.control.server.options import LaunchOptions
 from gpufleet.control.sweep import run as sweeps
+from gpufleet.control.sweep import state as sweep_state
 from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.kinds import SweepStatus
 from gpufleet.report.select import ReportInput
@@ -33,13 +34,13 @@ class Console:
     show_compare: Callable[[ReportInput, Path], None]
     launch_progress: Any = None
     bench_progress: Any = None
-    opened: Callable[[sweeps.SweepState], None] = lambda state: None
+    opened: Callable[[sweep_state.SweepState], None] = lambda state: None
 
 
 class SweepUnfinished(Exception):
     """A sweep ended with cells not done: interrupted (Ctrl-C) or failed."""
 
-    def __init__(self, state: sweeps.SweepState) -> None:
+    def __init__(self, state: sweep_state.SweepState) -> None:
         super().__init__(f"sweep {state.sweep_id}: {state.record.status}")
         self.state = state
 
@@ -66,12 +67,12 @@ class Experiment:
         resume: bool,
         request: BenchRequest,
         hooks: sweeps.CellHooks | None = None,
-    ) -> sweeps.SweepState:
+    ) -> sweep_state.SweepState:
         """One sweep of these cells (the latest one of them with `resume`), its comparison
         shown; SweepUnfinished unless every cell is done."""
-        sweeps.check_arms(profiles, arms)  # a bad profile or flag fails before anything starts
+        sweep_state.check_arms(profiles, arms)  # a bad profile or flag fails before anything starts
         root = request.archive
-        state = sweeps.open_state(
+        state = sweep_state.open_state(
             root, profiles, self.fleet.hosts, request.concurrency, resume, arms, kind,
             request.to_json(),
         )  # fmt: skip
@@ -81,7 +82,7 @@ class Experiment:
             if state.record.request is not None:  # what it was started with, whatever is given
                 request = BenchRequest.from_json(state.record.request, root)
         state = sweeps.run(
-            state, sweeps.hosts_of(state, self.fleet), request, self.launch, self.fail_fast,
+            state, sweep_state.hosts_of(state, self.fleet), request, self.launch, self.fail_fast,
             self.console.line, self.console.launch_progress,
             self.console.bench_progress, self.cancel, hooks,
         )  # fmt: skip

@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Cell, Manifest, SweepRecord
+from gpufleet.archive.records import Cell, Manifest
 from gpufleet.control.bench import run as benchrun
 from gpufleet.control.connect.base import Session
 from gpufleet.control.connect.cancel import Cancelled, CancelToken
@@ -35,15 +33,13 @@ from gpufleet.control.server import lifecycle as server
 from gpufleet.control.server.gpuclean import CleanOptions, clean_on, verdict_lines
 from gpufleet.control.server.profiles import build_specs
 from gpufleet.control.sweep.cells import ArmSpec, profile_label
+from gpufleet.control.sweep.state import Say, SweepState
 from gpufleet.errors import HostError, UserError
 from gpufleet.host.agent.protocol import StopArgs
 from gpufleet.kinds import CellStatus, Kind, RunStatus, SweepStatus
 from gpufleet.records import LaunchSpec
 from gpufleet.report import select
 from gpufleet.report.html import ReportInput
-from gpufleet.wire import JsonObject
-
-Say = Callable[[str], None]
 
 
 @dataclass
@@ -54,94 +50,6 @@ class CellHooks:
 
     drop: Callable[[ArmSpec], str | None] = lambda arm: None
     after: Callable[[ArmSpec, SweepState, bool], None] = lambda arm, state, ran: None
-
-
-class SweepState:
-    """The sweep's progress on disk (a SweepRecord, written atomically after every change)."""
-
-    def __init__(self, path: Path, record: SweepRecord) -> None:
-        self.path = path
-        self.record = record
-        self.lock = threading.Lock()
-        self.say: Say = lambda text: None  # progress lines, set by run()
-
-    @classmethod
-    def new(
-        cls,
-        archive: Archive,
-        profiles: list[str],
-        hosts: list[str],
-        levels: list[int],
-        arms: list[ArmSpec] | None = None,
-        kind: str = "sweep",
-        request: JsonObject | None = None,
-    ) -> SweepState:
-        arms = arms or [ArmSpec(p, label=profile_label(p)) for p in profiles]
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        sweep_id = f"{stamp}-{'-vs-'.join(profile_label(p) for p in profiles)}"
-        if kind != "sweep":
-            sweep_id += f"-{kind}"
-        record = SweepRecord(
-            sweep_id=sweep_id,
-            kind=kind,
-            profiles=profiles,
-            arms=[a.to_json() for a in arms],
-            hosts=hosts,
-            concurrency=levels,
-            created_at=datetime.now(UTC).isoformat(),
-            cells={a.key: {h: Cell() for h in hosts} for a in arms},
-            request=request,
-        )
-        state = cls(archive.sweep_state(sweep_id), record)
-        state.save()
-        return state
-
-    @classmethod
-    def latest(
-        cls,
-        archive: Archive,
-        profiles: list[str],
-        arms: list[ArmSpec] | None = None,
-        kind: str = "sweep",
-    ) -> SweepState:
-        """The newest sweep of these profiles and cells (a finished one resumes to its
-        compare)."""
-        keys = [a.key for a in arms] if arms else None
-        candidates = archive.sweep_states()
-        for path in reversed(candidates):
-            record = SweepRecord.load(path)
-            if record.profiles != profiles or record.kind != kind:
-                continue
-            if keys is None or [a["key"] for a in record.arms or []] == keys:
-                return cls(path, record)
-        raise UserError(f"--resume: no {kind} of {','.join(profiles)} under {archive.sweeps_dir}/")
-
-    @property
-    def sweep_id(self) -> str:
-        return self.record.sweep_id
-
-    def arms(self) -> list[ArmSpec]:
-        """The cells' specs in the order they run (older state files: one per profile)."""
-        if self.record.arms is None:
-            return [ArmSpec(p, label=profile_label(p)) for p in self.record.profiles]
-        return [ArmSpec.from_json(a) for a in self.record.arms]
-
-    def save(self) -> None:
-        with self.lock:
-            store.write_private_file(self.path, self.record.to_json().encode())
-
-    def cell(self, profile: str, host: str) -> Cell:
-        return self.record.cells[profile][host]
-
-    def update(self, profile: str, host: str, **fields: Any) -> None:
-        """Set a cell's fields by name (an unknown name is a bug: AttributeError)."""
-        with self.lock:
-            cell = self.record.cells[profile][host]
-            for name, value in fields.items():
-                if not hasattr(cell, name):
-                    raise AttributeError(f"a sweep cell has no field {name!r}")
-                setattr(cell, name, value)
-        self.save()
 
 
 label = profile_label  # a cell key reads as is; a profile path by its file name
@@ -448,37 +356,6 @@ def _eta(state: SweepState, profiles_left: int) -> str:
     if not done_times:
         return ""
     return f", ~{(sum(done_times) / len(done_times)) * profiles_left:.0f}s left"
-
-
-def check_arms(names: list[str], arms: list[ArmSpec]) -> None:
-    """Every cell's profile loads with its flags (UserError otherwise), before anything
-    starts."""
-    if not names:
-        raise UserError("--profiles needs at least one profile (e.g. baseline,eagle3)")
-    for arm in arms:
-        arm.resolved_profile()
-
-
-def open_state(
-    archive: Archive,
-    profiles: list[str],
-    hosts: list[Host],
-    levels: list[int],
-    resume: bool,
-    arms: list[ArmSpec] | None = None,
-    kind: str = "sweep",
-    request: JsonObject | None = None,
-) -> SweepState:
-    """The latest sweep of these cells (--resume), or a new one that keeps `request`."""
-    if resume:
-        return SweepState.latest(archive, profiles, arms, kind)
-    names = [h.name for h in hosts]
-    return SweepState.new(archive, profiles, names, levels, arms, kind, request)
-
-
-def hosts_of(state: SweepState, selected: Fleet) -> Fleet:
-    """The selected hosts that belong to this sweep (a resumed sweep keeps its hosts)."""
-    return selected.only(state.record.hosts)
 
 
 def report_input(state: SweepState, archive: Archive) -> ReportInput:

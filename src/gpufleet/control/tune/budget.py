@@ -33,7 +33,9 @@ from gpufleet.archive.layout import Archive
 from gpufleet.archive.records import SweepRecord
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.sweep.cells import ArmSpec
-from gpufleet.control.sweep.run import CellHooks, SweepState
+from gpufleet.control.sweep.run import CellHooks
+from gpufleet.control.sweep.state import SweepState
+from gpufleet.control.tune import cells as tunecells
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune.step import BURST_CYCLES, QUIET_S, step_request
 from gpufleet.errors import UserError
@@ -147,7 +149,7 @@ def plan_cells(
 
 def depth_of(arm: ArmSpec) -> int | None:
     """A drafting measurement cell's static depth (None for plain and depth 0's cells)."""
-    depth = tuning.arm_depth(arm)
+    depth = tunecells.arm_depth(arm)
     return depth if isinstance(depth, int) and depth > 0 else None
 
 

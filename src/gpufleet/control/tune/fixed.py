@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.control.server.engines import Drafting, Flags
+from gpufleet.control.tune.cells import PLAIN
 from gpufleet.control.tune.table import (
-    PLAIN,
     Choice,
     TuneResult,
     choose_level,

@@ -23,8 +23,9 @@ from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.server.profiles import load_profile
 from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.control.sweep.experiment import Experiment
-from gpufleet.control.sweep.run import SweepState
+from gpufleet.control.sweep.state import SweepState
 from gpufleet.control.tune import budget as tunebudget
+from gpufleet.control.tune import cells as tunecells
 from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import fixed as tunefixed
 from gpufleet.control.tune import step as tunestep
@@ -82,14 +83,14 @@ def run(
     verification sweep, which takes as long again). The clock (control/tune/budget.py)
     says the time up front and as cells finish, and drops cells to fit `budget_s`."""
     root = request.archive
-    arms = tuning.depth_arms(profile, depths)
+    arms = tunecells.depth_arms(profile, depths)
     tuned = tunefiles.tuned_reference(profile, name)
     checks = tuneverify.verification_arms(profile, tuned)
     clock = tunebudget.TimeKeeper.for_tune(
         arms, checks, request, verify, budget_s, experiment.console.line,
         tunebudget.archived_pace(root, profile),
         _finished_cells(root, profile, tuned, arms, checks) if resume else set(),
-        tuning.drafting_of(load_profile(profile)).adaptive,
+        tunecells.drafting_of(load_profile(profile)).adaptive,
     )  # fmt: skip
     measure_hooks = clock.hooks(tunebudget.MEASURE, root)
     state = experiment.sweep([profile], arms, "tune", resume, request, measure_hooks)
@@ -135,7 +136,7 @@ def _choose_and_write(
     table and a profile using it, or on an engine with one depth (control/tune/fixed.py)
     a profile at that depth."""
     base = load_profile(profile)
-    drafting = tuning.drafting_of(base)
+    drafting = tunecells.drafting_of(base)
     if drafting.adaptive:
         result = tuning.choose(rows, floor, tuning.profile_capture_sizes(profile))
         return result, tunefiles.write_outputs(profile, result, name)

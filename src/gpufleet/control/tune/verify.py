@@ -11,7 +11,8 @@ from typing import Any
 
 from gpufleet.control.server.profiles import load_profile
 from gpufleet.control.sweep.cells import ArmSpec, profile_label
-from gpufleet.control.tune.table import PLAIN, SKIP, drafting_of, objective, plain_arm
+from gpufleet.control.tune.cells import PLAIN, SKIP, drafting_of, plain_arm
+from gpufleet.control.tune.table import objective
 
 
 def verification_arms(profile: str, tuned_profile: str) -> list[ArmSpec]:

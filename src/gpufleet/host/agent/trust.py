@@ -89,6 +89,33 @@ def _final(what: str, path: str, real: str, st: os.stat_result, uid: int, kind: 
         raise _refuse(what, path, shown, "is writable by other users", f"chmod go-w {real}")
 
 
+def _lstat_or_make(fs: object, candidate: str, make: bool) -> os.stat_result:
+    """The entry as it is; a missing one is made 0700 when `make` (then judged like the
+    rest), else FileNotFoundError."""
+    try:
+        return fs.lstat(candidate)
+    except FileNotFoundError:
+        if not make:
+            raise
+        try:
+            os.mkdir(candidate, 0o700)
+        except FileExistsError:
+            pass  # someone made it between our look and our mkdir: judged below
+        return fs.lstat(candidate)
+
+
+def _ancestor(what: str, path: str, candidate: str, st: os.stat_result) -> None:
+    """An ancestor on the walk: a directory that no other user can change (but a sticky
+    one, whose entries only their owners may replace)."""
+    if not stat.S_ISDIR(st.st_mode):
+        raise _refuse(what, path, candidate, "is not a directory", "fix the path")
+    if others_can_write(st) and not (_sticky(st) and st.st_mode & stat.S_IWOTH):
+        raise _refuse(
+            what, path, describe(candidate, st), "is writable by other users",
+            f"chmod go-w {candidate}",
+        )  # fmt: skip
+
+
 def judge(
     path: str,
     uid: int,
@@ -120,16 +147,9 @@ def judge(
             current = current if name == "." else os.path.dirname(current)
             continue
         candidate = os.path.join(current, name)
-        try:
-            st = fs.lstat(candidate)
-        except FileNotFoundError:
-            if not (create and (pending or kind in (DIRECTORY, WORKDIR))):
-                raise
-            try:
-                os.mkdir(candidate, 0o700)
-            except FileExistsError:
-                pass  # someone made it between our look and our mkdir: judged below
-            st = fs.lstat(candidate)
+        st = _lstat_or_make(
+            fs, candidate, create and (bool(pending) or kind in (DIRECTORY, WORKDIR))
+        )
         _owner(what, path, candidate, st, uid)
         if stat.S_ISLNK(st.st_mode):
             links += 1
@@ -140,13 +160,7 @@ def judge(
             pending = [p for p in target.split("/") if p] + pending
             continue
         if pending:  # an ancestor: a directory only we (or a sticky one) control
-            if not stat.S_ISDIR(st.st_mode):
-                raise _refuse(what, path, candidate, "is not a directory", "fix the path")
-            if others_can_write(st) and not (_sticky(st) and st.st_mode & stat.S_IWOTH):
-                raise _refuse(
-                    what, path, describe(candidate, st), "is writable by other users",
-                    f"chmod go-w {candidate}",
-                )  # fmt: skip
+            _ancestor(what, path, candidate, st)
         current = candidate
     # the entry the walk ends on is judged here, however the walk got there (a link to
     # `..` ends on a directory it only crossed as an ancestor)

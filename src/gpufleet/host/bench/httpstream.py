@@ -26,6 +26,7 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpufleet.host.bench import ssefast
 from gpufleet.wire import JsonObject
 
 EventHandler = Callable[[bytes, float], None]  # (payload after "data: ", perf_counter time)
@@ -48,56 +49,6 @@ class Response:
     @property
     def text(self) -> str:
         return self.body.decode(errors="replace")
-
-
-def _one_event_chunk(data: bytes) -> bytes | None:
-    """The payload when `data` is exactly one HTTP chunk of one `data: ...\n\n` event, else None.
-
-    Nearly every read while streaming is one (SGLang sends an event per chunk and a chunk per
-    decode step; 99% of reads at C=64 when the client keeps up), so it is checked with a few
-    scans done in C, one of them a memchr for a second event: no splitting, no copy but the
-    payload's. Anything else returns None (see _event_chunks).
-    """
-    nl = data.find(b"\r\n", 0, 18)
-    if nl <= 0 or not data.endswith(b"\n\n\r\n") or not data.startswith(b"data: ", nl + 2):
-        return None
-    try:
-        size = int(data[:nl], 16)
-    except ValueError:
-        return None
-    start, end = nl + 8, len(data) - 4
-    if nl + 4 + size != len(data) or data.find(b"\n", start, end) >= 0:
-        return None
-    if data.find(b"\r", start, end) >= 0:
-        return None
-    return data[start:end]
-
-
-def _event_chunks(data: bytes) -> list[bytes] | None:
-    """The payloads when `data` is whole HTTP chunks of one `data: ...\n\n` event each, else None.
-
-    The reads of a client that fell behind (several decode steps queued in the socket); the
-    same checks as _one_event_chunk, chunk by chunk. A partial chunk, the last chunk, CRLF
-    separators or extensions return None and go through the full parser.
-    """
-    events: list[bytes] = []
-    pos, total = 0, len(data)
-    while pos < total:
-        nl = data.find(b"\r\n", pos, pos + 18)
-        if nl <= pos or not data.startswith(b"data: ", nl + 2):
-            return None
-        try:
-            size = int(data[pos:nl], 16)
-        except ValueError:
-            return None
-        start, end = nl + 8, nl + size  # the chunk is data[nl + 2 : nl + 2 + size]
-        if data[end : end + 4] != b"\n\n\r\n" or data.find(b"\n", start, end) >= 0:
-            return None
-        if data.find(b"\r", start, end) >= 0:
-            return None
-        events.append(data[start:end])
-        pos = end + 4
-    return events
 
 
 class _StreamProtocol(asyncio.Protocol):
@@ -139,12 +90,12 @@ class _StreamProtocol(asyncio.Protocol):
         self.received_any = True
         if self._state == "size" and self._sse_mode and not self._buf and not self._sse:
             on_event = self._on_event
-            event = _one_event_chunk(data)
+            event = ssefast.one_event_chunk(data)
             if event is not None:  # the usual read while streaming: nothing left over
                 if on_event is not None:
                     on_event(event, now)
                 return
-            events = _event_chunks(data)
+            events = ssefast.event_chunks(data)
             if events is not None:
                 if on_event is not None:
                     for event in events:

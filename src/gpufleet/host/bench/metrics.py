@@ -89,31 +89,15 @@ def details(records: list[RequestRecord]) -> dict[str, list[Any]]:
     }
 
 
-def summarize(
-    run: LevelRun,
-    backend: str,
-    extra: dict[str, Any] | None = None,
-    slo: dict[str, float] | None = None,
-    with_details: bool = False,
-) -> dict[str, Any]:
-    """One results.jsonl row, bench_serving's keys and meanings (request_rate as the string
-    "inf" when unlimited: JSON has no Infinity), plus gpufleet's own figures."""
-    ok = [r for r in run.records if r.ok]
-    failed = [r for r in run.records if not r.ok]
-    duration = run.duration or 1e-9
-    if run.open_loop:  # latency from when each request was due: no coordinated omission
-        ok = [_from_due(r) for r in ok]
+def _bench_serving_row(
+    run: LevelRun, backend: str, ok: list[RequestRecord], failed: list[RequestRecord],
+    duration: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The keys bench_serving writes, with its meanings."""
     out_tokens = sum(r.completion_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)
     tpots = [(r.e2e - r.ttft) / (r.completion_tokens - 1) for r in ok if r.completion_tokens > 1]
-    itls = [g for r in ok for g in r.itl]
-    per_request = [r.completion_tokens / r.e2e for r in ok if r.e2e > 0]
-    decoding = [
-        (r.completion_tokens - 1) / (r.e2e - r.ttft)
-        for r in ok
-        if r.completion_tokens > 1 and r.e2e > r.ttft
-    ]
-    result: dict[str, Any] = {
+    return {
         "backend": backend,
         "request_rate": run.request_rate if math.isfinite(run.request_rate) else "inf",
         "max_concurrency": run.concurrency,
@@ -131,13 +115,9 @@ def summarize(
         "total_throughput": (in_tokens + out_tokens) / duration,
         **_stats("ttft_ms", [r.ttft for r in ok], 1000),
         **_stats("tpot_ms", tpots, 1000),
-        **_stats("itl_ms", itls, 1000),
+        **_stats("itl_ms", [g for r in ok for g in r.itl], 1000),
         **_stats("e2e_latency_ms", [r.e2e for r in ok], 1000),
         "concurrency": sum(r.e2e for r in ok) / duration,
-        "mean_per_request_output_tps": statistics.fmean(per_request) if per_request else 0.0,
-        "median_per_request_output_tps": statistics.median(per_request) if per_request else 0.0,
-        "p10_per_request_output_tps": percentile(per_request, 10),
-        "median_per_request_decode_tps": statistics.median(decoding) if decoding else 0.0,
         # distinct messages; with --output-details `errors` becomes bench_serving's
         # per-request list ("" for a success) and the messages stay in error_messages
         "errors": sorted({r.error or "" for r in failed})[:20],
@@ -146,6 +126,41 @@ def summarize(
         "total_cached_tokens": sum(r.cached_tokens for r in ok),
         "cache_hit_rate": sum(r.cached_tokens for r in ok) / in_tokens if in_tokens else 0.0,
     }
+
+
+def _per_request_speeds(ok: list[RequestRecord]) -> dict[str, float]:
+    """Each request's own speed: end to end (tokens / e2e) and decoding alone ((tokens - 1)
+    / (e2e - TTFT), TTFT left out)."""
+    per_request = [r.completion_tokens / r.e2e for r in ok if r.e2e > 0]
+    decoding = [
+        (r.completion_tokens - 1) / (r.e2e - r.ttft)
+        for r in ok
+        if r.completion_tokens > 1 and r.e2e > r.ttft
+    ]
+    return {
+        "mean_per_request_output_tps": statistics.fmean(per_request) if per_request else 0.0,
+        "median_per_request_output_tps": statistics.median(per_request) if per_request else 0.0,
+        "p10_per_request_output_tps": percentile(per_request, 10),
+        "median_per_request_decode_tps": statistics.median(decoding) if decoding else 0.0,
+    }
+
+
+def summarize(
+    run: LevelRun,
+    backend: str,
+    extra: dict[str, Any] | None = None,
+    slo: dict[str, float] | None = None,
+    with_details: bool = False,
+) -> dict[str, Any]:
+    """One results.jsonl row, bench_serving's keys and meanings (request_rate as the string
+    "inf" when unlimited: JSON has no Infinity), plus gpufleet's own figures."""
+    ok = [r for r in run.records if r.ok]
+    failed = [r for r in run.records if not r.ok]
+    duration = run.duration or 1e-9
+    if run.open_loop:  # latency from when each request was due: no coordinated omission
+        ok = [_from_due(r) for r in ok]
+    result = _bench_serving_row(run, backend, ok, failed, duration)
+    result.update(_per_request_speeds(ok))
     if any(r.turn is not None for r in run.records):
         result["per_turn"] = per_turn(run.records)
     result.update(client_figures(run))

@@ -22,131 +22,31 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpufleet.host.agent import safewrite
-from gpufleet.host.agent.protocol import ProgressEvent, RunStatusFile
-from gpufleet.host.agent.redact import process_secrets, scrub
+from gpufleet.host.agent.protocol import RunStatusFile
+from gpufleet.host.agent.redact import process_secrets
 from gpufleet.host.bench import serverapi, telemetry
 from gpufleet.host.bench import slo as slos
 from gpufleet.host.bench.level import Prompt, RequestRecord, Tally, salted
 from gpufleet.host.bench.loadgen import run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
+from gpufleet.host.bench.rundir import (
+    RunWriter,
+    depth_switches,
+    log_size,
+    now_iso,
+    write_server_log,
+)
 from gpufleet.host.bench.spread import auto_procs, run_spread
 from gpufleet.host.gpu.nvml import load_pynvml
 from gpufleet.host.server import keys as serverkeys
 from gpufleet.host.server.state import server_alive
 from gpufleet.records import BenchPlan, Level, PromptRow, ResultRow, ServerState
 
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-class RunWriter:
-    """Writes the run directory. Every file passes through `scrub`: the server echoes its
-    own arguments (SGLang's /server_info and log list --api-key among them)."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.dir = run_dir
-        self.progress = safewrite.open_append(run_dir / "progress.jsonl", text=True, buffering=1)
-        self.secrets: list[str] = []  # the server's secret values, set once it is known
-        self.last: ResultRow | None = None  # the previous level's row (--client-procs auto)
-
-    def json(self, name: str, data: Any) -> None:
-        text = scrub(json.dumps(data, indent=2, default=str), self.secrets)
-        safewrite.write_atomic(self.dir / name, text)
-
-    def lines(self, name: str, rows: list[dict[str, Any]]) -> None:
-        with safewrite.open_append(self.dir / name, text=True) as fh:
-            for row in rows:
-                fh.write(scrub(json.dumps(row, default=str), self.secrets) + "\n")
-
-    def result(self, row: dict[str, Any], level: Level) -> ResultRow:
-        """Append one level's row to results.jsonl, checked against its declared type: a
-        renamed or mistyped figure fails here, on the run that wrote it."""
-        checked = ResultRow.from_wire(row, f"results.jsonl C={level.concurrency}")
-        self.lines("results.jsonl", [checked.to_wire()])
-        self.last = checked
-        return checked
-
-    def event(self, event: ProgressEvent) -> None:
-        self.progress.write(json.dumps(event) + "\n")
-
-    def status(self, status: str, **extra: Any) -> None:
-        self.json("status.json", {"status": status, "at": now_iso(), **extra})
+RATE_WINDOW_S = 3.0  # the live tok/s: tokens over about this many seconds
 
 
 def _server_alive(state: ServerState | None) -> bool:
     return server_alive(state) if state else True
-
-
-def _log_size(state: ServerState | None) -> int | None:
-    if not state:
-        return None
-    try:
-        return os.path.getsize(state.log)
-    except OSError:
-        return None
-
-
-# SGLang 0.5.23 logs every change of draft depth between decode batches with this line
-# (speculative/eagle_worker_v2.py, apply_runtime_state); so does the rehearsal server
-RATE_WINDOW_S = 3.0  # the live tok/s: tokens over about this many seconds
-DEPTH_SWITCH = b"Switch adaptive runtime state:"
-
-
-# logged at start-up, at the same INFO level: without it, no switch would be logged either
-ADAPTIVE_READY = b"AdaptiveSpeculativeParams initialized"
-
-
-def depth_switches(state: ServerState | None, start: int | None, end: int | None) -> int | None:
-    """How often the server changed its draft depth between two offsets of its log (exact,
-    where sampling /server_info would miss a depth that flips every few steps); None
-    without a readable log, or one that does not log at INFO (--log-level warning), where
-    0 would be a guess."""
-    if not state or start is None or end is None:
-        return None
-    try:
-        with open(state.log, "rb") as fh:
-            fh.seek(start)
-            count = fh.read(max(0, end - start)).count(DEPTH_SWITCH)
-            if count:
-                return count
-            fh.seek(0)
-            return 0 if ADAPTIVE_READY in fh.read(start) else None
-    except OSError:
-        return None
-
-
-def write_server_log(
-    writer: RunWriter,
-    state: ServerState | None,
-    marks: list[tuple[int, str]],
-    secrets: list[str] | None = None,
-    limit: int = 20 * 2**20,
-) -> None:
-    """Copy the server's log with `>>> gpufleet:` marker lines at the recorded offsets.
-
-    Secret values of the server's argv and environment (e.g. an --api-key that SGLang
-    prints among its server_args) are replaced by *** in the copy."""
-    if not state:
-        return
-    try:
-        with open(state.log, "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return
-    start = max(0, len(data) - limit)
-    out, pos = [], start
-    for offset, label in sorted((m for m in marks if m[0] is not None), key=lambda m: m[0]):
-        offset = min(max(offset, start), len(data))
-        out.append(data[pos:offset])
-        if out[-1] and not out[-1].endswith(b"\n"):
-            out.append(b"\n")
-        out.append(f">>> gpufleet: {label}\n".encode())
-        pos = offset
-    out.append(data[pos:])
-    text = b"".join(out).decode(errors="replace")
-    safewrite.write_atomic(writer.dir / "server.log", scrub(text, secrets or []))
 
 
 def client_procs(plan: BenchPlan, level: Level, last: ResultRow | None) -> int:
@@ -161,6 +61,57 @@ def client_procs(plan: BenchPlan, level: Level, last: ResultRow | None) -> int:
     )
 
 
+class _LiveProgress:
+    """A level's progress events: requests done, tok/s over the last few seconds (tokens
+    arrive in bursts) and the time left."""
+
+    def __init__(
+        self, plan: BenchPlan, prompts: list[Prompt], concurrency: int, writer: RunWriter
+    ) -> None:
+        self.plan, self.concurrency, self.writer = plan, concurrency, writer
+        self.total = sum(p.requests for p in prompts)
+        self.recent: collections.deque[tuple[float, int]] = collections.deque(
+            [(time.perf_counter(), 0)]
+        )
+        # With ignore_eos every request streams exactly output_len tokens, so tokens
+        # received say how far the level is; counting finished requests would not (at C=64
+        # the first 64 all finish together, and after the first one the estimate read
+        # ~1,300 s).
+        expected = sum(p.output_len * p.requests for p in prompts)
+        self.expected_tokens = expected if plan.ignore_eos else 0
+
+    def _rate(self, tokens: int) -> float:
+        now = time.perf_counter()
+        while len(self.recent) > 1 and now - self.recent[1][0] >= RATE_WINDOW_S:
+            self.recent.popleft()
+        then, before = self.recent[0]
+        self.recent.append((now, tokens))
+        return (tokens - before) / max(1e-6, now - then)
+
+    def _eta(self, tally: Tally, elapsed: float) -> float | None:
+        if self.plan.duration:
+            return max(0.0, self.plan.duration - elapsed)
+        if self.expected_tokens and tally.tokens:
+            return elapsed * max(0, self.expected_tokens - tally.tokens) / tally.tokens
+        done = tally.done
+        return (elapsed / done) * (self.total - done) if done else None
+
+    def __call__(self, tally: Tally, elapsed: float) -> None:
+        rate = self._rate(tally.tokens)  # in-flight requests too
+        eta = self._eta(tally, elapsed)
+        self.writer.event(
+            {
+                "level": self.concurrency,
+                "done": tally.done,
+                "total": self.total,
+                "errors": tally.errors,
+                "tok_s": round(rate, 1),
+                "elapsed_s": round(elapsed, 1),
+                "eta_s": round(eta, 1) if eta is not None else None,
+            }
+        )
+
+
 async def _level(
     plan: BenchPlan,
     prompts: list[Prompt],
@@ -169,43 +120,7 @@ async def _level(
     keys: dict[str, str],
     procs: int = 1,
 ) -> tuple[Any, list[serverapi.MetricSample]]:
-    concurrency = level.concurrency
-    total = sum(p.requests for p in prompts)
-    recent: collections.deque[tuple[float, int]] = collections.deque([(time.perf_counter(), 0)])
-    # With ignore_eos every request streams exactly output_len tokens, so tokens received
-    # say how far the level is; counting finished requests would not (at C=64 the first
-    # 64 all finish together, and after the first one the estimate read ~1,300 s).
-    expected = sum(p.output_len * p.requests for p in prompts)
-    expected_tokens = expected if plan.ignore_eos else 0
-
-    def progress(tally: Tally, elapsed: float) -> None:
-        tokens = tally.tokens  # in-flight requests too
-        now = time.perf_counter()
-        # over the last few seconds, not since the last report: tokens arrive in bursts
-        while len(recent) > 1 and now - recent[1][0] >= RATE_WINDOW_S:
-            recent.popleft()
-        then, before = recent[0]
-        rate = (tokens - before) / max(1e-6, now - then)
-        recent.append((now, tokens))
-        if expected_tokens and tokens:
-            eta = elapsed * max(0, expected_tokens - tokens) / tokens
-        else:
-            done = tally.done
-            eta = (elapsed / done) * (total - done) if done else None
-        if plan.duration:
-            eta = max(0.0, plan.duration - elapsed)
-        writer.event(
-            {
-                "level": concurrency,
-                "done": tally.done,
-                "total": total,
-                "errors": tally.errors,
-                "tok_s": round(rate, 1),
-                "elapsed_s": round(elapsed, 1),
-                "eta_s": round(eta, 1) if eta is not None else None,
-            }
-        )
-
+    progress = _LiveProgress(plan, prompts, level.concurrency, writer)
     samples: list[serverapi.MetricSample] = []
     stop = asyncio.Event()
     sampler = None
@@ -219,7 +134,7 @@ async def _level(
     run = await generate(
         plan.base_url,
         prompts,
-        concurrency,
+        level.concurrency,
         backend=plan.backend,
         request_rate=plan.request_rate or float("inf"),
         warmup=plan.warmup,
@@ -419,7 +334,7 @@ def _gpufleet_level(
     except Exception as exc:  # the generator itself failed: keep what we know
         return "failed", f"level C={c}: load generator error: {exc!r}", True
     begun = marks[-1][0]
-    marks.append((_log_size(server_state), f"level C={c} ends"))
+    marks.append((log_size(server_state), f"level C={c} ends"))
     summary = _summary(plan, run, samples, run.after_warmup, keys)
     if (summary.get("server_info") or {}).get("speculative_adaptive"):
         summary["depth_switches"] = depth_switches(server_state, begun, marks[-1][0])
@@ -433,6 +348,44 @@ def _gpufleet_level(
         first = row.error_messages[:1]
         return "failed", f"{row.failed} request(s) failed at C={c}: {first}", False
     return "done", None, False
+
+
+def _run_levels(
+    plan: BenchPlan,
+    rows: list[PromptRow],
+    writer: RunWriter,
+    before: Any,
+    server_state: ServerState | None,
+    marks: list[tuple[int | None, str]],
+    keys: dict[str, str],
+) -> tuple[str, str | None]:
+    """Every level in order, each through its engine; a failed level fails the run, and a
+    level that says stop (the server died, the generator failed) ends it."""
+    status, reason = "done", None
+    for level in plan.levels:
+        c, n = level.concurrency, level.num_prompts
+        marks.append((log_size(server_state), f"level C={c} begins ({n} prompts)"))
+        requests = n
+        if plan.engine != "sglang-bench":  # a multi-turn session is several requests
+            requests = sum(_prompt(plan, row).requests for row in rows[:n])
+        start = {"level": c, "phase": "start", "total": requests, "at": now_iso()}
+        writer.event({**start, "sessions": n} if requests != n else start)
+        if plan.engine == "sglang-bench":
+            texts = [row.prompt or "" for row in rows]
+            level_status, level_reason = _sglang_bench_level(
+                plan, level, texts, writer, before, server_state, keys
+            )
+            marks.append((log_size(server_state), f"level C={c} ends"))
+            stop = level_status == "failed"
+        else:
+            level_status, level_reason, stop = _gpufleet_level(
+                plan, level, rows, writer, server_state, marks, keys
+            )
+        if level_status == "failed":
+            status, reason = level_status, level_reason
+        if stop:
+            break
+    return status, reason
 
 
 def run_plan(
@@ -464,33 +417,10 @@ def run_plan(
         writer.json("server_state.json", server_state.to_wire())
     before = serverapi.server_info(plan.base_url, keys)
     writer.json("server_info_before.json", before)
-    marks: list[tuple[int | None, str]] = [(_log_size(server_state), f"run {plan.run_id} begins")]
-    status, reason = "done", None
-    for level in plan.levels:
-        c, n = level.concurrency, level.num_prompts
-        marks.append((_log_size(server_state), f"level C={c} begins ({n} prompts)"))
-        requests = n
-        if plan.engine != "sglang-bench":  # a multi-turn session is several requests
-            requests = sum(_prompt(plan, row).requests for row in rows[:n])
-        start = {"level": c, "phase": "start", "total": requests, "at": now_iso()}
-        writer.event({**start, "sessions": n} if requests != n else start)
-        if plan.engine == "sglang-bench":
-            texts = [row.prompt or "" for row in rows]
-            level_status, level_reason = _sglang_bench_level(
-                plan, level, texts, writer, before, server_state, keys
-            )
-            marks.append((_log_size(server_state), f"level C={c} ends"))
-            stop = level_status == "failed"
-        else:
-            level_status, level_reason, stop = _gpufleet_level(
-                plan, level, rows, writer, server_state, marks, keys
-            )
-        if level_status == "failed":
-            status, reason = level_status, level_reason
-        if stop:
-            break
+    marks: list[tuple[int | None, str]] = [(log_size(server_state), f"run {plan.run_id} begins")]
+    status, reason = _run_levels(plan, rows, writer, before, server_state, marks, keys)
     writer.json("server_info_after.json", serverapi.server_info(plan.base_url, keys))
-    marks.append((_log_size(server_state), f"run {plan.run_id} ends ({status})"))
+    marks.append((log_size(server_state), f"run {plan.run_id} ends ({status})"))
     write_server_log(writer, server_state, marks, writer.secrets)
     writer.json("definitions.json", {"metrics": DEFINITIONS})
     if finish is not None:

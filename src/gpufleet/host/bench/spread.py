@@ -206,6 +206,19 @@ async def run_spread(
         for child in children:
             if child.proc.poll() is None:
                 child.proc.kill()
+    records, warm, clocks, duration = _merged(own, results, shares, ids, whole_first)
+    return LevelRun(
+        concurrency, request_rate, duration, records, own.started_at, warm,
+        after[0] if after else None, ClientClock.merged(clocks), own.open_loop,
+    )  # fmt: skip
+
+
+def _merged(
+    own: LevelRun, results: list[Any], shares: list[list[Prompt]], ids: list[list[int]],
+    whole_first: list[int],
+) -> tuple[list[RequestRecord], list[Any], list[ClientClock], float]:  # fmt: skip
+    """The shares' records back in the whole level's order, their warm-up errors, clocks
+    and the longest share's duration."""
     records = _to_whole_level(own.records, shares[0], ids[0], whole_first)
     clocks = [own.client] if own.client else []
     warm = list(own.warmup_errors)
@@ -216,11 +229,7 @@ async def run_spread(
                                   loop_lags=result["loop_lags"]))  # fmt: skip
         warm += result["warmup_errors"]
     records.sort(key=lambda r: r.index)
-    duration = max([own.duration, *(r["duration"] for r in results)])
-    return LevelRun(
-        concurrency, request_rate, duration, records, own.started_at, warm,
-        after[0] if after else None, ClientClock.merged(clocks), own.open_loop,
-    )  # fmt: skip
+    return records, warm, clocks, max([own.duration, *(r["duration"] for r in results)])
 
 
 def child_main() -> None:

@@ -1,0 +1,124 @@
+"""The run directory a bench writes on the host: every file through the secrets scrubber,
+progress events, the checked result rows, and the server's log with the run's slice
+marked (and the depth switches an adaptive server logged within it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpufleet.host.agent import safewrite
+from gpufleet.host.agent.protocol import ProgressEvent
+from gpufleet.host.agent.redact import scrub
+from gpufleet.records import Level, ResultRow, ServerState
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class RunWriter:
+    """Writes the run directory. Every file passes through `scrub`: the server echoes its
+    own arguments (SGLang's /server_info and log list --api-key among them)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.dir = run_dir
+        self.progress = safewrite.open_append(run_dir / "progress.jsonl", text=True, buffering=1)
+        self.secrets: list[str] = []  # the server's secret values, set once it is known
+        self.last: ResultRow | None = None  # the previous level's row (--client-procs auto)
+
+    def json(self, name: str, data: Any) -> None:
+        text = scrub(json.dumps(data, indent=2, default=str), self.secrets)
+        safewrite.write_atomic(self.dir / name, text)
+
+    def lines(self, name: str, rows: list[dict[str, Any]]) -> None:
+        with safewrite.open_append(self.dir / name, text=True) as fh:
+            for row in rows:
+                fh.write(scrub(json.dumps(row, default=str), self.secrets) + "\n")
+
+    def result(self, row: dict[str, Any], level: Level) -> ResultRow:
+        """Append one level's row to results.jsonl, checked against its declared type: a
+        renamed or mistyped figure fails here, on the run that wrote it."""
+        checked = ResultRow.from_wire(row, f"results.jsonl C={level.concurrency}")
+        self.lines("results.jsonl", [checked.to_wire()])
+        self.last = checked
+        return checked
+
+    def event(self, event: ProgressEvent) -> None:
+        self.progress.write(json.dumps(event) + "\n")
+
+    def status(self, status: str, **extra: Any) -> None:
+        self.json("status.json", {"status": status, "at": now_iso(), **extra})
+
+
+def log_size(state: ServerState | None) -> int | None:
+    if not state:
+        return None
+    try:
+        return os.path.getsize(state.log)
+    except OSError:
+        return None
+
+
+# SGLang 0.5.23 logs every change of draft depth between decode batches with this line
+# (speculative/eagle_worker_v2.py, apply_runtime_state); so does the rehearsal server
+DEPTH_SWITCH = b"Switch adaptive runtime state:"
+
+
+# logged at start-up, at the same INFO level: without it, no switch would be logged either
+ADAPTIVE_READY = b"AdaptiveSpeculativeParams initialized"
+
+
+def depth_switches(state: ServerState | None, start: int | None, end: int | None) -> int | None:
+    """How often the server changed its draft depth between two offsets of its log (exact,
+    where sampling /server_info would miss a depth that flips every few steps); None
+    without a readable log, or one that does not log at INFO (--log-level warning), where
+    0 would be a guess."""
+    if not state or start is None or end is None:
+        return None
+    try:
+        with open(state.log, "rb") as fh:
+            fh.seek(start)
+            count = fh.read(max(0, end - start)).count(DEPTH_SWITCH)
+            if count:
+                return count
+            fh.seek(0)
+            return 0 if ADAPTIVE_READY in fh.read(start) else None
+    except OSError:
+        return None
+
+
+def write_server_log(
+    writer: RunWriter,
+    state: ServerState | None,
+    marks: list[tuple[int, str]],
+    secrets: list[str] | None = None,
+    limit: int = 20 * 2**20,
+) -> None:
+    """Copy the server's log with `>>> gpufleet:` marker lines at the recorded offsets.
+
+    Secret values of the server's argv and environment (e.g. an --api-key that SGLang
+    prints among its server_args) are replaced by *** in the copy."""
+    if not state:
+        return
+    try:
+        with open(state.log, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return
+    start = max(0, len(data) - limit)
+    out, pos = [], start
+    for offset, label in sorted((m for m in marks if m[0] is not None), key=lambda m: m[0]):
+        offset = min(max(offset, start), len(data))
+        out.append(data[pos:offset])
+        if out[-1] and not out[-1].endswith(b"\n"):
+            out.append(b"\n")
+        out.append(f">>> gpufleet: {label}\n".encode())
+        pos = offset
+    out.append(data[pos:])
+    text = b"".join(out).decode(errors="replace")
+    safewrite.write_atomic(writer.dir / "server.log", scrub(text, secrets or []))
