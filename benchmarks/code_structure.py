@@ -78,7 +78,9 @@ def undocumented_in_control() -> list[str]:
                 continue
             members = [node]
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
-                members += [m for m in node.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)]
+                members += [
+                    m for m in node.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)
+                ]
             for member in members:
                 if member.name.startswith("_") or ast.get_docstring(member):
                     continue

@@ -38,7 +38,7 @@ def main() -> None:
         sftp = conn.sftp()
         walls, asked = [], 0
         for _ in range(5):
-            tree = interpreter.CachedTree(interpreter.SftpTree(sftp))
+            tree = interpreter.CachedTree(ssh.SftpTree(sftp))
             start = time.perf_counter()
             verdict = interpreter.judge_python(python, 0, tree)
             walls.append(time.perf_counter() - start)

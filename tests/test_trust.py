@@ -133,8 +133,9 @@ def test_a_bare_python_runs_the_system_one_judged_not_the_logins(fleet, tmp_path
                                               "python": "python3",
                                               "workdir": str(fleet.workdir("h9"))}})  # fmt: skip
     from gpufleet.control.agent import trust as interpreter
+    from gpufleet.control.connect.local import LocalTree
 
-    verdict = interpreter.judge_python("python3", 0, interpreter.LocalTree())
+    verdict = interpreter.judge_python("python3", 0, LocalTree())
     assert verdict.executable.startswith(("/usr/", "/bin/")) and not verdict.problems
     out = fleet.cli("gpu-clean", "--hosts", "h9")
     assert not canary.exists(), out.stdout + out.stderr
@@ -358,19 +359,21 @@ def test_the_clean_environment_keeps_what_servers_need_and_drops_what_loads_code
 
 def test_relative_paths_are_judged_where_they_resolve(tmp_path, monkeypatch):
     from gpufleet.control.agent import trust as interpreter
+    from gpufleet.control.connect.local import LocalTree
 
     monkeypatch.chdir(tmp_path)
     assert trust.judge("wd", 0, trust.WORKDIR, create=True) == str(tmp_path / "wd")
-    verdict = interpreter.judge_python("venv/bin/python", 0, interpreter.LocalTree(), str(tmp_path))
+    verdict = interpreter.judge_python("venv/bin/python", 0, LocalTree(), str(tmp_path))
     assert verdict.executable == str(tmp_path / "venv" / "bin" / "python")
 
 
 def test_a_venv_whose_home_is_relative_is_judged_not_a_crash(tmp_path):
     from gpufleet.control.agent import trust as interpreter
+    from gpufleet.control.connect.local import LocalTree
 
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     os.symlink(os.path.realpath(sys.executable), venv / "bin" / "python")
     (venv / "pyvenv.cfg").write_text("home = ../elsewhere/bin\n")
-    verdict = interpreter.judge_python(str(venv / "bin" / "python"), 0, interpreter.LocalTree())
+    verdict = interpreter.judge_python(str(venv / "bin" / "python"), 0, LocalTree())
     assert str(tmp_path / "elsewhere" / "bin") in verdict.judged and not verdict.problems

@@ -1,4 +1,5 @@
-"""Build the host agent as a zipapp whose file name carries its content hash.
+"""Build the host agent as a zipapp whose file name carries its content hash, and the
+bootstrap that runs it (its source compacted, the trust rule inlined: BOOTSTRAP).
 
 The package boundary is the shipping boundary: the zip holds `gpufleet/host/` and
 `gpufleet/sim/` whole (plus the package's `__init__.py`), never a hand-kept file list.
@@ -8,6 +9,7 @@ always has the same name and each host receives it once per version.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import threading
@@ -15,6 +17,9 @@ import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from gpufleet.control.agent import bootstrap
+from gpufleet.host.agent import trust
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # src/gpufleet
 SHIPPED = (
@@ -73,3 +78,38 @@ def _build() -> AgentBundle:
             add(name, path.read_bytes())
     data = buffer.getvalue()
     return AgentBundle(data=data, digest=hashlib.sha256(data).hexdigest())
+
+
+def _compact(source: str) -> str:
+    """The bootstrap's code without docstrings or comments: what `ps` shows on the host."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            body[:] = body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
+
+
+def _inline_trust(source: str) -> str:
+    """The bootstrap's source with host/agent/trust.py in place of its import of it: the host
+    has nothing of gpufleet's that may be imported before the hash is checked."""
+    tree, rule = ast.parse(source), ast.parse(Path(trust.__file__).read_text())
+    rule_body = [
+        node for node in rule.body
+        if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+    ]  # fmt: skip
+    body: list[ast.stmt] = []
+    for node in tree.body:
+        inlined = isinstance(node, ast.ImportFrom) and node.module == trust.__name__
+        body.extend(rule_body if inlined else [node])
+    tree.body = body
+    return ast.unparse(tree)
+
+
+BOOTSTRAP = _compact(_inline_trust(Path(bootstrap.__file__).read_text()))

@@ -16,7 +16,6 @@ a thousand times faster than SFTP round trips over a venv with torch in it.
 
 from __future__ import annotations
 
-import os
 import posixpath
 import stat
 from dataclasses import dataclass, field
@@ -41,45 +40,6 @@ class TreeReader(Protocol):
     def readlink(self, path: str) -> str: ...
     def listdir(self, path: str) -> list[tuple[str, Any]]: ...
     def read(self, path: str, limit: int) -> bytes: ...
-
-
-class LocalTree:
-    """This machine's filesystem (connection: local)."""
-
-    lstat = staticmethod(os.lstat)
-    readlink = staticmethod(os.readlink)
-
-    def listdir(self, path: str) -> list[tuple[str, Any]]:
-        with os.scandir(path) as entries:
-            return [(e.name, e.stat(follow_symlinks=False)) for e in entries]
-
-    def read(self, path: str, limit: int) -> bytes:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as fh:
-            return fh.read(limit)
-
-
-class SftpTree:
-    """A host's filesystem over SFTP: nothing runs there, sshd's sftp-server only reads."""
-
-    def __init__(self, sftp: Any) -> None:
-        self.sftp = sftp
-
-    def lstat(self, path: str) -> Any:
-        return self.sftp.lstat(path)
-
-    def readlink(self, path: str) -> str:
-        return self.sftp.readlink(path) or ""
-
-    def listdir(self, path: str) -> list[tuple[str, Any]]:
-        return [(a.filename, a) for a in self.sftp.listdir_attr(path)]
-
-    def read(self, path: str, limit: int) -> bytes:
-        with self.sftp.open(path, "rb") as fh:
-            return fh.read(limit)
-
-    def home(self) -> str:
-        return self.sftp.normalize(".")
 
 
 class CachedTree:

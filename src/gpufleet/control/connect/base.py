@@ -1,26 +1,22 @@
-"""Reach a host and run the agent there: Fabric over SSH, or a subprocess for `local`.
+"""The session every connector shares: judge the host's interpreter, start the one serving
+agent (bootstrapped, uploaded when missing) and call verbs on it.
 
-Both sessions expose the same `call(args, on_event)`, where `args` is one of the verb
-contract's dataclasses (host/agent/protocol.py), so every task runs identically on a laptop
-rehearsal, a local GPU box and a fleet over SSH. Arguments travel on the agent's stdin,
-one line per verb, to the one agent a session keeps running (control/connect/agentproc.py).
+Each connector (local.py, ssh.py, srun.py) supplies how to start a process, move a file
+and read the host's tree; all expose the same `call(args, on_event)`, where `args` is one
+of the verb contract's dataclasses (host/agent/protocol.py), so every task runs identically
+on a laptop rehearsal, a local GPU box, a fleet over SSH and a Slurm job. Arguments travel
+on the agent's stdin, one line per verb, to the one agent a session keeps running
+(control/connect/agentproc.py).
 """
 
 from __future__ import annotations
 
-import ast
-import io
 import json
-import os
-import secrets
 import shlex
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-from paramiko import SSHException
 
 from gpufleet.control.agent import bootstrap
 from gpufleet.control.agent import bundle as agentzip
@@ -30,12 +26,9 @@ from gpufleet.control.connect.agentproc import (
     FINAL,
     TIMEOUT,
     AgentProcess,
-    LocalAgent,
-    SSHAgent,
 )
 from gpufleet.control.inventory.model import Host
 from gpufleet.errors import HostError
-from gpufleet.host.agent import trust
 from gpufleet.host.agent.protocol import MARK, SERVE, FinalLine, Hello, ProgressEvent, VerbArgs
 from gpufleet.kinds import Kind
 from gpufleet.wire import WireError
@@ -98,41 +91,6 @@ class _LineParser:
 
 MISSING = bootstrap.MISSING
 START_TIMEOUT_S = 60.0  # bootstrap, hash check and imports; a login shell's rc files too
-
-
-def _compact(source: str) -> str:
-    """The bootstrap's code without docstrings or comments: what `ps` shows on the host."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (
-            isinstance(body, list)
-            and body
-            and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)
-        ):
-            body[:] = body[1:] or [ast.Pass()]
-    return ast.unparse(tree)
-
-
-def _inline_trust(source: str) -> str:
-    """The bootstrap's source with host/agent/trust.py in place of its import of it: the host
-    has nothing of gpufleet's that may be imported before the hash is checked."""
-    tree, rule = ast.parse(source), ast.parse(Path(trust.__file__).read_text())
-    rule_body = [
-        node for node in rule.body
-        if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
-    ]  # fmt: skip
-    body: list[ast.stmt] = []
-    for node in tree.body:
-        inlined = isinstance(node, ast.ImportFrom) and node.module == trust.__name__
-        body.extend(rule_body if inlined else [node])
-    tree.body = body
-    return ast.unparse(tree)
-
-
-BOOTSTRAP = _compact(_inline_trust(Path(bootstrap.__file__).read_text()))
 
 
 def _kind(value: Any) -> Kind:
@@ -228,7 +186,16 @@ class Session:
         """
         python = self._judged_python()
         trust_mode = self.host.python_trust
-        argv = [python, "-I", "-c", BOOTSTRAP, self.host.workdir, agent, digest, trust_mode]
+        argv = [
+            python,
+            "-I",
+            "-c",
+            agentzip.BOOTSTRAP,
+            self.host.workdir,
+            agent,
+            digest,
+            trust_mode,
+        ]
         return f"umask 077; exec {shlex.join([*argv, *verb])}"
 
     def _raise_for_workdir(self, code: int | None, err: str) -> None:
@@ -370,77 +337,3 @@ class Session:
         if code is None or code < 0:
             return f"agent did not finish ({tail})"
         return f"agent exited with code {code}: {tail}"
-
-
-class LocalSession(Session):
-    """`connection: local`: the same agent and the same script, run by `sh` here."""
-
-    def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
-        return interpreter.LocalTree(), os.geteuid(), os.path.expanduser("~")
-
-    def download(self, path: str) -> bytes:
-        return Path(path).read_bytes()
-
-    def _upload(self, data: bytes, path: str) -> None:
-        target = Path(path)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, target)
-
-    def _start(self, script: str) -> AgentProcess:
-        return LocalAgent(script)
-
-
-class SSHSession(Session):
-    """Fabric over SSH with strict host keys, a connect timeout and transient-error retries."""
-
-    def __init__(self, host: Host) -> None:
-        super().__init__(host)
-        from gpufleet.control.connect import ssh as sshconnect
-
-        self.conn = sshconnect.open_connection(host)
-
-    def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
-        tree = interpreter.SftpTree(self.conn.sftp())
-        home = tree.home()
-        return tree, tree.lstat(home).st_uid, home
-
-    def _upload(self, data: bytes, path: str) -> None:
-        """A fresh temporary (SFTP's create-exclusive: never through a planted link), 0600
-        before a byte is in it, renamed over the name."""
-        sftp = self.conn.sftp()
-        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        with sftp.open(tmp, "wbx") as fh:
-            fh.chmod(0o600)
-            fh.set_pipelined(True)
-            fh.write(data)
-        sftp.posix_rename(tmp, path)
-
-    def download(self, path: str) -> bytes:
-        buffer = io.BytesIO()
-        try:
-            self.conn.sftp().getfo(path, buffer)
-        except (OSError, EOFError) as exc:
-            raise HostError(f"cannot fetch {path}: {exc}", kind=Kind.CONNECTION) from None
-        return buffer.getvalue()
-
-    def _start(self, script: str) -> AgentProcess:
-        transport = self.conn.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise HostError("connection lost", kind=Kind.CONNECTION)
-        try:
-            return SSHAgent(transport, script)
-        except (OSError, EOFError, SSHException) as exc:
-            raise HostError(f"connection lost: {exc}", kind=Kind.CONNECTION) from None
-
-    @property
-    def alive(self) -> bool:
-        transport = self.conn.client.get_transport()
-        return transport is not None and transport.is_active()
-
-    def close(self) -> None:
-        if self.alive:
-            super().close()
-        self.conn.close()

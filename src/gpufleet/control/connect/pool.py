@@ -87,13 +87,13 @@ def open_session(host: Host) -> Session:
     """A host's session by its `connection:` (ssh, local, srun), the one place that
     chooses; the connectors are imported here, so the pool itself stays light."""
     if host.connection == "local":
-        from gpufleet.control.connect.base import LocalSession
+        from gpufleet.control.connect.local import LocalSession
 
         return LocalSession(host)
     if host.connection == "srun":
         from gpufleet.control.connect.srun import SrunSession
 
         return SrunSession(host)
-    from gpufleet.control.connect.base import SSHSession
+    from gpufleet.control.connect.ssh import SSHSession
 
     return SSHSession(host)

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.control.agent import trust as interpreter
-from gpufleet.control.connect.agentproc import AgentProcess, LocalAgent
+from gpufleet.control.connect.agentproc import AgentProcess
 from gpufleet.control.connect.base import Session
+from gpufleet.control.connect.local import LocalAgent
 from gpufleet.control.inventory import slurm
 from gpufleet.control.inventory.model import Host
 from gpufleet.control.inventory.slurm import step_env

@@ -1,20 +1,28 @@
-"""Open a Fabric Connection the careful way: strict keys, timeouts, retries on transients only.
+"""`connection: ssh`: Fabric over SSH, its session, the agent as a remote command on one
+channel of the task's connection, and the host's tree read over SFTP for the judge.
 
-Retried (jittered exponential backoff): refused, reset, and the banner errors sshd produces
-when its MaxStartups limit drops a connection. Never retried: authentication failures,
-unknown or changed host keys, name resolution errors, timeouts.
+The connection is opened the careful way: strict host keys, timeouts, retries on
+transients only. Retried (jittered exponential backoff): refused, reset, and the banner
+errors sshd produces when its MaxStartups limit drops a connection. Never retried:
+authentication failures, unknown or changed host keys, name resolution errors, timeouts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import io
 import logging
 import os
+import secrets
+import select
 import socket
+from typing import Any
 
 import paramiko
 from fabric import Config, Connection
+from paramiko import Channel, SSHException, Transport
 from paramiko.ssh_exception import NoValidConnectionsError
 from tenacity import (
     retry,
@@ -24,7 +32,10 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from gpufleet.control.agent import trust as interpreter
 from gpufleet.control.connect import hostkeys
+from gpufleet.control.connect.agentproc import CHUNK, AgentProcess
+from gpufleet.control.connect.base import Session
 from gpufleet.control.inventory.model import Host
 from gpufleet.errors import HostError
 from gpufleet.kinds import Kind
@@ -142,3 +153,124 @@ def open_connection(host: Host, attempts: int = 8) -> Connection:
         conn.close()
         raise _describe(exc, host, conn) from None
     return conn
+
+
+class SftpTree:
+    """A host's filesystem over SFTP: nothing runs there, sshd's sftp-server only reads."""
+
+    def __init__(self, sftp: Any) -> None:
+        self.sftp = sftp
+
+    def lstat(self, path: str) -> Any:
+        return self.sftp.lstat(path)
+
+    def readlink(self, path: str) -> str:
+        return self.sftp.readlink(path) or ""
+
+    def listdir(self, path: str) -> list[tuple[str, Any]]:
+        return [(a.filename, a) for a in self.sftp.listdir_attr(path)]
+
+    def read(self, path: str, limit: int) -> bytes:
+        with self.sftp.open(path, "rb") as fh:
+            return fh.read(limit)
+
+    def home(self) -> str:
+        return self.sftp.normalize(".")
+
+
+class SSHAgent(AgentProcess):
+    """The agent as one exec channel of an open SSH transport."""
+
+    def __init__(self, transport: Transport, script: str) -> None:
+        super().__init__()
+        self.transport = transport
+        self.chan: Channel = transport.open_session(timeout=30)
+        self.chan.exec_command(script)
+
+    def send(self, text: str) -> None:
+        self.chan.sendall(text.encode())
+
+    def close_stdin(self) -> None:
+        with contextlib.suppress(OSError, EOFError):
+            self.chan.shutdown_write()
+
+    def kill(self) -> None:
+        self.chan.close()
+
+    @property
+    def lost(self) -> bool:
+        return not self.transport.is_active()
+
+    def _drain_stderr(self) -> None:
+        while self.chan.recv_stderr_ready():
+            self._stderr += self.chan.recv_stderr(CHUNK)
+
+    def _read(self, timeout: float) -> bytes | None:
+        self._drain_stderr()
+        if not self.chan.recv_ready() and not self.chan.closed:
+            select.select([self.chan], [], [], timeout)
+            self._drain_stderr()
+            if not self.chan.recv_ready() and not self.chan.eof_received:
+                return None if not self.chan.closed else b""
+        data = self.chan.recv(CHUNK)
+        if not data:
+            self._drain_stderr()
+        return data
+
+    def exit_code(self) -> int | None:
+        if not self.chan.status_event.wait(timeout=10):
+            return None
+        self._drain_stderr()
+        code = self.chan.exit_status
+        return None if code < 0 else code
+
+
+class SSHSession(Session):
+    """Fabric over SSH with strict host keys, a connect timeout and transient-error retries."""
+
+    def __init__(self, host: Host) -> None:
+        super().__init__(host)
+        self.conn = open_connection(host)
+
+    def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
+        tree = interpreter.SftpTree(self.conn.sftp())
+        home = tree.home()
+        return tree, tree.lstat(home).st_uid, home
+
+    def _upload(self, data: bytes, path: str) -> None:
+        """A fresh temporary (SFTP's create-exclusive: never through a planted link), 0600
+        before a byte is in it, renamed over the name."""
+        sftp = self.conn.sftp()
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        with sftp.open(tmp, "wbx") as fh:
+            fh.chmod(0o600)
+            fh.set_pipelined(True)
+            fh.write(data)
+        sftp.posix_rename(tmp, path)
+
+    def download(self, path: str) -> bytes:
+        buffer = io.BytesIO()
+        try:
+            self.conn.sftp().getfo(path, buffer)
+        except (OSError, EOFError) as exc:
+            raise HostError(f"cannot fetch {path}: {exc}", kind=Kind.CONNECTION) from None
+        return buffer.getvalue()
+
+    def _start(self, script: str) -> AgentProcess:
+        transport = self.conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise HostError("connection lost", kind=Kind.CONNECTION)
+        try:
+            return SSHAgent(transport, script)
+        except (OSError, EOFError, SSHException) as exc:
+            raise HostError(f"connection lost: {exc}", kind=Kind.CONNECTION) from None
+
+    @property
+    def alive(self) -> bool:
+        transport = self.conn.client.get_transport()
+        return transport is not None and transport.is_active()
+
+    def close(self) -> None:
+        if self.alive:
+            super().close()
+        self.conn.close()

@@ -1,0 +1,113 @@
+"""`connection: local`: the agent run by `sh` on this machine, with no SSH: its session,
+its agent process (a subprocess) and its file tree (this machine's, for the judge)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import select
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+from gpufleet.control.agent import trust as interpreter
+from gpufleet.control.connect.agentproc import CHUNK, AgentProcess
+from gpufleet.control.connect.base import Session
+
+
+class LocalTree:
+    """This machine's filesystem (connection: local)."""
+
+    lstat = staticmethod(os.lstat)
+    readlink = staticmethod(os.readlink)
+
+    def listdir(self, path: str) -> list[tuple[str, Any]]:
+        with os.scandir(path) as entries:
+            return [(e.name, e.stat(follow_symlinks=False)) for e in entries]
+
+    def read(self, path: str, limit: int) -> bytes:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as fh:
+            return fh.read(limit)
+
+
+class LocalAgent(AgentProcess):
+    """`connection: local`: the same bootstrap run by `sh` here (or, given `argv`, by a
+    command that runs it elsewhere: `srun ... /bin/sh -c SCRIPT`)."""
+
+    def __init__(
+        self, script: str, argv: list[str] | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        super().__init__()
+        self.proc = subprocess.Popen(
+            argv or ["sh", "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        self._err_reader = threading.Thread(target=self._collect_stderr, daemon=True)
+        self._err_reader.start()
+
+    def _collect_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for chunk in iter(lambda: self.proc.stderr.read1(CHUNK), b""):  # type: ignore[union-attr]
+            self._stderr += chunk
+
+    def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text.encode())
+        self.proc.stdin.flush()
+
+    def close_stdin(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()  # type: ignore[union-attr]
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        self.proc.wait()
+
+    def finish(self) -> None:
+        self.close_stdin()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def _read(self, timeout: float) -> bytes | None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return os.read(fd, CHUNK) if ready else None
+
+    def exit_code(self) -> int | None:
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            return None
+        self._err_reader.join(timeout=5)
+        return code
+
+
+class LocalSession(Session):
+    """`connection: local`: the same agent and the same script, run by `sh` here."""
+
+    def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
+        return interpreter.LocalTree(), os.geteuid(), os.path.expanduser("~")
+
+    def download(self, path: str) -> bytes:
+        return Path(path).read_bytes()
+
+    def _upload(self, data: bytes, path: str) -> None:
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, target)
+
+    def _start(self, script: str) -> AgentProcess:
+        return LocalAgent(script)
