@@ -44,8 +44,21 @@ def test_every_task_is_declared_by_an_option_set():
         assert getattr(task.body, "__signature__", None) is not None, name  # made by the set
 
 
-def test_no_long_functions_in_cli_or_control():
+def test_no_long_functions_anywhere():
+    """No function over 60 lines in any package (issue 49: the ceilings stopped at cli/ and
+    control/, and ten functions over 60 lines lived elsewhere)."""
     assert _measure().long_functions() == []
+
+
+def test_no_long_modules_anywhere():
+    """No module over 450 lines: a module that grows past it holds two jobs."""
+    assert _measure().long_modules() == []
+
+
+def test_every_public_name_of_control_says_what_it_is_for():
+    """A docstring on every public function, class and method of control/: its entry points
+    are what the next engineer reads first."""
+    assert _measure().undocumented_in_control() == []
 
 
 def test_only_the_archive_builds_archive_paths():
@@ -57,6 +70,6 @@ def test_control_never_calls_up_into_cli():
 
 
 def test_plain_dicts_stay_few():
-    """`dict[str, Any]` marks a shape not yet declared; a JSON object at a boundary is
-    wire.JsonObject. The ceiling only comes down."""
-    assert sum(_measure().any_dicts().values()) <= 25
+    """`dict[str, Any]` marks a shape not yet declared, and so does its alias
+    wire.JsonObject: they are counted together. The ceiling only comes down."""
+    assert sum(_measure().any_dicts().values()) <= 129

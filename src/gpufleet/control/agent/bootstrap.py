@@ -29,6 +29,8 @@ WARNING = "gpufleet-warning:"  # a line the control plane shows once per host
 
 
 def main(argv: list[str]) -> int:
+    """Judge the workdir and the interpreter's tree, then run the agent whose hash matches, from
+    memory; exit codes the session reads (91: untrusted)."""
     workdir, agent, digest, python_trust = argv[1:5]
     try:
         real = judge(os.path.expanduser(workdir), os.geteuid(), WORKDIR, "workdir", create=True)

@@ -31,11 +31,14 @@ MAIN = "import sys\nfrom gpufleet.host.main import main\nsys.exit(main(sys.argv[
 
 @dataclass(frozen=True)
 class AgentBundle:
+    """The agent's zip and its content hash (the file name carries it)."""
+
     data: bytes
     digest: str
 
     @property
     def filename(self) -> str:
+        """`agent-<hash>.pyz`: each version uploaded once per host."""
         return f"agent-{self.digest[:12]}.pyz"
 
 

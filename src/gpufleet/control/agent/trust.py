@@ -36,10 +36,17 @@ SYSTEM = ("/etc", "/etc/ld.so.cache", "/etc/ld.so.preload", "/etc/ld.so.conf", "
 class TreeReader(Protocol):
     """What the judge needs of a filesystem: SFTP offers exactly this."""
 
-    def lstat(self, path: str) -> Any: ...
-    def readlink(self, path: str) -> str: ...
-    def listdir(self, path: str) -> list[tuple[str, Any]]: ...
-    def read(self, path: str, limit: int) -> bytes: ...
+    def lstat(self, path: str) -> Any:
+        """The entry's own attributes (never following a link)."""
+
+    def readlink(self, path: str) -> str:
+        """Where a link points."""
+
+    def listdir(self, path: str) -> list[tuple[str, Any]]:
+        """A directory's entries with their own attributes."""
+
+    def read(self, path: str, limit: int) -> bytes:
+        """At most `limit` bytes of a regular file."""
 
 
 class CachedTree:
@@ -65,20 +72,27 @@ class CachedTree:
         return answer
 
     def lstat(self, path: str) -> Any:
+        """Asked once per path and answer."""
         return self._ask("lstat", path)
 
     def readlink(self, path: str) -> str:
+        """Asked once per path."""
         return self._ask("readlink", path)
 
     def listdir(self, path: str) -> list[tuple[str, Any]]:
+        """Asked once per directory."""
         return self._ask("listdir", path)
 
     def read(self, path: str, limit: int) -> bytes:
+        """Asked once per file and limit."""
         return self._ask("read", path, limit)
 
 
 @dataclass
 class Verdict:
+    """What the judge found of an interpreter: the path it runs, every path judged, and one line
+    per problem (none: trusted)."""
+
     executable: str  # the absolute path the remote command runs
     judged: list[str] = field(default_factory=list)  # every path the rule judged
     problems: list[str] = field(default_factory=list)  # one line each; none = trusted

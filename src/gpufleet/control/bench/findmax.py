@@ -33,6 +33,9 @@ RATE_CAP = 4096  # in-flight cap while searching a request rate
 
 @dataclass
 class Search:
+    """One find-max search: what it varies, the SLO attainment it must keep, its bounds and the
+    probes so far."""
+
     by: str  # concurrency or request-rate
     target: float
     start: float
@@ -41,6 +44,7 @@ class Search:
     probes: list[Probe] = field(default_factory=list)
 
     def passed(self, probe: Probe) -> bool:
+        """A probe that finished and kept the target attainment."""
         return probe.status == "done" and probe.attainment >= self.target
 
     def run(self, measure: Callable[[float], Probe]) -> tuple[float | None, float | None]:

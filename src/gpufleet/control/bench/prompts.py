@@ -39,6 +39,7 @@ WORDS = (
 
 
 def bundled_dir() -> Path:
+    """The bundled prompt sets: the checkout's playbooks/prompts, else the installed package's."""
     for candidate in (Path("playbooks/prompts"), BUNDLED):
         if candidate.is_dir():
             return candidate
@@ -107,6 +108,8 @@ def sample(texts: list[str], count: int, seed: int) -> list[str]:
 
 
 def digest(texts: list[str]) -> str:
+    """The prompt set's identity (SHA-256 over the texts, NUL-separated): what compare checks is
+    the same."""
     h = hashlib.sha256()
     for text in texts:
         h.update(text.encode())

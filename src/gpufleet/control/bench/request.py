@@ -20,6 +20,9 @@ PLAN = BenchPlan  # the host-side defaults (a dataclass field's default is a cla
 
 @dataclass
 class BenchRequest:
+    """Everything one bench asks, as the task parsed it; its defaults are the plan's (BenchPlan),
+    and it travels in a sweep's record so `--resume` runs it again."""
+
     concurrency: list[int]
     profile: str | None = None
     port: int | None = None

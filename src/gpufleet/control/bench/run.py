@@ -56,6 +56,7 @@ class ArchivedRun:
 
     @property
     def done(self) -> bool:
+        """The run finished every level."""
         return self.status == RunStatus.DONE
 
 
@@ -197,6 +198,8 @@ def engine_backend(profile: str | None) -> str:
 
 
 def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
+    """The plan a host runs (levels, prompts, engine dialect, cache flush) and the prompt rows it
+    uploads, from the request; bad combinations are one UserError."""
     if request.engine not in ("gpufleet", "sglang-bench"):
         raise UserError(f"--engine {request.engine!r}: expected gpufleet or sglang-bench")
     # the engine the caller resolved (a sweep cell), else the profile's, read once
@@ -346,6 +349,7 @@ def queueing_warning(levels: list[int], slots: int | None, engine: str | None) -
 def bench_on(
     session: Session, request: BenchRequest, run_id: str, progress: Progress | None
 ) -> ArchivedRun:
+    """Start the run on one host and follow it to the archive."""
     start(session, request, run_id, progress)
     return fetch(session, run_id, request, progress)
 
@@ -369,6 +373,8 @@ def attach(
     progress: Progress | None = None,
     on_done: Callable[[HostResult[ArchivedRun]], None] | None = None,
 ) -> FleetResult[ArchivedRun]:
+    """Follow a run already started on each host (`--attach`) to the archive; a run that has not
+    finished is a failure naming it."""
     return _fail_unfinished(fleet.each(lambda s: fetch(s, run_id, request, progress), on_done))
 
 

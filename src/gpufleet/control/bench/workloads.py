@@ -40,6 +40,7 @@ class Workload:
 
     @property
     def label(self) -> str:
+        """The workload as the user writes it (`multiturn:turns=4`)."""
         if not self.options:
             return self.name
         return self.name + ":" + ",".join(f"{k}={v}" for k, v in self.options.items())

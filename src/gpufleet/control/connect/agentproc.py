@@ -22,7 +22,10 @@ WAKE_S = 5.0  # re-check a silent SSH transport this often (a dead peer sends no
 
 
 class Sink(Protocol):
-    def write(self, text: str) -> int: ...
+    """Where an agent's output lines go."""
+
+    def write(self, text: str) -> int:
+        """Take some text; return how much was taken."""
 
 
 class AgentProcess:
@@ -33,12 +36,15 @@ class AgentProcess:
         self._stderr = bytearray()
 
     def send(self, text: str) -> None:
+        """Write to the agent's stdin (one verb per line)."""
         raise NotImplementedError
 
     def close_stdin(self) -> None:
+        """No more verbs: the agent exits when it has answered."""
         raise NotImplementedError
 
     def kill(self) -> None:
+        """End the agent now."""
         raise NotImplementedError
 
     def finish(self) -> None:
@@ -56,6 +62,7 @@ class AgentProcess:
         return False
 
     def stderr_text(self) -> str:
+        """What the agent wrote on stderr, for a failure's one line."""
         return self._stderr.decode(errors="replace")
 
     def _read(self, timeout: float) -> bytes | None:

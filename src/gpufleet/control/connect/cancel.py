@@ -18,14 +18,18 @@ class Cancelled(Exception):
 
 
 class CancelToken:
+    """Set once, by the first Ctrl-C; long work checks it before starting the next thing."""
+
     def __init__(self) -> None:
         self._event = threading.Event()
 
     def request(self) -> None:
+        """Ask every holder to stop starting new work."""
         self._event.set()
 
     @property
     def requested(self) -> bool:
+        """Whether a stop was asked."""
         return self._event.is_set()
 
     def check(self, doing: str) -> None:

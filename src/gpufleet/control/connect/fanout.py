@@ -28,6 +28,9 @@ T = TypeVar("T")
 
 @dataclass
 class HostResult(Generic[T]):
+    """One host's outcome: its value, or its error with the kind, the last lines and warnings
+    about the host."""
+
     host: Host
     value: T | None = None
     error: str | None = None
@@ -38,6 +41,7 @@ class HostResult(Generic[T]):
 
     @property
     def ok(self) -> bool:
+        """No error on this host."""
         return self.error is None
 
 
@@ -47,6 +51,7 @@ class FleetResult(list[HostResult[T]]):
 
     @property
     def failed(self) -> list[HostResult[T]]:
+        """The hosts that failed, in order."""
         return [r for r in self if not r.ok]
 
     def exit_code(self) -> int:

@@ -19,12 +19,16 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Fleet:
+    """The hosts a task acts on, with the forks that bound its parallelism and the inventory they
+    came from (for pasteable hints)."""
+
     hosts: list[Host]
     forks: int = DEFAULT_FORKS
     source: str = ""  # the inventory they came from, for pasteable hints
 
     @property
     def names(self) -> list[str]:
+        """The hosts' names, in order."""
         return [h.name for h in self.hosts]
 
     def only(self, names: Iterable[str]) -> Fleet:
@@ -37,6 +41,8 @@ class Fleet:
         work: Callable[[Session], T],
         on_done: Callable[[HostResult[T]], None] | None = None,
     ) -> FleetResult[T]:
+        """Run `work` on every host's session, at most `forks` at once; one host's failure never
+        hides another's result."""
         return run_on_hosts(self.hosts, work, self.forks, on_done)
 
     def call(self, args: Any) -> FleetResult[Any]:

@@ -18,18 +18,23 @@ from gpufleet.kinds import Kind
 
 
 def known_host_name(address: str, port: int) -> str:
+    """The name known_hosts files use: the address, bracketed with the port unless 22."""
     return address if port == 22 else f"[{address}]:{port}"
 
 
 def fingerprint(key: paramiko.PKey) -> str:
+    """A key's SHA-256 fingerprint, as `ssh-keygen -l` prints it."""
     return key.fingerprint  # "SHA256:..." like ssh-keygen -l
 
 
 class RefuseUnknownKey(paramiko.MissingHostKeyPolicy):
+    """Strict host keys: an unknown key is refused, with the ssh-keyscan line that adds it."""
+
     def __init__(self, known_hosts: str) -> None:
         self.known_hosts = known_hosts
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey):
+        """Refuse, naming the host, the key's fingerprint and the command that trusts it."""
         host, _, port = hostname.removeprefix("[").partition("]:")
         path = self.known_hosts
         shown = path if path.startswith("~/") and " " not in path else shlex.quote(path)
@@ -51,6 +56,7 @@ class AcceptNewKey(paramiko.MissingHostKeyPolicy):
         self.known_hosts = known_hosts
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey):
+        """Trust the key on first use and append it to known_hosts (0600), as ssh's accept-new."""
         client.get_host_keys().add(hostname, key.get_name(), key)
         path = Path(self.known_hosts)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -86,6 +92,8 @@ def file_holding(name: str, known_hosts: str | None) -> str | None:
 def describe_bad_key(
     exc: paramiko.BadHostKeyException, name: str, known_hosts: str | None = None
 ) -> str:
+    """A changed host key in one line: where the old one is, both fingerprints, and the ssh-
+    keygen -R line that forgets it."""
     where = file_holding(name, known_hosts)
     remove = f"ssh-keygen -R {shlex.quote(name)}" + (f" -f {shlex.quote(where)}" if where else "")
     return (

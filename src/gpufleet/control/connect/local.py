@@ -24,10 +24,12 @@ class LocalTree:
     readlink = staticmethod(os.readlink)
 
     def listdir(self, path: str) -> list[tuple[str, Any]]:
+        """A directory's entries with their own attributes (links not followed)."""
         with os.scandir(path) as entries:
             return [(e.name, e.stat(follow_symlinks=False)) for e in entries]
 
     def read(self, path: str, limit: int) -> bytes:
+        """At most `limit` bytes of a file, never through a link."""
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as fh:
             return fh.read(limit)
@@ -57,20 +59,24 @@ class LocalAgent(AgentProcess):
             self._stderr += chunk
 
     def send(self, text: str) -> None:
+        """Write to the agent's stdin."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(text.encode())
         self.proc.stdin.flush()
 
     def close_stdin(self) -> None:
+        """No more verbs."""
         with contextlib.suppress(OSError):
             self.proc.stdin.close()  # type: ignore[union-attr]
 
     def kill(self) -> None:
+        """Kill the subprocess and reap it."""
         with contextlib.suppress(OSError):
             self.proc.kill()
         self.proc.wait()
 
     def finish(self) -> None:
+        """Close stdin and wait for the agent to exit (killed after 10 s)."""
         self.close_stdin()
         try:
             self.proc.wait(timeout=10)
@@ -84,6 +90,7 @@ class LocalAgent(AgentProcess):
         return os.read(fd, CHUNK) if ready else None
 
     def exit_code(self) -> int | None:
+        """The exit code once the agent exits (None if it does not within 10 s)."""
         try:
             code = self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -99,6 +106,7 @@ class LocalSession(Session):
         return interpreter.LocalTree(), os.geteuid(), os.path.expanduser("~")
 
     def download(self, path: str) -> bytes:
+        """Read a file of this machine."""
         return Path(path).read_bytes()
 
     def _upload(self, data: bytes, path: str) -> None:

@@ -29,6 +29,7 @@ class SessionPool:
         self.opened = 0  # sessions opened during the task (benchmarks, tests)
 
     def take(self, host: Host) -> Session:
+        """This host's idle session if it is still alive, else a new one."""
         with self._lock:
             session = self._idle.pop(host.name, None)
         if session is not None and session.host == host and session.alive:
@@ -41,6 +42,7 @@ class SessionPool:
         return session
 
     def give_back(self, session: Session) -> None:
+        """Keep a live session for the next round; close a dead one."""
         if not session.alive:
             close_quietly(session)
             return
@@ -51,6 +53,7 @@ class SessionPool:
             close_quietly(previous)
 
     def close(self) -> None:
+        """Close every idle session (the task is over)."""
         with self._lock:
             sessions, self._idle = list(self._idle.values()), {}
         for session in sessions:
@@ -58,6 +61,7 @@ class SessionPool:
 
 
 def close_quietly(session: Session) -> None:
+    """Close a session whose connection may already be gone."""
     with contextlib.suppress(Exception):
         session.close()
 

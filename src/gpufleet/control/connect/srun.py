@@ -132,9 +132,11 @@ class NodeShell:
 
     @property
     def alive(self) -> bool:
+        """The step's shell is still running."""
         return self.proc.poll() is None
 
     def close(self) -> None:
+        """End the shell's step (killed after 10 s)."""
         with contextlib.suppress(OSError):
             self.proc.stdin.close()  # type: ignore[union-attr]
         try:
@@ -157,15 +159,18 @@ class ShellTree:
         return out
 
     def lstat(self, path: str) -> Attributes:
+        """The entry's mode, owner, group and size, by `stat` on the node."""
         q = shlex.quote(path)
         mode, uid, gid, size = self._ask(f"stat -c '%f %u %g %s' -- {q}", path).split()
         return Attributes(int(mode, 16), int(uid), int(gid), int(size))
 
     def readlink(self, path: str) -> str:
+        """Where a link on the node points."""
         q = shlex.quote(path)
         return self._ask(f"test -L {q} && readlink -- {q}", path).decode().strip()
 
     def listdir(self, path: str) -> list[tuple[str, Any]]:
+        """A directory's entries on the node with their attributes, by one `find`."""
         q = shlex.quote(path)
         out = self._ask(
             f"test -d {q} && find {q}/ -mindepth 1 -maxdepth 1 -printf '%f\\0%y %m %U %G %s\\0'"
@@ -181,6 +186,7 @@ class ShellTree:
         return entries
 
     def read(self, path: str, limit: int) -> bytes:
+        """At most `limit` bytes of a regular file on the node (never through a link)."""
         q = shlex.quote(path)
         out = self._ask(f"test ! -L {q} && test -f {q} && head -c {int(limit)} -- {q} | base64 -w0",
                         path)  # fmt: skip
@@ -200,6 +206,7 @@ class SrunAgent(LocalAgent):
     (a SIGKILLed srun would leave the step running until Slurm noticed)."""
 
     def kill(self) -> None:
+        """SIGTERM the step (srun passes it on to the agent), then kill it."""
         with contextlib.suppress(OSError):
             self.proc.send_signal(signal.SIGTERM)
         try:
@@ -245,6 +252,7 @@ class SrunSession(Session):
 
     @property
     def shell(self) -> NodeShell:
+        """The node's shell step, started again if it ended."""
         if self._shell is None or not self._shell.alive:
             self._shell = NodeShell(self.host)
         return self._shell
@@ -288,6 +296,7 @@ class SrunSession(Session):
                         Kind.CONNECTION)  # fmt: skip
 
     def download(self, path: str) -> bytes:
+        """A regular file of the node, read through the shell (no SFTP on a compute node)."""
         q = shlex.quote(path)
         code, out = self.shell.ask(f"test ! -L {q} && test -f {q} && base64 -w0 -- {q}",
                                    timeout=120)  # fmt: skip
@@ -296,6 +305,8 @@ class SrunSession(Session):
         return base64.b64decode(out.strip())
 
     def cannot_keep_servers(self) -> str | None:
+        """Why a server launched in a step would not outlive it under this Slurm's configuration
+        (None: it would)."""
         try:
             return slurm.steps_keep_servers(slurm.config())
         except UserError as exc:
@@ -303,10 +314,12 @@ class SrunSession(Session):
 
     @property
     def alive(self) -> bool:
+        """The agent's step is still running."""
         agent = self._agent
         return not isinstance(agent, SrunAgent) or agent.proc.poll() is None
 
     def close(self) -> None:
+        """Close the agent and the node's shell."""
         super().close()
         if self._shell is not None:
             self._shell.close()

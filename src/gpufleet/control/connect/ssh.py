@@ -51,6 +51,8 @@ TRANSIENT_MESSAGES = (
 
 
 def is_transient(exc: BaseException) -> bool:
+    """Whether a connect error is worth another try (refused, reset, sshd's MaxStartups banner
+    errors), never for keys or authentication."""
     if isinstance(exc, (paramiko.AuthenticationException, paramiko.BadHostKeyException, HostError)):
         return False
     if isinstance(exc, (NoValidConnectionsError, ConnectionRefusedError, ConnectionResetError)):
@@ -108,6 +110,8 @@ def _own_config() -> Config:
 
 
 def open_connection(host: Host, attempts: int = 8) -> Connection:
+    """A connected Fabric Connection with strict host keys on every hop, retried on transient
+    errors only; a failure is one HostError naming the cause."""
     connect_kwargs: dict = {
         "banner_timeout": max(host.connect_timeout, 15.0),
         "auth_timeout": max(host.connect_timeout, 15.0),
@@ -162,19 +166,24 @@ class SftpTree:
         self.sftp = sftp
 
     def lstat(self, path: str) -> Any:
+        """The entry's own attributes over SFTP."""
         return self.sftp.lstat(path)
 
     def readlink(self, path: str) -> str:
+        """Where a link points, over SFTP."""
         return self.sftp.readlink(path) or ""
 
     def listdir(self, path: str) -> list[tuple[str, Any]]:
+        """A directory's entries with their attributes, over SFTP."""
         return [(a.filename, a) for a in self.sftp.listdir_attr(path)]
 
     def read(self, path: str, limit: int) -> bytes:
+        """At most `limit` bytes of a file, over SFTP."""
         with self.sftp.open(path, "rb") as fh:
             return fh.read(limit)
 
     def home(self) -> str:
+        """The SFTP server's start directory (the login's home)."""
         return self.sftp.normalize(".")
 
 
@@ -188,17 +197,21 @@ class SSHAgent(AgentProcess):
         self.chan.exec_command(script)
 
     def send(self, text: str) -> None:
+        """Write to the channel's stdin."""
         self.chan.sendall(text.encode())
 
     def close_stdin(self) -> None:
+        """Half-close the channel: no more verbs."""
         with contextlib.suppress(OSError, EOFError):
             self.chan.shutdown_write()
 
     def kill(self) -> None:
+        """Close the channel (sshd hangs up the agent)."""
         self.chan.close()
 
     @property
     def lost(self) -> bool:
+        """The SSH transport under the channel is gone."""
         return not self.transport.is_active()
 
     def _drain_stderr(self) -> None:
@@ -218,6 +231,7 @@ class SSHAgent(AgentProcess):
         return data
 
     def exit_code(self) -> int | None:
+        """The remote command's exit code (None if it is not known within 10 s)."""
         if not self.chan.status_event.wait(timeout=10):
             return None
         self._drain_stderr()
@@ -249,6 +263,7 @@ class SSHSession(Session):
         sftp.posix_rename(tmp, path)
 
     def download(self, path: str) -> bytes:
+        """A file of the host over SFTP; a failure is a connection error naming the path."""
         buffer = io.BytesIO()
         try:
             self.conn.sftp().getfo(path, buffer)
@@ -267,10 +282,12 @@ class SSHSession(Session):
 
     @property
     def alive(self) -> bool:
+        """The SSH transport is still up."""
         transport = self.conn.client.get_transport()
         return transport is not None and transport.is_active()
 
     def close(self) -> None:
+        """Close the agent (if the connection still lets us) and the connection."""
         if self.alive:
             super().close()
         self.conn.close()

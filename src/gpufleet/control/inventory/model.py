@@ -140,6 +140,7 @@ class Host(BaseModel):
 
     @property
     def label(self) -> str:
+        """How the host is named in output."""
         return self.name
 
     _inventory: str | None = PrivateAttr(default=None)  # the file this host came from
@@ -159,6 +160,9 @@ class _InventoryFile(BaseModel):
 
 
 class Inventory(BaseModel):
+    """Hosts and groups as read and checked from one source, with the nodes that source skipped
+    and why."""
+
     source: str
     hosts: dict[str, Host]
     groups: dict[str, list[str]]

@@ -29,6 +29,8 @@ DEFAULT_INVENTORY = Path("hosts/rehearsal.yaml")
 
 
 class Source(Protocol):
+    """Where an inventory comes from: a file, a program, or Slurm."""
+
     def claims(self, spec: str) -> bool:
         """Whether this source reads `--inventory spec`."""
 
@@ -41,9 +43,11 @@ class SlurmSource:
     group `slurm`, with the defaults of a host."""
 
     def claims(self, spec: str) -> bool:
+        """`slurm:...` specs (a job, a partition, a host list)."""
         return spec.startswith(SLURM_PREFIX)
 
     def read(self, spec: str) -> tuple[str, Any]:
+        """One node-list entry in the group `slurm`, expanded later with Slurm's answer."""
         return spec, {"hosts": {spec: {"group": "slurm"}}}
 
 
@@ -55,6 +59,7 @@ class ProgramSource:
     nobody else can write them."""
 
     def claims(self, spec: str) -> bool:
+        """An executable file without a .yaml/.json name, as Ansible's dynamic inventories."""
         file = resolve_inventory_path(spec)
         return (
             file.is_file()
@@ -63,6 +68,7 @@ class ProgramSource:
         )
 
     def read(self, spec: str) -> tuple[str, Any]:
+        """Run the judged program (60 s at most) and read its JSON or YAML output."""
         import subprocess
 
         import yaml
@@ -95,9 +101,11 @@ class FileSource:
     """A YAML (or JSON) inventory file: claims whatever the others leave."""
 
     def claims(self, spec: str) -> bool:
+        """Anything else: a YAML or JSON file."""
         return True
 
     def read(self, spec: str) -> tuple[str, Any]:
+        """The file's mapping, read strictly (duplicate keys refused)."""
         file = resolve_inventory_path(spec)
         return str(file), read_yaml(file)
 
@@ -147,6 +155,7 @@ class NodeList:
     fields: Callable[[str], JsonObject] = lambda spec: {}
 
     def claims(self, key: str) -> bool:
+        """A host key that stands for several nodes (`gpu[01-04]`, `slurm:job=N`)."""
         return key.startswith(self.prefix) and (bool(self.prefix) or "[" in key)
 
 

@@ -282,6 +282,7 @@ NAMES = tuple(ENGINES)
 
 
 def engine(name: str) -> Engine:
+    """The adapter of an engine by name."""
     return ENGINES[name]
 
 

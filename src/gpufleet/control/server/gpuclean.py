@@ -47,6 +47,7 @@ def clean_on(session: Session, options: CleanOptions) -> CleanAnswer:
 def clean(
     fleet: Fleet, options: CleanOptions, archive: Archive | None = None
 ) -> FleetResult[CleanAnswer]:
+    """gpu-clean on every host; each host's GPU verdicts recorded in the archive's health folder."""
     results = fleet.each(lambda s: clean_on(s, options))
     for res in results:
         if res.value is not None:
@@ -105,6 +106,7 @@ def healthy(hosts: list[Host], archive: Archive | None = None) -> tuple[list[Hos
 
 
 def status_on(session: Session) -> StatusAnswer:
+    """One host's read-only status, looking for every engine's stale processes."""
     try:
         return session.call(StatusArgs(patterns=engines.process_patterns()))
     except HostError as exc:
@@ -112,4 +114,5 @@ def status_on(session: Session) -> StatusAnswer:
 
 
 def status(fleet: Fleet) -> FleetResult[StatusAnswer]:
+    """Every host's read-only status."""
     return fleet.each(status_on)

@@ -75,6 +75,8 @@ def launch_on(
     progress: Progress | None,
     cancel: CancelToken | None = None,
 ) -> Launched:
+    """Launch one host's server detached and wait until it is healthy, or fail in one line with
+    the log's tail."""
     why_not = session.cannot_keep_servers()
     if why_not:
         raise HostError(f"cannot launch here: {why_not}", kind=Kind.PREFLIGHT)
@@ -118,6 +120,7 @@ def launch_on(
 def launch(
     fleet: Fleet, profile: Profile, options: LaunchOptions, progress: Progress | None = None
 ) -> FleetResult[Launched]:
+    """Launch the profile's server on every host (each host's own spec)."""
     specs = {host.name: spec for host, spec in build_specs(profile, fleet.hosts, options.engine)}
     return fleet.each(lambda s: launch_on(s, specs[s.host.name], options, progress))
 
@@ -150,6 +153,7 @@ def dry_run(
 def wait(
     fleet: Fleet, port: int, timeout_s: float | None, progress: Progress | None = None
 ) -> FleetResult[WaitReadyAnswer]:
+    """Wait on every host until the server on `port` answers healthy."""
     return fleet.each(lambda s: wait_on(s, port, timeout_s, progress))
 
 

@@ -38,6 +38,7 @@ class CleanOptions:
             raise UserError("--reason goes with --clear-xid GPU (which GPUs were reset)")
 
     def agent_args(self) -> CleanArgs:
+        """The verb's arguments, with every engine's patterns by default and who clears XIDs."""
         return CleanArgs(
             dry_run=self.dry_run,
             all_users=self.all_users,

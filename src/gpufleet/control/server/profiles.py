@@ -100,6 +100,7 @@ class Profile(BaseModel):
 
     # -- derived ------------------------------------------------------------------
     def flag(self, name: str) -> FlagValue:
+        """A flag's value as the profile sets it (None: not set)."""
         return self.flags.get(name)
 
     @property
@@ -201,6 +202,7 @@ def _merge_profile(parent: JsonObject, child: JsonObject) -> JsonObject:
 
 
 def list_profiles(directory: Path = PLAYBOOKS) -> list[Profile | UserError]:
+    """Every profile in the folder, or the error that keeps it from loading."""
     out: list[Profile | UserError] = []
     for path in sorted(directory.glob("*.yaml")):
         try:

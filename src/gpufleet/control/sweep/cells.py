@@ -25,6 +25,9 @@ MAX_CELLS = 1_000
 
 @dataclass
 class ArmSpec:
+    """One sweep cell's server: a profile, the grid point's flag overrides, the repeat, and what
+    the tune adds (flags dropped, files, variables)."""
+
     profile: str  # the profile's name or path, as the user gave it
     overrides: JsonObject = field(default_factory=dict)  # flag -> value (grid point)
     repeat: int = 1  # 1-based
@@ -35,9 +38,11 @@ class ArmSpec:
 
     @property
     def key(self) -> str:
+        """The cell's key in the sweep (the label, `#k` for repeat k)."""
         return self.label if self.repeat == 1 else f"{self.label}#{self.repeat}"
 
     def to_json(self) -> JsonObject:
+        """The cell as the sweep's record keeps it."""
         return {
             "key": self.key,
             "profile": self.profile,
@@ -51,6 +56,7 @@ class ArmSpec:
 
     @classmethod
     def from_json(cls, data: JsonObject) -> ArmSpec:
+        """A cell back from the sweep's record."""
         return cls(
             data["profile"],
             dict(data.get("overrides") or {}),

@@ -46,6 +46,7 @@ class SweepUnfinished(Exception):
 
     @property
     def interrupted(self) -> bool:
+        """The sweep stopped at Ctrl-C, rather than failed."""
         return self.state.record.status == SweepStatus.INTERRUPTED
 
 

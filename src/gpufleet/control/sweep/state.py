@@ -43,6 +43,7 @@ class SweepState:
         kind: str = "sweep",
         request: JsonObject | None = None,
     ) -> SweepState:
+        """A new sweep of these cells on these hosts, saved before any cell starts."""
         arms = arms or [ArmSpec(p, label=profile_label(p)) for p in profiles]
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         sweep_id = f"{stamp}-{'-vs-'.join(profile_label(p) for p in profiles)}"
@@ -85,6 +86,7 @@ class SweepState:
 
     @property
     def sweep_id(self) -> str:
+        """The sweep's id (its record's file name)."""
         return self.record.sweep_id
 
     def arms(self) -> list[ArmSpec]:
@@ -94,10 +96,12 @@ class SweepState:
         return [ArmSpec.from_json(a) for a in self.record.arms]
 
     def save(self) -> None:
+        """Write the record atomically (0600)."""
         with self.lock:
             store.write_private_file(self.path, self.record.to_json().encode())
 
     def cell(self, profile: str, host: str) -> Cell:
+        """One cell's state on one host."""
         return self.record.cells[profile][host]
 
     def update(self, profile: str, host: str, **fields: Any) -> None:

@@ -59,6 +59,9 @@ def decode_rounds(request: BenchRequest) -> float:
 
 @dataclass(frozen=True)
 class PlannedCell:
+    """A cell the tune plans to run: its stage, key and label, and its decode rounds (what its
+    time is estimated from)."""
+
     stage: str  # the sweep's kind (MEASURE, VERIFY, STEP, BURST)
     key: str  # the arm's key in that sweep
     label: str
@@ -75,6 +78,8 @@ class Pace:
     basis: str
 
     def cell_s(self, cell: PlannedCell) -> float:
+        """A cell's estimated seconds: the fixed cost of a launch plus its rounds at the fitted
+        pace."""
         return self.fixed_s + max(cell.floor_s, self.round_s * cell.rounds)
 
 
@@ -250,15 +255,18 @@ class TimeKeeper:
         return clock
 
     def remaining(self) -> list[PlannedCell]:
+        """The planned cells not yet done or dropped."""
         gone = self.done | set(self.dropped)
         return [c for c in self.cells if (c.stage, c.key) not in gone]
 
     def left_s(self) -> float | None:
+        """The remaining cells' estimated seconds (None until a cell has set the pace)."""
         if self.pace is None:
             return None
         return sum(self.pace.cell_s(c) for c in self.remaining())
 
     def elapsed_s(self) -> float:
+        """Seconds since the tune started."""
         return time.monotonic() - self.started
 
     def opening_lines(self) -> list[str]:
@@ -279,6 +287,7 @@ class TimeKeeper:
         return [f"{head}; estimate ~{_minutes(left)} (the pace of {self.pace.basis})"]
 
     def units(self) -> list[DropUnit]:
+        """What can be dropped to fit the budget, least informative first."""
         stages = {c.stage for c in self.cells}
         checked = [(s, self.checks) for s in (BURST, STEP, VERIFY) if s in stages]
         return drop_order(self.measure, checked, falling_depth(self.measured))

@@ -37,12 +37,16 @@ from gpufleet.report import select
 
 
 def save_record(record: TuneRecord, path: Path) -> None:
+    """Write the tune's record atomically."""
     store.make_dirs(path.parent)
     store.write_private_file(path, record.to_json().encode())
 
 
 @dataclass
 class Verdict:
+    """One host's verification: the tuned server beside no drafting and static speculation, level
+    by level, and its sentence."""
+
     host: str
     arms: list[Any]
     rows: list[tuneverify.VerdictRow]
@@ -51,6 +55,9 @@ class Verdict:
 
 @dataclass
 class StepVerdict:
+    """One host's load step: the tuned server through low, high and low load again, and its
+    sentence."""
+
     host: str
     phases: list[tunestep.StepPhase]
     sentence: str
@@ -58,6 +65,8 @@ class StepVerdict:
 
 @dataclass
 class TuneOutcome:
+    """Everything a tune produced: the table, the files written, the record and the verdicts."""
+
     result: tuning.TuneResult
     config_path: Path | None  # SGLang's adaptive table (None: an engine with one depth)
     profile_path: Path

@@ -61,6 +61,9 @@ def step_rows(
 
 @dataclass
 class StepPhase:
+    """One phase of the load step: which side the tuned server must match, the figures and the
+    depth switches it logged."""
+
     phase: str  # low | high | low again
     concurrency: int
     winner: str  # "speculation" or "no drafting", as in `verdict`

@@ -61,6 +61,8 @@ from gpufleet.records import ResultRow
 
 @dataclass
 class Choice:
+    """The depth chosen at one level, and why."""
+
     concurrency: int
     depth: int
     why: str
@@ -88,6 +90,9 @@ class Cell(TypedDict, total=False):
 
 @dataclass
 class TuneResult:
+    """The chosen table (or one depth), the choices and reasoning behind it, and what was
+    measured."""
+
     table: dict[str, AdaptiveSlot]  # SGLang's adaptive config
     choices: list[Choice]
     ranges: list[str]  # one line of reasoning per key

@@ -30,6 +30,9 @@ def verification_arms(profile: str, tuned_profile: str) -> list[ArmSpec]:
 
 @dataclass
 class VerdictRow:
+    """One level of the verification: the side the tuned server must match, the figures and how
+    much of it the tuned server kept."""
+
     concurrency: int
     winner: str  # "speculation" or "no drafting": which the tuned server must match
     per_request: dict[str, float]  # arm -> median per-request tok/s
