@@ -59,7 +59,7 @@ def _measure(name: str, make) -> None:
     for _ in range(5):
         started = time.perf_counter()
         data, out_dir = make()
-        page = html.write(data, out_dir)
+        page = select.write_report(data, out_dir)
         times.append(time.perf_counter() - started)
     loads = [visit(page).load_s for _ in range(3)] if CHROMIUM else []
     load = f"{statistics.median(loads) * 1000:.0f} ms" if loads else "no chromium"

@@ -103,7 +103,7 @@ class LocalSession(Session):
     """`connection: local`: the same agent and the same script, run by `sh` here."""
 
     def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
-        return interpreter.LocalTree(), os.geteuid(), os.path.expanduser("~")
+        return LocalTree(), os.geteuid(), os.path.expanduser("~")
 
     def download(self, path: str) -> bytes:
         """Read a file of this machine."""

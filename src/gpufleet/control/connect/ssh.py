@@ -247,7 +247,7 @@ class SSHSession(Session):
         self.conn = open_connection(host)
 
     def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
-        tree = interpreter.SftpTree(self.conn.sftp())
+        tree = SftpTree(self.conn.sftp())
         home = tree.home()
         return tree, tree.lstat(home).st_uid, home
 
