@@ -19,7 +19,7 @@ from browser import CHROMIUM, visit
 from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
 from gpufleet.archive.records import Manifest
-from gpufleet.report import html, select
+from gpufleet.report import select
 
 
 def _synthetic(root: Path, runs: int, levels: int) -> list[str]:

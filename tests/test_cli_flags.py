@@ -71,7 +71,8 @@ def _parse_argv(task: str, words: list[str]) -> dict:
 def test_the_resume_line_repeats_what_the_task_was_given():
     # derived from the task's declared options: a new option cannot be forgotten in it
     from gpufleet.cli.experiment_context import LEFT_OUT, resume_command
-    from gpufleet.cli.tasksets import SWEEP, TUNE
+    from gpufleet.cli.sweep_tasks import SWEEP
+    from gpufleet.cli.tune_tasks import TUNE
 
     args = {"profiles": "a,b", "concurrency": ["1,10", "64"], "flush": False,
             "grid": ["speculative-num-steps=1,3", "speculative-eagle-topk=1,4"],
@@ -95,7 +96,8 @@ def test_every_option_of_an_experiment_survives_the_resume_line():
     """A property over the declaration: each option set to a value other than its default
     comes back from the resume line as it was parsed (a new option is covered unasked)."""
     from gpufleet.cli.experiment_context import LEFT_OUT
-    from gpufleet.cli.tasksets import SWEEP, TUNE
+    from gpufleet.cli.sweep_tasks import SWEEP
+    from gpufleet.cli.tune_tasks import TUNE
 
     samples = {"concurrency": "2,8", "num_prompts": "9", "output_len": "17",
                "prompts": "chat", "seed": "3", "workload": "multiturn:turns=3",

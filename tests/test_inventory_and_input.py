@@ -114,7 +114,8 @@ def test_missing_host_python_is_one_line(tmp_path):
 
 
 def test_concurrency_lists():
-    from gpufleet.cli.tasksets import BENCH, STOP
+    from gpufleet.cli.bench_tasks import BENCH
+    from gpufleet.cli.server_tasks import STOP
 
     def levels(value):
         return BENCH.parse({"concurrency": value}).concurrency
@@ -135,10 +136,9 @@ def test_concurrency_lists():
 
 
 def _task_sets():
-    from gpufleet.cli import tasksets
-    from gpufleet.cli.options import OptionSet
+    from gpufleet.cli.tasks import option_sets
 
-    return {n: v for n, v in vars(tasksets).items() if isinstance(v, OptionSet)}
+    return option_sets()
 
 
 def test_every_checked_option_is_bounded():

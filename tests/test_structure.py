@@ -27,13 +27,12 @@ def test_options_are_read_only_from_their_parsed_value():
 
 
 def test_every_task_is_declared_by_an_option_set():
-    """A task's flags come from one OptionSet (cli/tasksets.py): its signature, help and
-    short flags; a task with a hand-written signature would declare its flags twice."""
-    from gpufleet.cli import tasksets
-    from gpufleet.cli.options import OptionSet
-    from gpufleet.cli.tasks import ns
+    """A task's flags come from one OptionSet, declared in the task's own module: its
+    signature, help and short flags; a task with a hand-written signature would declare its
+    flags twice."""
+    from gpufleet.cli.tasks import ns, option_sets
 
-    sets = [v for v in vars(tasksets).values() if isinstance(v, OptionSet)]
+    sets = list(option_sets().values())
     for name in ns.task_names:
         task = ns[name]
         params = [p for p in inspect.signature(task.body).parameters if p != "c"]

@@ -195,7 +195,7 @@ def test_a_speed_floor_rules_out_depths_below_it():
 
 
 def test_bad_depths_and_profiles_are_one_line():
-    from gpufleet.cli.tasksets import TUNE
+    from gpufleet.cli.tune_tasks import TUNE
 
     for bad in ("0,3", "one", "3,17", "2,,3"):
         with pytest.raises(UserError, match=r"--depths .*expected draft depths .* from 1 to 16"):

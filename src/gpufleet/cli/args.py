@@ -89,3 +89,95 @@ def int_list(values: str | list[str] | None, arg: Arg, least: int = 1) -> list[i
             if number not in out:
                 out.append(number)
     return out
+
+
+# --- checks that are more than a number ------------------------------------------------
+
+
+def nonzero(check: Any) -> Any:
+    """A number where 0 or absent means "not set" (None): --port, --duration."""
+    return lambda value, arg: check(value, Arg(arg.flag, 0, arg.most, arg.expected)) or arg.default
+
+
+def levels(value: Any, arg: Arg) -> list[int]:
+    return int_list(value, arg) or list(arg.default or [])
+
+
+def gpu_indexes(value: Any, arg: Arg) -> list[int]:
+    return int_list(value, arg, least=0)
+
+
+def interval(value: Any, arg: Arg) -> float:
+    """Seconds, where 0 turns it off (--telemetry-interval)."""
+    if value is not None and str(value).strip() in ("0", "0.0"):
+        return 0.0
+    return positive_float(value, arg)
+
+
+def slo_spec(value: Any, arg: Arg) -> dict[str, float]:
+    from gpufleet.host.bench.slo import parse_slo
+
+    try:
+        return parse_slo(value)
+    except ValueError as exc:
+        raise UserError(f"{arg.flag} {value}: {exc}") from None
+
+
+def workload_spec(value: Any, arg: Arg) -> str:
+    from gpufleet.control.bench.workloads import parse_workload
+
+    parse_workload(value)  # a bad name or option: one line now
+    return value or arg.default
+
+
+def archive_root(value: Any, arg: Arg) -> Any:
+    """The archive at --archive, else $GPUFLEET_ARCHIVE, else logs/ (Archive.at)."""
+    from gpufleet.archive.layout import Archive
+
+    return Archive.at(value)
+
+
+def client_procs(value: Any, arg: Arg) -> int | str:
+    """N generator processes per level, or `auto` (from the last level's CPU per token)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, str) and not value.strip().isdigit():
+        raise UserError(f"{arg.flag} {value!r}: expected a whole number >= 1 or auto")
+    return positive_int(value, arg)
+
+
+def depths(value: Any, arg: Arg) -> list[int]:
+    """Static draft depths to measure, 1 to 16 (0, no drafting, is always measured)."""
+    if not value:
+        return list(arg.default)
+    try:
+        return sorted(int_list(value, arg))
+    except UserError:
+        raise UserError(
+            f"{arg.flag} {value!r}: expected draft depths such as 1,2,3,5,7, each from 1 to "
+            f"{arg.most:g} (0 is always measured)"
+        ) from None
+
+
+def choice(*allowed: str) -> Any:
+    def check(value: Any, arg: Arg) -> Any:
+        if value is None:
+            return arg.default
+        if value not in allowed:
+            said = (
+                ", ".join(allowed[:-1]) + " or " + allowed[-1] if len(allowed) > 1 else allowed[0]
+            )
+            raise UserError(f"{arg.flag} {value!r}: expected {said}")
+        return value
+
+    return check
+
+
+def patterns(value: Any, arg: Arg) -> list[str]:
+    return list(value or [])
+
+
+def name_list(value: Any, arg: Arg) -> list[str]:
+    """A comma list (or the flag repeated) of names, blanks dropped."""
+    raw = [value] if isinstance(value, str) else list(value or [])
+    return [n.strip() for chunk in raw for n in str(chunk).split(",") if n.strip()]

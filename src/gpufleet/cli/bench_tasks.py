@@ -4,8 +4,79 @@ from __future__ import annotations
 
 from invoke.exceptions import Exit
 
+from gpufleet.cli.args import choice, interval, nonzero
 from gpufleet.cli.common import finish, select_hosts
-from gpufleet.cli.tasksets import BENCH, FIND_MAX_LIMIT, RUNS
+from gpufleet.cli.common_options import (
+    CONCURRENCY_REQUIRED,
+    PORT_MAX,
+    archive_option,
+    count,
+    fleet_options,
+    positive_float,
+    positive_int,
+    request_options,
+)
+from gpufleet.cli.options import Option, OptionSet, Rule, switch
+from gpufleet.control.bench.request import BenchRequest
+
+FIND_MAX_LIMIT = {"concurrency": 1024, "request-rate": 1000}  # highest load --find-max tries
+
+BENCH = (
+    request_options()
+    | OptionSet(
+        BenchRequest,
+        Rule(lambda o: not (o.concurrency or o.attach or o.find_max),
+             CONCURRENCY_REQUIRED.message),
+        Rule(lambda o: o.client == "local" and o.find_max,
+             "--find-max runs on the hosts: drop --client local"),
+        Rule(lambda o: o.api_key_env and o.client != "local",
+             "--api-key-env is for --client local (on the hosts the key is read from the "
+             "launched server)"),
+        profile=Option("bench the running server of this profile (default: the one running)",
+                       short="p"),
+        port=Option("bench the server on this port", nonzero(count), most=PORT_MAX),
+        warmup=Option("warm-up requests per level, excluded from figures", count, most=1000),
+        client=Option("host (the generator runs on the GPU host) or local",
+                      choice("host", "local"), default="host", to_request=False),
+        url=Option("server URL for --client local"),
+        api_key_env=Option("--client local: name of the environment variable holding the "
+                           "server's API key (sent as Authorization: Bearer; never printed or "
+                           "archived)"),
+        attach=Option("re-attach to RUN_ID on the hosts and fetch it", default=None,
+                      to_request=False),
+        engine=Option("gpufleet or sglang-bench: SGLang's own bench_serving on the host",
+                      choice("gpufleet", "sglang-bench")),
+        tokenizer=Option("tokenizer path for --engine sglang-bench",
+                         default_text="the served model"),
+        telemetry_interval=Option("seconds between GPU power/utilisation samples (0: off)",
+                                  interval, field="telemetry_interval_s", most=60),
+        output_details=Option("add bench_serving's per-request arrays (ttfts, itls, ...) to "
+                              "results", flag_default=False, default=False),
+        find_max=switch("search the highest load that holds --slo (each probe archived)"),
+        by=Option("--find-max searches concurrency (--concurrency = where to start) or "
+                  "request-rate", choice(*FIND_MAX_LIMIT), default="concurrency",
+                  to_request=False),
+        target=Option("--find-max: share of requests that must meet the SLO", positive_float,
+                      default=0.99, most=1, to_request=False,
+                      expected="a share above 0 and at most 1, such as 0.99"),
+        max_load=Option("--find-max: highest load to try", positive_float, default=None,
+                        default_text=" / ".join(f"{v} for {k}" for k, v in
+                                                FIND_MAX_LIMIT.items()),
+                        most=1_000_000, to_request=False,
+                        expected="a load (concurrency or requests per second), such as 256"),
+        max_probes=Option("--find-max: at most this many runs per host", positive_int,
+                          default=12, most=100, to_request=False),
+    )
+    | fleet_options(BenchRequest)
+)  # fmt: skip
+
+RUNS = OptionSet(
+    host=Option("only runs of this host"),
+    profile=Option("only runs of this profile", short="p"),
+    since=Option("only runs started on or after this date (YYYY-MM-DD)"),
+    verify=switch("check every archived file against the manifest's sha256"),
+    archive=archive_option(),
+)
 
 
 @BENCH.task()

@@ -4,7 +4,43 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.cli.tasksets import COMPARE, REPORT
+from gpufleet.archive.layout import DEFAULT_ROOT
+from gpufleet.cli.args import choice, name_list
+from gpufleet.cli.common_options import (
+    archive_option,
+)
+from gpufleet.cli.options import Option, OptionSet, Rule, switch
+
+COMPARE = OptionSet(
+    None,
+    Rule(lambda o: len([n for n in (o.first, o.second, *o.more) if n]) < 2,
+         "compare needs two or more run ids or profile names (e.g. baseline eagle3)"),
+    first=Option("reference: a run id or a profile name (its latest run per host)",
+                 required=True),
+    second=Option("run id or profile to compare with the reference", required=True),
+    more=Option("more runs or profiles to overlay (repeatable)", name_list, iterable=True,
+                default=None),
+    format=Option("table, md, csv or json", choice("table", "md", "csv", "json"),
+                  default="table"),
+    hosts=Option("only these hosts (comma list)", name_list, default=None, short="H"),
+    archive=archive_option(),
+    no_plots=switch("do not write PNG plots"),
+    wide=switch("every metric in the terminal table (default: the headline columns)"),
+    strict=switch("refuse runs whose fingerprints differ in what changes speed (GPU, power "
+                  "limit, clocks, driver, engine version, ...)"),
+)  # fmt: skip
+
+REPORT = OptionSet(
+    None,
+    Rule(lambda o: sum(bool(x) for x in (o.sweep, o.runs, o.latest)) != 1,
+         "report needs exactly one of --latest, --sweep ID or --runs A,B"),
+    sweep=Option(f"a sweep id (the name of {DEFAULT_ROOT}/sweeps/<id>.json)"),
+    runs=Option("run ids or profiles, comma separated (a profile: its latest successful run)",
+                name_list),
+    latest=switch("the newest sweep"),
+    hosts=Option("only these hosts (comma list)", name_list, default=None, short="H"),
+    archive=archive_option(),
+)  # fmt: skip
 
 
 @COMPARE.task()

@@ -4,8 +4,49 @@ from __future__ import annotations
 
 import json as _json
 
+from gpufleet.cli.args import gpu_indexes, patterns
 from gpufleet.cli.common import finish, select_hosts
-from gpufleet.cli.tasksets import CLEAN, HOSTS, STATUS, SYSINFO
+from gpufleet.cli.common_options import (
+    DAY,
+    count,
+    fleet_options,
+    positive_float,
+)
+from gpufleet.cli.options import Option, OptionSet, switch
+from gpufleet.control.server.options import CleanOptions
+
+CLEAN = OptionSet(
+    CleanOptions,
+    dry_run=Option("list what would be killed; kill nothing", flag_default=False, default=False,
+                   short="n"),
+    all_users=Option("also kill GPU processes of other users", flag_default=False, default=False),
+    all_tenants=Option("also kill processes of other tenants: other PID namespaces and "
+                       "container cgroups (Docker, Kubernetes, Slurm, LXC, Podman), display "
+                       "servers", flag_default=False, default=False),
+    timeout=Option("seconds to wait for every GPU to read 0 MiB", positive_float,
+                   field="timeout_s", most=7 * DAY),
+    grace=Option("seconds between SIGTERM and SIGKILL", positive_float, field="grace_s",
+                 most=3600),
+    tolerance=Option("MiB of NVML v2 `used` still accepted as clean", count,
+                     field="tolerance_mib", most=10_000_000),
+    pattern=Option("regex for a stale server's program, title or Python module, never a "
+                   "whole command line (repeatable; default: every engine's own processes, "
+                   "as control/server/engines.py names them)",
+                   patterns, field="patterns", iterable=True,
+                   default=None),
+    include_running=Option("also kill servers that answer /health 200 (left alone by default)",
+                           flag_default=False, default=False),
+    clear_xid=Option("GPU indexes (e.g. 3 or 0,3) you have reset (nvidia-smi -r -i N): their "
+                     "fatal XIDs stop refusing launches; needs --reason, logged on the host",
+                     gpu_indexes, field="clear_xids", iterable=True, default=None, most=1024),
+    reason=Option("why the XIDs are cleared (with --clear-xid), kept in the host's log",
+                  field="clear_reason"),
+    json=switch("print the per-host results as JSON"),
+) | fleet_options(CleanOptions)  # fmt: skip
+
+STATUS = OptionSet(json=switch("print JSON")) | fleet_options()
+SYSINFO = fleet_options()
+HOSTS = fleet_options().only("inventory")
 
 
 @CLEAN.task()

@@ -7,8 +7,8 @@ come the task's signature (what Invoke parses), its help with the default said, 
 flags, the one-line error a bad value or a bad combination gets, and the parsed options as
 one typed value (`parse`), checked before any host is touched.
 
-To add an option to a task: one Option in the set its task is built from below (the sets
-in cli/tasksets.py); nothing else. tests/test_structure.py fails when a task reads an
+To add an option to a task: one Option in the set its task is built from (declared beside
+the task, in cli/*_tasks.py); nothing else. tests/test_structure.py fails when a task reads an
 option any other way.
 """
 

@@ -2,8 +2,63 @@
 
 from __future__ import annotations
 
+from gpufleet.cli.args import choice, nonzero
 from gpufleet.cli.common import finish, select_hosts, task, user_errors
-from gpufleet.cli.tasksets import LAUNCH, LOGS, STOP, WAIT
+from gpufleet.cli.common_options import (
+    DAY,
+    PORT_MAX,
+    count,
+    fleet_options,
+    positive_float,
+)
+from gpufleet.cli.options import Option, OptionSet, Rule, switch
+from gpufleet.control.server.engines import NAMES as ENGINE_NAMES
+from gpufleet.control.server.options import LaunchOptions
+from gpufleet.host.agent.protocol import LogsArgs, StopArgs
+from gpufleet.records import HEALTH_TIMEOUT_S
+
+LAUNCH = OptionSet(
+    LaunchOptions,
+    Rule(lambda o: not o.profile, "launch needs --profile NAME (see `inv profiles`)"),
+    profile=Option("profile name under playbooks/ (or a YAML path)", short="p", to_request=False),
+    dry_run=switch("print the exact argv and environment per host; start nothing", short="n"),
+    replace=Option("stop a server already running on the port first", flag_default=False),
+    clean=Option("run gpu-clean on the hosts first", flag_default=False),
+    engine=Option("override the engine (e.g. sim to rehearse a profile)",
+                  choice(*ENGINE_NAMES)),
+    timeout=Option("seconds to wait for health", nonzero(positive_float), field="timeout_s",
+                   default_text="the profile's health_timeout", most=7 * DAY),
+    skip_flag_check=Option("do not check flags against the engine's --help on the host",
+                           flag_default=False),
+    allow_unhealthy=Option("launch even on a GPU the health check calls bad (recorded)",
+                           flag_default=False),
+) | fleet_options(LaunchOptions)  # fmt: skip
+
+WAIT = OptionSet(
+    profile=Option("take the port from this profile", short="p"),
+    port=Option("server port", nonzero(count), default=None, default_text="30000",
+                most=PORT_MAX),
+    timeout=Option("seconds to wait for health", positive_float, default=HEALTH_TIMEOUT_S,
+                   most=7 * DAY),
+) | fleet_options()  # fmt: skip
+
+STOP = OptionSet(
+    StopArgs,
+    profile=Option("only servers of this profile", short="p"),
+    port=Option("only the server on this port", nonzero(count), most=PORT_MAX),
+    grace=Option("seconds between SIGTERM and SIGKILL", positive_float, field="grace_s",
+                 most=3600),
+    timeout=Option("seconds to wait for the GPUs to read 0 MiB", positive_float,
+                   field="timeout_s", most=7 * DAY),
+) | fleet_options(StopArgs)  # fmt: skip
+
+LOGS = OptionSet(
+    LogsArgs,
+    profile=Option("the latest server of this profile", short="p"),
+    port=Option("the server on this port", nonzero(count), most=PORT_MAX),
+    lines=Option("how many lines", count, most=1_000_000),
+    follow=Option("keep printing new lines (Ctrl-C ends)", flag_default=False, default=False),
+) | fleet_options(LogsArgs)  # fmt: skip
 
 
 @task

@@ -2,8 +2,39 @@
 
 from __future__ import annotations
 
+from gpufleet.cli.args import name_list
+from gpufleet.cli.common_options import (
+    archive_option,
+    experiment_options,
+    fleet_options,
+    positive_int,
+)
 from gpufleet.cli.experiment_context import LEFT_OUT, experiment, resume_command
-from gpufleet.cli.tasksets import REHEARSE, SWEEP
+from gpufleet.cli.options import Option, OptionSet, switch
+from gpufleet.control.bench.request import BenchRequest
+
+SWEEP = OptionSet(
+    BenchRequest,
+    profiles=Option("comma-separated profiles, the first is the reference (e.g. "
+                    "baseline,eagle3)", name_list, required=True, to_request=False),
+) | experiment_options() | OptionSet(
+    BenchRequest,
+    dry_run=switch("print the plan; start nothing", short="n"),
+    fail_fast=switch("stop at the first failed cell"),
+    grid=Option("server flag values to sweep, repeatable: FLAG=V1,V2 (e.g. "
+                "speculative-num-steps=1,3,5); every combination is a cell, relaunched",
+                iterable=True, default=None, to_request=False),
+    repeat=Option("measure every cell N times, interleaved, for confidence intervals",
+                  positive_int, default=1, to_request=False, most=100),
+)  # fmt: skip
+
+
+REHEARSE = OptionSet(
+    inventory=Option("inventory", default="hosts/rehearsal.yaml", short="i"),
+    hosts=fleet_options().options["hosts"],
+    archive=archive_option(),
+    resume=switch("finish an interrupted rehearsal"),
+)
 
 
 @SWEEP.task()

@@ -4,8 +4,37 @@ drafting and static speculation (control/tune/run.py)."""
 
 from __future__ import annotations
 
+from gpufleet.cli.args import depths, nonzero
+from gpufleet.cli.common_options import experiment_options, positive_float, positive_int
 from gpufleet.cli.experiment_context import LEFT_OUT, experiment, resume_command
-from gpufleet.cli.tasksets import TUNE
+from gpufleet.cli.options import Option, OptionSet
+from gpufleet.control.bench.request import BenchRequest
+
+TUNE_LADDER = [1, 2, 4, 8, 16, 32, 64]  # tune's default load ladder
+
+TUNE = OptionSet(
+    BenchRequest,
+    profile=Option("a drafting profile to tune: SGLang EAGLE/EAGLE3 (e.g. eagle3-adaptive) or "
+                   "llama.cpp with a draft model", required=True,
+                   to_request=False, short="p"),
+    depths=Option("static draft depths to measure besides 0 (topk 1)", depths,
+                  default=[1, 2, 3, 5, 7], most=16, to_request=False),
+    min_request_speed=Option("per-request tok/s floor: a depth below it is not chosen",
+                             nonzero(positive_float), default=None, to_request=False,
+                             most=1_000_000, expected="a speed in tokens per second, such as 20"),
+    name=Option("name of the tuned profile", default=None, default_text="<profile>-tuned",
+                to_request=False),
+    verify=Option("run tuned vs no drafting vs static afterwards (--no-verify skips)",
+                  flag_default=True, default=True, default_text="on", to_request=False),
+    repeat=Option("measure every level N times on each server, in rounds: cells are judged by "
+                  "median minus spread, noisy or failed ones rejected", positive_int, most=100),
+    budget=Option("seconds the tune may take: the least informative cells are dropped to fit "
+                  "(bursts, load step, depth 0's skip variant, deep depths; each said)",
+                  nonzero(positive_float), default=None, to_request=False, most=30 * 86400,
+                  expected="seconds, such as 1800"),
+) | experiment_options().replace(
+    "concurrency", help="the load ladder", default=TUNE_LADDER
+)  # fmt: skip
 
 
 @TUNE.task()

@@ -1,4 +1,4 @@
-"""What one benchmark asks for, as the tasks parse it (cli/tasksets.py) and control/bench/run.py
+"""What one benchmark asks for, as the tasks parse it (cli/bench_tasks.py) and control/bench/run.py
 turns it into a host's BenchPlan. A light module: `inv --list` imports it for the defaults.
 
 Defaults shared with the plan are the plan's own (records.BenchPlan), declared once.

@@ -1,6 +1,6 @@
 """What `inv gpu-clean` and `inv launch` ask of every host, as the tasks parse them
-(cli/tasksets.py); a light module, since `inv --list` reads its defaults (gpu-clean's are
-the agent's own, CleanArgs)."""
+(cli/gpu_tasks.py, cli/server_tasks.py); a light module, since `inv --list` reads its
+defaults (gpu-clean's are the agent's own, CleanArgs)."""
 
 from __future__ import annotations
 
