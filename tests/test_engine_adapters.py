@@ -56,6 +56,20 @@ def test_each_engine_fills_its_probes_and_facts(tmp_path):
     assert sim.help_argv == [sim.argv[0], "-m", "gpufleet.sim.server"]
 
 
+@pytest.mark.parametrize(
+    ("flags", "gpus"),
+    [({"n-gpu-layers": 99}, [0]), ({"ngl": 10}, [0]), ({"n-gpu-layers": 0}, []), ({}, [])],
+)
+def test_llama_cpp_with_layers_on_the_gpu_is_checked_and_verified_as_a_gpu_server(
+    tmp_path, flags, gpus
+):
+    """Issue 54: llama-server with every layer on the H200 held 1,046 MiB, but its launch
+    spec named no GPU, so `stop` verified nothing and the next sweep cell's gpu-clean found
+    the memory still being released. With layers on the GPU the spec names its GPUs."""
+    spec = _spec(tmp_path, engine="llamacpp", flags={"parallel": 4, **flags})
+    assert spec.gpus == gpus and spec.needs_gpu is bool(gpus)
+
+
 def test_what_a_profile_drafts_with_in_its_engines_words(tmp_path):
     def drafts(engine, flags):
         return Profile(name="p", engine=engine, model_path="m", flags=flags,

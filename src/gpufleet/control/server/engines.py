@@ -85,6 +85,10 @@ class Engine:
     version_args: tuple[str, ...] | None = None  # program + these: its version on a line
     checks_flags: bool = True  # `program --help` lists every flag it takes
     needs_gpu: bool = True
+    # a CPU engine whose flags can put work on a GPU (llama.cpp's --n-gpu-layers): then the
+    # profile's GPUs are checked before launch and verified 0 MiB after stop, as any GPU
+    # engine's
+    gpu_when: Callable[[Flags], bool] = lambda flags: False
     flushes_cache: bool = True  # answers SGLang's /flush_cache (else: prompts are salted)
     slots: Callable[[Flags], int | None] = lambda flags: None  # requests served at once
     slots_flag: str = ""  # the flag that sets them, for the warning's words
@@ -98,6 +102,10 @@ class Engine:
     # what it would do with them silently (said at launch and sweep)
     refuses: Callable[[Flags], str | None] = lambda flags: None
     warns: Callable[[Flags], list[str]] = lambda flags: []
+
+    def uses_gpu(self, flags: Flags) -> bool:
+        """Whether a server with these flags holds GPU memory (a CPU engine's may)."""
+        return self.needs_gpu or self.gpu_when(flags)
 
 
 def _sglang_drafts(flags: Flags) -> str | None:
@@ -257,6 +265,8 @@ ENGINES: dict[str, Engine] = {
                command=("llama-server", "-m", "{model_path}", "--host", "{host}",
                         "--port", "{port}"),
                version_args=("--version",), needs_gpu=False, flushes_cache=False,
+               gpu_when=lambda flags: (_flag_int(flags, "n-gpu-layers", "ngl", "gpu-layers")
+                                       or 0) != 0,
                slots=lambda flags: _positive(_flag_int(flags, "parallel", "np")),
                slots_flag="parallel", drafts=_llamacpp_drafts, drafting=LLAMACPP_DRAFTING,
                processes=r"(^|/)llama-server$",

@@ -73,6 +73,27 @@ def verdict_lines(gpus: list[GpuReading]) -> list[tuple[bool, str]]:
     return out or [(False, f"GPU health: {len(judged)} of {len(gpus)} GPUs ok")]
 
 
+def not_clean_error(answer: CleanAnswer) -> HostError:
+    """gpu-clean before a launch did not verify: one line saying what still holds each GPU
+    (memory, PIDs, and why gpufleet left them), so the failure can be acted on."""
+    holders = []
+    for gpu in answer.gpus:
+        if gpu.is_clean():
+            continue
+        pids = ", ".join(
+            f"{p.pid} {p.name or '?'}" + ("" if p.visible else " (not visible here)")
+            for p in gpu.processes
+        )  # fmt: skip
+        holders.append(f"GPU {gpu.index} holds {gpu.used_mib} MiB" + (f" ({pids})" if pids else ""))
+    left = [f"refused {p.pid} {p.name}" for p in answer.refused]
+    left += [f"live server pid {s.pid}" for s in answer.live]
+    detail = "; ".join(holders + left) or "no holder found"
+    return HostError(
+        f"gpu-clean before launch did not verify clean: {detail} (after {answer.elapsed_s:.1f}s)",
+        kind=Kind.NOT_CLEAN,
+    )
+
+
 def record_health(host: str, gpus: list[GpuReading], archive: Archive | None = None) -> None:
     """Keep the host's GPU verdicts (`--hosts healthy` reads them)."""
     lines = [

@@ -81,13 +81,18 @@ def launch_on(
     if why_not:
         raise HostError(f"cannot launch here: {why_not}", kind=Kind.PREFLIGHT)
     if options.clean:
-        from gpufleet.control.server.gpuclean import CleanOptions, clean_on, verdict_lines
+        from gpufleet.control.server.gpuclean import (
+            CleanOptions,
+            clean_on,
+            not_clean_error,
+            verdict_lines,
+        )
 
         cleaned = clean_on(session, CleanOptions())
         for warn, text in verdict_lines(cleaned.gpus) if progress else []:
             progress(session.host.name, {"warning" if warn else "note": text})  # type: ignore[misc]
         if not cleaned.clean:
-            raise HostError("gpu-clean before launch did not verify clean", kind=Kind.NOT_CLEAN)
+            raise not_clean_error(cleaned)
     started = session.call(
         LaunchArgs(
             spec=spec,

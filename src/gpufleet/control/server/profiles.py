@@ -371,7 +371,8 @@ def _spec_for(
     port = _host_port(profile, host)
     env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in profile.env.items()}
     gpus = profile.gpus if profile.gpus is not None else list(range(profile.tp // profile.nnodes))
-    if not engines.engine(engine).needs_gpu and profile.gpus is None:
+    uses_gpu = engines.engine(engine).uses_gpu(profile.flags)
+    if not uses_gpu and profile.gpus is None:
         gpus = []  # a CPU engine holds no GPU: nothing to check before, nor verify after
     if profile.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in profile.gpus)
@@ -418,5 +419,5 @@ def _spec_for(
         renames=list(probes.renames),
         takes_config=probes.takes_config,
         slots=engines.engine(engine).slots(profile.flags),
-        needs_gpu=engines.engine(engine).needs_gpu,
+        needs_gpu=uses_gpu,
     )

@@ -30,7 +30,12 @@ from gpufleet.control.connect.cancel import Cancelled, CancelToken
 from gpufleet.control.connect.fleet import Fleet
 from gpufleet.control.inventory.model import Host
 from gpufleet.control.server import lifecycle as server
-from gpufleet.control.server.gpuclean import CleanOptions, clean_on, verdict_lines
+from gpufleet.control.server.gpuclean import (
+    CleanOptions,
+    clean_on,
+    not_clean_error,
+    verdict_lines,
+)
 from gpufleet.control.server.profiles import build_specs
 from gpufleet.control.sweep.cells import ArmSpec, profile_label
 from gpufleet.control.sweep.state import Say, SweepState
@@ -187,7 +192,7 @@ class _Cell:
         for _, text in verdict_lines(cleaned.gpus):
             self.state.say(f"[sweep] {label(self.profile)} on {self.host}: {text}")
         if not cleaned.clean:
-            raise HostError("gpu-clean before launch did not verify clean", kind=Kind.NOT_CLEAN)
+            raise not_clean_error(cleaned)
         self.steps.done("clean")
         self.cancel_cleanly_if_asked("before launching", server=False)
         self.phase(CellStatus.LAUNCHING)
