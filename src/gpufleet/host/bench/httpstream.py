@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpufleet.host.bench import ssefast
+from gpufleet.host.bench.sse import EventStream
 from gpufleet.wire import JsonObject
 
 EventHandler = Callable[[bytes, float], None]  # (payload after "data: ", perf_counter time)
@@ -45,6 +46,7 @@ class Response:
     reason: str = ""
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""  # kept only for non-SSE answers (errors), at most MAX_ERROR_BODY
+    streamed: int = 0  # event-stream bytes that went through the full parser
 
     @property
     def text(self) -> str:
@@ -59,7 +61,7 @@ class _StreamProtocol(asyncio.Protocol):
         self.closed = False
         self.keep_alive = True
         self._buf = b""
-        self._sse = b""
+        self._events = EventStream(None)
         self._state = "idle"
         self._need = 0
         self._body_mode = ""
@@ -88,15 +90,17 @@ class _StreamProtocol(asyncio.Protocol):
     def feed(self, data: bytes, now: float) -> None:
         """Bytes of the response, which arrived at `now` (perf_counter seconds)."""
         self.received_any = True
-        if self._state == "size" and self._sse_mode and not self._buf and not self._sse:
+        if self._state == "size" and self._sse_mode and not self._buf and self._events.idle:
             on_event = self._on_event
             event = ssefast.one_event_chunk(data)
             if event is not None:  # the usual read while streaming: nothing left over
+                self._events.events += 1
                 if on_event is not None:
                     on_event(event, now)
                 return
             events = ssefast.event_chunks(data)
             if events is not None:
+                self._events.events += len(events)
                 if on_event is not None:
                     for event in events:
                         on_event(event, now)
@@ -111,7 +115,8 @@ class _StreamProtocol(asyncio.Protocol):
     def send(self, request: bytes, on_event: EventHandler) -> asyncio.Future[Response]:
         self._on_event = on_event
         self._response = Response()
-        self._buf = self._sse = b""
+        self._buf = b""
+        self._events = EventStream(on_event)
         self._sse_mode = None
         self._body_mode = ""
         self._state = "head"
@@ -225,29 +230,24 @@ class _StreamProtocol(asyncio.Protocol):
             if len(resp.body) < MAX_ERROR_BODY:
                 resp.body += data[: MAX_ERROR_BODY - len(resp.body)]
             return
-        if b"\r" in data:  # CRLF-separated events; JSON never holds a raw CR
-            data = data.replace(b"\r", b"")
-        sse = self._sse + data
-        start = 0
-        on_event = self._on_event
-        while True:
-            end = sse.find(b"\n\n", start)
-            if end < 0:
-                break
-            if sse.startswith(b"data: ", start) and on_event is not None:
-                on_event(sse[start + 6 : end], now)
-            start = end + 2
-        self._sse = sse[start:]
-        if len(self._sse) > MAX_EVENT:
-            raise ValueError("server-sent event over 16 MiB")
+        self._response.streamed += len(data)
+        self._events.feed(data, now)
 
     def _finish(self) -> None:
         self._state = "idle"
-        if self._sse.startswith(b"data: ") and self._on_event is not None:
-            self._on_event(self._sse[6:].rstrip(b"\n"), time.perf_counter())
-        self._sse = b""
-        if self._done is not None and not self._done.done():
-            self._done.set_result(self._response)
+        events = self._events
+        if self._sse_mode:
+            events.close(time.perf_counter())
+        self._events = EventStream(None)
+        if self._done is None or self._done.done():
+            return
+        if self._sse_mode and self._response.streamed and not events.events:
+            self._done.set_exception(HTTPStreamError(
+                f"an event stream of {self._response.streamed} bytes held no data events: "
+                "not server-sent events as the standard defines them"
+            ))  # fmt: skip
+            return
+        self._done.set_result(self._response)
 
     def _fail(self, exc: Exception) -> None:
         if self._done is not None and not self._done.done():
