@@ -289,3 +289,34 @@ def test_plot_marks_ticks_error_bars_and_slo():
     bars = [seg for coll in ax.collections for seg in coll.get_segments()]
     assert bars and min(y for seg in bars for _, y in seg) >= 0  # clipped at zero
     assert ax.get_ylim()[0] == 0
+
+
+FIGURE_AND_INTERVAL = re.compile(r"(\d+(?:\.(\d+))?)x? \[(\d+(?:\.(\d+))?)-(\d+(?:\.(\d+))?)\]")
+
+
+def _figures_inside_their_intervals(text: str) -> list[str]:
+    """Every `figure [low-high]` printed: one precision for the three, the figure inside."""
+    wrong = []
+    found = FIGURE_AND_INTERVAL.findall(text)
+    for value, places, low, low_places, high, high_places in found:
+        same = len(places) == len(low_places) == len(high_places)
+        if not same or not float(low) <= float(value) <= float(high):
+            wrong.append(f"{value} [{low}-{high}]")
+    return wrong if found else ["no figure with an interval printed"]
+
+
+@pytest.mark.parametrize("gain", [1.02, 1.37, 1.9, 3.3])
+def test_a_figure_and_its_interval_share_one_precision_in_every_rendering(tmp_path, gain):
+    """Issue 52: `delivers 1.4x the total throughput [1.36-1.37]` printed the figure to one
+    decimal and its interval to two, so the figure read as outside its own interval."""
+    root = tmp_path / "logs"
+    base = {1: [(100, 50), (101, 50.5), (99, 49.5)], 64: [(700, 10), (705, 10.1), (695, 9.9)]}
+    other = {c: [(t * gain, p * gain) for t, p in reps] for c, reps in base.items()}
+    _repeated_run(root, "h0", "r1-a", "a", base)
+    _repeated_run(root, "h0", "r2-b", "b", other)
+    data = select.report_for_runs(Archive(root), ["a", "b"])
+    said = answer.build("h0", data.per_host["h0"])
+    page = _page_text(select.write_report(data, tmp_path / "out").read_text())
+    summary = select.write_summary(data, tmp_path / "out").read_text()
+    for name, text in {"sentence": said.sentence, "summary.md": summary, "page": page}.items():
+        assert _figures_inside_their_intervals(text) == [], (name, text[:600])

@@ -80,7 +80,7 @@ def print_runs(results: list[Any]) -> None:
 def repeat_lines(results: list[ResultRow]) -> list[str]:
     """With --repeat: each level's mean and 95% interval of the headline figures."""
     from gpufleet.report import metrics
-    from gpufleet.report.stats import aggregate
+    from gpufleet.report.stats import aggregate, with_interval
 
     by_level: dict[int, list[ResultRow]] = {}
     for row in results:
@@ -95,8 +95,7 @@ def repeat_lines(results: list[ResultRow]) -> list[str]:
             key = metric.key
             mean = agg.get(key)
             interval = agg.ci.get(key)
-            shown = f" [{interval[0]:.1f}-{interval[1]:.1f}]" if interval else ""
-            parts.append(f"{metric.label} {mean:.1f}{shown}")
+            parts.append(f"{metric.label} {with_interval(mean, interval, places=1)}")
         said = "mean [95% CI]" if agg.ci else "mean (too few repeats for an interval: 3 give one)"
         out.append(f"C={c}, {len(rows)} repeats, {said}: " + "; ".join(parts))
     return out

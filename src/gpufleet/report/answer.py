@@ -27,7 +27,7 @@ from gpufleet.report.compare import (
 from gpufleet.report.compare import Notice as Notice
 from gpufleet.report.compare import Severity as Severity
 from gpufleet.report.markdown import md_cell, md_table
-from gpufleet.report.stats import ratio_ci, ratio_text
+from gpufleet.report.stats import ratio_ci, ratio_text, with_interval
 from gpufleet.wire import JsonObject
 
 PER_REQUEST = "median_per_request_output_tps"
@@ -233,10 +233,10 @@ def _top(a: Arm, b: Arm, levels: list[int]) -> Claim:
         return Claim(f"no significant difference in total throughput at C={top} ({b.label}/"
                      f"{a.label} {text})", significant=False, level=top)  # fmt: skip
     winner, ratio = (a.label, ta / tb) if ta >= tb else (b.label, tb / ta)
-    said = f"at C={top} {winner} delivers {ratio:.1f}x the total throughput"
-    if interval is not None:
-        low, high = interval if winner == b.label else (1 / interval[1], 1 / interval[0])
-        said += f" [{low:.2f}-{high:.2f}]"
+    if interval is not None and winner != b.label:
+        interval = (1 / interval[1], 1 / interval[0])
+    figure_said = with_interval(ratio, interval, suffix="x")
+    said = f"at C={top} {winner} delivers {figure_said} the total throughput"
     return Claim(said, significant=None if interval is None else True, level=top)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from gpufleet.report import metrics
 from gpufleet.report.compare import Arm, common_levels
+from gpufleet.report.stats import with_interval
 
 # Colour-blind-safe and distinct on white (Okabe-Ito, then Tableau's remaining hues).
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#8C564B",
@@ -101,11 +102,11 @@ def draw(host: str, arms: list[Arm], spec: metrics.PlotSpec) -> tuple[Any, list[
             _error_bars(ax, arm, xs, key, shown, colour)
             for c, y in zip(xs, shown, strict=True):
                 ci = arm.levels[c].ci.get(key)
-                interval = f" (95% CI {max(0.0, ci[0]):,.2f}-{ci[1]:,.2f})" if ci else ""
+                shown_ci = (max(0.0, ci[0]), ci[1]) if ci else None
                 gid = f"gpufleet-pt-{len(points)}"
                 ax.plot([c], [y], linestyle="none", marker=marker, markersize=12, alpha=0.0,
                         gid=gid)  # fmt: skip
-                points.append(f"{label} at C={c}: {y:,.2f} {spec.unit}{interval}")
+                points.append(f"{label} at C={c}: {with_interval(y, shown_ci)} {spec.unit}")
     ax.set_xscale("log")
     ax.set_xticks(levels)
     ax.set_xticklabels([str(c) for c in levels])

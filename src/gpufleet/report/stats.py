@@ -148,17 +148,25 @@ def ratio_ci(a: LevelFigures, b: LevelFigures, key: str) -> tuple[float, float] 
     return math.exp(log_ratio - half), math.exp(log_ratio + half)
 
 
+def with_interval(value: float, interval: tuple[float, float] | None, places: int = 2,
+                  suffix: str = "") -> str:  # fmt: skip
+    """A figure and its 95% interval in one precision (`1.37x [1.36-1.38]`), so the printed
+    figure always lies inside its printed interval; the one place that formats them."""
+    text = f"{value:.{places}f}{suffix}"
+    if interval is None:
+        return text
+    low, high = interval
+    return f"{text} [{low:.{places}f}-{high:.{places}f}]"
+
+
 def ratio_text(a: LevelFigures, b: LevelFigures, key: str) -> str:
     """`1.32x`, or with repeats `1.32x [1.28-1.36]`, and ` n.s.` when 1.0 is inside."""
     va, vb = a.get(key), b.get(key)
     if not isinstance(va, int | float) or not isinstance(vb, int | float) or not va:
         return "-"
-    text = f"{vb / va:.2f}x"
     interval = ratio_ci(a, b, key)
-    if interval is None:
-        return text
-    low, high = interval
-    return f"{text} [{low:.2f}-{high:.2f}]" + (" n.s." if low <= 1.0 <= high else "")
+    text = with_interval(vb / va, interval, suffix="x")
+    return text + (" n.s." if interval and interval[0] <= 1.0 <= interval[1] else "")
 
 
 def half_width(level: LevelFigures, key: str) -> float | None:
