@@ -10,6 +10,8 @@ import json
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpufleet.archive import store as archive
 from gpufleet.archive.layout import Archive
@@ -320,3 +322,58 @@ def test_a_figure_and_its_interval_share_one_precision_in_every_rendering(tmp_pa
     summary = select.write_summary(data, tmp_path / "out").read_text()
     for name, text in {"sentence": said.sentence, "summary.md": summary, "page": page}.items():
         assert _figures_inside_their_intervals(text) == [], (name, text[:600])
+
+
+def _arms(root, kind: str, noise: float, seed: int) -> None:
+    """Two arms of three repeats at C=1, 8, 64: identical, slightly different (inside the
+    noise), clearly different, or crossing (B faster at C=1, slower at C=64)."""
+    import random
+
+    rng = random.Random(seed)
+    factor = {"identical": [1.0, 1.0, 1.0], "slightly": [1.003, 0.998, 1.002],
+              "clearly": [1.5, 1.5, 1.5], "crossing": [1.6, 1.0, 0.55]}[kind]  # fmt: skip
+    base = {1: (100.0, 50.0), 8: (400.0, 40.0), 64: (800.0, 12.0)}
+
+    def reps(scale: list[float]) -> dict[int, list[tuple[float, float]]]:
+        out = {}
+        for (c, (tot, per)), f in zip(base.items(), scale, strict=True):
+            out[c] = [(tot * f * (1 + rng.uniform(-noise, noise)),
+                       per * f * (1 + rng.uniform(-noise, noise))) for _ in range(3)]  # fmt: skip
+        return out
+
+    _repeated_run(root, "h0", "r1-a", "a", reps([1.0, 1.0, 1.0]))
+    _repeated_run(root, "h0", "r2-b", "b", reps(factor))
+
+
+@settings(max_examples=40, deadline=None)
+@given(kind=st.sampled_from(["identical", "slightly", "clearly", "crossing"]),
+       noise=st.sampled_from([0.0, 0.01, 0.05]), seed=st.integers(0, 10_000))  # fmt: skip
+def test_no_sentence_claims_a_direction_its_verdicts_do_not(tmp_path_factory, kind, noise, seed):
+    """Issue 52: two identical arms (every ratio `1.00x [1.00-1.00] n.s.`) read `[b] is
+    slower per request below C~1 and faster from there ... slower at every measured level`:
+    the words came from the sign of the means. Now each level's verdict comes from the test
+    that draws its interval, and every direction word from a verdict."""
+    from gpufleet.report.verdicts import Verdict, verdicts
+
+    root = tmp_path_factory.mktemp("arms") / "logs"
+    _arms(root, kind, noise, seed)
+    arms = select.report_for_runs(Archive(root), ["a", "b"]).per_host["h0"]
+    said = answer.build("h0", arms)
+    levels = said.levels
+    per = set(verdicts(arms[0], arms[1], levels, answer.PER_REQUEST))
+    total = set(verdicts(arms[0], arms[1], levels, answer.TOTAL))
+    per_request, throughput, top = (c.text for c in said.claims[:3])
+    if Verdict.BETTER not in per:
+        assert "faster" not in per_request.split(" (")[0], per_request
+    if Verdict.WORSE not in per:
+        assert "slower" not in per_request.split(" (")[0], per_request
+    if Verdict.BETTER not in total:
+        assert not re.search(r"gains|higher|at or above", throughput), throughput
+    if Verdict.WORSE not in total:
+        assert not re.search(r"loses|lower", throughput), throughput
+    if per == {Verdict.SAME}:
+        assert per_request.startswith("no difference measured in per-request speed")
+    top_verdict = verdicts(arms[0], arms[1], levels[-1:], answer.TOTAL)[0]
+    assert ("delivers" in top) == (top_verdict in (Verdict.BETTER, Verdict.WORSE)), top
+    if kind == "identical":
+        assert not re.search(r"faster|slower|gains|loses|delivers", said.sentence), said.sentence

@@ -28,6 +28,7 @@ from gpufleet.report.compare import Notice as Notice
 from gpufleet.report.compare import Severity as Severity
 from gpufleet.report.markdown import md_cell, md_table
 from gpufleet.report.stats import ratio_ci, ratio_text, with_interval
+from gpufleet.report.verdicts import Verdict, by_verdict, levels_text, tested, verdicts
 from gpufleet.wire import JsonObject
 
 PER_REQUEST = "median_per_request_output_tps"
@@ -165,10 +166,50 @@ def _crossing_claim(kind: Crossing, where: str, texts: dict[Crossing, str]) -> C
     return Claim(texts[kind].format(where=where))
 
 
+def _supported(kind: Crossing, at: float | None, levels: list[int], found: list[Verdict]) -> bool:
+    """Whether the tested verdicts bear out what the crossing's words claim: a direction
+    only where a level's test found it, and none the tests contradict."""
+    below = [v for c, v in zip(levels, found, strict=True) if at is None or c < at]
+    above = [v for c, v in zip(levels, found, strict=True) if at is not None and c > at]
+    better, worse = Verdict.BETTER, Verdict.WORSE
+    if kind == Crossing.DOWN:
+        return better in below and worse not in below and worse in above and better not in above
+    if kind == Crossing.UP:
+        return worse in below and better not in below and better in above and worse not in above
+    if kind == Crossing.NEVER:
+        return better in found and worse not in found
+    return all(v == worse for v in found)  # BELOW: lower at every level
+
+
+def _by_verdicts(b: Arm, levels: list[int], found: list[Verdict], words: tuple[str, str, str],
+                 where: str) -> Claim:  # fmt: skip
+    """The claim said level by level from the tests, where the crossing's words would say
+    more than they found (or every level is the same)."""
+    better, worse, figure_name = words
+    groups = by_verdict(levels, found)
+    up, down = groups.get(Verdict.BETTER, []), groups.get(Verdict.WORSE, [])
+    same = groups.get(Verdict.SAME, [])
+    if not up and not down:
+        return Claim(f"no difference measured in {figure_name} at any level "
+                     f"({levels_text(levels)})", significant=False)  # fmt: skip
+    said = [f"{better} at {levels_text(up)}"] if up else []
+    said += [f"{worse} at {levels_text(down)}"] if down else []
+    text = f"{b.label} is " + " and ".join(said)
+    if up and down and where:
+        text += f" (crossing at {where})"
+    if same:
+        text += f", no difference measured at {levels_text(same)}"
+    return Claim(text, significant=True)
+
+
 def _per_request(a: Arm, b: Arm, levels: list[int]) -> Claim:
     kind, where = crossover_text(a, b, levels, PER_REQUEST)
     at = crossover(levels, *[[level_bound(arm, c, PER_REQUEST, 0) for c in levels]
                              for arm in (a, b)])[1]  # fmt: skip
+    found = verdicts(a, b, levels, PER_REQUEST)
+    if tested(found) and not _supported(kind, at, levels, found):
+        words = ("faster per request", "slower per request", "per-request speed")
+        return _by_verdicts(b, levels, found, words, where)
     claim = _crossing_claim(kind, where, {
         Crossing.DOWN: f"{b.label} is faster per request up to {{where}}",
         Crossing.UP: f"{b.label} is slower per request below {{where}} and faster from there",
@@ -193,6 +234,9 @@ def _decode_basis(a: Arm, b: Arm, levels: list[int], kind: Crossing, at: float |
         return ""
     speeds = [[1000.0 / float(v) for v in side] for side in tpot]
     decode_kind, decode_at = crossover(levels, *speeds)
+    found = verdicts(a, b, levels, "median_tpot_ms", higher=False)  # lower TPOT: faster
+    if tested(found) and not _supported(decode_kind, decode_at, levels, found):
+        return ""  # decoding's tests do not bear a direction out: nothing said of it
     decode_where = f"C~{decode_at:.0f}" if decode_at is not None else ""
 
     def bracket(c: float | None) -> int:  # the measured levels it falls between
@@ -211,6 +255,13 @@ def _decode_basis(a: Arm, b: Arm, levels: list[int], kind: Crossing, at: float |
 
 def _total(a: Arm, b: Arm, levels: list[int]) -> Claim:
     kind, where = crossover_text(a, b, levels, TOTAL)
+    at = crossover(levels, *[[level_bound(arm, c, TOTAL, 0) for c in levels]
+                             for arm in (a, b)])[1]  # fmt: skip
+    found = verdicts(a, b, levels, TOTAL)
+    if tested(found) and not _supported(kind, at, levels, found):
+        words = (f"higher in total throughput than {a.label}",
+                 f"lower in total throughput than {a.label}", "total throughput")  # fmt: skip
+        return _by_verdicts(b, levels, found, words, where)
     return _crossing_claim(kind, where, {
         Crossing.DOWN: f"{b.label} loses total throughput from {{where}}",
         Crossing.UP: f"{b.label} gains total throughput over {a.label} from {{where}}",

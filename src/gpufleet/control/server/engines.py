@@ -6,7 +6,7 @@ draft, how `inv tune` sets its draft depth, and whether it needs a GPU.
 The host agent stays engine-neutral: the launch spec carries the probes (`version_argv`,
 `help_argv`, `flags_from`), the engine's flag renames across releases, and the facts
 (`slots`, `needs_gpu`, `takes_config`) an adapter filled in.
-To add an engine: one Engine in ENGINES (and its name in playbook.Profile.engine).
+To add an engine: one Engine in ENGINES (and its name in profiles.Profile.engine).
 """
 
 from __future__ import annotations
