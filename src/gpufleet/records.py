@@ -303,6 +303,8 @@ class ResultRow(Record):
     p99_queue_wait_ms: F = None
     offered_request_rate: F = None  # the level's arrivals per second (open loop)
     achieved_request_rate: F = None  # its sends per second: below 95% of offered, overloaded
+    completed_request_rate: F = None  # its answers per second over the same window: likewise
+    queue_at_last_arrival: int | None = None  # arrived, not yet answered, at the last arrival
     overloaded: bool | None = None
     # the steady window: full load, ramp-up and drain left out (host/bench/steady.py)
     steady_note: str | None = None  # why a level has no steady window

@@ -165,6 +165,7 @@ def _workload(arm: Arm) -> dict[str, Any]:
         "prompt set": m.prompt_set.prompts_sha256,
         "output length": m.plan.output_len if m.plan else None,
         "backend": m.plan.backend if m.plan else None,
+        "offered load (--request-rate)": m.plan.request_rate if m.plan else None,
         "host": m.host,
     }
 
@@ -221,7 +222,8 @@ def _arm_load(arm: Arm, levels: list[int]) -> list[Notice]:
                 Severity.WARNING,
                 f"{arm.label}: overloaded at C={c}: achieved "
                 f"{row.get('achieved_request_rate', 0):.2f} of "
-                f"{row.get('offered_request_rate', 0):.2f} req/s offered, queue wait p50 "
+                f"{row.get('offered_request_rate', 0):.2f} req/s offered{_answered(row)}, "
+                f"queue wait p50 "
                 f"{row.get('median_queue_wait_ms', 0):.0f} ms, p99 "
                 f"{row.get('p99_queue_wait_ms', 0):.0f} ms before each TTFT",
                 "load",
@@ -240,6 +242,15 @@ def _arm_load(arm: Arm, levels: list[int]) -> list[Notice]:
     if bursty:
         out.append(Notice(Severity.WARNING, bursty, "client"))
     return out
+
+
+def _answered(row: LevelFigures) -> str:
+    """What an overloaded level's server answered, where it was measured."""
+    completed, queued = row.get("completed_request_rate"), row.get("queue_at_last_arrival")
+    said = f" ({completed:.2f} completed" if completed is not None else ""
+    if queued:
+        said += f"{', ' if said else ' ('}{queued:.0f} waiting at the last arrival"
+    return said + ")" if said else ""
 
 
 def _arm_queue(arm: Arm, levels: list[int]) -> list[Notice]:

@@ -173,8 +173,9 @@ def _verdict_table(arms: list[Arm], said: Answer) -> str:
 
 # an open-loop level's rates and queue, as the catalogue names and formats them; the TTFT
 # heading says what it measures there
-OPEN_LOOP = ("offered_request_rate", "achieved_request_rate", "median_queue_wait_ms",
-             "p99_queue_wait_ms", "median_ttft_ms")  # fmt: skip
+OPEN_LOOP = ("offered_request_rate", "achieved_request_rate", "completed_request_rate",
+             "queue_at_last_arrival", "median_queue_wait_ms", "p99_queue_wait_ms",
+             "median_ttft_ms")  # fmt: skip
 OPEN_LOOP_HEADINGS = {"median_ttft_ms": "TTFT p50 ms (after the queue)"}
 
 

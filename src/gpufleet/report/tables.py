@@ -69,10 +69,15 @@ def overload_note(row: Figures) -> str | None:
         return None
     offered, achieved = row.get("offered_request_rate"), row.get("achieved_request_rate")
     p50, p99 = row.get("median_queue_wait_ms"), row.get("p99_queue_wait_ms")
+    completed = row.get("completed_request_rate")
+    answered = f", completed {completed:.2f}" if completed is not None else ""
+    queued = row.get("queue_at_last_arrival")
+    backlog = f", {queued} waiting for an answer at the last arrival" if queued else ""
     return (
-        f"C={row.get('max_concurrency')}: overloaded: achieved {achieved:.2f} of "
-        f"{offered:.2f} req/s offered; requests queued p50 {p50 / 1000:.2f} s, p99 "
-        f"{p99 / 1000:.2f} s before being sent, so a user waited that plus the TTFT shown"
+        f"C={row.get('max_concurrency')}: overloaded: achieved {achieved:.2f}{answered} of "
+        f"{offered:.2f} req/s offered{backlog}; requests queued p50 {(p50 or 0) / 1000:.2f} s, "
+        f"p99 {(p99 or 0) / 1000:.2f} s before being sent, so a user waited that plus the "
+        "TTFT shown"
     )
 
 
