@@ -101,7 +101,40 @@ class _Devtools:
             self.visit.requests.append(params["request"]["url"])
 
 
-async def _visit(page: Path, width: int, height: int) -> PageVisit:
+STARTUP_S = 30.0  # chromium's DevTools port, on a busy 2-core machine: seen past 10 s
+
+
+async def _devtools_up(http: aiohttp.ClientSession, base: str, proc: subprocess.Popen) -> bool:
+    """Wait until chromium answers on its DevTools port; False if it exits or never does
+    (another process took the port between free_port() and chromium's bind, say)."""
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            async with http.get(f"{base}/json/version") as r:
+                if r.status == 200:
+                    return True
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def _visit(page: Path, width: int, height: int, attempts: int = 3) -> PageVisit:
+    """One visit; chromium is started again on a fresh port if it never opened its own."""
+    for attempt in range(attempts):
+        try:
+            return await _visit_once(page, width, height)
+        except _NoDevtools:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _NoDevtools(Exception):
+    """chromium did not open its DevTools port in time."""
+
+
+async def _visit_once(page: Path, width: int, height: int) -> PageVisit:
     port = free_port()
     visit = PageVisit()
     # chromium's helpers may still be writing their profile as it exits: ignore that
@@ -126,14 +159,8 @@ async def _visit(page: Path, width: int, height: int) -> PageVisit:
         try:
             async with aiohttp.ClientSession() as http:
                 base = f"http://127.0.0.1:{port}"
-                for _ in range(200):
-                    try:
-                        async with http.get(f"{base}/json/version") as r:
-                            if r.status == 200:
-                                break
-                    except aiohttp.ClientError:
-                        pass
-                    await asyncio.sleep(0.05)
+                if not await _devtools_up(http, base, proc):
+                    raise _NoDevtools(f"chromium did not open port {port} in {STARTUP_S:g} s")
                 async with http.put(f"{base}/json/new?about:blank") as r:
                     target = await r.json()
                 ws = await http.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0)
