@@ -77,8 +77,16 @@ def test_find_max_on_the_rehearsal_engine_matches_the_timing_model(fleet, tmp_pa
     answer = json.loads(path.read_text())
     # the model's answer is 13 (12 with the prefill); a CPU-starved machine only slows the
     # simulated steps, so the answer can fall below it, never above (11 beside a CPU hog
-    # and three workers in CI, stop 45)
-    assert 9 <= answer["holds_up_to"] <= 13, answer
+    # and three workers in CI, stop 45). Far below it only where the probe that failed
+    # caught the machine stalling: a token gap of ten decode steps or more (CI once saw
+    # one of 319 ms at C=4, and the answer 2)
+    assert answer["holds_up_to"] <= 13, answer
+    if answer["holds_up_to"] < 9:
+        failed = next(p for p in answer["probes"] if p["load"] == answer["fails_from"])
+        gaps = [max(r["itl"], default=0.0)
+                for f in (archive / "h0" / failed["run_id"]).glob("requests-*.jsonl")
+                for r in map(json.loads, f.read_text().splitlines())]  # fmt: skip
+        assert max(gaps) >= 0.16, (answer, gaps)
     assert answer["fails_from"] == answer["holds_up_to"] + 1
     assert len(answer["probes"]) <= 10
     assert f"holds the SLO up to C={int(answer['holds_up_to'])}" in out.stdout
