@@ -288,3 +288,13 @@ def row(**figures):
 
     wire = {"max_concurrency": 1, "completed": 1, "failed": 0, "output_throughput": 0.0}
     return ResultRow.from_wire({**wire, **figures})
+
+
+class NoTransport:
+    """An asyncio transport that goes nowhere: feed an HTTP protocol bytes by hand."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass

@@ -23,7 +23,7 @@ from gpufleet.host.bench import httpstream
 from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
 from gpufleet.host.server import probe as healthprobe
 from gpufleet.sim.sshd import free_port
-from helpers import REPO
+from helpers import REPO, NoTransport
 
 
 @pytest.fixture(scope="module")
@@ -191,14 +191,6 @@ def test_any_segmentation_yields_the_same_events(cuts, sep, chunk_size):
     assert (events, status, keep_alive) == (RESPONSE_EVENTS, 200, True)
 
 
-class _NoTransport:
-    def write(self, data: bytes) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
-
-
 @settings(max_examples=80, deadline=None)
 @given(
     per_chunk=st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=8),
@@ -227,7 +219,7 @@ def test_reads_of_whole_chunks_yield_every_event_once(per_chunk, per_read, sep, 
 
     async def scenario() -> list[bytes]:
         proto = httpstream._StreamProtocol()
-        proto.connection_made(_NoTransport())  # type: ignore[arg-type]
+        proto.connection_made(NoTransport())  # type: ignore[arg-type]
         got: list[bytes] = []
         done = proto.send(b"", lambda payload, _: got.append(payload))
         proto.feed(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from gpufleet.host.bench import httpstream
 from gpufleet.host.bench.sse import EventStream
+from helpers import NoTransport
 
 
 def events_of(*reads: bytes) -> list[bytes]:
@@ -57,20 +58,12 @@ def test_any_split_of_the_same_bytes_yields_the_same_events(cuts):
     assert events_of(*reads) == WANT
 
 
-class _NoTransport:
-    def write(self, data: bytes) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
-
-
 def _response(body: bytes) -> tuple[list[bytes], BaseException | None]:
     """The events gpufleet's HTTP client reads from one chunked event-stream response."""
 
     async def scenario() -> tuple[list[bytes], BaseException | None]:
         proto = httpstream._StreamProtocol()
-        proto.connection_made(_NoTransport())  # type: ignore[arg-type]
+        proto.connection_made(NoTransport())  # type: ignore[arg-type]
         got: list[bytes] = []
         done = proto.send(b"", lambda payload, _: got.append(payload))
         proto.feed(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"

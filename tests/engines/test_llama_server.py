@@ -28,6 +28,9 @@ import yaml
 
 from gpufleet.sim.sshd import free_port
 
+sys.path.insert(0, str(Path(__file__).parent))
+from enginesite import busy_gauge, server_counters, site_cli
+
 SERVER = os.environ.get("GPUFLEET_LLAMA_SERVER", "")
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
@@ -74,14 +77,7 @@ def site(tmp_path_factory) -> Path:
 
 
 def cli(site: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """The CLI in the site folder, against its inventory (but for the tasks without one)."""
-    inventory = [] if args[0] in ("profiles", "compare") else ["--inventory", "cpu"]
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
-    env.pop("GPUFLEET_INVENTORY", None)
-    return subprocess.run(
-        [sys.executable, "-m", "gpufleet", *args, *inventory], capture_output=True,
-        text=True, timeout=timeout, cwd=site, env=env, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    return site_cli(site, "cpu", *args, timeout=timeout)
 
 
 def _figures(update: dict) -> None:
@@ -114,25 +110,17 @@ def test_a_cpu_host_and_the_adapter_launch_and_check_a_real_llama_server(site):
     assert stop.returncode == 0 and "stopped draft-exact" in stop.stdout, stop.stderr
 
 
-def _server_counters(port: int) -> dict[str, float]:
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    pattern = r"^(llamacpp:\w+) ([\d.e+-]+)$"
-    return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, text, re.M)}
-
-
 @pytest.mark.slow(minutes=2)
 def test_gpufleets_tokens_and_acceptance_agree_with_the_servers_own_counters(site):
     port = yaml.safe_load((site / "playbooks" / "target.yaml").read_text())["port"]
     launched = cli(site, "launch", "--profile", "draft-loose")
     assert launched.returncode == 0, launched.stdout + launched.stderr
     try:
-        before = _server_counters(port)
+        before = server_counters(port)
         bench = cli(site, "bench", "--profile", "draft-loose", "--concurrency", "1,4",
                     "--num-prompts", "8", "--output-len", "48", "--warmup", "0")  # fmt: skip
         assert bench.returncode == 0, bench.stdout + bench.stderr
-        after = _server_counters(port)
+        after = server_counters(port)
     finally:
         cli(site, "stop")
     run = max((site / "logs" / "cpu1").glob("*-draft-loose-*/results.jsonl"),
@@ -221,13 +209,7 @@ def _server_rate(runs: list[Path], profile: str, row: dict) -> float | None:
         manifest = json.loads((run.parent / "manifest.json").read_text())
         if manifest["profile"] != profile or row["started_at"] not in run.read_text():
             continue
-        level = run.parent / f"metrics-c{row['max_concurrency']}.jsonl"
-        if not level.exists():
-            return None
-        samples = [json.loads(line) for line in level.read_text().splitlines()]
-        busy = [s.get("sglang:gen_throughput") for s in samples if s.get("sglang:num_running_reqs")]
-        busy = [b for b in busy if b]
-        return sum(busy) / len(busy) if busy else None
+        return busy_gauge(run.parent / f"metrics-c{row['max_concurrency']}.jsonl")
     return None
 
 

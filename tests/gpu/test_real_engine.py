@@ -31,6 +31,9 @@ import pytest
 import yaml
 from gpuhelpers import nvml_memory, record
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
+from enginesite import busy_gauge, server_counters, site_cli
+
 SERVER = os.environ.get("GPUFLEET_LLAMA_SERVER", "")
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
@@ -54,8 +57,6 @@ def site(tmp_path_factory) -> Path:
     """This machine as one host with its real GPUs (connection: local), the tiny models and
     three profiles with every layer on the GPU: target, draft-exact, draft-loose."""
     import pynvml
-
-    sys.path.insert(0, str(REPO / "tests" / "engines"))
     from tinymodels import write_all
 
     pynvml.nvmlInit()
@@ -90,14 +91,7 @@ def site(tmp_path_factory) -> Path:
 
 
 def cli(site: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """The CLI in the site folder, against its inventory (but for the tasks without one)."""
-    inventory = [] if args[0] in ("profiles", "compare") else ["--inventory", "gpu"]
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
-    env.pop("GPUFLEET_INVENTORY", None)
-    return subprocess.run(
-        [sys.executable, "-m", "gpufleet", *args, *inventory], capture_output=True,
-        text=True, timeout=timeout, cwd=site, env=env, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    return site_cli(site, "gpu", *args, timeout=timeout)
 
 
 def _port(site: Path) -> int:
@@ -205,23 +199,15 @@ def test_gpu_clean_kills_a_llama_server_left_running(site, orphan):
             "output": clean.stdout.strip().splitlines()[-4:]})  # fmt: skip
 
 
-def _server_counters(port: int) -> dict[str, float]:
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return {m.group(1): float(m.group(2))
-            for m in re.finditer(r"^(llamacpp:\w+) ([\d.e+-]+)$", text, re.M)}  # fmt: skip
-
-
 def test_acceptance_agrees_with_the_servers_own_counters(site):
     launched = cli(site, "launch", "--profile", "draft-loose", "--clean")
     assert launched.returncode == 0, launched.stdout + launched.stderr
     try:
-        before = _server_counters(_port(site))
+        before = server_counters(_port(site))
         bench = cli(site, "bench", "--profile", "draft-loose", "--concurrency", "1,4",
                     "--num-prompts", "8", "--output-len", "48", "--warmup", "0")  # fmt: skip
         assert bench.returncode == 0, bench.stdout + bench.stderr
-        after = _server_counters(_port(site))
+        after = server_counters(_port(site))
     finally:
         cli(site, "stop")
     run = max((site / "logs" / "gpu1").glob("*-draft-loose-*/results.jsonl"),
@@ -286,14 +272,7 @@ def test_a_sweep_on_the_gpu_reads_power_energy_health_and_the_servers_gauge(site
 
 
 def _gauge(run: Path, row: dict) -> float | None:
-    """The server's own generation rate over the level (its /metrics gauge while busy)."""
-    level = run.parent / f"metrics-c{row['max_concurrency']}.jsonl"
-    if not level.exists():
-        return None
-    samples = [json.loads(line) for line in level.read_text().splitlines()]
-    busy = [s.get("sglang:gen_throughput") for s in samples if s.get("sglang:num_running_reqs")]
-    busy = [b for b in busy if b]
-    return sum(busy) / len(busy) if busy else None
+    return busy_gauge(run.parent / f"metrics-c{row['max_concurrency']}.jsonl")
 
 
 def test_tune_writes_one_depth_for_the_gpu_server_and_verifies_it(site):
