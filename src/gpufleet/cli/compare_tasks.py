@@ -61,6 +61,10 @@ def compare(c, **given):
             if refusal:
                 raise UserError(f"{host}: {refusal}")
     out_dir = root.compare_dir("-vs-".join(names))
+    if o.format != "json" and data.title != " vs ".join(names):
+        from gpufleet.cli.output import line
+
+        line(data.title)  # which sweep's repeats it reads
     show_compare(data, o.format, out_dir, plots=not o.no_plots, wide=o.wide)
     if o.format != "json":
         from gpufleet.cli.output import line

@@ -174,7 +174,8 @@ def print_compare(per_host: dict[str, list[Arm]], fmt: str, wide: bool = False) 
         levels = compare.common_levels(arms)
         said = built[host]
         if len(arms) > 1 and levels:
-            prose(f"{host}: {said.sentence}")
+            for text in said.sentences:
+                prose(f"{host}: {text}")
         if fmt == "table" and any(
             a.levels[c].get("steady_output_throughput") is not None for a in arms for c in levels
         ):

@@ -12,6 +12,7 @@ from gpufleet.cli.common_options import (
 from gpufleet.cli.experiment_context import LEFT_OUT, experiment, resume_command
 from gpufleet.cli.options import Option, OptionSet, switch
 from gpufleet.control.bench.request import BenchRequest
+from gpufleet.errors import UserError
 
 SWEEP = OptionSet(
     BenchRequest,
@@ -26,7 +27,22 @@ SWEEP = OptionSet(
                 iterable=True, default=None, to_request=False),
     repeat=Option("measure every cell N times, interleaved, for confidence intervals",
                   positive_int, default=1, to_request=False, most=100),
+    baseline=Option("the profile every other one is answered against (default: the first "
+                    "of --profiles)", default=None, to_request=False),
 )  # fmt: skip
+
+
+def reference_first(profiles: list[str], baseline: str | None) -> list[str]:
+    """The profiles with `--baseline` first: the comparison's reference is the first arm,
+    and every other profile gets its own sentence against it."""
+    if baseline is None:
+        return profiles
+    if baseline not in profiles:
+        raise UserError(
+            f"--baseline {baseline}: not one of --profiles ({', '.join(profiles)}); "
+            "expected one of them"
+        )
+    return [baseline] + [p for p in profiles if p != baseline]
 
 
 REHEARSE = OptionSet(
@@ -52,8 +68,9 @@ def sweep(c, **given):
 
     o = SWEEP.parse(given)
     request = SWEEP.request(o)
-    arms = expand(o.profiles, parse_grid(o.grid), o.repeat)
-    sweep_state.check_arms(o.profiles, arms)  # a bad profile or flag fails before anything starts
+    profiles = reference_first(o.profiles, o.baseline)
+    arms = expand(profiles, parse_grid(o.grid), o.repeat)
+    sweep_state.check_arms(profiles, arms)  # a bad profile or flag fails before anything starts
     if o.dry_run:
         for text in sweeps.plan_lines(arms, select_hosts(o).hosts, request, o.engine):
             line(text)
@@ -62,7 +79,7 @@ def sweep(c, **given):
     command = resume_command(["inv", "sweep"], SWEEP.given(o, LEFT_OUT))
     launch = LaunchOptions(engine=o.engine, allow_unhealthy=o.allow_unhealthy)
     with experiment(o, command, launch, o.fail_fast) as exp:
-        exp.sweep(o.profiles, arms, "sweep", o.resume, request)
+        exp.sweep(profiles, arms, "sweep", o.resume, request)
 
 
 REHEARSAL_REPEATS = 3  # every figure of the rehearsal comes with its interval

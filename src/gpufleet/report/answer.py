@@ -67,14 +67,22 @@ class Answer:
     claims: list[Claim] = field(default_factory=list)
     notices: list[Notice] = field(default_factory=list)
     ratios: list[Ratio] = field(default_factory=list)
+    others: list[list[Claim]] = field(default_factory=list)  # the third arm on, each vs the first
 
     @property
     def sentence(self) -> str:
+        """The second arm against the first (the reference)."""
         if not self.claims:
             return "nothing to compare: " + (
                 "no common concurrency levels" if len(self.labels) > 1 else "one arm"
             )
         return "; ".join(c.text for c in self.claims) + "."
+
+    @property
+    def sentences(self) -> list[str]:
+        """One sentence per arm after the first, each against the first: a sweep of a target
+        and three drafts answers for every draft."""
+        return [self.sentence] + ["; ".join(c.text for c in claims) + "." for claims in self.others]
 
     @property
     def errors(self) -> list[Notice]:
@@ -89,7 +97,7 @@ class Answer:
         headline figures (the terminal's default table shows those; md and the page all)."""
         headline = {m.key for m in metrics.where(metrics.Place.HEADLINE) if m.higher_is_better}
         return (
-            [c.text for c in self.claims]
+            [c.text for claims in [self.claims, *self.others] for c in claims]
             + [n.text for n in self.notices]
             + [r.text for r in self.ratios if r.key in headline]
         )
@@ -97,6 +105,7 @@ class Answer:
     def to_json(self) -> JsonObject:
         data = asdict(self)
         data["sentence"] = self.sentence
+        data["sentences"] = self.sentences
         return data
 
 
@@ -107,6 +116,7 @@ def build(host: str, arms: list[Arm]) -> Answer:
     answer.ratios = ratios(arms, levels)
     if len(arms) > 1 and levels:
         answer.claims = claims(arms[0], arms[1], levels, answer.notices)
+        answer.others = [claims(arms[0], arm, levels, answer.notices) for arm in arms[2:]]
     return answer
 
 
@@ -344,7 +354,10 @@ def to_markdown(
         lines += [
             f"## {answer.host}: {md_cell(' vs '.join(answer.labels))}",
             "",
-            f"**Answer:** {answer.sentence}",
+            *(
+                f"**Answer:** {text}" if n == 0 else f"**And:** {text}"
+                for n, text in enumerate(answer.sentences)
+            ),
             "",
         ]
         lines += [f"- **error:** {n.text}" for n in answer.errors]

@@ -116,7 +116,8 @@ def _answers(answers: dict[str, Answer]) -> str:
         errors = "".join(f"<li>{_e(n.text)}</li>" for n in said.errors)
         box = f'<ul class="errors" aria-label="errors">{errors}</ul>' if errors else ""
         if len(said.labels) > 1 and said.levels:
-            items.append(f"<li><b>{_e(host)}</b>: {_e(said.sentence)}{box}</li>")
+            told = "</p><p>".join(_e(text) for text in said.sentences)
+            items.append(f"<li><b>{_e(host)}</b>: <p>{told}</p>{box}</li>")
         else:
             labels = ", ".join(said.labels)
             items.append(f"<li><b>{_e(host)}</b>: {_e(labels)} (nothing to compare with){box}</li>")

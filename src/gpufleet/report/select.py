@@ -6,6 +6,7 @@ manifest each); the report never reads the archive itself.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -54,16 +55,70 @@ def _runs_named(arg: str, runs: list[store.ListedRun]) -> dict[str, list[Path]]:
     return found
 
 
+@dataclass
+class SweepCell:
+    """The finished runs of one sweep cell on one host: its repeats, in the order run."""
+
+    sweep_id: str
+    label: str
+    run_ids: list[str]
+
+
+def sweep_cells(archive: Archive) -> dict[tuple[str, str], SweepCell]:
+    """(host, run id) -> the sweep cell it was a repeat of, newest sweep last (so it wins)."""
+    out: dict[tuple[str, str], SweepCell] = {}
+    for path in archive.sweep_states():
+        try:
+            state = SweepRecord.load(path)
+        except UserError:
+            continue  # an unreadable state names no runs; `inv sweep --resume` says why
+        labels = {a["key"]: a["label"] for a in state.arms or []}
+        by_cell: dict[tuple[str, str], list[str]] = {}
+        for key, cells in state.cells.items():
+            for host, cell in cells.items():
+                if cell.status == CellStatus.DONE and cell.run_id:
+                    label = labels.get(key, profile_label(key))
+                    by_cell.setdefault((host, label), []).append(cell.run_id)
+        for (host, label), run_ids in by_cell.items():
+            for run_id in run_ids:
+                out[(host, run_id)] = SweepCell(state.sweep_id, label, run_ids)
+    return out
+
+
+def _with_sweep_repeats(
+    arg: str, found: dict[str, list[Path]], cells: dict[tuple[str, str], SweepCell],
+    archive: Archive, said: list[str],
+) -> dict[str, list[Path]]:  # fmt: skip
+    """A profile's latest run, widened to every repeat of the sweep cell it came from: a
+    sweep with `--repeat 3` gives compare three runs per arm, and an interval."""
+    out = {}
+    for host, paths in found.items():
+        cell = cells.get((host, paths[-1].name))
+        if cell is None or len(cell.run_ids) < 2:
+            out[host] = paths
+            continue
+        out[host] = [archive.run_dir(host, run_id) for run_id in cell.run_ids]
+        said.append(f"{arg}: every repeat of sweep {cell.sweep_id} ({len(cell.run_ids)} runs)")
+    return out
+
+
 def resolve(
-    args: list[str], archive: Archive, hosts: list[str] | None = None
-) -> dict[str, list[Arm]]:
-    """host -> arms (one per argument), for the hosts where every argument has a run."""
+    args: list[str], archive: Archive, hosts: list[str] | None = None,
+    said: list[str] | None = None,
+) -> dict[str, list[Arm]]:  # fmt: skip
+    """host -> arms (one per argument), for the hosts where every argument has a run; a
+    profile whose latest run was a repeated sweep cell reads every repeat (`said` hears so)."""
     runs = store.list_runs(archive)
+    ids = {r.run_id for r in runs}
+    cells = sweep_cells(archive)
+    said = said if said is not None else []
     per_arg = []
     for arg in args:
         found = _runs_named(arg, runs)
         if not found:
             raise UserError(f"{arg!r}: no archived run or profile of that name under {archive}/")
+        if arg not in ids:
+            found = _with_sweep_repeats(arg, found, cells, archive, said)
         per_arg.append(found)
     common = sorted(set.intersection(*(set(f) for f in per_arg)))
     if hosts:
@@ -146,8 +201,14 @@ def _report_input(title: str, per_host: dict[str, list[Arm]], archive: Archive) 
 def report_for_runs(
     archive: Archive, names: list[str], hosts: list[str] | None = None
 ) -> ReportInput:
-    """A report on run ids or profiles (latest successful run per host)."""
-    return _report_input(" vs ".join(names), resolve(names, archive, hosts), archive)
+    """A report on run ids or profiles (latest successful run per host, or every repeat of
+    the sweep cell it came from); the title names that sweep."""
+    said: list[str] = []
+    per_host = resolve(names, archive, hosts, said)
+    title = " vs ".join(names)
+    if said:
+        title += " (" + "; ".join(dict.fromkeys(said)) + ")"
+    return _report_input(title, per_host, archive)
 
 
 def sweep_state_path(archive: Archive, sweep_id: str | None) -> Path:
