@@ -54,6 +54,27 @@ TEXT_SIZES_JS = """JSON.stringify((() => {
 })())"""
 
 
+# What fits: the page's width against the viewport, every plot's legend and title box
+# against its figure (more than a pixel outside is clipped), and how far down the first
+# warning or error and the first plot begin.
+FIT_JS = """JSON.stringify((() => {
+  const top = el => el ? el.getBoundingClientRect().top + scrollY : null;
+  const clipped = [];
+  for (const svg of document.querySelectorAll('svg.plot')) {
+    const box = svg.getBoundingClientRect();
+    for (const part of svg.querySelectorAll('#gpufleet-legend, #gpufleet-title')) {
+      const r = part.getBoundingClientRect();
+      if (r.left < box.left - 1 || r.right > box.right + 1 || r.top < box.top - 1 ||
+          r.bottom > box.bottom + 1) clipped.push(svg.getAttribute('aria-label') + ': ' + part.id);
+    }
+  }
+  return {viewport: innerWidth, page: document.documentElement.scrollWidth, clipped,
+          parts: document.querySelectorAll('svg.plot #gpufleet-legend').length,
+          warning: top(document.querySelector('ul.warn, ul.errors')),
+          plot: top(document.querySelector('svg.plot'))};
+})())"""
+
+
 @dataclass
 class PageVisit:
     errors: list[str] = field(default_factory=list)  # console errors, exceptions, log errors
@@ -64,6 +85,7 @@ class PageVisit:
     phone_width: int = 0  # the page's scroll width in a 390 px viewport
     text_px: dict[int, list[tuple[float, str]]] = field(default_factory=dict)  # width -> sizes
     phone_screenshot: bytes = b""
+    fit: dict[int, dict[str, Any]] = field(default_factory=dict)  # width -> FIT_JS
 
 
 class _Devtools:
@@ -181,6 +203,8 @@ async def _visit_once(page: Path, width: int, height: int) -> PageVisit:
                 visit.screenshot = base64.b64decode(shot["data"])
                 result = await tools.call("Runtime.evaluate", expression=TEXT_SIZES_JS)
                 visit.text_px[width] = [tuple(x) for x in json.loads(result["result"]["value"])]
+                result = await tools.call("Runtime.evaluate", expression=FIT_JS)
+                visit.fit[width] = json.loads(result["result"]["value"])
                 await tools.call(
                     "Emulation.setDeviceMetricsOverride",
                     width=390, height=844, deviceScaleFactor=1, mobile=True,
@@ -191,6 +215,8 @@ async def _visit_once(page: Path, width: int, height: int) -> PageVisit:
                 visit.phone_width = int(result["result"]["value"])
                 result = await tools.call("Runtime.evaluate", expression=TEXT_SIZES_JS)
                 visit.text_px[390] = [tuple(x) for x in json.loads(result["result"]["value"])]
+                result = await tools.call("Runtime.evaluate", expression=FIT_JS)
+                visit.fit[390] = json.loads(result["result"]["value"])
                 shot = await tools.call("Page.captureScreenshot", format="png")
                 visit.phone_screenshot = base64.b64decode(shot["data"])
                 await ws.close()

@@ -108,7 +108,7 @@ def test_every_option_of_an_experiment_survives_the_resume_line():
                "grid": ["speculative-num-steps=1,3"], "repeat": "2", "forks": "3",
                "depths": "2,4", "min_request_speed": "20", "name": "fast", "budget": "900",
                "backend": "openai", "random_vocab": "512",
-               "verify": False, "profile": "eagle3", "profiles": "a,b"}  # fmt: skip
+               "verify": False, "profile": "eagle3", "profiles": "a,b", "baseline": "a"}  # fmt: skip
     for name, options, base in (("sweep", SWEEP, {"profiles": "a", "concurrency": "1"}),
                                 ("tune", TUNE, {"profile": "e"})):  # fmt: skip
         for option in options.options:

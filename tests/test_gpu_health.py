@@ -169,7 +169,7 @@ def test_gpu_clean_does_not_use_up_a_fatal_xid_for_the_next_launch(fleet, tmp_pa
     inventory = _faulty_inventory(fleet, "h1", {3: {"xids": [48]}})
     base = ["--hosts", "h1", "--inventory", str(inventory)]
     cleaned = run_cli("gpu-clean", *base)
-    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    assert cleaned.returncode == 1, cleaned.stdout + cleaned.stderr  # a bad GPU (issue 51)
     assert "h1: GPU 3: bad: XID 48 (double-bit ECC error)" in cleaned.stdout
     [hint] = [ln for ln in cleaned.stdout.splitlines() if "--clear-xid" in ln]
     profile = fleet.profile("hx", tp=2, gpus=[2, 3])
@@ -235,7 +235,10 @@ def test_hosts_healthy_skips_a_host_whose_last_clean_found_a_bad_gpu(fleet, tmp_
     inventory = _faulty_inventory(fleet, "h0", {5: {"remap_pending": True}})
     base = ["--inventory", str(inventory)]
     out = run_cli("gpu-clean", "--hosts", "h0,h1", *base)
-    assert out.returncode == 0, out.stdout + out.stderr
+    # issue 51: a bad GPU fails gpu-clean (exit 1), in one line naming it; h1 is clean
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "h0: FAILED: GPU 5 is bad: a bad GPU makes the host unfit to measure on" in out.stderr
+    assert "h1: verified clean" in out.stdout
     record = json.loads((tmp_path / "logs" / "health" / "h0.json").read_text())
     assert "GPU 5: bad: a row remap is pending: reset the GPU before measuring" in record["gpus"]
     out = run_cli("status", "--hosts", "healthy:h0,h1", *base)
@@ -244,3 +247,83 @@ def test_hosts_healthy_skips_a_host_whose_last_clean_found_a_bad_gpu(fleet, tmp_
     assert skipped.startswith("skipped h0 (GPU 5: bad: a row remap is pending")
     hosts = {ln.split()[0] for ln in out.stdout.splitlines() if ln.startswith(("h0 ", "h1 "))}
     assert hosts == {"h1"}
+
+
+def _clear(tmp_path, monkeypatch, index: int) -> list:
+    monkeypatch.chdir(tmp_path)
+    simnvml.nvmlInit()
+    try:
+        return gpuhealth.clear_fatal(simnvml, [index], "nvidia-smi -r", "ops@ctl")
+    finally:
+        simnvml.nvmlShutdown()
+
+
+def test_the_same_xid_after_a_clear_is_a_new_event(tmp_path, monkeypatch):
+    """Issue 51: after XID 79 was cleared, the same XID again (the kernel's lines differ only
+    in the timestamp) was taken as already seen: `status` said ok on a GPU that fell off the
+    bus twice. Each occurrence is an event (its line with the timestamp), so it gates again."""
+    once = {"2": {"xids": [79]}}
+    assert _health(tmp_path, monkeypatch, once, remember=False)[2].health.verdict == "bad"
+    assert [c.xid for c in _clear(tmp_path, monkeypatch, 2)] == [79]
+    assert _health(tmp_path, monkeypatch, once, remember=False)[2].health.verdict == "ok"
+    twice = {"2": {"xids": [79, 79]}}  # the kernel logs it again a second later
+    again = _health(tmp_path, monkeypatch, twice, remember=False)[2]
+    assert again.health.verdict == "bad", again.health.reasons
+    assert "XID 79 (GPU has fallen off the bus)" in again.health.reasons[0]
+
+
+def test_identical_lines_without_timestamps_are_each_an_event():
+    line = "NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=python3"
+    events = gpuhealth.xid_events([line, "unrelated", line])
+    assert [e for e, _ in events] == [line, f"{line} #2"]
+    assert [first for _, first in events] == [True, False]
+
+
+def test_an_xid_on_a_bus_nvml_does_not_list_makes_the_host_bad(tmp_path, monkeypatch):
+    """XID 79 means the GPU fell off the bus: NVML no longer lists it, so the XID was recorded
+    but shown nowhere. Now every GPU of the host carries it, and the host is bad."""
+    gone = {"9": {"xids": [79]}}  # a ninth GPU's bus, on a host whose NVML lists 8
+    readings = _health(tmp_path, monkeypatch, gone, remember=False)
+    bus = gpuhealth.bus_key(simnvml.bus_id(9))
+    for gpu in readings:
+        assert gpu.health.verdict == "bad", gpu.health.reasons
+        assert any(r.startswith(f"bad: GPU at bus {bus} is missing from NVML: XID 79 (")
+                   for r in gpu.health.reasons), gpu.health.reasons  # fmt: skip
+
+
+def test_a_clear_and_readers_side_by_side_never_undo_the_clear(tmp_path, monkeypatch):
+    """Two commands at once: a reader that loaded the ledger before a clear merged after it
+    and put the cleared XID back. Read, merge and write are one critical section now: in a
+    loop of readers racing a clear, the clear always holds and no event is lost."""
+    import multiprocessing
+
+    faults = {"2": {"xids": [48]}, "4": {"xids": [13]}}
+    state = tmp_path / "gpus"
+    gpustate.ensure_topology(state, count=8, host="h", faults=faults)
+    monkeypatch.setenv(gpustate.STATE_ENV, str(state))
+    monkeypatch.chdir(tmp_path)
+    ctx = multiprocessing.get_context("fork")
+    for round_no in range(8):
+        (tmp_path / "health").mkdir(exist_ok=True)
+        for name in ("xids.json",):
+            (tmp_path / "health" / name).unlink(missing_ok=True)
+        readers = [ctx.Process(target=_read_health, args=(k % 2 == 0,)) for k in range(4)]
+        for proc in readers:
+            proc.start()
+        cleared = _clear(tmp_path, monkeypatch, 2)
+        for proc in readers:
+            proc.join(30)
+            assert proc.exitcode == 0
+        assert [c.xid for c in cleared] == [48], round_no
+        after = _health(tmp_path, monkeypatch, faults, remember=False)
+        assert after[2].health.verdict == "ok", (round_no, after[2].health.reasons)
+        ledger = json.loads((tmp_path / gpuhealth.XID_LEDGER).read_text())
+        assert any(": 48," in line for line in ledger["seen"])  # the event stays reported
+
+
+def _read_health(remember: bool) -> None:
+    simnvml.nvmlInit()
+    try:
+        gpuhealth.attach(simnvml, nvmlread.snapshot(simnvml), remember_xids=remember)
+    finally:
+        simnvml.nvmlShutdown()

@@ -203,7 +203,7 @@ def test_resume_reruns_a_failed_archived_cell_and_compare_picks_the_success(flee
     ]  # fmt: skip
     out = fleet.cli(*args, timeout=300)
     assert out.returncode == 1, out.stdout[-2000:]
-    assert "retry them with `inv sweep" in out.stderr and "--resume" in out.stderr
+    assert "finish the sweep with `inv sweep" in out.stderr and "--resume" in out.stderr
     [failed] = [r for r in store.list_runs(Archive(archive)) if r.status == "failed"]
 
     data["sim"].pop("crash-at-batch")

@@ -138,3 +138,38 @@ def test_report_bad_input_is_one_line(tmp_path):
     assert out.returncode == 2 and "no sweep of that id" in out.stderr
     assert "Traceback" not in out.stderr
     assert store.list_runs(Archive(tmp_path)) == []
+
+
+LONG = "eagle3-adaptive-rehearsal-baseline-speculative-num-steps-3-cuda-graph-max-bs-160"
+
+
+@needs_chromium
+def test_the_page_fits_its_figures_at_a_desk_and_on_a_phone(tmp_path):
+    """Issue 52: legends and a title were cut off (`hearsal-baseline TTFT p50 ms`), the
+    terminal printed matplotlib's "Tight layout not applied", an error box with a
+    64-character hash made a 390 px page 675 px wide, and the warnings sat after all six
+    plots. Measured in Chromium at 1300 and 390 px: the page no wider than the viewport,
+    every legend and title inside its figure, the warnings and errors above the plots."""
+    root = tmp_path / "logs"
+    levels = {1: (60.0, 60.0), 8: (380.0, 38.0), 64: (780.0, 12.0)}
+    _run(root, "h0", "20261203T100000Z-a", "baseline", levels, prompts="a" * 64)
+    _run(root, "h0", "20261203T100001Z-b", LONG, {c: (t * 1.1, p * 1.1) for c, (t, p) in
+                                                levels.items()}, prompts="b" * 64,
+         overloaded=True, offered_request_rate=12.0, achieved_request_rate=3.0)  # fmt: skip
+    _run(root, "h0", "20261203T100002Z-c", LONG + "-and-a-third-arm", levels, prompts="a" * 64)
+    out = run_cli("compare", "baseline", LONG, "--more", LONG + "-and-a-third-arm",
+                  "--archive", str(root))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "Tight layout not applied" not in out.stdout + out.stderr
+    [page] = (root / "compare").glob("*/report.html")
+    seen = visit(page, 1300, 900)
+    assert seen.errors == []
+    for width, fit in seen.fit.items():
+        assert fit["page"] <= fit["viewport"], (width, fit)
+        assert fit["parts"] >= 4 and fit["clipped"] == [], (width, fit)
+        assert fit["warning"] is not None and fit["warning"] < fit["plot"], (width, fit)
+    from test_reliability import record
+
+    record("report_fit", {str(w): {"page": f["page"], "viewport": f["viewport"],
+                                   "warning_px": f["warning"], "plot_px": f["plot"]}
+                          for w, f in seen.fit.items()})  # fmt: skip

@@ -70,8 +70,8 @@ def test_more_load_never_drafts_deeper_unless_the_data_says_so():
         3: {1: (70, 70), 8: (360, 45)},
     }))  # fmt: skip
     assert [c.depth for c in real.choices] == [1, 3]
-    assert real.notes and "because it measured +12.5% more throughput" in real.notes[0]
-    assert "more than its measured noise, 2.5%" in real.notes[0]
+    assert real.notes and "because depth 1 scored 11.1% behind depth 3 here" in real.notes[0]
+    assert "beyond that cell's measured noise (2.5%)" in real.notes[0]
     # a tie at C=1 goes to the shallower depth too
     tie = tune.choose(_rows({0: {1: (60, 60)}, 2: {1: (82, 82)}, 3: {1: (82.5, 82.5)}}))
     assert tie.choices[0].depth == 2
@@ -105,7 +105,10 @@ def test_a_tie_that_may_cost_more_than_2_percent_is_said_and_a_smaller_one_not()
     said = tune.choose(_rows(noisy_gain))
     assert said.choices[0].depth == 1
     [note] = [n for n in said.notes if "behind depth" in n]
-    assert note.startswith("C=8: depth 1 measured 2.5% behind depth 3, within the cells' noise")
+    assert note.startswith(
+        "C=8: depth 1 scored 320 tok/s, 2.4% behind depth 3's 328, within that cell's noise "
+        "(2.5%): not measured again, too close to tell apart"
+    )
     assert "--num-prompts" in note
     quiet = [
         tune.choose(_rows({1: {8: (320, 40)}, 3: {8: (325, 40.6)}})),  # +1.6%: within 2%
@@ -271,12 +274,17 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
         timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    # the verification launches each check twice, interleaved (issue 53); the best static
+    # depths join it once the measurement names them, and ties add their rounds
     assert (
-        "tune: 13 launches (4 measurement, 3 verification, 3 load step, 3 bursts); the first "
+        "tune: 16 launches (4 measurement, 6 verification, 3 load step, 3 bursts); the first "
         "cell sets the time estimate" in out.stdout
     )
+    states = [json.loads(p.read_text()) for p in (archive / "sweeps").glob("*.json")]
+    launches = sum(len(state["cells"]) for state in states)
+    assert launches >= 16 + 2  # the best static depth at C=1 (depth 1), twice
     # the estimate follows every cell after the first, down to the last
-    assert out.stdout.count(" cells left, ~") == 11, out.stdout
+    assert out.stdout.count(" cells left, ~") >= 11, out.stdout
     assert "tune: 1 cell left, ~" in out.stdout
     assert pid_alive(by_state["pid"]), "a sweep cell stopped a server that was not its own"
     assert fleet.cli("stop", "--hosts", "h0", "--port", str(by_port)).returncode == 0
@@ -329,7 +337,7 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
         p for p in (archive / "h0").iterdir()
         if json.loads((p / "manifest.json").read_text())["profile"] == "tspec-tuned"
     ]  # fmt: skip
-    assert len(tuned_runs) == 3  # the ladder, the load step, the bursts
+    assert len(tuned_runs) == 4  # the ladder (twice, interleaved), the load step, the bursts
     manifest = json.loads((tuned_runs[0] / "manifest.json").read_text())
     files = manifest["resolved_profile"]["files"]
     assert files["adaptive-config"]["sha256"] and files["adaptive-config"]["stored_as"]
@@ -342,9 +350,8 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
         "--resume", timeout=600,
     )  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
-    # 4 tune cells + 3 verify cells + 3 load-step cells + 3 burst cells
-    assert again.stdout.count("already done, skipped") == 13
-    assert "13 done by the run it resumes" in again.stdout
+    # every cell of every sweep the tune ran
+    assert again.stdout.count("already done, skipped") == launches
     assert " left, ~" not in again.stdout
     assert len(list((archive / "h0").iterdir())) == runs_before
     assert '{"1": {"candidate_steps": [1]}, "4": {"candidate_steps": [0]}}' in again.stdout
@@ -647,5 +654,9 @@ def test_the_verdict_holds_the_tuned_server_to_the_best_static_the_tune_measured
     assert row.best_static == "depth 2" and row.best_static_tps == 230
     assert round(row.kept_best, 3) == round(220 / 230, 3)
     assert "keeps 102% of static speculation's per-request speed at C=4" in sentence
-    assert sentence.endswith("keeps 96% at worst (C=4, depth 2).")
+    assert "keeps 96% at worst (C=4, depth 2)" in sentence
+    # below the 0.98 goal: said with the level and both figures (issue 53)
+    assert sentence.endswith(
+        "Below the 0.98x goal at C=4: 0.957x of depth 2 (tuned 220 vs 230 tok/s)."
+    )
     assert verdict(arms)[0][0].kept_best is None  # without the tune's figures: one bar

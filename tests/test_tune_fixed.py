@@ -125,6 +125,6 @@ def test_the_clock_plans_no_load_step_nor_bursts_for_one_depth_per_launch(tmp_pa
     clock = tunebudget.TimeKeeper.for_tune(arms, checks, request, True, None, said.append,
                                            None, None, switches=False)  # fmt: skip
     assert {c.stage for c in clock.cells} == {tunebudget.MEASURE, tunebudget.VERIFY}
-    assert said[0].startswith("tune: 6 launches (3 measurement, 3 verification);")
+    assert said[0].startswith("tune: 9 launches (3 measurement, 6 verification);")
     adaptive = tunebudget.plan_cells(arms, checks, request, True)
-    assert len(adaptive) == 12  # SGLang's: the load step and the bursts too
+    assert len(adaptive) == 15  # SGLang's: the load step and the bursts too

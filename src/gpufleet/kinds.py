@@ -33,6 +33,7 @@ class Kind(StrEnum):
     PREFLIGHT = "preflight"  # the launch preflight refused
     RUN_FAILED = "run_failed"  # the benchmark run finished failed
     TIMEOUT = "timeout"  # the server did not become healthy in time
+    UNHEALTHY = "unhealthy"  # a GPU reads `bad` (gpu-clean verified its memory; not its fitness)
     UNREACHABLE = "unreachable"  # the host cannot be reached over SSH
     UNSAFE_WORKDIR = "unsafe_workdir"  # the workdir path or agent file is not safe to run
     UNTRUSTED = "untrusted"  # a path root would run, import or write fails the trust rule

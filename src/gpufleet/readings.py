@@ -89,6 +89,9 @@ class GpuHealth(Record):
     xids: list[int] | None = None  # XID errors in the kernel log since the last check
     # fatal XIDs still in force (bus, xid, line, first_seen): cleared by a reboot or an operator
     fatal_xids: list[FatalXid] | None = None
+    # fatal XIDs on a bus NVML no longer lists (XID 79: a GPU fell off the bus): the host's,
+    # so every GPU of it carries them
+    missing_xids: list[FatalXid] | None = None
     read_ms: float | None = None
 
 

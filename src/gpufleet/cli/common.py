@@ -104,4 +104,5 @@ def select_hosts(options: Any) -> Any:
         from gpufleet.errors import UserError
 
         raise UserError(f"{inv.source}: no hosts selected")
-    return Fleet(selected, getattr(options, "forks", 0) or inv.forks, inv.source)
+    forks = getattr(options, "forks", 0) or inv.forks
+    return Fleet(selected, forks, inv.source, frozenset(inv.hosts), tuple(inv.skipped.items()))

@@ -30,6 +30,22 @@ def resume_command(base: list[str], words: list[str]) -> Callable[[str, list[str
     return command
 
 
+def resume_hint(fleet: Any, hosts: list[str], command: Callable[[str, list[str]], str]) -> str:
+    """How to finish the sweep, in words that work when pasted: the command for the sweep's
+    hosts this inventory can reach, and the others named with why (an inventory that lists
+    them resumes them); never a `--hosts` this inventory would refuse."""
+    skipped = dict(fleet.skipped)
+    reachable = [h for h in hosts if h in fleet.listed and h not in skipped]
+    away = [f"{h} ({fleet.absent_why(h)})" for h in hosts if h not in reachable]
+    text = f"finish the sweep with `{command(fleet.source, reachable)}`" if reachable else ""
+    if away:
+        text += ("; " if text else "") + (
+            f"not reachable from {fleet.source}: {', '.join(away)}: run the same with an "
+            "inventory that lists them to finish their cells"
+        )
+    return text
+
+
 @contextlib.contextmanager
 def ctrl_c_stops(cancel: Any, hint: Callable[[], str]) -> Iterator[None]:
     """First Ctrl-C: nothing new starts, the cells in flight stop cleanly (see sweep.py).
@@ -46,7 +62,7 @@ def ctrl_c_stops(cancel: Any, hint: Callable[[], str]) -> Iterator[None]:
             line("gpufleet: stopping: no new cell starts, cells in flight stop cleanly "
                  "(Ctrl-C again to abort now)", sys.stderr)  # fmt: skip
             return
-        line(f"gpufleet: aborted; finish the sweep with `{hint()}`", sys.stderr)
+        line(f"gpufleet: aborted; {hint()}", sys.stderr)
         os._exit(130)
 
     previous = signal.signal(signal.SIGINT, on_sigint)
@@ -74,16 +90,13 @@ def experiment(
     exp = Experiment(fleet, console, launch, fail_fast)
 
     def hint() -> str:
-        return command(fleet.source, opened[-1].record.hosts if opened else fleet.names)
+        return resume_hint(fleet, opened[-1].record.hosts if opened else fleet.names, command)
 
     with ctrl_c_stops(exp.cancel, hint):
         try:
             yield exp
         except SweepUnfinished as unfinished:
             if unfinished.interrupted:
-                raise Exit(
-                    f"gpufleet: interrupted; finish the sweep with `{hint()}`", 130
-                ) from None
-            raise Exit(
-                f"gpufleet: some sweep cells failed (see above); retry them with `{hint()}`", 1
-            ) from None
+                raise Exit(f"gpufleet: interrupted; {hint()}", 130) from None
+            said = f"gpufleet: some sweep cells did not finish (see above); {hint()}"
+            raise Exit(said, 1) from None

@@ -97,6 +97,9 @@ def health_lines(host: Any, gpus: list[GpuReading]) -> None:
     if any(g.health is not None and g.health.verdict == "bad" for g in gpus):
         line(f"{host.name}: launch, sweep and tune refuse a bad GPU (--allow-unhealthy "
              "launches anyway and records it)")  # fmt: skip
+    if any(g.health is not None and g.health.missing_xids for g in gpus):
+        line(f"{host.name}: a GPU missing from NVML returns only when the host is rebooted "
+             "(or the GPU reset through its PCI bus); until then launches refuse")  # fmt: skip
     fatal = [str(g.index) for g in gpus if g.health is not None and g.health.fatal_xids]
     if fatal:
         line(f"{host.name}: a fatal XID holds until a reboot; after resetting the GPU "

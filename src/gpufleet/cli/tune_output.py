@@ -12,10 +12,10 @@ from gpufleet.cli.output import line, table
 def print_choice(outcome: Any) -> None:
     """The measured output tok/s (and per-request tok/s) by depth, the chosen depth per load,
     and the files written."""
-    from gpufleet.control.tune import table as tuning
+    from gpufleet.control.tune.cells import measured_columns
 
     result = outcome.result
-    columns = tuning.measured_columns(result.measured)
+    columns = measured_columns(result.measured)
 
     def cell(depth: int, concurrency: int) -> str:
         figures = result.measured[depth].get(concurrency)
@@ -46,9 +46,9 @@ def print_verdicts(outcome: Any) -> None:
     for v in outcome.verdicts:
         table(
             f"{v.host}: tuned vs the better of no drafting and static speculation, and vs the "
-            "best static the tune measured",
-            ["C", "wins", *(f"{a.label} req tok/s" for a in v.arms),
-             *(f"{a.label} tok/s" for a in v.arms), "tuned kept", "best static (tune)",
+            "best static depth measured beside it",
+            ["C", "wins", *(f"{a.label} req tok/s" for a in v.arms[:3]),
+             *(f"{a.label} tok/s" for a in v.arms[:3]), "tuned kept", "best static",
              "its tok/s", "tuned kept"],
             [
                 [str(r.concurrency), r.winner,
@@ -77,3 +77,9 @@ def print_verdicts(outcome: Any) -> None:
         )  # fmt: skip
         line(f"{st.host}: {st.sentence}")
     line(f"tune: archived {outcome.record_path}")
+    from gpufleet.control.tune.verify import GOAL, shortfalls
+
+    for v in outcome.verdicts:  # the last word: where the tuned server missed its goal
+        short = shortfalls(v.rows)
+        if short:
+            line(f"tune: {v.host}: below the {GOAL:.2f}x goal at " + "; ".join(short))

@@ -16,6 +16,7 @@ import io
 import os
 import re
 import stat
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#8
 MARKERS = ["o", "^", "s"]  # p50, p99 (or p10, p90)
 STYLES = ["-", "--", ":"]
 WIDTH_IN, HEIGHT_IN = 5.6, 4.4
+TITLE_CHARS = 40  # a title line at TEXT_PT + 1 across WIDTH_IN
+LEGEND_CHARS = 36  # a legend line at TEXT_PT: longer labels wrap, one column
 TEXT_PT = 13  # the smallest text in a figure
 SVG_ROOT = re.compile(r"<svg\b[^>]*>")
 
@@ -118,15 +121,18 @@ def draw(host: str, arms: list[Arm], spec: metrics.PlotSpec) -> tuple[Any, list[
     ax.set_ylabel(spec.unit)
     title = f"{host}: {spec.title}"
     slo = _slo_text(arms, levels) if spec.name == "goodput" else ""
-    ax.set_title(title + (f"\n{slo}" if slo else ""), fontsize=TEXT_PT + 1)
+    wrapped = "\n".join(textwrap.wrap(title, TITLE_CHARS) + textwrap.wrap(slo, TITLE_CHARS))
+    ax.set_title(wrapped, fontsize=TEXT_PT + 1).set_gid("gpufleet-title")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False,
-              fontsize=TEXT_PT)  # fmt: skip
-    # once, as fig.tight_layout() does, but leaving no layout engine on the figure: with
-    # one, every savefig draws the figure twice (measured: 4 draws a figure, now 2)
-    from matplotlib.layout_engine import TightLayoutEngine
-
-    TightLayoutEngine().execute(fig)
+    handles, labels = ax.get_legend_handles_labels()
+    labels = ["\n".join(textwrap.wrap(label, LEGEND_CHARS)) or label for label in labels]
+    one_column = any(len(label) > LEGEND_CHARS // 2 for label in labels)
+    legend = ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+                       ncol=1 if one_column else 2, frameon=False, fontsize=TEXT_PT)  # fmt: skip
+    legend.set_gid("gpufleet-legend")
+    # no layout engine: every saved figure is cropped to what it draws (bbox_inches
+    # "tight" in `svg` and `render`), so a long legend below the axes or a wrapped title is never
+    # cut off, and matplotlib has no layout to give up on ("Tight layout not applied")
     return fig, points
 
 
@@ -145,7 +151,7 @@ def svg(fig: Any, title: str, points: list[str]) -> str:
     import html
 
     buffer = io.StringIO()
-    fig.savefig(buffer, format="svg")
+    fig.savefig(buffer, format="svg", bbox_inches="tight", pad_inches=0.1)
     text = buffer.getvalue()
     text = text[text.index("<svg") :]
     for n, point in enumerate(points):
@@ -188,7 +194,7 @@ def render(host: str, arms: list[Arm], png_dir: Path | None) -> tuple[list[str],
         fig, points = drawn  # a pyplot-free Figure: nothing global to close
         if png_dir is not None:
             path = png_dir / f"{host}-{spec.name}.png"
-            fig.savefig(path)
+            fig.savefig(path, bbox_inches="tight", pad_inches=0.1)
             os.chmod(path, stat.S_IMODE(png_dir.stat().st_mode) & 0o666)
             written.append(path)
         svgs.append(svg(fig, f"{host}: {spec.title}", points))

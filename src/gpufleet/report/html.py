@@ -63,10 +63,6 @@ def render(data: ReportInput, out_dir: Path) -> str:
         drawn = data.plots.get(host) if data.plots is not None else None
         svgs = drawn if drawn is not None else figures.inline(host, arms)
         body.append('<div class="plots">' + "".join(svgs) + "</div>")
-        warnings = answers[host].warnings
-        if warnings:
-            items = "".join(f"<li>{_e(n.text)}</li>" for n in warnings)
-            body.append(f'<h3>Warnings</h3><ul class="warn">{items}</ul>')
         body.append("</section>")
     body.append(_provenance(data, out_dir))
     payload = {
@@ -115,6 +111,8 @@ def _answers(answers: dict[str, Answer]) -> str:
     for host, said in answers.items():
         errors = "".join(f"<li>{_e(n.text)}</li>" for n in said.errors)
         box = f'<ul class="errors" aria-label="errors">{errors}</ul>' if errors else ""
+        warned = "".join(f"<li>{_e(n.text)}</li>" for n in said.warnings)
+        box += f'<ul class="warn" aria-label="warnings">{warned}</ul>' if warned else ""
         if len(said.labels) > 1 and said.levels:
             told = "</p><p>".join(_e(text) for text in said.sentences)
             items.append(f"<li><b>{_e(host)}</b>: <p>{told}</p>{box}</li>")
@@ -274,7 +272,7 @@ CSS = """
 :root { --fg:#1d2330; --muted:#5b6475; --line:#d9dee7; --win:#d8f3e3; --lose:#fbe0e0; }
 * { box-sizing: border-box; }
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--fg);
-       margin: 0 auto; padding: 16px 24px; max-width: 1240px; }
+       margin: 0 auto; padding: 16px 24px; max-width: 1240px; overflow-wrap: anywhere; }
 h1 { font-size: 22px; margin: 8px 0 16px; } h2 { font-size: 18px; margin: 24px 0 8px; }
 h3 { font-size: 15px; margin: 16px 0 6px; }
 .answer ul { font-size: 16px; padding-left: 20px; } .answer li { margin: 4px 0; }

@@ -375,9 +375,9 @@ def gpufleet_kernel_log() -> list[str]:
     faults = _topology().get("faults") or {}
     lines = []
     for index, fault in sorted(faults.items()):
-        for xid in fault.get("xids", []):
+        for k, xid in enumerate(fault.get("xids", [])):  # the k-th a second later
             lines.append(
-                f"[  100.000000] NVRM: Xid (PCI:{bus_id(int(index))[4:]}): {xid}, pid=4242, "
-                "name=python3, simulated"
+                f"[{100 + k:>5}.000000] NVRM: Xid (PCI:{bus_id(int(index))[4:]}): {xid}, "
+                "pid=4242, name=python3, simulated"
             )
     return lines

@@ -25,6 +25,18 @@ class Fleet:
     hosts: list[Host]
     forks: int = DEFAULT_FORKS
     source: str = ""  # the inventory they came from, for pasteable hints
+    listed: frozenset[str] = frozenset()  # every host that inventory names
+    skipped: tuple[tuple[str, str], ...] = ()  # nodes it left out, and why (drained, down)
+
+    def absent_why(self, name: str) -> str:
+        """Why a host is not among these: what the inventory said of it, else that it was
+        not selected, else that the inventory lacks it."""
+        said = dict(self.skipped).get(name)
+        if said:
+            return said
+        if name in self.listed:
+            return "not selected (--hosts)"
+        return f"not in {self.source or 'the inventory'}"
 
     @property
     def names(self) -> list[str]:

@@ -56,7 +56,17 @@ def clean(
         if res.ok and res.value is not None and not options.dry_run and not res.value.clean:
             res.error = verdict_reason(res.value)
             res.kind = Kind.NOT_CLEAN
+        elif res.ok and res.value is not None and (bad := bad_gpus(res.value.gpus)):
+            res.error = f"{'; '.join(bad)}: a bad GPU makes the host unfit to measure on"
+            res.kind = Kind.UNHEALTHY
     return results
+
+
+def bad_gpus(gpus: list[GpuReading]) -> list[str]:
+    """`GPU i is bad` for each GPU whose health verdict is `bad` (its reasons are printed
+    beside)."""
+    return [f"GPU {g.index} is bad" for g in gpus
+            if g.health is not None and g.health.verdict == "bad"]  # fmt: skip
 
 
 def verdict_lines(gpus: list[GpuReading]) -> list[tuple[bool, str]]:

@@ -80,6 +80,10 @@ class Experiment:
         self.console.opened(state)
         if resume:
             self.console.line(f"resuming sweep {state.sweep_id} ({state.record.status})")
+            for host in state.record.hosts:
+                if host not in self.fleet.names:
+                    why = self.fleet.absent_why(host)
+                    self.console.line(f"sweep {state.sweep_id}: {host} is not resumed here: {why}")
             if state.record.request is not None:  # what it was started with, whatever is given
                 request = BenchRequest.from_json(state.record.request, root)
         state = sweeps.run(

@@ -321,7 +321,7 @@ def run(
             h.name for h in fleet.hosts if state.cell(name, h.name).status != CellStatus.DONE
         )
         if not todo.hosts:
-            say(f"[sweep {index + 1}/{len(arms)}] {name}: already done, skipped")
+            say(f"[sweep {index + 1}/{len(arms)}] {name}: {_done_where(state, name, fleet)}")
             hooks.after(arm, state, False)
             continue
         why = hooks.drop(arm)
@@ -354,6 +354,17 @@ def run(
         )
     state.save()
     return state
+
+
+def _done_where(state: SweepState, name: str, fleet: Fleet) -> str:
+    """What a cell with nothing to run here is: done on every host of the sweep, or done
+    only on these, with the sweep's other hosts named (a resume elsewhere finishes them)."""
+    left = [h for h in state.record.hosts
+            if h not in fleet.names and state.cell(name, h).status != CellStatus.DONE]  # fmt: skip
+    if not left:
+        return "already done, skipped"
+    return (f"not done on {', '.join(left)} (not among the hosts here, see above); "
+            "nothing to run on the others")  # fmt: skip
 
 
 def _eta(state: SweepState, profiles_left: int) -> str:

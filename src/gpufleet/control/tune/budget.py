@@ -27,7 +27,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpufleet.archive.layout import Archive
 from gpufleet.archive.records import SweepRecord
@@ -36,6 +36,7 @@ from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.control.sweep.run import CellHooks
 from gpufleet.control.sweep.state import SweepState
 from gpufleet.control.tune import cells as tunecells
+from gpufleet.control.tune import levels
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune.step import BURST_CYCLES, QUIET_S, step_request
 from gpufleet.errors import UserError
@@ -45,6 +46,7 @@ MEASURE, VERIFY, STEP, BURST = "tune", "tune-verify", "tune-step", "tune-burst"
 STAGE_NAMES = {MEASURE: "measurement", VERIFY: "verification", STEP: "load step",
                BURST: "bursts"}  # fmt: skip
 FIXED_STEPS = ("clean", "launch", "stop")
+VERIFY_REPEATS = 2  # the verification launches each server this many times, interleaved
 
 
 def decode_rounds(request: BenchRequest) -> float:
@@ -138,8 +140,9 @@ def plan_cells(
     table), the load step and the bursts (a trace of BURST_CYCLES bursts, each decoding
     its tokens at once, that lasts its span however fast the server is)."""
     stages = [(MEASURE, measure, decode_rounds(request), 0.0)]
-    if verify:
-        stages.append((VERIFY, checks, decode_rounds(request), 0.0))
+    if verify:  # each check twice, interleaved (the best static depths join once measured)
+        repeated = [replace(a, repeat=k) for k in range(1, VERIFY_REPEATS + 1) for a in checks]
+        stages.append((VERIFY, repeated, decode_rounds(request), 0.0))
     if verify and switches:
         stages += [
             (STEP, checks, decode_rounds(step_request(request)), 0.0),
@@ -159,7 +162,7 @@ def depth_of(arm: ArmSpec) -> int | None:
 
 
 def drop_order(
-    measure: list[ArmSpec], stages: Iterable[tuple[str, list[ArmSpec]]],
+    measure: list[ArmSpec], stages: Iterable[tuple[str, list[str]]],
     falling_from: int | None = None,
 ) -> list[DropUnit]:  # fmt: skip
     """The units `--budget` may drop, least informative first (the module's list).
@@ -174,7 +177,7 @@ def drop_order(
                "by level"),
     ):  # fmt: skip
         if by_stage.get(stage):
-            keys = tuple((stage, a.key) for a in by_stage[stage])
+            keys = tuple((stage, key) for key in by_stage[stage])
             units.append(DropUnit(keys, STAGE_NAMES[stage], why))
     skip = [a for a in measure if a.env and depth_of(a) is None]
     units += [
@@ -200,7 +203,7 @@ def drop_order(
         )
         units.append(DropUnit(((MEASURE, a.key),), a.label, why))
     if by_stage.get(VERIFY):
-        keys = tuple((VERIFY, a.key) for a in by_stage[VERIFY])
+        keys = tuple((VERIFY, key) for key in by_stage[VERIFY])
         units.append(
             DropUnit(keys, STAGE_NAMES[VERIFY], "the last resort: the table is written unverified")
         )
@@ -288,8 +291,7 @@ class TimeKeeper:
 
     def units(self) -> list[DropUnit]:
         """What can be dropped to fit the budget, least informative first."""
-        stages = {c.stage for c in self.cells}
-        checked = [(s, self.checks) for s in (BURST, STEP, VERIFY) if s in stages]
+        checked = [(s, [c.key for c in self.cells if c.stage == s]) for s in (BURST, STEP, VERIFY)]
         return drop_order(self.measure, checked, falling_depth(self.measured))
 
     def fit_budget(self) -> None:
@@ -348,6 +350,32 @@ class TimeKeeper:
                 f"decode round ({_minutes(self.elapsed_s())} spent{budget})"
             )
 
+    def plan_more(self, stage: str, arms: list[ArmSpec], request: BenchRequest) -> None:
+        """Cells a stage gained once the measurement said what to run (the verification's
+        best static depths and repeats): planned, and dropped with their stage if it was."""
+        dropped = self.stage_dropped(stage)
+        planned = {(c.stage, c.key) for c in self.cells}
+        for arm in arms:
+            if (stage, arm.key) in planned:
+                continue
+            self.cells.append(PlannedCell(stage, arm.key, arm.label, decode_rounds(request)))
+            if dropped:
+                self.dropped[(stage, arm.key)] = "its stage was dropped"
+        self.fit_budget()
+
+    def cannot_afford(self, stage: str, arms: list[ArmSpec], request: BenchRequest) -> str:
+        """Why a stage decided on the way (the ties' retests) does not fit `--budget` beside
+        what is left; empty where it fits (or there is no budget, or no pace yet)."""
+        if self.budget_s is None or self.pace is None:
+            return ""
+        rounds = decode_rounds(request)
+        cost = sum(self.pace.cell_s(PlannedCell(stage, a.key, a.label, rounds)) for a in arms)
+        total = self.elapsed_s() + (self.left_s() or 0.0) + cost
+        if total <= self.budget_s:
+            return ""
+        return (f"they need ~{_minutes(cost)} more, ~{_minutes(total)} in all against "
+                f"--budget {self.budget_s:g}s")  # fmt: skip
+
     def stage_dropped(self, stage: str) -> bool:
         """Whether every cell of a stage was dropped (the stage is then not run at all)."""
         keys = [(c.stage, c.key) for c in self.cells if c.stage == stage]
@@ -366,7 +394,7 @@ class TimeKeeper:
             if stage == MEASURE and depth_of(arm) is not None:
                 rows = tuning.rows_by_depth([arm], state.record, archive)
                 figures = {
-                    c: statistics.median(tuning.objective(r)[0] for r in level)
+                    c: statistics.median(levels.objective(r)[0] for r in level)
                     for by_c in rows.values() for c, level in by_c.items()
                 }  # fmt: skip
             self.finished(stage, arm, steps, figures, said=ran)
@@ -376,3 +404,12 @@ class TimeKeeper:
 
 def _minutes(seconds: float) -> str:
     return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def has_state(root: Archive, profiles: list[str], arms: list[ArmSpec], kind: str) -> bool:
+    """Whether an earlier (interrupted) tune got as far as this sweep."""
+    try:
+        SweepState.latest(root, profiles, arms, kind)
+    except UserError:
+        return False
+    return True

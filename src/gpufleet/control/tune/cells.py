@@ -4,6 +4,7 @@ sweep cells, named so a cell's depth reads back from its label (`draft[depth=2]`
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from gpufleet.control.server import engines
 from gpufleet.control.server.profiles import Profile, load_profile
@@ -73,3 +74,13 @@ def arm_depth(arm: ArmSpec) -> int | str | None:
     if found is None:
         return None
     return SKIP if found.group(2) else int(found.group(1))
+
+
+def measured_columns(measured: dict[Any, Any]) -> list[tuple[Any, str]]:
+    """The measured table's columns in reading order: plain, depth 0 (and its skip
+    variant), then the drafting depths."""
+    depths = sorted(k for k in measured if isinstance(k, int))
+    zero = "depth 0" if PLAIN in measured else "depth 0 (plain)"  # one depth per launch
+    order = [(PLAIN, "plain")] + [(0, zero)] * (0 in depths) + [(SKIP, "depth 0 skip")]
+    order += [(d, f"depth {d}") for d in depths if d != 0]
+    return [(key, title) for key, title in order if key in measured]

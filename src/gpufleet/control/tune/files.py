@@ -13,8 +13,9 @@ from typing import Protocol
 import yaml
 
 from gpufleet.archive import store
-from gpufleet.control.server.profiles import PLAYBOOKS
+from gpufleet.control.server.profiles import PLAYBOOKS, load_profile
 from gpufleet.control.sweep.cells import profile_label
+from gpufleet.engine_facts import CAPPED_ALGORITHMS, SPEC_DEFAULT_MAX_RUNNING, capture_sizes
 
 
 class TuneResult(Protocol):
@@ -118,3 +119,24 @@ def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def profile_capture_sizes(profile: str) -> list[int] | None:
+    """The capture sizes the profile's server will have (its flags, else SGLang's
+    speculative defaults)."""
+    loaded = load_profile(profile)
+    flags = loaded.flags
+    listed = flags.get("cuda-graph-bs")
+    if isinstance(listed, str):
+        listed = [int(x) for x in listed.replace(",", " ").split()]
+    elif isinstance(listed, int):
+        listed = [listed]
+    cap = flags.get("cuda-graph-max-bs-decode") or flags.get("cuda-graph-max-bs")
+    running = flags.get("max-running-requests")
+    if running is None and flags.get("speculative-algorithm") in CAPPED_ALGORITHMS:
+        running = SPEC_DEFAULT_MAX_RUNNING  # SGLang's reset for speculative servers
+    return capture_sizes(
+        listed or None, int(cap) if cap else None, bool(flags.get("disable-cuda-graph")),
+        max_running=int(running) if running else None, tp=loaded.tp,
+        padding_disabled=bool(flags.get("disable-cuda-graph-padding")),
+    )  # fmt: skip

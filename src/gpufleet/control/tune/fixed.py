@@ -1,7 +1,7 @@
 """inv tune on an engine with one draft depth for every load (llama.cpp's server: its
 `--spec-draft-n-max` is fixed at launch; issue 38). The cells are the same as SGLang's tune
 (a plain server, which is depth 0 here, and each static depth, over the ladder), and each
-level's best depth is chosen the same way (control/tune.choose_level). The server cannot
+level's best depth is chosen the same way (control/tune/levels.choose_level). The server cannot
 follow those choices, so the one depth written is the one whose worst level keeps the most
 of that level's best: the depth that costs least where it costs most. Within 1% of that,
 the shallower depth (less drafting work for the same result)."""
@@ -12,12 +12,8 @@ from typing import Any
 
 from gpufleet.control.server.engines import Drafting, Flags
 from gpufleet.control.tune.cells import PLAIN
-from gpufleet.control.tune.table import (
-    Choice,
-    TuneResult,
-    choose_level,
-    measured_cells,
-)
+from gpufleet.control.tune.levels import choose_level, measured_cells
+from gpufleet.control.tune.table import Choice, TuneResult
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow
 

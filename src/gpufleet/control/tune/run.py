@@ -30,6 +30,7 @@ from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import fixed as tunefixed
 from gpufleet.control.tune import step as tunestep
 from gpufleet.control.tune import table as tuning
+from gpufleet.control.tune import ties as tunetie
 from gpufleet.control.tune import verify as tuneverify
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
@@ -104,9 +105,10 @@ def run(
     measure_hooks = clock.hooks(tunebudget.MEASURE, root)
     state = experiment.sweep([profile], arms, "tune", resume, request, measure_hooks)
     rows = tuning.rows_by_depth(arms, state.record, root)
-    result, outputs = _choose_and_write(profile, name, floor, rows)
+    retests, tie_notes = _settle_ties(profile, rows, floor, request, experiment, clock, resume)
+    result, outputs = _choose_and_write(profile, name, floor, rows, retests)
     config_path, profile_path = outputs
-    result.notes += clock.notes
+    result.notes += tie_notes + clock.notes
     record = _new_record(profile, depths, request, floor, state, result, outputs)
     record_path = root.tune_record(record.tune_id)
     save_record(record, record_path)
@@ -116,20 +118,7 @@ def run(
     # a fixed depth 0 is the plain server, just measured: nothing new to verify
     if not verify or clock.stage_dropped(tunebudget.VERIFY) or result.fixed_depth == 0:
         return outcome
-    again = resume and _has_state(root, [profile, tuned], checks, "tune-verify")
-    check = experiment.sweep(
-        [profile, tuned], checks, "tune-verify", again, request,
-        clock.hooks(tunebudget.VERIFY, root),
-    )  # fmt: skip
-    data = select.report_for_sweep(root, check.path)
-    for host, host_arms in data.per_host.items():
-        rows, sentence = tuneverify.verdict(host_arms, result.measured)
-        outcome.verdicts.append(Verdict(host, host_arms, rows, sentence))
-        record.verify[host] = {
-            "sweep_id": check.sweep_id,
-            "rows": [dataclasses.asdict(r) for r in rows],
-            "sentence": sentence,
-        }
+    _verify(profile, tuned, checks, request, resume, experiment, outcome, clock)
     save_record(record, record_path)
     if result.fixed_depth is None:  # the step and bursts judge depth switching: none here
         _load_step(profile, tuned, checks, request, resume, experiment, outcome, clock)
@@ -138,16 +127,29 @@ def run(
     return outcome
 
 
+def _settle_ties(
+    profile: str, rows: dict[Any, Any], floor: float | None, request: BenchRequest,
+    experiment: Experiment, clock: tunebudget.TimeKeeper, resume: bool,
+) -> tuple[dict[int, tuning.Retest], list[str]]:  # fmt: skip
+    """On SGLang's table, the ties measured again (control/tune/ties.py); an engine with
+    one depth for every load chooses by its worst level instead."""
+    if not tunecells.drafting_of(load_profile(profile)).adaptive:
+        return {}, []
+    sizes = tunefiles.profile_capture_sizes(profile)
+    return tunetie.settle(profile, rows, floor, sizes, request, experiment, clock, resume)
+
+
 def _choose_and_write(
-    profile: str, name: str | None, floor: float | None, rows: dict[Any, Any]
-) -> tuple[tuning.TuneResult, tuple[Path | None, Path]]:
+    profile: str, name: str | None, floor: float | None, rows: dict[Any, Any],
+    retests: dict[int, tuning.Retest],
+) -> tuple[tuning.TuneResult, tuple[Path | None, Path]]:  # fmt: skip
     """The choice from the measured cells, and the files that ship it: SGLang's adaptive
     table and a profile using it, or on an engine with one depth (control/tune/fixed.py)
     a profile at that depth."""
     base = load_profile(profile)
     drafting = tunecells.drafting_of(base)
     if drafting.adaptive:
-        result = tuning.choose(rows, floor, tuning.profile_capture_sizes(profile))
+        result = tuning.choose(rows, floor, tunefiles.profile_capture_sizes(profile), retests)
         return result, tunefiles.write_outputs(profile, result, name)
     result = tunefixed.choose_fixed(rows, floor)
     flags = tunefixed.profile_flags(drafting, base.flags, result.fixed_depth or 0)
@@ -183,6 +185,33 @@ def _new_record(
     )
 
 
+def _verify(
+    profile: str, tuned: str, checks: list[ArmSpec], request: BenchRequest, resume: bool,
+    experiment: Experiment, outcome: TuneOutcome, clock: tunebudget.TimeKeeper,
+) -> None:  # fmt: skip
+    """The tuned server beside no drafting, static speculation and the best static depth
+    of every level, each launched twice, interleaved; per host its verdict, in the record."""
+    root = request.archive
+    result, record = outcome.result, outcome.record
+    beside = tuneverify.beside_arms(profile, checks, result.measured, tunebudget.VERIFY_REPEATS)
+    clock.plan_more(tunebudget.VERIFY, beside, request)
+    again = resume and tunebudget.has_state(root, [profile, tuned], beside, "tune-verify")
+    check = experiment.sweep(
+        [profile, tuned], beside, "tune-verify", again, request,
+        clock.hooks(tunebudget.VERIFY, root),
+    )  # fmt: skip
+    data = select.report_for_sweep(root, check.path)
+    for host, host_arms in data.per_host.items():
+        rows, sentence = tuneverify.verdict(host_arms, result.measured)
+        outcome.verdicts.append(Verdict(host, host_arms, rows, sentence))
+        record.verify[host] = {
+            "sweep_id": check.sweep_id,
+            "rows": [dataclasses.asdict(r) for r in rows],
+            "sentence": sentence,
+            "shortfalls": tuneverify.shortfalls(rows),
+        }
+
+
 def _load_step(
     profile: str,
     tuned: str,
@@ -200,7 +229,7 @@ def _load_step(
     profiles = [profile, tuned]
     if clock.stage_dropped(tunebudget.STEP):
         return  # the bursts went before it
-    again = resume and _has_state(root, profiles, checks, "tune-step")
+    again = resume and tunebudget.has_state(root, profiles, checks, "tune-step")
     step = tunestep.step_request(request)
     step_hooks = clock.hooks(tunebudget.STEP, root)
     stepped = experiment.sweep(profiles, checks, "tune-step", again, step, step_hooks)
@@ -208,7 +237,7 @@ def _load_step(
     burst_id = None
     if not clock.stage_dropped(tunebudget.BURST):
         trace = root.tune_burst_trace(outcome.record.tune_id)
-        again = resume and _has_state(root, profiles, checks, "tune-burst")
+        again = resume and tunebudget.has_state(root, profiles, checks, "tune-burst")
         bursty = tunestep.burst_request(request, trace)
         burst_hooks = clock.hooks(tunebudget.BURST, root)
         burst = experiment.sweep(profiles, checks, "tune-burst", again, bursty, burst_hooks)
@@ -239,8 +268,12 @@ def _finished_cells(
     """(stage, arm key) of the cells an interrupted tune finished on every host: what
     `--resume` will not run again, so the clock leaves them out."""
     later = [kind for kind in tunebudget.STAGE_NAMES if kind != tunebudget.MEASURE]
-    stages = [(tunebudget.MEASURE, [profile], arms)]
-    stages += [(kind, [profile, tuned], checks) for kind in later]
+    Stage = tuple[str, list[str], list[ArmSpec] | None]
+    stages: list[Stage] = [(tunebudget.MEASURE, [profile], arms)]
+    # the verification's cells depend on what was measured (its best static depths): its
+    # latest sweep of these profiles, whatever cells it had
+    stages += [(kind, [profile, tuned], None if kind == tunebudget.VERIFY else checks)
+               for kind in later]  # fmt: skip
     done = set()
     for kind, profiles, kind_arms in stages:
         try:
@@ -251,12 +284,3 @@ def _finished_cells(
             if cells and all(c.status == CellStatus.DONE for c in cells.values()):
                 done.add((kind, key))
     return done
-
-
-def _has_state(root: Archive, profiles: list[str], arms: list[ArmSpec], kind: str) -> bool:
-    """Whether an earlier (interrupted) tune got as far as this sweep."""
-    try:
-        SweepState.latest(root, profiles, arms, kind)
-    except UserError:
-        return False
-    return True

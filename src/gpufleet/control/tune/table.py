@@ -37,23 +37,23 @@ server caps it at max-running-requests), so the ladder's levels are the table's 
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
 from gpufleet.archive.records import SweepRecord
-from gpufleet.control.server.profiles import load_profile
 from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.control.tune.cells import PLAIN, SKIP, arm_depth
-from gpufleet.engine_facts import (
-    CAPPED_ALGORITHMS,
-    SPEC_DEFAULT_MAX_RUNNING,
-    capture_sizes,
-    first_batch,
-    padded,
+from gpufleet.control.tune.levels import (
+    Cell,
+    Tie,
+    choose_level,
+    level_tie,
+    measured_cells,
+    near_best,
 )
+from gpufleet.engine_facts import first_batch, padded
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
 from gpufleet.records import ResultRow
@@ -75,19 +75,6 @@ class AdaptiveSlot(TypedDict):
     candidate_steps: list[int]
 
 
-class Cell(TypedDict, total=False):
-    """One depth at one concurrency, over its hosts and repeats (see measured_cells)."""
-
-    output_throughput: float  # median of the objective: steady-window output tok/s
-    basis: str  # "steady window", or "whole level" where a run had no steady window
-    per_request: float  # median of the per-request output speeds' medians
-    mad: float  # median absolute deviation of output_throughput
-    noise: float  # relative: the repeats' MAD / median, at least the within-run error
-    score: float  # median - MAD: a noisy cell pays for its noise
-    runs: int
-    rejected: str  # why the cell may not be chosen (absent: it may)
-
-
 @dataclass
 class TuneResult:
     """The chosen table (or one depth), the choices and reasoning behind it, and what was
@@ -100,73 +87,24 @@ class TuneResult:
     measured: dict[Any, dict[int, dict[str, float]]] = field(default_factory=dict)
     skip_extend: bool = False  # the tuned server sets SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND
     fixed_depth: int | None = None  # an engine with one depth for every load: it (no table)
+    ties: list[Tie] = field(default_factory=list)  # what measuring again could still settle
 
 
-SPREAD_BOUND = 0.10  # a cell whose repeats spread more than this (MAD / median) is rejected
+@dataclass
+class Retest:
+    """A tie measured again (control/tune/ties.py): both depths' rows from the tie rounds
+    (interleaved launches, more requests), and what it took."""
 
-
-def _mad(values: list[float]) -> float:
-    middle = statistics.median(values)
-    return statistics.median(abs(v - middle) for v in values)
-
-
-def objective(row: ResultRow) -> tuple[float, str]:
-    """What the tune maximises at a level, and its basis: the steady window's output
-    throughput, else the whole level's (no steady window: too few requests at full load)."""
-    if row.steady_output_throughput:
-        return float(row.steady_output_throughput), "steady window"
-    return float(row.output_throughput or 0.0), "whole level"
-
-
-def _noise(row: ResultRow) -> float:
-    """One run's relative standard error on its level figure: the spread of its requests'
-    speeds (median - p10 is 1.28 sigma) over the root of their number. A closed-loop
-    level's throughput is its slots times the mean request speed, so it carries that error."""
-    median, p10 = row.median_per_request_output_tps, row.p10_per_request_output_tps
-    if not (median and p10 is not None and row.completed):
-        return 0.0
-    return max(0.0, median - p10) / 1.2816 / median / math.sqrt(row.completed)
-
-
-def measured_cells(per_depth: dict[Any, dict[int, list[ResultRow]]]) -> dict:
-    """depth -> C -> the cell's figures over its hosts and repeats: medians of the
-    objective, the spread (median absolute deviation), the relative noise (the larger of
-    the spread and the runs' own standard error), `score` = median - MAD (a noisy cell
-    pays for its noise), and `rejected` (why, or absent): failed requests, or a spread
-    above SPREAD_BOUND."""
-    out: dict[Any, dict[int, Cell]] = {}
-    for depth, levels in per_depth.items():
-        for c, rows in levels.items():
-            judged = [objective(r) for r in rows]
-            tput = [figure for figure, _ in judged]
-            middle, mad = statistics.median(tput), _mad(tput)
-            within = statistics.median(_noise(r) for r in rows) / math.sqrt(len(rows))
-            cell: Cell = {
-                "output_throughput": middle,
-                "basis": "steady window"
-                if all(b == "steady window" for _, b in judged)
-                else "whole level",
-                "per_request": statistics.median(
-                    r.median_per_request_output_tps or 0.0 for r in rows
-                ),
-                "mad": mad,
-                "noise": max(mad / middle if middle else 0.0, within),
-                "score": middle - mad,
-                "runs": len(rows),
-            }
-            failed = sum(r.failed for r in rows)
-            if failed:
-                cell["rejected"] = f"{failed} failed request(s)"
-            elif middle and mad / middle > SPREAD_BOUND:
-                cell["rejected"] = f"spread {mad / middle:.0%} (bound {SPREAD_BOUND:.0%})"
-            out.setdefault(depth, {})[c] = cell
-    return out
+    rows: dict[int, list[ResultRow]]  # depth -> rows
+    requests: int  # requests per depth over every round
+    rounds: int
 
 
 def choose(
     per_depth: dict[Any, dict[int, list[ResultRow]]],
     min_request_speed: float | None = None,
     sizes: list[int] | None = None,
+    retests: dict[int, Retest] | None = None,
 ) -> TuneResult:
     """The table from measurements: depth -> concurrency -> result rows (any hosts).
 
@@ -174,6 +112,10 @@ def choose(
     skip variable) was measured, depth 0 counts at the better of the two, and the tuned
     server sets the variable when the skip won a depth-0 range. `plain` (no speculation) is
     not a choice: the notes give the gap depth 0 leaves to it.
+
+    A level whose best depth ties a shallower one within the noise is settled by its
+    `retests` (control/tune/ties.py measured the two again); a tie that survives them, or
+    has none, is in `ties`, and settled by the physics (`_follow_physics`), else shallow.
 
     `sizes` are the server's CUDA-graph capture sizes: SGLang pads a decode batch to the
     next captured size before it picks a key, so keys are padded sizes and each range says
@@ -187,81 +129,121 @@ def choose(
         raise UserError("inv tune: the depths share no measured concurrency level")
     choices: list[Choice] = []
     notes: list[str] = []
+    ties: dict[int, Tie] = {}
     for c in ladder:
         figures = {d: measured[d][c] for d in sorted(measured)}
         best, why, rejected = choose_level(figures, min_request_speed)
-        previous = choices[-1].depth if choices else None
-        if previous is not None and best > previous:  # deeper under more load: say why
-            gain = figures[best]["output_throughput"] / figures[previous]["output_throughput"] - 1
-            notes.append(
-                f"C={c}: depth {best} drafts deeper than at lower load (depth {previous}) "
-                f"because it measured {gain:+.1%} more throughput there (more than its "
-                f"measured noise, {figures[best]['noise']:.1%})"
-            )
+        tie = level_tie(c, figures, min_request_speed)
+        retest = (retests or {}).get(c)
+        if tie is not None and retest is not None:
+            best, why, tie = _settle(tie, retest, min_request_speed)
+        if tie is not None:
+            ties[c] = tie
         chose = f"chose {figures[best]['output_throughput']:.0f}"
         choices.append(Choice(c, best, f"{why} ({_detail(figures, rejected)}; {chose})"))
-        notes += _noise_note(c, best, figures, rejected)
+    notes += _follow_physics(choices, ties, measured, min_request_speed)
+    notes += [_tie_note(ties[ch.concurrency], retests) for ch in choices
+              if ch.concurrency in ties and ch.depth == ties[ch.concurrency].shallow]  # fmt: skip
+    notes = [n for n in notes if n]
     notes += _zero_step_notes(choices, measured, extra, skipped)
     table, ranges = _table_and_ranges(choices, sizes)
     skip_used = any(ch.depth == 0 and ch.concurrency in skipped for ch in choices)
-    return TuneResult(table, choices, ranges, notes, {**raw, **extra}, skip_used)
+    result = TuneResult(table, choices, ranges, notes, {**raw, **extra}, skip_used)
+    result.ties = [t for t in ties.values() if not t.by_physics]
+    return result
 
 
-def choose_level(
-    figures: dict[int, Cell], min_request_speed: float | None
-) -> tuple[int, str, dict[int, str]]:
-    """One load level's depth, why, and the depths rejected as noisy or failed: the highest
-    scoring (median minus spread) depth at or above the speed floor, or the shallowest
-    within the noise of it."""
-    rejected = {d: f["rejected"] for d, f in figures.items() if f.get("rejected")}
-    usable = {d: f for d, f in figures.items() if d not in rejected} or figures
-    allowed = [
-        d for d, f in usable.items()
-        if min_request_speed is None or f["per_request"] >= min_request_speed
-    ]  # fmt: skip
-    if not allowed:
-        best = max(figures, key=lambda d: figures[d]["per_request"])
-        return (
-            best,
-            f"no depth reaches {min_request_speed:g} tok/s per request: the fastest",
-            (rejected),
-        )
-    top_depth = max(allowed, key=lambda d: figures[d]["score"])
-    top = figures[top_depth]["score"]
-    # a tie within the best cell's own measured noise goes to the shallower depth
-    noise = figures[top_depth]["noise"]
-    near = [d for d in allowed if figures[d]["score"] >= top * (1 - noise)]
-    basis = figures[top_depth]["basis"]
-    why = f"highest {basis} output throughput"
-    if len(near) > 1:
-        why = (f"shallowest depth within {noise:.1%} (the best cell's measured noise) of the "
-               f"highest {basis} output throughput")  # fmt: skip
-    if min_request_speed is not None:
-        why += f" among depths at or above {min_request_speed:g} tok/s per request"
-    return min(near), why, rejected  # within the margin of the best, the least drafting
+def _settle(
+    tie: Tie, retest: Retest, min_request_speed: float | None
+) -> tuple[int, str, Tie | None]:
+    """A tie's depth from its retest: the better one where they now differ by more than the
+    noise, else still a tie (returned, judged on the retest's figures)."""
+    figures = measured_cells({d: {tie.concurrency: rows} for d, rows in retest.rows.items()})
+    cells = {d: levels[tie.concurrency] for d, levels in figures.items()}
+    again = level_tie(tie.concurrency, cells, min_request_speed)
+    best, _, _ = choose_level(cells, min_request_speed)
+    said = ", ".join(f"depth {d} {cells[d]['score']:.0f}" for d in sorted(cells))
+    if again is None:
+        other = next((d for d in cells if d != best), best)
+        gap = 1 - cells[other]["score"] / cells[best]["score"] if cells[best]["score"] else 0.0
+        return best, (
+            f"measured again, interleaved ({retest.rounds} round(s), {retest.requests} requests "
+            f"per depth): {said} tok/s (median - spread), {gap:.1%} apart, beyond the "
+            f"{cells[best]['noise']:.1%} noise"
+        ), None  # fmt: skip
+    why = (f"measured again ({retest.rounds} round(s), {retest.requests} requests per depth): "
+           f"{said} tok/s, still within the noise: the shallower")  # fmt: skip
+    return again.shallow, why, again
+
+
+def _follow_physics(
+    choices: list[Choice], ties: dict[int, Tie], measured: dict, floor: float | None
+) -> list[str]:
+    """Deeper speculation pays less as the batch grows: a level that cannot tell its depth
+    from the deeper one more load chose (within the noise) takes that deeper one, as the
+    physics says it is at least as good here. A rise that remains is kept because a level
+    measured it beyond the noise (or ruled the shallower depth out), and the note says which."""
+    for i in range(len(choices) - 2, -1, -1):
+        low, high = choices[i], choices[i + 1]
+        if high.depth <= low.depth:
+            continue
+        found = near_best({d: measured[d][low.concurrency] for d in measured}, floor)
+        if found is None or high.depth not in found[2]:
+            continue
+        if low.concurrency in ties:
+            ties[low.concurrency].by_physics = True
+        low.depth = high.depth
+        low.why = (f"within the noise ({found[1]:.1%}) of the best here; more load "
+                   f"(C={high.concurrency}) chose depth {high.depth}, and deeper speculation "
+                   "pays less as the batch grows, so it is at least as good here")  # fmt: skip
+    return [_rise_note(choices, i, measured, floor)
+            for i in range(1, len(choices)) if choices[i].depth > choices[i - 1].depth]  # fmt: skip
+
+
+def _rise_note(choices: list[Choice], i: int, measured: dict, floor: float | None) -> str:
+    """Why level i drafts deeper than the one below: the figures that ruled the lower
+    level's depth out, here or at the first level above that measured it so."""
+    prev, ch = choices[i - 1], choices[i]
+    p = prev.depth
+    head = f"C={ch.concurrency}: depth {ch.depth} drafts deeper than at lower load (depth {p})"
+    for later in choices[i:]:
+        if later.depth != ch.depth:
+            break
+        figures = {d: measured[d][later.concurrency] for d in measured}
+        at = "here" if later is ch else f"at C={later.concurrency}"
+        if figures[prev.depth].get("rejected"):
+            return (
+                f"{head}: depth {prev.depth} was rejected {at} ({figures[prev.depth]['rejected']})"
+            )
+        found = near_best(figures, floor)
+        if found is None or (floor is not None and figures[prev.depth]["per_request"] < floor):
+            return f"{head}: depth {prev.depth} is below the speed floor {at}"
+        top, noise, near = found
+        if prev.depth in near:
+            continue  # within the noise here: the level above decides
+        gap = 1 - figures[prev.depth]["score"] / figures[top]["score"]
+        return (f"{head} because depth {prev.depth} scored {gap:.1%} behind depth {top} {at}, "
+                f"beyond that cell's measured noise ({noise:.1%})")  # fmt: skip
+    return f"{head}: no level measured it beyond the noise"
+
+
+def _tie_note(tie: Tie, retests: dict[int, Retest] | None) -> str:
+    """A tie the shallower depth kept, in the figures that decided it: both scores, the gap,
+    the noise it is within, and the requests it took; only where it may cost over 2%."""
+    if tie.gap <= NOISE_NOTE_BOUND:
+        return ""
+    retest = (retests or {}).get(tie.concurrency)
+    took = (f"measured again ({retest.requests} requests per depth) and still "
+            if retest else "not measured again, ")  # fmt: skip
+    return (
+        f"C={tie.concurrency}: depth {tie.shallow} scored {tie.shallow_score:.0f} tok/s, "
+        f"{tie.gap:.1%} behind depth {tie.deep}'s {tie.deep_score:.0f}, within that cell's "
+        f"noise ({tie.noise:.1%}): {took}too close to tell apart, so the shallower was kept "
+        "and may cost that much; more requests per level (--num-prompts, or --repeat) narrow it"
+    )
 
 
 NOISE_NOTE_BOUND = 0.02  # a within-noise choice that may cost more than this is said
-
-
-def _noise_note(c: int, best: int, figures: dict[int, Cell], rejected: dict[int, str]) -> list[str]:
-    """Where the shallower depth won a tie that measured more than 2% behind the best: the
-    level's cells were too short to tell them apart, and the choice may cost that much (the
-    verification then shows it). More requests per level narrow the noise."""
-    usable = {d: f for d, f in figures.items() if d not in rejected}
-    if best not in usable:
-        return []
-    top = max(usable, key=lambda d: usable[d]["output_throughput"])
-    base = usable[best]["output_throughput"]
-    gap = usable[top]["output_throughput"] / base - 1 if base else 0.0
-    if top == best or gap <= NOISE_NOTE_BOUND:
-        return []
-    return [
-        f"C={c}: depth {best} measured {gap:.1%} behind depth {top}, within the cells' noise "
-        f"({usable[top]['noise']:.1%}): too few requests at this level to tell them apart, "
-        "so the choice may cost that much; more requests per level (--num-prompts, or "
-        "--repeat) narrow it"
-    ]
 
 
 def _detail(figures: dict[int, Cell], rejected: dict[int, str]) -> str:
@@ -313,16 +295,6 @@ def _range_starts(choices: list[Choice], sizes: list[int] | None) -> list[tuple[
     return starts
 
 
-def measured_columns(measured: dict[Any, Any]) -> list[tuple[Any, str]]:
-    """The measured table's columns in reading order: plain, depth 0 (and its skip
-    variant), then the drafting depths."""
-    depths = sorted(k for k in measured if isinstance(k, int))
-    zero = "depth 0" if PLAIN in measured else "depth 0 (plain)"  # one depth per launch
-    order = [(PLAIN, "plain")] + [(0, zero)] * (0 in depths) + [(SKIP, "depth 0 skip")]
-    order += [(d, f"depth {d}") for d in depths if d != 0]
-    return [(key, title) for key, title in order if key in measured]
-
-
 def _skip_wins(
     measured: dict[Any, dict[int, dict[str, float]]], skip: dict[int, dict[str, float]] | None
 ) -> set[int]:
@@ -369,27 +341,6 @@ def _zero_step_notes(
             "zeroed draft state and accepts nothing (SGLang's _stub_skipped_draft_extend)"
         )
     return notes
-
-
-def profile_capture_sizes(profile: str) -> list[int] | None:
-    """The capture sizes the profile's server will have (its flags, else SGLang's
-    speculative defaults)."""
-    loaded = load_profile(profile)
-    flags = loaded.flags
-    listed = flags.get("cuda-graph-bs")
-    if isinstance(listed, str):
-        listed = [int(x) for x in listed.replace(",", " ").split()]
-    elif isinstance(listed, int):
-        listed = [listed]
-    cap = flags.get("cuda-graph-max-bs-decode") or flags.get("cuda-graph-max-bs")
-    running = flags.get("max-running-requests")
-    if running is None and flags.get("speculative-algorithm") in CAPPED_ALGORITHMS:
-        running = SPEC_DEFAULT_MAX_RUNNING  # SGLang's reset for speculative servers
-    return capture_sizes(
-        listed or None, int(cap) if cap else None, bool(flags.get("disable-cuda-graph")),
-        max_running=int(running) if running else None, tp=loaded.tp,
-        padding_disabled=bool(flags.get("disable-cuda-graph-padding")),
-    )  # fmt: skip
 
 
 def rows_by_depth(

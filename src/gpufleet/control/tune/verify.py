@@ -6,13 +6,14 @@ bursts; control/tune/table.py chooses the table it verifies."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.control.server.profiles import load_profile
 from gpufleet.control.sweep.cells import ArmSpec, profile_label
-from gpufleet.control.tune.cells import PLAIN, SKIP, drafting_of, plain_arm
-from gpufleet.control.tune.table import objective
+from gpufleet.control.tune.cells import PLAIN, SKIP, arm_depth, depth_arms, drafting_of, plain_arm
+from gpufleet.control.tune.levels import objective
 
 
 def verification_arms(profile: str, tuned_profile: str) -> list[ArmSpec]:
@@ -58,29 +59,83 @@ def best_static(measured: dict[Any, dict[int, Any]], c: int) -> tuple[str, float
     return _cell_name(key), float(usable[key]["output_throughput"])
 
 
+GOAL = 0.98  # the tuned server keeps at least this of the best static at every level
+
+
+def beside_arms(profile: str, checks: list[ArmSpec], measured: dict[Any, dict[int, Any]],
+                repeats: int = 2) -> list[ArmSpec]:  # fmt: skip
+    """The verification's cells: the checks, and the static depth the tune measured best
+    at each level (where the checks lack it), all launched `repeats` times, interleaved, so
+    the tuned server is judged beside the server it must match, not against a figure from
+    another hour."""
+    levels = sorted({c for cells in measured.values() for c in cells})
+    best = {key for c in levels if (key := _best_key(measured, c)) is not None and key != PLAIN}
+    depths = sorted(k for k in best if isinstance(k, int) and k > 0)
+    extra = [a for a in depth_arms(profile, depths) if arm_depth(a) in best]
+    arms = [*checks, *extra]
+    return [dataclasses.replace(a, repeat=k) for k in range(1, repeats + 1) for a in arms]
+
+
+def _best_key(measured: dict[Any, dict[int, Any]], c: int) -> Any:
+    cells = {k: levels[c] for k, levels in measured.items() if c in levels}
+    usable = {k: cell for k, cell in cells.items() if not cell.get("rejected")} or cells
+    return max(usable, key=lambda k: usable[k]["output_throughput"]) if usable else None
+
+
 def verdict(
     arms: list[Any], measured: dict[Any, dict[int, Any]] | None = None
 ) -> tuple[list[VerdictRow], str]:
     """Per level: the tuned server against the better of no drafting and static
     speculation, on the figure where that one wins (per-request speed for speculation,
-    total throughput for no drafting), and against the best static cell of the tune's own
-    `measured` figures; and the one-sentence answer, both bars said."""
-    base, static, tuned = arms
+    total throughput for no drafting), and against the best static server measured beside
+    it (the arms after the third), else the best cell of the tune's own `measured` figures;
+    and the one-sentence answer, both bars said, and every level below GOAL named."""
+    base, static, tuned, *statics = arms
     levels = sorted(set(base.levels) & set(static.levels) & set(tuned.levels))
-    rows = []
-    for c in levels:
-        per = {a.label: float(a.levels[c].row.median_per_request_output_tps or 0) for a in arms}
-        tput = {a.label: float(a.levels[c].row.output_throughput or 0) for a in arms}
-        if per[static.label] > per[base.label]:
-            winner, kept = "speculation", per[tuned.label] / per[static.label]
-        else:
-            winner, kept = "no drafting", tput[tuned.label] / tput[base.label]
-        row = VerdictRow(c, winner, per, tput, kept)
+    rows = [_row(c, base, static, tuned, statics, measured) for c in levels]
+    return rows, _sentence(tuned.label, rows)
+
+
+def _row(c: int, base: Any, static: Any, tuned: Any, statics: list[Any],
+         measured: dict[Any, dict[int, Any]] | None) -> VerdictRow:  # fmt: skip
+    """One level of the verification."""
+    arms = [base, static, tuned]
+    per = {a.label: float(a.levels[c].row.median_per_request_output_tps or 0) for a in arms}
+    tput = {a.label: float(a.levels[c].row.output_throughput or 0) for a in arms}
+    if per[static.label] > per[base.label]:
+        winner, kept = "speculation", per[tuned.label] / per[static.label]
+    else:
+        winner, kept = "no drafting", tput[tuned.label] / tput[base.label]
+    row = VerdictRow(c, winner, per, tput, kept)
+    beside = [a for a in (base, static, *statics) if c in a.levels]
+    if statics and beside:
+        top = max(beside, key=lambda a: objective(a.levels[c].row)[0])
+        bar: tuple[str, float] | None = (top.label, objective(top.levels[c].row)[0])
+    else:
         bar = best_static(measured, c) if measured else None
-        if bar is not None and bar[1]:
-            row.best_static, row.best_static_tps = bar
-            row.kept_best = objective(tuned.levels[c].row)[0] / bar[1]
-        rows.append(row)
+    if bar is not None and bar[1]:
+        row.best_static, row.best_static_tps = bar
+        row.kept_best = objective(tuned.levels[c].row)[0] / bar[1]
+    return row
+
+
+def shortfalls(rows: list[VerdictRow]) -> list[str]:
+    """Each level where the tuned server kept less than GOAL of the best static, with both
+    figures."""
+    return [
+        f"C={r.concurrency}: {r.kept_best:.3f}x of {r.best_static} ({objective_text(r)})"
+        for r in rows
+        if r.kept_best is not None and r.kept_best < GOAL
+    ]
+
+
+def objective_text(r: VerdictRow) -> str:
+    """The tuned server's objective beside the best static's, as the shortfall says them."""
+    tuned = (r.kept_best or 0.0) * (r.best_static_tps or 0.0)
+    return f"tuned {tuned:.0f} vs {r.best_static_tps:.0f} tok/s"
+
+
+def _sentence(label: str, rows: list[VerdictRow]) -> str:
     spec = [r for r in rows if r.winner == "speculation"]
     plain = [r for r in rows if r.winner == "no drafting"]
     parts = []
@@ -91,14 +146,17 @@ def verdict(
         r = plain[-1]
         parts.append(f"{r.kept:.0%} of no-drafting throughput at C={r.concurrency}")
     worst = min(rows, key=lambda r: r.kept) if rows else None
-    text = f"{tuned.label} keeps " + " and ".join(parts) if parts else "no common levels"
+    text = f"{label} keeps " + " and ".join(parts) if parts else "no common levels"
     if worst is not None:
         text += f"; its worst level is C={worst.concurrency} at {worst.kept:.0%}"
     judged = [r for r in rows if r.kept_best is not None]
     if judged:
         low = min(judged, key=lambda r: r.kept_best or 0.0)
         text += (
-            ". Against the best static server the tune measured at each level it keeps "
+            ". Against the best static server at each level it keeps "
             f"{low.kept_best:.0%} at worst (C={low.concurrency}, {low.best_static})"
         )
-    return rows, text + "."
+    short = shortfalls(rows)
+    if short:
+        text += f". Below the {GOAL:.2f}x goal at " + "; ".join(short)
+    return text + "."

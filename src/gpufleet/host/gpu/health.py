@@ -191,6 +191,34 @@ class XidLedger:
         known = {f.line for f in self.fatal}
         self.fatal.extend(f for f in fatal if f.line not in known)
 
+    def has_seen(self, event: str, first: bool) -> bool:
+        """Whether an event was reported: by its full line, or (`first` of its text, for a
+        ledger an earlier version wrote without the kernel's timestamps) by its text."""
+        return event in self.seen or (first and _text(event) in self.seen)
+
+
+def _text(event: str) -> str:
+    """An XID line without its kernel timestamp and occurrence number."""
+    return event.split(" #", 1)[0].split("]", 1)[-1].strip()
+
+
+def xid_events(lines: list[str]) -> list[tuple[str, bool]]:
+    """Each XID line of the kernel log as one event: the line as the kernel wrote it, its
+    timestamp included, numbered among identical lines (` #2`), so the same XID again
+    after a clear is a new event; and whether it is the first line of its text."""
+    counts: dict[str, int] = {}
+    texts: set[str] = set()
+    out = []
+    for raw in lines:
+        if not XID_LINE.search(raw):
+            continue
+        line = raw.strip()
+        counts[line] = counts.get(line, 0) + 1
+        first = _text(line) not in texts
+        texts.add(_text(line))
+        out.append((line if counts[line] == 1 else f"{line} #{counts[line]}", first))
+    return out
+
 
 @contextlib.contextmanager
 def _ledger_lock() -> Iterator[None]:
@@ -217,17 +245,39 @@ def _boot_id(nvml: Any) -> str:
 
 def new_xids(
     nvml: Any, handles: list[Any], remember: bool
-) -> tuple[list[list[int] | None], list[list[FatalXid]]]:
+) -> tuple[list[list[int] | None], list[list[FatalXid]], list[FatalXid]]:
     """Per GPU: the XIDs in the kernel log not reported by an earlier check (None: the log is
-    not readable here), and the fatal XIDs still in force. `remember` marks the others
-    reported (gpu-clean does; status and launch do not); a fatal one is entered in the
-    ledger by whoever reads it first and stays there until a reboot or an operator's clear."""
+    not readable here), and the fatal XIDs still in force; and the fatal XIDs in force on a
+    bus NVML does not list. `remember` marks the others reported (gpu-clean does; status and
+    launch do not); a fatal one is entered in the ledger by whoever reads it first and stays
+    there until a reboot or an operator's clear. Read, merge and write are one critical
+    section: a clear made meanwhile is never undone, an event never lost."""
     buses = [_bus(nvml, handle) for handle in handles]
     lines = _kernel_log(nvml)
-    ledger = XidLedger.load(_boot_id(nvml))
+    boot = _boot_id(nvml)
     out: list[list[int] | None] = [None if lines is None else [] for _ in handles]
-    found = [line.split("]", 1)[-1].strip() for line in lines or [] if XID_LINE.search(line)]
-    fresh = [line for line in found if line not in ledger.seen]
+    events = xid_events(lines or [])
+    if not events:
+        ledger = XidLedger.load(boot)  # no XID line: no lock file on a healthy host
+    else:
+        with _ledger_lock():
+            ledger = XidLedger.load(boot)
+            fresh = [e for e, first in events if not ledger.has_seen(e, first)]
+            entered = _enter(fresh, buses, out)
+            reported = fresh if remember else [f.line for f in entered]
+            if reported:
+                ledger.merge(reported, entered)
+                ledger.save()
+    in_force = [[f for f in ledger.fatal if f.bus == bus] for bus in buses]
+    listed = _listed_buses(nvml)
+    missing = [f for f in ledger.fatal if listed is not None and f.bus not in listed]
+    return out, in_force, missing
+
+
+def _enter(
+    fresh: list[str], buses: list[str | None], out: list[list[int] | None]
+) -> list[FatalXid]:
+    """Each fresh event's XID under its GPU in `out`; the fatal ones as ledger entries."""
     entered: list[FatalXid] = []
     for line in fresh:
         match = XID_LINE.search(line)
@@ -239,14 +289,15 @@ def new_xids(
         if xid in FATAL_XIDS:
             at = datetime.now(UTC).isoformat(timespec="seconds")
             entered.append(FatalXid(bus, xid, line, at))
-    reported = fresh if remember else [f.line for f in entered]
-    if reported:
-        with _ledger_lock():
-            ledger = XidLedger.load(ledger.boot_id)
-            ledger.merge(reported, entered)
-            ledger.save()
-    in_force = [[f for f in ledger.fatal if f.bus == bus] for bus in buses]
-    return out, in_force
+    return entered
+
+
+def _listed_buses(nvml: Any) -> set[str | None] | None:
+    """Every GPU bus NVML lists on this host (None where it cannot count them)."""
+    count = _na(nvml.nvmlDeviceGetCount)
+    if count is None:
+        return None
+    return {_bus(nvml, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(int(count))}
 
 
 def clear_fatal(nvml: Any, indexes: list[int], reason: str, who: str) -> list[FatalXid]:
@@ -309,6 +360,8 @@ def _own_problems(h: GpuHealth) -> tuple[list[str], list[str]]:
         bad.append("retired pages are pending: reset the GPU before measuring")
     for entry in h.fatal_xids or []:
         bad.append(_fatal_reason(entry))
+    for entry in h.missing_xids or []:
+        bad.append(f"GPU at bus {entry.bus} is missing from NVML: {_fatal_reason(entry)}")
     for xid in h.xids or []:
         if xid not in FATAL_XIDS:
             warn.append(f"XID {xid} in the kernel log since the last check")
@@ -377,9 +430,10 @@ def attach(nvml: Any, gpus: list[GpuReading], remember_xids: bool) -> None:
     """Read every GPU's health into its reading and judge them together."""
     handles = [nvml.nvmlDeviceGetHandleByIndex(g.index) for g in gpus]
     count = int(_na(nvml.nvmlDeviceGetCount) or len(gpus))
-    xids, in_force = new_xids(nvml, handles, remember_xids)
+    xids, in_force, missing = new_xids(nvml, handles, remember_xids)
     for gpu, handle, found, fatal in zip(gpus, handles, xids, in_force, strict=True):
         gpu.health = read(nvml, handle, count)
         gpu.health.xids = found
         gpu.health.fatal_xids = fatal or None
+        gpu.health.missing_xids = missing or None  # the host's: every GPU says it
     judge(gpus)

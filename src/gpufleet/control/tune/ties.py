@@ -1,0 +1,99 @@
+"""Ties measured again: where a level's best depth and a shallower one are within the
+noise, the tune launches the two again, interleaved (A, B, A, B), with twice the requests
+per run each round, until the retest tells them apart or the rounds or `--budget` run
+out. Only a tie that survives goes to the shallower depth (control/tune/table.py says so in
+its notes, with both figures, the noise and the requests it took).
+
+On the lent machine a tune wrote depth 4, 3, 4 on a surface where depth 4 was best
+everywhere: C=2 took depth 3 on ten requests of 32 tokens, 4.9% behind depth 4 (issue 53).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gpufleet.control.bench.request import MAX_PROMPTS, BenchRequest
+from gpufleet.control.sweep.cells import ArmSpec
+from gpufleet.control.sweep.experiment import Experiment
+from gpufleet.control.tune import budget as tunebudget
+from gpufleet.control.tune import cells as tunecells
+from gpufleet.control.tune import table as tuning
+from gpufleet.control.tune.levels import Tie
+from gpufleet.records import ResultRow
+
+TIE_ROUNDS = 2  # each round launches each tied depth twice, interleaved
+LAUNCHES_PER_ROUND = 2
+STAGE = "tune-tie"  # the sweeps' kind; round k is `tune-tie-k`
+
+
+def tie_arms(profile: str, ties: list[Tie]) -> list[ArmSpec]:
+    """The depths the ties name, each launched LAUNCHES_PER_ROUND times, interleaved."""
+    depths = sorted({d for t in ties for d in (t.shallow, t.deep)})
+    chosen = [a for a in tunecells.depth_arms(profile, [d for d in depths if d > 0])
+              if tunecells.arm_depth(a) in depths]  # fmt: skip
+    return [dataclasses.replace(a, repeat=k) for k in range(1, LAUNCHES_PER_ROUND + 1)
+            for a in chosen]  # fmt: skip
+
+
+def tie_request(request: BenchRequest, ties: list[Tie], round_no: int) -> BenchRequest:
+    """The tied levels only, each with 2^round times its requests per run."""
+    per_level = {level.concurrency: level.num_prompts for level in request.levels()}
+    levels = [
+        {"concurrency": t.concurrency,
+         "num_prompts": min(per_level[t.concurrency] * 2**round_no, MAX_PROMPTS)}
+        for t in sorted(ties, key=lambda t: t.concurrency)
+    ]  # fmt: skip
+    return dataclasses.replace(
+        request, concurrency=[lv["concurrency"] for lv in levels], fixed_levels=levels, repeat=1
+    )
+
+
+def add_round(
+    retests: dict[int, tuning.Retest], ties: list[Tie], rows: dict[Any, dict[int, list[ResultRow]]]
+) -> dict[int, tuning.Retest]:
+    """The retests with one more round's rows: per tie, its two depths' rows at its level."""
+    out = dict(retests)
+    for t in ties:
+        c = t.concurrency
+        new = {d: rows.get(d, {}).get(c, []) for d in (t.shallow, t.deep)}
+        if not all(new.values()):
+            continue  # a depth failed there: the round settles nothing
+        old = out.get(c)
+        merged = {d: (old.rows.get(d, []) if old else []) + new[d] for d in new}
+        requests = min(sum(r.completed for r in rs) for rs in merged.values())
+        out[c] = tuning.Retest(merged, requests, (old.rounds if old else 0) + 1)
+    return out
+
+
+def settle(
+    profile: str, rows: dict[Any, dict[int, list[ResultRow]]], floor: float | None,
+    sizes: list[int] | None, request: BenchRequest, experiment: Experiment,
+    clock: tunebudget.TimeKeeper, resume: bool,
+) -> tuple[dict[int, tuning.Retest], list[str]]:  # fmt: skip
+    """Measure the ties again, round by round, while any is open and the budget allows;
+    the retests for `tuning.choose`, and a note per round the budget left out."""
+    retests: dict[int, tuning.Retest] = {}
+    notes: list[str] = []
+    for round_no in range(1, TIE_ROUNDS + 1):
+        ties = tuning.choose(rows, floor, sizes, retests).ties
+        if not ties:
+            break
+        arms, tied = tie_arms(profile, ties), tie_request(request, ties, round_no)
+        kind = f"{STAGE}-{round_no}"
+        short = clock.cannot_afford(kind, arms, tied)
+        if short:
+            where = ", ".join(f"C={t.concurrency} (depth {t.shallow} vs {t.deep})" for t in ties)
+            notes.append(f"--budget: the ties at {where} were not measured again: {short}")
+            experiment.console.line(f"tune: note: {notes[-1]}")
+            break
+        where = ", ".join(f"C={t.concurrency}: depth {t.shallow} vs {t.deep}" for t in ties)
+        experiment.console.line(
+            f"tune: measuring ties again (round {round_no}, {len(arms)} launches, "
+            f"interleaved): {where}"
+        )
+        root = request.archive
+        again = resume and tunebudget.has_state(root, [profile], arms, kind)
+        state = experiment.sweep([profile], arms, kind, again, tied, clock.hooks(kind, root))
+        retests = add_round(retests, ties, tuning.rows_by_depth(arms, state.record, root))
+    return retests, notes
