@@ -93,8 +93,11 @@ def acceptance(archive: Path, host: str, sweep_id: str) -> dict[int, tuple[float
     keys = [a["key"] for a in state["arms"] if a["label"].endswith("-static")]
     out = {}
     for key in keys:
-        run_id = state["cells"][key][host]["run_id"]
-        for line in (archive / host / run_id / "results.jsonl").read_text().splitlines():
+        run_id = state["cells"][key][host].get("run_id")
+        results = archive / host / str(run_id) / "results.jsonl"
+        if run_id is None or not results.is_file():
+            continue  # dropped by --budget, or not brought back with the records
+        for line in results.read_text().splitlines():
             row = json.loads(line)
             if row.get("median_request_accept_length") is not None:
                 out[row["max_concurrency"]] = tuple(
@@ -205,7 +208,11 @@ def main() -> int:
             print(f"\n== {name}: inv tune exited {code}; its output:")
             print((archive.parent / f"{name}.out").read_text()[-3000:])
             continue
-        report(name, archive, host, wall, [int(d) for d in args.depths.split(",")])
+        try:
+            report(name, archive, host, wall, [int(d) for d in args.depths.split(",")])
+        except (OSError, KeyError, ValueError) as exc:  # one surface's report, not the others'
+            failed += 1
+            print(f"\n== {name}: its report failed: {exc!r}")
     print(f"\noutputs under {root}")
     return 1 if failed else 0
 

@@ -85,14 +85,15 @@ def test_the_pace_is_fitted_to_the_cells_that_finished(spec):
 
 
 def test_budget_drops_least_informative_first_and_never_the_three_a_table_needs(spec):
-    """With a budget that fits nothing: bursts, load step, the skip variant, depths 5, 3, 2
-    (deepest first), then the verification, each said; plain, depth 0 and depth 1 stay,
-    and the line says the budget is still exceeded."""
+    """With a budget that fits nothing: bursts, load step, the verification's second
+    launches (issue 53: before any depth, which unmeasured cannot be chosen), the skip
+    variant, depths 5, 3, 2 (deepest first), then the verification, each said; plain,
+    depth 0 and depth 1 stay, and the line says the budget is still exceeded."""
     clock, lines = _clock(spec, budget=1, pace=Pace(10.0, 0.01, "a test"))
     said = [line for line in lines if "--budget: dropped" in line]
     assert [s.split("dropped ")[1].split(" (")[0] for s in said] == [
-        "bursts", "load step", "spec[depth=0,skip]", "spec[depth=5]", "spec[depth=3]",
-        "spec[depth=2]", "verification",
+        "bursts", "load step", "the verification's second launches", "spec[depth=0,skip]",
+        "spec[depth=5]", "spec[depth=3]", "spec[depth=2]", "verification",
     ]  # fmt: skip
     kept = {c.label for c in clock.remaining()}
     assert kept == {"spec[plain]", "spec[depth=0]", "spec[depth=1]"}
@@ -181,3 +182,29 @@ def test_an_interrupted_cell_is_not_counted_done(spec, tmp_path):
     record.cells[arm.key]["h1"] = Cell(status="done", steps_s={"bench": 2.0})
     after(arm, SweepState(tmp_path / "s.json", record), True)
     assert (MEASURE, arm.key) in clock.done and len(clock.remaining()) == 18
+
+
+def test_ties_make_room_by_dropping_what_ranks_below_them(spec):
+    """Issue 53: on the lent machine a tune at --budget 540 left two ties unmeasured and then
+    ran the verification's second launches. A tie decides the table itself: the bursts, the
+    load step and the verification's second launches make room for it first; what still
+    does not fit is said, and nothing is dropped for a tie that fits."""
+    from gpufleet.control.tune import ties
+    from gpufleet.control.tune.levels import Tie
+
+    pace = Pace(10.0, 0.01, "a test")
+    full, _ = _clock(spec, pace=pace)
+    tie = Tie(8, 3, 2, 0.01, 0.02, 100.0, 99.0)
+    arms = ties.tie_arms(spec, [tie])
+    request = BenchRequest([1, 8], num_prompts=16, output_len=32)
+    tied = ties.tie_request(request, [tie], 1)
+    room = full.left_s()
+    roomy, _ = _clock(spec, budget=room + 1000, pace=pace)
+    assert roomy.cannot_afford("tune-tie-1", arms, tied) == "" and not roomy.dropped
+    tight, lines = _clock(spec, budget=room + 15, pace=pace)  # the round costs ~4 x 10 s
+    assert tight.cannot_afford("tune-tie-1", arms, tied) == ""
+    dropped = {k[0] for k in tight.dropped}
+    assert BURST in dropped and MEASURE not in dropped
+    assert any("to measure ties again" in line for line in lines)
+    hopeless, _ = _clock(spec, budget=1, pace=pace)
+    assert hopeless.cannot_afford("tune-tie-1", arms, tied).startswith("they need ~")

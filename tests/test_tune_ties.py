@@ -163,3 +163,19 @@ def test_a_level_below_the_goal_is_said_and_one_above_it_is_not(kept, said):
     assert row.best_static == "p[depth=4]" and row.kept_best == pytest.approx(kept)
     assert ("Below the 0.98x goal at C=4" in sentence) == said
     assert bool(verify.shortfalls([row])) == said
+
+
+def test_a_tie_at_depth_0_is_measured_again_at_its_better_variant(tmp_path):
+    """On the lent machine a C=64 tie of depth 0 (counted at its skip variant, 733 tok/s)
+    against depth 4 was measured again with the pinned depth 0 (665): the retest compared
+    another server than the tie. Both variants are launched again; the better one counts."""
+    profile = tmp_path / "spec.yaml"
+    profile.write_text(SPEC)
+    tie = tune.Tie(64, 4, 0, 0.01, 0.02, 760.0, 733.0)
+    keys = [a.key for a in ties.tie_arms(str(profile), [tie])]
+    assert "spec[depth=0,skip]" in keys and "spec[depth=0]" in keys
+    rows = {d: {64: [ResultRow(64, 512, 0, tput)]} for d, tput in
+            ((0, 665.0), (tunecells.SKIP, 733.0), (4, 763.0))}  # fmt: skip
+    [retest] = ties.add_round({}, [tie], rows).values()
+    assert retest.rows[0] == rows[tunecells.SKIP][64] and retest.rows[4] == rows[4][64]
+    assert retest.requests == 512 and retest.rounds == 1

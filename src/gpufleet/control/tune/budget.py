@@ -179,6 +179,10 @@ def drop_order(
         if by_stage.get(stage):
             keys = tuple((stage, key) for key in by_stage[stage])
             units.append(DropUnit(keys, STAGE_NAMES[stage], why))
+    again = tuple((VERIFY, key) for key in by_stage.get(VERIFY, []) if "#" in key)
+    if again:  # before any depth: a depth not measured cannot be chosen at all
+        units.append(DropUnit(again, "the verification's second launches",
+                              "each server is verified once, without an interval"))  # fmt: skip
     skip = [a for a in measure if a.env and depth_of(a) is None]
     units += [
         DropUnit(((MEASURE, a.key),), a.label,
@@ -203,7 +207,7 @@ def drop_order(
         )
         units.append(DropUnit(((MEASURE, a.key),), a.label, why))
     if by_stage.get(VERIFY):
-        keys = tuple((VERIFY, key) for key in by_stage[VERIFY])
+        keys = tuple((VERIFY, key) for key in by_stage[VERIFY] if (VERIFY, key) not in again)
         units.append(
             DropUnit(keys, STAGE_NAMES[VERIFY], "the last resort: the table is written unverified")
         )
@@ -304,14 +308,7 @@ class TimeKeeper:
                 return
             if any(k in self.done for k in unit.keys):
                 continue
-            todo = [k for k in unit.keys if k not in self.dropped]
-            if not todo:
-                continue
-            for key in todo:
-                self.dropped[key] = unit.why
-            note = f"--budget: dropped {unit.what} ({len(todo)} launches): {unit.why}"
-            self.notes.append(note)
-            self.say(f"tune: {note}")
+            self._drop(unit, unit.why)
         total = self.elapsed_s() + (self.left_s() or 0.0)
         if total > self.budget_s and not self.warned_floor:
             self.warned_floor = True
@@ -350,6 +347,17 @@ class TimeKeeper:
                 f"decode round ({_minutes(self.elapsed_s())} spent{budget})"
             )
 
+    def _drop(self, unit: DropUnit, why: str) -> None:
+        """Drop a unit's cells not yet run or dropped, and say so (in the notes too)."""
+        todo = [k for k in unit.keys if k not in self.dropped and k not in self.done]
+        if not todo:
+            return
+        for key in todo:
+            self.dropped[key] = why
+        note = f"--budget: dropped {unit.what} ({len(todo)} launches): {why}"
+        self.notes.append(note)
+        self.say(f"tune: {note}")
+
     def plan_more(self, stage: str, arms: list[ArmSpec], request: BenchRequest) -> None:
         """Cells a stage gained once the measurement said what to run (the verification's
         best static depths and repeats): planned, and dropped with their stage if it was."""
@@ -365,14 +373,21 @@ class TimeKeeper:
 
     def cannot_afford(self, stage: str, arms: list[ArmSpec], request: BenchRequest) -> str:
         """Why a stage decided on the way (the ties' retests) does not fit `--budget` beside
-        what is left; empty where it fits (or there is no budget, or no pace yet)."""
+        what is left, after making room by dropping what ranks below it (the bursts, the
+        load step, the verification's second launches: a tie decides the table itself);
+        empty where it fits (or there is no budget, or no pace yet)."""
         if self.budget_s is None or self.pace is None:
             return ""
         rounds = decode_rounds(request)
         cost = sum(self.pace.cell_s(PlannedCell(stage, a.key, a.label, rounds)) for a in arms)
-        total = self.elapsed_s() + (self.left_s() or 0.0) + cost
-        if total <= self.budget_s:
-            return ""
+        below = [u for u in self.units() if u.keys[0][0] in (BURST, STEP)
+                 or (u.keys[0][0] == VERIFY and all("#" in k for _, k in u.keys))]  # fmt: skip
+        for unit in [None, *below]:
+            if unit is not None:
+                self._drop(unit, f"to measure ties again: {unit.why}")
+            total = self.elapsed_s() + (self.left_s() or 0.0) + cost
+            if total <= self.budget_s:
+                return ""
         return (f"they need ~{_minutes(cost)} more, ~{_minutes(total)} in all against "
                 f"--budget {self.budget_s:g}s")  # fmt: skip
 

@@ -11,6 +11,7 @@ everywhere: C=2 took depth 3 on ten requests of 32 tokens, 4.9% behind depth 4 (
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from typing import Any
 
 from gpufleet.control.bench.request import MAX_PROMPTS, BenchRequest
@@ -19,7 +20,7 @@ from gpufleet.control.sweep.experiment import Experiment
 from gpufleet.control.tune import budget as tunebudget
 from gpufleet.control.tune import cells as tunecells
 from gpufleet.control.tune import table as tuning
-from gpufleet.control.tune.levels import Tie
+from gpufleet.control.tune.levels import Tie, objective
 from gpufleet.records import ResultRow
 
 TIE_ROUNDS = 2  # each round launches each tied depth twice, interleaved
@@ -29,8 +30,11 @@ STAGE = "tune-tie"  # the sweeps' kind; round k is `tune-tie-k`
 
 def tie_arms(profile: str, ties: list[Tie]) -> list[ArmSpec]:
     """The depths the ties name, each launched LAUNCHES_PER_ROUND times, interleaved."""
-    depths = sorted({d for t in ties for d in (t.shallow, t.deep)})
-    chosen = [a for a in tunecells.depth_arms(profile, [d for d in depths if d > 0])
+    depths: set[Any] = {d for t in ties for d in (t.shallow, t.deep)}
+    if 0 in depths:
+        depths.add(tunecells.SKIP)  # depth 0 counts at its better variant (add_round)
+    wanted = sorted(d for d in depths if isinstance(d, int) and d > 0)
+    chosen = [a for a in tunecells.depth_arms(profile, wanted)
               if tunecells.arm_depth(a) in depths]  # fmt: skip
     return [dataclasses.replace(a, repeat=k) for k in range(1, LAUNCHES_PER_ROUND + 1)
             for a in chosen]  # fmt: skip
@@ -57,6 +61,9 @@ def add_round(
     for t in ties:
         c = t.concurrency
         new = {d: rows.get(d, {}).get(c, []) for d in (t.shallow, t.deep)}
+        skip = rows.get(tunecells.SKIP, {}).get(c, [])
+        if 0 in new and skip and (not new[0] or _median(skip) > _median(new[0])):
+            new[0] = skip  # depth 0 with the skip variable measured better: as choose counts it
         if not all(new.values()):
             continue  # a depth failed there: the round settles nothing
         old = out.get(c)
@@ -64,6 +71,10 @@ def add_round(
         requests = min(sum(r.completed for r in rs) for rs in merged.values())
         out[c] = tuning.Retest(merged, requests, (old.rounds if old else 0) + 1)
     return out
+
+
+def _median(rows: list[ResultRow]) -> float:
+    return statistics.median(objective(r)[0] for r in rows)
 
 
 def settle(
