@@ -431,3 +431,51 @@ def test_ctrl_c_during_sweep_then_resume(fleet, tmp_path):
     assert state["status"] == "done"
     runs = list((tmp_path / "a" / "h0").iterdir())
     assert len(runs) == 2 and all(archive.verify(r) == [] for r in runs)
+
+
+def test_a_finished_run_is_fetched_never_measured_again_after_a_lost_host(
+    fleet, fresh_sshd, tmp_path
+):
+    """Issue 51: a cell whose bench finished on the host but could not be fetched was
+    recorded FAILED, the sweep went on to clean and launch the next cell there, and
+    `--resume` measured it again from scratch. Now the cell stays the host's (BENCHING, with
+    its run id), no other cell touches that host, and `--resume` fetches the run itself."""
+    host_sshd = fresh_sshd()
+    fleet.add_sshd_host("flaky", host_sshd, port_offset=60)
+    first = _bench_profile(fleet, "fa")
+    second = _bench_profile(fleet, "fb")
+    archive = tmp_path / "a"
+    args = ["sweep", "--profiles", f"{first},{second}", "--hosts", "flaky", "--concurrency",
+            "64", "--num-prompts", "640", "--output-len", "32", "--archive", str(archive)]  # fmt: skip
+    proc = fleet.popen(*args)
+    run_id = read_run_id(proc, until="C=64: 640 requests")
+    time.sleep(1)
+    for p in [psutil.Process(host_sshd.proc.pid),
+              *psutil.Process(host_sshd.proc.pid).children(recursive=True)]:  # fmt: skip
+        if p.name().startswith("sshd"):
+            p.kill()
+    host_sshd.proc.wait()
+    killed_at = time.monotonic()
+    rest = proc.communicate(timeout=120)[0]
+    said_after = time.monotonic() - killed_at
+    assert proc.returncode == 1, rest[-3000:]
+    assert "NOT FETCHED" in rest and f"run {run_id} stays on the host" in rest, rest[-3000:]
+    assert "fb on flaky: not started: the run of fa (run " in rest, rest[-3000:]
+    [state_file] = (archive / "sweeps").glob("*.json")
+    cell = json.loads(state_file.read_text())["cells"]["fa"]["flaky"]
+    assert cell["status"] == "benching" and cell["run_id"] == run_id
+    host_sshd.proc = None
+    host_sshd.start()  # same port, same host key
+    try:
+        out = fleet.cli(*args, "--resume", timeout=300)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+        assert f"re-attaching run {run_id}" in out.stdout
+        runs = sorted(p.name for p in (archive / "flaky").iterdir())
+        fa_runs = [r for r in runs if "-fa-" in r or r == run_id]
+        assert fa_runs == [run_id], runs  # fetched, not measured again
+        results = json.loads((archive / "flaky" / run_id / "results.jsonl").read_text())
+        assert results["completed"] == 640 and results["failed"] == 0
+        record("finished_run_after_lost_host", {"completed": results["completed"],
+                                                "fault_to_line_s": round(said_after, 1)})  # fmt: skip
+    finally:
+        fleet.cli("stop", "--hosts", "flaky")

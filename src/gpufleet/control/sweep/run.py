@@ -176,8 +176,13 @@ class _Cell:
                     self.bench_progress,
                     self.cancel,
                 )
-            except (HostError, UserError):
+            except HostError as exc:
+                if exc.kind in LOST:  # still out of reach: the run stays the host's
+                    raise HostError(f"{exc}; run {run_id} stays on the host: --resume "
+                                    "fetches it", kind=Kind.CONNECTION) from None  # fmt: skip
                 return None  # not on the host any more: run the cell again
+            except UserError:
+                return None
             self.update(status=CellStatus.ARCHIVED, path=result.path)
             self.stop_server()
             return result
@@ -222,13 +227,24 @@ class _Cell:
     def bench(self) -> benchrun.ArchivedRun:
         run_id = benchrun.make_run_id(self.request, [self.host])
         self.update(status=CellStatus.BENCHING, run_id=run_id, steps_s=self.steps.seconds)
+        started = False
         try:
             benchrun.start(self.session, self.request, run_id, self.bench_progress)
+            started = True
             result = benchrun.fetch(
                 self.session, run_id, self.request, self.bench_progress, self.cancel
             )
         except Cancelled:
             raise  # the run goes on on the host, and its server with it: --resume fetches
+        except HostError as exc:
+            if started and exc.kind in LOST:  # the run is the host's: fetched, never re-run
+                raise HostError(
+                    f"{exc}; run {run_id} stays on the host, its server with it: --resume "
+                    "fetches it (never measures it again), and this host runs no other cell "
+                    "until then", kind=Kind.CONNECTION,
+                ) from None  # fmt: skip
+            self.stop_server()
+            raise
         except BaseException:
             self.stop_server()
             raise
@@ -291,9 +307,35 @@ def _record(state: SweepState, name: str, res: Any) -> bool:
         return True
     error = res.error if not res.ok else f"run failed: {res.value.reason}"
     extra = {"run_id": res.value.run_id, "path": res.value.path} if res.ok else {}
+    if unfetched(state.cell(name, res.host.name), res):
+        state.update(name, res.host.name, error=error)  # still BENCHING: --resume fetches
+        say(f"[sweep] {label(name)} on {res.host.name}: NOT FETCHED: {error}")
+        return True
     state.update(name, res.host.name, status=CellStatus.FAILED, error=error, **extra)
     say(f"[sweep] {label(name)} on {res.host.name}: FAILED: {error}")
     return True
+
+
+LOST = (Kind.CONNECTION, Kind.AGENT)  # the control side lost the host, not the run
+
+
+def unfetched(cell: Cell, res: Any) -> bool:
+    """A cell whose run was started on the host and not fetched: the connection was lost
+    (a run that failed there comes back as a result, not as a lost host)."""
+    return (
+        not res.ok and res.kind in LOST and cell.status == CellStatus.BENCHING and bool(cell.run_id)
+    )
+
+
+def _held(state: SweepState, fleet: Fleet, current: str) -> dict[str, str]:
+    """Hosts with another cell's run not yet fetched, and that cell: no cell cleans them (a
+    clean would kill the run's server and the finished results wait there)."""
+    held = {}
+    for key, cells in state.record.cells.items():
+        for host, cell in cells.items():
+            if key != current and host in fleet.names and cell.status == CellStatus.BENCHING:
+                held.setdefault(host, f"{label(key)} (run {cell.run_id})")
+    return held
 
 
 def run(
@@ -317,9 +359,15 @@ def run(
         name = arm.key
         if cancel.requested:
             break
+        held = _held(state, fleet, name)
+        for host, what in held.items():
+            if state.cell(name, host).status != CellStatus.DONE:
+                say(f"[sweep {index + 1}/{len(arms)}] {name} on {host}: not started: the run "
+                    f"of {what} is not fetched yet (--resume fetches it first)")  # fmt: skip
         todo = fleet.only(
-            h.name for h in fleet.hosts if state.cell(name, h.name).status != CellStatus.DONE
-        )
+            h.name for h in fleet.hosts
+            if state.cell(name, h.name).status != CellStatus.DONE and h.name not in held
+        )  # fmt: skip
         if not todo.hosts:
             say(f"[sweep {index + 1}/{len(arms)}] {name}: {_done_where(state, name, fleet)}")
             hooks.after(arm, state, False)
@@ -357,14 +405,16 @@ def run(
 
 
 def _done_where(state: SweepState, name: str, fleet: Fleet) -> str:
-    """What a cell with nothing to run here is: done on every host of the sweep, or done
-    only on these, with the sweep's other hosts named (a resume elsewhere finishes them)."""
-    left = [h for h in state.record.hosts
-            if h not in fleet.names and state.cell(name, h).status != CellStatus.DONE]  # fmt: skip
+    """What a cell with nothing to run now is: done on every host of the sweep, or not done
+    on hosts this run cannot reach or may not clean yet (named above), never "done"."""
+    left = [h for h in state.record.hosts if state.cell(name, h).status != CellStatus.DONE]
     if not left:
         return "already done, skipped"
-    return (f"not done on {', '.join(left)} (not among the hosts here, see above); "
-            "nothing to run on the others")  # fmt: skip
+    away = [h for h in left if h not in fleet.names]
+    here = [h for h in left if h in fleet.names]
+    said = [f"not done on {', '.join(away)} (not among the hosts here, see above)"] if away else []
+    said += [f"not started on {', '.join(here)} (see above)"] if here else []
+    return "; ".join(said) + "; nothing to run on the others"
 
 
 def _eta(state: SweepState, profiles_left: int) -> str:
