@@ -327,6 +327,20 @@ def unfetched(cell: Cell, res: Any) -> bool:
     )
 
 
+def _todo(state: SweepState, fleet: Fleet, name: str, head: str) -> Fleet:
+    """The hosts this cell runs on now: not done there, and no other cell's run waiting to
+    be fetched from the host (said, one line each)."""
+    held = _held(state, fleet, name)
+    for host, what in held.items():
+        if state.cell(name, host).status != CellStatus.DONE:
+            state.say(f"{head} on {host}: not started: the run of {what} is not fetched yet "
+                      "(--resume fetches it first)")  # fmt: skip
+    return fleet.only(
+        h.name for h in fleet.hosts
+        if state.cell(name, h.name).status != CellStatus.DONE and h.name not in held
+    )  # fmt: skip
+
+
 def _held(state: SweepState, fleet: Fleet, current: str) -> dict[str, str]:
     """Hosts with another cell's run not yet fetched, and that cell: no cell cleans them (a
     clean would kill the run's server and the finished results wait there)."""
@@ -359,15 +373,7 @@ def run(
         name = arm.key
         if cancel.requested:
             break
-        held = _held(state, fleet, name)
-        for host, what in held.items():
-            if state.cell(name, host).status != CellStatus.DONE:
-                say(f"[sweep {index + 1}/{len(arms)}] {name} on {host}: not started: the run "
-                    f"of {what} is not fetched yet (--resume fetches it first)")  # fmt: skip
-        todo = fleet.only(
-            h.name for h in fleet.hosts
-            if state.cell(name, h.name).status != CellStatus.DONE and h.name not in held
-        )  # fmt: skip
+        todo = _todo(state, fleet, name, f"[sweep {index + 1}/{len(arms)}] {name}")
         if not todo.hosts:
             say(f"[sweep {index + 1}/{len(arms)}] {name}: {_done_where(state, name, fleet)}")
             hooks.after(arm, state, False)
