@@ -377,3 +377,33 @@ def test_a_venv_whose_home_is_relative_is_judged_not_a_crash(tmp_path):
     (venv / "pyvenv.cfg").write_text("home = ../elsewhere/bin\n")
     verdict = interpreter.judge_python(str(venv / "bin" / "python"), 0, LocalTree())
     assert str(tmp_path / "elsewhere" / "bin") in verdict.judged and not verdict.problems
+
+
+def test_the_connecting_user_is_asked_not_inferred_from_the_sftp_start_directory(
+    fleet, tmp_path, host_python, fresh_sshd
+):
+    """Issue 50: the connecting user was taken to be the owner of the SFTP start directory;
+    a server configured with another start directory (`internal-sftp -d`) owned by another
+    user made the trust rule trust that user, and a venv of theirs ran as root. The uid is
+    asked of the host (`id -u`) now."""
+    start = tmp_path / "their-start"
+    start.mkdir()
+    os.chown(start, NOBODY, NOBODY)
+    canary = tmp_path / "CANARY"
+    venv = _venv(tmp_path, host_python)
+    purelib = _purelib(venv)
+    (purelib / "zz-theirs.pth").write_text(
+        f"import sys; {CANARY_CODE.format(canary=str(canary))}\n"
+    )
+    os.chown(purelib, NOBODY, NOBODY)
+    sshd = fresh_sshd(sftp_start=str(start))
+    fleet.add_sshd_host("h8", sshd, 64)
+    fleet.write_inventory(extra_hosts={"h8": {"address": "127.0.0.1", "port": sshd.port,
+                                              "python": str(venv / "bin" / "python"),
+                                              "workdir": str(fleet.workdir("h8"))}})  # fmt: skip
+    out = fleet.cli("gpu-clean", "--hosts", "h8")
+    assert out.returncode == 1, out.stdout + out.stderr
+    line = _failed_line(out, "h8")
+    assert "refusing to run the host python" in line and str(purelib) in line, line
+    assert not canary.exists(), "their code ran as root"
+    record("trust_sftp_start_directory", {"exit": out.returncode, "line": line[:200]})

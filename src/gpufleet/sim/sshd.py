@@ -85,6 +85,7 @@ class LoopbackSshd:
     port: int = 0
     max_startups: str | None = "200:30:400"
     extra_options: list[str] = field(default_factory=list)
+    sftp_start: str | None = None  # internal-sftp's start directory (-d); default: the home
     log_level: str = "ERROR"
     proc: subprocess.Popen | None = None
 
@@ -117,7 +118,7 @@ class LoopbackSshd:
             "KbdInteractiveAuthentication=no",
             "UsePAM=no",
             "StrictModes=no",
-            "Subsystem=sftp internal-sftp",
+            "Subsystem=sftp internal-sftp" + (f" -d {self.sftp_start}" if self.sftp_start else ""),
             f"LogLevel={self.log_level}",
         ]
         if self.max_startups:

@@ -248,8 +248,28 @@ class SSHSession(Session):
 
     def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
         tree = SftpTree(self.conn.sftp())
-        home = tree.home()
-        return tree, tree.lstat(home).st_uid, home
+        return tree, self._uid(), tree.home()
+
+    def _uid(self) -> int:
+        """The connecting user's uid, asked of the host (`id -u`), never inferred: an SFTP
+        server configured with another start directory (`internal-sftp -d`) would make the
+        directory's owner the user the trust rule trusts (issue 50)."""
+        transport = self.conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise HostError("connection lost", kind=Kind.CONNECTION)
+        try:
+            chan = transport.open_session(timeout=30)
+            chan.exec_command("LC_ALL=C command -p id -u")
+            out = chan.makefile("rb").read(64)
+            code = chan.recv_exit_status()
+            chan.close()
+        except (OSError, EOFError, SSHException) as exc:
+            raise HostError(f"connection lost: {exc}", kind=Kind.CONNECTION) from None
+        text = out.decode(errors="replace").strip()
+        if code != 0 or not text.isdigit():
+            raise HostError(f"the host cannot say who it is (`id -u`: {text[:60]!r})",
+                            Kind.CONNECTION)  # fmt: skip
+        return int(text)
 
     def _upload(self, data: bytes, path: str) -> None:
         """A fresh temporary (SFTP's create-exclusive: never through a planted link), 0600
