@@ -17,6 +17,7 @@ missing=()
 if [ $fast = 0 ]; then
   [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
   command -v strace >/dev/null || missing+=(strace)  # the root census traces sshd
+  command -v gcc >/dev/null || missing+=(gcc)  # a preloaded library the trust tests build
   command -v chromium >/dev/null || missing+=(chromium)
   # a real Slurm (munged, slurmctld, three slurmds) for tests/test_slurm_real.py
   [ -x /usr/sbin/slurmctld ] || missing+=(slurmctld)

@@ -8,6 +8,7 @@ refuses before it runs: the canary file the code would write never appears.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -407,3 +408,50 @@ def test_the_connecting_user_is_asked_not_inferred_from_the_sftp_start_directory
     assert "refusing to run the host python" in line and str(purelib) in line, line
     assert not canary.exists(), "their code ran as root"
     record("trust_sftp_start_directory", {"exit": out.returncode, "line": line[:200]})
+
+
+def _preload_library(tmp_path: Path, marker: Path) -> Path:
+    """A shared object another user owns whose constructor records who loaded it."""
+    theirs = tmp_path / "their-lib"
+    theirs.mkdir()
+    source = theirs / "mark.c"
+    source.write_text(
+        "#include <stdio.h>\n#include <unistd.h>\n"
+        "__attribute__((constructor)) static void mark(void) {\n"
+        f'  FILE *f = fopen("{marker}", "a");\n'
+        '  char comm[64] = {0}; FILE *c = fopen("/proc/self/comm", "r");\n'
+        "  if (c) { fgets(comm, sizeof comm, c); fclose(c); }\n"
+        '  if (f) { fprintf(f, "%d uid=%d %s", getpid(), getuid(), comm); fclose(f); }\n'
+        "}\n"
+    )
+    library = theirs / "libmark.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    os.chown(theirs, NOBODY, NOBODY)
+    os.chown(library, NOBODY, NOBODY)
+    return library
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the library")
+def test_a_loader_variable_the_login_exports_never_reaches_the_agent(fleet, tmp_path, fresh_sshd):
+    """Issue 50: the remote command was `exec python -I ...`; `-I` neutralises PYTHON*
+    only, so an LD_PRELOAD a login's rc exported loaded another user's library into the
+    agent, as root, before its first line. Now the login shell unsets every loader and
+    library variable with a builtin, and the agent starts in an empty environment."""
+    marker = tmp_path / "LOADED"
+    library = _preload_library(tmp_path, marker)
+    # the login's environment carries it (sshd's SetEnv here; a module system or an rc
+    # on a real host): the login shell itself loads it before any command of gpufleet's
+    sshd = fresh_sshd(extra_options=[f"SetEnv=LD_PRELOAD={library} HF_HOME=/data/hf"])
+    fleet.add_sshd_host("h7", sshd, 65)
+    out = fleet.cli("status", "--hosts", "h7")
+    assert out.returncode == 0, out.stdout + out.stderr
+    # the login shell and its rc's programs load it before gpufleet's command runs; nothing
+    # gpufleet executes does
+    loaded = marker.read_text().splitlines() if marker.exists() else []
+    ours = [ln for ln in loaded if ln.split()[-1] in ("python", "python3", "env")
+            or ln.split()[-1].startswith("python3")]  # fmt: skip
+    assert ours == [], loaded
+    from gpufleet.host.agent import loginenv
+
+    assert "LD_PRELOAD" in loginenv.LOADER_VARIABLES
+    record("trust_login_ld_preload", {"rc_programs": len(loaded), "gpufleets": len(ours)})

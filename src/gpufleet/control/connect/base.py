@@ -29,6 +29,7 @@ from gpufleet.control.connect.agentproc import (
 )
 from gpufleet.control.inventory.model import Host
 from gpufleet.errors import HostError
+from gpufleet.host.agent import loginenv
 from gpufleet.host.agent.protocol import MARK, SERVE, FinalLine, Hello, ProgressEvent, VerbArgs
 from gpufleet.kinds import Kind
 from gpufleet.wire import WireError
@@ -196,7 +197,7 @@ class Session:
             digest,
             trust_mode,
         ]
-        return f"umask 077; exec {shlex.join([*argv, *verb])}"
+        return clean_start(shlex.join([*argv, *verb]))
 
     def _raise_for_workdir(self, code: int | None, err: str) -> None:
         lines = err.strip().splitlines()
@@ -337,3 +338,23 @@ class Session:
         if code is None or code < 0:
             return f"agent did not finish ({tail})"
         return f"agent exited with code {code}: {tail}"
+
+
+CLEAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def clean_start(command: str) -> str:
+    """The remote command around the agent's: the login shell (any POSIX shell: sshd's,
+    srun's `sh -c`) unsets every variable the loader or a library acts on with its `unset`
+    builtin, so no program it executes loads what the login exported; the agent then runs
+    in an empty environment (`env -i`, a fixed PATH, HOME and locale) and gets the login's
+    variables only as text (its `export -p`, a builtin), for the allow-list its children
+    start from (host/agent/loginenv.py)."""
+    names = loginenv.LOADER_VARIABLES
+    had = "".join(f"${{{n}+{n} }}" for n in names)
+    return (
+        f'{loginenv.LOGIN_UNSET}="{had}"; unset {" ".join(names)}; umask 077; '
+        f'exec /usr/bin/env -i PATH={CLEAN_PATH} LANG=C.UTF-8 HOME="$HOME" '
+        f'{loginenv.LOGIN_ENV}="$(export -p)" {loginenv.LOGIN_UNSET}="${loginenv.LOGIN_UNSET}" '
+        f"{command}"
+    )

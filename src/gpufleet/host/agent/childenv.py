@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from gpufleet.host.agent import trust
+from gpufleet.host.agent import loginenv, trust
 
 KEEP = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ",
         "http_proxy", "https_proxy", "no_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
@@ -55,9 +55,11 @@ def _trusted_path(value: str) -> str:
 def login_env(source: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
     """The allow-listed part of the login environment, and the names worth saying were
     dropped (code-loading variables, and those naming an untrusted path)."""
-    source = dict(os.environ if source is None else source)
+    unset: list[str] = []
+    if source is None:
+        source, unset = loginenv.login_environment()
     env: dict[str, str] = {}
-    dropped: list[str] = []
+    dropped: list[str] = list(unset)  # what the login shell unset before the agent ran
     for name, value in source.items():
         if name == "PATH":
             env[name] = _trusted_path(value)
