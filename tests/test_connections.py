@@ -40,12 +40,13 @@ def test_each_task_uses_one_connection_and_one_agent_per_host(fleet, fresh_sshd,
     log = _counted_host(fleet, fresh_sshd)
     first = fleet.cli("gpu-clean", "--hosts", "counted")
     assert first.returncode == 0, first.stdout + first.stderr
-    # the first task uploads the agent: MISSING, one sftp upload, then the agent starts
-    assert log.since() == {"logins": 1, "commands": 2, "sftp": 1}
+    # the first task asks who it is (`id -u`, for the trust rule: issue 50), uploads the
+    # agent (MISSING, one sftp upload), then the agent starts
+    assert log.since() == {"logins": 1, "commands": 3, "sftp": 1}
 
     out = fleet.cli("gpu-clean", "--hosts", "counted")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert log.since() == {"logins": 1, "commands": 1, "sftp": 1}  # the python judged
+    assert log.since() == {"logins": 1, "commands": 2, "sftp": 1}  # `id -u`, the python judged
 
     # clean + launch + wait-ready: three verbs, one login, one agent
     profile = fleet.profile("counted", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
@@ -53,7 +54,7 @@ def test_each_task_uses_one_connection_and_one_agent_per_host(fleet, fresh_sshd,
     try:
         out = fleet.cli("launch", "--profile", str(profile), "--hosts", "counted", "--clean")
         assert out.returncode == 0, out.stdout + out.stderr
-        assert log.since() == {"logins": 1, "commands": 1, "sftp": 1}
+        assert log.since() == {"logins": 1, "commands": 2, "sftp": 1}
 
         # bench: workdir, prompts upload, bench-start, bench-watch, downloads
         out = fleet.cli(
@@ -61,11 +62,11 @@ def test_each_task_uses_one_connection_and_one_agent_per_host(fleet, fresh_sshd,
             "--num-prompts", "4", "--output-len", "8", "--archive", str(tmp_path / "a"),
         )  # fmt: skip
         assert out.returncode == 0, out.stdout + out.stderr
-        assert log.since() == {"logins": 1, "commands": 1, "sftp": 1}
+        assert log.since() == {"logins": 1, "commands": 2, "sftp": 1}
     finally:
         out = fleet.cli("stop", "--hosts", "counted")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert log.since() == {"logins": 1, "commands": 1, "sftp": 1}
+    assert log.since() == {"logins": 1, "commands": 2, "sftp": 1}
 
 
 def test_a_task_with_several_rounds_reuses_each_hosts_connection(fleet, fresh_sshd):
@@ -78,7 +79,8 @@ def test_a_task_with_several_rounds_reuses_each_hosts_connection(fleet, fresh_ss
             assert res.ok, res.error
     assert pool.opened == 1
     counts = log.since()
-    assert counts["logins"] == 1 and counts["commands"] in (1, 2)  # 2: the agent's upload
+    # `id -u`, the agent; 3 with the agent's upload
+    assert counts["logins"] == 1 and counts["commands"] in (2, 3)
 
 
 def test_a_dropped_connection_is_reopened_for_the_next_round(fleet, fresh_sshd):

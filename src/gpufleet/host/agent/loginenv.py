@@ -18,6 +18,7 @@ import shlex
 LOGIN_ENV = "GPUFLEET_LOGIN_ENV"  # the login shell's `export -p`
 LOGIN_UNSET = "GPUFLEET_LOGIN_UNSET"  # the loader and library variables it had, unset
 HANDOVER = (LOGIN_ENV, LOGIN_UNSET)
+CLEAN = ("PATH", "HOME", "LANG")  # what the remote command's `env -i` sets
 # What the dynamic loader (ld.so(8)) and the C library read from the environment before a
 # program's first line, and the libraries a program may load on their word: unset by the
 # login shell (a builtin) before anything is executed.
@@ -59,4 +60,6 @@ def login_environment() -> tuple[dict[str, str], list[str]]:
     if text is None:
         return {k: v for k, v in os.environ.items() if k not in HANDOVER}, []
     source = {k: v for k, v in parse_export(text).items() if k not in HANDOVER}
+    # what the agent set for its children itself (the simulated GPUs' state, ...)
+    source.update({k: v for k, v in os.environ.items() if k not in (*HANDOVER, *CLEAN)})
     return source, os.environ.get(LOGIN_UNSET, "").split()
