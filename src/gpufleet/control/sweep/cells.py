@@ -12,7 +12,7 @@ one side. A cell's key adds `#k` for the k-th repeat; its label (without `#k`) i
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.archive.layout import profile_label
@@ -121,6 +121,12 @@ def _value(text: str) -> Any:
         except ValueError:
             continue
     return text
+
+
+def interleaved(arms: list[ArmSpec], repeats: int) -> list[ArmSpec]:
+    """The cells `repeats` times, every cell once and then again (a slow drift of the host
+    cannot favour one side): the tune's verification and tie rounds."""
+    return [replace(a, repeat=k) for k in range(1, repeats + 1) for a in arms]
 
 
 def expand(profiles: list[str], grid: list[tuple[str, list[str]]], repeat: int) -> list[ArmSpec]:

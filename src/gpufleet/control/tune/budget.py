@@ -27,12 +27,12 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from gpufleet.archive.layout import Archive
 from gpufleet.archive.records import SweepRecord
 from gpufleet.control.bench.request import BenchRequest
-from gpufleet.control.sweep.cells import ArmSpec
+from gpufleet.control.sweep.cells import ArmSpec, interleaved
 from gpufleet.control.sweep.run import CellHooks
 from gpufleet.control.sweep.state import SweepState
 from gpufleet.control.tune import cells as tunecells
@@ -141,7 +141,7 @@ def plan_cells(
     its tokens at once, that lasts its span however fast the server is)."""
     stages = [(MEASURE, measure, decode_rounds(request), 0.0)]
     if verify:  # each check twice, interleaved (the best static depths join once measured)
-        repeated = [replace(a, repeat=k) for k in range(1, VERIFY_REPEATS + 1) for a in checks]
+        repeated = interleaved(checks, VERIFY_REPEATS)
         stages.append((VERIFY, repeated, decode_rounds(request), 0.0))
     if verify and switches:
         stages += [

@@ -15,7 +15,7 @@ import statistics
 from typing import Any
 
 from gpufleet.control.bench.request import MAX_PROMPTS, BenchRequest
-from gpufleet.control.sweep.cells import ArmSpec
+from gpufleet.control.sweep.cells import ArmSpec, interleaved
 from gpufleet.control.sweep.experiment import Experiment
 from gpufleet.control.tune import budget as tunebudget
 from gpufleet.control.tune import cells as tunecells
@@ -36,8 +36,7 @@ def tie_arms(profile: str, ties: list[Tie]) -> list[ArmSpec]:
     wanted = sorted(d for d in depths if isinstance(d, int) and d > 0)
     chosen = [a for a in tunecells.depth_arms(profile, wanted)
               if tunecells.arm_depth(a) in depths]  # fmt: skip
-    return [dataclasses.replace(a, repeat=k) for k in range(1, LAUNCHES_PER_ROUND + 1)
-            for a in chosen]  # fmt: skip
+    return interleaved(chosen, LAUNCHES_PER_ROUND)
 
 
 def tie_request(request: BenchRequest, ties: list[Tie], round_no: int) -> BenchRequest:

@@ -6,12 +6,11 @@ bursts; control/tune/table.py chooses the table it verifies."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.control.server.profiles import load_profile
-from gpufleet.control.sweep.cells import ArmSpec, profile_label
+from gpufleet.control.sweep.cells import ArmSpec, interleaved, profile_label
 from gpufleet.control.tune.cells import PLAIN, SKIP, arm_depth, depth_arms, drafting_of, plain_arm
 from gpufleet.control.tune.levels import objective
 
@@ -51,12 +50,10 @@ def _cell_name(key: Any) -> str:
 def best_static(measured: dict[Any, dict[int, Any]], c: int) -> tuple[str, float] | None:
     """The best cell the tune measured at level c that it could have kept (not rejected):
     its name and objective figure."""
-    cells = {k: levels[c] for k, levels in measured.items() if c in levels}
-    usable = {k: cell for k, cell in cells.items() if not cell.get("rejected")} or cells
-    if not usable:
+    key = _best_key(measured, c)
+    if key is None:
         return None
-    key = max(usable, key=lambda k: usable[k]["output_throughput"])
-    return _cell_name(key), float(usable[key]["output_throughput"])
+    return _cell_name(key), float(measured[key][c]["output_throughput"])
 
 
 GOAL = 0.98  # the tuned server keeps at least this of the best static at every level
@@ -73,10 +70,11 @@ def beside_arms(profile: str, checks: list[ArmSpec], measured: dict[Any, dict[in
     depths = sorted(k for k in best if isinstance(k, int) and k > 0)
     extra = [a for a in depth_arms(profile, depths) if arm_depth(a) in best]
     arms = [*checks, *extra]
-    return [dataclasses.replace(a, repeat=k) for k in range(1, repeats + 1) for a in arms]
+    return interleaved(arms, repeats)
 
 
 def _best_key(measured: dict[Any, dict[int, Any]], c: int) -> Any:
+    """The key of the best cell measured at level c, a rejected one only if all are."""
     cells = {k: levels[c] for k, levels in measured.items() if c in levels}
     usable = {k: cell for k, cell in cells.items() if not cell.get("rejected")} or cells
     return max(usable, key=lambda k: usable[k]["output_throughput"]) if usable else None
