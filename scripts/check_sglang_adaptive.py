@@ -26,7 +26,7 @@ import yaml
 logging.disable(logging.WARNING)
 
 from gpufleet.control.tune import files as tunefiles  # noqa: E402
-from gpufleet.control.tune import table as tune
+from gpufleet.control.tune import table as tune  # noqa: E402
 from gpufleet.records import ResultRow  # noqa: E402
 from gpufleet.sim.speculation import AdaptiveDepth, initial_steps  # noqa: E402
 
