@@ -7,16 +7,19 @@ run on are listed as skipped with Slurm's own reason."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
 from gpufleet.control.inventory import slurm
 from gpufleet.sim.slurm import LocalSlurm
-from helpers import Fleet, pid_alive, run_cli
+from helpers import Fleet, pid_alive, read_run_id, run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -164,9 +167,9 @@ def test_the_same_tasks_pass_over_ssh_and_over_srun(connection, fleet, cluster):
     out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0", "--clean")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "h0: READY test" in out.stdout
-    if connection == "srun":  # the server outlived the step that started it
+    if connection == "srun":  # the agent's steps ended; the server is a step of its own
         steps = cluster.run("squeue", "-h", "-s", "-j", job, "-o", "%i").split()
-        assert steps == [f"{job}.batch"], steps
+        assert len(steps) == 2 and f"{job}.batch" in steps, steps
     bench = fleet.cli("bench", "--profile", str(profile), "--hosts", "h0", "--concurrency",
                       "1,2", "--num-prompts", "4", "--output-len", "8", timeout=300)  # fmt: skip
     assert bench.returncode == 0, bench.stdout + bench.stderr
@@ -224,4 +227,205 @@ def test_a_slurm_that_ends_a_steps_servers_refuses_the_launch_naming_the_setting
     assert config["ProctrackType"] == "proctrack/linuxproc"
     assert slurm.steps_keep_servers(config) is None
     said = slurm.steps_keep_servers({**config, "ProctrackType": "proctrack/cgroup"})
-    assert said and "proctrack/cgroup (ProctrackType)" in said and "kills the server" in said
+    assert said and "proctrack/cgroup (ProctrackType)" in said
+    assert "kills the srun holding the server's step" in said
+
+
+def _processes_under(folder: Path) -> list[str]:
+    """Every process whose working directory or command line is under `folder` (gpufleet's
+    agents, servers and runners all work in the host's workdir), as `pid cmdline`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not pid_alive(int(entry.name)):
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if cwd.startswith(str(folder)) or str(folder) in cmdline:
+            found.append(f"{entry.name} {cmdline[:120]}")
+    return found
+
+
+@pytest.mark.slow(minutes=1)
+def test_a_server_ends_with_the_job_that_owned_it(fleet, cluster):
+    """Launched over srun, the server is a step of the host's job: when the job is
+    cancelled nothing of gpufleet's is left on the node (it lived on, parent PID 1, /health
+    answering, before), and `inv status` says Slurm ended it, in Slurm's own words."""
+    job = cluster.submit("-N1", "-p", "h200")
+    node = cluster.wait_running(job)
+    _srun_inventory(fleet, job, [node])
+    profile = fleet.profile()
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0")
+    assert out.returncode == 0 and "h0: READY test" in out.stdout, out.stdout + out.stderr
+    workdir = fleet.workdir("h0")
+    assert _processes_under(workdir), "the server runs in the host's workdir"
+    cluster.cancel(job)
+    deadline = time.monotonic() + 30
+    while _processes_under(workdir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_under(workdir) == []
+    fresh = cluster.submit("-N1", "-p", "h200", "-w", node)
+    cluster.wait_running(fresh)
+    _srun_inventory(fleet, fresh, [node])
+    status = fleet.cli("status", "--hosts", "h0")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert re.search(
+        rf"h0: server test \(port \d+\) ended with its Slurm job: \*\*\* STEP "
+        rf"{job}\.\d+ ON {node} CANCELLED AT ",
+        status.stdout,
+    ), status.stdout
+
+
+def _srun_bench(fleet: Fleet, cluster: LocalSlurm, archive: Path):
+    """A job on one node, the server launched there over srun, and a bench of it started
+    in the background (long enough to interrupt): the job, the CLI and the run id."""
+    job = cluster.submit("-N1", "-p", "h200")
+    _srun_inventory(fleet, job, [cluster.wait_running(job)])
+    profile = fleet.profile("rel", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0")
+    assert out.returncode == 0, out.stdout + out.stderr
+    proc = fleet.popen("bench", "--profile", str(profile), "--hosts", "h0", "--concurrency",
+                       "8", "--num-prompts", "400", "--output-len", "32", "--archive",
+                       str(archive))  # fmt: skip
+    run_id = read_run_id(proc, until="C=8: 400 requests")
+    assert run_id, "the bench did not start"
+    time.sleep(1.5)
+    return job, proc, run_id
+
+
+@pytest.mark.slow(minutes=1)
+def test_a_bench_whose_control_step_is_lost_runs_on_and_is_attached(fleet, cluster, tmp_path):
+    """The runner is a step of the job, not a child of the agent's step: when the control
+    side's srun dies mid-bench (slurmctld or the login node gone), the run goes on, the
+    failure line's `--attach` works when pasted, and nothing is measured twice."""
+    job, proc, run_id = _srun_bench(fleet, cluster, tmp_path / "a")
+    try:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            if child.name() == "srun":
+                child.kill()  # the agent's step ends with its srun
+        rest = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 1, rest
+        hint = re.search(r"`(inv bench --attach \S+ --hosts h0[^`]*)`", rest)
+        assert hint and run_id in hint.group(1), rest
+        args = hint.group(1).split()[1:]  # pasted as printed: it names the inventory
+        assert "--inventory" in args, hint.group(1)
+        out = run_cli(*args, "--archive", str(tmp_path / "a"), timeout=180)
+        assert out.returncode == 0, out.stdout + out.stderr
+        results = json.loads((tmp_path / "a" / "h0" / run_id / "results.jsonl").read_text())
+        assert results["completed"] == 400 and results["failed"] == 0
+    finally:
+        fleet.cli("stop", "--hosts", "h0")
+        cluster.cancel(job)
+
+
+@pytest.mark.slow(minutes=1)
+def test_a_job_cancelled_mid_bench_leaves_nothing_on_the_node(fleet, cluster, tmp_path):
+    """scancel while the bench runs: the server, the runner and its generator processes
+    end with the job (no process in the host's workdir), and the bench fails in one line
+    that offers no `--attach` it could not keep."""
+    job, proc, _ = _srun_bench(fleet, cluster, tmp_path / "a")
+    cancelled = time.monotonic()
+    cluster.cancel(job)
+    rest = proc.communicate(timeout=90)[0]
+    print(f"the one-line failure {time.monotonic() - cancelled:.1f} s after scancel")
+    assert proc.returncode == 1, rest
+    failed = [line for line in rest.splitlines() if "h0: FAILED" in line]
+    assert len(failed) == 1 and "--attach" not in failed[0], rest
+    assert re.search(
+        rf"Slurm job {job} is (CANCELLED|COMPLETING|GONE): the server and the run "
+        r"on n\d ended with it",
+        failed[0],
+    ), rest
+    deadline = time.monotonic() + 30
+    while _processes_under(fleet.workdir("h0")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_under(fleet.workdir("h0")) == []
+    print(f"nothing left on the node {time.monotonic() - cancelled:.1f} s after scancel")
+
+
+@pytest.mark.exclusive  # slurmctld is the session cluster's: nothing else may use it meanwhile
+def test_a_step_waits_for_slurmctld_with_backoff_then_says_srun_s_own_words(fleet, cluster):
+    """slurmctld killed: a task that needs a new step says each wait on stderr and goes on
+    once the controller is back; where it stays down past the bound, the one failure line
+    carries srun's own message (it read "no message" in 3 of 5 tries: stderr was read
+    before srun had written it) and how long it waited."""
+    job = cluster.submit("-N1", "-p", "h200")
+    _srun_inventory(fleet, job, [cluster.wait_running(job)])
+    cluster.stop_controller()
+    try:
+        proc = fleet.popen("status", "--hosts", "h0")
+        waits = []
+        for text in proc.stdout:
+            waits.append(text)
+            if "slurmctld does not answer; trying again in 2 s (for up to 90 s)" in text:
+                break
+        cluster.start_controller()
+        rest = proc.communicate(timeout=120)[0]
+        assert proc.returncode == 0, "".join(waits) + rest
+        assert re.search(r"h0: warning: slurmctld did not answer at first: the step started "
+                         r"at try \d+, after \d+ s", rest), rest  # fmt: skip
+        cluster.stop_controller()
+        os.environ["GPUFLEET_SLURMCTLD_WAIT_S"] = "5"
+        try:
+            out = fleet.cli("status", "--hosts", "h0", timeout=120)
+        finally:
+            del os.environ["GPUFLEET_SLURMCTLD_WAIT_S"]
+        failed = [line for line in out.stderr.splitlines() if "FAILED" in line]
+        assert out.returncode == 1 and len(failed) == 1, out.stdout + out.stderr
+        assert "Unable to contact slurm controller" in failed[0], failed
+        assert re.search(r"slurmctld did not answer for \d+ s \(1 try, "
+                         r"\$GPUFLEET_SLURMCTLD_WAIT_S=5\)", failed[0]), failed  # fmt: skip
+    finally:
+        cluster.start_controller()
+        cluster.cancel(job)
+
+
+@pytest.mark.slow(minutes=2)
+def test_a_node_drained_mid_sweep_finishes_its_cell_then_is_skipped_with_slurms_reason(
+    fleet, cluster, tmp_path
+):
+    """The policy of control/sweep/drain.py: a node drained while a cell runs finishes that
+    cell, gets no later cell (one line with Slurm's state and reason, the reason listed in
+    the sweep's report), and `--resume` runs what it missed once Slurm gives it back."""
+    job = cluster.submit("-N2", "-p", "h200")
+    nodes = cluster.wait_running(job)
+    _srun_inventory(fleet, job, ["n2", "n3"])
+    first = fleet.profile("first", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    second = fleet.profile("second", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    assert nodes == "n[2-3]"
+    archive = tmp_path / "a"
+    sweep = ["sweep", "--profiles", f"{first},{second}", "--hosts", "h0,h1", "--concurrency",
+             "1", "--num-prompts", "6", "--output-len", "16", "--archive", str(archive)]  # fmt: skip
+    proc = fleet.popen(*sweep)
+    said = []
+    try:
+        for text in proc.stdout:
+            said.append(text)
+            if text.startswith("[sweep 1/2] first on h0, h1"):
+                cluster.run("scontrol", "update", "nodename=n3", "state=drain",
+                            "reason=fan check")  # fmt: skip
+                break
+        rest = proc.communicate(timeout=240)[0]
+        text = "".join(said) + rest
+        assert proc.returncode == 1, text
+        assert re.search(r"\[sweep\] first on h1: done", text), text
+        assert ("[sweep 2/2] second on h1: not started: Slurm has the node draining (fan check); "
+                "the sweep goes on without it") in text  # fmt: skip
+        assert re.search(r"\[sweep\] second on h0: done", text), text
+        report = next(archive.glob("**/report.html")).read_text()
+        assert "not started: Slurm has the node draining (fan check)" in report
+    finally:
+        cluster.run("scontrol", "update", "nodename=n3", "state=resume", check=False)
+    deadline = time.monotonic() + 60  # until Slurm has pinged it again: `mixed`, no flag
+    while time.monotonic() < deadline:
+        state = cluster.run("sinfo", "-h", "-N", "-n", "n3", "-o", "%T", check=False).split()
+        if state and all(s in ("mixed", "allocated", "idle") for s in state):
+            break
+        time.sleep(0.5)
+    resumed = fleet.cli(*sweep, "--resume", timeout=240)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "[sweep 1/2] first: already done, skipped" in resumed.stdout
+    assert re.search(r"\[sweep\] second on h1: done", resumed.stdout), resumed.stdout
+    fleet.cli("stop", "--hosts", "h0,h1")

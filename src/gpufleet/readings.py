@@ -177,6 +177,7 @@ class ServerSummary(Record):
     health: str
     engine_version: str | None = None
     uptime_s: float | None = None
+    ended: str | None = None  # why a dead server ended, where its log says (Slurm's line)
 
 
 @dataclass

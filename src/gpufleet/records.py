@@ -142,6 +142,7 @@ class ServerState(Record):
     gpu_health: list[str] = field(default_factory=list)  # "GPU 3: warn: ..." at launch
     allowed_unhealthy: bool = False  # launched with --allow-unhealthy
     slots: int | None = None  # requests it serves at once, as its engine's flags say
+    slurm_job: str | None = None  # the job it is a step of: it ends with that job
 
     def update(self, **fields: Any) -> None:
         """Set fields by name (an unknown name is a bug: AttributeError)."""

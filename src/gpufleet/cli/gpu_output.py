@@ -170,6 +170,11 @@ def print_status(results: list[HostResult[StatusAnswer]]) -> None:
             "servers", ["host", "profile", "pid", "port", "state", "uptime", "health"], server_rows
         )
     for res in results:
+        for srv in res.value.servers if res.value is not None else []:
+            if srv.ended:
+                line(f"{res.host.name}: server {srv.profile} (port {srv.port}) ended with its "
+                     f"Slurm job: {srv.ended}")  # fmt: skip
+    for res in results:
         for p in res.value.stale if res.value is not None else []:
             line(f"{res.host.name}: server process {p.pid} ({p.user}): {_short_cmd(p.cmdline)}")
 

@@ -160,12 +160,37 @@ class LocalSlurm:
             "munged.out",
         )  # fmt: skip
         self._wait(lambda: (d / "munge.socket").exists(), timeout, "munged")
-        self._spawn([_program("slurmctld"), "-D", "-c", "-f", str(self.conf)], "slurmctld.out")
+        self._spawn(self._controller_argv(), "slurmctld.out")
         for name in self.node_names:
             self._spawn([_program("slurmd"), "-D", "-N", name, "-f", str(self.conf)],
                         f"slurmd-{name}.out")  # fmt: skip
         self._wait(self._all_idle, timeout, "every node idle")
         return self
+
+    def _controller_argv(self) -> list[str]:
+        return [_program("slurmctld"), "-D", "-c", "-f", str(self.conf)]
+
+    def stop_controller(self) -> None:
+        """slurmctld stopped (SIGTERM: it saves its state first), a fault the suite makes:
+        jobs and their steps run on; no new step starts until it is back."""
+        restarted = [a for a in self._controller_argv() if a != "-c"]
+        for proc in self.procs:
+            if proc.args in (self._controller_argv(), restarted) and proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+
+    def start_controller(self, timeout: float = 60.0) -> None:
+        """slurmctld started again on its saved state (-c would clear the jobs: not given)."""
+        argv = [a for a in self._controller_argv() if a != "-c"]
+        if any(p.args in (argv, self._controller_argv()) and p.poll() is None for p in self.procs):
+            return
+        self._spawn(argv, "slurmctld.out")
+        self._wait(self._answers, timeout, "slurmctld answering, every node responding")
+
+    def _answers(self) -> bool:
+        done = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True,
+                              env=self.env(), timeout=10, check=False)  # fmt: skip
+        return done.returncode == 0 and "*" not in done.stdout
 
     def _all_idle(self) -> bool:
         for proc in self.procs:

@@ -257,6 +257,8 @@ class Session:
         gpus = self.host.gpus
         if args.expected_gpus is None:
             args.expected_gpus = gpus.count
+        if self.host.connection == "srun":
+            args.slurm_job, args.slurm_node = self.host.slurm_job, self.host.address
         if gpus.simulated:
             args.sim = {
                 "state_dir": "sim-gpus",
@@ -320,12 +322,21 @@ class Session:
         try:
             return self.call(args, on_event=on_event, timeout=timeout)
         except HostError as exc:
-            if exc.kind in (Kind.CONNECTION, Kind.AGENT):
-                raise HostError(
-                    f"lost the host while {doing} ({exc}); it keeps running there: {resume}",
-                    kind=Kind.CONNECTION,
-                ) from None
-            raise
+            if exc.kind not in (Kind.CONNECTION, Kind.AGENT):
+                raise
+            ended = self.owner_ended()
+            if ended:  # nothing keeps running: no hint that cannot work
+                raise HostError(f"lost the host while {doing} ({exc}): {ended}",
+                                kind=Kind.CONNECTION) from None  # fmt: skip
+            raise HostError(
+                f"lost the host while {doing} ({exc}); it keeps running there: {resume}",
+                kind=Kind.CONNECTION,
+            ) from None
+
+    def owner_ended(self) -> str | None:
+        """Why nothing the agent started can still run on the host (its owner ended), or
+        None: over SSH a server and a run outlive the connection."""
+        return None
 
     def _explain_failure(self, code: int | None, err: str, other: list[str]) -> str:
         lines = err.strip().splitlines()

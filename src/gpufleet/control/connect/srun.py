@@ -8,9 +8,12 @@ readlink, listdir, read) with root's programs (stat, find, head, base64) before 
 python runs, and moves the agent into place. The agent's bytes reach the job's nodes by
 `sbcast` (Slurm's own broadcast: no shared filesystem assumed), once per job.
 
-A server launched this way outlives the step that started it (it runs in its own session,
-which `proctrack/linuxproc` does not follow); under `proctrack/cgroup` Slurm ends every
-process of a step with it, and launch refuses, saying so (`cannot_keep_servers`).
+A server (and a bench runner) launched this way is a job step of its own, held by an srun
+the agent detaches (host/proc/jobstep.py): it outlives the agent's step and ends with the
+job. Under `proctrack/cgroup` Slurm would end that srun with the agent's step, and the
+server with it: launch refuses there, saying so (`cannot_keep_servers`). When the agent's
+step is lost, `owner_ended` asks Slurm whether the job still runs, so a failure line offers
+`--attach` only while there is something to attach to.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ import shlex
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any, TypeVar
 
 from gpufleet.control.agent import trust as interpreter
 from gpufleet.control.connect.agentproc import AgentProcess
@@ -43,7 +48,20 @@ from gpufleet.control.inventory.slurm import step_env
 from gpufleet.errors import HostError, UserError
 from gpufleet.kinds import Kind
 
+T = TypeVar("T")
 SHELL_TIMEOUT_S = 30.0
+LOST_WAIT_S = 5.0  # for srun to say why a step ended and exit
+# srun's words when slurmctld does not answer (down, restarting, failing over): a new step
+# cannot start, but the job and what runs in it are fine; try again, for a bounded time
+CONTROLLER_DOWN = re.compile(
+    r"Unable to contact slurm controller|Socket timed out on send/recv|"
+    r"Zero Bytes were transmitted or received|backup controller in standby"
+)
+# once it was down: a controller back on its saved state refuses steps for a moment, until
+# the nodes have registered again ("Memory required by task is not available" was seen)
+STEP_REFUSED = re.compile(r"Unable to create step|Unable to confirm allocation")
+CONTROLLER_WAIT_ENV = "GPUFLEET_SLURMCTLD_WAIT_S"
+CONTROLLER_WAIT_S = 90.0
 _DONE = b"__gpufleet_done"
 _DONE_LINE = re.compile(rb"\n__gpufleet_done (\d+)\n")
 _TYPES = {"f": stat.S_IFREG, "d": stat.S_IFDIR, "l": stat.S_IFLNK, "c": stat.S_IFCHR,
@@ -56,6 +74,19 @@ def step_argv(host: Host) -> list[str]:
     assert host.slurm_job is not None  # the inventory requires it for srun
     return ["srun", f"--jobid={host.slurm_job}", "--overlap", f"--nodelist={host.address}",
             "-N1", "-n1", "--unbuffered", "--quiet", "--export=NONE"]  # fmt: skip
+
+
+def _available(stream: IO[bytes] | None) -> bytes:
+    """What a pipe holds now, without waiting for more (the writer may still run)."""
+    if stream is None:
+        return b""
+    out = b""
+    while select.select([stream], [], [], 0)[0]:
+        chunk = os.read(stream.fileno(), 65536)
+        if not chunk:
+            break
+        out += chunk
+    return out
 
 
 @dataclass(frozen=True)
@@ -92,9 +123,12 @@ class NodeShell:
             raise HostError(self._lost("the node's shell did not start"), Kind.CONNECTION)
 
     def _lost(self, what: str) -> str:
-        err = b""
-        if self.proc.poll() is not None and self.proc.stderr is not None:
-            err = self.proc.stderr.read() or b""
+        """The failure in one line with srun's own last word. The step's stdout can end
+        before srun has written its message and exited: wait for the exit (bounded), then
+        read what stderr holds (the message was lost that way in 3 of 5 tries)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=LOST_WAIT_S)
+        err = _available(self.proc.stderr)
         tail = (err.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
         job, node = self.host.slurm_job, self.host.address
         return f"{what} (srun into job {job} on {node}: {tail})"
@@ -254,8 +288,43 @@ class SrunSession(Session):
     def shell(self) -> NodeShell:
         """The node's shell step, started again if it ended."""
         if self._shell is None or not self._shell.alive:
-            self._shell = NodeShell(self.host)
+            self._shell = self._while_controller_down(lambda: NodeShell(self.host))
         return self._shell
+
+    def _while_controller_down(self, start: Callable[[], T]) -> T:
+        """`start` a step; while srun says slurmctld does not answer, again after 2, 4, 8,
+        16 s ... up to $GPUFLEET_SLURMCTLD_WAIT_S (90 s), each wait said on stderr, and the
+        outcome said with the task's warnings or in the failure's one line."""
+        limit = float(os.environ.get(CONTROLLER_WAIT_ENV) or CONTROLLER_WAIT_S)
+        began, delay, tries = time.monotonic(), 2.0, 1
+        while True:
+            try:
+                started = start()
+            except HostError as exc:
+                waited = time.monotonic() - began
+                if not (CONTROLLER_DOWN.search(str(exc)) or
+                        (tries > 1 and STEP_REFUSED.search(str(exc)))):  # fmt: skip
+                    raise
+                if waited + delay > limit:
+                    said = f"{tries} {'try' if tries == 1 else 'tries'}"
+                    raise HostError(f"{exc}; slurmctld did not answer for {waited:.0f} s "
+                                    f"({said}, ${CONTROLLER_WAIT_ENV}={limit:g})",
+                                    exc.kind) from None  # fmt: skip
+                print(
+                    f"{self.host.name}: slurmctld does not answer; trying again in "
+                    f"{delay:g} s (for up to {limit:g} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                time.sleep(delay)
+                delay, tries = min(delay * 2, 16.0), tries + 1
+                continue
+            if tries > 1:
+                self.warnings.add(
+                    f"slurmctld did not answer at first: the step started at "
+                    f"try {tries}, after {time.monotonic() - began:.0f} s"
+                )
+            return started
 
     def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
         tree = ShellTree(self.shell)
@@ -265,7 +334,7 @@ class SrunSession(Session):
     def _serving_agent(self) -> AgentProcess:
         """The agent, started; the node's shell then ends (it judged and uploaded; a later
         download starts another): one srun here per host, not two, while the task runs."""
-        agent = super()._serving_agent()
+        agent = self._while_controller_down(super()._serving_agent)
         if self._shell is not None:
             self._shell.close()
             self._shell = None
@@ -311,6 +380,20 @@ class SrunSession(Session):
             return slurm.steps_keep_servers(slurm.config())
         except UserError as exc:
             raise HostError(str(exc), Kind.CONNECTION) from None
+
+    def owner_ended(self) -> str | None:
+        """Why the node's server and runs ended: the job they were steps of is no longer
+        running (they end with it, host/proc/jobstep.py); None while it runs, or where
+        slurmctld cannot say."""
+        job = str(self.host.slurm_job)
+        try:
+            state = slurm.job_state(job)
+        except UserError:
+            return None
+        if state in ("RUNNING", "SUSPENDED"):
+            return None
+        return (f"Slurm job {job} is {state}: the server and the run on {self.host.address} "
+                "ended with it; run again in a running job")  # fmt: skip
 
     @property
     def alive(self) -> bool:

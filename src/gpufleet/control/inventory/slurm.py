@@ -96,6 +96,18 @@ def job_nodes(job: str) -> Nodes:
     return Nodes(hostlist.expand(nodelist))
 
 
+def job_state(job: str) -> str:
+    """The job's state as squeue says it (RUNNING, CANCELLED, TIMEOUT, ...), or GONE where
+    it no longer lists the job; UserError where squeue cannot answer."""
+    try:
+        out = run(["squeue", "-h", "-j", job, "--states=all", "-o", "%T"], f"slurm job {job}")
+    except UserError as exc:
+        if "Invalid job id" in str(exc):
+            return "GONE"
+        raise
+    return (out.split() or ["GONE"])[0]
+
+
 def _usable(state: str) -> str | None:
     """None when a job can start on a node in this sinfo state, else why not."""
     flags = [FLAG_SUFFIXES[c] for c in state if c in FLAG_SUFFIXES]
@@ -121,6 +133,13 @@ def _node_states(command: list[str], what: str) -> tuple[list[str], dict[str, st
         else:
             skipped[node] = why + (f" ({reason})" if reason and reason != "none" else "")
     return names, skipped
+
+
+def unusable_nodes(nodes: list[str]) -> dict[str, str]:
+    """Which of these nodes Slurm now has drained, draining or down, with its reason (what
+    a sweep reads before each cell); UserError where sinfo cannot answer."""
+    command = ["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%T|%E"]
+    return _node_states(command, "slurm node states")[1]
 
 
 def partition_nodes(partition: str) -> Nodes:
@@ -177,14 +196,15 @@ def config() -> dict[str, str]:
 
 
 def steps_keep_servers(settings: dict[str, str]) -> str | None:
-    """None when a server a job step starts in its own session outlives the step; else
-    why not, naming the Slurm setting that decides it."""
+    """None when the srun that holds a server's own step, detached by the launch's step,
+    outlives that step; else why not, naming the Slurm setting that decides it."""
     tracker = settings.get("ProctrackType", "")
-    if tracker == "proctrack/linuxproc":  # follows parents: a new session's child escapes
+    if tracker == "proctrack/linuxproc":  # follows parents: a detached process escapes
         return None
     return (
         f"a server started by a job step would end with the step here: Slurm tracks a step's "
         f"processes by {tracker or 'an unknown tracker'} (ProctrackType), so it kills the "
-        "server when the launch's step ends. Launch it from the job's batch script, or use "
-        "`connection: ssh` where the site allows SSH into your job (pam_slurm_adopt)"
+        "srun holding the server's step, and the server, when the launch's step ends. Launch "
+        "it from the job's batch script, or use `connection: ssh` where the site allows SSH "
+        "into your job (pam_slurm_adopt)"
     )

@@ -37,6 +37,7 @@ from gpufleet.control.server.gpuclean import (
     verdict_lines,
 )
 from gpufleet.control.server.profiles import build_specs
+from gpufleet.control.sweep import drain
 from gpufleet.control.sweep.cells import ArmSpec, profile_label
 from gpufleet.control.sweep.state import Say, SweepState
 from gpufleet.errors import HostError, UserError
@@ -328,17 +329,21 @@ def unfetched(cell: Cell, res: Any) -> bool:
 
 
 def _todo(state: SweepState, fleet: Fleet, name: str, head: str) -> Fleet:
-    """The hosts this cell runs on now: not done there, and no other cell's run waiting to
-    be fetched from the host (said, one line each)."""
-    held = _held(state, fleet, name)
+    """The hosts this cell runs on now: not done there, no other cell's run waiting to be
+    fetched from the host, and a node Slurm has not drained or downed (each said, one line;
+    a drained node's reason kept on the cell for the report: control/sweep/drain.py)."""
+    undone = fleet.only(h.name for h in fleet.hosts
+                        if state.cell(name, h.name).status != CellStatus.DONE)  # fmt: skip
+    held = _held(state, undone, name)
     for host, what in held.items():
-        if state.cell(name, host).status != CellStatus.DONE:
-            state.say(f"{head} on {host}: not started: the run of {what} is not fetched yet "
-                      "(--resume fetches it first)")  # fmt: skip
-    return fleet.only(
-        h.name for h in fleet.hosts
-        if state.cell(name, h.name).status != CellStatus.DONE and h.name not in held
-    )  # fmt: skip
+        state.say(f"{head} on {host}: not started: the run of {what} is not fetched yet "
+                  "(--resume fetches it first)")  # fmt: skip
+    drained = drain.unavailable(undone.only(h for h in undone.names if h not in held))
+    for host, why in drained.items():
+        state.update(name, host, error=f"not started: Slurm has the node {why}")
+        state.say(f"{head} on {host}: not started: Slurm has the node {why}; the sweep goes "
+                  "on without it (--resume runs it there once Slurm gives it back)")  # fmt: skip
+    return undone.only(h for h in undone.names if h not in held and h not in drained)
 
 
 def _held(state: SweepState, fleet: Fleet, current: str) -> dict[str, str]:

@@ -55,6 +55,10 @@ class VerbArgs:
     host: str = ""
     expected_gpus: int | None = None
     sim: JsonObject | None = None  # the simulated GPU topology on rehearsal hosts
+    # a node reached through Slurm (connection: srun): its job and its name there; what the
+    # agent starts to run on (a server, a bench runner) is a step of that job
+    slurm_job: str | None = None
+    slurm_node: str | None = None
 
     def to_wire(self) -> str:
         """One JSON line for the agent's stdin."""

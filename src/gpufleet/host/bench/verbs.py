@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from gpufleet.host.agent import childenv, safewrite
+from gpufleet.host.agent.loginenv import login_environment
 from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.host.agent.protocol import (
     AgentError,
@@ -28,6 +29,7 @@ from gpufleet.host.agent.protocol import (
 )
 from gpufleet.host.gpu import facts as gpus
 from gpufleet.host.gpu import nvml as nvmlread
+from gpufleet.host.proc import jobstep
 from gpufleet.host.server import keys as serverkeys
 from gpufleet.host.server.state import all_states, read_state, server_alive, tail
 from gpufleet.kinds import Kind, RunStatus
@@ -80,7 +82,9 @@ def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
     safewrite.write_atomic(run_dir / "plan.json", plan.to_json())
     safewrite.write_atomic(run_dir / "status.json", json.dumps({"status": RunStatus.STARTING}))
     runner = _spawn_runner(
-        run_dir, BenchRunArgs(args.host, args.expected_gpus, args.sim, plan.run_id)
+        run_dir,
+        BenchRunArgs(args.host, args.expected_gpus, args.sim, run_id=plan.run_id),
+        jobstep.JobStep.of(args.slurm_job, args.slurm_node),
     )
     safewrite.write_atomic(run_dir / "runner.json", json.dumps(runner.to_wire()))
     return {
@@ -94,12 +98,25 @@ def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
     }
 
 
-def _spawn_runner(run_dir: Path, args: BenchRunArgs) -> ProcRef:
-    """`agent.pyz bench-run` in its own session (survives SSH), its arguments on stdin."""
+def _spawn_runner(run_dir: Path, args: BenchRunArgs, step: jobstep.JobStep | None) -> ProcRef:
+    """`agent.pyz bench-run` in its own session (survives SSH), its arguments on stdin;
+    inside a Slurm job, a step of that job (it survives the agent's step, as the server
+    does, and ends with the job)."""
     agent = os.path.abspath(sys.argv[0])
+    argv = [sys.executable, "-I", agent, BenchRunArgs.VERB]
     with safewrite.open_append(run_dir / "runner.log") as log:
+        if step is not None:
+            wire = run_dir / "runner-args.json"
+            safewrite.write_atomic(wire, args.to_wire())
+            env = jobstep.srun_env(childenv.child_env(), login_environment()[0].get("SLURM_CONF"))
+            try:
+                pid = jobstep.spawn(step, argv, env, log, run_dir / "runner.pid", wire)
+            except jobstep.StepNotStarted as exc:
+                said = " | ".join(tail(str(run_dir / "runner.log"), 3))
+                raise AgentError(f"bench runner: {exc}: {said}", kind=Kind.RUN_FAILED) from None
+            return ProcRef.capture(pid) or ProcRef(pid, -1)
         proc = subprocess.Popen(
-            [sys.executable, "-I", agent, BenchRunArgs.VERB],
+            argv,
             stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpufleet.host.agent import safewrite
+from gpufleet.host.agent.loginenv import login_environment
 from gpufleet.host.agent.procstat import ProcRef, command_name, group_members
 from gpufleet.host.agent.protocol import (
     AgentError,
@@ -37,6 +38,7 @@ from gpufleet.host.agent.redact import (
     secret_values,
 )
 from gpufleet.host.gpu import facts as gpus
+from gpufleet.host.proc import jobstep
 from gpufleet.host.server import keys as serverkeys
 from gpufleet.host.server import probe as health
 from gpufleet.host.server.preflight import launch_env, preflight
@@ -88,11 +90,20 @@ def port_lock(port: int):
         os.close(fd)
 
 
-def _spawn(spec: LaunchSpec) -> subprocess.Popen[bytes]:
-    """Start the server in its own session, stdout and stderr appended to its log."""
+def _spawn(spec: LaunchSpec, step: jobstep.JobStep | None) -> int:
+    """Start the server in its own session, stdout and stderr appended to its log; its PID.
+    Inside a Slurm job the server is a step of that job (host/proc/jobstep.py), so it ends
+    when the job ends."""
     log = Path(spec.log)
     with safewrite.open_append(log, buffering=0) as out:
         out.write(f"[gpufleet] {now_iso()} launching {spec.profile}\n".encode())
+        if step is not None:
+            env = jobstep.srun_env(launch_env(spec), login_environment()[0].get("SLURM_CONF"))
+            try:
+                return jobstep.spawn(step, spec.argv, env, out, SERVERS / f"{spec.port}.pid")
+            except jobstep.StepNotStarted as exc:
+                raise AgentError(f"{exc}: {' | '.join(tail(str(log), 3))}",
+                                 kind=Kind.CRASHED) from None  # fmt: skip
         return subprocess.Popen(
             spec.argv,
             stdin=subprocess.DEVNULL,
@@ -101,7 +112,7 @@ def _spawn(spec: LaunchSpec) -> subprocess.Popen[bytes]:
             env=launch_env(spec),
             start_new_session=True,  # own session and process group: survives hangup
             close_fds=True,
-        )
+        ).pid
 
 
 def write_files(spec: LaunchSpec) -> LaunchSpec:
@@ -158,12 +169,13 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
         if in_argv:
             check.warnings.append(KEYS_IN_ARGV)
         spec = dataclasses.replace(spec, argv=argv)  # renames applied, keys in their file
-        proc = _spawn(spec)
-        ref = ProcRef.capture(proc.pid) or ProcRef(proc.pid, -1)  # -1: died at once
+        step = jobstep.JobStep.of(args.slurm_job, args.slurm_node)
+        pid = _spawn(spec, step)
+        ref = ProcRef.capture(pid) or ProcRef(pid, -1)  # -1: died at once
         state = ServerState(
-            pid=proc.pid,
+            pid=pid,
             proc=ref.to_wire(),
-            pgid=proc.pid,
+            pgid=pid,  # its own session's (setsid), or the job step's task's
             argv=redact_argv(spec.argv),
             env=redact_env(spec.env, spec.secret_env),
             port=spec.port,
@@ -183,6 +195,7 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
             status=ServerStatus.STARTING,
             gpu_health=check.gpu_health,
             allowed_unhealthy=args.allow_unhealthy,
+            slurm_job=args.slurm_job,
         )
         write_state(state)
     return LaunchAnswer(
@@ -361,13 +374,14 @@ def servers() -> list[ServerSummary]:
             started = datetime.fromisoformat(state.started_at.replace("Z", "+00:00"))
             uptime = round((datetime.now(UTC) - started).total_seconds(), 1)
         dead = not alive and state.status in up  # it was up; its process is gone
+        ended = jobstep.why_ended(tail(state.log, 20)) if dead and state.slurm_job else None
         out.append(
             ServerSummary(
                 profile=state.profile, pid=state.pid, port=state.port,
                 status=ServerStatus.DEAD if dead else state.status,
                 started_at=state.started_at, engine=state.engine, log=state.log, alive=alive,
                 health=health.probe(state.health_url) if alive else "down",
-                engine_version=state.engine_version, uptime_s=uptime,
+                engine_version=state.engine_version, uptime_s=uptime, ended=ended,
             )
         )  # fmt: skip
     return out
