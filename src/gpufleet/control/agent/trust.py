@@ -104,11 +104,16 @@ class _Judge:
         self.verdict = Verdict(executable="")
 
     def path(self, path: str, kind: str, what: str) -> str | None:
-        """The real path when it exists (judged), else None."""
+        """The real path when it exists (judged), else None (a missing one judged by who
+        could create it)."""
         self.verdict.judged.append(path)
         try:
             return trust.judge(path, self.uid, kind, what, fs=self.fs)
         except FileNotFoundError:
+            try:
+                trust.judge_missing(path, self.uid, what, fs=self.fs)
+            except trust.Untrusted as exc:
+                self.verdict.problems.append(str(exc))
             return None
         except trust.Untrusted as exc:
             self.verdict.problems.append(str(exc))
@@ -132,6 +137,20 @@ class _Judge:
                     f"user; fix: chown root {entry} && chmod go-w {entry}"
                 )
         return listed
+
+    def path_files(self, directory: str) -> None:
+        """A `._pth` file beside the executable replaces sys.path with its lines (CPython's
+        getpath reads `<executable>._pth`): each one found is judged, and every directory
+        it names, as the standard library's are."""
+        try:
+            listed = self.fs.listdir(directory)
+        except OSError:
+            return
+        for name, st in listed:
+            if name.endswith("._pth") and not stat.S_ISDIR(st.st_mode):
+                file = posixpath.join(directory, name)
+                if self.path(file, trust.FILE, "a ._pth file") is not None:
+                    self.pth(file)
 
     def site_dir(self, directory: str) -> None:
         real = self.path(directory, trust.DIRECTORY, "site directory")
@@ -251,6 +270,11 @@ def judge_python(python: str, uid: int, fs: TreeReader, home: str = "/root") -> 
         if venv_home:  # a relative home is read from the venv's directory, as getpath does
             venv_home = posixpath.normpath(posixpath.join(venv, venv_home))
             judge.path(venv_home, trust.DIRECTORY, "the venv's home")
+            # the base installation whose standard library the venv loads: a --copies
+            # venv's executable does not lead there, its home does
+            prefixes.append(posixpath.dirname(venv_home))
+    for directory in dict.fromkeys(posixpath.dirname(p) for p in (executable, real)):
+        judge.path_files(directory)
     for system in SYSTEM:
         judge.path(system, trust.ANY, "the system the python loads")
     for prefix in dict.fromkeys(prefixes):

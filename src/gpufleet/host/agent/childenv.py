@@ -13,6 +13,7 @@ the rule, or the launch is refused. Standard library only: this module ships.
 from __future__ import annotations
 
 import os
+import re
 
 from gpufleet.host.agent import loginenv, trust
 
@@ -27,12 +28,19 @@ ANNOUNCED = ("PYTHON", "LD_", "PERL5", "RUBY", "NODE_", "BASH_ENV", "GCONV_PATH"
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+# Every reader's separators at once: ld.so splits LD_PRELOAD on spaces and colons, search
+# paths on colons, many tools take commas or `;`, options `key=value`. A value is judged by
+# every absolute path any of them could read in it, never by how one of them splits it.
+_SEPARATORS = re.compile(r"[\s:;,=]+")
+
+
 def _paths_in(value: str) -> list[str]:
-    return [p for p in value.split(os.pathsep) if p.startswith("/")]
+    return [p for p in _SEPARATORS.split(value) if p.startswith("/")]
 
 
 def untrusted_paths(value: str) -> list[str]:
-    """The one-line reasons the paths a value names fail the trust rule (missing is fine)."""
+    """The one-line reasons the paths a value names fail the trust rule (a missing path
+    passes only where no other user could create it)."""
     uid = os.geteuid()
     out = []
     for path in _paths_in(value):
@@ -76,9 +84,12 @@ def login_env(source: dict[str, str] | None = None) -> tuple[dict[str, str], lis
 
 def child_env(explicit: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a child of the agent: the clean login part plus `explicit`
-    (judged by the caller with `refusals`)."""
+    (judged by the caller with `refusals`), and never a user site: a bare interpreter's
+    `~/.local/lib/pythonX.Y/site-packages` (its `.pth` files and `usercustomize`) would
+    run in the preflight, the server and every rank, judged by nothing."""
     env, _ = login_env()
     env.update(explicit or {})
+    env["PYTHONNOUSERSITE"] = "1"
     return env
 
 

@@ -173,16 +173,19 @@ def judge(
 def judge_tree(
     root: str, uid: int, skip: tuple[str, ...] = (), what: str = "module directory"
 ) -> int:
-    """Every directory under `root` (itself judged first) is root's or `uid`'s and nobody
-    else can write it: a module imported later from any of them is what was judged. A
-    symlink inside is judged along its way and not descended. Returns the count judged.
+    """Every directory and file under `root` (itself judged first) is root's or `uid`'s and
+    nobody else can write it: a module imported later from any of them is what was judged.
+    A symlink inside is judged along its whole way, and a linked directory is walked like
+    the rest (once: links that loop are followed no further). Returns the directories
+    judged.
 
-    Directories only, each one lstat: a venv with torch holds thousands of them, and this
-    runs at every agent start. `skip` names subtrees judged on their own (site-packages
-    under the standard library, when it is its own sys.path entry or not used at all).
+    One lstat per entry: a venv with torch holds thousands of directories and tens of
+    thousands of files, and this runs at every agent start (benchmarks/trust_cost.py).
+    `skip` names subtrees judged on their own (site-packages under the standard library,
+    when it is its own sys.path entry or not used at all).
     """
     judge(root, uid, DIRECTORY, what)
-    stack, count = [root], 1
+    stack, count, seen = [root], 1, {os.path.realpath(root)}
     while stack:
         directory = stack.pop()
         try:
@@ -194,29 +197,57 @@ def judge_tree(
                 continue
             if entry.is_symlink():
                 try:
-                    judge(entry.path, uid, ANY, what)
+                    real = judge(entry.path, uid, ANY, what)
                 except FileNotFoundError:
-                    pass  # a dangling link imports nothing
-                continue
-            if not entry.is_dir(follow_symlinks=False):
+                    continue  # a dangling link imports nothing
+                if os.path.isdir(real) and real not in seen:
+                    seen.add(real)  # a linked package: its tree is imported too
+                    stack.append(real)
+                    count += 1
                 continue
             st = entry.stat(follow_symlinks=False)
             if st.st_uid not in (0, uid) or others_can_write(st):
+                fix = "-R " if stat.S_ISDIR(st.st_mode) else ""
                 raise _refuse(
                     what, root, describe(entry.path, st), "can be changed by another user",
-                    f"chown -R root {entry.path} && chmod -R go-w {entry.path}",
+                    f"chown {fix}root {entry.path} && chmod {fix}go-w {entry.path}",
                 )  # fmt: skip
-            count += 1
-            stack.append(entry.path)
+            if stat.S_ISDIR(st.st_mode):
+                count += 1
+                stack.append(entry.path)
     return count
 
 
+def judge_missing(path: str, uid: int, what: str = "path", fs: object = None) -> None:
+    """A path that does not exist (yet) is trusted only where no other user could create
+    it: its nearest existing directory must pass the rule as a directory gpufleet would
+    work in (so never a shared sticky one such as /tmp). Untrusted otherwise: the path
+    could appear between this judgement and its use (a `python:` created that way won 5
+    times in 36 tries)."""
+    parent = os.path.dirname(os.path.normpath(path)) or "/"
+    while True:
+        try:
+            judge(parent, uid, DIRECTORY, what, fs=fs)
+            return
+        except FileNotFoundError:
+            if parent == "/":
+                return
+            parent = os.path.dirname(parent)
+        except Untrusted as exc:
+            raise Untrusted(f"{what} {path} does not exist, and another user could create "
+                            f"it: {str(exc).split(': ', 1)[-1]}") from None  # fmt: skip
+
+
 def trusted(path: str, uid: int, kind: str = FILE, fs: object = None) -> str | None:
-    """None when `path` is trusted (or missing); else the one-line reason."""
+    """None when `path` is trusted (or missing where nobody else could create it); else
+    the one-line reason."""
     try:
         judge(path, uid, kind, fs=fs)
     except FileNotFoundError:
-        return None
+        try:
+            judge_missing(path, uid, fs=fs)
+        except Untrusted as exc:
+            return str(exc)
     except Untrusted as exc:
         return str(exc)
     return None
