@@ -71,17 +71,30 @@ def test_flush_before_each_level_keeps_one_level_from_warming_the_next(sim_serve
 
 
 def test_slo_goodput_follows_the_timing_model(sim_server):
-    """Baseline rehearsal steps cost 15.6 + 1.03 x batch ms: TPOT ~16.6 ms at C=1 and ~23.8 ms
-    at C=8, so a 20 ms TPOT bound holds for every request at C=1 and for none at C=8."""
+    """Baseline rehearsal steps cost 15.6 + 1.03 x batch ms: TPOT ~16.6 ms at C=1 and ~32 ms
+    at C=16. A TPOT bound between the two levels' measured worst and best holds for every
+    request at C=1 and for none at C=16. The bound is placed from this run's own figures,
+    not fixed in ms: on a busy machine every step is slower (a fixed 20 ms failed there)."""
     server = sim_server()
-    slo = parse_slo("tpot_ms=20")
-    prompts = [Prompt("def f(x): return x\n" * 4, output_len=40)] * 8
-    one = summarize(run_async(run_level(server.url, prompts[:3], 1)), "sglang", slo=slo)
-    eight = summarize(run_async(run_level(server.url, prompts, 8)), "sglang", slo=slo)
+    prompts = [Prompt("def f(x): return x\n" * 4, output_len=40)] * 16
+    one_records = run_async(run_level(server.url, prompts[:3], 1))
+    many_records = run_async(run_level(server.url, prompts, 16))
+    one, many = summarize(one_records, "sglang"), summarize(many_records, "sglang")
+    worst_one, best_many = max(_tpots_ms(one_records)), min(_tpots_ms(many_records))
+    assert worst_one < best_many, (one["mean_tpot_ms"], many["mean_tpot_ms"])
+    bound = round((worst_one + best_many) / 2, 3)
+    slo = parse_slo(f"tpot_ms={bound}")
+    one = summarize(one_records, "sglang", slo=slo)
+    many = summarize(many_records, "sglang", slo=slo)
     assert one["slo_attainment"] == 1.0 and one["good_requests"] == 3
     assert one["goodput_output_throughput"] == pytest.approx(one["output_throughput"])
-    assert eight["slo_attainment"] == 0.0 and eight["goodput_output_throughput"] == 0.0
-    assert one["slo"] == {"tpot_ms": 20.0}
+    assert many["slo_attainment"] == 0.0 and many["goodput_output_throughput"] == 0.0
+    assert one["slo"] == {"tpot_ms": bound}
+
+
+def _tpots_ms(run) -> list[float]:
+    return [(r.e2e - r.ttft) / (r.completion_tokens - 1) * 1000
+            for r in run.records if r.ok and r.completion_tokens > 1]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -258,6 +258,7 @@ def _clear(tmp_path, monkeypatch, index: int) -> list:
         simnvml.nvmlShutdown()
 
 
+@pytest.mark.faults
 def test_the_same_xid_after_a_clear_is_a_new_event(tmp_path, monkeypatch):
     """Issue 51: after XID 79 was cleared, the same XID again (the kernel's lines differ only
     in the timestamp) was taken as already seen: `status` said ok on a GPU that fell off the
@@ -291,6 +292,7 @@ def test_an_xid_on_a_bus_nvml_does_not_list_makes_the_host_bad(tmp_path, monkeyp
                    for r in gpu.health.reasons), gpu.health.reasons  # fmt: skip
 
 
+@pytest.mark.faults
 def test_a_clear_and_readers_side_by_side_never_undo_the_clear(tmp_path, monkeypatch):
     """Two commands at once: a reader that loaded the ledger before a clear merged after it
     and put the cleared XID back. Read, merge and write are one critical section now: in a

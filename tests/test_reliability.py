@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -337,6 +338,7 @@ def test_server_sigkilled_mid_bench_fails_fast(fleet, tmp_path):
             k.kill()
 
 
+@pytest.mark.faults
 def test_sshd_killed_mid_bench_then_attach_loses_nothing(fleet, fresh_sshd, tmp_path):
     host_sshd = fresh_sshd()
     fleet.add_sshd_host("flaky", host_sshd, port_offset=50)
@@ -397,6 +399,7 @@ def test_sshd_killed_mid_bench_then_attach_loses_nothing(fleet, fresh_sshd, tmp_
         fleet.cli("stop", "--hosts", "flaky")
 
 
+@pytest.mark.faults
 def test_ctrl_c_during_sweep_then_resume(fleet, tmp_path):
     a = _bench_profile(fleet, "ca")
     port = yaml.safe_load(a.read_text())["port"]
@@ -433,6 +436,7 @@ def test_ctrl_c_during_sweep_then_resume(fleet, tmp_path):
     assert len(runs) == 2 and all(archive.verify(r) == [] for r in runs)
 
 
+@pytest.mark.faults
 def test_a_finished_run_is_fetched_never_measured_again_after_a_lost_host(
     fleet, fresh_sshd, tmp_path
 ):

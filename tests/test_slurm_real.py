@@ -249,6 +249,7 @@ def _processes_under(folder: Path) -> list[str]:
 
 
 @pytest.mark.slow(minutes=1)
+@pytest.mark.faults
 def test_a_server_ends_with_the_job_that_owned_it(fleet, cluster):
     """Launched over srun, the server is a step of the host's job: when the job is
     cancelled nothing of gpufleet's is left on the node (it lived on, parent PID 1, /health
@@ -296,6 +297,7 @@ def _srun_bench(fleet: Fleet, cluster: LocalSlurm, archive: Path):
 
 
 @pytest.mark.slow(minutes=1)
+@pytest.mark.faults
 def test_a_bench_whose_control_step_is_lost_runs_on_and_is_attached(fleet, cluster, tmp_path):
     """The runner is a step of the job, not a child of the agent's step: when the control
     side's srun dies mid-bench (slurmctld or the login node gone), the run goes on, the
@@ -321,6 +323,7 @@ def test_a_bench_whose_control_step_is_lost_runs_on_and_is_attached(fleet, clust
 
 
 @pytest.mark.slow(minutes=1)
+@pytest.mark.faults
 def test_a_job_cancelled_mid_bench_leaves_nothing_on_the_node(fleet, cluster, tmp_path):
     """scancel while the bench runs: the server, the runner and its generator processes
     end with the job (no process in the host's workdir), and the bench fails in one line
@@ -346,6 +349,7 @@ def test_a_job_cancelled_mid_bench_leaves_nothing_on_the_node(fleet, cluster, tm
 
 
 @pytest.mark.exclusive  # slurmctld is the session cluster's: nothing else may use it meanwhile
+@pytest.mark.faults
 def test_a_step_waits_for_slurmctld_with_backoff_then_says_srun_s_own_words(fleet, cluster):
     """slurmctld killed: a task that needs a new step says each wait on stderr and goes on
     once the controller is back; where it stays down past the bound, the one failure line
@@ -383,6 +387,7 @@ def test_a_step_waits_for_slurmctld_with_backoff_then_says_srun_s_own_words(flee
 
 
 @pytest.mark.slow(minutes=2)
+@pytest.mark.faults
 def test_a_node_drained_mid_sweep_finishes_its_cell_then_is_skipped_with_slurms_reason(
     fleet, cluster, tmp_path
 ):
@@ -429,3 +434,56 @@ def test_a_node_drained_mid_sweep_finishes_its_cell_then_is_skipped_with_slurms_
     assert "[sweep 1/2] first: already done, skipped" in resumed.stdout
     assert re.search(r"\[sweep\] second on h1: done", resumed.stdout), resumed.stdout
     fleet.cli("stop", "--hosts", "h0,h1")
+
+
+@pytest.mark.slow(minutes=1)
+@pytest.mark.faults
+def test_a_job_cancelled_mid_launch_fails_in_one_line_and_leaves_nothing(fleet, cluster):
+    """scancel while launch waits for the server's health: one failure line that says the
+    job ended (no `inv wait` hint that could not work), and nothing left on the node."""
+    job = cluster.submit("-N1", "-p", "h200")
+    _srun_inventory(fleet, job, [cluster.wait_running(job)])
+    profile = fleet.profile("slow", tp=1, sim={"load-seconds": 20, "warmup-seconds": 0.1})
+    proc = fleet.popen("launch", "--profile", str(profile), "--hosts", "h0")
+    deadline = time.monotonic() + 60
+    while not _processes_under(fleet.workdir("h0")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # the server loads its model (20 s): launch is waiting for its health
+    cancelled = time.monotonic()
+    cluster.cancel(job)
+    rest = proc.communicate(timeout=90)[0]
+    print(f"the one-line failure {time.monotonic() - cancelled:.1f} s after scancel")
+    failed = [line for line in rest.splitlines() if "h0: FAILED" in line]
+    assert proc.returncode == 1 and len(failed) == 1, rest
+    assert f"Slurm job {job} is " in failed[0] and "inv wait" not in failed[0], rest
+    deadline = time.monotonic() + 30
+    while _processes_under(fleet.workdir("h0")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_under(fleet.workdir("h0")) == []
+
+
+@pytest.mark.slow(minutes=2)
+@pytest.mark.faults
+def test_a_time_limit_ends_the_server_and_status_says_why(fleet, cluster):
+    """A job with a one-minute limit: when Slurm's limit ends it, the server ends with it,
+    and `inv status` shows Slurm's own line, TIME LIMIT in it."""
+    job = cluster.submit("-N1", "-p", "h200", "--time=1")
+    node = cluster.wait_running(job)
+    _srun_inventory(fleet, job, [node])
+    out = fleet.cli("launch", "--profile", str(fleet.profile()), "--hosts", "h0")
+    assert out.returncode == 0, out.stdout + out.stderr
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        if cluster.run("squeue", "-h", "-j", job, "--states=all", "-o", "%T").strip() == "TIMEOUT":
+            break
+        time.sleep(1)
+    while _processes_under(fleet.workdir("h0")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_under(fleet.workdir("h0")) == []
+    fresh = cluster.submit("-N1", "-p", "h200", "-w", node)
+    cluster.wait_running(fresh)
+    _srun_inventory(fleet, fresh, [node])
+    status = fleet.cli("status", "--hosts", "h0")
+    assert re.search(r"h0: server test \(port \d+\) ended with its Slurm job: \*\*\* STEP "
+                     rf"{job}\.\d+ ON {node} CANCELLED AT \S+ DUE TO TIME LIMIT \*\*\*",
+                     status.stdout), status.stdout + status.stderr  # fmt: skip
