@@ -378,6 +378,7 @@ def test_a_step_waits_for_slurmctld_with_backoff_then_says_srun_s_own_words(flee
             del os.environ["GPUFLEET_SLURMCTLD_WAIT_S"]
         failed = [line for line in out.stderr.splitlines() if "FAILED" in line]
         assert out.returncode == 1 and len(failed) == 1, out.stdout + out.stderr
+        assert failed[0].count("slurmctld did not answer for") == 1, failed
         assert "Unable to contact slurm controller" in failed[0], failed
         assert re.search(r"slurmctld did not answer for \d+ s \(1 try, "
                          r"\$GPUFLEET_SLURMCTLD_WAIT_S=5\)", failed[0]), failed  # fmt: skip

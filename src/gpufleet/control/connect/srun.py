@@ -61,6 +61,7 @@ CONTROLLER_DOWN = re.compile(
 # the nodes have registered again ("Memory required by task is not available" was seen)
 STEP_REFUSED = re.compile(r"Unable to create step|Unable to confirm allocation")
 CONTROLLER_WAIT_ENV = "GPUFLEET_SLURMCTLD_WAIT_S"
+GAVE_UP = "slurmctld did not answer for"
 CONTROLLER_WAIT_S = 90.0
 _DONE = b"__gpufleet_done"
 _DONE_LINE = re.compile(rb"\n__gpufleet_done (\d+)\n")
@@ -302,12 +303,14 @@ class SrunSession(Session):
                 started = start()
             except HostError as exc:
                 waited = time.monotonic() - began
+                if GAVE_UP in str(exc):  # an inner step's wait already ran out: said once
+                    raise
                 if not (CONTROLLER_DOWN.search(str(exc)) or
                         (tries > 1 and STEP_REFUSED.search(str(exc)))):  # fmt: skip
                     raise
                 if waited + delay > limit:
                     said = f"{tries} {'try' if tries == 1 else 'tries'}"
-                    raise HostError(f"{exc}; slurmctld did not answer for {waited:.0f} s "
+                    raise HostError(f"{exc}; {GAVE_UP} {waited:.0f} s "
                                     f"({said}, ${CONTROLLER_WAIT_ENV}={limit:g})",
                                     exc.kind) from None  # fmt: skip
                 print(
