@@ -42,10 +42,15 @@ def test_metrics_match_the_servers_ground_truth(sim_server):
     # Judged against references taken in this level, so it holds on a busy machine too: the
     # typical gap is measured to within 5% of the server's own gap, and the worst gaps are
     # off by no more than the client's own event loop was late (a chunk read late lengthens
-    # one gap and shortens the next by as much), plus a millisecond of clock reads.
+    # one gap and shortens the next by as much), plus how late the server's own steps ran at
+    # their tail in this level (a server stamped on time but scheduled late writes late: a
+    # CPU hog beside the suite measured 4.6 ms against the client's 3.3 ms), plus a
+    # millisecond of clock reads.
     assert percentile(itl_errors, 50) < 0.05 * percentile(true_gaps, 50)
     late = max(run.client.loop_lags, default=0.0)
-    assert percentile(itl_errors, 99) < late + 0.001, (percentile(itl_errors, 99), late)
+    server_late = percentile(true_gaps, 99) - percentile(true_gaps, 50)
+    assert percentile(itl_errors, 99) < late + server_late + 0.001, (
+        percentile(itl_errors, 99), late, server_late)  # fmt: skip
     # token counts come from the server, and the engine's own totals agree
     assert summary["output_throughput"] == pytest.approx(16 * 24 / run.duration)
 
