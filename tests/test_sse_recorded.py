@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from gpufleet.host.bench.httpstream import StreamClient
 from gpufleet.host.bench.level import Prompt, RequestRecord
 from gpufleet.host.bench.sender import one_request
-from gpufleet.host.bench.sse import EventStream
+from test_sse import events_of
 
 pytestmark = pytest.mark.unit
 
@@ -32,15 +32,6 @@ NAMES = [p.stem for p in RECORDINGS]
 
 def _meta(path: Path) -> dict:
     return json.loads(path.with_suffix(".json").read_text())
-
-
-def _events(*reads: bytes) -> list[bytes]:
-    got: list[bytes] = []
-    stream = EventStream(lambda data, _: got.append(data))
-    for data in reads:
-        stream.feed(data, 0.0)
-    stream.close(0.0)
-    return got
 
 
 def test_every_engine_the_adapters_can_serve_here_has_a_recording():
@@ -56,19 +47,19 @@ def test_every_engine_the_adapters_can_serve_here_has_a_recording():
 @pytest.mark.parametrize("path", RECORDINGS, ids=NAMES)
 def test_a_recording_is_one_event_per_blank_line_ending_in_done(path):
     body = path.read_bytes()
-    events = _events(body)
+    events = events_of(body)
     assert len(events) == body.count(b"\n\n") and events[-1] == b"[DONE]"
     assert all(json.loads(e) for e in events[:-1])
 
 
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
-def test_any_split_of_a_recorded_stream_yields_its_events(data):
+def test_any_split_of_a_recorded_stream_yields_itsevents_of(data):
     path = data.draw(st.sampled_from(RECORDINGS))
     body = path.read_bytes()
     cuts = data.draw(st.lists(st.integers(1, len(body) - 1), max_size=40))
     bounds = [0, *sorted(set(cuts)), len(body)]
-    assert _events(*(body[a:b] for a, b in itertools.pairwise(bounds))) == _events(body)
+    assert events_of(*(body[a:b] for a, b in itertools.pairwise(bounds))) == events_of(body)
 
 
 def _rewritten(body: bytes, form: str) -> bytes:
@@ -122,7 +113,7 @@ def test_the_bench_client_counts_the_tokens_the_server_counted(path, form):
         assert record.completion_tokens == meta["server_tokens"], (path.name, form)
     assert records[0].completion_tokens == records[1].completion_tokens
     assert records[0].chunks == records[1].chunks
-    last = json.loads(_events(path.read_bytes())[-2])
+    last = json.loads(events_of(path.read_bytes())[-2])
     if isinstance(last.get("timings"), dict) and "draft_n_accepted" in last["timings"]:
         accepted = last["timings"]["draft_n_accepted"]
         assert records[0].spec_verify_ct == meta["server_tokens"] - accepted

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 from gpufleet.host.agent import childenv, safewrite
-from gpufleet.host.agent.loginenv import login_environment
 from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.host.agent.protocol import (
     AgentError,
@@ -108,7 +107,7 @@ def _spawn_runner(run_dir: Path, args: BenchRunArgs, step: jobstep.JobStep | Non
         if step is not None:
             wire = run_dir / "runner-args.json"
             safewrite.write_atomic(wire, args.to_wire())
-            env = jobstep.srun_env(childenv.child_env(), login_environment()[0].get("SLURM_CONF"))
+            env = jobstep.srun_env(childenv.child_env())
             try:
                 pid = jobstep.spawn(step, argv, env, log, run_dir / "runner.pid", wire)
             except jobstep.StepNotStarted as exc:

@@ -13,7 +13,7 @@ and `exec`s the program, so the process gpufleet signals, checks and records is 
 program itself, with its own process group, as without Slurm. Killing the holding `srun`
 ends the step too (measured on Slurm 22.05: SIGTERM and SIGKILL alike).
 
-Standard library only: this module ships.
+Standard library only (and the agent's login environment): this module ships.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from gpufleet.host.agent.loginenv import login_environment
 
 # `$0` is the PID file, `$@` the program: the task's PID is the program's after the exec
 _RECORD_AND_EXEC = 'echo $$ >"$0.tmp" && mv -f "$0.tmp" "$0" && exec "$@"'
@@ -59,10 +61,11 @@ class JobStep:
                 str(pid_file), *program]  # fmt: skip
 
 
-def srun_env(env: dict[str, str], slurm_conf: str | None) -> dict[str, str]:
+def srun_env(env: dict[str, str]) -> dict[str, str]:
     """The program's environment for srun: no SLURM_* of the agent's own step (they would
     steer srun), the cluster's configuration file where the login named one."""
     clean = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    slurm_conf = login_environment()[0].get("SLURM_CONF")
     if slurm_conf:
         clean["SLURM_CONF"] = slurm_conf
     return clean

@@ -20,7 +20,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpufleet.host.agent import safewrite
-from gpufleet.host.agent.loginenv import login_environment
 from gpufleet.host.agent.procstat import ProcRef, command_name, group_members
 from gpufleet.host.agent.protocol import (
     AgentError,
@@ -98,7 +97,7 @@ def _spawn(spec: LaunchSpec, step: jobstep.JobStep | None) -> int:
     with safewrite.open_append(log, buffering=0) as out:
         out.write(f"[gpufleet] {now_iso()} launching {spec.profile}\n".encode())
         if step is not None:
-            env = jobstep.srun_env(launch_env(spec), login_environment()[0].get("SLURM_CONF"))
+            env = jobstep.srun_env(launch_env(spec))
             try:
                 return jobstep.spawn(step, spec.argv, env, out, SERVERS / f"{spec.port}.pid")
             except jobstep.StepNotStarted as exc:
