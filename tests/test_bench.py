@@ -485,5 +485,9 @@ def test_llama_cpp_acceptance_is_read_from_its_timings():
                stream({"draft_n": 64, "draft_n_accepted": 19})]  # fmt: skip
     run = SimpleNamespace(records=[*records, stream({"predicted_n": 40})])
     assert _accept_length(None, run) == 80 / (8 + 21)
-    assert _accept_length({"internal_states": [{"avg_spec_accept_length": 3.2}]}, run) == 3.2
+    from gpufleet.host.bench.serverapi import accept_length
+
+    reported = accept_length({"internal_states": [{"avg_spec_accept_length": 3.2}]})
+    assert _accept_length(reported, run) == 3.2
+    assert accept_length({"internal_states": []}) is None  # SGLang without a drafter
     assert _accept_length(None, SimpleNamespace(records=[stream({"predicted_n": 40})])) is None

@@ -56,7 +56,7 @@ def _sweep(root, profiles: list[str], repeats: int) -> str:
             run_id = f"20261203-10{k}{n}00-{profile}"
             _run(root, run_id, profile, jitter=0.01 * (k - 2))
             cells[key] = {"h0": Cell(status="done", run_id=run_id)}
-            arms.append({"key": key, "label": profile})
+            arms.append({"key": key, "profile": profile, "label": profile, "repeat": k})
     sweep_id = "20261203-100000-sweep"
     record = SweepRecord(sweep_id, profiles, ["h0"], [1, 16], cells, arms=arms, status="done")
     Archive(root).sweeps_dir.mkdir(parents=True, exist_ok=True)

@@ -8,10 +8,24 @@ adaptive table's key starts to apply). Stdlib only: it ships in the agent's zip.
 from __future__ import annotations
 
 import bisect
+from typing import NotRequired, TypedDict
 
 # speculative algorithms for which SGLang resets an unset --max-running-requests to 48
 CAPPED_ALGORITHMS = {"EAGLE", "EAGLE3", "STANDALONE"}
 SPEC_DEFAULT_MAX_RUNNING = 48
+
+
+class AdaptiveSlot(TypedDict):
+    """One key of SGLang's adaptive speculative config (the batch size its range starts at):
+    the depths the server may pick from there, and the tuning of its EMA (SGLang's
+    `AdaptiveSpeculativeParams` defaults when absent). `inv tune` writes candidate_steps."""
+
+    candidate_steps: list[int]
+    ema_alpha: NotRequired[float]
+    update_interval: NotRequired[int]
+    warmup_batches: NotRequired[int]
+    down_hysteresis: NotRequired[float]
+    up_hysteresis: NotRequired[float]
 
 
 def default_decode_max_bs(tp: int = 1, max_running: int | None = None) -> int:

@@ -9,11 +9,57 @@ Defaults are declared once, here. Standard library only: this module ships.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from gpufleet.wire import JsonObject, Record
 
 HEALTH_TIMEOUT_S = 1800.0  # a big model's load, CUDA graphs and warm-up: the default wait
+
+
+FlagValue = bool | int | float | str | list[bool | int | float | str] | None
+"""A server flag's value in a profile or a grid point (`tp-size: 8`, `enable-x: true`; false
+or null drops the flag)."""
+
+
+class RandomLengths(TypedDict):
+    """A random-ids prompt set's lengths, as bench_serving's random_* keys report them."""
+
+    input_len: int
+    output_len: int
+    range_ratio: float
+
+
+class RenameSpec(TypedDict):
+    """control/server/engines.Rename as it travels: a flag the engine renamed."""
+
+    old: str
+    new: list[str]  # the words that replace the old flag (a value it took follows)
+    takes_value: bool
+    why: str
+
+
+class TurnFigures(TypedDict):
+    """One turn of a level's multi-turn sessions (results' `per_turn`, shown by compare)."""
+
+    turn: int  # from 1
+    completed: int
+    failed: int
+    mean_prompt_tokens: float
+    cache_hit_rate: float  # cached / prompt tokens of the turn's finished requests
+    mean_ttft_ms: float
+    median_ttft_ms: float
+
+
+Figure = (
+    float | int | str | bool | None
+    | list[str] | list[int] | list[float] | list[list[float]] | list[TurnFigures]
+    | dict[str, float] | JsonObject  # the SLO; the server's /server_info as it answered
+)  # fmt: skip
+"""A value of a results row: a figure, a count, a verdict or note, the error messages or
+GPUs sampled, per-request details (--output-details), the turns, the SLO. Figures is a row
+(or part of one) in the making, which ResultRow checks key by key when the level is
+written."""
+Figures = dict[str, Figure]
 
 
 @dataclass
@@ -66,7 +112,7 @@ class BenchPlan(Record):
     prompt_set_sha256: str | None = None
     prompts_sha256: str | None = None
     system_prompt: str | None = None  # multi-turn sessions share it
-    random: JsonObject | None = None  # random-ids lengths
+    random: RandomLengths | None = None  # random-ids lengths
     model: str = ""
     client_procs: int | str = 1  # generator processes per level, or "auto" (host/bench/spread)
 
@@ -101,7 +147,7 @@ class LaunchSpec(Record):
     flags_from: int = 0  # argv[flags_from:] are checked against that list
     version: str | None = None  # known without asking (the rehearsal engine: this gpufleet)
     version_missing: str = ""  # the refusal where version_argv prints nothing
-    renames: list[JsonObject] = field(default_factory=list)  # engines.Rename, as JSON
+    renames: list[RenameSpec] = field(default_factory=list)
     takes_config: bool = False  # `--config FILE` where its --help lists it (SGLang 0.5.16+)
     slots: int | None = None  # requests the server serves at once, where its flags say
     needs_gpu: bool = True  # False: a CPU engine (llama.cpp's server) runs without GPUs
@@ -122,7 +168,7 @@ class ServerState(Record):
     started_at: str
     status: str = "starting"  # kinds.ServerStatus
     pgid: int | None = None  # the server's own process group (setsid)
-    proc: JsonObject | None = None  # procstat.ProcRef: pid and start time
+    proc: dict[str, int] | None = None  # procstat.ProcRef: pid and start time
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     engine_version: str | None = None
@@ -240,7 +286,7 @@ class ResultRow(Record):
     error_messages: list[str] = field(default_factory=list)
     total_cached_tokens: int | None = None
     cache_hit_rate: F = None
-    per_turn: list[JsonObject] | None = None  # multi-turn sessions, turn by turn
+    per_turn: list[TurnFigures] | None = None  # multi-turn sessions, turn by turn
     accept_length: F = None  # SGLang's average speculative acceptance (server_info)
     # each request's own: completion tokens / its spec_verify_ct (host/bench/metrics.py)
     p10_request_accept_length: F = None

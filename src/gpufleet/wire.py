@@ -51,7 +51,7 @@ class Record:
             raise WireError(f"{where}: expected a JSON object")
         hints, fields = _declared(cls)
         unknown = sorted(set(data) - {f.name for f in fields})
-        values: JsonObject = {}
+        values: dict[str, object] = {}  # field -> its checked value
         if cls.OPEN:
             values["extra"] = {k: data[k] for k in unknown}
             fields = [f for f in fields if f.name != "extra"]
@@ -75,7 +75,7 @@ class Record:
 
 
 @functools.cache
-def _declared(cls: type[Record]) -> tuple[JsonObject, list[dataclasses.Field[Any]]]:
+def _declared(cls: type[Record]) -> tuple[dict[str, object], list[dataclasses.Field[Any]]]:
     """A record's resolved type hints and init fields, worked out once per class (a fleet's
     answers are read by the thousand; resolving hints is most of a small record's cost)."""
     fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
@@ -85,6 +85,32 @@ def _declared(cls: type[Record]) -> tuple[JsonObject, list[dataclasses.Field[Any
 @functools.cache
 def _shape(hint: Any) -> tuple[Any, tuple[Any, ...]]:
     return typing.get_origin(hint), typing.get_args(hint)
+
+
+@functools.cache
+def _keys(hint: Any) -> tuple[dict[str, object], frozenset[str]]:
+    """A TypedDict's key hints and its required keys, read from the hints themselves: under
+    `from __future__ import annotations` Python 3.11's __required_keys__ misses NotRequired."""
+    extras = typing.get_type_hints(hint, include_extras=True)
+    required = {
+        key
+        for key, declared in extras.items()
+        if typing.get_origin(declared) is not typing.NotRequired
+        and (hint.__total__ or typing.get_origin(declared) is typing.Required)
+    }
+    return typing.get_type_hints(hint), frozenset(required)
+
+
+def _check_keys(value: Any, hint: Any, where: str) -> Any:
+    """A TypedDict's declared keys checked like a record's fields; keys it does not declare
+    pass through (a newer writer's), as JSON objects allow."""
+    if not isinstance(value, dict):
+        raise WireError(f"{where}: expected a JSON object")
+    hints, required = _keys(hint)
+    missing = sorted(required - set(value))
+    if missing:
+        raise WireError(f"{where}: missing field(s) {missing}")
+    return {k: check(v, hints[k], f"{where}.{k}") if k in hints else v for k, v in value.items()}
 
 
 _EXACT = (str, int, bool)  # a value of exactly this type matches the same hint as is
@@ -99,7 +125,10 @@ def check(value: Any, hint: Any, where: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        for option in args:
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:  # `X | None`: X's own message, with the path inside it
+            return check(value, options[0], where)
+        for option in options:
             try:
                 return check(value, option, where)
             except WireError:
@@ -107,6 +136,8 @@ def check(value: Any, hint: Any, where: str) -> Any:
         raise WireError(f"{where}: {value!r} is not {hint}")
     if isinstance(hint, type) and issubclass(hint, Record):
         return hint.from_wire(value, where)
+    if typing.is_typeddict(hint):
+        return _check_keys(value, hint, where)
     if hint is type(None):
         ok = value is None
     elif hint is Any:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NotRequired, TypedDict, TypeVar
 
+from gpufleet.engine_facts import AdaptiveSlot
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus, SweepStatus
 from gpufleet.readings import GpuFacts
-from gpufleet.records import BenchPlan
+from gpufleet.records import BenchPlan, FlagValue
 from gpufleet.wire import JsonObject, Record, WireError
 
 R = TypeVar("R", bound="Archived")
@@ -159,6 +160,20 @@ class Cell(Record):
     steps_s: dict[str, float] = field(default_factory=dict)  # clean, launch, bench, stop
 
 
+class ArmFields(TypedDict):
+    """A sweep cell's server as the record keeps it (control/sweep/cells.ArmSpec.to_json):
+    key and label, profile, the grid point's flags, the repeat, what a tune adds."""
+
+    profile: str
+    key: NotRequired[str]  # the rest is always written; older records may lack a key
+    overrides: NotRequired[dict[str, FlagValue]]
+    repeat: NotRequired[int]
+    label: NotRequired[str]
+    remove: NotRequired[list[str]]
+    files: NotRequired[dict[str, str]]
+    env: NotRequired[dict[str, str]]
+
+
 @dataclass
 class SweepRecord(Archived):
     """`logs/sweeps/<sweep-id>.json`: the sweep's cells and how far each got (--resume
@@ -173,7 +188,7 @@ class SweepRecord(Archived):
     cells: dict[str, dict[str, Cell]]  # cell key -> host -> cell
     schema: int = 1
     kind: str = "sweep"  # sweep, tune, tune-verify
-    arms: list[JsonObject] | None = None  # control/arms.ArmSpec.to_json; None: one per profile
+    arms: list[ArmFields] | None = None  # None: one per profile
     created_at: str | None = None
     status: str = SweepStatus.RUNNING  # kinds.SweepStatus
     durations_s: dict[str, float] = field(default_factory=dict)  # cell key -> seconds
@@ -199,6 +214,27 @@ class HealthRecord(Archived):
 
 
 # -- tune and find-max --------------------------------------------------------------------
+class ChoiceFields(TypedDict):
+    """control/tune/table.Choice as the record keeps it: the depth chosen at one level."""
+
+    concurrency: int
+    depth: int
+    why: str
+
+
+class TuneCheck(TypedDict):
+    """A tune's verification or load step on one host: the sweep that measured it, its rows
+    or phases (control/tune/verify.VerdictRow, control/tune/step.Phase, as JSON) and the
+    sentence said of it."""
+
+    sweep_id: str
+    sentence: str
+    rows: NotRequired[list[dict[str, object]]]  # verify
+    shortfalls: NotRequired[list[str]]  # verify: levels the tuned server fell short at
+    phases: NotRequired[list[dict[str, object]]]  # step
+    burst_sweep_id: NotRequired[str | None]  # step
+
+
 @dataclass
 class TuneRecord(Archived):
     """`logs/tunes/<tune-id>.json`: what was measured, chosen, written and verified."""
@@ -211,17 +247,17 @@ class TuneRecord(Archived):
     concurrency: list[int]
     min_request_speed: float | None
     sweep_state: str
-    measured: dict[str, JsonObject]  # depth -> concurrency -> figures
-    choices: list[JsonObject]  # control/tune.Choice, one per batch range
-    table: JsonObject  # SGLang's adaptive config as written
+    measured: dict[str, dict[str, dict[str, float]]]  # depth -> concurrency -> figures
+    choices: list[ChoiceFields]  # one per batch range
+    table: dict[str, AdaptiveSlot]  # SGLang's adaptive config as written
     ranges: list[str]
     notes: list[str]
     config: str
     tuned_profile: str
     launches: int
     schema: int = 1
-    verify: JsonObject = field(default_factory=dict)  # host -> sweep id, rows, sentence
-    step: JsonObject = field(default_factory=dict)  # host -> sweep id, phases, sentence
+    verify: dict[str, TuneCheck] = field(default_factory=dict)  # host -> its verification
+    step: dict[str, TuneCheck] = field(default_factory=dict)  # host -> its load step
 
 
 @dataclass

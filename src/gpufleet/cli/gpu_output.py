@@ -122,7 +122,8 @@ def live_server_line(host: Any, server: LiveServerInfo) -> str:
     )
 
 
-def clean_json(results: list[HostResult[Any]]) -> JsonObject:
+def per_host_json(results: list[HostResult[Any]]) -> JsonObject:
+    """--json of gpu-clean and status: each host's answer, with whether it succeeded."""
     return {
         r.host.name: {
             "ok": r.ok, "error": r.error, "kind": r.kind,
@@ -177,7 +178,3 @@ def print_status(results: list[HostResult[StatusAnswer]]) -> None:
     for res in results:
         for p in res.value.stale if res.value is not None else []:
             line(f"{res.host.name}: server process {p.pid} ({p.user}): {_short_cmd(p.cmdline)}")
-
-
-def status_json(results: list[HostResult[StatusAnswer]]) -> JsonObject:
-    return clean_json(results)

@@ -61,7 +61,7 @@ def gpu_clean(c, **given):
     fleet = select_hosts(o)
     results = gpuclean.clean(fleet, options)
     if o.json:
-        print(_json.dumps(gpu_output.clean_json(results), indent=2))
+        print(_json.dumps(gpu_output.per_host_json(results), indent=2))
     else:
         gpu_output.print_clean(results, options)
     finish(results)
@@ -77,7 +77,7 @@ def status(c, **given):
     fleet = select_hosts(o)
     results = gpuclean.status(fleet)
     if o.json:
-        print(_json.dumps(gpu_output.status_json(results), indent=2))
+        print(_json.dumps(gpu_output.per_host_json(results), indent=2))
     else:
         gpu_output.print_status(results)
     finish(results)

@@ -24,9 +24,9 @@ from typing import Any
 from gpufleet.cli.args import Arg
 from gpufleet.cli.common import task, user_errors
 from gpufleet.errors import UserError
-from gpufleet.wire import JsonObject
 
 Check = Callable[[Any, Arg], Any]  # (value as given, the option) -> value
+Given = str | int | float | bool | list[str] | None  # a flag's value as Invoke hands it
 FROM_REQUEST = object()  # the default is the request field's own
 
 
@@ -142,7 +142,7 @@ class OptionSet:
             "ParsedOptions", [(name, Any) for name in self.options], frozen=True
         )
 
-    def parse(self, given: JsonObject) -> Any:
+    def parse(self, given: dict[str, Given]) -> Any:
         """Each option's checked value (its default when not given), as one value; then the
         rules, so a bad combination stops the task before a host is touched."""
         out = {}
@@ -161,7 +161,7 @@ class OptionSet:
                 raise UserError(rule.message)
         return parsed
 
-    def request_fields(self, parsed: Any) -> JsonObject:
+    def request_fields(self, parsed: Any) -> dict[str, object]:  # the request's kwargs
         """The parsed values that are request fields, by field name."""
         return {
             option.field or name: getattr(parsed, name)

@@ -159,7 +159,7 @@ def notices(arms: list[Arm], levels: list[int]) -> list[Notice]:
     return out
 
 
-def _workload(arm: Arm) -> dict[str, Any]:
+def _workload(arm: Arm) -> dict[str, str | float | None]:
     m = arm.manifest
     return {
         "prompt set": m.prompt_set.prompts_sha256,

@@ -25,14 +25,17 @@ PER_GPU = {  # the manifest's per-GPU key -> how a difference is named
 }
 
 
-def fingerprint(manifest: Manifest) -> dict[str, Any]:
+Fact = str | int | float | bool | tuple[object, ...] | None  # one value, or one per GPU
+
+
+def fingerprint(manifest: Manifest) -> dict[str, Fact]:
     """Label -> value; a per-GPU figure is the tuple over the GPUs the server ran on."""
     facts = manifest.host_facts
     gpus = facts.gpus or []
     used = manifest.server.gpus
     if used:
         gpus = [g for g in gpus if g.index in used] or gpus
-    out: dict[str, Any] = {
+    out: dict[str, Fact] = {
         "GPU count": len(used) if used else len(gpus) or None,
         "driver": facts.driver,
         "CUDA": facts.cuda,

@@ -105,7 +105,7 @@ def aggregate(rows: list[ResultRow]) -> LevelFigures:
     if len(rows) == 1:
         return LevelFigures(rows[0])
     last = rows[-1]
-    means: JsonObject = {}
+    means: dict[str, float | str | None] = {}  # field -> the repeats' mean (marks: joined)
     for f in dataclasses.fields(ResultRow):
         values = [getattr(r, f.name) for r in rows]
         if f.init and _number(values[-1]) and all(_number(v) for v in values):

@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gpufleet.sim.answers import Choice, Envelope, MetaInfo, Trace, Usage
 from gpufleet.sim.prefixcache import id_blocks, text_blocks
 from gpufleet.sim.speculation import prompt_domain
 from gpufleet.sim.timing import Engine, SimRequest
@@ -40,7 +41,7 @@ class ServerState:
         self.engine = engine
         self.args = args
         self.phase = "starting"  # starting -> ready -> (shutting_down)
-        self.traces: OrderedDict[str, JsonObject] = OrderedDict()
+        self.traces: OrderedDict[str, Trace] = OrderedDict()
         self.model_name = args.served_model_name or args.model_path
         self.created = int(time.time())
 
@@ -172,7 +173,7 @@ class Api:
             if not k.startswith("sim_") and k != "explicit_max_running"
         }
         engine = self.state.engine
-        internal: JsonObject = {"last_gen_throughput": engine.throughput() if engine else 0.0}
+        internal: dict[str, float] = {"last_gen_throughput": engine.throughput() if engine else 0.0}
         if a.speculative_algorithm and engine:
             internal["avg_spec_accept_length"] = engine.avg_accept_length
             if engine.adaptive is not None:  # SGLang reports the live depth
@@ -281,8 +282,8 @@ class Api:
         req = self._admit(prompt, _max_tokens(params.get("max_new_tokens")))
         spec = bool(self.state.args.speculative_algorithm)
 
-        def meta(final: bool) -> JsonObject:
-            m: JsonObject = {
+        def meta(final: bool) -> MetaInfo:
+            m: MetaInfo = {
                 "id": req.rid,
                 "finish_reason": {"type": "length", "length": req.generated} if final else None,
                 "prompt_tokens": req.prompt_tokens,
@@ -360,9 +361,9 @@ class _OpenAIReply:
         self.rid = ("chatcmpl-" if chat else "cmpl-") + req.rid
         self.created = int(time.time())
 
-    def usage(self) -> JsonObject:
+    def usage(self) -> Usage:
         req = self.req
-        usage: JsonObject = {
+        usage: Usage = {
             "prompt_tokens": req.prompt_tokens,
             "completion_tokens": req.generated,
             "total_tokens": req.prompt_tokens + req.generated,
@@ -371,7 +372,7 @@ class _OpenAIReply:
             usage["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
         return usage
 
-    def envelope(self, obj: str, choices: list[JsonObject], **extra: Any) -> JsonObject:
+    def envelope(self, obj: str, choices: list[Choice], **extra: Usage) -> Envelope:
         return {
             "id": self.rid,
             "object": obj,
@@ -381,7 +382,7 @@ class _OpenAIReply:
             **extra,
         }
 
-    def choice(self, piece: str, finish: str | None) -> JsonObject:
+    def choice(self, piece: str, finish: str | None) -> Choice:
         if self.chat:
             return {
                 "index": 0,
@@ -400,7 +401,7 @@ class _OpenAIReply:
         message = (
             {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
         )
-        only = {"index": 0, **message, "finish_reason": "length", "logprobs": None}
+        only: Choice = {"index": 0, **message, "finish_reason": "length", "logprobs": None}
         return web.json_response(self.envelope(self.kind, [only], usage=self.usage()))
 
     async def stream(
@@ -410,7 +411,7 @@ class _OpenAIReply:
         req = self.req
         obj = self.kind + ".chunk" if self.chat else self.kind
         if self.chat:
-            first = {
+            first: Choice = {
                 "index": 0,
                 "delta": {"role": "assistant", "content": ""},
                 "finish_reason": None,

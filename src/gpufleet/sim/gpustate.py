@@ -19,12 +19,46 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from gpufleet.host.agent.procstat import ProcRef
-from gpufleet.wire import JsonObject
+from gpufleet.host.agent.protocol import GpuFault
 
 STATE_ENV = "GPUFLEET_SIM_STATE"
+
+
+class Topology(TypedDict):
+    """gpus.json: the simulated GPUs, one host's."""
+
+    count: int
+    model: str
+    memory_mib: int
+    reserved_mib: int
+    driver: str
+    cuda: int
+    uuids: list[str]
+    faults: dict[str, GpuFault]  # GPU index (as a string) -> its faults
+    boot_id: str
+
+
+class Allocation(TypedDict):
+    """alloc/<pid>.<gpu>.json: memory a process holds on one GPU."""
+
+    pid: int
+    started: float | None  # the process's start time; None for a foreign allocation
+    gpu: int
+    mib: int
+    foreign: bool
+
+
+class Activity(TypedDict, total=False):
+    """activity/<gpu>.json: what a simulated server's work did to the GPU lately."""
+
+    t: float  # when it was written (older than sim/nvml's window: idle)
+    extra_j: float  # energy above idle since the driver loaded
+    power_w: float
+    sm_util: int
+    mem_util: int
 
 
 def state_dir(path: str | os.PathLike[str] | None = None) -> Path:
@@ -50,12 +84,12 @@ def ensure_topology(
     memory_mib: int = 143771,
     reserved_mib: int = 615,
     host: str = "sim",
-    faults: dict[str, JsonObject] | None = None,
+    faults: dict[str, GpuFault] | None = None,
     boot_id: str | None = None,
-) -> JsonObject:
+) -> Topology:
     """Create or update gpus.json; allocations already registered are kept."""
     root = Path(path)
-    topo = {
+    topo: Topology = {
         "count": count,
         "model": model,
         "memory_mib": memory_mib,
@@ -77,7 +111,7 @@ def ensure_topology(
     return topo
 
 
-def read_topology(path: str | os.PathLike[str] | None = None) -> JsonObject:
+def read_topology(path: str | os.PathLike[str] | None = None) -> Topology:
     return json.loads((state_dir(path) / "gpus.json").read_text())
 
 
@@ -110,7 +144,13 @@ def register(
     started = None if foreign else _start_time(pid)
     if not foreign and started is None:
         raise ProcessLookupError(f"no live process {pid} to hold simulated GPU memory")
-    record = {"pid": pid, "started": started, "gpu": gpu, "mib": int(mib), "foreign": foreign}
+    record: Allocation = {
+        "pid": pid,
+        "started": started,
+        "gpu": gpu,
+        "mib": int(mib),
+        "foreign": foreign,
+    }
     if not foreign:
         join_host(pid, path)
     target = state_dir(path) / "alloc" / f"{pid}.{gpu}.json"
@@ -124,9 +164,9 @@ def release(pid: int | None = None, path: str | os.PathLike[str] | None = None) 
         file.unlink(missing_ok=True)
 
 
-def live_allocations(path: str | os.PathLike[str] | None = None) -> list[JsonObject]:
+def live_allocations(path: str | os.PathLike[str] | None = None) -> list[Allocation]:
     """Allocations whose process is alive; stale files of dead processes are swept."""
-    out: list[JsonObject] = []
+    out: list[Allocation] = []
     alloc_dir = state_dir(path) / "alloc"
     for file in sorted(alloc_dir.glob("*.json")):
         try:
@@ -172,12 +212,12 @@ def host_pids(path: str | os.PathLike[str] | None = None) -> set[int]:
     return out
 
 
-def write_activity(gpu: int, data: JsonObject, path: str | os.PathLike[str] | None = None) -> None:
+def write_activity(gpu: int, data: Activity, path: str | os.PathLike[str] | None = None) -> None:
     """What a simulated server's work does to GPU `gpu` (power, energy above idle, load)."""
     _write_json_atomic(state_dir(path) / "activity" / f"{gpu}.json", data)
 
 
-def read_activity(gpu: int, path: str | os.PathLike[str] | None = None) -> JsonObject:
+def read_activity(gpu: int, path: str | os.PathLike[str] | None = None) -> Activity:
     try:
         return json.loads((state_dir(path) / "activity" / f"{gpu}.json").read_text())
     except (OSError, ValueError):

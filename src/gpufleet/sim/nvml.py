@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gpufleet.sim import gpustate, power
-from gpufleet.wire import JsonObject
 
 MIB = 1024 * 1024
 nvmlMemory_v1 = 0x1000018
@@ -84,7 +83,7 @@ class c_nvmlProcessInfo_t:
     computeInstanceId: int = 0xFFFFFFFF
 
 
-def _topology() -> JsonObject:
+def _topology() -> gpustate.Topology:
     if not _initialized:
         raise NVMLError_Uninitialized()
     return gpustate.read_topology()
@@ -185,7 +184,7 @@ class c_nvmlUtilization_t:
     memory: int
 
 
-def _activity(index: int) -> JsonObject:
+def _activity(index: int) -> gpustate.Activity:
     data = gpustate.read_activity(index)
     fresh = data and time.time() - data.get("t", 0) <= _STALE_S
     return data if fresh else {"extra_j": data.get("extra_j", 0.0) if data else 0.0}

@@ -28,15 +28,15 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from gpufleet import engine_facts
 from gpufleet.engine_facts import padded
-from gpufleet.wire import JsonObject
 
 ACCEPT_P = 0.65
 TOPK_BONUS = 0.005
 DRAFT_BASE_MS = 2.6  # per draft step
 DRAFT_PER_REQ_MS = 0.314  # per draft step and running request, x (0.75 + 0.25 x topk)
 VERIFY_PER_REQ_MS = 0.931  # per running request, x sqrt(draft tokens)
-DEFAULT_CONFIG: dict[str, JsonObject] = {
+DEFAULT_CONFIG: dict[str, engine_facts.AdaptiveSlot] = {
     "1": {"candidate_steps": [1, 3, 5, 7], "down_hysteresis": -0.25},
     "8": {"candidate_steps": [0, 1, 3], "down_hysteresis": 0.0},
     "32": {"candidate_steps": [0, 1], "down_hysteresis": 0.0},
@@ -136,7 +136,7 @@ def step_costs_ms(
 class AdaptiveSlot:
     """SGLang's per-batch-size slot: an EMA of accepted drafts picks the depth."""
 
-    def __init__(self, initial_steps: int, cfg: JsonObject) -> None:
+    def __init__(self, initial_steps: int, cfg: engine_facts.AdaptiveSlot) -> None:
         self.candidates = sorted(set(cfg["candidate_steps"]))
         self.ema_alpha = cfg.get("ema_alpha", 0.2)
         self.update_interval = cfg.get("update_interval", 5)
@@ -185,7 +185,9 @@ class AdaptiveSlot:
         self.steps = self.candidates[index]
 
 
-def load_config(config_path: str | None) -> tuple[JsonObject, dict[int, JsonObject]]:
+def load_config(
+    config_path: str | None,
+) -> tuple[dict[str, engine_facts.AdaptiveSlot], dict[int, engine_facts.AdaptiveSlot]]:
     """The adaptive config and its batch-size entries, checked as SGLang 0.5.23 checks them
     (`_load_adaptive_config`): a key's value must be an object (a bare list fails on
     `entry.get`, as SGLang's does), its `candidate_steps` a non-empty list of ints >= 0."""
@@ -193,7 +195,7 @@ def load_config(config_path: str | None) -> tuple[JsonObject, dict[int, JsonObje
     if config_path:
         with open(config_path) as fh:
             config = json.load(fh)
-    entries: dict[int, JsonObject] = {}
+    entries: dict[int, engine_facts.AdaptiveSlot] = {}
     for key, entry in config.items():
         if not key.isdigit():
             continue

@@ -36,7 +36,7 @@ from gpufleet.host.agent.protocol import (
 )
 from gpufleet.host.agent.redact import redact_argv, redact_tree, remember
 from gpufleet.kinds import BACKENDS, Kind, RunStatus
-from gpufleet.records import BenchPlan, Level, PromptRow, ResultRow
+from gpufleet.records import BenchPlan, Level, PromptRow, RandomLengths, ResultRow
 from gpufleet.report.tables import summary_csv, summary_md
 
 CONTROL_FILES = {"runner.json"}
@@ -96,7 +96,7 @@ def fresh_run_id(request: BenchRequest, fleet: Fleet) -> str:
 
 def _rows(
     request: BenchRequest,
-) -> tuple[str, str, list[PromptRow], list[Level], dict[str, Any]]:
+) -> tuple[str, str, list[PromptRow], list[Level], dict[str, RandomLengths]]:
     """(label, digest of the source set, prompts.jsonl rows, levels, extra plan keys)."""
     workload = workloads.parse_workload(request.workload)
     if request.trace:

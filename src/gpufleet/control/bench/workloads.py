@@ -17,11 +17,11 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from gpufleet.control.bench import prompts as prompt_sets
 from gpufleet.errors import UserError
 from gpufleet.records import PromptRow
-from gpufleet.wire import JsonObject
 
 ID_LOW, ID_HIGH = 100, 30_000
 TRACE_BLOCK_TOKENS = 512  # Mooncake's block size: one hash_id per 512 tokens
@@ -161,7 +161,17 @@ def load_trace(path_text: str, speedup: float, vocab: int = ID_HIGH) -> list[Pro
     return rows
 
 
-def _trace_entry(path: str, number: int, line: str) -> JsonObject:
+class TraceEntry(TypedDict):
+    """One request of a Mooncake-format trace: when it came (ms), its lengths, and the
+    prefix blocks it shares with others."""
+
+    timestamp: float
+    input_length: int
+    output_length: int
+    hash_ids: list[int]
+
+
+def _trace_entry(path: str, number: int, line: str) -> TraceEntry:
     expected = "expected {timestamp, input_length, output_length, hash_ids} (Mooncake format)"
     try:
         entry = json.loads(line)

@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gpufleet.archive.layout import DEFAULT_ROOT, RESERVED
+from gpufleet.control.inventory import yamlconfig
 from gpufleet.control.inventory.yamlconfig import validate
 from gpufleet.errors import UserError
 from gpufleet.host.agent.redact import remember, secrets_in
@@ -197,16 +198,6 @@ class Inventory(BaseModel):
         raise UserError(f"unknown host or group {name!r} (in {self.source}: {known})")
 
 
-def _merge(base: JsonObject, override: JsonObject) -> JsonObject:
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def load_inventory(path: str | Path | None = None) -> Inventory:
     """The inventory `path` names (else $GPUFLEET_INVENTORY, else the rehearsal's), read
     by the source that claims it (control/inventory/sources.py), checked."""
@@ -234,7 +225,7 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
             raise UserError(f"{source}: hosts.{name}: expected a mapping of host fields")
         if "name" in fields:
             raise UserError(f"{source}: hosts.{name}.name: unknown key (the name is the key)")
-        merged = _merge(raw.defaults, fields)
+        merged = yamlconfig.merged(raw.defaults, fields)
         merged["name"] = str(name)
         merged.setdefault("address", str(name))
         hosts[str(name)] = validate(Host, merged, source, prefix=f"hosts.{name}")

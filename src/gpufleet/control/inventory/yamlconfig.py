@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from gpufleet.errors import UserError
+from gpufleet.wire import JsonObject
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -60,6 +61,18 @@ def read_yaml(path: Path) -> Any:
         raise UserError(f"{path}: malformed YAML at {where}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         raise UserError(f"{path}: malformed YAML: {exc}") from None
+
+
+def merged(base: JsonObject, override: JsonObject) -> JsonObject:
+    """`override` over `base`, as read from YAML: its values win, mappings merge key by key
+    (an inventory group's defaults under a host's fields, a parent profile under its child)."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def describe_validation_error(source: str, exc: ValidationError, prefix: str = "") -> str:

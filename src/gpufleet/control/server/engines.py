@@ -12,10 +12,11 @@ To add an engine: one Engine in ENGINES (and its name in profiles.Profile.engine
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
+from typing import TypedDict
 
 from gpufleet import __version__
-from gpufleet.wire import JsonObject
+from gpufleet.records import RenameSpec
 
 Flags = dict[str, object]
 
@@ -317,21 +318,30 @@ class Probes:
     flags_from: int
     version: str | None = None  # known without asking (the rehearsal engine is this gpufleet)
     version_missing: str = ""  # said where the version probe prints nothing
-    renames: tuple[JsonObject, ...] = ()
+    renames: tuple[RenameSpec, ...] = ()
     takes_config: bool = False
+
+
+class ProbeSettings(TypedDict):
+    """What a profile says of its engine's probes (custom engines): its version command
+    and whether its --help lists its flags (None: the engine's default)."""
+
+    version_command: list[str] | None
+    check_flags: bool | None
 
 
 DIST_VERSION = "from importlib import metadata; print(metadata.version({!r}))"
 
 
-def probes(name: str, argv: list[str], settings: JsonObject) -> Probes:
+def probes(name: str, argv: list[str], settings: ProbeSettings) -> Probes:
     """The engine's version and --help probes, run by the agent in the server's environment
     (`settings`: the profile's `version_command` and `check_flags`, for custom engines).
     A module engine is asked with its own Python (`python -m module --help`, its
     distribution's version); a program's --help is asked of the argv's words before its
     first flag (`llama-server`, `vllm serve MODEL`)."""
     adapter = ENGINES[name]
-    renames = tuple(asdict(r) for r in adapter.renames)
+    renames = tuple(RenameSpec(old=r.old, new=list(r.new), takes_value=r.takes_value, why=r.why)
+                    for r in adapter.renames)  # fmt: skip
     if adapter.module is not None:
         python = argv[0]
         if adapter.dist is None:

@@ -17,16 +17,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpufleet.archive.layout import profile_label
+from gpufleet.control.inventory import yamlconfig
 from gpufleet.control.inventory.model import Host
 from gpufleet.control.inventory.yamlconfig import read_yaml, validate
 from gpufleet.control.server import engines
 from gpufleet.errors import UserError
 from gpufleet.host.agent.redact import redact_env, redact_flags, redact_tree, remember, secrets_in
-from gpufleet.records import HEALTH_TIMEOUT_S, LaunchSpec
+from gpufleet.records import HEALTH_TIMEOUT_S, FlagValue, LaunchSpec
 from gpufleet.wire import JsonObject
 
 PLAYBOOKS = Path("playbooks")
-FlagValue = bool | int | float | str | list[bool | int | float | str] | None
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # no '/', no leading '.'
 FLAG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -79,7 +79,9 @@ class Profile(BaseModel):
 
     @field_validator("env")
     @classmethod
-    def _env_names(cls, env: JsonObject) -> JsonObject:
+    def _env_names(
+        cls, env: dict[str, str | int | float | bool]
+    ) -> dict[str, str | int | float | bool]:
         for key in env:
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
                 raise ValueError(f"environment variable name {key!r} is not valid")
@@ -165,7 +167,8 @@ def load_profile(name: str, directory: Path = PLAYBOOKS) -> Profile:
         parent = data.pop("extends", None)
         if parent is not None and not isinstance(parent, str):
             raise UserError(f"{path}: extends: expected a profile name")
-        merged = _merge_profile(data, merged)  # walking leaf -> root: `merged` is the child
+        # walking leaf -> root: the child's values win; mappings (flags, env, sim) merge
+        merged = yamlconfig.merged(data, merged)
         current = parent
     merged["name"] = profile_label(name)
     if not SAFE_NAME.match(merged["name"]):
@@ -188,17 +191,6 @@ def _profile_path(name: str, directory: Path, referenced_by: str | None) -> Path
         where = f"{referenced_by}: extends: " if referenced_by else ""
         raise UserError(f"{where}unknown profile {name!r} (in {directory}/: {known})")
     return path
-
-
-def _merge_profile(parent: JsonObject, child: JsonObject) -> JsonObject:
-    """Child values win; mappings (flags, env, sim) merge key by key."""
-    out = dict(parent)
-    for key, value in child.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = {**out[key], **value}
-        else:
-            out[key] = value
-    return out
 
 
 def list_profiles(directory: Path = PLAYBOOKS) -> list[Profile | UserError]:

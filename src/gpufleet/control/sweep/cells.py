@@ -16,9 +16,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpufleet.archive.layout import profile_label
+from gpufleet.archive.records import ArmFields
 from gpufleet.control.server.profiles import FLAG_NAME, Profile, load_profile
 from gpufleet.errors import UserError
-from gpufleet.wire import JsonObject
+from gpufleet.records import FlagValue
 
 MAX_CELLS = 1_000
 
@@ -29,7 +30,7 @@ class ArmSpec:
     the tune adds (flags dropped, files, variables)."""
 
     profile: str  # the profile's name or path, as the user gave it
-    overrides: JsonObject = field(default_factory=dict)  # flag -> value (grid point)
+    overrides: dict[str, FlagValue] = field(default_factory=dict)  # the grid point's flags
     repeat: int = 1  # 1-based
     label: str = ""  # profile stem plus the grid point: what compare groups by
     remove: list[str] = field(default_factory=list)  # flags dropped (tune's plain server)
@@ -41,7 +42,7 @@ class ArmSpec:
         """The cell's key in the sweep (the label, `#k` for repeat k)."""
         return self.label if self.repeat == 1 else f"{self.label}#{self.repeat}"
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> ArmFields:
         """The cell as the sweep's record keeps it."""
         return {
             "key": self.key,
@@ -55,7 +56,7 @@ class ArmSpec:
         }
 
     @classmethod
-    def from_json(cls, data: JsonObject) -> ArmSpec:
+    def from_json(cls, data: ArmFields) -> ArmSpec:
         """A cell back from the sweep's record."""
         return cls(
             data["profile"],

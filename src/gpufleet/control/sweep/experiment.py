@@ -74,8 +74,7 @@ class Experiment:
         sweep_state.check_arms(profiles, arms)  # a bad profile or flag fails before anything starts
         root = request.archive
         state = sweep_state.open_state(
-            root, profiles, self.fleet.hosts, request.concurrency, resume, arms, kind,
-            request.to_json(),
+            root, profiles, self.fleet.hosts, request.concurrency, resume, arms, kind, request,
         )  # fmt: skip
         self.console.opened(state)
         if resume:

@@ -14,11 +14,11 @@ from typing import Any
 from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
 from gpufleet.archive.records import Cell, SweepRecord
+from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.connect.fleet import Fleet
 from gpufleet.control.inventory.model import Host
 from gpufleet.control.sweep.cells import ArmSpec, profile_label
 from gpufleet.errors import UserError
-from gpufleet.wire import JsonObject
 
 Say = Callable[[str], None]
 
@@ -41,7 +41,7 @@ class SweepState:
         levels: list[int],
         arms: list[ArmSpec] | None = None,
         kind: str = "sweep",
-        request: JsonObject | None = None,
+        request: BenchRequest | None = None,
     ) -> SweepState:
         """A new sweep of these cells on these hosts, saved before any cell starts."""
         arms = arms or [ArmSpec(p, label=profile_label(p)) for p in profiles]
@@ -58,7 +58,7 @@ class SweepState:
             concurrency=levels,
             created_at=datetime.now(UTC).isoformat(),
             cells={a.key: {h: Cell() for h in hosts} for a in arms},
-            request=request,
+            request=request.to_json() if request else None,
         )
         state = cls(archive.sweep_state(sweep_id), record)
         state.save()
@@ -132,7 +132,7 @@ def open_state(
     resume: bool,
     arms: list[ArmSpec] | None = None,
     kind: str = "sweep",
-    request: JsonObject | None = None,
+    request: BenchRequest | None = None,
 ) -> SweepState:
     """The latest sweep of these cells (--resume), or a new one that keeps `request`."""
     if resume:

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
@@ -53,7 +53,7 @@ from gpufleet.control.tune.levels import (
     measured_cells,
     near_best,
 )
-from gpufleet.engine_facts import first_batch, padded
+from gpufleet.engine_facts import AdaptiveSlot, first_batch, padded
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
 from gpufleet.records import ResultRow
@@ -66,13 +66,6 @@ class Choice:
     concurrency: int
     depth: int
     why: str
-
-
-class AdaptiveSlot(TypedDict):
-    """One key of SGLang's adaptive speculative config (the batch size its range starts at):
-    the depths the server may pick from there. `inv tune` writes one per key."""
-
-    candidate_steps: list[int]
 
 
 @dataclass

@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.wire import JsonObject
-
 GONE_STATES = ("Z", "X")  # zombie or dead: holds no memory, answers nothing
 
 
@@ -88,7 +86,7 @@ class ProcRef:
         return {"pid": self.pid, "start_ticks": self.start_ticks}
 
     @classmethod
-    def from_wire(cls, data: JsonObject) -> ProcRef:
+    def from_wire(cls, data: dict[str, int]) -> ProcRef:
         return cls(int(data["pid"]), int(data["start_ticks"]))
 
 

@@ -45,6 +45,24 @@ class AgentError(Exception):
 
 
 # -- arguments ----------------------------------------------------------------------------
+GpuFault = dict[str, bool | int | float | str | list[int] | list[str]]
+"""NVML readings injected into one simulated GPU, by field (sim/nvml.py reads them by name):
+`{"persistence": false, "xids": [79]}`; control/inventory/model.SimFault declares them."""
+
+
+class SimGpus(TypedDict):
+    """A rehearsal host's simulated GPUs as the control plane sends them; the agent writes
+    them to the state directory's gpus.json (sim/gpustate.py)."""
+
+    state_dir: str
+    count: int
+    model: str
+    memory_mib: int
+    reserved_mib: int
+    faults: dict[str, GpuFault]  # GPU index (as a string) -> its faults
+    boot_id: str | None
+
+
 @dataclass
 class VerbArgs:
     """What every verb receives: the host's identity, added by the control plane's Session."""
@@ -54,7 +72,7 @@ class VerbArgs:
 
     host: str = ""
     expected_gpus: int | None = None
-    sim: JsonObject | None = None  # the simulated GPU topology on rehearsal hosts
+    sim: SimGpus | None = None  # the simulated GPU topology on rehearsal hosts
     # a node reached through Slurm (connection: srun): its job and its name there; what the
     # agent starts to run on (a server, a bench runner) is a step of that job
     slurm_job: str | None = None
@@ -222,6 +240,21 @@ class BenchStartAnswer(TypedDict):
     profile: str | None
     slots: int | None  # requests the server serves at once (its engine's flags), if known
     engine: str | None
+
+
+class EchoAnswer(TypedDict):
+    """echo's answer: the payload as received, and the agent's argv and directory."""
+
+    payload: JsonObject
+    argv: list[str]
+    cwd: str
+
+
+class LogsAnswer(TypedDict):
+    """A server's log: its path and last lines (none after --follow streamed them)."""
+
+    log: str
+    lines: list[str]
 
 
 class RunStatusFile(TypedDict, total=False):

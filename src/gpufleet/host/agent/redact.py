@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from gpufleet.wire import JsonObject
+from gpufleet.records import FlagValue
 
 SECRET_PARTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY", "API_KEY", "ACCESSKEY",
                 "ACCESS_KEY", "CREDENTIAL")  # fmt: skip
@@ -165,7 +165,7 @@ def redact_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def redact_flags(flags: JsonObject) -> JsonObject:
+def redact_flags(flags: dict[str, FlagValue]) -> dict[str, FlagValue]:
     """A profile's `flags:` mapping with secret values hidden (names without dashes)."""
     return {
         k: (REDACTED if is_secret_flag("--" + k) and v not in (None, False, True) else v)

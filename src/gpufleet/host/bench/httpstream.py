@@ -25,10 +25,10 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from gpufleet.host.bench import ssefast
 from gpufleet.host.bench.sse import EventStream
-from gpufleet.wire import JsonObject
 
 EventHandler = Callable[[bytes, float], None]  # (payload after "data: ", perf_counter time)
 MAX_ERROR_BODY = 64 * 1024
@@ -38,6 +38,23 @@ MAX_EVENT = 16 * 1024 * 1024  # one chunk or one SSE event; SGLang's are a few K
 
 class HTTPStreamError(Exception):
     """The connection broke or the server answered with something that is not HTTP/1.x."""
+
+
+class RequestBody(TypedDict, total=False):
+    """What the bench client posts (host/bench/sender._payload builds it): SGLang's
+    /generate (`text` or `input_ids`, `sampling_params`) or an OpenAI completion or chat."""
+
+    text: str
+    input_ids: list[int]
+    sampling_params: dict[str, int | float | bool]
+    model: str
+    prompt: str | list[int]
+    messages: list[dict[str, str]]
+    max_tokens: int
+    temperature: float
+    ignore_eos: bool
+    stream: bool
+    stream_options: dict[str, bool]
 
 
 @dataclass
@@ -380,7 +397,7 @@ class StreamClient:
             return _KernelTimedConnection(sock, loop)
         raise last or OSError(f"cannot resolve {self.host}")
 
-    def _request(self, path: str, body: JsonObject) -> bytes:
+    def _request(self, path: str, body: RequestBody) -> bytes:
         data = json.dumps(body).encode()
         head = (
             f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
@@ -391,7 +408,7 @@ class StreamClient:
         return head.encode("latin-1") + data
 
     async def post_stream(
-        self, path: str, body: JsonObject, on_event: EventHandler, timeout: float
+        self, path: str, body: RequestBody, on_event: EventHandler, timeout: float
     ) -> Response:
         """Send; `on_event` gets every SSE `data:` payload as it arrives; returns at the end."""
         request = self._request(path, body)

@@ -9,7 +9,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gpufleet.host.bench.clientcert import ClientClock
-from gpufleet.wire import JsonObject
+
+RequestFields = dict[str, int | float | bool | str | list[float] | None]
+"""A RequestRecord as JSON (requests-c<N>.jsonl, a generator process's answer): its fields
+by name, the answer's text left out."""
 
 
 @dataclass
@@ -58,7 +61,7 @@ class RequestRecord:
             return None
         return self.completion_tokens / self.spec_verify_ct
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> RequestFields:
         row = asdict(self)
         del row["text"]
         if self.session is None:

@@ -14,11 +14,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Any, TypedDict
+from typing import Any
 
 from gpufleet.host.bench import clientcert, steady
 from gpufleet.host.bench import slo as slos
 from gpufleet.host.bench.level import LevelRun, RequestRecord
+from gpufleet.records import Figures, TurnFigures
 
 DEFINITIONS = (
     "SGLang bench_serving definitions: TTFT = first token latency; TPOT = (e2e - ttft) / "
@@ -92,7 +93,7 @@ def details(records: list[RequestRecord]) -> dict[str, list[Any]]:
 def _bench_serving_row(
     run: LevelRun, backend: str, ok: list[RequestRecord], failed: list[RequestRecord],
     duration: float,
-) -> dict[str, Any]:  # fmt: skip
+) -> Figures:  # fmt: skip
     """The keys bench_serving writes, with its meanings."""
     out_tokens = sum(r.completion_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)
@@ -148,10 +149,10 @@ def _per_request_speeds(ok: list[RequestRecord]) -> dict[str, float]:
 def summarize(
     run: LevelRun,
     backend: str,
-    extra: dict[str, Any] | None = None,
+    extra: Figures | None = None,
     slo: dict[str, float] | None = None,
     with_details: bool = False,
-) -> dict[str, Any]:
+) -> Figures:
     """One results.jsonl row, bench_serving's keys and meanings (request_rate as the string
     "inf" when unlimited: JSON has no Infinity), plus gpufleet's own figures."""
     ok = [r for r in run.records if r.ok]
@@ -197,12 +198,12 @@ def acceptance(ok: list[RequestRecord]) -> dict[str, float]:
     }
 
 
-def client_figures(run: LevelRun) -> dict[str, Any]:
+def client_figures(run: LevelRun) -> Figures:
     """The generator's own figures for the level and whether it was the bottleneck
     (host/bench/clientcert.py); with a schedule, the wait for a free slot on its own."""
     lags = [r.dispatch_lag for r in run.records if not r.skipped and r.start]
     e2e = [r.e2e for r in run.records if r.ok and r.e2e > 0]
-    out: dict[str, Any] = {}
+    out: Figures = {}
     if run.client is not None and run.client.wall_s > 0:
         cores = run.client.cpu_s / run.client.wall_s
         lag_p99 = percentile(lags, 99) * 1000
@@ -230,7 +231,7 @@ def client_figures(run: LevelRun) -> dict[str, Any]:
 OVERLOADED_BELOW = 0.95
 
 
-def open_loop_rates(records: list[RequestRecord]) -> dict[str, Any]:
+def open_loop_rates(records: list[RequestRecord]) -> Figures:
     """An open-loop level's load, per second over one window: arrivals (offered: this
     level's own, so a short Poisson draw is not mistaken for a shortfall), sends (achieved)
     and completions, counted over the arrival window shifted by the median latency (a
@@ -286,18 +287,6 @@ def open_loop_rates(records: list[RequestRecord]) -> dict[str, Any]:
 def _queue_at(t: float, arrived: list[float], answered: list[float]) -> int:
     """Requests arrived by `t` and not answered by then."""
     return sum(a <= t for a in arrived) - sum(d <= t for d in answered)
-
-
-class TurnFigures(TypedDict):
-    """One turn of a level's multi-turn sessions (results' `per_turn`, shown by compare)."""
-
-    turn: int  # from 1
-    completed: int
-    failed: int
-    mean_prompt_tokens: float
-    cache_hit_rate: float  # cached / prompt tokens of the turn's finished requests
-    mean_ttft_ms: float
-    median_ttft_ms: float
 
 
 def per_turn(records: list[RequestRecord]) -> list[TurnFigures]:

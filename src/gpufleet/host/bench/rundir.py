@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from gpufleet.host.agent import safewrite
 from gpufleet.host.agent.protocol import ProgressEvent
 from gpufleet.host.agent.redact import scrub
-from gpufleet.records import Level, ResultRow, ServerState
+from gpufleet.records import Figures, Level, ResultRow, ServerState
 
 
 def now_iso() -> str:
@@ -35,12 +36,12 @@ class RunWriter:
         text = scrub(json.dumps(data, indent=2, default=str), self.secrets)
         safewrite.write_atomic(self.dir / name, text)
 
-    def lines(self, name: str, rows: list[dict[str, Any]]) -> None:
+    def lines(self, name: str, rows: Sequence[object]) -> None:  # each a JSON line
         with safewrite.open_append(self.dir / name, text=True) as fh:
             for row in rows:
                 fh.write(scrub(json.dumps(row, default=str), self.secrets) + "\n")
 
-    def result(self, row: dict[str, Any], level: Level) -> ResultRow:
+    def result(self, row: Figures, level: Level) -> ResultRow:
         """Append one level's row to results.jsonl, checked against its declared type: a
         renamed or mistyped figure fails here, on the run that wrote it."""
         checked = ResultRow.from_wire(row, f"results.jsonl C={level.concurrency}")

@@ -40,7 +40,7 @@ from gpufleet.host.bench.spread import auto_procs, run_spread
 from gpufleet.host.gpu.nvml import load_pynvml
 from gpufleet.host.server import keys as serverkeys
 from gpufleet.host.server.state import server_alive
-from gpufleet.records import BenchPlan, Level, PromptRow, ResultRow, ServerState
+from gpufleet.records import BenchPlan, Figures, Level, PromptRow, ResultRow, ServerState
 
 RATE_WINDOW_S = 3.0  # the live tok/s: tokens over about this many seconds
 
@@ -159,7 +159,7 @@ def _sglang_bench_level(
     level: Level,
     texts: list[str],
     writer: RunWriter,
-    info: dict[str, Any] | None,
+    tokenizer: str | None,
     server_state: ServerState | None,
     keys: dict[str, str],
 ) -> tuple[str, str | None]:
@@ -167,9 +167,6 @@ def _sglang_bench_level(
     from gpufleet.host.bench import sglang_bench
 
     c = level.concurrency
-    tokenizer = (
-        plan.tokenizer or (info or {}).get("tokenizer_path") or (info or {}).get("model_path")
-    )
     gauge = _telemetry(plan, server_state, writer, level)
     try:
         with gauge or contextlib.nullcontext():
@@ -213,15 +210,13 @@ def _prompt(plan: BenchPlan, row: PromptRow) -> Prompt:
     )
 
 
-def _accept_length(info: dict[str, Any] | None, run: Any) -> float | None:
+def _accept_length(reported: float | None, run: Any) -> float | None:
     """SGLang's average speculative acceptance length from /server_info, when it has one;
     else the level's requests' own (their tokens over their verify steps, pooled: from
     llama.cpp's per-response timings), so a drafting engine without SGLang's endpoint does
     not read like one that never drafts."""
-    if info and info.get("internal_states"):
-        found = info["internal_states"][0].get("avg_spec_accept_length")
-        if found is not None:
-            return found
+    if reported is not None:
+        return reported
     drafted = [r for r in run.records if r.ok and r.spec_verify_ct]
     steps = sum(r.spec_verify_ct for r in drafted)
     return sum(r.completion_tokens for r in drafted) / steps if steps else None
@@ -233,7 +228,7 @@ def _summary(
     samples: list[serverapi.MetricSample],
     flushed: bool | None,
     keys: dict[str, str],
-) -> dict[str, Any]:
+) -> Figures:
     """One results.jsonl row: bench_serving's figures plus Prometheus maxima and means."""
     info = serverapi.server_info(plan.base_url, keys)
     summary = summarize(
@@ -245,7 +240,7 @@ def _summary(
             "seed": plan.seed,
             "output_len": plan.output_len,
             **random_lengths(plan),
-            "accept_length": _accept_length(info, run),
+            "accept_length": _accept_length(serverapi.accept_length(info), run),
             "server_info": info,
             "started_at": datetime.fromtimestamp(run.started_at, UTC).isoformat(),
             "warmup_errors": run.warmup_errors,
@@ -263,13 +258,13 @@ def _summary(
     return summary
 
 
-def random_lengths(plan: BenchPlan) -> dict[str, Any]:
+def random_lengths(plan: BenchPlan) -> Figures:
     """bench_serving's random_* keys: the lengths of a random-ids set, else None."""
-    random = plan.random or {}
+    random = plan.random
     return {
-        "random_input_len": random.get("input_len"),
-        "random_output_len": random.get("output_len"),
-        "random_range_ratio": random.get("range_ratio"),
+        "random_input_len": random["input_len"] if random else None,
+        "random_output_len": random["output_len"] if random else None,
+        "random_range_ratio": random["range_ratio"] if random else None,
     }
 
 
@@ -289,7 +284,7 @@ def _telemetry(
 
 
 def _level_tail(
-    figures: dict[str, Any],
+    figures: Figures,
     level: Level,
     writer: RunWriter,
     gauge: telemetry.Sampler | None,
@@ -354,7 +349,7 @@ def _run_levels(
     plan: BenchPlan,
     rows: list[PromptRow],
     writer: RunWriter,
-    before: Any,
+    tokenizer: str | None,  # bench_serving's: the plan's, else the served model's
     server_state: ServerState | None,
     marks: list[tuple[int | None, str]],
     keys: dict[str, str],
@@ -373,7 +368,7 @@ def _run_levels(
         if plan.engine == "sglang-bench":
             texts = [row.prompt or "" for row in rows]
             level_status, level_reason = _sglang_bench_level(
-                plan, level, texts, writer, before, server_state, keys
+                plan, level, texts, writer, tokenizer, server_state, keys
             )
             marks.append((log_size(server_state), f"level C={c} ends"))
             stop = level_status == "failed"
@@ -391,7 +386,7 @@ def _run_levels(
 def run_plan(
     run_dir: Path,
     server_state: ServerState | None = None,
-    host_facts: dict[str, Any] | None = None,
+    host_facts: dict[str, object] | None = None,  # file name -> its JSON content
     finish: Callable[[RunWriter], None] | None = None,
     keys: dict[str, str] | None = None,
 ) -> RunStatusFile:
@@ -418,7 +413,8 @@ def run_plan(
     before = serverapi.server_info(plan.base_url, keys)
     writer.json("server_info_before.json", before)
     marks: list[tuple[int | None, str]] = [(log_size(server_state), f"run {plan.run_id} begins")]
-    status, reason = _run_levels(plan, rows, writer, before, server_state, marks, keys)
+    tokenizer = plan.tokenizer or serverapi.tokenizer(before)
+    status, reason = _run_levels(plan, rows, writer, tokenizer, server_state, marks, keys)
     writer.json("server_info_after.json", serverapi.server_info(plan.base_url, keys))
     marks.append((log_size(server_state), f"run {plan.run_id} ends ({status})"))
     write_server_log(writer, server_state, marks, writer.secrets)

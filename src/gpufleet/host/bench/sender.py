@@ -10,9 +10,8 @@ import json
 import re
 import time
 
-from gpufleet.host.bench.httpstream import StreamClient
+from gpufleet.host.bench.httpstream import RequestBody, StreamClient
 from gpufleet.host.bench.level import Prompt, RequestRecord
-from gpufleet.wire import JsonObject
 
 WARMUP_TOKENS = 16
 
@@ -55,7 +54,7 @@ def _payload(
     model: str,
     ignore_eos: bool,
     messages: list[dict[str, str]] | None = None,
-) -> tuple[str, dict]:
+) -> tuple[str, RequestBody]:
     """The request body; `messages` (a multi-turn conversation) is used by openai-chat, the
     other backends get it as one text (see Session)."""
     if backend == "sglang":
@@ -69,7 +68,7 @@ def _payload(
             },
             "stream": True,
         }
-    common = {
+    common: RequestBody = {
         "model": model,
         "max_tokens": prompt.output_len,
         "temperature": 0.0,
@@ -138,7 +137,7 @@ class _StreamTracker:
                 return
             chunk = json.loads(payload)
             if "error" in chunk:
-                self._error(chunk)
+                self._error(chunk["error"])
                 return
             record = self.record
             meta = chunk.get("meta_info") or {}
@@ -168,7 +167,7 @@ class _StreamTracker:
         record = self.record
         chunk = json.loads(payload)
         if "error" in chunk:
-            self._error(chunk)
+            self._error(chunk["error"])
             return
         usage = chunk.get("usage")
         timings = chunk.get("timings")  # llama.cpp's server, on its last chunk
@@ -205,8 +204,8 @@ class _StreamTracker:
         record.chunks += 1
         self.last = now
 
-    def _error(self, chunk: JsonObject) -> None:
-        error = chunk["error"]
+    def _error(self, error: object) -> None:
+        """An error event: the server's message (its `error` object's, else the value)."""
         self.record.error = str(error.get("message", error) if isinstance(error, dict) else error)
         self.stopped = True
 

@@ -21,7 +21,7 @@ PROM_KEYS = (
 )
 
 
-def _get_json(url: str, keys: dict[str, str]) -> JsonObject | None:
+def _get_json(url: str, keys: dict[str, str]) -> object:
     request = urllib.request.Request(url, headers=serverkeys.headers(keys))
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
@@ -31,10 +31,25 @@ def _get_json(url: str, keys: dict[str, str]) -> JsonObject | None:
 
 
 def server_info(base_url: str, keys: dict[str, str]) -> JsonObject | None:
-    """SGLang's /server_info (the older name as a fallback), with the server's key."""
-    return _get_json(base_url + "/server_info", keys) or _get_json(
-        base_url + "/get_server_info", keys
-    )
+    """SGLang's /server_info (the older name as a fallback), with the server's key; None
+    where neither answers with a JSON object."""
+    for path in ("/server_info", "/get_server_info"):
+        info = _get_json(base_url + path, keys)
+        if isinstance(info, dict) and info:
+            return info
+    return None
+
+
+def accept_length(info: JsonObject | None) -> float | None:
+    """SGLang's average speculative acceptance length in /server_info, if it reports one."""
+    states = (info or {}).get("internal_states") or [{}]
+    found = states[0].get("avg_spec_accept_length") if isinstance(states[0], dict) else None
+    return float(found) if isinstance(found, int | float) else None
+
+
+def tokenizer(info: JsonObject | None) -> str | None:
+    """The served model's tokenizer as /server_info names it (else its model path)."""
+    return (info or {}).get("tokenizer_path") or (info or {}).get("model_path")
 
 
 MetricSample = dict[str, float]  # one scrape: "t" (wall clock) and each gauge of PROM_KEYS

@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 
 from gpufleet.host.agent import childenv, safewrite
+from gpufleet.host.bench.level import RequestFields
 from gpufleet.host.server import keys as serverkeys
-from gpufleet.records import BenchPlan, Level
-from gpufleet.wire import JsonObject
+from gpufleet.records import BenchPlan, Figures, Level
 
 BACKENDS = {"sglang": "sglang", "openai": "sglang-oai", "openai-chat": "sglang-oai-chat"}
 
@@ -80,9 +80,9 @@ def command(
     return argv
 
 
-def requests(row: JsonObject) -> list[JsonObject]:
+def requests(row: Figures) -> list[RequestFields]:
     """bench_serving's per-request arrays (`--output-details`) as gpufleet request records."""
-    out = []
+    out: list[RequestFields] = []
     arrays = zip(
         row.get("input_lens") or [], row.get("output_lens") or [], row.get("ttfts") or [],
         row.get("itls") or [], row.get("errors") or [], strict=False,
@@ -99,7 +99,7 @@ def requests(row: JsonObject) -> list[JsonObject]:
     return out
 
 
-def parse(line: str, level: Level, plan: BenchPlan) -> JsonObject:
+def parse(line: str, level: Level, plan: BenchPlan) -> Figures:
     """One bench_serving JSONL line -> gpufleet's results row (bench_serving keys kept);
     per-request figures from its per-request arrays, as gpufleet computes them."""
     import statistics
@@ -136,7 +136,7 @@ def run_level(
     run_dir: Path,
     tokenizer: str | None,
     keys: dict[str, str] | None = None,
-) -> JsonObject:
+) -> Figures:
     """One level through bench_serving; the server's key in OPENAI_API_KEY, which it sends
     as `Authorization: Bearer` (its documented way: never on its command line)."""
     from datetime import UTC, datetime

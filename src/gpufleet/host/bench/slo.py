@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufleet.records import Figures
+
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 
@@ -45,7 +47,7 @@ def request_meets(record: Any, slo: dict[str, float]) -> bool:
     return all(figures[key] * 1000 <= bound for key, bound in slo.items())
 
 
-def goodput(records: list[Any], duration: float, slo: dict[str, float]) -> dict[str, Any]:
+def goodput(records: list[Any], duration: float, slo: dict[str, float]) -> Figures:
     """The level's SLO figures: attainment counts every request sent (a failed request is
     not good), goodput divides by the level's duration like throughput does."""
     if not slo:

@@ -26,12 +26,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import gpufleet
 from gpufleet.host.agent import childenv
 from gpufleet.host.bench.clientcert import ClientClock
-from gpufleet.host.bench.level import LevelRun, Prompt, RequestRecord, Tally
+from gpufleet.host.bench.level import LevelRun, Prompt, RequestFields, RequestRecord, Tally
 from gpufleet.host.bench.loadgen import run_async, run_level
 
 ROOT = str(Path(gpufleet.__file__).resolve().parent.parent)  # the zipapp, or src/
@@ -96,10 +96,21 @@ def _to_whole_level(records: list[RequestRecord], share: list[Prompt], ids: list
     return records
 
 
+class ShareResult(TypedDict):
+    """What a generator process answers once its share of the level ran."""
+
+    records: list[RequestFields]
+    duration: float
+    warmup_errors: list[str]
+    cpu_s: float
+    wall_s: float
+    loop_lags: list[float]
+
+
 class _Share:
     """One child process and what it said."""
 
-    def __init__(self, job: dict[str, Any]) -> None:
+    def __init__(self, job: dict[str, object]) -> None:  # _job's, with its URL and seed
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-c", CHILD],
             stdin=subprocess.PIPE,
@@ -109,7 +120,7 @@ class _Share:
         )
         self.tally = Tally()
         self.ready = threading.Event()
-        self.result: dict[str, Any] | None = None
+        self.result: ShareResult | None = None
         self.done = threading.Event()
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(job) + "\n")
@@ -142,7 +153,7 @@ class _Share:
         except OSError:
             pass  # said below: it has no records
 
-    def records(self) -> dict[str, Any]:
+    def records(self) -> ShareResult:
         self.done.wait()
         code = self.proc.wait()
         if self.result is None:
@@ -150,7 +161,9 @@ class _Share:
         return self.result
 
 
-def _job(prompts: list[Prompt], concurrency: int, request_rate: float, **kwargs: Any) -> dict:
+def _job(
+    prompts: list[Prompt], concurrency: int, request_rate: float, **kwargs: Any
+) -> dict[str, object]:
     return {
         "prompts": [dataclasses.asdict(p) for p in prompts],
         "concurrency": concurrency,
@@ -214,7 +227,7 @@ async def run_spread(
 
 
 def _merged(
-    own: LevelRun, results: list[Any], shares: list[list[Prompt]], ids: list[list[int]],
+    own: LevelRun, results: list[ShareResult], shares: list[list[Prompt]], ids: list[list[int]],
     whole_first: list[int],
 ) -> tuple[list[RequestRecord], list[Any], list[ClientClock], float]:  # fmt: skip
     """The shares' records back in the whole level's order, their warm-up errors, clocks
@@ -236,7 +249,7 @@ def child_main() -> None:
     """A share: its job on stdin, JSON lines on stdout."""
     job = json.loads(sys.stdin.readline())
 
-    def say(message: dict[str, Any]) -> None:
+    def say(message: dict[str, object]) -> None:  # one JSON line: ready, progress, records
         sys.stdout.write(json.dumps(message) + "\n")
         sys.stdout.flush()
 

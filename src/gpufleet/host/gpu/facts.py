@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gpufleet.host.agent.protocol import (
     AgentError,
+    EchoAnswer,
     EchoArgs,
     VerbArgs,
 )
@@ -25,7 +26,6 @@ from gpufleet.readings import (
     GpuReading,
     SysInfo,
 )
-from gpufleet.wire import JsonObject
 
 
 def check_count(gpus: list[GpuReading], expected: int | None) -> None:
@@ -105,6 +105,6 @@ def cpu_governor() -> str | None:
         return None
 
 
-def echo(args: EchoArgs) -> JsonObject:
+def echo(args: EchoArgs) -> EchoAnswer:
     """Return the payload as received, with argv and cwd: a transport self-test."""
     return {"payload": args.payload, "argv": sys.argv[1:], "cwd": os.getcwd()}

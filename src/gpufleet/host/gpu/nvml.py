@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpufleet.host.agent.protocol import AgentError
+from gpufleet.host.agent.protocol import AgentError, SimGpus
 from gpufleet.kinds import Kind
 from gpufleet.readings import GpuProcess, GpuReading
-from gpufleet.wire import JsonObject
 
 MIB = 1024 * 1024
 
@@ -24,7 +23,7 @@ def shim_dir() -> str:
     return str(Path(__file__).resolve().parents[2] / "sim" / "shim")
 
 
-def activate_simulation(sim: JsonObject, host: str) -> None:
+def activate_simulation(sim: SimGpus, host: str) -> None:
     """Make `import pynvml` (here and in children we start) load the simulated NVML."""
     from gpufleet.sim import gpustate
 

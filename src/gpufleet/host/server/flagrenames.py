@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from gpufleet.wire import JsonObject
+from gpufleet.records import RenameSpec
 
 
 def deprecated(flag: str, help_text: str) -> bool:
@@ -24,7 +24,7 @@ def deprecated(flag: str, help_text: str) -> bool:
 
 def apply(
     argv: list[str], head: int, known: set[str], help_text: str, engine: str,
-    renames: list[JsonObject],
+    renames: list[RenameSpec],
 ) -> tuple[list[str], list[str]]:  # fmt: skip
     """argv with the engine's renames (engines.Rename as JSON) applied where this host
     needs them; one note per rename."""

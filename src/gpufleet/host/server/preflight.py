@@ -26,8 +26,7 @@ from gpufleet.host.server import flagrenames
 from gpufleet.host.server.state import read_state, server_alive
 from gpufleet.kinds import Kind
 from gpufleet.readings import LaunchAnswer
-from gpufleet.records import LaunchSpec
-from gpufleet.wire import JsonObject
+from gpufleet.records import LaunchSpec, RenameSpec
 
 
 def program_version(argv: list[str], env: dict[str, str]) -> str | None:
@@ -131,7 +130,7 @@ class FlagCheck:
 
 
 def check_flags_against(
-    argv: list[str], head: int, help_text: str, engine: str, renames: list[JsonObject] | None = None
+    argv: list[str], head: int, help_text: str, engine: str, renames: list[RenameSpec] | None = None
 ) -> FlagCheck:
     """Every `--flag` in argv must be one this --help lists, after the engine's renames."""
     known = set(re.findall(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_-]*)", help_text))

@@ -24,6 +24,7 @@ from gpufleet.host.agent.procstat import ProcRef, command_name, group_members
 from gpufleet.host.agent.protocol import (
     AgentError,
     LaunchArgs,
+    LogsAnswer,
     LogsArgs,
     StopArgs,
     WaitReadyArgs,
@@ -60,7 +61,6 @@ from gpufleet.readings import (
     WaitReadyAnswer,
 )
 from gpufleet.records import LaunchSpec, ServerState
-from gpufleet.wire import JsonObject
 
 FATAL_PATTERNS = [
     ("Traceback (most recent call last)", "Python traceback"),
@@ -386,7 +386,7 @@ def servers() -> list[ServerSummary]:
     return out
 
 
-def logs(args: LogsArgs) -> JsonObject:
+def logs(args: LogsArgs) -> LogsAnswer:
     states = all_states()
     if args.port is not None:
         states = [s for s in states if s.port == args.port]
