@@ -13,7 +13,12 @@ from gpufleet.archive.records import ArmFields, SweepRecord
 from gpufleet.host.agent.protocol import RunStatusFile, SimGpus
 from gpufleet.wire import Record, WireError, check
 
-ARM: ArmFields = {"profile": "eagle3", "key": "eagle3", "overrides": {"tp-size": 8}}
+ARM: ArmFields = {
+    "profile": "eagle3",
+    "key": "eagle3",
+    "label": "eagle3",
+    "overrides": {"tp-size": 8},
+}
 
 
 @dataclass
@@ -28,13 +33,13 @@ def test_a_declared_shape_is_read_back_as_written():
 
 
 def test_a_missing_required_key_is_named_with_its_path():
-    with pytest.raises(WireError, match=r"Holder.arms\[0\]: missing field\(s\) \['profile'\]"):
-        Holder.from_wire({"arms": [{"key": "x"}]})
+    with pytest.raises(WireError, match=r"Holder.arms\[0\]: missing field\(s\) \['label'\]"):
+        Holder.from_wire({"arms": [{"key": "x", "profile": "p"}]})
 
 
 def test_a_mistyped_value_is_named_with_its_path():
     with pytest.raises(WireError, match=r"Holder.arms\[0\].overrides.tp-size: \{\} is not"):
-        Holder.from_wire({"arms": [{"profile": "p", "overrides": {"tp-size": {}}}]})
+        Holder.from_wire({"arms": [{**ARM, "overrides": {"tp-size": {}}}]})
     sim = {"state_dir": "s", "count": "8", "model": "H200", "memory_mib": 1, "reserved_mib": 0,
            "faults": {}, "boot_id": None}  # fmt: skip
     with pytest.raises(WireError, match=r"Holder.sim.count: '8' is not int"):
@@ -44,14 +49,14 @@ def test_a_mistyped_value_is_named_with_its_path():
 def test_not_required_keys_may_be_absent_and_unknown_keys_pass_through():
     """A newer writer's key is kept (JSON objects are open); an older record without an
     optional key reads."""
-    read = Holder.from_wire({"arms": [{"profile": "p", "later": 1}]})
-    assert read.arms == [{"profile": "p", "later": 1}]
+    arm = {"profile": "p", "key": "p", "label": "p", "later": 1}
+    assert Holder.from_wire({"arms": [arm]}).arms == [arm]
 
 
 def test_a_sweep_record_with_a_mistyped_arm_is_refused_where_it_is_read():
     record = {
         "sweep_id": "s", "profiles": ["p"], "hosts": ["h0"], "concurrency": [1],
-        "created_at": "2026-12-03T00:00:00Z", "cells": {}, "arms": [{"profile": 7}],
+        "created_at": "2026-12-03T00:00:00Z", "cells": {}, "arms": [{**ARM, "profile": 7}],
     }  # fmt: skip
     with pytest.raises(WireError, match=r"SweepRecord.arms\[0\].profile: 7 is not str"):
         SweepRecord.from_wire(record)

@@ -164,11 +164,11 @@ class ArmFields(TypedDict):
     """A sweep cell's server as the record keeps it (control/sweep/cells.ArmSpec.to_json):
     key and label, profile, the grid point's flags, the repeat, what a tune adds."""
 
+    key: str  # the report reads the key and the label of every arm
+    label: str
     profile: str
-    key: NotRequired[str]  # the rest is always written; older records may lack a key
-    overrides: NotRequired[dict[str, FlagValue]]
+    overrides: NotRequired[dict[str, FlagValue]]  # always written; read with defaults
     repeat: NotRequired[int]
-    label: NotRequired[str]
     remove: NotRequired[list[str]]
     files: NotRequired[dict[str, str]]
     env: NotRequired[dict[str, str]]
