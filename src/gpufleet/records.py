@@ -151,6 +151,10 @@ class LaunchSpec(Record):
     takes_config: bool = False  # `--config FILE` where its --help lists it (SGLang 0.5.16+)
     slots: int | None = None  # requests the server serves at once, where its flags say
     needs_gpu: bool = True  # False: a CPU engine (llama.cpp's server) runs without GPUs
+    # what root loads the model from: judged before launch (host/server/models.py)
+    model_paths: list[str] = field(default_factory=list)
+    model_code: bool = False  # the server runs the model's own Python (remote code)
+    model_trust: str = "refuse"  # the host's python_trust: warn runs it, said
 
 
 @dataclass

@@ -103,6 +103,10 @@ class Engine:
     # what it would do with them silently (said at launch and sweep)
     refuses: Callable[[Flags], str | None] = lambda flags: None
     warns: Callable[[Flags], list[str]] = lambda flags: []
+    # the flags naming more model files than model_path (a draft, a tokenizer), and the one
+    # that makes the server run the model's own Python: the launch judges them (issue 50)
+    model_flags: tuple[str, ...] = ()
+    remote_code_flag: str = ""
 
     def uses_gpu(self, flags: Flags) -> bool:
         """Whether a server with these flags holds GPU memory (a CPU engine's may)."""
@@ -250,6 +254,8 @@ SGLANG = Engine(
     warns=_sglang_warns,
     # upstream SGLang's own cleanup pattern (docs/FACTS.md, "SGLang's HTTP server")
     processes=r"sglang::|sglang\.launch_server|sglang\.bench|sglang\.data_parallel|sglang\.srt",
+    model_flags=("speculative-draft-model-path", "tokenizer-path"),
+    remote_code_flag="trust-remote-code",
 )  # fmt: skip
 
 ENGINES: dict[str, Engine] = {
@@ -270,7 +276,7 @@ ENGINES: dict[str, Engine] = {
                                        or 0) != 0,
                slots=lambda flags: _positive(_flag_int(flags, "parallel", "np")),
                slots_flag="parallel", drafts=_llamacpp_drafts, drafting=LLAMACPP_DRAFTING,
-               processes=r"(^|/)llama-server$",
+               processes=r"(^|/)llama-server$", model_flags=("model-draft", "md"),
                gauges=(("llamacpp:requests_processing", "sglang:num_running_reqs"),
                        ("llamacpp:requests_deferred", "sglang:num_queue_reqs"),
                        ("llamacpp:predicted_tokens_seconds", "sglang:gen_throughput"),
@@ -280,7 +286,8 @@ ENGINES: dict[str, Engine] = {
                         "{port}", "--tensor-parallel-size", "{tp}"),
                version_args=("--version",), flushes_cache=False,
                slots=lambda flags: _flag_int(flags, "max-num-seqs"),
-               slots_flag="max-num-seqs", drafts=_vllm_drafts,
+               slots_flag="max-num-seqs", drafts=_vllm_drafts, model_flags=("tokenizer",),
+               remote_code_flag="trust-remote-code",
                # v1 renamed the KV-cache gauge; both are read
                gauges=(("vllm:num_requests_running", "sglang:num_running_reqs"),
                        ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
@@ -295,6 +302,17 @@ NAMES = tuple(ENGINES)
 def engine(name: str) -> Engine:
     """The adapter of an engine by name."""
     return ENGINES[name]
+
+
+def model_files(name: str, model_path: str, flags: Flags) -> tuple[list[str], bool]:
+    """The local paths a server of this engine loads its model from (model_path, then a
+    draft's or tokenizer's given by flag; a hub id is no path), and whether it runs the
+    model's own Python (remote code trusted)."""
+    adapter = ENGINES[name]
+    named = [model_path, *(flags.get(flag) for flag in adapter.model_flags)]
+    paths = [str(p) for p in named if isinstance(p, str) and p.startswith("/")]
+    runs_code = bool(adapter.remote_code_flag and flags.get(adapter.remote_code_flag))
+    return paths, runs_code
 
 
 def gauge_names(name: str | None) -> dict[str, str]:

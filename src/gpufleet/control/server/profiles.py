@@ -356,6 +356,11 @@ def _log_path(profile: Profile, port: int, stamp: str, host: Host) -> str:
         ) from None
 
 
+def _probe_settings(profile: Profile) -> engines.ProbeSettings:
+    """What a custom engine's profile says about its version and flag probes."""
+    return {"version_command": profile.version_command, "check_flags": profile.check_flags}
+
+
 def _spec_for(
     profile: Profile, host: Host, rank: int, head: Host, stamp: str, override: str | None
 ) -> LaunchSpec:
@@ -378,11 +383,8 @@ def _spec_for(
     resolved = redact_tree(resolved)
     argv, files, recorded = _with_files(profile, _argv_for(profile, host, engine, port, rank, head))
     resolved["files"] = recorded
-    probes = engines.probes(
-        engine,
-        argv,
-        {"version_command": profile.version_command, "check_flags": profile.check_flags},
-    )
+    models, model_code = engines.model_files(engine, profile.model_path, profile.flags)
+    probes = engines.probes(engine, argv, _probe_settings(profile))
     return LaunchSpec(
         profile=profile.name,
         engine=engine,
@@ -412,4 +414,7 @@ def _spec_for(
         takes_config=probes.takes_config,
         slots=engines.engine(engine).slots(profile.flags),
         needs_gpu=uses_gpu,
+        model_paths=models if profile.check_model_path and engine != "sim" else [],
+        model_code=model_code,
+        model_trust=host.python_trust,
     )

@@ -238,14 +238,16 @@ def judge_missing(path: str, uid: int, what: str = "path", fs: object = None) ->
                             f"it: {str(exc).split(': ', 1)[-1]}") from None  # fmt: skip
 
 
-def trusted(path: str, uid: int, kind: str = FILE, fs: object = None) -> str | None:
+def trusted(
+    path: str, uid: int, kind: str = FILE, fs: object = None, what: str = "path"
+) -> str | None:
     """None when `path` is trusted (or missing where nobody else could create it); else
     the one-line reason."""
     try:
-        judge(path, uid, kind, fs=fs)
+        judge(path, uid, kind, what, fs=fs)
     except FileNotFoundError:
         try:
-            judge_missing(path, uid, fs=fs)
+            judge_missing(path, uid, what, fs=fs)
         except Untrusted as exc:
             return str(exc)
     except Untrusted as exc:

@@ -22,7 +22,7 @@ from gpufleet.host.agent import childenv, safewrite
 from gpufleet.host.agent.protocol import AgentError, LaunchArgs
 from gpufleet.host.gpu import health as gpuhealth
 from gpufleet.host.gpu import nvml as nvmlread
-from gpufleet.host.server import flagrenames
+from gpufleet.host.server import flagrenames, models
 from gpufleet.host.server.state import read_state, server_alive
 from gpufleet.kinds import Kind
 from gpufleet.readings import LaunchAnswer
@@ -239,6 +239,9 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
             errors.append(problem)
     if spec.check_model_path and not Path(spec.model_path).exists():
         errors.append(f"model path {spec.model_path!r} does not exist on this host")
+    refused, said = models.refusals_and_warnings(spec)
+    errors += refused
+    warnings += said
     engine = spec.engine
     missing = _missing_program(spec)
     if missing:
