@@ -436,6 +436,76 @@ def test_ctrl_c_during_sweep_then_resume(fleet, tmp_path):
     assert len(runs) == 2 and all(archive.verify(r) == [] for r in runs)
 
 
+def _kill_on_open(sessions: list[psutil.Process], paths: list[str]) -> subprocess.Popen:
+    """strace on the host's sshd session processes (not their children: the agent and the
+    bench runner open the same files) that SIGKILLs the one that opens any of `paths`:
+    internal-sftp serves downloads inside that process, so it dies with the download begun."""
+    argv = ["strace", "-qq", "-o", "/dev/null", "-e", "trace=openat",
+            "-e", "inject=openat:signal=KILL"]  # fmt: skip
+    for path in paths:
+        argv += ["-P", path]
+    for proc in sessions:
+        argv += ["-p", str(proc.pid)]
+    return subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.faults
+def test_a_run_whose_download_is_cut_is_fetched_on_resume_never_measured_again(
+    fleet, fresh_sshd, tmp_path
+):
+    """Issue 51: sshd killed while the control downloads a finished run's files. The cell
+    stays the host's (its run id kept), no later cell cleans or launches there, and
+    `--resume` fetches that run whole; it is never measured again."""
+    host_sshd = fresh_sshd()
+    fleet.add_sshd_host("cut", host_sshd, port_offset=67)
+    first, second = _bench_profile(fleet, "da"), _bench_profile(fleet, "db")
+    archive = tmp_path / "a"
+    args = ["sweep", "--profiles", f"{first},{second}", "--hosts", "cut", "--concurrency",
+            "8", "--num-prompts", "160", "--output-len", "32", "--archive", str(archive)]  # fmt: skip
+    proc = fleet.popen(*args)
+    run_id = read_run_id(proc, until="C=8: 160 requests")
+    run_dir = os.path.realpath(fleet.workdir("cut") / "runs" / run_id)
+    listener = psutil.Process(host_sshd.proc.pid)
+    sessions = [p for p in listener.children(recursive=True) if p.name().startswith("sshd")]
+    names = sorted(p.name for p in Path(run_dir).iterdir() if not p.name.startswith("."))
+    tracer = _kill_on_open(sessions, [f"{run_dir}/{name}" for name in names])
+    try:
+        tracer.wait(timeout=120)  # returns when the traced session died on the first open
+    finally:
+        tracer.kill()
+    cut_at = time.monotonic()
+    assert any(not p.is_running() for p in sessions), "no session opened the run's files"
+    status = json.loads((Path(run_dir) / "status.json").read_text())
+    assert status["status"] == "done", status  # the bench had finished: this was the download
+    for p in [listener, *listener.children(recursive=True)]:
+        if p.is_running() and p.name().startswith("sshd"):
+            p.kill()
+    host_sshd.proc.wait()
+    rest = proc.communicate(timeout=120)[0]
+    said_after = time.monotonic() - cut_at
+    assert proc.returncode == 1, rest[-3000:]
+    assert "NOT FETCHED" in rest and f"run {run_id} stays on the host" in rest, rest[-3000:]
+    assert "db on cut: not started: the run of da (run " in rest, rest[-3000:]
+    [state_file] = (archive / "sweeps").glob("*.json")
+    cell = json.loads(state_file.read_text())["cells"]["da"]["cut"]
+    assert cell["status"] == "benching" and cell["run_id"] == run_id, cell
+    assert not (archive / "cut" / run_id).exists()  # nothing half-archived
+    host_sshd.proc = None
+    host_sshd.start()  # same port, same host key
+    try:
+        out = fleet.cli(*args, "--resume", timeout=300)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+        assert f"re-attaching run {run_id}" in out.stdout
+        runs = sorted(p.name for p in (archive / "cut").iterdir())
+        assert [r for r in runs if "-da-" in r or r == run_id] == [run_id], runs
+        results = json.loads((archive / "cut" / run_id / "results.jsonl").read_text())
+        assert results["completed"] == 160 and results["failed"] == 0
+        record("download_cut", {"completed": results["completed"],
+                                "fault_to_line_s": round(said_after, 1)})  # fmt: skip
+    finally:
+        fleet.cli("stop", "--hosts", "cut")
+
+
 @pytest.mark.faults
 def test_a_finished_run_is_fetched_never_measured_again_after_a_lost_host(
     fleet, fresh_sshd, tmp_path

@@ -18,6 +18,7 @@ import os
 import secrets
 import select
 import socket
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import paramiko
@@ -159,29 +160,49 @@ def open_connection(host: Host, attempts: int = 8) -> Connection:
     return conn
 
 
+def _cut_is_oserror(method: Callable[..., Any]) -> Callable[..., Any]:
+    """An SftpTree read whose connection ends raises OSError, as a local read would: the
+    trust rule's callers say "cannot read the host python's tree" (a FileNotFoundError, an
+    answer, passes through untouched)."""
+
+    @functools.wraps(method)
+    def read(*args: Any) -> Any:
+        try:
+            return method(*args)
+        except (EOFError, SSHException) as exc:
+            raise ConnectionError(f"connection lost: {str(exc) or type(exc).__name__}") from None
+
+    return read
+
+
 class SftpTree:
     """A host's filesystem over SFTP: nothing runs there, sshd's sftp-server only reads."""
 
     def __init__(self, sftp: Any) -> None:
         self.sftp = sftp
 
+    @_cut_is_oserror
     def lstat(self, path: str) -> Any:
         """The entry's own attributes over SFTP."""
         return self.sftp.lstat(path)
 
+    @_cut_is_oserror
     def readlink(self, path: str) -> str:
         """Where a link points, over SFTP."""
         return self.sftp.readlink(path) or ""
 
+    @_cut_is_oserror
     def listdir(self, path: str) -> list[tuple[str, Any]]:
         """A directory's entries with their attributes, over SFTP."""
         return [(a.filename, a) for a in self.sftp.listdir_attr(path)]
 
+    @_cut_is_oserror
     def read(self, path: str, limit: int) -> bytes:
         """At most `limit` bytes of a file, over SFTP."""
         with self.sftp.open(path, "rb") as fh:
             return fh.read(limit)
 
+    @_cut_is_oserror
     def home(self) -> str:
         """The SFTP server's start directory (the login's home)."""
         return self.sftp.normalize(".")
@@ -239,6 +260,21 @@ class SSHAgent(AgentProcess):
         return None if code < 0 else code
 
 
+CUT = (OSError, EOFError, SSHException)  # what paramiko raises as a connection ends
+
+
+@contextlib.contextmanager
+def over_sftp(doing: str) -> Iterator[None]:
+    """An SFTP transfer that fails is the host's connection failing, said in one line: a
+    connection cut mid-transfer raises SSHException ("Server connection dropped") or
+    OSError ("Socket is closed"), which were internal errors, and a finished run's download
+    cut that way was recorded FAILED instead of left for --resume to fetch (issue 51)."""
+    try:
+        yield
+    except CUT as exc:
+        raise HostError(f"{doing}: {str(exc) or type(exc).__name__}", kind=Kind.CONNECTION) from None
+
+
 class SSHSession(Session):
     """Fabric over SSH with strict host keys, a connect timeout and transient-error retries."""
 
@@ -247,8 +283,9 @@ class SSHSession(Session):
         self.conn = open_connection(host)
 
     def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
-        tree = SftpTree(self.conn.sftp())
-        return tree, self._uid(), tree.home()
+        with over_sftp("cannot read the host's filesystem"):
+            tree = SftpTree(self.conn.sftp())
+            return tree, self._uid(), tree.home()
 
     def _uid(self) -> int:
         """The connecting user's uid, asked of the host (`id -u`), never inferred: an SFTP
@@ -263,7 +300,7 @@ class SSHSession(Session):
             out = chan.makefile("rb").read(64)
             code = chan.recv_exit_status()
             chan.close()
-        except (OSError, EOFError, SSHException) as exc:
+        except CUT as exc:
             raise HostError(f"connection lost: {exc}", kind=Kind.CONNECTION) from None
         text = out.decode(errors="replace").strip()
         if code != 0 or not text.isdigit():
@@ -274,21 +311,20 @@ class SSHSession(Session):
     def _upload(self, data: bytes, path: str) -> None:
         """A fresh temporary (SFTP's create-exclusive: never through a planted link), 0600
         before a byte is in it, renamed over the name."""
-        sftp = self.conn.sftp()
         tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        with sftp.open(tmp, "wbx") as fh:
-            fh.chmod(0o600)
-            fh.set_pipelined(True)
-            fh.write(data)
-        sftp.posix_rename(tmp, path)
+        with over_sftp(f"cannot upload {path}"):
+            sftp = self.conn.sftp()
+            with sftp.open(tmp, "wbx") as fh:
+                fh.chmod(0o600)
+                fh.set_pipelined(True)
+                fh.write(data)
+            sftp.posix_rename(tmp, path)
 
     def download(self, path: str) -> bytes:
         """A file of the host over SFTP; a failure is a connection error naming the path."""
         buffer = io.BytesIO()
-        try:
+        with over_sftp(f"cannot fetch {path}"):
             self.conn.sftp().getfo(path, buffer)
-        except (OSError, EOFError) as exc:
-            raise HostError(f"cannot fetch {path}: {exc}", kind=Kind.CONNECTION) from None
         return buffer.getvalue()
 
     def _start(self, script: str) -> AgentProcess:
@@ -297,7 +333,7 @@ class SSHSession(Session):
             raise HostError("connection lost", kind=Kind.CONNECTION)
         try:
             return SSHAgent(transport, script)
-        except (OSError, EOFError, SSHException) as exc:
+        except CUT as exc:
             raise HostError(f"connection lost: {exc}", kind=Kind.CONNECTION) from None
 
     @property
