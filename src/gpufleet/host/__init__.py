@@ -2,6 +2,6 @@
 
 `main.py` dispatches a verb, `registry.py` maps each verb to its room (agent plumbing,
 GPUs, processes, servers, bench) and `clean.py` is gpu-clean, which crosses them all.
-Standard library only at import time (it runs in an SGLang virtualenv where gpufleet is not
-installed); psutil and pynvml are imported inside the verbs that need them.
+Standard library only: processes are read from /proc (host/proc/procfs.py), not psutil;
+pynvml is imported inside the verbs that need NVML.
 """

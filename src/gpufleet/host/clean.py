@@ -28,7 +28,6 @@ from gpufleet.readings import (
 
 def stale_processes(args: StatusArgs) -> tuple[list[GpuReading], list[ProcessInfo]]:
     """Who holds GPU memory and who looks like a stale server (read-only)."""
-    psutil = procs._psutil()
     nvml = nvmlread.load_pynvml()
     snap = nvmlread.snapshot(nvml)
     facts.check_count(snap, args.expected_gpus)  # a GPU missing from NVML is the first health fact
@@ -37,10 +36,7 @@ def stale_processes(args: StatusArgs) -> tuple[list[GpuReading], list[ProcessInf
     sim_state = (args.sim or {}).get("state_dir")
     stale = []
     for pid in procs.find_pattern_matches(args.patterns or [], sim_state):
-        try:
-            info = procs.describe(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
+        info = procs.describe_pid(pid)
         if info:
             stale.append(info)
     return snap, stale
@@ -69,7 +65,7 @@ def _live_servers(
     """Servers among the roots that answer /health: left alone, with their GPUs and PIDs."""
     live: list[LiveServerInfo] = []
     live_pids: set[int] = set()
-    for server in liveservers.find(roots, procs._psutil()):
+    for server in liveservers.find(roots):
         live_pids |= server.pids
         on = [g.index for g in before if any(p.pid in server.pids for p in g.processes)]
         live.append(server.info(on))

@@ -272,7 +272,8 @@ def over_sftp(doing: str) -> Iterator[None]:
     try:
         yield
     except CUT as exc:
-        raise HostError(f"{doing}: {str(exc) or type(exc).__name__}", kind=Kind.CONNECTION) from None
+        why = str(exc) or type(exc).__name__
+        raise HostError(f"{doing}: {why}", kind=Kind.CONNECTION) from None
 
 
 class SSHSession(Session):

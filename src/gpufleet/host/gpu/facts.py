@@ -34,14 +34,10 @@ def check_count(gpus: list[GpuReading], expected: int | None) -> None:
 
 
 def annotate(gpus: list[GpuReading]) -> None:
-    """Attach psutil details to NVML's PIDs; PIDs this host cannot see are unattributed."""
-    psutil = procs._psutil()
+    """Attach /proc's details to NVML's PIDs; PIDs this host cannot see are unattributed."""
     for gpu in gpus:
         for entry in gpu.processes:
-            try:
-                info = procs.describe(psutil.Process(entry.pid))
-            except psutil.NoSuchProcess:
-                info = None
+            info = procs.describe_pid(entry.pid)
             entry.visible = info is not None
             if info:
                 entry.user, entry.name, entry.cmdline = info.user, info.name, info.cmdline

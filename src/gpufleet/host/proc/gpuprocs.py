@@ -10,11 +10,11 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from gpufleet.host.agent.protocol import AgentError
 from gpufleet.host.agent.redact import redact_argv
 from gpufleet.host.proc import identity
+from gpufleet.host.proc.procfs import AccessDenied, NoSuchProcess, Process, process_iter
 from gpufleet.kinds import Kind
 from gpufleet.readings import KilledProcess, ProcessInfo
 
@@ -22,43 +22,40 @@ MAX_MATCH_SHARE = 0.25  # a pattern matching more of the host's processes is a m
 NEVER_KILL_NAMES = {"sshd", "sshd-session", "sshd-auth", "systemd", "init", "dockerd", "containerd"}
 
 
-def _psutil() -> Any:
+def describe(proc: Process) -> ProcessInfo | None:
+    """What /proc says of one process, or None if it vanished."""
     try:
-        import psutil
-    except ImportError:
-        raise AgentError("the host Python lacks psutil", kind=Kind.MISSING_PACKAGE) from None
-    return psutil
-
-
-def describe(proc: Any) -> ProcessInfo | None:
-    """psutil details for one process, or None if it vanished."""
-    psutil = _psutil()
-    try:
-        with proc.oneshot():
-            created = proc.create_time()
-            return ProcessInfo(
-                pid=proc.pid,
-                ppid=proc.ppid(),
-                user=proc.username(),
-                uid=proc.uids().real,
-                name=proc.name(),
-                cmdline=redact_argv(proc.cmdline()),  # --api-key values stay here
-                age_s=round(time.time() - created, 1),
-                status=proc.status(),
-            )
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        created = proc.create_time()
+        return ProcessInfo(
+            pid=proc.pid,
+            ppid=proc.ppid(),
+            user=proc.username(),
+            uid=proc.uid(),
+            name=proc.name(),
+            cmdline=redact_argv(proc.cmdline()),  # --api-key values stay here
+            age_s=round(time.time() - created, 1),
+            status=proc.status(),
+        )
+    except NoSuchProcess:
         return None
-    except psutil.AccessDenied:
+    except AccessDenied:
         return ProcessInfo(pid=proc.pid)
+
+
+def describe_pid(pid: int) -> ProcessInfo | None:
+    """`describe` of a PID, None where no such process runs."""
+    try:
+        return describe(Process(pid))
+    except NoSuchProcess:
+        return None
 
 
 def protected_pids() -> set[int]:
     """This agent, its ancestors (the SSH session, sshd, init) and PID 0/1."""
-    psutil = _psutil()
     keep = {0, 1, os.getpid()}
     try:
-        keep.update(p.pid for p in psutil.Process().parents())
-    except psutil.Error:
+        keep.update(p.pid for p in Process().parents())
+    except (NoSuchProcess, AccessDenied):
         pass
     return keep
 
@@ -120,7 +117,6 @@ def find_pattern_matches(patterns: list[str], sim_state: str | None) -> list[int
     On a simulated host only the processes that joined it count: several simulated hosts
     may share this machine's process table.
     """
-    psutil = _psutil()
     regexes = compile_patterns(patterns)
     members: set[int] | None = None
     if sim_state is not None:
@@ -129,11 +125,15 @@ def find_pattern_matches(patterns: list[str], sim_state: str | None) -> list[int
         members = gpustate.host_pids(sim_state)
     me = os.getpid()
     found, seen = [], 0
-    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+    for proc in process_iter():
         seen += 1
         if proc.pid == me or (members is not None and proc.pid not in members):
             continue
-        if identity.matches(regexes, proc.info.get("cmdline") or [], proc.info.get("name") or ""):
+        try:
+            cmdline, name = proc.cmdline(), proc.name()
+        except (NoSuchProcess, AccessDenied):
+            continue
+        if identity.matches(regexes, cmdline, name):
             found.append(proc.pid)
     if members is None and len(found) > max(8, MAX_MATCH_SHARE * seen):
         raise AgentError(
@@ -144,15 +144,14 @@ def find_pattern_matches(patterns: list[str], sim_state: str | None) -> list[int
     return found
 
 
-def _dead(proc: Any) -> bool:
-    psutil = _psutil()
+def _dead(proc: Process) -> bool:
     try:
-        return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        return proc.status() == "zombie"
+    except NoSuchProcess:
         return True
 
 
-def _wait_dead(procs: list[Any], timeout: float) -> list[Any]:
+def _wait_dead(procs: list[Process], timeout: float) -> list[Process]:
     """Poll until all are gone or zombies (a zombie holds no GPU memory); return survivors."""
     deadline = time.monotonic() + timeout
     alive = list(procs)
@@ -164,7 +163,7 @@ def _wait_dead(procs: list[Any], timeout: float) -> list[Any]:
     return alive
 
 
-Tree = dict[int, tuple[Any, ProcessInfo]]  # pid -> (psutil process, what it was)
+Tree = dict[int, tuple[Process, ProcessInfo]]  # pid -> (the process, what it was)
 
 
 def collect_trees(root_pids: list[int], policy: KillPolicy) -> tuple[Tree, list[ProcessInfo]]:
@@ -176,13 +175,12 @@ def collect_trees(root_pids: list[int], policy: KillPolicy) -> tuple[Tree, list[
     Children are collected before any signal, so a parent's death cannot hide them.
     Returns (pid -> (process, details), refused roots with a reason each).
     """
-    psutil = _psutil()
     ordered: Tree = {}
     refused: list[ProcessInfo] = []
     for pid in root_pids:
         try:
-            root = psutil.Process(pid)
-        except psutil.NoSuchProcess:
+            root = Process(pid)
+        except NoSuchProcess:
             continue
         info = describe(root)
         if info is None or pid in ordered:
@@ -192,19 +190,18 @@ def collect_trees(root_pids: list[int], policy: KillPolicy) -> tuple[Tree, list[
             info.reason = reason
             refused.append(info)
             continue
-        subtree: list[tuple[Any, ProcessInfo]] = []
+        subtree: list[tuple[Process, ProcessInfo]] = []
         _walk(root, policy, subtree)
         for proc, details in subtree:
             ordered.setdefault(proc.pid, (proc, details))
     return ordered, refused
 
 
-def _walk(proc: Any, policy: KillPolicy, out: list[tuple[Any, ProcessInfo]]) -> None:
+def _walk(proc: Process, policy: KillPolicy, out: list[tuple[Process, ProcessInfo]]) -> None:
     """Children first (depth first), stopping at any process that may not be killed."""
-    psutil = _psutil()
     try:
         children = proc.children()
-    except psutil.NoSuchProcess:
+    except NoSuchProcess:
         children = []
     for child in children:
         info = describe(child)
@@ -223,22 +220,21 @@ def kill_trees(tree: Tree, grace_s: float) -> list[KilledProcess]:
     `exited by itself` (gone before gpufleet signalled it, e.g. a scheduler whose launcher
     just died): only the first two count as killed.
     """
-    psutil = _psutil()
     signalled, gone_already = [], set()
     for proc in (p for p, _ in tree.values()):
         try:
             if _dead(proc):
                 gone_already.add(proc.pid)
                 continue
-            proc.terminate()  # psutil refuses if the PID now belongs to another process
+            proc.terminate()  # refused if the PID now belongs to another process
             signalled.append(proc)
-        except psutil.NoSuchProcess:
+        except NoSuchProcess:
             gone_already.add(proc.pid)
     survivors = _wait_dead(signalled, grace_s)
     for proc in survivors:
         try:
             proc.kill()
-        except psutil.NoSuchProcess:
+        except NoSuchProcess:
             pass
     stuck = {p.pid for p in _wait_dead(survivors, 5.0)}
     sigkilled = {p.pid for p in survivors}

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpufleet.host.agent.procstat import group_members
+from gpufleet.host.proc.procfs import AccessDenied, NoSuchProcess, Process
 from gpufleet.host.server import probe as health
 from gpufleet.host.server.state import all_states, server_alive, server_ref
 from gpufleet.kinds import ServerStatus
@@ -33,29 +33,19 @@ class LiveServer:
         return LiveServerInfo(self.pid, self.port, gpus, sorted(self.pids), self.profile)
 
 
-def _tree(psutil: Any, pid: int) -> set[int]:
+def _tree(pid: int) -> set[int]:
     try:
-        proc = psutil.Process(pid)
-        return {pid, *(c.pid for c in proc.children(recursive=True))}
-    except psutil.Error:
+        return {pid, *(c.pid for c in Process(pid).children(recursive=True))}
+    except (NoSuchProcess, AccessDenied):
         return set()
 
 
-def _listening_ports(psutil: Any, pid: int) -> list[tuple[str, int]]:
+def _listening_ports(pid: int) -> list[tuple[str, int]]:
     try:
-        proc = psutil.Process(pid)
-        lister = getattr(proc, "net_connections", None) or proc.connections
-        conns = lister(kind="inet")
-    except psutil.Error:
+        ports = Process(pid).listening()
+    except (NoSuchProcess, AccessDenied):
         return []
-    out = []
-    for conn in conns:
-        if conn.status == psutil.CONN_LISTEN and conn.laddr:
-            address = conn.laddr.ip
-            if address in ("0.0.0.0", "::", ""):
-                address = "127.0.0.1"
-            out.append((address, conn.laddr.port))
-    return out
+    return [("127.0.0.1" if a in ("0.0.0.0", "::", "") else a, port) for a, port in ports]
 
 
 def _url(address: str, port: int) -> str:
@@ -63,7 +53,7 @@ def _url(address: str, port: int) -> str:
     return f"http://{host}:{port}/health"
 
 
-def find(candidates: list[int], psutil: Any) -> list[LiveServer]:
+def find(candidates: list[int]) -> list[LiveServer]:
     """The live servers among gpufleet's state files and the candidate processes (each
     candidate whose parent is not itself a candidate is probed on its listening ports)."""
     live: list[LiveServer] = []
@@ -80,17 +70,17 @@ def find(candidates: list[int], psutil: Any) -> list[LiveServer]:
             continue
         if not health.is_ready(state.health_url, PROBE_TIMEOUT_S):
             continue
-        pids = _tree(psutil, state.pid) | {m.pid for m in group_members(state.pgid)}
+        pids = _tree(state.pid) | {m.pid for m in group_members(state.pgid)}
         live.append(LiveServer(state.pid, state.port, pids, state.profile))
         covered |= pids
     wanted = set(candidates) - covered - orphans
     for pid in sorted(wanted):
-        with contextlib.suppress(psutil.Error):
-            if psutil.Process(pid).ppid() in wanted:
+        with contextlib.suppress(NoSuchProcess, AccessDenied):
+            if Process(pid).ppid() in wanted:
                 continue  # its parent is probed instead (a scheduler under its launcher)
-        for address, port in _listening_ports(psutil, pid):
+        for address, port in _listening_ports(pid):
             if health.is_ready(_url(address, port), PROBE_TIMEOUT_S):
-                pids = _tree(psutil, pid)
+                pids = _tree(pid)
                 live.append(LiveServer(pid, port, pids))
                 covered |= pids
                 break
