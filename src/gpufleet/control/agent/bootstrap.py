@@ -1,10 +1,12 @@
 """The agent's bootstrap: the only code that runs on a host before the agent's hash is known.
 
-Its source travels as `python -I -c SOURCE WORKDIR AGENT SHA256 VERB...`, with the trust
+Its source travels as `python -I -S -c SOURCE WORKDIR AGENT SHA256 VERB...`, with the trust
 rule (host/agent/trust.py) inlined in front of it, after the control plane has judged that
 python's whole tree from outside it (control/agent/trust.py). `-I` keeps the workdir,
 PYTHONPATH, PYTHONSTARTUP and the user site out of sys.path, so nothing a local user drops
-next to the agent (a `hashlib.py`) is imported as root. The workdir is judged by the trust
+next to the agent (a `hashlib.py`) is imported as root; `-S` keeps `site` from running, so
+no `.pth` line executes and no site directory is on the agent's path: root's agent imports
+the standard library and what its zip brings (issue 50). The workdir is judged by the trust
 rule, missing directories created 0700 on the way; nothing that exists is chmod'ed. The
 agent's bytes are read once through an O_NOFOLLOW descriptor, hashed, and run from memory.
 Standard library only, imported from the stdlib alone.
@@ -22,7 +24,13 @@ sys.path[:] = [p for p in sys.path if p not in ("", ".")]  # belt and braces bes
 import os  # noqa: E402
 import stat  # noqa: E402
 
-from gpufleet.host.agent.trust import WORKDIR, Untrusted, judge, judge_tree  # noqa: E402  (inlined)
+from gpufleet.host.agent.trust import (  # noqa: E402  (inlined)
+    WORKDIR,
+    Untrusted,
+    judge,
+    judge_tree,
+    site_directories,
+)
 
 MISSING = "gpufleet-agent-missing"
 WARNING = "gpufleet-warning:"  # a line the control plane shows once per host
@@ -83,11 +91,13 @@ def main(argv: list[str]) -> int:
 
 
 def module_directories(uid: int) -> None:
-    """Every directory a later import can read from (the trees under sys.path) passes the
-    trust rule, before the agent imports anything beyond the standard library's core. The
-    control plane judged the tree's top (executable, pyvenv.cfg, site directories, .pth
-    files, the standard library's entries) from outside, before this python ran."""
-    roots = [p for p in sys.path if os.path.isdir(p)]
+    """Every directory a later import can read from passes the trust rule, before the agent
+    imports anything beyond the standard library's core: the trees under sys.path (the
+    standard library: the agent runs under -S) and the site directories the host python's
+    other starts (the server, its probes, the bench client) import from. The control plane
+    judged the tree's top (executable, pyvenv.cfg, site directories, .pth files, the
+    standard library's entries) from outside, before this python ran."""
+    roots = list(dict.fromkeys(p for p in [*sys.path, *site_directories()] if os.path.isdir(p)))
     for root in roots:
         nested = [p for p in roots if p != root and p.startswith(root + "/")]
         skip = [os.path.join(root, name) for name in ("site-packages", "dist-packages")]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.util
 import io
 import threading
 import zipfile
@@ -27,6 +28,10 @@ SHIPPED = (
     "host", "sim",
 )  # fmt: skip
 MAIN = "import sys\nfrom gpufleet.host.main import main\nsys.exit(main(sys.argv[1:]))\n"
+# what the agent needs beyond the standard library, brought rather than imported from the
+# host's site directories (issue 50): NVML's binding (nvidia-ml-py, pure Python on ctypes),
+# taken from the control plane's own installation, at the top of the zip as `pynvml`
+VENDORED = ("pynvml",)
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,17 @@ class AgentBundle:
     def filename(self) -> str:
         """`agent-<hash>.pyz`: each version uploaded once per host."""
         return f"agent-{self.digest[:12]}.pyz"
+
+
+def vendored_files() -> list[tuple[str, Path]]:
+    """(name in the zip, source file) of each vendored module, from this installation."""
+    out = []
+    for module in VENDORED:
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            raise RuntimeError(f"the agent vendors {module}, which this installation lacks")
+        out.append((f"{module}.py", Path(spec.origin)))
+    return out
 
 
 def shipped_files() -> list[tuple[str, Path]]:
@@ -77,7 +93,7 @@ def _build() -> AgentBundle:
             zf.writestr(info, payload)
 
         add("__main__.py", MAIN.encode())
-        for name, path in shipped_files():
+        for name, path in [*shipped_files(), *vendored_files()]:
             add(name, path.read_bytes())
     data = buffer.getvalue()
     return AgentBundle(data=data, digest=hashlib.sha256(data).hexdigest())

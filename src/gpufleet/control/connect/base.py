@@ -190,6 +190,7 @@ class Session:
         argv = [
             python,
             "-I",
+            "-S",  # no site: no .pth runs, nothing of a venv is imported by root's agent
             "-c",
             agentzip.BOOTSTRAP,
             self.host.workdir,

@@ -253,3 +253,52 @@ def trusted(
     except Untrusted as exc:
         return str(exc)
     return None
+
+
+def site_directories() -> list[str]:
+    """The directories `site` would add to this python's sys.path, computed without running
+    it (the agent runs under `-S`, issue 50): the site-packages of its prefix, of the base
+    installation where pyvenv.cfg says include-system-site-packages, and the existing
+    directories their `.pth` files name. Their `import` lines are never executed: root's
+    children that run the host python normally (the server, its probes, the bench client)
+    import from here, so these trees are judged before any of them starts."""
+    import site
+    import sys
+
+    # a venv is found as site.venv() finds it (its prefix is set by `site`, so not under -S):
+    # pyvenv.cfg beside the executable or one level up
+    exe_dir = os.path.dirname(os.path.abspath(sys.executable))
+    venv = os.path.dirname(exe_dir)
+    configs = [os.path.join(d, "pyvenv.cfg") for d in (exe_dir, venv)]
+    config = next((c for c in configs if os.path.isfile(c)), None)
+    prefixes = [sys.base_prefix]
+    if config is not None:
+        prefixes = [venv]
+        with open(config) as fh:
+            for line in fh:
+                key, _, value = line.partition("=")
+                if key.strip() == "include-system-site-packages" and value.strip() == "true":
+                    prefixes.append(sys.base_prefix)
+    found = [d for d in site.getsitepackages(prefixes) if os.path.isdir(d)]
+    for directory in list(found):
+        for name in sorted(os.listdir(directory)):
+            if name.endswith(".pth"):
+                found += _pth_directories(directory, os.path.join(directory, name))
+    return list(dict.fromkeys(found))
+
+
+def _pth_directories(site_dir: str, pth: str) -> list[str]:
+    """The directories a .pth file adds (its lines that are not comments or imports)."""
+    out = []
+    try:
+        with open(pth, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        if not line.strip() or line.startswith(("#", "import ", "import\t")):
+            continue
+        path = os.path.abspath(os.path.join(site_dir, line.rstrip()))
+        if os.path.isdir(path):
+            out.append(path)
+    return out

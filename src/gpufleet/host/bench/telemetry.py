@@ -124,7 +124,7 @@ class Sampler:
                "shim": _shim_path()}  # fmt: skip
         try:
             self._child = subprocess.Popen(
-                [sys.executable, "-I", "-c", CHILD],
+                [sys.executable, "-I", "-S", "-c", CHILD],  # NVML from the zip
                 stdin=subprocess.PIPE,
                 stdout=self._out,
                 stderr=subprocess.DEVNULL,

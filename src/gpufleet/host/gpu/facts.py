@@ -58,13 +58,20 @@ def wait_gpus_clean(indexes: list[int], timeout_s: float, tolerance_mib: int = 0
     return GpuCheck(clean=clean_now, gpus=snap, elapsed_s=round(time.monotonic() - started, 3))
 
 
-def _version(dist: str) -> str | None:
+def _versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    """Each distribution's version as the host python's normal start would import it: read
+    from its site directories' metadata (the agent runs under -S, and imports none of it)."""
     from importlib import metadata
 
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
+    from gpufleet.host.agent.trust import site_directories
+
+    path = [*sys.path, *site_directories()]
+    found: dict[str, str | None] = dict.fromkeys(names)
+    for dist in metadata.distributions(path=path):
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name in found and found[name] is None:
+            found[name] = dist.version
+    return found
 
 
 PACKAGES = ("sglang", "torch", "flashinfer-python", "psutil", "nvidia-ml-py", "aiohttp")
@@ -77,7 +84,7 @@ def sysinfo(args: VerbArgs) -> SysInfo:
         python=sys.version.split()[0],
         python_executable=sys.executable,
         uid=os.geteuid(),
-        packages={name: _version(name) for name in PACKAGES},
+        packages=_versions(PACKAGES),
         simulated=bool(args.sim),
         cpu_governor=cpu_governor(),
     )

@@ -6,6 +6,7 @@ idle H200 and would never pass) plus an empty process list.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -41,23 +42,19 @@ def activate_simulation(sim: SimGpus, host: str) -> None:
     )
     os.environ[gpustate.STATE_ENV] = state
     shim = shim_dir()
-    if shim not in sys.path:  # a serving agent activates once per verb
+    if shim not in sys.path:  # for children that import gpufleet from the zip's path
         sys.path.insert(0, shim)
-    sys.modules.pop("pynvml", None)
-
-
-def _package_root() -> str:
-    return str(Path(__file__).resolve().parents[3])
+    # the agent's own `import pynvml` would find the zip's vendored binding first (its
+    # importer comes before sys.path): the simulated one is put in its place
+    sys.modules["pynvml"] = importlib.import_module("gpufleet.sim.nvml")
 
 
 def load_pynvml() -> Any:
     try:
-        import pynvml
-    except ImportError:
-        raise AgentError(
-            f"the host Python ({sys.executable}) lacks nvidia-ml-py (import pynvml failed)",
-            kind=Kind.MISSING_PACKAGE,
-        ) from None
+        import pynvml  # the zip brings it (control/agent/bundle.py: VENDORED)
+    except ImportError:  # only where gpufleet runs outside its zip without nvidia-ml-py
+        raise AgentError("nvidia-ml-py is missing (import pynvml failed)",
+                         kind=Kind.MISSING_PACKAGE) from None  # fmt: skip
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError_LibraryNotFound:
