@@ -177,6 +177,7 @@ class ServerState(Record):
     env: dict[str, str] = field(default_factory=dict)
     engine_version: str | None = None
     log_offset: int = 0
+    user: str | None = None  # who the server runs as (run_as, else the agent's user)
     gpus: list[int] = field(default_factory=list)
     resolved_profile: JsonObject | None = None
     flag_renames: list[str] = field(default_factory=list)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpufleet.host.agent import runas
 from gpufleet.host.agent.protocol import AgentError, CleanArgs, StatusArgs
 from gpufleet.host.gpu import facts
 from gpufleet.host.gpu import health as gpuhealth
@@ -107,7 +108,8 @@ def clean(args: CleanArgs) -> CleanAnswer:
     roots, unattributed = _roots(before, patterns, sim_state)
     live, live_pids = ([], set()) if args.include_running else _live_servers(before, roots)
     roots = [pid for pid in roots if pid not in live_pids]
-    policy = procs.KillPolicy(frozenset(procs.protected_pids()), args.all_users, args.all_tenants)
+    policy = procs.KillPolicy(frozenset(procs.protected_pids()), args.all_users, args.all_tenants,
+                              frozenset(runas.owners(args.run_as)))  # fmt: skip
     tree, refused = procs.collect_trees(roots, policy)
     for pid in live_pids:
         tree.pop(pid, None)  # a live server's children are not stale either

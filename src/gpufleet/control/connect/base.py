@@ -255,6 +255,7 @@ class Session:
         Paths are relative to the workdir, where the agent runs.
         """
         args.host = self.host.name
+        args.run_as = self.host.run_as
         gpus = self.host.gpus
         if args.expected_gpus is None:
             args.expected_gpus = gpus.count

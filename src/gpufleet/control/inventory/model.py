@@ -91,6 +91,9 @@ class Host(BaseModel):
     slurm_job: str | None = Field(default=None, pattern=r"^\d+(_\d+)?$")
     python: str = "python3"
     python_trust: Literal["refuse", "warn"] = "refuse"  # warn: a lab machine's shared venv
+    # the local user servers, their ranks and probes run as (root keeps gpu-clean, NVML and
+    # the kernel log); absent or `root`: they run as the connecting user (issue 50)
+    run_as: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_.-]{0,31}\$?$")
     workdir: str = "~/.gpufleet"
     gpus: GpuSpec = Field(default_factory=GpuSpec)
     host_key_policy: Literal["strict", "accept-new"] = "strict"

@@ -77,6 +77,8 @@ class VerbArgs:
     # agent starts to run on (a server, a bench runner) is a step of that job
     slurm_job: str | None = None
     slurm_node: str | None = None
+    # the inventory's run_as: the user servers and probes run as (host/agent/runas.py)
+    run_as: str | None = None
 
     def to_wire(self) -> str:
         """One JSON line for the agent's stdin."""

@@ -68,6 +68,9 @@ class KillPolicy:
     keep: frozenset[int]
     all_users: bool = False
     all_tenants: bool = False
+    # whose processes are gpufleet's own: the agent's uid, and the run_as user's (its
+    # servers); others' only with --all-users
+    owners: frozenset[int] = frozenset()
 
 
 def refusal(info: ProcessInfo, policy: KillPolicy) -> str | None:
@@ -79,7 +82,7 @@ def refusal(info: ProcessInfo, policy: KillPolicy) -> str | None:
     infra = identity.infrastructure(info.cmdline, info.name)
     if infra:
         return f"infrastructure ({infra}) is never killed"
-    if not policy.all_users and info.uid != os.geteuid():
+    if not policy.all_users and info.uid not in (policy.owners or {os.geteuid()}):
         return f"owned by {info.user} (use --all-users)"
     if not policy.all_tenants:
         other = identity.tenant(info.pid, info.name)

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.host.agent import childenv, safewrite
+from gpufleet.host.agent import childenv, runas, safewrite
 from gpufleet.host.agent.protocol import AgentError, LaunchArgs
 from gpufleet.host.gpu import health as gpuhealth
 from gpufleet.host.gpu import nvml as nvmlread
@@ -29,15 +29,24 @@ from gpufleet.readings import LaunchAnswer
 from gpufleet.records import LaunchSpec, RenameSpec
 
 
-def program_version(argv: list[str], env: dict[str, str]) -> str | None:
+def as_user(user: runas.RunAs | None) -> dict[str, object]:
+    """subprocess's arguments that start a child as the run_as user (none: as root)."""
+    return {} if user is None else user.popen()
+
+
+def program_version(
+    argv: list[str], env: dict[str, str], user: runas.RunAs | None = None
+) -> str | None:
     """An engine's version as its probe prints it (`llama-server --version` on stderr:
     `version: 7134 (0a1b2c3)`; SGLang's distribution version on stdout): its first line
     naming a version, else its first line."""
     if not argv:
         return None
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env,
-                             stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+        out = subprocess.run(  # type: ignore[call-overload]
+            argv, capture_output=True, text=True, timeout=60, env=env,
+            stdin=subprocess.DEVNULL, check=False, **as_user(user),
+        )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -59,10 +68,13 @@ def _agent_pythonpath() -> list[str]:
     return [root]
 
 
-def launch_env(spec: LaunchSpec) -> dict[str, str]:
+def launch_env(spec: LaunchSpec, user: runas.RunAs | None = None) -> dict[str, str]:
     """The server's environment: the login's allow-listed part (host/agent/childenv.py), the
-    profile's own variables, and on a simulated host the rehearsal engine's paths."""
+    profile's own variables, on a simulated host the rehearsal engine's paths, and the
+    run_as user's HOME and names."""
     env = childenv.child_env(spec.env)
+    if user is not None:
+        env = user.env(env)
     parts = []
     if os.environ.get("GPUFLEET_SIM_STATE"):
         parts = [nvmlread.shim_dir(), *_agent_pythonpath()]
@@ -87,31 +99,37 @@ def _port_free(host: str, port: int) -> str | None:
 HELP_CACHE = Path("cache") / "engine-help"  # in the workdir: one file per engine version
 
 
-def help_text(argv_head: list[str], env: dict[str, str], version: str | None = None) -> str:
+def help_text(
+    argv_head: list[str],
+    env: dict[str, str],
+    version: str | None = None,
+    user: runas.RunAs | None = None,
+) -> str:
     """The engine's own `--help` on this host, kept per installed version in the workdir:
     SGLang's takes ~16 s on a CPU, and every cell of a sweep launches again. The key is the
     version, the command, the server's PYTHONPATH and this agent (a new gpufleet asks
     again); an unknown version is never kept."""
     if version is None:
-        return _run_help(argv_head, env)
+        return _run_help(argv_head, env, user)
     key = json.dumps([version, argv_head, env.get("PYTHONPATH", ""), Path(sys.argv[0]).name])
     path = HELP_CACHE / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.txt"
     kept = safewrite.read_own(path)
     if kept is not None:
         return kept.decode(errors="replace")
-    text = _run_help(argv_head, env)
+    text = _run_help(argv_head, env, user)
     safewrite.write_atomic(path, text)
     return text
 
 
-def _run_help(argv_head: list[str], env: dict[str, str]) -> str:
-    out = subprocess.run(
+def _run_help(argv_head: list[str], env: dict[str, str], user: runas.RunAs | None) -> str:
+    out = subprocess.run(  # type: ignore[call-overload]
         [*argv_head, "--help"],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
         stdin=subprocess.DEVNULL,
+        **as_user(user),
     )
     text = out.stdout + out.stderr
     if out.returncode != 0:
@@ -217,11 +235,27 @@ def _missing_program(spec: LaunchSpec) -> str | None:
     return f"the engine's program {program!r} {where} on this host"
 
 
+def run_as_user(args: LaunchArgs) -> tuple[runas.RunAs | None, list[str]]:
+    """The user this launch's server and probes run as, and why it cannot (one line)."""
+    user = runas.resolve(args.run_as)
+    if user is None:
+        return None, []
+    if args.spec is not None and args.spec.engine == "sim":
+        return user, [f"run_as {user.name}: the rehearsal engine shares the simulated GPUs' "
+                      "state with root's agent and runs as root: leave run_as unset for "
+                      "rehearsal hosts"]  # fmt: skip
+    if args.slurm_job:
+        return user, [f"run_as {user.name}: a server in a Slurm job runs as the job's user "
+                      "(connection: srun): leave run_as unset there"]  # fmt: skip
+    return user, []
+
+
 def preflight(args: LaunchArgs) -> LaunchAnswer:
     """Everything that can refuse a launch in seconds rather than after a model load."""
     spec = args.spec
     assert spec is not None, "launch checks its spec before preflight"
-    errors: list[str] = childenv.refusals(spec.env)
+    user, errors = run_as_user(args)
+    errors += childenv.refusals(spec.env)
     warnings: list[str] = list(spec.warnings)
     dropped = childenv.dropped_note()
     if dropped:
@@ -248,7 +282,7 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
         errors.append(missing)
     version = spec.version
     if not errors and version is None:
-        version = program_version(spec.version_argv, launch_env(spec))
+        version = program_version(spec.version_argv, launch_env(spec, user), user)
         if version is None and spec.version_missing:
             errors.append(f"{spec.version_argv[0]} {spec.version_missing}")
     health: list[str] = []
@@ -263,7 +297,7 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
                 errors.append(str(exc))
     argv, renames, accepts_config = spec.argv, [], False
     if spec.help_argv and not errors and not args.skip_flag_check:
-        text = help_text(spec.help_argv, launch_env(spec), version)
+        text = help_text(spec.help_argv, launch_env(spec, user), version, user)
         check = check_flags_against(
             spec.argv, spec.flags_from, text, f"{engine} {version or ''}".strip(), spec.renames
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpufleet.host.agent import safewrite
+from gpufleet.host.agent import runas, safewrite
 from gpufleet.host.agent.procstat import ProcRef, command_name, group_members
 from gpufleet.host.agent.protocol import (
     AgentError,
@@ -41,7 +42,7 @@ from gpufleet.host.gpu import facts as gpus
 from gpufleet.host.proc import jobstep
 from gpufleet.host.server import keys as serverkeys
 from gpufleet.host.server import probe as health
-from gpufleet.host.server.preflight import launch_env, preflight
+from gpufleet.host.server.preflight import as_user, launch_env, preflight, run_as_user
 from gpufleet.host.server.state import (
     SERVERS,
     all_states,
@@ -89,7 +90,7 @@ def port_lock(port: int):
         os.close(fd)
 
 
-def _spawn(spec: LaunchSpec, step: jobstep.JobStep | None) -> int:
+def _spawn(spec: LaunchSpec, step: jobstep.JobStep | None, user: runas.RunAs | None) -> int:
     """Start the server in its own session, stdout and stderr appended to its log; its PID.
     Inside a Slurm job the server is a step of that job (host/proc/jobstep.py), so it ends
     when the job ends."""
@@ -103,30 +104,36 @@ def _spawn(spec: LaunchSpec, step: jobstep.JobStep | None) -> int:
             except jobstep.StepNotStarted as exc:
                 raise AgentError(f"{exc}: {' | '.join(tail(str(log), 3))}",
                                  kind=Kind.CRASHED) from None  # fmt: skip
-        return subprocess.Popen(
+        return subprocess.Popen(  # type: ignore[call-overload]
             spec.argv,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=launch_env(spec),
+            env=launch_env(spec, user),
             start_new_session=True,  # own session and process group: survives hangup
             close_fds=True,
+            **as_user(user),  # run_as: the engine's code runs with that user's rights
         ).pid
 
 
-def write_files(spec: LaunchSpec) -> LaunchSpec:
+def write_files(spec: LaunchSpec, user: runas.RunAs | None = None) -> LaunchSpec:
     """Write the profile's files into `<workdir>/files/` (content-hashed names: an equal
-    file is written once) and put their paths into argv in place of `{files}`."""
+    file is written once), or as the run_as user into its own directory, and put their
+    paths into argv in place of `{files}`."""
     files = spec.files or {}
     if not files:
         return spec
-    folder = Path.cwd() / safewrite.own_dir("files")
-    for name, content in files.items():
+    for name in files:
         if "/" in name or name.startswith("."):
             raise AgentError(f"file name {name!r} is not a plain name", kind=Kind.USAGE)
-        target = folder / name
-        if not target.is_file() or target.is_symlink():
-            safewrite.write_atomic(target, content)
+    if user is not None:
+        folder = Path(user.write_files(files))
+    else:
+        folder = Path.cwd() / safewrite.own_dir("files")
+        for name, content in files.items():
+            target = folder / name
+            if not target.is_file() or target.is_symlink():
+                safewrite.write_atomic(target, content)
     argv = [word.replace("{files}", str(folder)) for word in spec.argv]
     return dataclasses.replace(spec, argv=argv, files={})
 
@@ -137,16 +144,24 @@ KEYS_IN_ARGV = (
 )
 
 
-def _keep_keys_out_of_argv(port: int, check: LaunchAnswer) -> tuple[list[str], str | None, bool]:
+def _keep_keys_out_of_argv(
+    port: int, check: LaunchAnswer, user: runas.RunAs | None
+) -> tuple[list[str], str | None, bool]:
     """argv with secret flags moved into `servers/<port>.keys.yaml` (read by the engine
-    through `--config`), the key file's path, and whether secrets stayed in argv."""
+    through `--config`; a run_as server reads its own copy, written as that user), the
+    key file's path (root's copy, which the bench reads), and whether secrets stayed in
+    argv."""
     argv = check.argv
     public, secrets = serverkeys.split(argv, 3)
     if not secrets:
         return argv, None, False
     path = str(serverkeys.write(port, secrets))
     if check.accepts_config and "--config" not in public:
-        return [*public, "--config", path], path, False
+        config = path
+        if user is not None:
+            name = serverkeys.key_file(port).name
+            config = os.path.join(user.write_files({name: json.dumps(secrets)}), name)
+        return [*public, "--config", config], path, False
     return argv, path, True
 
 
@@ -155,7 +170,8 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
         raise AgentError("launch: missing argument 'spec'", kind=Kind.BAD_INPUT)
     remember(secret_values(args.spec.argv, args.spec.env))
     remember(args.spec.env[k] for k in args.spec.secret_env if k in args.spec.env)
-    spec = write_files(args.spec)
+    user, refused = run_as_user(args)
+    spec = write_files(args.spec, None if refused else user)
     args.spec = spec
     with port_lock(spec.port):
         check = preflight(args)
@@ -164,12 +180,12 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
         existing = read_state(spec.port)
         if existing and server_alive(existing) and args.replace:
             stop_server(existing, args.grace_s)
-        argv, key_file, in_argv = _keep_keys_out_of_argv(spec.port, check)
+        argv, key_file, in_argv = _keep_keys_out_of_argv(spec.port, check, user)
         if in_argv:
             check.warnings.append(KEYS_IN_ARGV)
         spec = dataclasses.replace(spec, argv=argv)  # renames applied, keys in their file
         step = jobstep.JobStep.of(args.slurm_job, args.slurm_node)
-        pid = _spawn(spec, step)
+        pid = _spawn(spec, step, user)
         ref = ProcRef.capture(pid) or ProcRef(pid, -1)  # -1: died at once
         state = ServerState(
             pid=pid,
@@ -195,6 +211,7 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
             gpu_health=check.gpu_health,
             allowed_unhealthy=args.allow_unhealthy,
             slurm_job=args.slurm_job,
+            user=runas.name_of(user),
         )
         write_state(state)
     return LaunchAnswer(

@@ -1,0 +1,141 @@
+"""The unprivileged user a host's servers run as (`run_as:` in the inventory, issue 50).
+
+Root keeps what needs root: killing stale GPU processes, reading the kernel log, NVML. The
+engine's code (SGLang, torch, its JIT caches, a model's own Python) runs the server, its
+ranks and its version and flag probes: with `run_as: USER` they start with that user's
+uid, gid and groups, its own HOME, in its home directory, from the allow-list environment
+(`PYTHONNOUSERSITE=1` included), so a venv or model another user can write runs with that
+user's rights, not root's. The files such a server reads (a profile's files, the key file)
+are written by a child running as that user, in its own directory: root never writes
+where another user decides what a path means. Standard library only: this module ships.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from gpufleet.host.agent.protocol import AgentError
+from gpufleet.kinds import Kind
+
+ROOT_NAMES = (None, "", "root")  # absent, or `run_as: root`: the judged mode, as root
+DIRECTORY = ".gpufleet-run"  # the user's own: its files and key files, under its HOME
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """A local user, resolved on the host (its uid, primary group, groups and home)."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    @property
+    def cwd(self) -> str:
+        return self.home if os.path.isdir(self.home) else "/"
+
+    def popen(self) -> dict[str, object]:
+        """What subprocess needs to start a child as this user (the agent is root)."""
+        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups),
+                "cwd": self.cwd}  # fmt: skip
+
+    def env(self, env: dict[str, str]) -> dict[str, str]:
+        """`env` with this user's HOME, USER and LOGNAME (caches, configs: its own)."""
+        return {**env, "HOME": self.home, "USER": self.name, "LOGNAME": self.name}
+
+    def write_files(self, files: dict[str, str]) -> str:
+        """Write `files` (plain names -> text) as the user into its own directory, 0600 files
+        in a 0700 directory, and return that directory: `~/.gpufleet-run`, or where its home
+        cannot hold it (a service user's /nonexistent) `/tmp/gpufleet-run-UID`, which must
+        then be the user's own and closed to others. The writer is a child with the user's
+        rights, so nothing planted there can turn root's hand."""
+        import json
+
+        said = "no python it may run"
+        # the agent's interpreter may sit where the user cannot reach (root's home): then
+        # the system's, as the user would find it
+        for python in dict.fromkeys([sys.executable, "/usr/bin/python3"]):
+            try:
+                out = subprocess.run(
+                    [python, "-I", "-S", "-c", _WRITER, self.home, str(self.uid)],
+                    input=json.dumps(files), capture_output=True, text=True, timeout=60,
+                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, **self.popen(),  # type: ignore[arg-type]
+                )  # fmt: skip
+            except OSError as exc:
+                said = f"{python}: {exc.strerror}"
+                continue
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip().splitlines()[-1]
+            said = (out.stderr.strip().splitlines() or ["no message"])[-1]
+        raise AgentError(f"run_as {self.name}: cannot write the server's files: {said}",
+                         kind=Kind.PREFLIGHT)  # fmt: skip
+
+
+# runs as the run_as user: its own directory, then each file through a fresh temporary
+_WRITER = (
+    """
+import json, os, stat, sys
+home, uid = sys.argv[1], int(sys.argv[2])
+files = json.load(sys.stdin)
+def own(d):
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        raise SystemExit(f"{d} is not this user's own directory (0700)")
+    return d
+try:
+    d = own(os.path.join(home, '"""
+    + DIRECTORY
+    + """'))
+except OSError:
+    d = own(f"/tmp/gpufleet-run-{uid}")
+for name, text in files.items():
+    tmp = os.path.join(d, f".{name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, os.path.join(d, name))
+print(d)
+"""
+)
+
+
+def resolve(name: str | None) -> RunAs | None:
+    """The user named by `run_as`, or None where servers run as root (absent, or `root`)."""
+    if name in ROOT_NAMES:
+        return None
+    assert name is not None
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise AgentError(f"run_as: no user {name!r} on this host (getent passwd {name})",
+                         kind=Kind.USAGE) from None  # fmt: skip
+    if entry.pw_uid == 0:
+        return None  # another name for root: the judged mode
+    groups = tuple(sorted(set(os.getgrouplist(name, entry.pw_gid))))
+    return RunAs(name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
+
+
+def owners(name: str | None) -> set[int]:
+    """The uids whose processes count as gpufleet's own on this host: root's agent's, and
+    the run_as user's (gpu-clean kills its stale servers without --all-users)."""
+    user = resolve(name)
+    return {os.geteuid(), *([user.uid] if user else [])}
+
+
+def name_of(user: RunAs | None) -> str:
+    """Who a child started with `user` runs as: that user, else the agent's own."""
+    if user is not None:
+        return user.name
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
