@@ -25,9 +25,11 @@ import os  # noqa: E402
 import stat  # noqa: E402
 
 from gpufleet.host.agent.trust import (  # noqa: E402  (inlined)
+    FILE,
     WORKDIR,
     Untrusted,
     judge,
+    judge_entries,
     judge_tree,
     site_directories,
 )
@@ -51,6 +53,7 @@ def main(argv: list[str]) -> int:
     os.chdir(real)
     try:
         module_directories(os.geteuid())
+        system_files(os.geteuid())
     except Untrusted as exc:
         if python_trust != "warn":  # a lab machine's shared venv, said and run
             sys.stderr.write(f"{exc}\n")
@@ -102,6 +105,35 @@ def module_directories(uid: int) -> None:
         nested = [p for p in roots if p != root and p.startswith(root + "/")]
         skip = [os.path.join(root, name) for name in ("site-packages", "dist-packages")]
         judge_tree(root, uid, tuple(nested + skip), "the host python's module directory")
+
+
+# where distributions keep OpenSSL's configuration (its OPENSSLDIR): hashlib and ssl load
+# it, and a provider or engine it names is a library root would load
+OPENSSL_CONFIGS = ("/usr/lib/ssl/openssl.cnf", "/etc/ssl/openssl.cnf",
+                   "/usr/local/ssl/openssl.cnf", "/etc/pki/tls/openssl.cnf")  # fmt: skip
+
+
+def system_files(uid: int) -> None:
+    """What the C side loads for the agent beyond its module directories, judged before
+    the agent imports anything that loads it (zipfile loads libbz2, hashlib OpenSSL and its
+    configuration): each file of the loader's directories this process already maps
+    (libpython's, libc's), with glibc's iconv modules and their cache, and OpenSSL's
+    configuration. A file there that another user owns was loaded as root (the census of
+    files: tests/test_trust_census_files.py)."""
+    directories = set()
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            fields = line.split(None, 5)
+            if len(fields) == 6 and ".so" in os.path.basename(fields[5].strip()):
+                directories.add(os.path.dirname(fields[5].strip()))
+    for directory in sorted(directories):
+        judge_entries(directory, uid, "a library directory of the host python")
+        gconv = os.path.join(directory, "gconv")
+        if os.path.isdir(gconv):
+            judge_entries(gconv, uid, "glibc's iconv modules")
+    for config in OPENSSL_CONFIGS:
+        if os.path.lexists(config):
+            judge(config, uid, FILE, "OpenSSL's configuration")
 
 
 def run_from_memory(path: str, data: bytes) -> None:

@@ -218,6 +218,25 @@ def judge_tree(
     return count
 
 
+def judge_entries(directory: str, uid: int, what: str) -> None:
+    """The directory and each entry directly in it (files, links and their targets, not
+    the subdirectories' contents): for the loader's library directories, where one file
+    another user owns would be a library root loads (one lstat per entry)."""
+    judge(directory, uid, DIRECTORY, what)
+    for entry in os.scandir(directory):
+        if entry.is_symlink():
+            try:
+                judge(entry.path, uid, ANY, what)
+            except FileNotFoundError:
+                continue
+            continue
+        st = entry.stat(follow_symlinks=False)
+        if st.st_uid not in (0, uid) or others_can_write(st):
+            raise _refuse(what, directory, describe(entry.path, st),
+                          "can be changed by another user",
+                          f"chown root {entry.path} && chmod go-w {entry.path}")  # fmt: skip
+
+
 def judge_missing(path: str, uid: int, what: str = "path", fs: object = None) -> None:
     """A path that does not exist (yet) is trusted only where no other user could create
     it: its nearest existing directory must pass the rule as a directory gpufleet would
