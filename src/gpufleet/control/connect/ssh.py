@@ -36,7 +36,7 @@ from tenacity import (
 from gpufleet.control.agent import trust as interpreter
 from gpufleet.control.connect import hostkeys
 from gpufleet.control.connect.agentproc import CHUNK, AgentProcess
-from gpufleet.control.connect.base import Session
+from gpufleet.control.connect.base import Session, clean_start
 from gpufleet.control.inventory.model import Host
 from gpufleet.errors import HostError
 from gpufleet.kinds import Kind
@@ -297,13 +297,23 @@ class SSHSession(Session):
             raise HostError("connection lost", kind=Kind.CONNECTION)
         try:
             chan = transport.open_session(timeout=30)
-            chan.exec_command("LC_ALL=C command -p id -u")
-            out = chan.makefile("rb").read(64)
-            code = chan.recv_exit_status()
+            # `id` too runs in an empty environment: the login's LD_PRELOAD would load into it
+            # as root, and LD_SHOW_AUXV alone turns its answer into something else
+            chan.settimeout(30)  # every read below is bounded: a login never hangs a task
+            chan.exec_command(clean_start("id -u"))
+            out = b""
+            while len(out) < 1 << 16:  # all of it: a login may print before the command
+                data = chan.recv(4096)
+                if not data:
+                    break
+                out += data
+            answered = chan.status_event.wait(timeout=10)
+            code = chan.exit_status if answered else -1
             chan.close()
         except CUT as exc:
             raise HostError(f"connection lost: {exc}", kind=Kind.CONNECTION) from None
-        text = out.decode(errors="replace").strip()
+        # the last line: a login may print before the command runs (a banner, an rc's echo)
+        text = (out.decode(errors="replace").strip().splitlines() or [""])[-1].strip()
         if code != 0 or not text.isdigit():
             raise HostError(f"the host cannot say who it is (`id -u`: {text[:60]!r})",
                             Kind.CONNECTION)  # fmt: skip

@@ -30,8 +30,16 @@ LOADER_VARIABLES = (
     "LD_ASSUME_KERNEL", "LD_LIBRARY_PATH_64", "LD_PRELOAD_64", "GLIBC_TUNABLES",
     "MALLOC_CHECK_", "MALLOC_PERTURB_", "MALLOC_TRACE", "GCONV_PATH", "LOCPATH", "NLSPATH",
     "OPENSSL_CONF", "OPENSSL_MODULES", "OPENSSL_ENGINES", "HOSTALIASES", "RESOLV_HOST_CONF",
-    "LOCALDOMAIN", "TZDIR", "BASH_ENV", "ENV",
+    "LOCALDOMAIN", "TZDIR", "BASH_ENV", "ENV", "GETCONF_DIR", "NIS_PATH", "RES_OPTIONS",
+    "TMPDIR", "MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_",
+    "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_",
+    "GMON_OUTPUT_PREFIX", "HESIOD_CONFIG", "I18NPATH",
 )  # fmt: skip
+# what the C library also reads and loads nothing by: set afresh for the agent (`env -i`:
+# PATH, LANG) or kept for its children by their allow-list (TZ), or formats and lookup
+# defaults (tests/test_trust_census_variables.py derives both lists from the loader)
+INERT_VARIABLES = ("PATH", "LANG", "TZ", "IFS", "POSIXLY_CORRECT", "MSGVERB", "SEV_LEVEL",
+                   "NIS_DEFAULTS", "NIS_GROUP", "HES_DOMAIN")  # fmt: skip
 
 
 def parse_export(text: str) -> dict[str, str]:
