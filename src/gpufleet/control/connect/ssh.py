@@ -310,6 +310,12 @@ class SSHSession(Session):
             answered = chan.status_event.wait(timeout=10)
             code = chan.exit_status if answered else -1
             chan.close()
+        except TimeoutError:
+            host = self.host
+            login = f"{host.user}@{host.address}" if host.user else host.address
+            port = f"-p {host.port} " if host.port else ""
+            raise HostError(f"the host did not answer `id -u` within 30 s (does `ssh {port}"
+                            f"{login} true` return?)", Kind.CONNECTION) from None  # fmt: skip
         except CUT as exc:
             raise HostError(f"connection lost: {exc}", kind=Kind.CONNECTION) from None
         # the last line: a login may print before the command runs (a banner, an rc's echo)
