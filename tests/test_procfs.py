@@ -5,6 +5,7 @@ argv, zombies, other users' processes and a real listening socket."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -72,17 +73,20 @@ def _same(pid: int) -> None:
 
 
 def test_every_process_reads_as_psutil_reads_it(odd_processes):
+    listed_before = set(psutil.pids())
     pids = [p.pid for p in procfs.process_iter()]
+    stable = listed_before & set(psutil.pids())  # alive all through the listing
     wanted = [v for k, v in odd_processes.items() if k != "listener"]
     assert set(wanted) <= set(pids)
-    assert len(pids) >= len(psutil.pids()) - 5  # a few may come and go between the two
+    assert stable <= set(pids), sorted(stable - set(pids))
     for pid in pids:
         _same(pid)
     assert procfs.Process(odd_processes["zombie"]).status() == "zombie"
     assert procfs.Process(odd_processes["other"]).uid() == 65534
     assert procfs.Process(odd_processes["named"]).name() == "gpufleet-a-rather-long-program-name"
-    titled = procfs.Process(odd_processes["titled"])
-    assert titled.cmdline()[0].startswith("sglang::scheduler_TP0"), titled.cmdline()
+    if importlib.util.find_spec("setproctitle"):  # the dev extra has it; a GPU box may not
+        titled = procfs.Process(odd_processes["titled"])
+        assert titled.cmdline()[0].startswith("sglang::scheduler_TP0"), titled.cmdline()
 
 
 def test_family_and_listening_ports_match_psutil(odd_processes):
