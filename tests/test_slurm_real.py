@@ -222,6 +222,22 @@ def test_a_job_of_nodes_under_srun_from_the_inventory_key(fleet, cluster):
                      "hosts.x: connection: srun needs slurm_job")  # fmt: skip
 
 
+def test_run_as_in_a_slurm_job_is_refused_in_one_line(fleet, cluster):
+    """Issue 50: a server in a Slurm job is a step of the job and runs as the job's user;
+    `run_as` there would be a promise gpufleet does not keep: refused before anything runs."""
+    job = cluster.submit("-N1", "-p", "h200")
+    inventory = _srun_inventory(fleet, job, [cluster.wait_running(job)])
+    data = yaml.safe_load(inventory.read_text())
+    data["defaults"]["run_as"] = "nobody"
+    inventory.write_text(yaml.safe_dump(data))
+    profile = fleet.profile("srunas", engine="custom", check_model_path=False, tp=1,
+                            command=["true"], health_path="/")  # fmt: skip
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0", "--dry-run")
+    said = out.stdout + out.stderr
+    assert out.returncode == 1, said
+    assert "run_as nobody: a server in a Slurm job runs as the job's user" in said, said
+
+
 def test_a_slurm_that_ends_a_steps_servers_refuses_the_launch_naming_the_setting():
     config = slurm.parse_config((FIXTURES / "slurm-show-config-22.05.txt").read_text())
     assert config["ProctrackType"] == "proctrack/linuxproc"
