@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gpufleet.cli.args import choice, nonzero
 from gpufleet.cli.common import finish, select_hosts, task, user_errors
 from gpufleet.cli.common_options import (
@@ -12,11 +14,13 @@ from gpufleet.cli.common_options import (
     positive_float,
 )
 from gpufleet.cli.options import Option, OptionSet, Rule, switch
-from gpufleet.control.inventory.model import Host
 from gpufleet.control.server.engines import NAMES as ENGINE_NAMES
 from gpufleet.control.server.options import LaunchOptions
 from gpufleet.host.agent.protocol import LogsArgs, StopArgs
 from gpufleet.records import HEALTH_TIMEOUT_S
+
+if TYPE_CHECKING:  # pydantic: `inv --list` imports none of it (test_inv_list_is_fast_and_lazy)
+    from gpufleet.control.inventory.model import Host
 
 LAUNCH = OptionSet(
     LaunchOptions,
