@@ -142,3 +142,20 @@ def test_gpu_clean_counts_the_run_as_users_processes_as_its_own():
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.slow(minutes=1)
+def test_a_sweep_says_once_where_its_servers_ran_as_root(fleet, tmp_path):
+    """The same note after a sweep (its cells launch in parallel, on each host, per arm):
+    one line naming the hosts, none with `run_as: root`."""
+    profile = fleet.profile("sw", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1})
+    for run_as, said in ((None, True), ("root", False)):
+        fleet.write_inventory(**({"run_as": run_as} if run_as else {}))
+        out = fleet.cli("sweep", "--profiles", str(profile), "--hosts", "h0,h1",
+                        "--concurrency", "1", "--num-prompts", "2", "--output-len", "4",
+                        "--archive", str(tmp_path / f"a-{run_as}"), timeout=300)  # fmt: skip
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        notes = [line for line in out.stdout.splitlines() if "sets no run_as" in line]
+        assert notes == ([notes[0]] if said else []), out.stdout[-2000:]
+        if said:
+            assert "the server runs as root on h0, h1" in notes[0]

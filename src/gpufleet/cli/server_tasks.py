@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from gpufleet.cli.args import choice, nonzero
 from gpufleet.cli.common import finish, select_hosts, task, user_errors
 from gpufleet.cli.common_options import (
@@ -18,9 +16,6 @@ from gpufleet.control.server.engines import NAMES as ENGINE_NAMES
 from gpufleet.control.server.options import LaunchOptions
 from gpufleet.host.agent.protocol import LogsArgs, StopArgs
 from gpufleet.records import HEALTH_TIMEOUT_S
-
-if TYPE_CHECKING:  # pydantic: `inv --list` imports none of it (test_inv_list_is_fast_and_lazy)
-    from gpufleet.control.inventory.model import Host
 
 LAUNCH = OptionSet(
     LaunchOptions,
@@ -107,22 +102,11 @@ def launch(c, **given):
                 f"{res.host.name}: READY {st.profile} pid {st.pid} port {st.port} "
                 f"in {res.value.elapsed_s:.1f}s ({st.engine} {st.engine_version})"
             )
-    as_root = [r.host for r in results if r.ok and r.value is not None
-               and r.value.state.user == "root" and r.host.run_as is None]  # fmt: skip
+    as_root = [r.host.name for r in results if r.ok and r.value is not None
+               and lifecycle.runs_as_root_unasked(r.host, r.value.state)]  # fmt: skip
     if as_root:
-        line(run_as_hint(as_root))
+        line(lifecycle.run_as_note(as_root))
     finish(results, with_tail=True)
-
-
-def run_as_hint(hosts: list[Host]) -> str:
-    """Said once per launch where servers run as root because the inventory sets no run_as
-    (silent where it names a user, or says `run_as: root`)."""
-    names = ", ".join(h.name for h in hosts)
-    return (
-        f"note: the server runs as root on {names} (the inventory sets no run_as): set "
-        "`run_as: USER` (a local user) for these hosts to run the engine's code "
-        "unprivileged; `run_as: root` keeps root and this note away"
-    )
 
 
 def _print_dry_run(checked):

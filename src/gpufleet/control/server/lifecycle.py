@@ -8,6 +8,7 @@ from gpufleet.control.connect.base import Progress, Session, host_events
 from gpufleet.control.connect.cancel import SLICE_S, CancelToken
 from gpufleet.control.connect.fanout import FleetResult, HostResult
 from gpufleet.control.connect.fleet import Fleet
+from gpufleet.control.inventory.model import Host
 from gpufleet.control.server.options import LaunchOptions
 from gpufleet.control.server.profiles import Profile, build_specs
 from gpufleet.errors import HostError
@@ -120,6 +121,21 @@ def launch_on(
     timeout = options.timeout_s or spec.health_timeout
     wait = wait_on(session, spec.port, timeout, progress, cancel, spec.node_rank)
     return Launched(wait.state or started.state, wait.elapsed_s, started.warnings)
+
+
+def runs_as_root_unasked(host: Host, state: ServerState) -> bool:
+    """The server runs as root only because the inventory names no run_as for its host."""
+    return state.user == "root" and host.run_as is None
+
+
+def run_as_note(hosts: list[str]) -> str:
+    """Said once per launch or sweep where servers ran as root for want of run_as (silent
+    where the inventory names a user, or says `run_as: root`)."""
+    return (
+        f"note: the server runs as root on {', '.join(hosts)} (the inventory sets no run_as): "
+        "set `run_as: USER` (a local user) for these hosts to run the engine's code "
+        "unprivileged; `run_as: root` keeps root and this note away"
+    )
 
 
 def launch(

@@ -221,9 +221,12 @@ class _Cell:
         return spec
 
     def launch(self) -> None:
-        server.launch_on(
+        launched = server.launch_on(
             self.session, self.spec, self.launch_options, self.launch_progress, self.cancel
         )
+        if server.runs_as_root_unasked(self.session.host, launched.state):
+            with self.state.lock:  # said once, after the sweep (cells run side by side)
+                self.state.as_root.add(self.host)
 
     def bench(self) -> benchrun.ArchivedRun:
         run_id = benchrun.make_run_id(self.request, [self.host])
@@ -404,6 +407,8 @@ def run(
         if any(failed) and fail_fast:
             say("[sweep] stopping: --fail-fast")
             break
+    if state.as_root:
+        say(server.run_as_note(sorted(state.as_root)))
     cells = [c for a in arms for c in state.record.cells[a.key].values()]
     if all(c.status in (CellStatus.DONE, CellStatus.DROPPED) for c in cells):
         state.record.status = SweepStatus.DONE

@@ -31,6 +31,7 @@ class SweepState:
         self.record = record
         self.lock = threading.Lock()
         self.say: Say = lambda text: None  # progress lines, set by run()
+        self.as_root: set[str] = set()  # hosts whose servers ran as root for want of run_as
 
     @classmethod
     def new(
