@@ -436,6 +436,40 @@ def test_ctrl_c_during_sweep_then_resume(fleet, tmp_path):
     assert len(runs) == 2 and all(archive.verify(r) == [] for r in runs)
 
 
+def _held_then_fetched_on_resume(
+    fleet, host_sshd, proc, args: list[str], host: str, run_id: str, requests: int,
+    fault_at: float,
+) -> float:  # fmt: skip
+    """After the host's sshd was killed with the first arm's run finished or running there:
+    the sweep says NOT FETCHED in one line and starts no other cell on that host, the cell
+    keeps its run id, nothing is half-archived; sshd back, `--resume` archives that very
+    run whole (never measures it again). Seconds from the fault to the sweep's end."""
+    archive = Path(args[args.index("--archive") + 1])
+    first, second = (Path(p).stem for p in args[args.index("--profiles") + 1].split(","))
+    rest = proc.communicate(timeout=120)[0]
+    said_after = time.monotonic() - fault_at
+    assert proc.returncode == 1, rest[-3000:]
+    assert "NOT FETCHED" in rest and f"run {run_id} stays on the host" in rest, rest[-3000:]
+    assert f"{second} on {host}: not started: the run of {first} (run " in rest, rest[-3000:]
+    [state_file] = (archive / "sweeps").glob("*.json")
+    cell = json.loads(state_file.read_text())["cells"][first][host]
+    assert cell["status"] == "benching" and cell["run_id"] == run_id, cell
+    assert not (archive / host / run_id).exists()  # nothing half-archived
+    host_sshd.proc = None
+    host_sshd.start()  # same port, same host key
+    try:
+        out = fleet.cli(*args, "--resume", timeout=300)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+        assert f"re-attaching run {run_id}" in out.stdout
+        runs = sorted(p.name for p in (archive / host).iterdir())
+        assert [r for r in runs if f"-{first}-" in r or r == run_id] == [run_id], runs
+        results = json.loads((archive / host / run_id / "results.jsonl").read_text())
+        assert results["completed"] == requests and results["failed"] == 0
+    finally:
+        fleet.cli("stop", "--hosts", host)
+    return said_after
+
+
 def _kill_on_open(sessions: list[psutil.Process], paths: list[str]) -> subprocess.Popen:
     """strace on the host's sshd session processes (not their children: the agent and the
     bench runner open the same files) that SIGKILLs the one that opens any of `paths`:
@@ -481,29 +515,9 @@ def test_a_run_whose_download_is_cut_is_fetched_on_resume_never_measured_again(
         if p.is_running() and p.name().startswith("sshd"):
             p.kill()
     host_sshd.proc.wait()
-    rest = proc.communicate(timeout=120)[0]
-    said_after = time.monotonic() - cut_at
-    assert proc.returncode == 1, rest[-3000:]
-    assert "NOT FETCHED" in rest and f"run {run_id} stays on the host" in rest, rest[-3000:]
-    assert "db on cut: not started: the run of da (run " in rest, rest[-3000:]
-    [state_file] = (archive / "sweeps").glob("*.json")
-    cell = json.loads(state_file.read_text())["cells"]["da"]["cut"]
-    assert cell["status"] == "benching" and cell["run_id"] == run_id, cell
-    assert not (archive / "cut" / run_id).exists()  # nothing half-archived
-    host_sshd.proc = None
-    host_sshd.start()  # same port, same host key
-    try:
-        out = fleet.cli(*args, "--resume", timeout=300)
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-        assert f"re-attaching run {run_id}" in out.stdout
-        runs = sorted(p.name for p in (archive / "cut").iterdir())
-        assert [r for r in runs if "-da-" in r or r == run_id] == [run_id], runs
-        results = json.loads((archive / "cut" / run_id / "results.jsonl").read_text())
-        assert results["completed"] == 160 and results["failed"] == 0
-        record("download_cut", {"completed": results["completed"],
-                                "fault_to_line_s": round(said_after, 1)})  # fmt: skip
-    finally:
-        fleet.cli("stop", "--hosts", "cut")
+    said_after = _held_then_fetched_on_resume(fleet, host_sshd, proc, args, "cut", run_id, 160,
+                                              cut_at)  # fmt: skip
+    record("download_cut", {"completed": 160, "fault_to_line_s": round(said_after, 1)})
 
 
 @pytest.mark.faults
@@ -529,27 +543,7 @@ def test_a_finished_run_is_fetched_never_measured_again_after_a_lost_host(
         if p.name().startswith("sshd"):
             p.kill()
     host_sshd.proc.wait()
-    killed_at = time.monotonic()
-    rest = proc.communicate(timeout=120)[0]
-    said_after = time.monotonic() - killed_at
-    assert proc.returncode == 1, rest[-3000:]
-    assert "NOT FETCHED" in rest and f"run {run_id} stays on the host" in rest, rest[-3000:]
-    assert "fb on flaky: not started: the run of fa (run " in rest, rest[-3000:]
-    [state_file] = (archive / "sweeps").glob("*.json")
-    cell = json.loads(state_file.read_text())["cells"]["fa"]["flaky"]
-    assert cell["status"] == "benching" and cell["run_id"] == run_id
-    host_sshd.proc = None
-    host_sshd.start()  # same port, same host key
-    try:
-        out = fleet.cli(*args, "--resume", timeout=300)
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-        assert f"re-attaching run {run_id}" in out.stdout
-        runs = sorted(p.name for p in (archive / "flaky").iterdir())
-        fa_runs = [r for r in runs if "-fa-" in r or r == run_id]
-        assert fa_runs == [run_id], runs  # fetched, not measured again
-        results = json.loads((archive / "flaky" / run_id / "results.jsonl").read_text())
-        assert results["completed"] == 640 and results["failed"] == 0
-        record("finished_run_after_lost_host", {"completed": results["completed"],
-                                                "fault_to_line_s": round(said_after, 1)})  # fmt: skip
-    finally:
-        fleet.cli("stop", "--hosts", "flaky")
+    said_after = _held_then_fetched_on_resume(fleet, host_sshd, proc, args, "flaky", run_id, 640,
+                                              time.monotonic())  # fmt: skip
+    record("finished_run_after_lost_host", {"completed": 640,
+                                            "fault_to_line_s": round(said_after, 1)})  # fmt: skip

@@ -62,7 +62,7 @@ class RunAs:
         for python in dict.fromkeys([sys.executable, "/usr/bin/python3"]):
             try:
                 out = subprocess.run(
-                    [python, "-I", "-S", "-c", _WRITER, self.home, str(self.uid)],
+                    [python, "-I", "-S", "-c", _WRITER, self.home, str(self.uid), DIRECTORY],
                     input=json.dumps(files), capture_output=True, text=True, timeout=60,
                     env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, **self.popen(),  # type: ignore[arg-type]
                 )  # fmt: skip
@@ -77,10 +77,9 @@ class RunAs:
 
 
 # runs as the run_as user: its own directory, then each file through a fresh temporary
-_WRITER = (
-    """
+_WRITER = """
 import json, os, stat, sys
-home, uid = sys.argv[1], int(sys.argv[2])
+home, uid, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 files = json.load(sys.stdin)
 def own(d):
     try:
@@ -92,9 +91,7 @@ def own(d):
         raise SystemExit(f"{d} is not this user's own directory (0700)")
     return d
 try:
-    d = own(os.path.join(home, '"""
-    + DIRECTORY
-    + """'))
+    d = own(os.path.join(home, name))
 except OSError:
     d = own(f"/tmp/gpufleet-run-{uid}")
 for name, text in files.items():
@@ -105,7 +102,6 @@ for name, text in files.items():
     os.replace(tmp, os.path.join(d, name))
 print(d)
 """
-)
 
 
 def resolve(name: str | None) -> RunAs | None:
