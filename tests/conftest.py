@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.sim.sshd import LoopbackSshd, keygen, sshd_path
-from helpers import Fleet, SimServer
+from helpers import TEST_DEADLINE, Fleet, SimServer
 
 HOSTENV = Path(os.environ.get("GPUFLEET_TEST_HOSTENV", "/tmp/gpufleet-test-hostenv"))
 HOST_PACKAGES = ["psutil", "nvidia-ml-py", "aiohttp", "setproctitle", "uvloop"]
@@ -146,6 +146,18 @@ def sim_server(tmp_path):
 REAL_PARTS = {"sshd_hosts", "fresh_sshd", "fleet", "sim_server", "census_host", "uvicorn_url",
               "slurm_cluster"}  # fmt: skip
 SPAWNS = ("run_cli(", "subprocess", "Popen", "SimServer", "BenchFleet", "chromium", "visit(")
+
+
+@pytest.fixture(autouse=True)
+def _cli_deadline(request: pytest.FixtureRequest):
+    """Tell run_cli when this test's timeout falls (see helpers.TEST_DEADLINE)."""
+    import time
+
+    marker = request.node.get_closest_marker("timeout")
+    seconds = marker.args[0] if marker and marker.args else request.config.getini("timeout")
+    TEST_DEADLINE[:] = [time.monotonic() + float(seconds or 300)]
+    yield
+    TEST_DEADLINE.clear()
 
 
 def _spawns(item: pytest.Item) -> bool:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import yaml
@@ -140,20 +142,42 @@ class Fleet:
         return run_cli(*args, "--inventory", str(self.inventory), timeout=timeout)
 
 
+# When the running test must end (its pytest timeout, set by conftest): a CLI still
+# running near then is asked for its threads' stacks before it is killed, so a hang in CI
+# says where it waited instead of only that the test timed out.
+TEST_DEADLINE: list[float] = []
+
+
 def run_cli(
     *args: str, timeout: float = 120, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
     env.pop("GPUFLEET_INVENTORY", None)
-    return subprocess.run(
+    if TEST_DEADLINE:
+        timeout = max(1.0, min(timeout, TEST_DEADLINE[0] - time.monotonic() - 20))
+    proc = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
         cwd=cwd or REPO,
         env=env,
         stdin=subprocess.DEVNULL,
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+        try:
+            stdout, stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        raise AssertionError(
+            f"`gpufleet {' '.join(args)}` still ran after {timeout:.0f} s; its output, "
+            f"then its threads:\n{stdout[-3000:]}\n{stderr[-6000:]}"
+        ) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def read_run_id(proc: subprocess.Popen, until: str | None = None) -> str | None:
