@@ -322,3 +322,38 @@ class NoTransport:
 
     def abort(self) -> None:
         pass
+
+
+def srun_inventory(fleet: Fleet, job: str, nodes: list[str]) -> Path:
+    """The fleet's hosts (same names, workdirs and port offsets), reached by srun on the
+    job's nodes instead of sshd."""
+    data = yaml.safe_load(fleet.inventory.read_text())
+    data["defaults"] = {
+        "connection": "srun", "slurm_job": job, "python": fleet.python,
+        "gpus": data["defaults"]["gpus"],
+    }  # fmt: skip
+    hosts = {}
+    for name, node in zip(fleet.names, nodes, strict=False):
+        fields = data["hosts"][name]
+        hosts[name] = {"address": node, "workdir": fields["workdir"], "vars": fields["vars"]}
+    data["hosts"] = hosts
+    data["groups"] = {"all-sim": list(hosts)}
+    fleet.inventory.write_text(yaml.safe_dump(data))
+    return fleet.inventory
+
+
+def processes_under(folder: Path) -> list[str]:
+    """Every process whose working directory or command line is under `folder` (gpufleet's
+    agents, servers and runners all work in the host's workdir), as `pid cmdline`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not pid_alive(int(entry.name)):
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if cwd.startswith(str(folder)) or str(folder) in cmdline:
+            found.append(f"{entry.name} {cmdline[:120]}")
+    return found

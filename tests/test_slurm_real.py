@@ -17,9 +17,8 @@ import psutil
 import pytest
 import yaml
 
-from gpufleet.control.inventory import slurm
 from gpufleet.sim.slurm import LocalSlurm
-from helpers import Fleet, pid_alive, read_run_id, run_cli
+from helpers import Fleet, pid_alive, processes_under, read_run_id, run_cli, srun_inventory
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -126,24 +125,6 @@ def test_a_slurm_command_that_fails_is_one_line_naming_it(cluster, tmp_path, mon
     assert "slurm job 1: `squeue -h -j 1 --states=all -o %T|%u|%N|%r` failed:" in out.stderr
 
 
-def _srun_inventory(fleet: Fleet, job: str, nodes: list[str]) -> Path:
-    """The fleet's hosts (same names, workdirs and port offsets), reached by srun on the
-    job's nodes instead of sshd."""
-    data = yaml.safe_load(fleet.inventory.read_text())
-    data["defaults"] = {
-        "connection": "srun", "slurm_job": job, "python": fleet.python,
-        "gpus": data["defaults"]["gpus"],
-    }  # fmt: skip
-    hosts = {}
-    for name, node in zip(fleet.names, nodes, strict=False):
-        fields = data["hosts"][name]
-        hosts[name] = {"address": node, "workdir": fields["workdir"], "vars": fields["vars"]}
-    data["hosts"] = hosts
-    data["groups"] = {"all-sim": list(hosts)}
-    fleet.inventory.write_text(yaml.safe_dump(data))
-    return fleet.inventory
-
-
 @pytest.mark.slow(minutes=2)
 @pytest.mark.parametrize("connection", ["ssh", "srun"])
 def test_the_same_tasks_pass_over_ssh_and_over_srun(connection, fleet, cluster):
@@ -152,7 +133,7 @@ def test_the_same_tasks_pass_over_ssh_and_over_srun(connection, fleet, cluster):
     if connection == "srun":
         job = cluster.submit("-N2", "-p", "h200")
         cluster.wait_running(job)
-        _srun_inventory(fleet, job, ["n2", "n3"])
+        srun_inventory(fleet, job, ["n2", "n3"])
     stale, stale_pids = fleet.hold("h1", "--gpu", "3", "--mib", "4000")
     try:
         out = fleet.cli("gpu-clean", "--hosts", "h0,h1")
@@ -187,7 +168,7 @@ def test_srun_judges_the_host_python_before_it_runs(fleet, cluster, tmp_path):
     in a directory others can write is refused before it runs, as over SSH."""
     job = cluster.submit("-N1", "-p", "h200")
     cluster.wait_running(job)
-    inventory = _srun_inventory(fleet, job, [cluster.run("squeue", "-h", "-j", job, "-o", "%N")
+    inventory = srun_inventory(fleet, job, [cluster.run("squeue", "-h", "-j", job, "-o", "%N")
                                              .strip()])  # fmt: skip
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -226,7 +207,7 @@ def test_run_as_in_a_slurm_job_is_refused_in_one_line(fleet, cluster):
     """Issue 50: a server in a Slurm job is a step of the job and runs as the job's user;
     `run_as` there would be a promise gpufleet does not keep: refused before anything runs."""
     job = cluster.submit("-N1", "-p", "h200")
-    inventory = _srun_inventory(fleet, job, [cluster.wait_running(job)])
+    inventory = srun_inventory(fleet, job, [cluster.wait_running(job)])
     data = yaml.safe_load(inventory.read_text())
     data["defaults"]["run_as"] = "nobody"
     inventory.write_text(yaml.safe_dump(data))
@@ -238,32 +219,6 @@ def test_run_as_in_a_slurm_job_is_refused_in_one_line(fleet, cluster):
     assert "run_as nobody: a server in a Slurm job runs as the job's user" in said, said
 
 
-def test_a_slurm_that_ends_a_steps_servers_refuses_the_launch_naming_the_setting():
-    config = slurm.parse_config((FIXTURES / "slurm-show-config-22.05.txt").read_text())
-    assert config["ProctrackType"] == "proctrack/linuxproc"
-    assert slurm.steps_keep_servers(config) is None
-    said = slurm.steps_keep_servers({**config, "ProctrackType": "proctrack/cgroup"})
-    assert said and "proctrack/cgroup (ProctrackType)" in said
-    assert "kills the srun holding the server's step" in said
-
-
-def _processes_under(folder: Path) -> list[str]:
-    """Every process whose working directory or command line is under `folder` (gpufleet's
-    agents, servers and runners all work in the host's workdir), as `pid cmdline`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or not pid_alive(int(entry.name)):
-            continue
-        try:
-            cwd = os.readlink(entry / "cwd")
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if cwd.startswith(str(folder)) or str(folder) in cmdline:
-            found.append(f"{entry.name} {cmdline[:120]}")
-    return found
-
-
 @pytest.mark.slow(minutes=1)
 @pytest.mark.faults
 def test_a_server_ends_with_the_job_that_owned_it(fleet, cluster):
@@ -272,20 +227,20 @@ def test_a_server_ends_with_the_job_that_owned_it(fleet, cluster):
     answering, before), and `inv status` says Slurm ended it, in Slurm's own words."""
     job = cluster.submit("-N1", "-p", "h200")
     node = cluster.wait_running(job)
-    _srun_inventory(fleet, job, [node])
+    srun_inventory(fleet, job, [node])
     profile = fleet.profile()
     out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0")
     assert out.returncode == 0 and "h0: READY test" in out.stdout, out.stdout + out.stderr
     workdir = fleet.workdir("h0")
-    assert _processes_under(workdir), "the server runs in the host's workdir"
+    assert processes_under(workdir), "the server runs in the host's workdir"
     cluster.cancel(job)
     deadline = time.monotonic() + 30
-    while _processes_under(workdir) and time.monotonic() < deadline:
+    while processes_under(workdir) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _processes_under(workdir) == []
+    assert processes_under(workdir) == []
     fresh = cluster.submit("-N1", "-p", "h200", "-w", node)
     cluster.wait_running(fresh)
-    _srun_inventory(fleet, fresh, [node])
+    srun_inventory(fleet, fresh, [node])
     status = fleet.cli("status", "--hosts", "h0")
     assert status.returncode == 0, status.stdout + status.stderr
     assert re.search(
@@ -299,7 +254,7 @@ def _srun_bench(fleet: Fleet, cluster: LocalSlurm, archive: Path):
     """A job on one node, the server launched there over srun, and a bench of it started
     in the background (long enough to interrupt): the job, the CLI and the run id."""
     job = cluster.submit("-N1", "-p", "h200")
-    _srun_inventory(fleet, job, [cluster.wait_running(job)])
+    srun_inventory(fleet, job, [cluster.wait_running(job)])
     profile = fleet.profile("rel", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
     out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -358,9 +313,9 @@ def test_a_job_cancelled_mid_bench_leaves_nothing_on_the_node(fleet, cluster, tm
         failed[0],
     ), rest
     deadline = time.monotonic() + 30
-    while _processes_under(fleet.workdir("h0")) and time.monotonic() < deadline:
+    while processes_under(fleet.workdir("h0")) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _processes_under(fleet.workdir("h0")) == []
+    assert processes_under(fleet.workdir("h0")) == []
     print(f"nothing left on the node {time.monotonic() - cancelled:.1f} s after scancel")
 
 
@@ -372,7 +327,7 @@ def test_a_step_waits_for_slurmctld_with_backoff_then_says_srun_s_own_words(flee
     carries srun's own message (it read "no message" in 3 of 5 tries: stderr was read
     before srun had written it) and how long it waited."""
     job = cluster.submit("-N1", "-p", "h200")
-    _srun_inventory(fleet, job, [cluster.wait_running(job)])
+    srun_inventory(fleet, job, [cluster.wait_running(job)])
     cluster.stop_controller()
     try:
         proc = fleet.popen("status", "--hosts", "h0")
@@ -413,7 +368,7 @@ def test_a_node_drained_mid_sweep_finishes_its_cell_then_is_skipped_with_slurms_
     the sweep's report), and `--resume` runs what it missed once Slurm gives it back."""
     job = cluster.submit("-N2", "-p", "h200")
     nodes = cluster.wait_running(job)
-    _srun_inventory(fleet, job, ["n2", "n3"])
+    srun_inventory(fleet, job, ["n2", "n3"])
     first = fleet.profile("first", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
     second = fleet.profile("second", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
     assert nodes == "n[2-3]"
@@ -459,11 +414,11 @@ def test_a_job_cancelled_mid_launch_fails_in_one_line_and_leaves_nothing(fleet, 
     """scancel while launch waits for the server's health: one failure line that says the
     job ended (no `inv wait` hint that could not work), and nothing left on the node."""
     job = cluster.submit("-N1", "-p", "h200")
-    _srun_inventory(fleet, job, [cluster.wait_running(job)])
+    srun_inventory(fleet, job, [cluster.wait_running(job)])
     profile = fleet.profile("slow", tp=1, sim={"load-seconds": 20, "warmup-seconds": 0.1})
     proc = fleet.popen("launch", "--profile", str(profile), "--hosts", "h0")
     deadline = time.monotonic() + 60
-    while not _processes_under(fleet.workdir("h0")) and time.monotonic() < deadline:
+    while not processes_under(fleet.workdir("h0")) and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(2)  # the server loads its model (20 s): launch is waiting for its health
     cancelled = time.monotonic()
@@ -474,9 +429,9 @@ def test_a_job_cancelled_mid_launch_fails_in_one_line_and_leaves_nothing(fleet, 
     assert proc.returncode == 1 and len(failed) == 1, rest
     assert f"Slurm job {job} is " in failed[0] and "inv wait" not in failed[0], rest
     deadline = time.monotonic() + 30
-    while _processes_under(fleet.workdir("h0")) and time.monotonic() < deadline:
+    while processes_under(fleet.workdir("h0")) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _processes_under(fleet.workdir("h0")) == []
+    assert processes_under(fleet.workdir("h0")) == []
 
 
 @pytest.mark.slow(minutes=2)
@@ -486,7 +441,7 @@ def test_a_time_limit_ends_the_server_and_status_says_why(fleet, cluster):
     and `inv status` shows Slurm's own line, TIME LIMIT in it."""
     job = cluster.submit("-N1", "-p", "h200", "--time=1")
     node = cluster.wait_running(job)
-    _srun_inventory(fleet, job, [node])
+    srun_inventory(fleet, job, [node])
     out = fleet.cli("launch", "--profile", str(fleet.profile()), "--hosts", "h0")
     assert out.returncode == 0, out.stdout + out.stderr
     deadline = time.monotonic() + 150
@@ -494,12 +449,12 @@ def test_a_time_limit_ends_the_server_and_status_says_why(fleet, cluster):
         if cluster.run("squeue", "-h", "-j", job, "--states=all", "-o", "%T").strip() == "TIMEOUT":
             break
         time.sleep(1)
-    while _processes_under(fleet.workdir("h0")) and time.monotonic() < deadline:
+    while processes_under(fleet.workdir("h0")) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _processes_under(fleet.workdir("h0")) == []
+    assert processes_under(fleet.workdir("h0")) == []
     fresh = cluster.submit("-N1", "-p", "h200", "-w", node)
     cluster.wait_running(fresh)
-    _srun_inventory(fleet, fresh, [node])
+    srun_inventory(fleet, fresh, [node])
     status = fleet.cli("status", "--hosts", "h0")
     assert re.search(r"h0: server test \(port \d+\) ended with its Slurm job: \*\*\* STEP "
                      rf"{job}\.\d+ ON {node} CANCELLED AT \S+ DUE TO TIME LIMIT \*\*\*",

@@ -25,6 +25,7 @@ from gpufleet.host.agent.protocol import (
     write_line,
 )
 from gpufleet.host.gpu import nvml
+from gpufleet.host.proc import stepkeeper
 from gpufleet.host.server import keys as serverkeys
 from gpufleet.kinds import Kind
 
@@ -93,6 +94,8 @@ def main(argv: list[str]) -> int:
 
     if argv == [SERVE]:
         return serve(sys.stdin)
+    if len(argv) == 2 and argv[0] == stepkeeper.KEEPER:
+        return stepkeeper.serve(argv[1])
     if len(argv) != 1 or argv[0] not in VERBS:
         emit_error(
             f"usage: agent.pyz {{{','.join(sorted([*VERBS, SERVE]))}}} < ARGS.json", "bad_input"

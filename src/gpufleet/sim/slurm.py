@@ -55,6 +55,11 @@ class LocalSlurm:
     directory: Path
     nodes: int = 3
     cpus: int = 2
+    # how slurmd follows a step's processes: `linuxproc` (by parents) or `cgroup` (by the
+    # freezer cgroup of cgroup v1; such a cluster's nodes take another prefix, as the
+    # cgroups are named by node and job, and two clusters on one machine must not share)
+    proctrack: str = "linuxproc"
+    node_prefix: str = "n"
     procs: list[subprocess.Popen] = field(default_factory=list)
     ctld_port: int = 0
     node_ports: list[int] = field(default_factory=list)
@@ -65,7 +70,7 @@ class LocalSlurm:
 
     @property
     def node_names(self) -> list[str]:
-        return [f"n{i}" for i in range(1, self.nodes + 1)]
+        return [f"{self.node_prefix}{i}" for i in range(1, self.nodes + 1)]
 
     def env(self) -> dict[str, str]:
         """This process's environment with SLURM_CONF naming this cluster."""
@@ -100,7 +105,7 @@ class LocalSlurm:
             f"SlurmdPidFile={d / 'slurmd-%n.pid'}",
             f"SlurmctldLogFile={d / 'slurmctld.log'}",
             f"SlurmdLogFile={d / 'slurmd-%n.log'}",
-            "ProctrackType=proctrack/linuxproc",
+            f"ProctrackType=proctrack/{self.proctrack}",
             "TaskPlugin=task/none",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
@@ -125,6 +130,10 @@ class LocalSlurm:
             lines.append(f"PartitionName=h200 Nodes={','.join(self.node_names[1:])} "
                          "MaxTime=INFINITE State=UP OverSubscribe=FORCE:8")  # fmt: skip
         self.conf.write_text("\n".join(lines) + "\n")
+        if self.proctrack == "cgroup":  # read beside slurm.conf
+            (d / "cgroup.conf").write_text(
+                "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n"
+            )
 
     def _spawn(self, argv: list[str], log: str) -> None:
         out = open(self.directory / log, "ab")  # noqa: SIM115 (owned by the process)

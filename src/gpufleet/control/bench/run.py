@@ -319,6 +319,7 @@ def fetch(
 def start(session: Session, request: BenchRequest, run_id: str, progress: Progress | None) -> None:
     """Upload the prompts and start the run detached on the host (it survives SSH)."""
     plan, body = build_plan(request, run_id)
+    session.hold_steps()
     incoming = f"{session.workdir}/.incoming-{run_id}.jsonl"
     session.upload(body, incoming)
     started = session.call(BenchStartArgs(plan=plan, prompts_file=incoming))

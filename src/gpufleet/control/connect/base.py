@@ -156,9 +156,9 @@ class Session:
         """The way to the host still works (a pooled session is reused only then)."""
         return True
 
-    def cannot_keep_servers(self) -> str | None:
-        """None when a server the agent starts outlives the task; else why not."""
-        return None
+    def hold_steps(self) -> None:
+        """Make sure a server or run the agent starts will outlive the task (a Slurm step
+        keeper, where the connection needs one); nothing to do over SSH."""
 
     def download(self, path: str) -> bytes:
         """The bytes of an absolute path on the host."""

@@ -11,7 +11,8 @@ python runs, and moves the agent into place. The agent's bytes reach the job's n
 A server (and a bench runner) launched this way is a job step of its own, held by an srun
 the agent detaches (host/proc/jobstep.py): it outlives the agent's step and ends with the
 job. Under `proctrack/cgroup` Slurm would end that srun with the agent's step, and the
-server with it: launch refuses there, saying so (`cannot_keep_servers`). When the agent's
+server with it: there a step keeper, a step held by an srun of this machine, starts them
+instead (`hold_steps`, host/proc/stepkeeper.py). When the agent's
 step is lost, `owner_ended` asks Slurm whether the job still runs, so a failure line offers
 `--attach` only while there is something to attach to.
 """
@@ -38,7 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
+from gpufleet.control.agent import bundle as agentzip
 from gpufleet.control.agent import trust as interpreter
+from gpufleet.control.connect import keeper
 from gpufleet.control.connect.agentproc import AgentProcess
 from gpufleet.control.connect.base import Session
 from gpufleet.control.connect.local import LocalAgent
@@ -46,6 +49,7 @@ from gpufleet.control.inventory import slurm
 from gpufleet.control.inventory.model import Host
 from gpufleet.control.inventory.slurm import step_env
 from gpufleet.errors import HostError, UserError
+from gpufleet.host.proc import stepkeeper
 from gpufleet.kinds import Kind
 
 T = TypeVar("T")
@@ -376,13 +380,21 @@ class SrunSession(Session):
             raise HostError(f"cannot fetch {path}: not a file", kind=Kind.CONNECTION)
         return base64.b64decode(out.strip())
 
-    def cannot_keep_servers(self) -> str | None:
-        """Why a server launched in a step would not outlive it under this Slurm's configuration
-        (None: it would)."""
+    def hold_steps(self) -> None:
+        """Where this Slurm ends a step's every process with the step (proctrack/cgroup),
+        see that the job's step keeper runs on the node: servers and runs started there
+        outlive the agent's step and end with the job (host/proc/stepkeeper.py)."""
         try:
-            return slurm.steps_keep_servers(slurm.config())
+            needed = slurm.needs_step_keeper(slurm.config())
         except UserError as exc:
             raise HostError(str(exc), Kind.CONNECTION) from None
+        if needed:
+            self._serving_agent()  # the agent is on the node, uploaded where missing
+            bundle = agentzip.build()
+            job = str(self.host.slurm_job)
+            script = self._bootstrap(bundle.filename, bundle.digest, [stepkeeper.KEEPER, job])
+            argv = [*step_argv(self.host), "/bin/sh", "-c", script]
+            self._while_controller_down(lambda: keeper.start(argv, job, self.host.address))
 
     def owner_ended(self) -> str | None:
         """Why the node's server and runs ended: the job they were steps of is no longer

@@ -195,16 +195,8 @@ def config() -> dict[str, str]:
         return _config
 
 
-def steps_keep_servers(settings: dict[str, str]) -> str | None:
-    """None when the srun that holds a server's own step, detached by the launch's step,
-    outlives that step; else why not, naming the Slurm setting that decides it."""
-    tracker = settings.get("ProctrackType", "")
-    if tracker == "proctrack/linuxproc":  # follows parents: a detached process escapes
-        return None
-    return (
-        f"a server started by a job step would end with the step here: Slurm tracks a step's "
-        f"processes by {tracker or 'an unknown tracker'} (ProctrackType), so it kills the "
-        "srun holding the server's step, and the server, when the launch's step ends. Launch "
-        "it from the job's batch script, or use `connection: ssh` where the site allows SSH "
-        "into your job (pam_slurm_adopt)"
-    )
+def needs_step_keeper(settings: dict[str, str]) -> bool:
+    """Whether an srun the launch's step detaches would end with that step (any tracker but
+    `proctrack/linuxproc`, which follows parents, so a detached process escapes it): then
+    servers and runs are started by the job's step keeper (host/proc/stepkeeper.py)."""
+    return settings.get("ProctrackType", "") != "proctrack/linuxproc"

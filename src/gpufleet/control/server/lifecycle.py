@@ -78,9 +78,7 @@ def launch_on(
 ) -> Launched:
     """Launch one host's server detached and wait until it is healthy, or fail in one line with
     the log's tail."""
-    why_not = session.cannot_keep_servers()
-    if why_not:
-        raise HostError(f"cannot launch here: {why_not}", kind=Kind.PREFLIGHT)
+    session.hold_steps()
     if options.clean:
         from gpufleet.control.server.gpuclean import (
             CleanOptions,

@@ -109,7 +109,9 @@ def _spawn_runner(run_dir: Path, args: BenchRunArgs, step: jobstep.JobStep | Non
             safewrite.write_atomic(wire, args.to_wire())
             env = jobstep.srun_env(childenv.child_env())
             try:
-                pid = jobstep.spawn(step, argv, env, log, run_dir / "runner.pid", wire)
+                pid = jobstep.spawn(
+                    step, argv, env, log, run_dir / "runner.log", run_dir / "runner.pid", wire
+                )
             except jobstep.StepNotStarted as exc:
                 said = " | ".join(tail(str(run_dir / "runner.log"), 3))
                 raise AgentError(f"bench runner: {exc}: {said}", kind=Kind.RUN_FAILED) from None

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from gpufleet.host.agent.loginenv import login_environment
+from gpufleet.host.proc import stepkeeper
 
 # `$0` is the PID file, `$@` the program: the task's PID is the program's after the exec
 _RECORD_AND_EXEC = 'echo $$ >"$0.tmp" && mv -f "$0.tmp" "$0" && exec "$@"'
@@ -76,13 +77,22 @@ def spawn(
     program: list[str],
     env: dict[str, str],
     out: IO[bytes],
+    log: Path,
     pid_file: Path,
     stdin_file: Path | None = None,
     timeout: float = START_TIMEOUT_S,
 ) -> int:
     """Start `program` as a step of the job, its stdin read from `stdin_file`; its PID once
-    it runs. The holding srun is started in the background by a shell that exits at once,
-    so its parent is init, not this agent, whose own step may end first."""
+    it runs. Where the job's step keeper runs on this node (proctrack/cgroup: the control
+    plane started it), the keeper starts it inside its own step (host/proc/stepkeeper.py).
+    Else the holding srun is started in the background by a shell that exits at once, so
+    its parent is init, not this agent, whose own step may end first."""
+    if stepkeeper.running(step.job) is not None:
+        try:
+            return stepkeeper.request(step.job, program, env, log, pid_file,
+                                      stdin_file, timeout)  # fmt: skip
+        except RuntimeError as exc:
+            raise StepNotStarted(str(exc)) from None
     pid_file.unlink(missing_ok=True)
     holder_file = pid_file.with_name(pid_file.name + ".srun")
     holder = 'in=$1; shift; "$@" <"$in" & echo $! >"$0"'

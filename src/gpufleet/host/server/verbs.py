@@ -100,7 +100,7 @@ def _spawn(spec: LaunchSpec, step: jobstep.JobStep | None, user: runas.RunAs | N
         if step is not None:
             env = jobstep.srun_env(launch_env(spec))
             try:
-                return jobstep.spawn(step, spec.argv, env, out, SERVERS / f"{spec.port}.pid")
+                return jobstep.spawn(step, spec.argv, env, out, log, SERVERS / f"{spec.port}.pid")
             except jobstep.StepNotStarted as exc:
                 raise AgentError(f"{exc}: {' | '.join(tail(str(log), 3))}",
                                  kind=Kind.CRASHED) from None  # fmt: skip
