@@ -7,9 +7,12 @@ with how to set it; `run_as: root` is a choice and silences it."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -159,3 +162,90 @@ def test_a_sweep_says_once_where_its_servers_ran_as_root(fleet, tmp_path):
         assert notes == ([notes[0]] if said else []), out.stdout[-2000:]
         if said:
             assert "the server runs as root on h0, h1" in notes[0]
+
+
+@pytest.mark.slow(minutes=2)
+def test_run_as_runs_the_bench_client_as_that_user_and_root_takes_back_only_its_files(
+    fleet, tmp_path
+):
+    """The bench runner runs as nobody, from nobody's own directory, against the server it
+    is given (here root's, launched before run_as was set: the test's host python sits where
+    nobody cannot run it, which a launch as nobody says in one line); root reads what the
+    runner wrote without following links and archives the run as any other. A link nobody
+    planted among its files (to a root-only file) is not taken back."""
+    profile = fleet.profile("benchas", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1,
+                                                  "decode-per-req-ms": 40})  # fmt: skip
+    command = [fleet.python, "-c", "pass"]
+    custom = fleet.profile("unrunnable", engine="custom", tp=1, check_model_path=False,
+                           health_path="/", command=command)  # fmt: skip
+    fleet.write_inventory(run_as="nobody")
+    out = fleet.cli("launch", "--profile", str(custom), "--hosts", "h0", timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stdout + out.stderr
+    assert (
+        f"cannot start {fleet.python} as nobody (run_as: it must be able to read and run "
+        "it): Permission denied" in out.stdout + out.stderr
+    ), out.stdout + out.stderr
+
+    fleet.write_inventory()
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0", timeout=120)
+    fleet.write_inventory(run_as="nobody")
+    secret = tmp_path / "root-only"
+    secret.write_text("root's secret")
+    secret.chmod(0o600)
+    try:
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+        archive = tmp_path / "a"
+        bench = subprocess.Popen(
+            [sys.executable, "-m", "gpufleet", "bench", "--concurrency", "1,2",
+             "--num-prompts", "6", "--output-len", "24", "--archive", str(archive),
+             "--hosts", "h0", "--inventory", str(fleet.inventory)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        runner_uid, planted = _watch_nobodys_run(bench, secret)
+        stdout, stderr = bench.communicate(timeout=60)
+        assert bench.returncode == 0, stdout[-2000:] + stderr[-2000:]
+        assert runner_uid == NOBODY
+        assert planted is not None, "the run was seen in nobody's directory"
+        [manifest] = archive.glob("h0/*/manifest.json")
+        run_files = {p.name for p in manifest.parent.iterdir()}
+        assert {"results.jsonl", "status.json", "plan.json", "server.log"} <= run_files
+        assert "stolen.txt" not in run_files and ".keys.json" not in run_files
+        assert json.loads((manifest.parent / "status.json").read_text())["status"] == "done"
+        assert not (planted.parent).exists(), "nobody's copy of the run is removed once taken"
+        log = (manifest.parent / "server.log").read_text()
+        assert ">>> gpufleet: run " in log, "the server's log, read through root's descriptor"
+    finally:
+        stop = fleet.cli("stop", "--hosts", "h0", "--grace", "2", timeout=120)
+    assert stop.returncode == 0, stop.stdout[-2000:] + stop.stderr[-2000:]
+
+
+def _watch_nobodys_run(bench: subprocess.Popen, secret: Path) -> tuple[int | None, Path | None]:
+    """While the bench runs: the uid of the process working in nobody's run directory, and
+    a link to `secret` planted there as nobody would."""
+    own = Path(f"/tmp/gpufleet-run-{NOBODY}") / "runs"
+    runner_uid, planted = None, None
+    began, deadline = time.time() - 1, time.monotonic() + 120
+    while bench.poll() is None and time.monotonic() < deadline:
+        for run in own.glob("*") if own.exists() else []:
+            if run.stat().st_mtime < began:  # an earlier test's
+                continue
+            for pid in _pids_with_cwd(run.parent.parent):
+                runner_uid = runner_uid or _uid_of(pid)
+            if planted is None and (run / "progress.jsonl").exists():
+                planted = run / "stolen.txt"
+                os.symlink(secret, planted)
+                os.lchown(planted, NOBODY, NOBODY)
+        time.sleep(0.05)
+    return runner_uid, planted
+
+
+def _pids_with_cwd(folder: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "cwd") == str(folder):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found

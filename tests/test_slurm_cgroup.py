@@ -100,3 +100,14 @@ def test_under_cgroup_tracking_servers_and_runs_outlive_the_launch_and_end_with_
     workdir = fleet.workdir("h0")
     cluster.cancel(job)
     assert _gone(workdir, 30) == [], "the job's end ends the server, the keeper, its srun"
+
+    fresh = cluster.submit("-N1", "-w", node)
+    cluster.wait_running(fresh)
+    srun_inventory(fleet, fresh, [node])
+    status = fleet.cli("status", "--hosts", "h0")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert re.search(
+        rf"h0: server test \(port \d+\) ended with its Slurm job: \*\*\* STEP "
+        rf"{job}\.\d+ ON {node} CANCELLED AT ",
+        status.stdout,
+    ), status.stdout

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.host.agent.protocol import KEEPER_ALREADY, KEEPER_READY
 from gpufleet.host.proc import stepkeeper
 from helpers import pid_alive
 
@@ -26,7 +27,7 @@ def keeper(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code = "import sys; from gpufleet.host.proc import stepkeeper; stepkeeper.serve(sys.argv[1])"
     proc = subprocess.Popen([sys.executable, "-c", code, JOB], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == stepkeeper.READY
+    assert proc.stdout.readline().strip() == KEEPER_READY
     yield proc
     proc.kill()
     proc.wait()
@@ -47,7 +48,7 @@ def test_the_keeper_starts_what_is_asked_as_its_child_and_a_second_keeper_defers
     code = "import sys; from gpufleet.host.proc import stepkeeper; stepkeeper.serve(sys.argv[1])"
     second = subprocess.run([sys.executable, "-c", code, JOB], capture_output=True, text=True,
                             timeout=30)  # fmt: skip
-    assert second.stdout.strip() == stepkeeper.ALREADY and second.returncode == 0
+    assert second.stdout.strip() == KEEPER_ALREADY and second.returncode == 0
     os.kill(pid, 9)
 
 

@@ -15,6 +15,7 @@ import traceback
 from typing import TextIO
 
 from gpufleet.host.agent.protocol import (
+    KEEPER,
     MARK,
     SERVE,
     AgentError,
@@ -94,7 +95,7 @@ def main(argv: list[str]) -> int:
 
     if argv == [SERVE]:
         return serve(sys.stdin)
-    if len(argv) == 2 and argv[0] == stepkeeper.KEEPER:
+    if len(argv) == 2 and argv[0] == KEEPER:
         return stepkeeper.serve(argv[1])
     if len(argv) != 1 or argv[0] not in VERBS:
         emit_error(

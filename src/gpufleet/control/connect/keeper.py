@@ -10,7 +10,7 @@ import time
 
 from gpufleet.control.inventory.slurm import step_env
 from gpufleet.errors import HostError
-from gpufleet.host.proc import stepkeeper
+from gpufleet.host.agent import protocol
 from gpufleet.kinds import Kind
 
 # the srun holding each keeper's step: it runs on after this process, as the step must
@@ -33,7 +33,7 @@ def start(argv: list[str], job: str, node: str) -> None:
         while time.monotonic() < deadline:
             said.seek(0)
             text = said.read().decode(errors="replace")
-            if stepkeeper.READY in text or stepkeeper.ALREADY in text:
+            if protocol.KEEPER_READY in text or protocol.KEEPER_ALREADY in text:
                 return
             if holder.poll() is not None:
                 last = (text.strip().splitlines() or [f"exit {holder.returncode}"])[-1]

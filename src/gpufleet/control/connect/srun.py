@@ -49,7 +49,7 @@ from gpufleet.control.inventory import slurm
 from gpufleet.control.inventory.model import Host
 from gpufleet.control.inventory.slurm import step_env
 from gpufleet.errors import HostError, UserError
-from gpufleet.host.proc import stepkeeper
+from gpufleet.host.agent import protocol
 from gpufleet.kinds import Kind
 
 T = TypeVar("T")
@@ -392,8 +392,10 @@ class SrunSession(Session):
             self._serving_agent()  # the agent is on the node, uploaded where missing
             bundle = agentzip.build()
             job = str(self.host.slurm_job)
-            script = self._bootstrap(bundle.filename, bundle.digest, [stepkeeper.KEEPER, job])
-            argv = [*step_argv(self.host), "/bin/sh", "-c", script]
+            script = self._bootstrap(bundle.filename, bundle.digest, [protocol.KEEPER, job])
+            said = f"{self.workdir}/{protocol.keeper_error_file(job)}"  # Slurm's words on the node
+            argv = [*step_argv(self.host), f"--error={said}", "--open-mode=append",
+                    "/bin/sh", "-c", script]  # fmt: skip
             self._while_controller_down(lambda: keeper.start(argv, job, self.host.address))
 
     def owner_ended(self) -> str | None:

@@ -34,6 +34,18 @@ from gpufleet.wire import JsonObject, Record, WireError, check
 
 MARK = "gpufleet_agent"
 SERVE = "serve"  # `agent.pyz serve`: one `VERB ARGS` line per call until stdin ends
+# `agent.pyz keeper JOB`: a Slurm job's step keeper (host/proc/stepkeeper.py), which says
+# one of these two lines on stdout once it runs, or finds one running
+KEEPER = "keeper"
+KEEPER_READY = "gpufleet-keeper ready"
+KEEPER_ALREADY = "gpufleet-keeper already running"
+
+
+def keeper_error_file(job: str) -> str:
+    """The keeper step's stderr, relative to the workdir, written on the node by slurmstepd
+    (`srun --error`): where Slurm says why it ended the step (`*** STEP 7.1 ON n2 CANCELLED
+    AT ... ***`). In the workdir itself, which exists before the keeper does."""
+    return f"slurm-keeper-{job}.err"
 
 
 class AgentError(Exception):

@@ -48,14 +48,18 @@ class RunAs:
         """`env` with this user's HOME, USER and LOGNAME (caches, configs: its own)."""
         return {**env, "HOME": self.home, "USER": self.name, "LOGNAME": self.name}
 
-    def write_files(self, files: dict[str, str]) -> str:
-        """Write `files` (plain names -> text) as the user into its own directory, 0600 files
-        in a 0700 directory, and return that directory: `~/.gpufleet-run`, or where its home
-        cannot hold it (a service user's /nonexistent) `/tmp/gpufleet-run-UID`, which must
-        then be the user's own and closed to others. The writer is a child with the user's
-        rights, so nothing planted there can turn root's hand."""
+    def write_files(self, files: dict[str, str | bytes]) -> str:
+        """Write `files` (relative names -> text or bytes) as the user into its own
+        directory, 0600 files in 0700 directories, and return that directory:
+        `~/.gpufleet-run`, or where its home cannot hold it (a service user's /nonexistent)
+        `/tmp/gpufleet-run-UID`, which must then be the user's own and closed to others.
+        The writer is a child with the user's rights, so nothing planted there can turn
+        root's hand."""
+        import base64
         import json
 
+        wire = {name: {"b64": base64.b64encode(data).decode()} if isinstance(data, bytes)
+                else data for name, data in files.items()}  # fmt: skip
         said = "no python it may run"
         # the agent's interpreter may sit where the user cannot reach (root's home): then
         # the system's, as the user would find it
@@ -63,7 +67,7 @@ class RunAs:
             try:
                 out = subprocess.run(
                     [python, "-I", "-S", "-c", _WRITER, self.home, str(self.uid), DIRECTORY],
-                    input=json.dumps(files), capture_output=True, text=True, timeout=60,
+                    input=json.dumps(wire), capture_output=True, text=True, timeout=60,
                     env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, **self.popen(),  # type: ignore[arg-type]
                 )  # fmt: skip
             except OSError as exc:
@@ -78,7 +82,7 @@ class RunAs:
 
 # runs as the run_as user: its own directory, then each file through a fresh temporary
 _WRITER = """
-import json, os, stat, sys
+import base64, json, os, stat, sys
 home, uid, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 files = json.load(sys.stdin)
 def own(d):
@@ -94,12 +98,19 @@ try:
     d = own(os.path.join(home, name))
 except OSError:
     d = own(f"/tmp/gpufleet-run-{uid}")
-for name, text in files.items():
-    tmp = os.path.join(d, f".{name}.{os.getpid()}")
+for name, data in files.items():
+    parts = name.split("/")
+    if name.startswith("/") or ".." in parts or "" in parts:
+        raise SystemExit(f"refusing to write {name!r}")
+    folder = d
+    for part in parts[:-1]:
+        folder = own(os.path.join(folder, part))
+    payload = base64.b64decode(data["b64"]) if isinstance(data, dict) else data.encode()
+    tmp = os.path.join(folder, f".{parts[-1]}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, os.path.join(d, name))
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(payload)
+    os.replace(tmp, os.path.join(folder, parts[-1]))
 print(d)
 """
 

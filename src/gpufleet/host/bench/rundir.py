@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from gpufleet.host.agent import safewrite
 from gpufleet.host.agent.protocol import ProgressEvent
@@ -56,12 +56,26 @@ class RunWriter:
         self.json("status.json", {"status": status, "at": now_iso(), **extra})
 
 
+# a runner started as the run_as user cannot open the server's log (root's, in root's
+# workdir): root opens it and hands the runner the descriptor, named by this variable
+LOG_FD_ENV = "GPUFLEET_SERVER_LOG_FD"
+
+
+def open_log(state: ServerState) -> IO[bytes]:
+    """The server's log for reading: the descriptor root handed over, else by its path."""
+    handed = os.environ.get(LOG_FD_ENV)
+    if handed:
+        return os.fdopen(os.dup(int(handed)), "rb")
+    return open(state.log, "rb")
+
+
 def log_size(state: ServerState | None) -> int | None:
     if not state:
         return None
     try:
-        return os.path.getsize(state.log)
-    except OSError:
+        with open_log(state) as fh:
+            return os.fstat(fh.fileno()).st_size
+    except (OSError, ValueError):
         return None
 
 
@@ -82,7 +96,7 @@ def depth_switches(state: ServerState | None, start: int | None, end: int | None
     if not state or start is None or end is None:
         return None
     try:
-        with open(state.log, "rb") as fh:
+        with open_log(state) as fh:
             fh.seek(start)
             count = fh.read(max(0, end - start)).count(DEPTH_SWITCH)
             if count:
@@ -107,7 +121,7 @@ def write_server_log(
     if not state:
         return
     try:
-        with open(state.log, "rb") as fh:
+        with open_log(state) as fh:
             data = fh.read()
     except OSError:
         return

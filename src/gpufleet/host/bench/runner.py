@@ -125,8 +125,6 @@ async def _level(
     stop = asyncio.Event()
     sampler = None
     if plan.metrics_url:
-        import aiohttp  # noqa: F401  # imported here: inside the task it would stall the first send
-
         sampler = asyncio.create_task(
             serverapi.sample_metrics(plan.metrics_url, samples, stop, keys, plan.metric_names)
         )

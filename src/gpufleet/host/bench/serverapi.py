@@ -73,26 +73,35 @@ def prometheus(text: str, aliases: dict[str, str] | None = None) -> dict[str, fl
     return out
 
 
+def _get_page(url: str, keys: dict[str, str], timeout: float) -> tuple[int, str] | None:
+    """A page's status and text, or None where nothing answered in time."""
+    request = urllib.request.Request(url, headers=serverkeys.headers(keys))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (OSError, ValueError):
+        return None
+
+
 async def sample_metrics(
     url: str, samples: list[MetricSample], stop: asyncio.Event, keys: dict[str, str],
     aliases: dict[str, str] | None = None,
 ) -> None:  # fmt: skip
-    import aiohttp
-
-    async with aiohttp.ClientSession(headers=serverkeys.headers(keys)) as session:
-        while not stop.is_set():
-            try:
-                async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                    if resp.status != 200:
-                        return
-                    values = prometheus(await resp.text(), aliases)
-                    samples.append({"t": time.time(), **values})
-            except (TimeoutError, aiohttp.ClientError):
-                pass
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
+    """One /metrics sample a second until `stop`, or until the server says it has none (not
+    200). Read in a thread with the standard library, so the runner needs no package (it
+    may run on the system's interpreter, as the run_as user: host/bench/userrun.py)."""
+    while not stop.is_set():
+        page = await asyncio.to_thread(_get_page, url, keys, 5.0)
+        if page is not None:
+            if page[0] != 200:
+                return
+            samples.append({"t": time.time(), **prometheus(page[1], aliases)})
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=1.0)
+        except TimeoutError:
+            pass
 
 
 def flush_cache(base_url: str, keys: dict[str, str]) -> bool:

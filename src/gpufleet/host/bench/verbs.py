@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpufleet.host.agent import childenv, safewrite
+from gpufleet.host.agent import childenv, runas, safewrite
 from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.host.agent.protocol import (
     AgentError,
@@ -26,6 +26,8 @@ from gpufleet.host.agent.protocol import (
     RunStatusFile,
     emit_event,
 )
+from gpufleet.host.bench import userrun
+from gpufleet.host.bench.rundir import LOG_FD_ENV
 from gpufleet.host.gpu import facts as gpus
 from gpufleet.host.gpu import nvml as nvmlread
 from gpufleet.host.proc import jobstep
@@ -36,6 +38,10 @@ from gpufleet.records import BenchPlan, ServerState
 from gpufleet.wire import JsonObject
 
 RUNS = Path("runs")
+# handed to a runner that runs as the run_as user, in its run directory (hidden: never
+# taken back into the archive)
+HANDED_STATE = ".server.json"
+HANDED_KEYS = ".keys.json"
 
 
 def _run_dir(run_id: str) -> Path:
@@ -80,11 +86,13 @@ def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
     os.replace(incoming, run_dir / "prompts.jsonl")
     safewrite.write_atomic(run_dir / "plan.json", plan.to_json())
     safewrite.write_atomic(run_dir / "status.json", json.dumps({"status": RunStatus.STARTING}))
-    runner = _spawn_runner(
-        run_dir,
-        BenchRunArgs(args.host, args.expected_gpus, args.sim, run_id=plan.run_id),
-        jobstep.JobStep.of(args.slurm_job, args.slurm_node),
-    )
+    run_args = BenchRunArgs(args.host, args.expected_gpus, args.sim, run_id=plan.run_id)
+    user = runas.resolve(args.run_as)
+    step = jobstep.JobStep.of(args.slurm_job, args.slurm_node)
+    if user is not None and step is None:
+        runner = _spawn_runner_as(user, run_dir, run_args, state or _state_of(plan))
+    else:  # in a Slurm job the runner runs as the job's user, as the server does
+        runner = _spawn_runner(run_dir, run_args, step)
     safewrite.write_atomic(run_dir / "runner.json", json.dumps(runner.to_wire()))
     return {
         "run_id": plan.run_id,
@@ -131,6 +139,72 @@ def _spawn_runner(run_dir: Path, args: BenchRunArgs, step: jobstep.JobStep | Non
     return ProcRef.capture(proc.pid) or ProcRef(proc.pid, -1)
 
 
+def _state_of(plan: BenchPlan) -> ServerState | None:
+    return read_state(plan.server_port) if plan.server_port else None
+
+
+def _spawn_runner_as(
+    user: runas.RunAs, run_dir: Path, args: BenchRunArgs, state: ServerState | None
+) -> ProcRef:
+    """The runner as the run_as user, in its own directory, with what it needs of root's
+    handed to it: its inputs as its own files, the server's log as a descriptor
+    (host/bench/userrun.py). It cannot read root's simulated GPUs: its NVML figures are
+    the user's own view (none on a rehearsal host)."""
+    files: dict[str, str | bytes] = {
+        "plan.json": (run_dir / "plan.json").read_text(),
+        "prompts.jsonl": (run_dir / "prompts.jsonl").read_bytes(),
+        "status.json": json.dumps({"status": RunStatus.STARTING}),
+        HANDED_KEYS: json.dumps(serverkeys.read(state.key_file if state else None)),
+    }
+    if state is not None:
+        files[HANDED_STATE] = json.dumps(state.to_wire())
+    home = userrun.hand_over(user, run_dir, files)
+    args.sim = None
+    env = user.env(childenv.child_env())
+    log_fd = _open_server_log(state)
+    if log_fd is not None:
+        env[LOG_FD_ENV] = str(log_fd)
+    try:
+        proc = _start_as(user, home, env, run_dir, () if log_fd is None else (log_fd,))
+    finally:
+        if log_fd is not None:
+            os.close(log_fd)
+    assert proc.stdin is not None
+    proc.stdin.write(args.to_wire().encode())
+    proc.stdin.close()
+    return ProcRef.capture(proc.pid) or ProcRef(proc.pid, -1)
+
+
+def _start_as(
+    user: runas.RunAs, home: Path, env: dict[str, str], run_dir: Path, fds: tuple[int, ...]
+) -> subprocess.Popen:
+    """The runner needs the standard library only: the agent's interpreter where the user
+    may run it, else the system's (the agent's may sit where the user cannot reach)."""
+    said = ""
+    for python in dict.fromkeys([sys.executable, "/usr/bin/python3"]):
+        try:
+            with safewrite.open_append(run_dir / "runner.log") as log:
+                return subprocess.Popen(
+                    [python, "-I", str(home / "agent.pyz"), BenchRunArgs.VERB],
+                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True, close_fds=True, pass_fds=fds,
+                    **{**user.popen(), "cwd": str(home)},  # type: ignore[arg-type]
+                )  # fmt: skip
+        except OSError as exc:
+            said += f"{'; ' if said else ''}{python}: {exc.strerror}"
+    raise AgentError(f"bench runner: run_as {user.name} can run no python ({said})",
+                     kind=Kind.RUN_FAILED)  # fmt: skip
+
+
+def _open_server_log(state: ServerState | None) -> int | None:
+    if state is None:
+        return None
+    try:
+        return os.open(state.log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+
+
 def _nvml_snapshot() -> list[JsonObject] | None:
     """What nvml_before.json and nvml_after.json hold: each GPU's reading (None: no NVML)."""
     try:
@@ -144,7 +218,13 @@ def bench_run(args: BenchRunArgs) -> RunStatusFile:
 
     run_dir = _run_dir(args.run_id)
     plan = BenchPlan.from_wire(json.loads((run_dir / "plan.json").read_text()), "plan.json")
-    state = read_state(plan.server_port) if plan.server_port else None
+    if (run_dir / HANDED_KEYS).exists():  # run as the run_as user: handed its inputs
+        handed = run_dir / HANDED_STATE
+        state = ServerState.from_wire(json.loads(handed.read_text())) if handed.exists() else None
+        keys = serverkeys.read(str(run_dir / HANDED_KEYS))
+    else:
+        state = _state_of(plan)
+        keys = serverkeys.read(state.key_file if state else None)
     facts = {"sysinfo.json": gpus.sysinfo(args).to_wire(), "nvml_before.json": _nvml_snapshot()}
     try:
         return run_plan(
@@ -152,7 +232,7 @@ def bench_run(args: BenchRunArgs) -> RunStatusFile:
             state,
             facts,
             finish=lambda writer: writer.json("nvml_after.json", _nvml_snapshot()),
-            keys=serverkeys.read(state.key_file if state else None),
+            keys=keys,
         )
     except Exception as exc:
         failed = {"status": RunStatus.FAILED, "reason": f"runner crashed: {exc!r}"}
@@ -167,13 +247,23 @@ def _runner_alive(run_dir: Path) -> bool:
         return False
 
 
+def _read_run_file(run_dir: Path, name: str, offset: int = 0) -> bytes | None:
+    """A file the runner writes: in root's run directory, or where the runner ran as the
+    run_as user, in that user's (read without following links: host/bench/userrun.py)."""
+    if (run_dir / userrun.MARK).exists():
+        return userrun.read(run_dir, name, offset)
+    try:
+        with open(run_dir / name, "rb") as fh:
+            fh.seek(offset)
+            return fh.read()
+    except OSError:
+        return None
+
+
 def _emit_progress(run_dir: Path, offset: int) -> int:
     """Emit the complete progress lines written since `offset`; the new offset."""
-    try:
-        with open(run_dir / "progress.jsonl", "rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except OSError:
+    data = _read_run_file(run_dir, "progress.jsonl", offset)
+    if data is None:
         return offset
     complete = data[: data.rfind(b"\n") + 1]
     for line in complete.decode(errors="replace").splitlines():
@@ -185,9 +275,16 @@ def _emit_progress(run_dir: Path, offset: int) -> int:
 
 
 def _read_status(run_dir: Path) -> RunStatusFile:
+    """The run's status: root's own where it said the run ended, else the runner's."""
     try:
-        return json.loads((run_dir / "status.json").read_text())
-    except (OSError, ValueError):
+        own: RunStatusFile = json.loads((run_dir / "status.json").read_text())
+        if own["status"] in (RunStatus.DONE, RunStatus.FAILED):
+            return own
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        return json.loads(_read_run_file(run_dir, "status.json") or b"")
+    except ValueError:
         return {"status": RunStatus.STARTING}
 
 
@@ -209,6 +306,7 @@ def bench_watch(args: BenchWatchArgs) -> BenchWatchAnswer:
             run_dir
         ):
             time.sleep(0.5)  # it may have just written its last status
+            userrun.take_back(run_dir)
             status = _read_status(run_dir)
             if status["status"] not in (RunStatus.DONE, RunStatus.FAILED):
                 log_tail = tail(str(run_dir / "runner.log"), 20)
@@ -230,6 +328,7 @@ def bench_watch(args: BenchWatchArgs) -> BenchWatchAnswer:
             }
         time.sleep(0.25)
     offset = _emit_progress(run_dir, offset)
+    userrun.take_back(run_dir, remove=True)
     files = [
         {"name": p.name, "size": p.stat().st_size}
         for p in sorted(run_dir.iterdir())

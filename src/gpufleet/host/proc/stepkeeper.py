@@ -26,20 +26,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from gpufleet.host.agent import safewrite
 from gpufleet.host.agent.procstat import ProcRef
+from gpufleet.host.agent.protocol import KEEPER_ALREADY, KEEPER_READY, keeper_error_file
 
-KEEPER = "keeper"  # `agent.pyz keeper JOB`
 STEPS = Path("steps")  # under the workdir: one folder per job
-READY = "gpufleet-keeper ready"
-ALREADY = "gpufleet-keeper already running"
 POLL_S = 0.2  # a request waits at most this long; idle, ~1% of a core at 0.1 s
 START_TIMEOUT_S = 30.0
 
 
 def folder(job: str) -> Path:
     return STEPS / f"job-{job}"
+
+
+def error_file(job: str) -> Path:
+    return Path(keeper_error_file(job))
 
 
 def running(job: str) -> ProcRef | None:
@@ -61,7 +64,7 @@ def request(
     keeper's reason, where it could not."""
     pid_file.unlink(missing_ok=True)
     name = f"{time.time_ns()}-{secrets.token_hex(4)}.request"
-    wire = {"argv": program, "env": env, "log": str(log.absolute()),
+    wire: Request = {"argv": program, "env": env, "log": str(log.absolute()),
             "pid_file": str(pid_file.absolute()),
             "stdin": str(stdin_file.absolute()) if stdin_file else os.devnull}  # fmt: skip
     safewrite.write_atomic(folder(job) / name, json.dumps(wire))
@@ -78,7 +81,17 @@ def request(
     raise RuntimeError(f"the step keeper of Slurm job {job} did not start it within {timeout:g} s")
 
 
-def _start(wire: dict, children: list[subprocess.Popen]) -> None:
+class Request(TypedDict):
+    """What the agent asks the keeper to start (a JSON file in the keeper's folder)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    log: str
+    pid_file: str
+    stdin: str
+
+
+def _start(wire: Request, children: list[subprocess.Popen]) -> None:
     pid_file = Path(wire["pid_file"])
     try:
         with safewrite.open_append(wire["log"]) as out, open(wire["stdin"], "rb") as stdin:
@@ -93,7 +106,7 @@ def _start(wire: dict, children: list[subprocess.Popen]) -> None:
     safewrite.write_atomic(pid_file, f"{child.pid}\n")
 
 
-def _take_requests(here: Path) -> list[dict]:
+def _take_requests(here: Path) -> list[Request]:
     """The pending requests, oldest first, each removed as it is read: this user's own
     regular files only (anything else is removed unread)."""
     taken = []
@@ -115,12 +128,12 @@ def serve(job: str) -> int:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        print(ALREADY, flush=True)
+        print(KEEPER_ALREADY, flush=True)
         return 0
     me = ProcRef.capture(os.getpid())
     assert me is not None
     safewrite.write_atomic(here / "keeper.json", json.dumps(me.to_wire()))
-    print(READY, flush=True)
+    print(KEEPER_READY, flush=True)
     children: list[subprocess.Popen] = []
     while True:
         for wire in _take_requests(here):

@@ -39,7 +39,7 @@ from gpufleet.host.agent.redact import (
     secret_values,
 )
 from gpufleet.host.gpu import facts as gpus
-from gpufleet.host.proc import jobstep
+from gpufleet.host.proc import jobstep, stepkeeper
 from gpufleet.host.server import keys as serverkeys
 from gpufleet.host.server import probe as health
 from gpufleet.host.server.preflight import as_user, launch_env, preflight, run_as_user
@@ -104,16 +104,21 @@ def _spawn(spec: LaunchSpec, step: jobstep.JobStep | None, user: runas.RunAs | N
             except jobstep.StepNotStarted as exc:
                 raise AgentError(f"{exc}: {' | '.join(tail(str(log), 3))}",
                                  kind=Kind.CRASHED) from None  # fmt: skip
-        return subprocess.Popen(  # type: ignore[call-overload]
-            spec.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=launch_env(spec, user),
-            start_new_session=True,  # own session and process group: survives hangup
-            close_fds=True,
-            **as_user(user),  # run_as: the engine's code runs with that user's rights
-        ).pid
+        try:
+            return subprocess.Popen(  # type: ignore[call-overload]
+                spec.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=launch_env(spec, user),
+                start_new_session=True,  # own session and process group: survives hangup
+                close_fds=True,
+                **as_user(user),  # run_as: the engine's code runs with that user's rights
+            ).pid
+        except OSError as exc:  # found by preflight, yet not runnable (by the run_as user)
+            who = f" as {user.name} (run_as: it must be able to read and run it)" if user else ""
+            raise AgentError(f"cannot start {spec.argv[0]}{who}: {exc.strerror}",
+                             kind=Kind.PREFLIGHT) from None  # fmt: skip
 
 
 def write_files(spec: LaunchSpec, user: runas.RunAs | None = None) -> LaunchSpec:
@@ -377,6 +382,13 @@ def stop(args: StopArgs) -> StopAnswer:
     return StopAnswer(stopped=stopped, refused=refused, verify=verify)
 
 
+def _why_job_ended(state: ServerState) -> str | None:
+    """Slurm's own line for the step that held the server: in the server's log (a step of
+    its own), else in the stderr of the job's step keeper that started it."""
+    keeper = stepkeeper.error_file(str(state.slurm_job))
+    return jobstep.why_ended(tail(state.log, 20)) or jobstep.why_ended(tail(str(keeper), 20))
+
+
 def servers() -> list[ServerSummary]:
     """gpufleet's servers on this host that have not been stopped, with health and uptime."""
     out = []
@@ -390,7 +402,7 @@ def servers() -> list[ServerSummary]:
             started = datetime.fromisoformat(state.started_at.replace("Z", "+00:00"))
             uptime = round((datetime.now(UTC) - started).total_seconds(), 1)
         dead = not alive and state.status in up  # it was up; its process is gone
-        ended = jobstep.why_ended(tail(state.log, 20)) if dead and state.slurm_job else None
+        ended = _why_job_ended(state) if dead and state.slurm_job else None
         out.append(
             ServerSummary(
                 profile=state.profile, pid=state.pid, port=state.port,
