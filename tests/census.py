@@ -153,3 +153,46 @@ def _classify(name: str, args: str, strings: list[str], ok: bool, decoded: str |
     if name.startswith(("rename", "link")) and ok:
         return [Touch("write", _absolute(s, base)) for s in strings[:2]]
     return []
+
+
+# run as another user: try to create each missing path (its missing directories first), and
+# remove whatever it made; print the paths it could create
+_CREATOR = """
+import json, os, sys
+could = []
+for path in json.load(sys.stdin):
+    made = []
+    try:
+        missing, d = [], os.path.dirname(path)
+        while not os.path.lexists(d):
+            missing.append(d)
+            d = os.path.dirname(d)
+        for d in reversed(missing):
+            os.mkdir(d)
+            made.append(d)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        could.append(path)
+        os.unlink(path)
+    except OSError:
+        if made:
+            could.append(path)  # a directory on the way was its to make: the rest follows
+    for d in reversed(made):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+print(json.dumps(could))
+"""
+
+
+def created_by(uid: int, paths: list[str]) -> list[str]:
+    """Which of `paths` (missing now) a process of `uid` could create: the race a path that
+    root looks for and does not find is exposed to, tried for real, each made path removed."""
+    import json
+
+    out = subprocess.run(  # the system's python: the test's may lie under root's home
+        ["/usr/bin/python3", "-I", "-S", "-c", _CREATOR], input=json.dumps(sorted(set(paths))),
+        capture_output=True, text=True, user=uid, group=uid, extra_groups=[], cwd="/",
+        timeout=120, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from census import touches, traced
+from census import created_by, touches, traced
 from gpufleet.host.agent import trust
 from helpers import REPO
 from test_reliability import record
@@ -32,6 +32,19 @@ from test_reliability import record
 CENSUS = REPO / "tests" / "fixtures" / "root-census.json"
 HOST = REPO / "src" / "gpufleet" / "host"
 TASKS = ("gpu-clean", "launch --clean", "logs", "bench", "stop", "sweep", "tune")
+NOBODY = 65534
+
+
+def test_the_race_check_creates_what_another_user_could_and_leaves_nothing(tmp_path):
+    """created_by finds the missing paths uid 65534 can create (in /tmp, sticky and open),
+    not those it cannot (under root's 0700 folder, in /usr), and removes what it made."""
+    import secrets
+
+    tmp_path.chmod(0o700)
+    open_dir = f"/tmp/gpufleet-race-{secrets.token_hex(4)}"
+    paths = [f"{open_dir}/sub/lib.so", f"{tmp_path}/x/lib.so", "/usr/lib/gpufleet-none.so"]
+    assert created_by(NOBODY, paths) == [f"{open_dir}/sub/lib.so"]
+    assert not os.path.lexists(open_dir)
 
 
 # -- the static half -------------------------------------------------------------------
@@ -173,6 +186,7 @@ def test_the_census_of_what_root_touches(fleet, census_host, tmp_path, host_pyth
     found: dict[str, dict[str, list[str]]] = {}
     untrusted: list[str] = []
     sizes: dict[str, int] = {}
+    probes: dict[str, list[str]] = {}
     for task in TASKS:
         out = _run_traced(fleet, sshd, commands[task], tmp_path / f"trace-{task.split()[0]}")
         assert out.returncode == 0, (task, out.stdout[-2000:], out.stderr[-2000:])
@@ -191,7 +205,12 @@ def test_the_census_of_what_root_touches(fleet, census_host, tmp_path, host_pyth
                     untrusted.append(f"{task}: {t.kind} {reason}")
         found[task] = {d: sorted(k) for d, k in sorted(per_dir.items())}
         sizes[task] = len(seen)
+        probes[task] = [t.path for t in seen if t.kind == "probe" and not os.path.lexists(t.path)]
     assert not untrusted, "\n".join(untrusted)
+    # the race: each path root looked for and did not find, created by another user (uid
+    # 65534) as it could between a judgement and a use; none may be creatable
+    raced = {task: created_by(NOBODY, paths) for task, paths in probes.items()}
+    assert not any(raced.values()), raced
     if os.environ.get("GPUFLEET_WRITE_CENSUS") == "1":
         CENSUS.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
     committed = json.loads(CENSUS.read_text())
@@ -203,7 +222,8 @@ def test_the_census_of_what_root_touches(fleet, census_host, tmp_path, host_pyth
         "root now touches places the census does not list; judge them by the trust rule, "
         "then GPUFLEET_WRITE_CENSUS=1 pytest tests/test_trust_census.py:\n" + "\n".join(new)
     )
-    record("root_census", {t: {"paths": sizes[t], "directories": len(found[t])} for t in TASKS})
+    record("root_census", {t: {"paths": sizes[t], "directories": len(found[t]),
+                               "missing_paths_raced": len(set(probes[t]))} for t in TASKS})  # fmt: skip
 
 
 def _marks(task: str, own: bool) -> list:
