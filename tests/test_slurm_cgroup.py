@@ -20,6 +20,7 @@ import pytest
 
 from gpufleet.sim.slurm import LocalSlurm, missing_programs
 from helpers import Fleet, processes_under, srun_inventory
+from test_slurm_real import cancel_mid_bench
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
 
@@ -111,3 +112,11 @@ def test_under_cgroup_tracking_servers_and_runs_outlive_the_launch_and_end_with_
         rf"{job}\.\d+ ON {node} CANCELLED AT ",
         status.stdout,
     ), status.stdout
+
+
+@pytest.mark.slow(minutes=1)
+@pytest.mark.faults
+def test_under_cgroup_tracking_a_job_cancelled_mid_bench_leaves_nothing(fleet, cluster, tmp_path):
+    """The same case as on the linuxproc cluster: one failure line naming the ended job, no
+    `--attach`, nothing of gpufleet's left on the node (the keeper's children included)."""
+    cancel_mid_bench(fleet, cluster, tmp_path)

@@ -299,7 +299,13 @@ def test_a_job_cancelled_mid_bench_leaves_nothing_on_the_node(fleet, cluster, tm
     """scancel while the bench runs: the server, the runner and its generator processes
     end with the job (no process in the host's workdir), and the bench fails in one line
     that offers no `--attach` it could not keep."""
+    cancel_mid_bench(fleet, cluster, tmp_path)
+
+
+def cancel_mid_bench(fleet: Fleet, cluster: LocalSlurm, tmp_path: Path) -> None:
+    """The case on either cluster (this one; test_slurm_cgroup.py's, by cgroup)."""
     job, proc, _ = _srun_bench(fleet, cluster, tmp_path / "a")
+    node = cluster.run("squeue", "-h", "-j", job, "-o", "%N").strip()
     cancelled = time.monotonic()
     cluster.cancel(job)
     rest = proc.communicate(timeout=90)[0]
@@ -309,7 +315,7 @@ def test_a_job_cancelled_mid_bench_leaves_nothing_on_the_node(fleet, cluster, tm
     assert len(failed) == 1 and "--attach" not in failed[0], rest
     assert re.search(
         rf"Slurm job {job} is (CANCELLED|COMPLETING|GONE): the server and the run "
-        r"on n\d ended with it",
+        rf"on {node} ended with it",
         failed[0],
     ), rest
     deadline = time.monotonic() + 30
