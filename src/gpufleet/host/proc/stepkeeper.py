@@ -33,7 +33,7 @@ from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.host.agent.protocol import KEEPER_ALREADY, KEEPER_READY, keeper_error_file
 
 STEPS = Path("steps")  # under the workdir: one folder per job
-POLL_S = 0.2  # a request waits at most this long; idle, ~1% of a core at 0.1 s
+POLL_S = 0.2  # a request waits at most this long; idle, the keeper uses 0.1% of a core
 START_TIMEOUT_S = 30.0
 
 
@@ -47,6 +47,8 @@ def error_file(job: str) -> Path:
 
 def running(job: str) -> ProcRef | None:
     """The keeper of this job on this node, if one runs (a reused PID does not count)."""
+    if not (folder(job) / "keeper.json").exists():  # no folder made for asking
+        return None
     data = safewrite.read_own(folder(job) / "keeper.json")
     if not data:
         return None
@@ -54,31 +56,6 @@ def running(job: str) -> ProcRef | None:
         ref = ProcRef.from_wire(json.loads(data))
         return ref if ref.alive() else None
     return None
-
-
-def request(
-    job: str, program: list[str], env: dict[str, str], log: Path, pid_file: Path,
-    stdin_file: Path | None, timeout: float = START_TIMEOUT_S,
-) -> int:  # fmt: skip
-    """Have the job's keeper start `program`; its PID once it runs. RuntimeError, with the
-    keeper's reason, where it could not."""
-    pid_file.unlink(missing_ok=True)
-    name = f"{time.time_ns()}-{secrets.token_hex(4)}.request"
-    wire: Request = {"argv": program, "env": env, "log": str(log.absolute()),
-            "pid_file": str(pid_file.absolute()),
-            "stdin": str(stdin_file.absolute()) if stdin_file else os.devnull}  # fmt: skip
-    safewrite.write_atomic(folder(job) / name, json.dumps(wire))
-    failed = pid_file.with_name(pid_file.name + ".failed")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            return int(pid_file.read_text().strip())
-        if failed.exists():
-            raise RuntimeError(failed.read_text().strip())
-        if running(job) is None:
-            raise RuntimeError(f"the step keeper of Slurm job {job} is not running")
-        time.sleep(0.05)
-    raise RuntimeError(f"the step keeper of Slurm job {job} did not start it within {timeout:g} s")
 
 
 class Request(TypedDict):
@@ -89,6 +66,32 @@ class Request(TypedDict):
     log: str
     pid_file: str
     stdin: str
+
+
+def request(
+    job: str, program: list[str], env: dict[str, str], log: Path, pid_file: Path,
+    stdin_file: Path | None, timeout: float = START_TIMEOUT_S,
+) -> int:  # fmt: skip
+    """Have the job's keeper start `program`; its PID once it runs. RuntimeError, with the
+    keeper's reason, where it could not."""
+    failed = pid_file.with_name(pid_file.name + ".failed")
+    pid_file.unlink(missing_ok=True)
+    failed.unlink(missing_ok=True)
+    name = f"{time.time_ns()}-{secrets.token_hex(4)}.request"
+    wire: Request = {"argv": program, "env": env, "log": str(log.absolute()),
+            "pid_file": str(pid_file.absolute()),
+            "stdin": str(stdin_file.absolute()) if stdin_file else os.devnull}  # fmt: skip
+    safewrite.write_atomic(folder(job) / name, json.dumps(wire))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            return int(pid_file.read_text().strip())
+        if failed.exists():
+            raise RuntimeError(failed.read_text().strip())
+        if running(job) is None:
+            raise RuntimeError(f"the step keeper of Slurm job {job} is not running")
+        time.sleep(0.05)
+    raise RuntimeError(f"the step keeper of Slurm job {job} did not start it within {timeout:g} s")
 
 
 def _start(wire: Request, children: list[subprocess.Popen]) -> None:
