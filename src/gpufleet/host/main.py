@@ -99,7 +99,9 @@ def main(argv: list[str]) -> int:
         return stepkeeper.serve(argv[1])
     if len(argv) != 1 or argv[0] not in VERBS:
         emit_error(
-            f"usage: agent.pyz {{{','.join(sorted([*VERBS, SERVE]))}}} < ARGS.json", "bad_input"
+            f"usage: agent.pyz {{{','.join(sorted([*VERBS, SERVE]))}}} < ARGS.json, or "
+            f"agent.pyz {KEEPER} JOB",
+            "bad_input",
         )
         return 2
     return run_verb(argv[0], sys.stdin)
