@@ -20,7 +20,7 @@ import pytest
 
 from gpufleet.sim.slurm import LocalSlurm, missing_programs
 from helpers import Fleet, processes_under, srun_inventory
-from test_slurm_real import cancel_mid_bench
+from test_slurm_real import cancel_mid_bench, status_says_the_job_ended
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
 
@@ -102,16 +102,7 @@ def test_under_cgroup_tracking_servers_and_runs_outlive_the_launch_and_end_with_
     cluster.cancel(job)
     assert _gone(workdir, 30) == [], "the job's end ends the server, the keeper, its srun"
 
-    fresh = cluster.submit("-N1", "-w", node)
-    cluster.wait_running(fresh)
-    srun_inventory(fleet, fresh, [node])
-    status = fleet.cli("status", "--hosts", "h0")
-    assert status.returncode == 0, status.stdout + status.stderr
-    assert re.search(
-        rf"h0: server test \(port \d+\) ended with its Slurm job: \*\*\* STEP "
-        rf"{job}\.\d+ ON {node} CANCELLED AT ",
-        status.stdout,
-    ), status.stdout
+    status_says_the_job_ended(fleet, cluster, job, node)
 
 
 @pytest.mark.slow(minutes=1)

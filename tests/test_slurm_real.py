@@ -238,7 +238,14 @@ def test_a_server_ends_with_the_job_that_owned_it(fleet, cluster):
     while processes_under(workdir) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_under(workdir) == []
-    fresh = cluster.submit("-N1", "-p", "h200", "-w", node)
+    status_says_the_job_ended(fleet, cluster, job, node, "-p", "h200")
+
+
+def status_says_the_job_ended(fleet: Fleet, cluster: LocalSlurm, job: str, node: str,
+                              *where: str) -> None:  # fmt: skip
+    """In a new job on the same node, `inv status` names the server its old job ended, in
+    Slurm's own words (this cluster's case and test_slurm_cgroup.py's)."""
+    fresh = cluster.submit("-N1", *where, "-w", node)
     cluster.wait_running(fresh)
     srun_inventory(fleet, fresh, [node])
     status = fleet.cli("status", "--hosts", "h0")
