@@ -25,6 +25,12 @@ ROOT_NAMES = (None, "", "root")  # absent, or `run_as: root`: the judged mode, a
 DIRECTORY = ".gpufleet-run"  # the user's own: its files and key files, under its HOME
 
 
+def pythons() -> list[str]:
+    """The interpreters a child as the run_as user tries, in order: the agent's, which may
+    sit where the user cannot reach (root's home), then the system's."""
+    return list(dict.fromkeys([sys.executable, "/usr/bin/python3"]))
+
+
 @dataclass(frozen=True)
 class RunAs:
     """A local user, resolved on the host (its uid, primary group, groups and home)."""
@@ -61,9 +67,7 @@ class RunAs:
         wire = {name: {"b64": base64.b64encode(data).decode()} if isinstance(data, bytes)
                 else data for name, data in files.items()}  # fmt: skip
         said = "no python it may run"
-        # the agent's interpreter may sit where the user cannot reach (root's home): then
-        # the system's, as the user would find it
-        for python in dict.fromkeys([sys.executable, "/usr/bin/python3"]):
+        for python in pythons():
             try:
                 out = subprocess.run(
                     [python, "-I", "-S", "-c", _WRITER, self.home, str(self.uid), DIRECTORY],

@@ -181,7 +181,7 @@ def _start_as(
     """The runner needs the standard library only: the agent's interpreter where the user
     may run it, else the system's (the agent's may sit where the user cannot reach)."""
     said = ""
-    for python in dict.fromkeys([sys.executable, "/usr/bin/python3"]):
+    for python in runas.pythons():
         try:
             with safewrite.open_append(run_dir / "runner.log") as log:
                 return subprocess.Popen(
