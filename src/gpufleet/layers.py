@@ -27,6 +27,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "host": ("host/agent", "host/proc", "host/gpu", "host/server", "host/bench"),
     "archive": (),
     "report": ("archive",),
+    # across hosts and over time: the archive's index, outliers, history, OpenMetrics
+    "fleet": ("archive", "report"),
     "control/agent": ("host/agent",),
     "control/inventory": ("host/agent", "archive"),
     "control/connect": ("control/agent", "control/inventory", "host/agent"),
@@ -48,6 +50,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "cli": (
         "control/connect", "control/inventory", "control/server", "control/bench",
         "control/sweep", "control/tune", "host/agent", "host/bench", "archive", "report",
+        "fleet",
     ),
 }  # fmt: skip
 
@@ -60,6 +63,7 @@ RUNS_ON = {
     "control": "control machine",
     "archive": "control machine",
     "report": "control machine",
+    "fleet": "control machine",
     "host": "GPU host (zipapp)",
     "sim": "GPU host (rehearsal)",
 }

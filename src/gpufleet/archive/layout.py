@@ -10,8 +10,10 @@ archive root and the queries over them; nothing else builds a path under `logs/`
     <root>/findmax/<host>/<stamp>-<profile>.json   a find-max search and its probes
     <root>/compare/<name>/             a comparison's plots and report.html
     <root>/health/<host>.json          the host's GPU health at its last gpu-clean
+    <root>/index/runs.sqlite3          the fleet index: per-run summaries, rebuilt from the
+                                       files above whenever missing, stale or unreadable
 
-`sweeps`, `tunes`, `findmax`, `compare` and `health` are therefore not host names (the
+`sweeps`, `tunes`, `findmax`, `compare`, `health` and `index` are therefore not host names (the
 inventory refuses them).
 """
 
@@ -22,7 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-RESERVED = frozenset({"sweeps", "tunes", "findmax", "compare", "health"})
+RESERVED = frozenset({"sweeps", "tunes", "findmax", "compare", "health", "index"})
 
 
 def profile_label(profile: str) -> str:
@@ -89,6 +91,15 @@ class Archive:
     def health_record(self, host: str) -> Path:
         return self.root / "health" / f"{host}.json"
 
+    @property
+    def index_path(self) -> Path:
+        """The fleet index (fleet/index.py): a cache of the run files, never their source."""
+        return self.root / "index" / "runs.sqlite3"
+
+    def fleet_dir(self, profile: str) -> Path:
+        """Where `inv fleet` writes its table, plot and page for one profile."""
+        return self.root / "compare" / safe_name(f"fleet-{profile}")
+
     def compare_dir(self, name: str) -> Path:
         return self.root / "compare" / safe_name(name)
 
@@ -101,6 +112,20 @@ class Archive:
     def findmax_records(self, host: str, profile: str) -> list[Path]:
         """A host's find-max records of one profile, oldest first."""
         return sorted(self.findmax_dir(host).glob(f"*-{profile}.json"))
+
+    def run_dirs(self) -> list[tuple[str, Path]]:
+        """(host, run dir) for every archived run's folder, whole or not (a folder without
+        its manifest is listed too: the fleet index refuses it by name). Partial runs
+        (hidden) and the archive's own folders are not runs."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for host_dir in sorted(self.root.iterdir()):
+            if host_dir.name in RESERVED or host_dir.name.startswith(".") or not host_dir.is_dir():
+                continue
+            out += [(host_dir.name, d) for d in sorted(host_dir.iterdir())
+                    if d.is_dir() and not d.name.startswith(".")]  # fmt: skip
+        return out
 
     def run_manifests(self, manifest_name: str) -> list[Path]:
         """Every archived run's manifest (<root>/<host>/<run-id>/<manifest>), sorted."""

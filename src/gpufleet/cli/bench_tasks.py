@@ -75,6 +75,8 @@ RUNS = OptionSet(
     profile=Option("only runs of this profile", short="p"),
     since=Option("only runs started on or after this date (YYYY-MM-DD)"),
     verify=switch("check every archived file against the manifest's sha256"),
+    reindex=switch("rebuild the fleet index from the run files (inv fleet, history, metrics "
+                   "read it) and say what it cost"),
     archive=archive_option(),
 )
 
@@ -159,6 +161,8 @@ def runs(c, **given):
 
     o = RUNS.parse(given)
     root = o.archive
+    if o.reindex:
+        _reindex(root)
     items = [
         r
         for r in store.list_runs(root)
@@ -195,3 +199,20 @@ def runs(c, **given):
         line("no archived runs match")
     if bad:
         raise Exit(f"gpufleet: {bad} run(s) failed verification", code=1)
+
+
+def _reindex(root):
+    """`inv runs --reindex`: the index rebuilt from the run files, with its cost per run."""
+    import time
+
+    from gpufleet.cli.output import line
+    from gpufleet.fleet.index import open_index
+
+    began = time.perf_counter()
+    with open_index(root, rebuild=True) as index:
+        count = len(index.runs(rows=False))
+        for note in index.notes:
+            line(f"note: {note}")
+    took = time.perf_counter() - began
+    per_run = f", {took / count * 1000:.2f} ms a run" if count else ""
+    line(f"index: {root.index_path}: {count} runs in {took:.2f} s{per_run}")

@@ -13,6 +13,7 @@ from invoke import Collection
 from gpufleet.cli import (
     bench_tasks,
     compare_tasks,
+    fleet_tasks,
     gpu_tasks,
     parsing,
     server_tasks,
@@ -21,6 +22,7 @@ from gpufleet.cli import (
 )
 from gpufleet.cli.bench_tasks import bench, runs
 from gpufleet.cli.compare_tasks import compare, report
+from gpufleet.cli.fleet_tasks import fleet, history, metrics
 from gpufleet.cli.gpu_tasks import gpu_clean, hosts, status, sysinfo
 from gpufleet.cli.options import OptionSet
 from gpufleet.cli.server_tasks import launch, logs, profiles, stop, wait
@@ -46,10 +48,15 @@ ns = Collection(
     tune,
     rehearse,
     report,
+    fleet,
+    history,
+    metrics,
 )
 
 
-TASK_MODULES = (gpu_tasks, server_tasks, bench_tasks, compare_tasks, sweep_tasks, tune_tasks)
+TASK_MODULES = (
+    gpu_tasks, server_tasks, bench_tasks, compare_tasks, sweep_tasks, tune_tasks, fleet_tasks,
+)
 
 
 def option_sets() -> dict[str, OptionSet]:

@@ -13,12 +13,15 @@ GPU state, where the simulated NVML reads it; the energy counter only grows.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from gpufleet.sim import gpustate
 
 IDLE_W = 80.0
 DYNAMIC_W = 560.0
 PUBLISH_EVERY_S = 0.2
+DEFAULT_LIMIT_W = 700.0  # the simulated NVML's default power limit (sim/nvml.py)
+DEFAULT_CLOCK_MHZ = 1980  # ... and default application clock
 
 
 def step_power_w(batch: int, speculative: bool) -> float:
@@ -26,6 +29,30 @@ def step_power_w(batch: int, speculative: bool) -> float:
     if speculative:
         intensity = min(1.0, intensity * 1.2)
     return IDLE_W + DYNAMIC_W * intensity
+
+
+def gpu_slowdown(gpus: list[int], speculative: bool) -> Callable[[int], float] | None:
+    """How much longer a step takes on these GPUs than on stock ones, by batch; None when
+    every GPU is stock. A tensor-parallel step waits for its slowest GPU. Lower application
+    clocks stretch every step by default / set clock. A power limit below what the step
+    draws holds the clocks down until the dynamic power fits (dynamic power taken as
+    proportional to clock): a step drawing 640 W under a 500 W limit runs at 420/560 of
+    its speed. `inv fleet` must name such a host (docs/REHEARSAL.md)."""
+    faults = (gpustate.read_topology().get("faults") or {}) if gpus else {}
+    mine = [faults.get(str(g)) or {} for g in gpus]
+    clocks = [float(f.get("sm_clock_app_mhz") or DEFAULT_CLOCK_MHZ) for f in mine]
+    limits = [float(f.get("power_limit_w") or DEFAULT_LIMIT_W) for f in mine]
+    if not mine or (min(clocks) >= DEFAULT_CLOCK_MHZ and min(limits) >= DEFAULT_LIMIT_W):
+        return None
+    clock_factor = DEFAULT_CLOCK_MHZ / min(clocks)
+    limit = min(limits)
+
+    def factor(batch: int) -> float:
+        demand = step_power_w(batch, speculative)
+        capped = (demand - IDLE_W) / max(1.0, limit - IDLE_W) if demand > limit else 1.0
+        return max(clock_factor, capped, 1.0)
+
+    return factor
 
 
 class ActivityMeter:

@@ -23,7 +23,7 @@ from gpufleet import engine_facts
 from gpufleet.engine_facts import capture_sizes
 from gpufleet.sim import auth, gpustate, serverargs
 from gpufleet.sim.hold import set_title
-from gpufleet.sim.power import ActivityMeter
+from gpufleet.sim.power import ActivityMeter, gpu_slowdown
 from gpufleet.sim.prefixcache import PrefixCache
 from gpufleet.sim.speculation import (
     SKIP_ZERO_STEP_ENV,
@@ -151,6 +151,7 @@ def _model(args: Any, steps: int | None = None) -> TimingModel:
     if args.sim_accept_length is not None and model.max_accept > 1:
         model.accept_length = max(1.0, min(args.sim_accept_length, model.max_accept))
         model.accept_by_domain = {}  # one mean for every prompt
+    model.slowdown = getattr(args, "sim_gpu_slowdown", None)
     return model
 
 
@@ -202,6 +203,10 @@ async def serve(launcher: Launcher) -> int:
         per_node = max(1, a.tp_size // max(1, a.nnodes))
         gpus = [_visible_gpu(a.base_gpu_id + i) for i in range(per_node)]
         meter = ActivityMeter(gpus, speculative=bool(a.speculative_algorithm))
+        a.sim_gpu_slowdown = gpu_slowdown(gpus, bool(a.speculative_algorithm))
+        if a.sim_gpu_slowdown:
+            log(f"GPUs {gpus} run below stock clocks or power: a step at batch 1 takes "
+                f"{a.sim_gpu_slowdown(1):.2f}x, at 64 {a.sim_gpu_slowdown(64):.2f}x")
     engine = Engine(
         _model(a), a.max_running_requests, a.sim_zero_cost, a.sim_seed, on_batch,
         on_step=meter.step if meter else None,

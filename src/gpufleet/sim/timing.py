@@ -37,6 +37,9 @@ class TimingModel:
     # mean tokens per step by what a prompt asks (speculation.prompt_domain); a domain
     # not here takes `accept_length`
     accept_by_domain: dict[str, float] = field(default_factory=dict)
+    # batch -> how much longer a step takes on this host's GPUs (sim/power.gpu_slowdown:
+    # lowered clocks or power limit); None: stock GPUs
+    slowdown: Callable[[int], float] | None = None
 
     def accept_for(self, domain: str) -> float:
         return self.accept_by_domain.get(domain, self.accept_length)
@@ -75,11 +78,12 @@ class TimingModel:
         )
 
     def step_seconds(self, batch: int, new_prompt_tokens: int) -> float:
-        return (
+        seconds = (
             self.decode_base_s
             + self.decode_per_req_s * batch
             + (self.prefill_per_token_s * new_prompt_tokens)
         )
+        return seconds * self.slowdown(batch) if self.slowdown else seconds
 
 
 @dataclass

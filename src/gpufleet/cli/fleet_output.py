@@ -1,0 +1,124 @@
+"""How inv fleet and inv history print: tables and sentences, or JSON for a script."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpufleet.cli.output import line, table
+from gpufleet.fleet.estimate import Estimate
+from gpufleet.fleet.history import HostHistory
+from gpufleet.fleet.outliers import FleetView, fact_text
+from gpufleet.fleet.page import markdown, sentences
+from gpufleet.fleet.page import table as fleet_table
+
+
+def _notes(notes: list[str]) -> None:
+    for note in notes:
+        line(f"note: {note}", sys.stderr)
+
+
+def _interval(value: tuple[float, float] | None) -> list[float] | None:
+    return list(value) if value else None
+
+
+def fleet_json(view: FleetView) -> dict[str, Any]:
+    return {
+        "profile": view.profile,
+        "metric": view.metric.key,
+        "threshold": view.threshold,
+        "levels": [
+            {"concurrency": lv.concurrency, "median": lv.median, "spread": lv.spread,
+             "hosts": [{"host": h.host, "value": h.estimate.value, "ratio": h.ratio,
+                        "interval": _interval(h.interval), "source": h.estimate.source,
+                        "named": h.named, "side": h.side or None} for h in lv.hosts]}
+            for lv in view.levels
+        ],
+        "named": [{"host": n.host, "levels": n.levels,
+                   "differences": [{"field": f, "host": fact_text(a), "fleet": fact_text(b)}
+                                   for f, a, b in n.differences]} for n in view.named],
+        "runs": {h: [r.run_id for r in rs] for h, rs in view.runs.items()},
+        "left_out": view.left_out,
+        "notes": view.notes,
+    }  # fmt: skip
+
+
+def print_fleet(views: list[FleetView], fmt: str, notes: list[str],
+                pages: dict[str, list[Path]]) -> None:  # fmt: skip
+    _notes(notes)
+    if fmt == "json":
+        print(json.dumps([fleet_json(v) for v in views], indent=1))
+        return
+    for view in views:
+        if fmt == "md":
+            print(markdown(view))
+            continue
+        headers, rows = fleet_table(view)
+        rounds = sorted({r.round_id for rs in view.runs.values() for r in rs})
+        line(f"{view.profile}: {view.metric.label}, each host's ratio to the fleet's median "
+             f"[95% interval]; ! = off the fleet (>= {view.threshold:.0%} and significant)")
+        table("", headers, rows)
+        for sentence in sentences(view):
+            line(sentence)
+        for why in view.left_out:
+            line(f"left out: {why}")
+        for note in view.notes:
+            line(note)
+        line(f"runs: {', '.join(rounds[-3:])}{' ...' if len(rounds) > 3 else ''}")
+        written = pages.get(view.profile) or []
+        if written:
+            line(f"report: {written[-1]}")
+
+
+def _figure(e: Estimate, fmt: str) -> str:
+    interval = e.interval()
+    text = fmt.format(e.value)
+    return text + (f" [{fmt.format(interval[0])}-{fmt.format(interval[1])}]" if interval else "")
+
+
+def history_json(h: HostHistory) -> dict[str, Any]:
+    return {
+        "host": h.host, "profile": h.profile, "metric": h.metric.key,
+        "newest": [r.run_id for r in h.newest], "baseline": [r.run_id for r in h.baseline],
+        "levels": [{"concurrency": lv.concurrency, "before": lv.before.value,
+                    "after": lv.after.value, "ratio": lv.ratio,
+                    "interval": _interval(lv.interval), "verdict": lv.verdict,
+                    "change": lv.change} for lv in h.levels],
+        "changes": [{"field": f, "before": fact_text(a), "after": fact_text(b)}
+                    for f, a, b in h.changes],
+        "left_out": h.left_out,
+    }  # fmt: skip
+
+
+def print_history(found: list[HostHistory], fmt: str, notes: list[str]) -> None:
+    _notes(notes)
+    if fmt == "json":
+        print(json.dumps([history_json(h) for h in found], indent=1))
+        return
+    if not found:
+        line("no archived runs match")
+    for h in found:
+        title = f"{h.host} {h.profile}: newest {h.newest[-1].run_id}"
+        if not h.baseline:
+            line(f"{title}: no earlier comparable run to compare with")
+            for why in h.left_out:
+                line(f"  left out: {why}")
+            continue
+        line(f"{title} against {len(h.baseline)} earlier run(s) "
+             f"({h.baseline[0].started_at[:10]} to {h.baseline[-1].started_at[:10]})")
+        fmt_ = h.metric.fmt
+        rows = [[f"C={lv.concurrency}", _figure(lv.before, fmt_), _figure(lv.after, fmt_),
+                 f"{lv.ratio:.3f}" + (f" [{lv.interval[0]:.3f}-{lv.interval[1]:.3f}]"
+                                      if lv.interval else ""),
+                 f"{lv.verdict} ({lv.change:+.1%})"] for lv in h.levels]  # fmt: skip
+        table("", ["level", f"before {h.metric.unit}", f"newest {h.metric.unit}",
+                   "newest/before", "verdict"], rows)  # fmt: skip
+        if h.changes:
+            line("  changed: " + "; ".join(f"{f} {fact_text(a)} -> {fact_text(b)}"
+                                           for f, a, b in h.changes))  # fmt: skip
+        else:
+            line("  changed: nothing recorded in the fingerprint")
+        for why in h.left_out:
+            line(f"  left out: {why}")

@@ -1,0 +1,157 @@
+"""`inv history`: did this host get slower (or faster) since its earlier runs, and what
+changed between them.
+
+For one host and profile, the newest round (its newest run and that sweep cell's
+repeats) is set against a baseline: the earlier rounds that share the fingerprint of the
+round just before the newest, i.e. the settled state before the last change ("last week,
+before the upgrade"), pooled. Per level: the ratio newest / baseline with compare's
+statistics (estimate.py) and a verdict; the fingerprint fields that changed between the
+baseline and the newest round are named ("engine version: 0.5.22 -> 0.5.23"). Runs of
+another prompt set or GPU model are never mixed in silently: they are listed as left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpufleet.errors import UserError
+from gpufleet.fleet.estimate import Estimate, estimate, ratio
+from gpufleet.fleet.index import PROMPT_SET, Index, IndexedRun
+from gpufleet.fleet.outliers import DEFAULT_METRIC, DEFAULT_THRESHOLD, metric_named
+from gpufleet.report import metrics
+from gpufleet.report.fingerprint import Fact
+
+
+class Verdict:
+    FASTER = "faster"
+    SLOWER = "slower"
+    SAME = "no difference"
+    UNKNOWN = "no interval"
+
+
+@dataclass
+class HistoryLevel:
+    concurrency: int
+    before: Estimate
+    after: Estimate
+    ratio: float
+    interval: tuple[float, float] | None
+    verdict: str
+    change: float  # signed, better is positive: +0.03 = 3% better
+
+
+@dataclass
+class HostHistory:
+    host: str
+    profile: str
+    metric: metrics.Metric
+    newest: list[IndexedRun]
+    baseline: list[IndexedRun]
+    levels: list[HistoryLevel]
+    changes: list[tuple[str, Fact, Fact]]  # (field, baseline's, newest's)
+    left_out: list[str] = field(default_factory=list)
+
+    def regressions(self, drop: float) -> list[HistoryLevel]:
+        """Levels significantly worse by more than `drop` (0.05 = 5%)."""
+        return [lv for lv in self.levels if lv.verdict == Verdict.SLOWER and -lv.change > drop]
+
+
+def _rounds(runs: list[IndexedRun]) -> list[list[IndexedRun]]:
+    """The runs grouped by round (a sweep cell's repeats together), oldest first."""
+    groups: dict[tuple[str, str | None], list[IndexedRun]] = {}
+    for run in runs:
+        key = (run.round_id, run.cell) if run.cell else (run.run_id, None)
+        groups.setdefault(key, []).append(run)
+    return sorted(groups.values(), key=lambda g: g[-1].started_at)
+
+
+def _comparable(newest: IndexedRun, run: IndexedRun) -> str | None:
+    """Why `run` cannot be set against `newest`, or None."""
+    for label, a, b in (
+        (PROMPT_SET, newest.prompt_set, run.prompt_set),
+        ("GPU model", newest.gpu_model, run.gpu_model),
+    ):
+        if a != b:
+            return f"another {label} ({b or 'unrecorded'}, newest: {a or 'unrecorded'})"
+    return None
+
+
+def changed_fields(before: IndexedRun, after: IndexedRun) -> list[tuple[str, Fact, Fact]]:
+    return [
+        (label, before.fingerprint.get(label), value)
+        for label, value in after.fingerprint.items()
+        if before.fingerprint.get(label) != value
+        and value is not None
+        and before.fingerprint.get(label) is not None
+    ]
+
+
+def _verdict(value: float, interval: tuple[float, float] | None, threshold: float,
+             higher: bool) -> tuple[str, float]:  # fmt: skip
+    change = (value - 1.0) if higher else (1.0 / value - 1.0)
+    if interval is None:
+        return Verdict.UNKNOWN, change
+    if interval[0] <= 1.0 <= interval[1] or abs(value - 1.0) < threshold:
+        return Verdict.SAME, change
+    return (Verdict.FASTER if change > 0 else Verdict.SLOWER), change
+
+
+def host_history(
+    index: Index, host: str, profile: str, metric: str = DEFAULT_METRIC,
+    threshold: float = DEFAULT_THRESHOLD,
+) -> HostHistory | None:  # fmt: skip
+    """The newest round of `profile` on `host` against its baseline; None with fewer than
+    two comparable rounds."""
+    m = metric_named(metric)
+    runs = [r for r in index.runs(profile=profile, host=host) if r.usable and r.rows]
+    if not runs:
+        return None
+    rounds = _rounds(runs)
+    newest = rounds[-1]
+    left_out, earlier = [], []
+    for group in rounds[:-1]:
+        why = _comparable(newest[-1], group[-1])
+        if why:
+            left_out += [f"{r.run_id}: {why}" for r in group]
+        else:
+            earlier.append(group)
+    if not earlier:
+        return HostHistory(host, profile, m, newest, [], [], [], left_out)
+    settled = earlier[-1][-1].fingerprint
+    baseline = [r for g in earlier for r in g if r.fingerprint == settled]
+    levels = []
+    concurrencies = sorted({row["max_concurrency"] for r in newest for row in r.rows})
+    for c in concurrencies:
+        after = estimate([row for r in newest for row in r.rows if row["max_concurrency"] == c],
+                         m.key)  # fmt: skip
+        before = estimate([row for r in baseline for row in r.rows
+                           if row["max_concurrency"] == c], m.key)  # fmt: skip
+        if after is None or before is None or before.value <= 0:
+            continue
+        value, interval = ratio(before, after)
+        verdict, change = _verdict(value, interval, threshold, bool(m.higher_is_better))
+        levels.append(HistoryLevel(c, before, after, value, interval, verdict, change))
+    changes = changed_fields(baseline[-1], newest[-1])
+    return HostHistory(host, profile, m, newest, baseline, levels, changes, left_out)
+
+
+def histories(
+    index: Index, host: str | None = None, profile: str | None = None,
+    metric: str = DEFAULT_METRIC, threshold: float = DEFAULT_THRESHOLD,
+) -> list[HostHistory]:  # fmt: skip
+    """Every (host, profile) with runs, filtered; a host or profile not in the archive is
+    one line (UserError)."""
+    hosts, profiles = index.hosts(), index.profiles()
+    if host is not None and host not in hosts:
+        raise UserError(f"--host {host!r}: no archived run of that host in "
+                        f"{index.archive.root}/ (hosts there: {', '.join(hosts) or 'none'})")  # fmt: skip
+    if profile is not None and profile not in profiles:
+        raise UserError(f"--profile {profile!r}: no archived run of that profile in "
+                        f"{index.archive.root}/ (profiles there: {', '.join(profiles) or 'none'})")  # fmt: skip
+    out = []
+    for h in [host] if host else hosts:
+        for p in [profile] if profile else profiles:
+            found = host_history(index, h, p, metric, threshold)
+            if found is not None:
+                out.append(found)
+    return out

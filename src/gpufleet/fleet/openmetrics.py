@@ -1,0 +1,245 @@
+"""The archive's figures in Prometheus' text format: a file for node_exporter's textfile
+collector (`inv metrics --output FILE`) or an endpoint Prometheus scrapes (`--serve`).
+
+Written with prometheus-client's collector API (its exposition, escaping and atomic
+textfile writer), fed from the fleet index on every scrape. Names follow Prometheus'
+conventions: base units (`_seconds`, `_joules_per_token`), `_total` on counters, the
+`gpufleet_` namespace. Labels are host, profile, engine, engine_version, concurrency and
+run_id, and only each host's newest finished run of each profile is exported, so the
+series of one metric are at most hosts x profiles x levels (`series_bound`) however long
+the archive grows; an older run's series end when a newer run replaces it. A running
+sweep adds its cells by status and an ETA.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpufleet.archive.layout import Archive
+from gpufleet.archive.records import SweepRecord
+from gpufleet.errors import UserError
+from gpufleet.fleet.index import Index, IndexedRun, open_index
+from gpufleet.fleet.outliers import fleet_view
+from gpufleet.kinds import SweepStatus
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+NAMESPACE = "gpufleet"
+RUN_LABELS = ("host", "profile", "engine", "engine_version", "concurrency", "run_id")
+
+
+@dataclass(frozen=True)
+class Exported:
+    """One level figure as a metric: its name (without namespace), help, results.jsonl key,
+    the factor to its base unit, and whether it is a counter."""
+
+    name: str
+    help: str
+    key: str
+    scale: float = 1.0
+    counter: bool = False
+
+
+EXPORTED = (
+    Exported("output_throughput_tokens_per_second", "Output tokens per second over the level",
+             "output_throughput"),
+    Exported("request_throughput_requests_per_second", "Requests completed per second",
+             "request_throughput"),
+    Exported("per_request_output_speed_median_tokens_per_second",
+             "Median over requests of each request's output tokens per second",
+             "median_per_request_output_tps"),
+    Exported("time_to_first_token_median_seconds", "Median time to first token",
+             "median_ttft_ms", 0.001),
+    Exported("time_to_first_token_p99_seconds", "99th percentile time to first token",
+             "p99_ttft_ms", 0.001),
+    Exported("time_per_output_token_median_seconds", "Median time per output token",
+             "median_tpot_ms", 0.001),
+    Exported("inter_token_latency_median_seconds", "Median inter-token latency",
+             "median_itl_ms", 0.001),
+    Exported("inter_token_latency_p99_seconds", "99th percentile inter-token latency",
+             "p99_itl_ms", 0.001),
+    Exported("end_to_end_latency_median_seconds", "Median request latency",
+             "median_e2e_latency_ms", 0.001),
+    Exported("output_energy_joules_per_token", "GPU energy per output token (NVML)",
+             "joules_per_output_token"),
+    Exported("requests_completed", "Requests completed at the level", "completed", counter=True),
+    Exported("requests_failed", "Requests failed at the level", "failed", counter=True),
+)  # fmt: skip
+
+
+def newest_runs(index: Index, profile: str | None = None, host: str | None = None
+                ) -> list[IndexedRun]:  # fmt: skip
+    """Each host's newest finished run of each profile (what is exported)."""
+    newest: dict[tuple[str, str], IndexedRun] = {}
+    for run in index.runs(profile=profile, host=host, rows=False):
+        if run.usable and run.profile:
+            newest[run.host, run.profile] = run
+    runs = sorted(newest.values(), key=lambda r: (r.profile or "", r.host))
+    index.load_rows(runs)
+    return [r for r in runs if r.rows]
+
+
+def series_bound(runs: list[IndexedRun]) -> int:
+    """The most series one level metric can have: hosts x profiles x levels."""
+    hosts = {r.host for r in runs}
+    profiles = {r.profile for r in runs}
+    levels = {row["max_concurrency"] for r in runs for row in r.rows}
+    return len(hosts) * len(profiles) * len(levels)
+
+
+def _level_values(run: IndexedRun, key: str) -> Iterator[tuple[int, float]]:
+    """(concurrency, the mean of its repeats' values; their sum for a count)."""
+    by_c: dict[int, list[float]] = {}
+    for row in run.rows:
+        value = row.get(key)
+        if row.get("level_status") in (None, "ok") and isinstance(value, int | float):
+            by_c.setdefault(row["max_concurrency"], []).append(float(value))
+    for c, values in sorted(by_c.items()):
+        yield c, (sum(values) if key in ("completed", "failed") else statistics.fmean(values))
+
+
+def _labels(run: IndexedRun, c: int) -> list[str]:
+    return [run.host, run.profile or "", run.engine or "", run.engine_version or "", str(c),
+            run.run_id]  # fmt: skip
+
+
+class ArchiveCollector:
+    """A prometheus-client collector reading the archive (through its index) when asked."""
+
+    def __init__(self, archive: Archive, profile: str | None = None,
+                 host: str | None = None) -> None:  # fmt: skip
+        self.archive, self.profile, self.host = archive, profile, host
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        with open_index(self.archive) as index:
+            runs = newest_runs(index, self.profile, self.host)
+            for ex in EXPORTED:
+                kind = CounterMetricFamily if ex.counter else GaugeMetricFamily
+                family = kind(f"{NAMESPACE}_{ex.name}", ex.help, labels=RUN_LABELS)
+                for run in runs:
+                    for c, value in _level_values(run, ex.key):
+                        family.add_metric(_labels(run, c), value * ex.scale)
+                yield family
+            started = GaugeMetricFamily(
+                f"{NAMESPACE}_run_start_timestamp_seconds", "When the run began (Unix time)",
+                labels=("host", "profile", "engine", "engine_version", "run_id"),
+            )
+            for run in runs:
+                at = _unix(run.started_at)
+                if at is not None:
+                    started.add_metric(_labels(run, 0)[:4] + [run.run_id], at)
+            yield started
+            yield from self._fleet(index, runs)
+        yield from sweep_progress(self.archive)
+
+    def _fleet(self, index: Index, runs: list[IndexedRun]) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        labels = ("host", "profile", "concurrency")
+        ratio = GaugeMetricFamily(
+            f"{NAMESPACE}_fleet_throughput_ratio",
+            "The host's output throughput over the fleet's median (inv fleet)", labels=labels,
+        )
+        named = GaugeMetricFamily(
+            f"{NAMESPACE}_fleet_outlier",
+            "1 where inv fleet names the host off the fleet at that level", labels=labels,
+        )
+        profiles = sorted({r.profile for r in runs if r.profile})
+        for profile in profiles:
+            if len({r.host for r in runs if r.profile == profile}) < 2:
+                continue
+            view = fleet_view(index, profile)
+            for level in view.levels:
+                for h in level.hosts:
+                    if self.host is None or h.host == self.host:
+                        ratio.add_metric([h.host, profile, str(level.concurrency)], h.ratio)
+                        named.add_metric([h.host, profile, str(level.concurrency)],
+                                         float(h.named))  # fmt: skip
+        yield ratio
+        yield named
+
+
+def _unix(stamp: str | None) -> float | None:
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def sweep_progress(archive: Archive, now: float | None = None) -> Iterator[Metric]:
+    """Every running sweep's cells by status and its ETA from the pace so far."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    cells = GaugeMetricFamily(f"{NAMESPACE}_sweep_cells", "A running sweep's cells by status",
+                              labels=("sweep", "status"))  # fmt: skip
+    eta = GaugeMetricFamily(f"{NAMESPACE}_sweep_eta_seconds",
+                            "Seconds until a running sweep ends, at its pace so far",
+                            labels=("sweep",))  # fmt: skip
+    now = time.time() if now is None else now
+    for path in archive.sweep_states():
+        try:
+            state = SweepRecord.load(path)
+        except UserError:
+            continue
+        if state.status != SweepStatus.RUNNING:
+            continue
+        counts: dict[str, int] = {}
+        for per_host in state.cells.values():
+            for cell in per_host.values():
+                counts[str(cell.status)] = counts.get(str(cell.status), 0) + 1
+        for status, n in sorted(counts.items()):
+            cells.add_metric([state.sweep_id, status], n)
+        total, done = sum(counts.values()), counts.get("done", 0) + counts.get("failed", 0)
+        began = _unix(state.created_at)
+        if began is not None and 0 < done < total:
+            eta.add_metric([state.sweep_id], (now - began) / done * (total - done))
+    yield cells
+    yield eta
+
+
+def registry_for(archive: Archive, profile: str | None = None, host: str | None = None):  # noqa: ANN201
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ArchiveCollector(archive, profile, host))  # type: ignore[arg-type]
+    return registry
+
+
+def write_file(archive: Archive, path: Path, profile: str | None = None,
+               host: str | None = None) -> int:  # fmt: skip
+    """Write the exposition to `path` atomically (a temporary file renamed into place, as
+    node_exporter's textfile collector needs); the number of samples written."""
+    from prometheus_client import generate_latest
+
+    registry = registry_for(archive, profile, host)
+    data = generate_latest(registry)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"--output {path}: cannot write ({exc.strerror or exc})") from None
+    return sum(1 for line in data.decode().splitlines() if line and not line.startswith("#"))
+
+
+def serve(archive: Archive, addr: str, port: int, profile: str | None = None,
+          host: str | None = None):  # noqa: ANN201  # fmt: skip
+    """Serve /metrics in a background thread; (server, thread) as prometheus-client
+    returns them. A port in use is one line."""
+    from prometheus_client import start_http_server
+
+    try:
+        return start_http_server(port, addr=addr, registry=registry_for(archive, profile, host))
+    except OSError as exc:
+        raise UserError(f"--port {port}: cannot listen on {addr}:{port} "
+                        f"({exc.strerror or exc}); pick another with --port") from None  # fmt: skip

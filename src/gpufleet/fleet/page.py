@@ -1,0 +1,160 @@
+"""The fleet view written down: the table (terminal, summary.md), one plot of per-host
+ratios per level with the named hosts marked (PNG and inline SVG), and a small page.
+
+The plot follows report/figures.py's rules for a phone (5.6 in wide, no text under 13 pt,
+so at 390 px every label is at least 11.9 px): one column per level, every host a dot at
+its ratio to the fleet's median with its 95% interval, the material band (1 +- threshold)
+shaded, the named hosts in a second colour and marker, labelled by name.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from gpufleet.archive import store
+from gpufleet.fleet.outliers import FleetView, named_sentence
+from gpufleet.report.figures import PALETTE, TEXT_PT, WIDTH_IN, svg
+from gpufleet.report.markdown import md_table
+
+NAMED_MARK = "!"  # after a named host's ratio in the table
+
+
+def ratio_cell(figure: object) -> str:
+    from gpufleet.fleet.outliers import HostFigure
+
+    assert isinstance(figure, HostFigure)
+    text = f"{figure.ratio:.3f}"
+    if figure.interval:
+        text += f" [{figure.interval[0]:.3f}-{figure.interval[1]:.3f}]"
+    return text + (f" {NAMED_MARK}" if figure.named else "")
+
+
+def table(view: FleetView) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows: the fleet's median per level, then each host's ratio to it."""
+    unit = view.metric.unit
+    headers = ["host"] + [f"C={lv.concurrency}" for lv in view.levels]
+    rows = [[f"median {unit}"] + [view.metric.fmt.format(lv.median) for lv in view.levels]]
+    for host in sorted(view.runs):
+        cells = []
+        for lv in view.levels:
+            mine = [h for h in lv.hosts if h.host == host]
+            cells.append(ratio_cell(mine[0]) if mine else "-")
+        rows.append([host, *cells])
+    return headers, rows
+
+
+def sentences(view: FleetView) -> list[str]:
+    """What the view says: each named host with why, or that none is off."""
+    if view.named:
+        return [named_sentence(view, n) for n in view.named]
+    hosts = len(view.runs)
+    return [f"no host of {hosts} is off the fleet's median {view.metric.label} by "
+            f"{view.threshold:.0%} or more, significantly, at any level"]  # fmt: skip
+
+
+def markdown(view: FleetView) -> str:
+    headers, rows = table(view)
+    lines = [f"# Fleet: {view.profile}", "",
+             f"{view.metric.label}: each host's ratio to the fleet's median, 95% interval; "
+             f"`{NAMED_MARK}` marks a host named off the fleet.", ""]  # fmt: skip
+    lines += md_table(headers, rows)
+    lines += ["", *[f"- {s}" for s in sentences(view)]]
+    lines += [f"- left out: {why}" for why in view.left_out]
+    lines += [f"- {note}" for note in view.notes]
+    return "\n".join(lines) + "\n"
+
+
+def draw(view: FleetView):  # noqa: ANN201  (a matplotlib Figure)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(WIDTH_IN, 4.4))
+    ax = fig.subplots()
+    points: list[str] = []
+    xs = list(range(len(view.levels)))
+    ax.axhspan(1 - view.threshold, 1 + view.threshold, color="#DDDDDD", zorder=0)
+    ax.axhline(1.0, color="#555555", linewidth=1)
+    for x, level in zip(xs, view.levels, strict=True):
+        for n, h in enumerate(sorted(level.hosts, key=lambda f: f.ratio)):
+            colour, marker = (PALETTE[1], "^") if h.named else (PALETTE[0], "o")
+            jitter = (n - (len(level.hosts) - 1) / 2) * min(0.5 / max(1, len(level.hosts)), 0.06)
+            group = ax.errorbar(
+                [x + jitter], [h.ratio],
+                yerr=None if not h.interval else [[h.ratio - h.interval[0]],
+                                                  [h.interval[1] - h.ratio]],
+                fmt=marker, color=colour, markersize=7 if h.named else 5, capsize=3,
+            )  # fmt: skip
+            group.lines[0].set_gid(f"gpufleet-pt-{len(points)}")
+            points.append(f"{h.host} at C={level.concurrency}: {ratio_cell(h)}")
+            if h.named:
+                ax.annotate(h.host, (x + jitter, h.ratio), textcoords="offset points",
+                            xytext=(6, -4), fontsize=TEXT_PT, color=colour)  # fmt: skip
+    ax.set_xticks(xs, [f"C={lv.concurrency}" for lv in view.levels], fontsize=TEXT_PT)
+    ax.tick_params(axis="y", labelsize=TEXT_PT)
+    ax.set_xlim(-0.6, len(xs) - 0.4)
+    ax.set_ylabel("ratio to fleet median", fontsize=TEXT_PT)
+    ax.set_title(f"{view.profile}: {view.metric.label}", fontsize=TEXT_PT + 1)
+    return fig, points
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1rem; max-width: 60rem; }}
+.scroll {{ overflow-x: auto; }}
+table {{ border-collapse: collapse; }}
+th, td {{ padding: 0.2rem 0.5rem; border-bottom: 1px solid #ddd; white-space: nowrap;
+  text-align: right; font-variant-numeric: tabular-nums; }}
+th:first-child, td:first-child {{ text-align: left; }}
+td.named {{ color: {named}; font-weight: bold; }}
+svg.plot {{ width: 100%; height: auto; max-width: 40rem; }}
+</style></head><body>
+<h1>{title}</h1>
+{sentences}
+<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>
+{plot}
+{notes}
+</body></html>
+"""
+
+
+def page(view: FleetView, plot_svg: str | None) -> str:
+    headers, rows = table(view)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(
+            f'<td class="named">{html.escape(c)}</td>' if c.endswith(NAMED_MARK)
+            else f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+        for row in rows
+    )  # fmt: skip
+    return PAGE.format(
+        title=html.escape(f"Fleet: {view.profile}"),
+        named=PALETTE[1],
+        sentences="".join(f"<p>{html.escape(s)}</p>" for s in sentences(view)),
+        head=head,
+        body=body,
+        plot=plot_svg or "",
+        notes="".join(f"<p>{html.escape(n)}</p>" for n in [*view.left_out, *view.notes]),
+    )
+
+
+def write(view: FleetView, out_dir: Path, plots: bool = True) -> list[Path]:
+    """summary.md, ratios.png and report.html under `out_dir` (each written atomically)."""
+    store.make_dirs(out_dir)
+    written = [out_dir / "summary.md"]
+    store.write_private_file(written[0], markdown(view).encode())
+    plot_svg = None
+    if plots and view.levels:
+        import io
+
+        fig, points = draw(view)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", bbox_inches="tight", pad_inches=0.1)
+        store.write_private_file(out_dir / "ratios.png", buffer.getvalue())
+        written.append(out_dir / "ratios.png")
+        plot_svg = svg(fig, f"{view.profile}: ratio to the fleet median", points)
+    store.write_private_file(out_dir / "report.html", page(view, plot_svg).encode())
+    written.append(out_dir / "report.html")
+    return written
