@@ -75,8 +75,10 @@ RUNS = OptionSet(
     profile=Option("only runs of this profile", short="p"),
     since=Option("only runs started on or after this date (YYYY-MM-DD)"),
     verify=switch("check every archived file against the manifest's sha256"),
-    reindex=switch("rebuild the fleet index from the run files (inv fleet, history, metrics "
-                   "read it) and say what it cost"),
+    reindex=switch(
+        "rebuild the fleet index from the run files (inv fleet, history, metrics "
+        "read it) and say what it cost"
+    ),
     archive=archive_option(),
 )
 

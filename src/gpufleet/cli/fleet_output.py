@@ -30,23 +30,45 @@ def fleet_json(view: FleetView) -> dict[str, Any]:
         "metric": view.metric.key,
         "threshold": view.threshold,
         "levels": [
-            {"concurrency": lv.concurrency, "median": lv.median, "spread": lv.spread,
-             "hosts": [{"host": h.host, "value": h.estimate.value, "ratio": h.ratio,
-                        "interval": _interval(h.interval), "source": h.estimate.source,
-                        "named": h.named, "side": h.side or None} for h in lv.hosts]}
+            {
+                "concurrency": lv.concurrency,
+                "median": lv.median,
+                "spread": lv.spread,
+                "hosts": [
+                    {
+                        "host": h.host,
+                        "value": h.estimate.value,
+                        "ratio": h.ratio,
+                        "interval": _interval(h.interval),
+                        "source": h.estimate.source,
+                        "named": h.named,
+                        "side": h.side or None,
+                    }
+                    for h in lv.hosts
+                ],
+            }
             for lv in view.levels
         ],
-        "named": [{"host": n.host, "levels": n.levels,
-                   "differences": [{"field": f, "host": fact_text(a), "fleet": fact_text(b)}
-                                   for f, a, b in n.differences]} for n in view.named],
+        "named": [
+            {
+                "host": n.host,
+                "levels": n.levels,
+                "differences": [
+                    {"field": f, "host": fact_text(a), "fleet": fact_text(b)}
+                    for f, a, b in n.differences
+                ],
+            }
+            for n in view.named
+        ],
         "runs": {h: [r.run_id for r in rs] for h, rs in view.runs.items()},
         "left_out": view.left_out,
         "notes": view.notes,
-    }  # fmt: skip
+    }
 
 
-def print_fleet(views: list[FleetView], fmt: str, notes: list[str],
-                pages: dict[str, list[Path]]) -> None:  # fmt: skip
+def print_fleet(
+    views: list[FleetView], fmt: str, notes: list[str], pages: dict[str, list[Path]]
+) -> None:
     _notes(notes)
     if fmt == "json":
         print(json.dumps([fleet_json(v) for v in views], indent=1))
@@ -57,8 +79,10 @@ def print_fleet(views: list[FleetView], fmt: str, notes: list[str],
             continue
         headers, rows = fleet_table(view)
         rounds = sorted({r.round_id for rs in view.runs.values() for r in rs})
-        line(f"{view.profile}: {view.metric.label}, each host's ratio to the fleet's median "
-             f"[95% interval]; ! = off the fleet (>= {view.threshold:.0%} and significant)")
+        line(
+            f"{view.profile}: {view.metric.label}, each host's ratio to the fleet's median "
+            f"[95% interval]; ! = off the fleet (>= {view.threshold:.0%} and significant)"
+        )
         table("", headers, rows)
         for sentence in sentences(view):
             line(sentence)
@@ -80,16 +104,28 @@ def _figure(e: Estimate, fmt: str) -> str:
 
 def history_json(h: HostHistory) -> dict[str, Any]:
     return {
-        "host": h.host, "profile": h.profile, "metric": h.metric.key,
-        "newest": [r.run_id for r in h.newest], "baseline": [r.run_id for r in h.baseline],
-        "levels": [{"concurrency": lv.concurrency, "before": lv.before.value,
-                    "after": lv.after.value, "ratio": lv.ratio,
-                    "interval": _interval(lv.interval), "verdict": lv.verdict,
-                    "change": lv.change} for lv in h.levels],
-        "changes": [{"field": f, "before": fact_text(a), "after": fact_text(b)}
-                    for f, a, b in h.changes],
+        "host": h.host,
+        "profile": h.profile,
+        "metric": h.metric.key,
+        "newest": [r.run_id for r in h.newest],
+        "baseline": [r.run_id for r in h.baseline],
+        "levels": [
+            {
+                "concurrency": lv.concurrency,
+                "before": lv.before.value,
+                "after": lv.after.value,
+                "ratio": lv.ratio,
+                "interval": _interval(lv.interval),
+                "verdict": lv.verdict,
+                "change": lv.change,
+            }
+            for lv in h.levels
+        ],
+        "changes": [
+            {"field": f, "before": fact_text(a), "after": fact_text(b)} for f, a, b in h.changes
+        ],
         "left_out": h.left_out,
-    }  # fmt: skip
+    }
 
 
 def print_history(found: list[HostHistory], fmt: str, notes: list[str]) -> None:
@@ -106,18 +142,38 @@ def print_history(found: list[HostHistory], fmt: str, notes: list[str]) -> None:
             for why in h.left_out:
                 line(f"  left out: {why}")
             continue
-        line(f"{title} against {len(h.baseline)} earlier run(s) "
-             f"({h.baseline[0].started_at[:10]} to {h.baseline[-1].started_at[:10]})")
+        line(
+            f"{title} against {len(h.baseline)} earlier run(s) "
+            f"({h.baseline[0].started_at[:10]} to {h.baseline[-1].started_at[:10]})"
+        )
         fmt_ = h.metric.fmt
-        rows = [[f"C={lv.concurrency}", _figure(lv.before, fmt_), _figure(lv.after, fmt_),
-                 f"{lv.ratio:.3f}" + (f" [{lv.interval[0]:.3f}-{lv.interval[1]:.3f}]"
-                                      if lv.interval else ""),
-                 f"{lv.verdict} ({lv.change:+.1%})"] for lv in h.levels]  # fmt: skip
-        table("", ["level", f"before {h.metric.unit}", f"newest {h.metric.unit}",
-                   "newest/before", "verdict"], rows)  # fmt: skip
+        rows = [
+            [
+                f"C={lv.concurrency}",
+                _figure(lv.before, fmt_),
+                _figure(lv.after, fmt_),
+                f"{lv.ratio:.3f}"
+                + (f" [{lv.interval[0]:.3f}-{lv.interval[1]:.3f}]" if lv.interval else ""),
+                f"{lv.verdict} ({lv.change:+.1%})",
+            ]
+            for lv in h.levels
+        ]
+        table(
+            "",
+            [
+                "level",
+                f"before {h.metric.unit}",
+                f"newest {h.metric.unit}",
+                "newest/before",
+                "verdict",
+            ],
+            rows,
+        )
         if h.changes:
-            line("  changed: " + "; ".join(f"{f} {fact_text(a)} -> {fact_text(b)}"
-                                           for f, a, b in h.changes))  # fmt: skip
+            line(
+                "  changed: "
+                + "; ".join(f"{f} {fact_text(a)} -> {fact_text(b)}" for f, a, b in h.changes)
+            )
         else:
             line("  changed: nothing recorded in the fingerprint")
         for why in h.left_out:

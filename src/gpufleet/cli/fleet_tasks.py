@@ -10,51 +10,72 @@ DEFAULT_METRICS_PORT = 9464
 
 
 def _metric() -> Option:
-    return Option("the figure compared, a results.jsonl key with a direction "
-                  "(e.g. median_per_request_output_tps, median_ttft_ms)",
-                  default="output_throughput")  # fmt: skip
+    return Option(
+        "the figure compared, a results.jsonl key with a direction "
+        "(e.g. median_per_request_output_tps, median_ttft_ms)",
+        default="output_throughput",
+    )
 
 
 def _threshold() -> Option:
-    return Option("the smallest difference that counts, in percent", positive_float,
-                  default=5.0, most=100, expected="a percentage such as 5")  # fmt: skip
+    return Option(
+        "the smallest difference that counts, in percent",
+        positive_float,
+        default=5.0,
+        most=100,
+        expected="a percentage such as 5",
+    )
 
 
 FLEET = OptionSet(
-    profile=Option("the profile whose runs are set side by side (default: every profile "
-                   "run on two or more hosts)", short="p"),
+    profile=Option(
+        "the profile whose runs are set side by side (default: every profile "
+        "run on two or more hosts)",
+        short="p",
+    ),
     latest=switch("only hosts whose newest run is of the newest round (sweep or bench)"),
     threshold=_threshold(),
     metric=_metric(),
     format=Option("table, md or json", choice("table", "md", "json"), default="table"),
     no_plots=switch("do not draw the ratio plot"),
     archive=archive_option(),
-)  # fmt: skip
+)
 
 HISTORY = OptionSet(
     host=Option("only this host (default: every host)"),
     profile=Option("only this profile (default: every profile)", short="p"),
     threshold=_threshold(),
     metric=_metric(),
-    fail_on_regression=Option("exit 1 on a significant drop larger than this percent at "
-                              "any level", positive_float, default=None, most=100,
-                              expected="a percentage such as 5"),
+    fail_on_regression=Option(
+        "exit 1 on a significant drop larger than this percent at any level",
+        positive_float,
+        default=None,
+        most=100,
+        expected="a percentage such as 5",
+    ),
     format=Option("table or json", choice("table", "json"), default="table"),
     archive=archive_option(),
-)  # fmt: skip
+)
 
 METRICS = OptionSet(
-    Rule(lambda o: bool(o.output) == bool(o.serve), "metrics needs exactly one of "
-         "--output FILE or --serve"),
+    Rule(
+        lambda o: bool(o.output) == bool(o.serve),
+        "metrics needs exactly one of --output FILE or --serve",
+    ),
     output=Option("write the exposition to this file (node_exporter's textfile collector)"),
     serve=switch("serve /metrics until interrupted"),
-    port=Option("--serve: the port", positive_int, default=DEFAULT_METRICS_PORT, most=65535,
-                expected="a port such as 9464"),
+    port=Option(
+        "--serve: the port",
+        positive_int,
+        default=DEFAULT_METRICS_PORT,
+        most=65535,
+        expected="a port such as 9464",
+    ),
     bind=Option("--serve: the address to listen on", default="127.0.0.1"),
     profile=Option("only this profile", short="p"),
     host=Option("only this host"),
     archive=archive_option(),
-)  # fmt: skip
+)
 
 
 @FLEET.task()
@@ -74,13 +95,17 @@ def fleet(c, **given):
     with open_index(o.archive) as index:
         profiles = [o.profile] if o.profile else outliers.fleet_profiles(index)
         if not profiles:
-            raise UserError(f"no profile was run on two or more hosts in {o.archive}/ "
-                            "(inv fleet sets hosts of one profile side by side)")  # fmt: skip
-        views = [outliers.fleet_view(index, p, o.metric, o.threshold / 100, o.latest)
-                 for p in profiles]  # fmt: skip
+            raise UserError(
+                f"no profile was run on two or more hosts in {o.archive}/ "
+                "(inv fleet sets hosts of one profile side by side)"
+            )
+        views = [
+            outliers.fleet_view(index, p, o.metric, o.threshold / 100, o.latest) for p in profiles
+        ]
         notes = index.notes
-    pages = {v.profile: page.write(v, o.archive.fleet_dir(v.profile), not o.no_plots)
-             for v in views}  # fmt: skip
+    pages = {
+        v.profile: page.write(v, o.archive.fleet_dir(v.profile), not o.no_plots) for v in views
+    }
     print_fleet(views, o.format, notes, pages)
     named = sorted({n.host for v in views for n in v.named})
     if named:
@@ -106,11 +131,16 @@ def history(c, **given):
     print_history(found, o.format, notes)
     if o.fail_on_regression is not None:
         drop = o.fail_on_regression / 100
-        worse = [f"{h.host} {h.profile} C={lv.concurrency} {lv.change:+.1%}"
-                 for h in found for lv in h.regressions(drop)]  # fmt: skip
+        worse = [
+            f"{h.host} {h.profile} C={lv.concurrency} {lv.change:+.1%}"
+            for h in found
+            for lv in h.regressions(drop)
+        ]
         if worse:
-            raise Exit(f"gpufleet: slower by more than {o.fail_on_regression:g}%: "
-                       + "; ".join(worse), code=1)  # fmt: skip
+            raise Exit(
+                f"gpufleet: slower by more than {o.fail_on_regression:g}%: " + "; ".join(worse),
+                code=1,
+            )
 
 
 @METRICS.task()
@@ -131,8 +161,7 @@ def metrics(c, **given):
         line(f"metrics: {o.output} ({samples} samples)")
         return
     server, _ = openmetrics.serve(o.archive, o.bind, o.port, o.profile, o.host)
-    line(f"serving http://{o.bind}:{server.server_port}/metrics from {o.archive}/ "
-         "(Ctrl-C stops)")  # fmt: skip
+    line(f"serving http://{o.bind}:{server.server_port}/metrics from {o.archive}/ (Ctrl-C stops)")
     try:
         while True:
             time.sleep(3600)

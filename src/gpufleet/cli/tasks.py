@@ -55,7 +55,13 @@ ns = Collection(
 
 
 TASK_MODULES = (
-    gpu_tasks, server_tasks, bench_tasks, compare_tasks, sweep_tasks, tune_tasks, fleet_tasks,
+    gpu_tasks,
+    server_tasks,
+    bench_tasks,
+    compare_tasks,
+    sweep_tasks,
+    tune_tasks,
+    fleet_tasks,
 )
 
 

@@ -86,8 +86,9 @@ def changed_fields(before: IndexedRun, after: IndexedRun) -> list[tuple[str, Fac
     ]
 
 
-def _verdict(value: float, interval: tuple[float, float] | None, threshold: float,
-             higher: bool) -> tuple[str, float]:  # fmt: skip
+def _verdict(
+    value: float, interval: tuple[float, float] | None, threshold: float, higher: bool
+) -> tuple[str, float]:
     change = (value - 1.0) if higher else (1.0 / value - 1.0)
     if interval is None:
         return Verdict.UNKNOWN, change
@@ -97,9 +98,12 @@ def _verdict(value: float, interval: tuple[float, float] | None, threshold: floa
 
 
 def host_history(
-    index: Index, host: str, profile: str, metric: str = DEFAULT_METRIC,
+    index: Index,
+    host: str,
+    profile: str,
+    metric: str = DEFAULT_METRIC,
     threshold: float = DEFAULT_THRESHOLD,
-) -> HostHistory | None:  # fmt: skip
+) -> HostHistory | None:
     """The newest round of `profile` on `host` against its baseline; None with fewer than
     two comparable rounds."""
     m = metric_named(metric)
@@ -122,10 +126,12 @@ def host_history(
     levels = []
     concurrencies = sorted({row["max_concurrency"] for r in newest for row in r.rows})
     for c in concurrencies:
-        after = estimate([row for r in newest for row in r.rows if row["max_concurrency"] == c],
-                         m.key)  # fmt: skip
-        before = estimate([row for r in baseline for row in r.rows
-                           if row["max_concurrency"] == c], m.key)  # fmt: skip
+        after = estimate(
+            [row for r in newest for row in r.rows if row["max_concurrency"] == c], m.key
+        )
+        before = estimate(
+            [row for r in baseline for row in r.rows if row["max_concurrency"] == c], m.key
+        )
         if after is None or before is None or before.value <= 0:
             continue
         value, interval = ratio(before, after)
@@ -136,18 +142,25 @@ def host_history(
 
 
 def histories(
-    index: Index, host: str | None = None, profile: str | None = None,
-    metric: str = DEFAULT_METRIC, threshold: float = DEFAULT_THRESHOLD,
-) -> list[HostHistory]:  # fmt: skip
+    index: Index,
+    host: str | None = None,
+    profile: str | None = None,
+    metric: str = DEFAULT_METRIC,
+    threshold: float = DEFAULT_THRESHOLD,
+) -> list[HostHistory]:
     """Every (host, profile) with runs, filtered; a host or profile not in the archive is
     one line (UserError)."""
     hosts, profiles = index.hosts(), index.profiles()
     if host is not None and host not in hosts:
-        raise UserError(f"--host {host!r}: no archived run of that host in "
-                        f"{index.archive.root}/ (hosts there: {', '.join(hosts) or 'none'})")  # fmt: skip
+        raise UserError(
+            f"--host {host!r}: no archived run of that host in "
+            f"{index.archive.root}/ (hosts there: {', '.join(hosts) or 'none'})"
+        )
     if profile is not None and profile not in profiles:
-        raise UserError(f"--profile {profile!r}: no archived run of that profile in "
-                        f"{index.archive.root}/ (profiles there: {', '.join(profiles) or 'none'})")  # fmt: skip
+        raise UserError(
+            f"--profile {profile!r}: no archived run of that profile in "
+            f"{index.archive.root}/ (profiles there: {', '.join(profiles) or 'none'})"
+        )
     out = []
     for h in [host] if host else hosts:
         for p in [profile] if profile else profiles:

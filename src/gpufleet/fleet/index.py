@@ -168,8 +168,7 @@ class Index:
             return
         for (host, run_id), run in by_key.items():
             query = self.conn.execute(
-                "SELECT row FROM levels WHERE host = ? AND run_id = ? "
-                "ORDER BY concurrency, repeat",
+                "SELECT row FROM levels WHERE host = ? AND run_id = ? ORDER BY concurrency, repeat",
                 (host, run_id),
             )
             run.rows = [json.loads(row) for (row,) in query]
@@ -265,7 +264,9 @@ def _sync(conn: sqlite3.Connection, archive: Archive) -> None:
     sweeps = {str(p): _stat(p) for p in archive.sweep_states()}
     known = {
         path: ((mtime, size), kind)
-        for path, mtime, size, kind in conn.execute("SELECT path, mtime_ns, size, kind FROM sources")
+        for path, mtime, size, kind in conn.execute(
+            "SELECT path, mtime_ns, size, kind FROM sources"
+        )
     }
     changed = [p for p, (*_, st) in found.items() if known.get(p, (None,))[0] != st]
     gone = [p for p, (_, kind) in known.items() if kind == "run" and p not in found]
@@ -283,13 +284,16 @@ def _sync(conn: sqlite3.Connection, archive: Archive) -> None:
         for path, host, run_id, (manifest, rows) in parsed:
             _drop(conn, host, run_id)
             _insert(conn, host, run_id, manifest, rows)
-            conn.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, 'run')",
-                         (path, *found[path][3]))  # fmt: skip
+            conn.execute(
+                "INSERT OR REPLACE INTO sources VALUES (?, ?, ?, 'run')", (path, *found[path][3])
+            )
         if sweeps_changed or sweeps_gone:
             _index_cells(conn, archive)
             conn.execute("DELETE FROM sources WHERE kind = 'sweep'")
-            conn.executemany("INSERT INTO sources VALUES (?, ?, ?, 'sweep')",
-                             [(p, *st) for p, st in sweeps.items()])  # fmt: skip
+            conn.executemany(
+                "INSERT INTO sources VALUES (?, ?, ?, 'sweep')",
+                [(p, *st) for p, st in sweeps.items()],
+            )
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
@@ -310,20 +314,26 @@ def _drop(conn: sqlite3.Connection, host: str, run_id: str) -> None:
     conn.execute("DELETE FROM levels WHERE host = ? AND run_id = ?", (host, run_id))
 
 
-def _insert(
-    conn: sqlite3.Connection, host: str, run_id: str, m: Manifest, rows: list[Row]
-) -> None:
+def _insert(conn: sqlite3.Connection, host: str, run_id: str, m: Manifest, rows: list[Row]) -> None:
     facts = run_fingerprint(m)
     gpus = [g.name for g in m.host_facts.gpus or [] if g.name]
     conn.execute(
         "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
-            host, run_id, m.profile, str(m.status), int(m.superseded is not None),
-            m.started_at or m.archived_at or "", m.server.engine, m.server.engine_version,
-            facts[PROMPT_SET], gpus[0] if gpus else None,
-            json.dumps({k: _fact_json(v) for k, v in facts.items()}), m.to_json(),
+            host,
+            run_id,
+            m.profile,
+            str(m.status),
+            int(m.superseded is not None),
+            m.started_at or m.archived_at or "",
+            m.server.engine,
+            m.server.engine_version,
+            facts[PROMPT_SET],
+            gpus[0] if gpus else None,
+            json.dumps({k: _fact_json(v) for k, v in facts.items()}),
+            m.to_json(),
         ),
-    )  # fmt: skip
+    )
     conn.executemany(
         "INSERT INTO levels VALUES (?, ?, ?, ?, ?)",
         [(host, run_id, r["max_concurrency"], r.get("repeat") or 1, json.dumps(r)) for r in rows],
@@ -334,8 +344,9 @@ def _index_cells(conn: sqlite3.Connection, archive: Archive) -> None:
     """Which runs were cells of which sweep (the newest sweep naming a run wins)."""
     conn.execute("DELETE FROM cells")
     for host, run_id, sweep_id, label in _cells(archive):
-        conn.execute("INSERT OR REPLACE INTO cells VALUES (?, ?, ?, ?)",
-                     (host, run_id, sweep_id, label))  # fmt: skip
+        conn.execute(
+            "INSERT OR REPLACE INTO cells VALUES (?, ?, ?, ?)", (host, run_id, sweep_id, label)
+        )
 
 
 def _cells(archive: Archive) -> Iterator[tuple[str, str, str, str]]:

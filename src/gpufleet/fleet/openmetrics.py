@@ -48,34 +48,64 @@ class Exported:
 
 
 EXPORTED = (
-    Exported("output_throughput_tokens_per_second", "Output tokens per second over the level",
-             "output_throughput"),
-    Exported("request_throughput_requests_per_second", "Requests completed per second",
-             "request_throughput"),
-    Exported("per_request_output_speed_median_tokens_per_second",
-             "Median over requests of each request's output tokens per second",
-             "median_per_request_output_tps"),
-    Exported("time_to_first_token_median_seconds", "Median time to first token",
-             "median_ttft_ms", 0.001),
-    Exported("time_to_first_token_p99_seconds", "99th percentile time to first token",
-             "p99_ttft_ms", 0.001),
-    Exported("time_per_output_token_median_seconds", "Median time per output token",
-             "median_tpot_ms", 0.001),
-    Exported("inter_token_latency_median_seconds", "Median inter-token latency",
-             "median_itl_ms", 0.001),
-    Exported("inter_token_latency_p99_seconds", "99th percentile inter-token latency",
-             "p99_itl_ms", 0.001),
-    Exported("end_to_end_latency_median_seconds", "Median request latency",
-             "median_e2e_latency_ms", 0.001),
-    Exported("output_energy_joules_per_token", "GPU energy per output token (NVML)",
-             "joules_per_output_token"),
+    Exported(
+        "output_throughput_tokens_per_second",
+        "Output tokens per second over the level",
+        "output_throughput",
+    ),
+    Exported(
+        "request_throughput_requests_per_second",
+        "Requests completed per second",
+        "request_throughput",
+    ),
+    Exported(
+        "per_request_output_speed_median_tokens_per_second",
+        "Median over requests of each request's output tokens per second",
+        "median_per_request_output_tps",
+    ),
+    Exported(
+        "time_to_first_token_median_seconds", "Median time to first token", "median_ttft_ms", 0.001
+    ),
+    Exported(
+        "time_to_first_token_p99_seconds",
+        "99th percentile time to first token",
+        "p99_ttft_ms",
+        0.001,
+    ),
+    Exported(
+        "time_per_output_token_median_seconds",
+        "Median time per output token",
+        "median_tpot_ms",
+        0.001,
+    ),
+    Exported(
+        "inter_token_latency_median_seconds", "Median inter-token latency", "median_itl_ms", 0.001
+    ),
+    Exported(
+        "inter_token_latency_p99_seconds",
+        "99th percentile inter-token latency",
+        "p99_itl_ms",
+        0.001,
+    ),
+    Exported(
+        "end_to_end_latency_median_seconds",
+        "Median request latency",
+        "median_e2e_latency_ms",
+        0.001,
+    ),
+    Exported(
+        "output_energy_joules_per_token",
+        "GPU energy per output token (NVML)",
+        "joules_per_output_token",
+    ),
     Exported("requests_completed", "Requests completed at the level", "completed", counter=True),
     Exported("requests_failed", "Requests failed at the level", "failed", counter=True),
-)  # fmt: skip
+)
 
 
-def newest_runs(index: Index, profile: str | None = None, host: str | None = None
-                ) -> list[IndexedRun]:  # fmt: skip
+def newest_runs(
+    index: Index, profile: str | None = None, host: str | None = None
+) -> list[IndexedRun]:
     """Each host's newest finished run of each profile (what is exported)."""
     newest: dict[tuple[str, str], IndexedRun] = {}
     for run in index.runs(profile=profile, host=host, rows=False):
@@ -106,15 +136,22 @@ def _level_values(run: IndexedRun, key: str) -> Iterator[tuple[int, float]]:
 
 
 def _labels(run: IndexedRun, c: int) -> list[str]:
-    return [run.host, run.profile or "", run.engine or "", run.engine_version or "", str(c),
-            run.run_id]  # fmt: skip
+    return [
+        run.host,
+        run.profile or "",
+        run.engine or "",
+        run.engine_version or "",
+        str(c),
+        run.run_id,
+    ]
 
 
 class ArchiveCollector:
     """A prometheus-client collector reading the archive (through its index) when asked."""
 
-    def __init__(self, archive: Archive, profile: str | None = None,
-                 host: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, archive: Archive, profile: str | None = None, host: str | None = None
+    ) -> None:
         self.archive, self.profile, self.host = archive, profile, host
 
     def collect(self) -> Iterator[Metric]:
@@ -130,13 +167,14 @@ class ArchiveCollector:
                         family.add_metric(_labels(run, c), value * ex.scale)
                 yield family
             started = GaugeMetricFamily(
-                f"{NAMESPACE}_run_start_timestamp_seconds", "When the run began (Unix time)",
+                f"{NAMESPACE}_run_start_timestamp_seconds",
+                "When the run began (Unix time)",
                 labels=("host", "profile", "engine", "engine_version", "run_id"),
             )
             for run in runs:
                 at = _unix(run.started_at)
                 if at is not None:
-                    started.add_metric(_labels(run, 0)[:4] + [run.run_id], at)
+                    started.add_metric([*_labels(run, 0)[:4], run.run_id], at)
             yield started
             yield from self._fleet(index, runs)
         yield from sweep_progress(self.archive)
@@ -147,11 +185,13 @@ class ArchiveCollector:
         labels = ("host", "profile", "concurrency")
         ratio = GaugeMetricFamily(
             f"{NAMESPACE}_fleet_throughput_ratio",
-            "The host's output throughput over the fleet's median (inv fleet)", labels=labels,
+            "The host's output throughput over the fleet's median (inv fleet)",
+            labels=labels,
         )
         named = GaugeMetricFamily(
             f"{NAMESPACE}_fleet_outlier",
-            "1 where inv fleet names the host off the fleet at that level", labels=labels,
+            "1 where inv fleet names the host off the fleet at that level",
+            labels=labels,
         )
         profiles = sorted({r.profile for r in runs if r.profile})
         for profile in profiles:
@@ -162,8 +202,7 @@ class ArchiveCollector:
                 for h in level.hosts:
                     if self.host is None or h.host == self.host:
                         ratio.add_metric([h.host, profile, str(level.concurrency)], h.ratio)
-                        named.add_metric([h.host, profile, str(level.concurrency)],
-                                         float(h.named))  # fmt: skip
+                        named.add_metric([h.host, profile, str(level.concurrency)], float(h.named))
         yield ratio
         yield named
 
@@ -179,11 +218,14 @@ def sweep_progress(archive: Archive, now: float | None = None) -> Iterator[Metri
     """Every running sweep's cells by status and its ETA from the pace so far."""
     from prometheus_client.core import GaugeMetricFamily
 
-    cells = GaugeMetricFamily(f"{NAMESPACE}_sweep_cells", "A running sweep's cells by status",
-                              labels=("sweep", "status"))  # fmt: skip
-    eta = GaugeMetricFamily(f"{NAMESPACE}_sweep_eta_seconds",
-                            "Seconds until a running sweep ends, at its pace so far",
-                            labels=("sweep",))  # fmt: skip
+    cells = GaugeMetricFamily(
+        f"{NAMESPACE}_sweep_cells", "A running sweep's cells by status", labels=("sweep", "status")
+    )
+    eta = GaugeMetricFamily(
+        f"{NAMESPACE}_sweep_eta_seconds",
+        "Seconds until a running sweep ends, at its pace so far",
+        labels=("sweep",),
+    )
     now = time.time() if now is None else now
     for path in archive.sweep_states():
         try:
@@ -206,7 +248,7 @@ def sweep_progress(archive: Archive, now: float | None = None) -> Iterator[Metri
     yield eta
 
 
-def registry_for(archive: Archive, profile: str | None = None, host: str | None = None):  # noqa: ANN201
+def registry_for(archive: Archive, profile: str | None = None, host: str | None = None):
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=False)
@@ -214,8 +256,9 @@ def registry_for(archive: Archive, profile: str | None = None, host: str | None 
     return registry
 
 
-def write_file(archive: Archive, path: Path, profile: str | None = None,
-               host: str | None = None) -> int:  # fmt: skip
+def write_file(
+    archive: Archive, path: Path, profile: str | None = None, host: str | None = None
+) -> int:
     """Write the exposition to `path` atomically (a temporary file renamed into place, as
     node_exporter's textfile collector needs); the number of samples written."""
     from prometheus_client import generate_latest
@@ -232,8 +275,9 @@ def write_file(archive: Archive, path: Path, profile: str | None = None,
     return sum(1 for line in data.decode().splitlines() if line and not line.startswith("#"))
 
 
-def serve(archive: Archive, addr: str, port: int, profile: str | None = None,
-          host: str | None = None):  # noqa: ANN201  # fmt: skip
+def serve(
+    archive: Archive, addr: str, port: int, profile: str | None = None, host: str | None = None
+):
     """Serve /metrics in a background thread; (server, thread) as prometheus-client
     returns them. A port in use is one line."""
     from prometheus_client import start_http_server
@@ -241,5 +285,7 @@ def serve(archive: Archive, addr: str, port: int, profile: str | None = None,
     try:
         return start_http_server(port, addr=addr, registry=registry_for(archive, profile, host))
     except OSError as exc:
-        raise UserError(f"--port {port}: cannot listen on {addr}:{port} "
-                        f"({exc.strerror or exc}); pick another with --port") from None  # fmt: skip
+        raise UserError(
+            f"--port {port}: cannot listen on {addr}:{port} "
+            f"({exc.strerror or exc}); pick another with --port"
+        ) from None

@@ -76,7 +76,9 @@ def metric_named(key: str) -> metrics.Metric:
         if m.key == key and m.higher_is_better is not None:
             return m
     known = ", ".join(m.key for m in metrics.CATALOGUE if m.higher_is_better is not None)
-    raise UserError(f"--metric {key!r}: expected a figure of results.jsonl with a direction: {known}")
+    raise UserError(
+        f"--metric {key!r}: expected a figure of results.jsonl with a direction: {known}"
+    )
 
 
 def fleet_profiles(index: Index) -> list[str]:
@@ -88,7 +90,9 @@ def fleet_profiles(index: Index) -> list[str]:
     return sorted(p for p, h in hosts.items() if len(h) >= 2)
 
 
-def host_runs(runs: list[IndexedRun], latest: bool) -> tuple[dict[str, list[IndexedRun]], list[str]]:
+def host_runs(
+    runs: list[IndexedRun], latest: bool
+) -> tuple[dict[str, list[IndexedRun]], list[str]]:
     """host -> its newest run and that sweep cell's other repeats; with `latest`, only
     hosts whose newest run belongs to the newest round (sweep or bench) of all."""
     newest: dict[str, IndexedRun] = {}
@@ -96,19 +100,31 @@ def host_runs(runs: list[IndexedRun], latest: bool) -> tuple[dict[str, list[Inde
         if run.usable and run.rows:
             newest[run.host] = run  # oldest first: the last one wins
     chosen = {
-        host: [r for r in runs if r.host == host and r.usable and r.rows
-               and (r.run_id == last.run_id
-                    or (last.cell and r.round_id == last.round_id and r.cell == last.cell))]
+        host: [
+            r
+            for r in runs
+            if r.host == host
+            and r.usable
+            and r.rows
+            and (
+                r.run_id == last.run_id
+                or (last.cell and r.round_id == last.round_id and r.cell == last.cell)
+            )
+        ]
         for host, last in newest.items()
-    }  # fmt: skip
-    left_out = [f"{r.host}: run {r.run_id} {r.status}{' (superseded)' if r.superseded else ''}"
-                for r in runs if not r.usable and r.host not in newest]  # fmt: skip
+    }
+    left_out = [
+        f"{r.host}: run {r.run_id} {r.status}{' (superseded)' if r.superseded else ''}"
+        for r in runs
+        if not r.usable and r.host not in newest
+    ]
     if latest and newest:
         top = max(newest.values(), key=lambda r: r.started_at).round_id
         for host, last in sorted(newest.items()):
             if last.round_id != top:
-                left_out.append(f"{host}: its newest run ({last.run_id}) is not of the newest "
-                                f"round ({top})")  # fmt: skip
+                left_out.append(
+                    f"{host}: its newest run ({last.run_id}) is not of the newest round ({top})"
+                )
                 del chosen[host]
     return chosen, left_out
 
@@ -147,19 +163,25 @@ def fingerprint_differences(
 
 
 def fleet_view(
-    index: Index, profile: str, metric: str = DEFAULT_METRIC,
-    threshold: float = DEFAULT_THRESHOLD, latest: bool = False,
-) -> FleetView:  # fmt: skip
+    index: Index,
+    profile: str,
+    metric: str = DEFAULT_METRIC,
+    threshold: float = DEFAULT_THRESHOLD,
+    latest: bool = False,
+) -> FleetView:
     """The fleet's table for one profile (module docstring)."""
     m = metric_named(metric)
     runs = index.runs(profile=profile)
     if not runs:
-        raise UserError(f"no archived run of profile {profile!r} in {index.archive.root}/ "
-                        f"(profiles there: {', '.join(index.profiles()) or 'none'})")  # fmt: skip
+        raise UserError(
+            f"no archived run of profile {profile!r} in {index.archive.root}/ "
+            f"(profiles there: {', '.join(index.profiles()) or 'none'})"
+        )
     chosen, left_out = host_runs(runs, latest)
     view = FleetView(profile, m, threshold, [], [], chosen, left_out)
-    concurrencies = sorted({r["max_concurrency"] for rs in chosen.values() for x in rs
-                            for r in x.rows})  # fmt: skip
+    concurrencies = sorted(
+        {r["max_concurrency"] for rs in chosen.values() for x in rs for r in x.rows}
+    )
     for c in concurrencies:
         figures = []
         for host, rs in sorted(chosen.items()):
@@ -176,16 +198,18 @@ def fleet_view(
         _judge(level, threshold, bool(m.higher_is_better))
         view.levels.append(level)
     if len(chosen) < MIN_HOSTS:
-        view.notes.append(f"{len(chosen)} host(s) of {profile}: at least {MIN_HOSTS} are needed "
-                          "to tell which one is off (inv compare sets two side by side)")  # fmt: skip
+        view.notes.append(
+            f"{len(chosen)} host(s) of {profile}: at least {MIN_HOSTS} are needed "
+            "to tell which one is off (inv compare sets two side by side)"
+        )
     for host in sorted(chosen):
         mine = [h for lv in view.levels for h in lv.hosts if h.host == host and h.named]
         if mine:
             worst = max(mine, key=lambda h: abs(h.ratio - 1.0))
-            levels = [lv.concurrency for lv in view.levels
-                      for h in lv.hosts if h.host == host and h.named]  # fmt: skip
-            view.named.append(NamedHost(host, levels, worst,
-                                        fingerprint_differences(host, chosen)))  # fmt: skip
+            levels = [
+                lv.concurrency for lv in view.levels for h in lv.hosts if h.host == host and h.named
+            ]
+            view.named.append(NamedHost(host, levels, worst, fingerprint_differences(host, chosen)))
     return view
 
 
@@ -211,12 +235,18 @@ def named_sentence(view: FleetView, named: NamedHost) -> str:
     pct = abs(w.ratio - 1.0) * 100
     at = ",".join(str(c) for c in named.levels)
     c = next(lv.concurrency for lv in view.levels if w in lv.hosts)
-    ratio = f"{w.ratio:.3f}x" + (f" [{w.interval[0]:.3f}-{w.interval[1]:.3f}]" if w.interval else "")
+    ratio = f"{w.ratio:.3f}x" + (
+        f" [{w.interval[0]:.3f}-{w.interval[1]:.3f}]" if w.interval else ""
+    )
     if named.differences:
-        diff = "; ".join(f"{label} {fact_text(mine)} (fleet: {fact_text(common)})"
-                         for label, mine, common in named.differences)  # fmt: skip
+        diff = "; ".join(
+            f"{label} {fact_text(mine)} (fleet: {fact_text(common)})"
+            for label, mine, common in named.differences
+        )
         why = f"it differs from the fleet's majority in: {diff}"
     else:
         why = "no recorded fingerprint field differs from the fleet's majority"
-    return (f"{named.host} is {pct:.1f}% {w.side} than the fleet's median "
-            f"{view.metric.label} at C={at} ({ratio} at C={c}); {why}")  # fmt: skip
+    return (
+        f"{named.host} is {pct:.1f}% {w.side} than the fleet's median "
+        f"{view.metric.label} at C={at} ({ratio} at C={c}); {why}"
+    )

@@ -49,15 +49,21 @@ def sentences(view: FleetView) -> list[str]:
     if view.named:
         return [named_sentence(view, n) for n in view.named]
     hosts = len(view.runs)
-    return [f"no host of {hosts} is off the fleet's median {view.metric.label} by "
-            f"{view.threshold:.0%} or more, significantly, at any level"]  # fmt: skip
+    return [
+        f"no host of {hosts} is off the fleet's median {view.metric.label} by "
+        f"{view.threshold:.0%} or more, significantly, at any level"
+    ]
 
 
 def markdown(view: FleetView) -> str:
     headers, rows = table(view)
-    lines = [f"# Fleet: {view.profile}", "",
-             f"{view.metric.label}: each host's ratio to the fleet's median, 95% interval; "
-             f"`{NAMED_MARK}` marks a host named off the fleet.", ""]  # fmt: skip
+    lines = [
+        f"# Fleet: {view.profile}",
+        "",
+        f"{view.metric.label}: each host's ratio to the fleet's median, 95% interval; "
+        f"`{NAMED_MARK}` marks a host named off the fleet.",
+        "",
+    ]
     lines += md_table(headers, rows)
     lines += ["", *[f"- {s}" for s in sentences(view)]]
     lines += [f"- left out: {why}" for why in view.left_out]
@@ -65,7 +71,7 @@ def markdown(view: FleetView) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw(view: FleetView):  # noqa: ANN201  (a matplotlib Figure)
+def draw(view: FleetView):
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(WIDTH_IN, 4.4))
@@ -79,16 +85,27 @@ def draw(view: FleetView):  # noqa: ANN201  (a matplotlib Figure)
             colour, marker = (PALETTE[1], "^") if h.named else (PALETTE[0], "o")
             jitter = (n - (len(level.hosts) - 1) / 2) * min(0.5 / max(1, len(level.hosts)), 0.06)
             group = ax.errorbar(
-                [x + jitter], [h.ratio],
-                yerr=None if not h.interval else [[h.ratio - h.interval[0]],
-                                                  [h.interval[1] - h.ratio]],
-                fmt=marker, color=colour, markersize=7 if h.named else 5, capsize=3,
-            )  # fmt: skip
+                [x + jitter],
+                [h.ratio],
+                yerr=None
+                if not h.interval
+                else [[h.ratio - h.interval[0]], [h.interval[1] - h.ratio]],
+                fmt=marker,
+                color=colour,
+                markersize=7 if h.named else 5,
+                capsize=3,
+            )
             group.lines[0].set_gid(f"gpufleet-pt-{len(points)}")
             points.append(f"{h.host} at C={level.concurrency}: {ratio_cell(h)}")
             if h.named:
-                ax.annotate(h.host, (x + jitter, h.ratio), textcoords="offset points",
-                            xytext=(6, -4), fontsize=TEXT_PT, color=colour)  # fmt: skip
+                ax.annotate(
+                    h.host,
+                    (x + jitter, h.ratio),
+                    textcoords="offset points",
+                    xytext=(6, -4),
+                    fontsize=TEXT_PT,
+                    color=colour,
+                )
     ax.set_xticks(xs, [f"C={lv.concurrency}" for lv in view.levels], fontsize=TEXT_PT)
     ax.tick_params(axis="y", labelsize=TEXT_PT)
     ax.set_xlim(-0.6, len(xs) - 0.4)
@@ -124,11 +141,16 @@ def page(view: FleetView, plot_svg: str | None) -> str:
     headers, rows = table(view)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join(
-        "<tr>" + "".join(
-            f'<td class="named">{html.escape(c)}</td>' if c.endswith(NAMED_MARK)
-            else f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+        "<tr>"
+        + "".join(
+            f'<td class="named">{html.escape(c)}</td>'
+            if c.endswith(NAMED_MARK)
+            else f"<td>{html.escape(c)}</td>"
+            for c in row
+        )
+        + "</tr>"
         for row in rows
-    )  # fmt: skip
+    )
     return PAGE.format(
         title=html.escape(f"Fleet: {view.profile}"),
         named=PALETTE[1],

@@ -205,8 +205,10 @@ async def serve(launcher: Launcher) -> int:
         meter = ActivityMeter(gpus, speculative=bool(a.speculative_algorithm))
         a.sim_gpu_slowdown = gpu_slowdown(gpus, bool(a.speculative_algorithm))
         if a.sim_gpu_slowdown:
-            log(f"GPUs {gpus} run below stock clocks or power: a step at batch 1 takes "
-                f"{a.sim_gpu_slowdown(1):.2f}x, at 64 {a.sim_gpu_slowdown(64):.2f}x")
+            log(
+                f"GPUs {gpus} run below stock clocks or power: a step at batch 1 takes "
+                f"{a.sim_gpu_slowdown(1):.2f}x, at 64 {a.sim_gpu_slowdown(64):.2f}x"
+            )
     engine = Engine(
         _model(a), a.max_running_requests, a.sim_zero_cost, a.sim_seed, on_batch,
         on_step=meter.step if meter else None,
