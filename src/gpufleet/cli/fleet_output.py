@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpufleet.cli.output import line, table
+from gpufleet.cli.output import line, prose, table
 from gpufleet.fleet.estimate import Estimate
 from gpufleet.fleet.history import HostHistory
 from gpufleet.fleet.outliers import FleetView, fact_text
@@ -78,19 +78,20 @@ def print_fleet(
             print(markdown(view))
             continue
         headers, rows = fleet_table(view)
-        rounds = sorted({r.round_id for rs in view.runs.values() for r in rs})
-        line(
+        runs = [r for rs in view.runs.values() for r in rs]
+        newest = max(runs, key=lambda r: r.started_at).round_id if runs else "-"
+        prose(
             f"{view.profile}: {view.metric.label}, each host's ratio to the fleet's median "
             f"[95% interval]; ! = off the fleet (>= {view.threshold:.0%} and significant)"
         )
         table("", headers, rows)
         for sentence in sentences(view):
-            line(sentence)
+            prose(sentence)
         for why in view.left_out:
             line(f"left out: {why}")
         for note in view.notes:
             line(note)
-        line(f"runs: {', '.join(rounds[-3:])}{' ...' if len(rounds) > 3 else ''}")
+        line(f"from {len(runs)} run(s) of {len(view.runs)} hosts; newest round: {newest}")
         written = pages.get(view.profile) or []
         if written:
             line(f"report: {written[-1]}")

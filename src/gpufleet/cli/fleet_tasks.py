@@ -58,6 +58,7 @@ HISTORY = OptionSet(
 )
 
 METRICS = OptionSet(
+    None,
     Rule(
         lambda o: bool(o.output) == bool(o.serve),
         "metrics needs exactly one of --output FILE or --serve",

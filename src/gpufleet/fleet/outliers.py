@@ -177,6 +177,17 @@ def fleet_view(
             f"no archived run of profile {profile!r} in {index.archive.root}/ "
             f"(profiles there: {', '.join(index.profiles()) or 'none'})"
         )
+    return view_of(runs, profile, m, threshold, latest)
+
+
+def view_of(
+    runs: list[IndexedRun],
+    profile: str,
+    m: metrics.Metric,
+    threshold: float = DEFAULT_THRESHOLD,
+    latest: bool = False,
+) -> FleetView:
+    """The fleet view of these runs of one profile (oldest first, with their rows)."""
     chosen, left_out = host_runs(runs, latest)
     view = FleetView(profile, m, threshold, [], [], chosen, left_out)
     concurrencies = sorted(

@@ -1,0 +1,246 @@
+"""inv fleet and inv history on archives with known figures: who is named, who is not,
+what differs, what changed, and the index they read (built, kept up to date, rebuilt)."""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+
+import pytest
+
+from fleetdata import fleet_archive, level_row, tree_state, write_run
+from gpufleet.archive.layout import Archive
+from gpufleet.fleet import history, outliers
+from gpufleet.fleet.index import IndexedRun, open_index
+from helpers import run_cli, unwrap
+
+
+def _view(root, profile="baseline", **kw):
+    with open_index(Archive(root)) as index:
+        return outliers.fleet_view(index, profile, **kw)
+
+
+def test_identical_hosts_produce_no_name(tmp_path):
+    fleet_archive(tmp_path, 8, noise=0.01)
+    view = _view(tmp_path)
+    assert [lv.concurrency for lv in view.levels] == [1, 10, 64]
+    assert view.named == []
+    assert all(len(lv.hosts) == 8 for lv in view.levels)
+
+
+def test_a_slow_host_is_named_with_what_differs(tmp_path):
+    fleet_archive(tmp_path, 8, slow={"gpu05": 0.85})
+    view = _view(tmp_path)
+    assert [n.host for n in view.named] == ["gpu05"]
+    named = view.named[0]
+    assert named.levels == [1, 10, 64]
+    assert named.worst.side == "slower"
+    assert 0.82 < named.worst.ratio < 0.88
+    assert ("power limits (W)", (500.0, 500.0), (700.0, 700.0)) in named.differences
+    sentence = outliers.named_sentence(view, named)
+    assert sentence.startswith("gpu05 is ") and "slower" in sentence
+    assert "power limits (W) 500 x2 (fleet: 700 x2)" in sentence
+
+
+def test_a_slow_host_with_nothing_recorded_different_is_said_so(tmp_path):
+    fleet_archive(tmp_path, 6, slow={"gpu02": 0.8}, power_limit_w=700.0)
+    view = _view(tmp_path)
+    assert [n.host for n in view.named] == ["gpu02"]
+    assert view.named[0].differences == []
+    assert "no recorded fingerprint field differs" in outliers.named_sentence(view, view.named[0])
+
+
+def test_the_threshold_decides_what_is_material(tmp_path):
+    fleet_archive(tmp_path, 8, slow={"gpu03": 0.96}, noise=0.002)
+    assert _view(tmp_path).named == []  # 4% off: not material at the default 5%
+    assert [n.host for n in _view(tmp_path, threshold=0.03).named] == ["gpu03"]
+
+
+def _indexed(host: str, value: float, spread: float) -> IndexedRun:
+    return IndexedRun(host, f"r-{host}", "baseline", "done", False, "2026-11-01", "sglang",
+                      "0.5.23", "coding", "NVIDIA H200", {}, f"r-{host}", None,
+                      [level_row(10, value, spread)])  # fmt: skip
+
+
+def test_the_census_of_fleets_names_exactly_the_slow_hosts():
+    """A property over 2,000 random fleets (3-60 hosts, up to 3 slow ones at 0.5-0.93x,
+    host-to-host noise up to 1.5%, per-request spread 0.5-20%): every slow host is named,
+    no stock host is. A bad host cannot hide by moving the fleet's figure, as it could with
+    a mean and standard deviation instead of the median and MAD."""
+    rng = random.Random(62)
+    metric = outliers.metric_named("output_throughput")
+    for case in range(2000):
+        hosts = rng.randint(3, 60)
+        slow_count = min(rng.choice([0, 0, 1, 2, 3]), (hosts - 1) // 2)
+        names = [f"gpu{i:02d}" for i in range(hosts)]
+        slow = {n: rng.uniform(0.5, 0.93) for n in rng.sample(names, slow_count)}
+        noise, spread = rng.uniform(0.0, 0.015), rng.uniform(0.005, 0.2)
+        runs = [_indexed(n, 380 * slow.get(n, 1.0) * (1 + rng.uniform(-noise, noise)), spread)
+                for n in names]  # fmt: skip
+        named = {n.host for n in outliers.view_of(runs, "baseline", metric).named}
+        assert named == set(slow), (case, hosts, slow, noise, spread, named)
+
+
+def test_two_hosts_name_nobody_and_say_why(tmp_path):
+    fleet_archive(tmp_path, 2, slow={"gpu01": 0.5})
+    view = _view(tmp_path)
+    assert view.named == []
+    assert any("at least 3 are needed" in n for n in view.notes)
+
+
+def test_repeats_give_the_interval_and_latest_keeps_the_newest_round(tmp_path):
+    for i in range(4):
+        write_run(tmp_path, f"h{i}", "20261101T000000Z-bench-aaaaaa", {10: 380.0 + i},
+                  started="2026-11-01T00:00:00+00:00")  # fmt: skip
+    for i in range(3):  # a later inv bench on three of them
+        write_run(tmp_path, f"h{i}", "20261102T000000Z-bench-bbbbbb", {10: 380.0 - i},
+                  started="2026-11-02T00:00:00+00:00")  # fmt: skip
+    all_hosts = _view(tmp_path)
+    assert sorted(all_hosts.runs) == ["h0", "h1", "h2", "h3"]
+    latest = _view(tmp_path, latest=True)
+    assert sorted(latest.runs) == ["h0", "h1", "h2"]
+    assert any(w.startswith("h3: its newest run") for w in latest.left_out)
+    assert all(h.estimate.source == "requests" for h in latest.levels[0].hosts)
+
+
+def _history(root, host="gpu1", **kw):
+    with open_index(Archive(root)) as index:
+        return history.host_history(index, host, "baseline", **kw)
+
+
+def _upgrade_archive(root, after=342.0, prompts_changed=False):
+    """Four weekly runs on 0.5.22 around 380 tok/s, then one on 0.5.23 at `after`."""
+    for week, value in enumerate([380.0, 383.0, 378.0, 381.0]):
+        write_run(root, "gpu1", f"2026110{week + 1}T000000Z-baseline-w{week}", {10: value},
+                  started=f"2026-11-0{week + 1}T00:00:00+00:00", engine_version="0.5.22")  # fmt: skip
+    write_run(root, "gpu1", "20261108T000000Z-baseline-other", {10: 200.0},
+              started="2026-11-08T00:00:00+00:00", engine_version="0.5.22", prompts="q" * 64)  # fmt: skip
+    write_run(root, "gpu1", "20261109T000000Z-baseline-new", {10: after},
+              started="2026-11-09T00:00:00+00:00", engine_version="0.5.23")  # fmt: skip
+
+
+def test_history_names_the_upgrade_and_its_verdict(tmp_path):
+    _upgrade_archive(tmp_path)
+    h = _history(tmp_path)
+    assert [r.run_id for r in h.newest] == ["20261109T000000Z-baseline-new"]
+    assert len(h.baseline) == 4
+    (level,) = h.levels
+    assert level.verdict == "slower"
+    assert level.ratio == pytest.approx(342 / 380.5, rel=1e-3)
+    assert level.interval[1] < 1.0
+    assert ("engine version", "0.5.22", "0.5.23") in h.changes
+    # another prompt set is never mixed in silently
+    assert any(w.startswith("20261108T000000Z-baseline-other: another prompt set")
+               for w in h.left_out)  # fmt: skip
+    assert h.regressions(0.05) and not h.regressions(0.15)
+
+
+def test_history_without_a_change_says_no_difference(tmp_path):
+    _upgrade_archive(tmp_path, after=380.0)
+    (level,) = _history(tmp_path).levels
+    assert level.verdict == "no difference"
+
+
+def test_history_and_fleet_through_the_cli(tmp_path):
+    _upgrade_archive(tmp_path)
+    args = ("--archive", str(tmp_path))
+    gate = run_cli("history", "--host", "gpu1", "--fail-on-regression", "5", *args)
+    assert gate.returncode == 1, gate.stderr
+    assert "engine version 0.5.22 -> 0.5.23" in gate.stdout
+    assert "slower (-10.1%)" in gate.stdout
+    assert "slower by more than 5%: gpu1 baseline C=10 -10.1%" in gate.stderr
+    loose = run_cli("history", "--host", "gpu1", "--fail-on-regression", "20", *args)
+    assert loose.returncode == 0, loose.stderr
+    as_json = json.loads(run_cli("history", "--format", "json", *args).stdout)
+    assert as_json[0]["levels"][0]["verdict"] == "slower"
+
+    root = tmp_path / "f"
+    fleet_archive(root, 8, slow={"gpu05": 0.85})
+    out = run_cli("fleet", "--archive", str(root))
+    assert out.returncode == 1
+    said = unwrap(out.stdout)
+    assert "gpu05 is 15." in said and "power limits (W) 500 x2 (fleet: 700 x2)" in said
+    assert out.stderr.strip().endswith("off the fleet: gpu05")
+    assert max(len(line) for line in out.stdout.splitlines() if "report:" not in line) <= 100
+    page = root / "compare" / "fleet-baseline"
+    assert {p.name for p in page.iterdir()} == {"summary.md", "ratios.png", "report.html"}
+    assert "| gpu05 |" in (page / "summary.md").read_text()
+    fine = tmp_path / "ok"
+    fleet_archive(fine, 8)
+    ok = run_cli("fleet", "--archive", str(fine))
+    assert ok.returncode == 0 and "no host of 8 is off" in ok.stdout
+
+
+def test_the_index_follows_the_files(tmp_path):
+    fleet_archive(tmp_path, 3)
+    archive = Archive(tmp_path)
+    with open_index(archive) as index:
+        assert len(index.runs()) == 3 and index.notes == []
+    write_run(tmp_path, "gpu00", "20261102T000000Z-baseline-x", {10: 1.0},
+              started="2026-11-02T00:00:00+00:00")  # fmt: skip
+    with open_index(archive) as index:
+        assert [r.run_id for r in index.runs(host="gpu00")][-1] == "20261102T000000Z-baseline-x"
+    import shutil
+
+    shutil.rmtree(tmp_path / "gpu02")
+    with open_index(archive) as index:
+        assert index.hosts() == ["gpu00", "gpu01"]
+
+
+def test_a_corrupt_index_is_rebuilt_from_the_files(tmp_path):
+    fleet_archive(tmp_path, 4, slow={"gpu01": 0.7})
+    before = _view(tmp_path)
+    archive = Archive(tmp_path)
+    archive.index_path.write_bytes(b"this is not a database" * 100)
+    runs = tree_state(tmp_path)
+    with open_index(archive) as index:
+        assert len(index.notes) == 1 and "rebuilt from the run files" in index.notes[0]
+        assert str(archive.index_path) in index.notes[0]
+        after = outliers.fleet_view(index, "baseline")
+    assert [n.host for n in after.named] == [n.host for n in before.named] == ["gpu01"]
+    assert tree_state(tmp_path) == runs
+    conn = sqlite3.connect(archive.index_path)
+    assert conn.execute("SELECT COUNT(*) FROM runs").fetchone() == (4,)
+
+
+def _one_line_refusal(root, args, said):
+    before = tree_state(root)
+    out = run_cli(*args, "--archive", str(root))
+    assert out.returncode == 2, (args, out.stdout, out.stderr)
+    assert len(out.stderr.strip().splitlines()) == 1, (args, out.stderr)
+    assert said in out.stderr, (args, out.stderr)
+    assert "Traceback" not in out.stderr
+    assert tree_state(root) == before
+
+
+def test_bad_input_is_one_line_and_changes_nothing(tmp_path):
+    root = tmp_path / "logs"
+    fleet_archive(root, 3)
+    cases = {
+        ("history", "--host", "nosuch"): "--host 'nosuch': no archived run of that host",
+        ("history", "--profile", "nosuch"): "--profile 'nosuch': no archived run of that profile",
+        ("fleet", "--profile", "nosuch"): "no archived run of profile 'nosuch'",
+        ("fleet", "--threshold", "-3"): "--threshold '-3': expected a positive number",
+        ("fleet", "--metric", "colour"): "--metric 'colour': expected a figure",
+        ("metrics",): "metrics needs exactly one of --output FILE or --serve",
+        ("metrics", "--serve", "--output", "x.prom"): "metrics needs exactly one of",
+    }
+    for args, said in cases.items():
+        _one_line_refusal(root, args, said)
+    lost = root / "gpu01" / "20261101T000000Z-baseline-gpu01" / "manifest.json"
+    lost.rename(tmp_path / "kept-manifest.json")
+    for task in ("fleet", "history", "metrics --output m.prom"):
+        said = f"{lost.parent}: an archived run's folder without its manifest.json"
+        _one_line_refusal(root, task.split(), said)
+    other = tmp_path / "other"
+    write_run(other, "a", "r1", {1: 1.0}, profile="p1")
+    write_run(other, "b", "r2", {1: 1.0}, profile="p2")
+    _one_line_refusal(other, ["fleet"], "no profile was run on two or more hosts")
+
+
+def test_reindex_says_its_cost(tmp_path):
+    fleet_archive(tmp_path, 5)
+    out = run_cli("runs", "--reindex", "--archive", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "index: " in out.stdout and ": 5 runs in " in out.stdout and "ms a run" in out.stdout
