@@ -60,11 +60,17 @@ def write_run(
         "host_facts": {
             "driver": "580.95.05",
             "gpus": [
-                {"index": i, "name": gpu, "power_limit_w": power_limit_w,
-                 "sm_clock_app_mhz": 1980, "ecc": True, "health": "ok"}
+                {
+                    "index": i,
+                    "name": gpu,
+                    "power_limit_w": power_limit_w,
+                    "sm_clock_app_mhz": 1980,
+                    "ecc": True,
+                    "health": "ok",
+                }
                 for i in range(2)
             ],
-        },  # fmt: skip
+        },
         "prompt_set": {"name": "coding", "prompts_sha256": prompts},
         "levels": [{"concurrency": c, "output_throughput": v} for c, v in figures.items()],
     }
