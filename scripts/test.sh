@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quick start, tests: install what the suite needs (openssh-server, Debian's chromium for the
-# report's browser tests, Slurm and MUNGE for a real cluster, Python deps), run it all.
+# report's browser tests, Slurm and MUNGE for a real cluster, Prometheus, Python deps), run it all.
 #   scripts/test.sh            the whole suite (the README's command; CI runs it): the tests
 #                              side by side on $GPUFLEET_TEST_WORKERS workers (default 4; they
 #                              mostly wait on simulated decode and sshd), then the `exclusive`
@@ -14,6 +14,7 @@ if [ "${1:-}" = "--fast" ]; then
   shift
 fi
 missing=()
+lean=()
 if [ $fast = 0 ]; then
   [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
   command -v strace >/dev/null || missing+=(strace)  # the root census traces sshd
@@ -24,9 +25,17 @@ if [ $fast = 0 ]; then
   [ -x /usr/sbin/slurmd ] || missing+=(slurmd)
   command -v srun >/dev/null || missing+=(slurm-client)
   [ -x /usr/sbin/munged ] || missing+=(munge)
+  # a real Prometheus scrapes `inv metrics --serve`; promtool checks the exposition
+  command -v prometheus >/dev/null || lean+=(prometheus)
+fi
+if [ ${#missing[@]} -gt 0 ] || [ ${#lean[@]} -gt 0 ]; then
+  apt-get update -q
 fi
 if [ ${#missing[@]} -gt 0 ]; then
-  apt-get update -q && apt-get install -y -q "${missing[@]}"
+  apt-get install -y -q "${missing[@]}"
+fi
+if [ ${#lean[@]} -gt 0 ]; then  # without its recommended node exporter: nothing here runs it
+  apt-get install -y -q --no-install-recommends "${lean[@]}"
 fi
 source "$(dirname "$0")/setup-venv.sh"
 # with PYTHONDONTWRITEBYTECODE set (as on CI's machine) every process of the suite would

@@ -1,0 +1,68 @@
+"""The fleet view on the rehearsal engine: four simulated hosts swept twice, first stock
+(no host may be named), then with one GPU of one host at lowered clocks (that host must be
+named, with the clocks as its difference, and its history must call it slower)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from helpers import run_cli, unwrap
+
+
+def _inventory(tmp_path, slow_clock: int | None):
+    hosts = {}
+    for n, name in enumerate(("sim-a", "sim-b", "sim-c", "sim-d")):
+        host = {"address": "localhost", "workdir": str(tmp_path / "hosts" / name),
+                "vars": {"server_port_offset": 11 * n}}  # fmt: skip
+        if name == "sim-d" and slow_clock:
+            host["gpus"] = {"faults": {3: {"sm_clock_app_mhz": slow_clock}}}
+        hosts[name] = host
+    path = tmp_path / f"fleet-{slow_clock or 'stock'}.yaml"
+    path.write_text(yaml.safe_dump({
+        "defaults": {"connection": "local", "python": "auto",
+                     "gpus": {"count": 8, "simulated": True}},
+        "hosts": hosts,
+    }))  # fmt: skip
+    return path
+
+
+def _sweep(tmp_path, inventory):
+    got = run_cli("sweep", "--profiles", "rehearsal-baseline", "-c", "1,4", "--output-len", "48",
+                  "--inventory", str(inventory), "--archive", str(tmp_path / "logs"),
+                  timeout=400)  # fmt: skip
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+
+
+@pytest.mark.slow(minutes=2)
+def test_the_rehearsal_names_the_slowed_host_and_only_it(tmp_path):
+    archive = ("--archive", str(tmp_path / "logs"))
+    _sweep(tmp_path, _inventory(tmp_path, None))
+    stock = run_cli("fleet", *archive)
+    assert stock.returncode == 0, stock.stdout + stock.stderr
+    assert "no host of 4 is off" in unwrap(stock.stdout)
+    assert not [line for line in stock.stdout.splitlines() if line.rstrip().endswith(" !")]
+
+    _sweep(tmp_path, _inventory(tmp_path, 1600))
+    slowed = run_cli("fleet", "--latest", "--format", "json", *archive)
+    assert slowed.returncode == 1, slowed.stdout + slowed.stderr
+    (view,) = json.loads(slowed.stdout)
+    assert [n["host"] for n in view["named"]] == ["sim-d"]
+    fields = {d["field"] for d in view["named"][0]["differences"]}
+    assert "application clocks (MHz)" in fields
+    for level in view["levels"]:
+        sim_d = next(h for h in level["hosts"] if h["host"] == "sim-d")
+        # a tensor-parallel step waits for its slowest GPU: 1600 / 1980 of stock speed
+        assert sim_d["ratio"] == pytest.approx(1600 / 1980, abs=0.04)
+        assert sim_d["named"] and sim_d["side"] == "slower"
+        others = [h for h in level["hosts"] if h["host"] != "sim-d"]
+        assert all(not h["named"] and abs(h["ratio"] - 1) < 0.05 for h in others)
+
+    history = run_cli("history", "--host", "sim-d", "--fail-on-regression", "10", *archive)
+    assert history.returncode == 1, history.stdout + history.stderr
+    said = unwrap(history.stdout)
+    assert "application clocks (MHz)" in said and "slower" in said
+    steady = run_cli("history", "--host", "sim-a", "--fail-on-regression", "10", *archive)
+    assert steady.returncode == 0, steady.stdout + steady.stderr

@@ -1,0 +1,163 @@
+"""inv metrics: the exposition checked by promtool, its series bounded, and a real Prometheus
+(Debian's package, started here on loopback with its own storage) scraping `--serve` and
+answering a PromQL query with the figure `inv compare` prints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from fleetdata import write_run
+from gpufleet.archive.layout import Archive
+from gpufleet.archive.records import Cell, SweepRecord
+from gpufleet.archive.store import write_private_file
+from helpers import REPO, run_cli
+
+THROUGHPUT = "gpufleet_output_throughput_tokens_per_second"
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: apt-get install --no-install-recommends "
+                    "prometheus (scripts/test.sh does)")  # fmt: skip
+    return path
+
+
+def _archive(root: Path, old_runs: int) -> None:
+    """Three hosts, two profiles, levels 1 and 10; `old_runs` older runs of each before."""
+    for host in ("gpu1", "gpu2", "gpu3"):
+        for profile, base in (("baseline", 380.0), ("eagle3", 260.0)):
+            for n in range(old_runs + 1):
+                write_run(root, host, f"2026110{n + 1}T000000Z-{profile}-{host}",
+                          {1: base / 6 + n, 10: base + n}, profile=profile,
+                          started=f"2026-11-0{n + 1}T00:00:00+00:00")  # fmt: skip
+
+
+def _series(text: str, name: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(name + "{")]
+
+
+def test_the_textfile_passes_promtool_and_its_series_are_bounded(tmp_path):
+    root = tmp_path / "logs"
+    _archive(root, old_runs=0)
+    out_file = tmp_path / "gpufleet.prom"
+    got = run_cli("metrics", "--output", str(out_file), "--archive", str(root))
+    assert got.returncode == 0, got.stderr
+    text = out_file.read_text()
+    check = subprocess.run([_tool("promtool"), "check", "metrics"], input=text,
+                           capture_output=True, text=True)  # fmt: skip
+    assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
+    # the bound: hosts x profiles x levels, whatever the archive's history
+    assert len(_series(text, THROUGHPUT)) == 3 * 2 * 2
+    longer = tmp_path / "longer"
+    _archive(longer, old_runs=5)
+    got = run_cli("metrics", "--output", str(out_file), "--archive", str(longer))
+    assert got.returncode == 0, got.stderr
+    text = out_file.read_text()
+    series = _series(text, THROUGHPUT)
+    assert len(series) == 3 * 2 * 2
+    assert all('run_id="20261106T' in s for s in series)  # the newest run of each
+    labels = series[0].split("{", 1)[1].split("}", 1)[0]
+    assert {kv.split("=")[0] for kv in labels.split(",")} == {
+        "host", "profile", "engine", "engine_version", "concurrency", "run_id"}  # fmt: skip
+    assert "gpufleet_requests_completed_total{" in text
+    assert "gpufleet_time_to_first_token_median_seconds{" in text
+    assert _series(text, "gpufleet_fleet_throughput_ratio")
+    assert not [line for line in text.splitlines() if line.startswith("gpufleet_sweep_cells{")]
+
+
+def test_a_running_sweep_shows_its_progress(tmp_path):
+    root = tmp_path / "logs"
+    _archive(root, old_runs=0)
+    cells = {"baseline": {h: Cell(status=s) for h, s in
+                          (("gpu1", "done"), ("gpu2", "done"), ("gpu3", "benching"))},
+             "eagle3": {h: Cell() for h in ("gpu1", "gpu2", "gpu3")}}  # fmt: skip
+    began = float(int(time.time()) - 120)
+    state = SweepRecord(sweep_id="s1", profiles=["baseline", "eagle3"],
+                        hosts=["gpu1", "gpu2", "gpu3"], concurrency=[1, 10], cells=cells,
+                        created_at=time.strftime("%Y-%m-%dT%H:%M:%S+00:00",
+                                                 time.gmtime(began)))  # fmt: skip
+    write_private_file(Archive(root).sweep_state("s1"), state.to_json().encode())
+    from gpufleet.fleet.openmetrics import sweep_progress
+
+    families = {f.name: f for f in sweep_progress(Archive(root), now=began + 120)}
+    done = [s for s in families["gpufleet_sweep_cells"].samples if s.labels["status"] == "done"]
+    assert done[0].value == 2
+    (eta,) = families["gpufleet_sweep_eta_seconds"].samples
+    assert eta.value == pytest.approx(120 / 2 * 4)
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def test_a_real_prometheus_scrapes_the_figure_compare_prints(tmp_path):
+    from gpufleet.sim.sshd import free_port
+
+    prometheus = _tool("prometheus")
+    root = tmp_path / "logs"
+    write_run(root, "gpu1", "r-base", {1: 60.123456789, 10: 383.987654321}, profile="baseline")
+    write_run(root, "gpu1", "r-eagle", {1: 80.5, 10: 260.25}, profile="eagle3")
+    compared = run_cli("compare", "baseline", "eagle3", "--format", "json", "--no-plots",
+                       "--archive", str(root))  # fmt: skip
+    assert compared.returncode == 0, compared.stderr
+    json_text = compared.stdout[: compared.stdout.rindex("}") + 1]
+    figure = json.loads(json_text)["gpu1"]["levels"]["10"]["baseline"]["output_throughput"]
+    table = run_cli("compare", "baseline", "eagle3", "--no-plots", "--archive", str(root))
+    assert any(line.split()[:2] == ["10", f"{figure:.0f}"] for line in table.stdout.splitlines())
+
+    port, prom_port = free_port(), free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "metrics", "--serve", "--port", str(port),
+         "--archive", str(root)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - job_name: gpufleet\n    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
+    )
+    prom = subprocess.Popen(
+        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{prom_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    query = (f'{THROUGHPUT}{{host="gpu1",profile="baseline",concurrency="10",'
+             'run_id="r-base"}')  # fmt: skip
+    url = f"http://127.0.0.1:{prom_port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    try:
+        deadline, result = time.monotonic() + 90, []
+        while time.monotonic() < deadline and not result:
+            assert prom.poll() is None, prom.stderr.read()[-2000:] if prom.stderr else ""
+            assert server.poll() is None, server.stderr.read() if server.stderr else ""
+            try:
+                result = _get_json(url)["data"]["result"]
+            except OSError:
+                pass
+            if not result:
+                time.sleep(0.5)
+        assert result, "Prometheus never scraped the figure"
+        (sample,) = result
+        assert float(sample["value"][1]) == figure
+        assert sample["metric"]["job"] == "gpufleet"
+        targets = _get_json(f"http://127.0.0.1:{prom_port}/api/v1/targets")
+        assert targets["data"]["activeTargets"][0]["health"] == "up"
+    finally:
+        for proc in (prom, server):
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
