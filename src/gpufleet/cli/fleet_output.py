@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from gpufleet.cli.output import line, prose, table
 from gpufleet.fleet.estimate import Estimate
@@ -24,46 +23,53 @@ def _interval(value: tuple[float, float] | None) -> list[float] | None:
     return list(value) if value else None
 
 
-def fleet_json(view: FleetView) -> dict[str, Any]:
-    return {
-        "profile": view.profile,
-        "metric": view.metric.key,
-        "threshold": view.threshold,
-        "levels": [
+def fleet_json(views: list[FleetView]) -> str:
+    """The views as JSON text for a script (`--format json`)."""
+    return json.dumps(
+        [
             {
-                "concurrency": lv.concurrency,
-                "median": lv.median,
-                "spread": lv.spread,
-                "hosts": [
+                "profile": view.profile,
+                "metric": view.metric.key,
+                "threshold": view.threshold,
+                "levels": [
                     {
-                        "host": h.host,
-                        "value": h.estimate.value,
-                        "ratio": h.ratio,
-                        "interval": _interval(h.interval),
-                        "source": h.estimate.source,
-                        "named": h.named,
-                        "side": h.side or None,
+                        "concurrency": lv.concurrency,
+                        "median": lv.median,
+                        "spread": lv.spread,
+                        "hosts": [
+                            {
+                                "host": h.host,
+                                "value": h.estimate.value,
+                                "ratio": h.ratio,
+                                "interval": _interval(h.interval),
+                                "source": h.estimate.source,
+                                "named": h.named,
+                                "side": h.side or None,
+                            }
+                            for h in lv.hosts
+                        ],
                     }
-                    for h in lv.hosts
+                    for lv in view.levels
                 ],
-            }
-            for lv in view.levels
-        ],
-        "named": [
-            {
-                "host": n.host,
-                "levels": n.levels,
-                "differences": [
-                    {"field": f, "host": fact_text(a), "fleet": fact_text(b)}
-                    for f, a, b in n.differences
+                "named": [
+                    {
+                        "host": n.host,
+                        "levels": n.levels,
+                        "differences": [
+                            {"field": f, "host": fact_text(a), "fleet": fact_text(b)}
+                            for f, a, b in n.differences
+                        ],
+                    }
+                    for n in view.named
                 ],
+                "runs": {h: [r.run_id for r in rs] for h, rs in view.runs.items()},
+                "left_out": view.left_out,
+                "notes": view.notes,
             }
-            for n in view.named
+            for view in views
         ],
-        "runs": {h: [r.run_id for r in rs] for h, rs in view.runs.items()},
-        "left_out": view.left_out,
-        "notes": view.notes,
-    }
+        indent=1,
+    )
 
 
 def print_fleet(
@@ -71,7 +77,7 @@ def print_fleet(
 ) -> None:
     _notes(notes)
     if fmt == "json":
-        print(json.dumps([fleet_json(v) for v in views], indent=1))
+        print(fleet_json(views))
         return
     for view in views:
         if fmt == "md":
@@ -103,36 +109,44 @@ def _figure(e: Estimate, fmt: str) -> str:
     return text + (f" [{fmt.format(interval[0])}-{fmt.format(interval[1])}]" if interval else "")
 
 
-def history_json(h: HostHistory) -> dict[str, Any]:
-    return {
-        "host": h.host,
-        "profile": h.profile,
-        "metric": h.metric.key,
-        "newest": [r.run_id for r in h.newest],
-        "baseline": [r.run_id for r in h.baseline],
-        "levels": [
+def history_json(found: list[HostHistory]) -> str:
+    """The histories as JSON text for a script (`--format json`)."""
+    return json.dumps(
+        [
             {
-                "concurrency": lv.concurrency,
-                "before": lv.before.value,
-                "after": lv.after.value,
-                "ratio": lv.ratio,
-                "interval": _interval(lv.interval),
-                "verdict": lv.verdict,
-                "change": lv.change,
+                "host": h.host,
+                "profile": h.profile,
+                "metric": h.metric.key,
+                "newest": [r.run_id for r in h.newest],
+                "baseline": [r.run_id for r in h.baseline],
+                "levels": [
+                    {
+                        "concurrency": lv.concurrency,
+                        "before": lv.before.value,
+                        "after": lv.after.value,
+                        "ratio": lv.ratio,
+                        "interval": _interval(lv.interval),
+                        "verdict": lv.verdict,
+                        "change": lv.change,
+                    }
+                    for lv in h.levels
+                ],
+                "changes": [
+                    {"field": f, "before": fact_text(a), "after": fact_text(b)}
+                    for f, a, b in h.changes
+                ],
+                "left_out": h.left_out,
             }
-            for lv in h.levels
+            for h in found
         ],
-        "changes": [
-            {"field": f, "before": fact_text(a), "after": fact_text(b)} for f, a, b in h.changes
-        ],
-        "left_out": h.left_out,
-    }
+        indent=1,
+    )
 
 
 def print_history(found: list[HostHistory], fmt: str, notes: list[str]) -> None:
     _notes(notes)
     if fmt == "json":
-        print(json.dumps([history_json(h) for h in found], indent=1))
+        print(history_json(found))
         return
     if not found:
         line("no archived runs match")

@@ -185,6 +185,22 @@ def _adaptive(args: Any) -> tuple[AdaptiveDepth, Any] | None:
     return depth, model_for
 
 
+def _meter(a: Any) -> ActivityMeter | None:
+    """The power meter of this server's simulated GPUs, None without them; sets the
+    slowdown its GPUs' clocks or power limit impose (`_model` reads it)."""
+    if not os.environ.get(gpustate.STATE_ENV):
+        return None
+    per_node = max(1, a.tp_size // max(1, a.nnodes))
+    gpus = [_visible_gpu(a.base_gpu_id + i) for i in range(per_node)]
+    a.sim_gpu_slowdown = gpu_slowdown(gpus, bool(a.speculative_algorithm))
+    if a.sim_gpu_slowdown:
+        log(
+            f"GPUs {gpus} run below stock clocks or power: a step at batch 1 takes "
+            f"{a.sim_gpu_slowdown(1):.2f}x, at 64 {a.sim_gpu_slowdown(64):.2f}x"
+        )
+    return ActivityMeter(gpus, speculative=bool(a.speculative_algorithm))
+
+
 async def serve(launcher: Launcher) -> int:
     from aiohttp import web
 
@@ -198,17 +214,7 @@ async def serve(launcher: Launcher) -> int:
             crashed["done"] = True
             launcher.crash(size)
 
-    meter = None
-    if os.environ.get(gpustate.STATE_ENV):
-        per_node = max(1, a.tp_size // max(1, a.nnodes))
-        gpus = [_visible_gpu(a.base_gpu_id + i) for i in range(per_node)]
-        meter = ActivityMeter(gpus, speculative=bool(a.speculative_algorithm))
-        a.sim_gpu_slowdown = gpu_slowdown(gpus, bool(a.speculative_algorithm))
-        if a.sim_gpu_slowdown:
-            log(
-                f"GPUs {gpus} run below stock clocks or power: a step at batch 1 takes "
-                f"{a.sim_gpu_slowdown(1):.2f}x, at 64 {a.sim_gpu_slowdown(64):.2f}x"
-            )
+    meter = _meter(a)
     engine = Engine(
         _model(a), a.max_running_requests, a.sim_zero_cost, a.sim_seed, on_batch,
         on_step=meter.step if meter else None,
