@@ -162,10 +162,15 @@ def test_history_and_fleet_through_the_cli(tmp_path):
     said = unwrap(out.stdout)
     assert "gpu05 is 15." in said and "power limits (W) 500 x2 (fleet: 700 x2)" in said
     assert out.stderr.strip().endswith("off the fleet: gpu05")
-    assert max(len(line) for line in out.stdout.splitlines() if "report:" not in line) <= 100
+    assert max(len(line) for line in out.stdout.splitlines() if "summary:" not in line) <= 100
     page = root / "compare" / "fleet-baseline"
-    assert {p.name for p in page.iterdir()} == {"summary.md", "ratios.png", "report.html"}
+    assert {p.name for p in page.iterdir()} == {"summary.md"}
     assert "| gpu05 |" in (page / "summary.md").read_text()
+    report = run_cli("report", "--fleet", "baseline", "--archive", str(root))
+    assert report.returncode == 0, report.stderr
+    assert {p.name for p in page.iterdir()} == {"summary.md", "ratios.png", "report.html"}
+    html = (page / "report.html").read_text()
+    assert html.count('class="named"') == 3 and "gpu05 at C=64" in html
     fine = tmp_path / "ok"
     fleet_archive(fine, 8)
     ok = run_cli("fleet", "--archive", str(fine))
@@ -244,3 +249,22 @@ def test_reindex_says_its_cost(tmp_path):
     out = run_cli("runs", "--reindex", "--archive", str(tmp_path))
     assert out.returncode == 0, out.stderr
     assert "index: " in out.stdout and ": 5 runs in " in out.stdout and "ms a run" in out.stdout
+
+
+def test_the_fleet_page_reads_on_a_phone(tmp_path):
+    """The ratio plot and table in real Chromium: no wider than a 390 px phone, no text
+    under 11 px there, the named host marked in the table and on the plot."""
+    from browser import CHROMIUM, visit
+
+    assert CHROMIUM, "chromium is not installed (scripts/test.sh installs it)"
+    fleet_archive(tmp_path, 12, slow={"gpu07": 0.8})
+    got = run_cli("report", "--fleet", "baseline", "--archive", str(tmp_path))
+    assert got.returncode == 0, got.stderr
+    seen = visit(tmp_path / "compare" / "fleet-baseline" / "report.html", width=1300)
+    assert seen.errors == [] and all(r.startswith("file:") for r in seen.requests)
+    assert seen.phone_width <= 390
+    assert seen.text_px[390][0][0] >= 11, seen.text_px[390][:3]
+    assert seen.facts["plots"] == ["baseline: ratio to the fleet median"]
+    assert sum("gpu07 at C=" in p for p in seen.facts["points"]) == 3
+    assert seen.facts["data"][0]["named"][0]["host"] == "gpu07"
+    assert "gpu07 is 19.8% slower" in seen.facts["text"]

@@ -32,12 +32,14 @@ COMPARE = OptionSet(
 
 REPORT = OptionSet(
     None,
-    Rule(lambda o: sum(bool(x) for x in (o.sweep, o.runs, o.latest)) != 1,
-         "report needs exactly one of --latest, --sweep ID or --runs A,B"),
+    Rule(lambda o: sum(bool(x) for x in (o.sweep, o.runs, o.latest, o.fleet)) != 1,
+         "report needs exactly one of --latest, --sweep ID, --runs A,B or --fleet PROFILE"),
     sweep=Option(f"a sweep id (the name of {DEFAULT_ROOT}/sweeps/<id>.json)"),
     runs=Option("run ids or profiles, comma separated (a profile: its latest successful run)",
                 name_list),
     latest=switch("the newest sweep"),
+    fleet=Option("a profile: its hosts side by side, the ratio plot with the hosts named off "
+                 "the fleet (inv fleet's view)"),
     hosts=Option("only these hosts (comma list)", name_list, default=None, short="H"),
     archive=archive_option(),
 )  # fmt: skip
@@ -110,6 +112,9 @@ def report(c, **given):
 
     o = REPORT.parse(given)
     root = o.archive
+    if o.fleet:
+        _fleet_report(root, o.fleet)
+        return
     if o.runs:
         data = select.report_for_runs(root, o.runs, o.hosts or None)
         out_dir = root.compare_dir("-vs-".join(o.runs))
@@ -120,3 +125,15 @@ def report(c, **given):
     page = select.write_report(data, out_dir)
     select.write_summary(data, out_dir)
     line(f"report: {page}")
+
+
+def _fleet_report(root: Any, profile: str) -> None:
+    """`inv report --fleet P`: summary.md, ratios.png and report.html of the fleet view."""
+    from gpufleet.cli.output import line
+    from gpufleet.fleet import outliers, page
+    from gpufleet.fleet.index import open_index
+
+    with open_index(root) as index:
+        view = outliers.fleet_view(index, profile)
+    written = page.write(view, root.fleet_dir(profile))
+    line(f"report: {written[-1]}")

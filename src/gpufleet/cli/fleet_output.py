@@ -10,7 +10,7 @@ from gpufleet.cli.output import line, prose, table
 from gpufleet.fleet.estimate import Estimate
 from gpufleet.fleet.history import HostHistory
 from gpufleet.fleet.outliers import FleetView, fact_text
-from gpufleet.fleet.page import markdown, sentences
+from gpufleet.fleet.page import as_json, markdown, sentences
 from gpufleet.fleet.page import table as fleet_table
 
 
@@ -23,61 +23,12 @@ def _interval(value: tuple[float, float] | None) -> list[float] | None:
     return list(value) if value else None
 
 
-def fleet_json(views: list[FleetView]) -> str:
-    """The views as JSON text for a script (`--format json`)."""
-    return json.dumps(
-        [
-            {
-                "profile": view.profile,
-                "metric": view.metric.key,
-                "threshold": view.threshold,
-                "levels": [
-                    {
-                        "concurrency": lv.concurrency,
-                        "median": lv.median,
-                        "spread": lv.spread,
-                        "hosts": [
-                            {
-                                "host": h.host,
-                                "value": h.estimate.value,
-                                "ratio": h.ratio,
-                                "interval": _interval(h.interval),
-                                "source": h.estimate.source,
-                                "named": h.named,
-                                "side": h.side or None,
-                            }
-                            for h in lv.hosts
-                        ],
-                    }
-                    for lv in view.levels
-                ],
-                "named": [
-                    {
-                        "host": n.host,
-                        "levels": n.levels,
-                        "differences": [
-                            {"field": f, "host": fact_text(a), "fleet": fact_text(b)}
-                            for f, a, b in n.differences
-                        ],
-                    }
-                    for n in view.named
-                ],
-                "runs": {h: [r.run_id for r in rs] for h, rs in view.runs.items()},
-                "left_out": view.left_out,
-                "notes": view.notes,
-            }
-            for view in views
-        ],
-        indent=1,
-    )
-
-
 def print_fleet(
     views: list[FleetView], fmt: str, notes: list[str], pages: dict[str, list[Path]]
 ) -> None:
     _notes(notes)
     if fmt == "json":
-        print(fleet_json(views))
+        print(as_json(views))
         return
     for view in views:
         if fmt == "md":
@@ -100,7 +51,25 @@ def print_fleet(
         line(f"from {len(runs)} run(s) of {len(view.runs)} hosts; newest round: {newest}")
         written = pages.get(view.profile) or []
         if written:
-            line(f"report: {written[-1]}")
+            line(
+                f"summary: {written[0]} (`{report_hint(view.profile, written[0])}` draws the plot)"
+            )
+
+
+def report_hint(profile: str, summary: Path) -> str:
+    """The command that draws this view's plot, with the archive named unless it is the
+    one a bare `inv` finds (pasted, it must work)."""
+    import os
+    import shlex
+
+    from gpufleet.archive.layout import DEFAULT_ROOT
+
+    root = summary.parent.parent.parent
+    found = os.environ.get("GPUFLEET_ARCHIVE") or DEFAULT_ROOT
+    where = (
+        "" if root.resolve() == Path(found).resolve() else f" --archive {shlex.quote(str(root))}"
+    )
+    return f"inv report --fleet {shlex.quote(profile)}{where}"
 
 
 def _figure(e: Estimate, fmt: str) -> str:

@@ -37,7 +37,6 @@ FLEET = OptionSet(
     threshold=_threshold(),
     metric=_metric(),
     format=Option("table, md or json", choice("table", "md", "json"), default="table"),
-    no_plots=switch("do not draw the ratio plot"),
     archive=archive_option(),
 )
 
@@ -104,9 +103,7 @@ def fleet(c, **given):
             outliers.fleet_view(index, p, o.metric, o.threshold / 100, o.latest) for p in profiles
         ]
         notes = index.notes
-    pages = {
-        v.profile: page.write(v, o.archive.fleet_dir(v.profile), not o.no_plots) for v in views
-    }
+    pages = {v.profile: page.write(v, o.archive.fleet_dir(v.profile), plots=False) for v in views}
     print_fleet(views, o.format, notes, pages)
     named = sorted({n.host for v in views for n in v.named})
     if named:

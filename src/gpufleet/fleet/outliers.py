@@ -233,6 +233,17 @@ def fact_text(value: Fact) -> str:
     return _one(value)
 
 
+def difference_text(label: str, mine: Fact, common: Fact) -> str:
+    """`power limits (W) 500 x2 (fleet: 700 x2)`; where the GPUs differ one by one,
+    only the ones that differ: `application clocks (MHz) 1600 on GPU 3 (fleet: 1980 x8)`."""
+    if isinstance(mine, tuple) and isinstance(common, tuple) and len(mine) == len(common):
+        odd = [i for i, (a, b) in enumerate(zip(mine, common, strict=True)) if a != b]
+        if len(odd) < len(mine) and len(set(common)) == 1:
+            where = ", ".join(f"{_one(mine[i])} on GPU {i}" for i in odd)
+            return f"{label} {where} (fleet: {fact_text(common)})"
+    return f"{label} {fact_text(mine)} (fleet: {fact_text(common)})"
+
+
 def _one(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
@@ -250,10 +261,7 @@ def named_sentence(view: FleetView, named: NamedHost) -> str:
         f" [{w.interval[0]:.3f}-{w.interval[1]:.3f}]" if w.interval else ""
     )
     if named.differences:
-        diff = "; ".join(
-            f"{label} {fact_text(mine)} (fleet: {fact_text(common)})"
-            for label, mine, common in named.differences
-        )
+        diff = "; ".join(difference_text(*d) for d in named.differences)
         why = f"it differs from the fleet's majority in: {diff}"
     else:
         why = "no recorded fingerprint field differs from the fleet's majority"

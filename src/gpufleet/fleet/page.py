@@ -10,10 +10,11 @@ shaded, the named hosts in a second colour and marker, labelled by name.
 from __future__ import annotations
 
 import html
+import json
 from pathlib import Path
 
 from gpufleet.archive import store
-from gpufleet.fleet.outliers import FleetView, named_sentence
+from gpufleet.fleet.outliers import FleetView, fact_text, named_sentence
 from gpufleet.report.figures import PALETTE, TEXT_PT, WIDTH_IN, svg
 from gpufleet.report.markdown import md_table
 
@@ -53,6 +54,59 @@ def sentences(view: FleetView) -> list[str]:
         f"no host of {hosts} is off the fleet's median {view.metric.label} by "
         f"{view.threshold:.0%} or more, significantly, at any level"
     ]
+
+
+def as_json(views: list[FleetView]) -> str:
+    """The views as JSON text for a script (`--format json`)."""
+    return json.dumps(
+        [
+            {
+                "profile": view.profile,
+                "metric": view.metric.key,
+                "threshold": view.threshold,
+                "levels": [
+                    {
+                        "concurrency": lv.concurrency,
+                        "median": lv.median,
+                        "spread": lv.spread,
+                        "hosts": [
+                            {
+                                "host": h.host,
+                                "value": h.estimate.value,
+                                "ratio": h.ratio,
+                                "interval": _interval(h.interval),
+                                "source": h.estimate.source,
+                                "named": h.named,
+                                "side": h.side or None,
+                            }
+                            for h in lv.hosts
+                        ],
+                    }
+                    for lv in view.levels
+                ],
+                "named": [
+                    {
+                        "host": n.host,
+                        "levels": n.levels,
+                        "differences": [
+                            {"field": f, "host": fact_text(a), "fleet": fact_text(b)}
+                            for f, a, b in n.differences
+                        ],
+                    }
+                    for n in view.named
+                ],
+                "runs": {h: [r.run_id for r in rs] for h, rs in view.runs.items()},
+                "left_out": view.left_out,
+                "notes": view.notes,
+            }
+            for view in views
+        ],
+        indent=1,
+    )
+
+
+def _interval(value: tuple[float, float] | None) -> list[float] | None:
+    return list(value) if value else None
 
 
 def markdown(view: FleetView) -> str:
@@ -133,6 +187,7 @@ svg.plot {{ width: 100%; height: auto; max-width: 40rem; }}
 <div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>
 {plot}
 {notes}
+<script type="application/json" id="gpufleet-data">{data}</script>
 </body></html>
 """
 
@@ -159,16 +214,21 @@ def page(view: FleetView, plot_svg: str | None) -> str:
         body=body,
         plot=plot_svg or "",
         notes="".join(f"<p>{html.escape(n)}</p>" for n in [*view.left_out, *view.notes]),
+        data=as_json([view]).replace("</", "<\\/"),
     )
 
 
 def write(view: FleetView, out_dir: Path, plots: bool = True) -> list[Path]:
-    """summary.md, ratios.png and report.html under `out_dir` (each written atomically)."""
+    """summary.md, and with `plots` ratios.png and report.html, under `out_dir` (each
+    written atomically). `inv fleet` writes the summary (drawing is most of a second);
+    `inv report --fleet` all three."""
     store.make_dirs(out_dir)
     written = [out_dir / "summary.md"]
     store.write_private_file(written[0], markdown(view).encode())
+    if not plots:
+        return written
     plot_svg = None
-    if plots and view.levels:
+    if view.levels:
         import io
 
         fig, points = draw(view)
