@@ -268,3 +268,31 @@ def test_the_fleet_page_reads_on_a_phone(tmp_path):
     assert sum("gpu07 at C=" in p for p in seen.facts["points"]) == 3
     assert seen.facts["data"][0]["named"][0]["host"] == "gpu07"
     assert "gpu07 is 19.8% slower" in seen.facts["text"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "at_1", "at_64"),
+    [
+        ({}, None, None),  # stock GPUs: no slowdown at all
+        ({"sm_clock_app_mhz": 1600}, 1980 / 1600, 1980 / 1600),
+        # a 640 W step under a 500 W limit: clocks held to (500 - 80) / (640 - 80)
+        ({"power_limit_w": 500.0}, 1.0, (640 - 80) / (500 - 80)),
+        ({"power_limit_w": 500.0, "sm_clock_app_mhz": 1800}, 1980 / 1800, 560 / 420),
+    ],
+)
+def test_the_rehearsal_slows_a_step_by_its_slowest_gpu(tmp_path, monkeypatch, fault, at_1, at_64):
+    """What makes the rehearsal's slowed host slow (sim/power.gpu_slowdown): one GPU of a
+    tensor-parallel server held down slows every step, by clocks always, by the power limit
+    only where the step would draw more than it allows."""
+    from gpufleet.sim import gpustate
+    from gpufleet.sim.power import gpu_slowdown
+
+    gpustate.ensure_topology(tmp_path, count=8, host="h", faults={"3": fault} if fault else {})
+    monkeypatch.setenv(gpustate.STATE_ENV, str(tmp_path))
+    slowdown = gpu_slowdown(list(range(8)), speculative=False)
+    if at_1 is None:
+        assert slowdown is None
+        return
+    assert slowdown(1) == pytest.approx(at_1)
+    assert slowdown(64) == pytest.approx(at_64)
+    assert gpu_slowdown([0, 1, 2], speculative=False) is None  # a server without GPU 3

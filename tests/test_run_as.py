@@ -148,20 +148,43 @@ def test_gpu_clean_counts_the_run_as_users_processes_as_its_own():
 
 
 @pytest.mark.slow(minutes=1)
-def test_a_sweep_says_once_where_its_servers_ran_as_root(fleet, tmp_path):
-    """The same note after a sweep (its cells launch in parallel, on each host, per arm):
-    one line naming the hosts, none with `run_as: root`."""
+def test_a_rehearsal_sweep_gives_no_root_note_it_could_not_follow(fleet, tmp_path):
+    """Issue 64, trip 7: on rehearsal hosts the note advised `run_as: USER`, which the
+    launch then refuses for the rehearsal engine. The note and the refusal now follow one
+    rule (host/agent/runas.cannot_run_as): no note where run_as cannot be set."""
     profile = fleet.profile("sw", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1})
-    for run_as, said in ((None, True), ("root", False)):
-        fleet.write_inventory(**({"run_as": run_as} if run_as else {}))
-        out = fleet.cli("sweep", "--profiles", str(profile), "--hosts", "h0,h1",
-                        "--concurrency", "1", "--num-prompts", "2", "--output-len", "4",
-                        "--archive", str(tmp_path / f"a-{run_as}"), timeout=300)  # fmt: skip
-        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-        notes = [line for line in out.stdout.splitlines() if "sets no run_as" in line]
-        assert notes == ([notes[0]] if said else []), out.stdout[-2000:]
-        if said:
-            assert "the server runs as root on h0, h1" in notes[0]
+    out = fleet.cli("sweep", "--profiles", str(profile), "--hosts", "h0,h1",
+                    "--concurrency", "1", "--num-prompts", "2", "--output-len", "4",
+                    "--archive", str(tmp_path / "a"), timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "sets no run_as" not in out.stdout + out.stderr, out.stdout[-2000:]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("engine", "host", "noted"),
+    [
+        ("custom", {}, True),  # a real engine as root for want of run_as: said
+        ("sglang", {"run_as": "root"}, False),  # root chosen: silent
+        ("sglang", {"run_as": "nobody"}, False),
+        ("sim", {}, False),  # the rehearsal engine: run_as is refused there, so no advice
+        ("sglang", {"connection": "srun", "slurm_job": "12"}, False),  # the job's user
+    ],
+)
+def test_the_root_note_follows_the_rule_the_refusal_follows(engine, host, noted):
+    from gpufleet.control.inventory.model import Host
+    from gpufleet.control.server.lifecycle import runs_as_root_unasked
+    from gpufleet.host.agent import runas
+    from gpufleet.records import ServerState
+
+    h = Host(name="h0", **host)
+    state = ServerState.from_wire({"pid": 1, "port": 1, "engine": engine, "health_url": "h",
+                                   "profile": "p", "log": "l", "started_at": "t",
+                                   "user": "root"})  # fmt: skip
+    assert runs_as_root_unasked(h, state) is noted
+    in_job = h.slurm_job is not None
+    if runas.cannot_run_as(engine, in_job):  # refused there: never advised
+        assert not runs_as_root_unasked(h, state)
 
 
 @pytest.mark.slow(minutes=2)

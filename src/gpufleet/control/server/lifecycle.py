@@ -12,6 +12,7 @@ from gpufleet.control.inventory.model import Host
 from gpufleet.control.server.options import LaunchOptions
 from gpufleet.control.server.profiles import Profile, build_specs
 from gpufleet.errors import HostError
+from gpufleet.host.agent import runas
 from gpufleet.host.agent.protocol import LaunchArgs, LogsArgs, StopArgs, WaitReadyArgs
 from gpufleet.kinds import Kind
 from gpufleet.readings import LaunchAnswer, StopAnswer, WaitReadyAnswer
@@ -122,8 +123,14 @@ def launch_on(
 
 
 def runs_as_root_unasked(host: Host, state: ServerState) -> bool:
-    """The server runs as root only because the inventory names no run_as for its host."""
-    return state.user == "root" and host.run_as is None
+    """The server runs as root only because the inventory names no run_as for its host,
+    where run_as could be set (never on a rehearsal host or in a Slurm job: runas says)."""
+    in_job = host.slurm_job is not None or host.connection == "srun"
+    return (
+        state.user == "root"
+        and host.run_as is None
+        and runas.cannot_run_as(state.engine, in_job) is None
+    )
 
 
 def run_as_note(hosts: list[str]) -> str:

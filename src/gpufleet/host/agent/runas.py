@@ -25,6 +25,19 @@ ROOT_NAMES = (None, "", "root")  # absent, or `run_as: root`: the judged mode, a
 DIRECTORY = ".gpufleet-run"  # the user's own: its files and key files, under its HOME
 
 
+def cannot_run_as(engine: str | None, in_slurm_job: bool) -> str | None:
+    """Why a server of this engine cannot run as a run_as user, or None: the one rule both
+    the launch's refusal and the "runs as root" note follow (the note must never advise
+    what the launch would refuse)."""
+    if engine == "sim":
+        return ("the rehearsal engine shares the simulated GPUs' state with root's agent and "
+                "runs as root: leave run_as unset for rehearsal hosts")  # fmt: skip
+    if in_slurm_job:
+        return ("a server in a Slurm job runs as the job's user (connection: srun): leave "
+                "run_as unset there")  # fmt: skip
+    return None
+
+
 def pythons() -> list[str]:
     """The interpreters a child as the run_as user tries, in order: the agent's, which may
     sit where the user cannot reach (root's home), then the system's."""

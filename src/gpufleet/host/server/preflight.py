@@ -240,14 +240,8 @@ def run_as_user(args: LaunchArgs) -> tuple[runas.RunAs | None, list[str]]:
     user = runas.resolve(args.run_as)
     if user is None:
         return None, []
-    if args.spec is not None and args.spec.engine == "sim":
-        return user, [f"run_as {user.name}: the rehearsal engine shares the simulated GPUs' "
-                      "state with root's agent and runs as root: leave run_as unset for "
-                      "rehearsal hosts"]  # fmt: skip
-    if args.slurm_job:
-        return user, [f"run_as {user.name}: a server in a Slurm job runs as the job's user "
-                      "(connection: srun): leave run_as unset there"]  # fmt: skip
-    return user, []
+    why = runas.cannot_run_as(args.spec.engine if args.spec else None, bool(args.slurm_job))
+    return user, [f"run_as {user.name}: {why}"] if why else []
 
 
 def preflight(args: LaunchArgs) -> LaunchAnswer:
