@@ -9,7 +9,7 @@ from pathlib import Path
 from gpufleet.cli.output import line, prose, table
 from gpufleet.fleet.estimate import Estimate
 from gpufleet.fleet.history import HostHistory
-from gpufleet.fleet.outliers import FleetView, fact_text
+from gpufleet.fleet.outliers import FleetView, change_text, fact_text
 from gpufleet.fleet.page import as_json, markdown, sentences
 from gpufleet.fleet.page import table as fleet_table
 
@@ -126,7 +126,7 @@ def print_history(found: list[HostHistory], fmt: str, notes: list[str]) -> None:
             for why in h.left_out:
                 line(f"  left out: {why}")
             continue
-        line(
+        prose(
             f"{title} against {len(h.baseline)} earlier run(s) "
             f"({h.baseline[0].started_at[:10]} to {h.baseline[-1].started_at[:10]})"
         )
@@ -154,10 +154,7 @@ def print_history(found: list[HostHistory], fmt: str, notes: list[str]) -> None:
             rows,
         )
         if h.changes:
-            line(
-                "  changed: "
-                + "; ".join(f"{f} {fact_text(a)} -> {fact_text(b)}" for f, a, b in h.changes)
-            )
+            prose("  changed: " + "; ".join(change_text(f, a, b) for f, a, b in h.changes))
         else:
             line("  changed: nothing recorded in the fingerprint")
         for why in h.left_out:

@@ -244,6 +244,17 @@ def difference_text(label: str, mine: Fact, common: Fact) -> str:
     return f"{label} {fact_text(mine)} (fleet: {fact_text(common)})"
 
 
+def change_text(label: str, before: Fact, after: Fact) -> str:
+    """`engine version 0.5.22 -> 0.5.23`; per GPU, only the GPUs that changed:
+    `application clocks (MHz) on GPU 3 1980 -> 1600`."""
+    if isinstance(before, tuple) and isinstance(after, tuple) and len(before) == len(after):
+        odd = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+        if len(odd) < len(before):
+            return "; ".join(f"{label} on GPU {i} {_one(before[i])} -> {_one(after[i])}"
+                             for i in odd)  # fmt: skip
+    return f"{label} {fact_text(before)} -> {fact_text(after)}"
+
+
 def _one(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
