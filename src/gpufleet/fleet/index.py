@@ -16,16 +16,15 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
 from gpufleet.archive import store
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Manifest, SweepRecord
+from gpufleet.archive.records import Manifest
 from gpufleet.errors import UserError
-from gpufleet.kinds import CellStatus, RunStatus
+from gpufleet.kinds import RunStatus
 from gpufleet.report.fingerprint import Fact, fingerprint
 
 SCHEMA = 1
@@ -353,22 +352,12 @@ def _insert(conn: sqlite3.Connection, host: str, run_id: str, m: Manifest, rows:
 
 
 def _index_cells(conn: sqlite3.Connection, archive: Archive) -> None:
-    """Which runs were cells of which sweep (the newest sweep naming a run wins)."""
+    """Which runs were repeats of which sweep cell: compare's reading (report/select.py),
+    the newest sweep naming a run winning."""
+    from gpufleet.report.select import sweep_cells
+
     conn.execute("DELETE FROM cells")
-    for host, run_id, sweep_id, label in _cells(archive):
-        conn.execute(
-            "INSERT OR REPLACE INTO cells VALUES (?, ?, ?, ?)", (host, run_id, sweep_id, label)
-        )
-
-
-def _cells(archive: Archive) -> Iterator[tuple[str, str, str, str]]:
-    for path in archive.sweep_states():
-        try:
-            state = SweepRecord.load(path)
-        except UserError:
-            continue  # an unreadable state names no runs; `inv sweep --resume` says why
-        labels = {a["key"]: a["label"] for a in state.arms or []}
-        for key, cells in state.cells.items():
-            for host, cell in cells.items():
-                if cell.status == CellStatus.DONE and cell.run_id:
-                    yield host, cell.run_id, state.sweep_id, labels.get(key, key)
+    conn.executemany(
+        "INSERT INTO cells VALUES (?, ?, ?, ?)",
+        [(host, run_id, c.sweep_id, c.label) for (host, run_id), c in sweep_cells(archive).items()],
+    )

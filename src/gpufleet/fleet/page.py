@@ -95,7 +95,7 @@ def as_json(views: list[FleetView]) -> str:
                     }
                     for n in view.named
                 ],
-                "runs": {h: [r.run_id for r in rs] for h, rs in view.runs.items()},
+                "runs": {h: [r.run_id for r in rs] for h, rs in sorted(view.runs.items())},
                 "left_out": view.left_out,
                 "notes": view.notes,
             }
