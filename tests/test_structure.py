@@ -72,3 +72,35 @@ def test_plain_dicts_stay_few():
     """`dict[str, Any]` marks a shape not yet declared, and so does its alias
     wire.JsonObject: they are counted together. The ceiling only comes down."""
     assert sum(_measure().any_dicts().values()) <= 39
+
+
+# how a declared distribution is imported, where the names differ
+IMPORT_NAMES = {"pyyaml": "yaml", "nvidia-ml-py": "pynvml", "prometheus-client": "prometheus_client"}
+
+
+def test_every_declared_dependency_is_imported_under_src():
+    """Issue 66: psutil stayed a dependency after the /proc reader replaced it. Every
+    distribution pyproject.toml requires at run time is imported somewhere under src/."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    source = "\n".join(p.read_text() for p in (REPO / "src" / "gpufleet").rglob("*.py"))
+    unused = []
+    for dep in deps:
+        name = re.split(r"[<>=;\[ ]", dep, maxsplit=1)[0].strip().lower()
+        module = IMPORT_NAMES.get(name, name.replace("-", "_"))
+        if not re.search(rf"^\s*(import|from) {re.escape(module)}\b", source, re.M):
+            unused.append(name)
+    assert unused == []
+
+
+def test_the_readme_task_table_lists_every_task():
+    """Issue 66: the README's table of tasks names exactly the tasks `inv --list` shows."""
+    import re
+
+    from gpufleet.cli.tasks import ns
+
+    readme = (REPO / "README.md").read_text()
+    table = set(re.findall(r"^\| `([a-z-]+)` \|", readme, re.M))
+    assert table == set(ns.task_names), (set(ns.task_names) - table, table - set(ns.task_names))
