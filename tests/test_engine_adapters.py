@@ -114,8 +114,20 @@ def test_the_queueing_warning_fires_only_above_the_slots(levels, slots, engine, 
 
 
 def test_every_engine_a_profile_may_name_has_an_adapter():
-    named = Profile.model_fields["engine"].annotation.__args__  # type: ignore[union-attr]
-    assert set(named) == set(engines.NAMES)
+    """The names a profile may give are the registry's, listed nowhere else (issue 66):
+    each is accepted, anything else refused with the registry's names, and the --backend
+    help says every engine's dialect."""
+    import pydantic
+
+    from gpufleet.cli.common_options import request_options
+
+    for name in engines.NAMES:
+        assert Profile(name="p", model_path="/m", engine=name, command=["x"]).engine == name
+    with pytest.raises(pydantic.ValidationError) as refused:
+        Profile(name="p", model_path="/m", engine="tgi")
+    assert all(f"'{name}'" in str(refused.value) for name in engines.NAMES)
+    help_text = request_options().options["backend"].help
+    assert all(name in help_text for name in engines.NAMES)
 
 
 def test_a_bench_above_the_servers_slots_says_so_and_only_there(fleet):

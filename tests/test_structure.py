@@ -75,7 +75,11 @@ def test_plain_dicts_stay_few():
 
 
 # how a declared distribution is imported, where the names differ
-IMPORT_NAMES = {"pyyaml": "yaml", "nvidia-ml-py": "pynvml", "prometheus-client": "prometheus_client"}
+IMPORT_NAMES = {
+    "pyyaml": "yaml",
+    "nvidia-ml-py": "pynvml",
+    "prometheus-client": "prometheus_client",
+}
 
 
 def test_every_declared_dependency_is_imported_under_src():
@@ -104,3 +108,38 @@ def test_the_readme_task_table_lists_every_task():
     readme = (REPO / "README.md").read_text()
     table = set(re.findall(r"^\| `([a-z-]+)` \|", readme, re.M))
     assert table == set(ns.task_names), (set(ns.task_names) - table, table - set(ns.task_names))
+
+
+# where SGLang's speculative algorithm names may be spelled: the facts, and the rehearsal
+# engine's argument parser (SGLang's own list of choices, which it mirrors)
+ALGORITHM_NAMES = {"EAGLE", "EAGLE3", "STANDALONE"}
+ALGORITHMS_ALLOWED = {"engine_facts.py", "sim/serverargs.py"}
+
+
+def test_engine_facts_are_stated_once():
+    """Issue 66, bullet 1: the speculative cap (48) and the algorithms it and adaptive
+    speculation apply to were restated in the adapters, the tuner, the report and the
+    rehearsal engine. Now only engine_facts.py states them: a string constant naming one of
+    the algorithms, or the number 48 in a module that reasons about speculation, anywhere
+    else fails here."""
+    import ast
+
+    from gpufleet.control.server import engines
+
+    root = REPO / "src" / "gpufleet"
+    found = []
+    for path in root.rglob("*.py"):
+        where = str(path.relative_to(root))
+        if where in ALGORITHMS_ALLOWED:
+            continue
+        text = path.read_text()
+        speculative = "specul" in text
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Constant) and node.value in ALGORITHM_NAMES:
+                found.append(f"{where}:{node.lineno} {node.value!r}")
+            if isinstance(node, ast.Constant) and node.value == 48 and speculative:
+                found.append(f"{where}:{node.lineno} 48")
+    assert found == []
+    # the engine names: the adapter registry's, not a Literal beside it
+    profiles = (root / "control" / "server" / "profiles.py").read_text()
+    assert not any(f'"{name}", "' in profiles for name in engines.NAMES)

@@ -11,8 +11,16 @@ import bisect
 from typing import NotRequired, TypedDict
 
 # speculative algorithms for which SGLang resets an unset --max-running-requests to 48
-CAPPED_ALGORITHMS = {"EAGLE", "EAGLE3", "STANDALONE"}
+CAPPED_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
 SPEC_DEFAULT_MAX_RUNNING = 48
+# the algorithms SGLang's adaptive speculation supports (others run static, with a log line)
+ADAPTIVE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3"})
+
+
+def default_max_running(algorithm: object) -> int | None:
+    """The requests an SGLang server runs at once when --max-running-requests is not set,
+    where SGLang decides it by the speculative algorithm (REFERENCE.md); None: no cap."""
+    return SPEC_DEFAULT_MAX_RUNNING if algorithm in CAPPED_ALGORITHMS else None
 
 
 class AdaptiveSlot(TypedDict):

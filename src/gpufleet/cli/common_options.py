@@ -58,13 +58,24 @@ CONCURRENCY_REQUIRED = Rule(
 )
 
 
+def engine_backends() -> str:
+    """Each engine's default dialect in words, from the adapter registry (engines.py):
+    `sglang for sglang and sim, openai for llamacpp and vllm, ...`."""
+    from gpufleet.control.server.engines import ENGINES
+
+    by_backend: dict[str, list[str]] = {}
+    for name, adapter in ENGINES.items():
+        by_backend.setdefault(adapter.backend, []).append(name)
+    return ", ".join(f"{b} for {' and '.join(names)}" for b, names in by_backend.items())
+
+
 def request_options() -> OptionSet:
     """The options of a benchmark request, shared by bench, sweep and tune."""
     return OptionSet(
         BenchRequest,
         backend=Option("sglang (/generate), openai (/v1/completions), openai-chat (any "
-                       "OpenAI-compatible server); default: the profile's engine's (openai "
-                       "for llamacpp and vllm, else sglang)", choice(*BACKENDS)),
+                       f"OpenAI-compatible server); default: the profile's engine's "
+                       f"({engine_backends()})", choice(*BACKENDS)),
         concurrency=Option("levels, comma separated and/or repeated (e.g. 1,10,64)", levels,
                            iterable=True, short="c", most=100_000),
         num_prompts=Option("requests per level", nonzero(count), default_text="max(10, 4 x C)",

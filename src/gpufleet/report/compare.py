@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from gpufleet import engine_facts
 from gpufleet.archive.records import Manifest
 from gpufleet.report import metrics
 from gpufleet.report.fingerprint import PER_GPU, differences
 from gpufleet.report.stats import LevelFigures, ratio_text
-
-SPECULATIVE_CAP = 48
 
 
 @dataclass
@@ -117,9 +116,7 @@ def effective_max_running(manifest: Manifest) -> int | None:
     explicit = _flag(argv, "--max-running-requests")
     if explicit is not None:
         return int(explicit)
-    if _flag(argv, "--speculative-algorithm") in ("EAGLE", "EAGLE3", "STANDALONE"):
-        return SPECULATIVE_CAP
-    return None
+    return engine_facts.default_max_running(_flag(argv, "--speculative-algorithm"))
 
 
 class Severity(StrEnum):
@@ -262,8 +259,8 @@ def _arm_queue(arm: Arm, levels: list[int]) -> list[Notice]:
     argv = arm.manifest.server.argv or []
     sglang = arm.manifest.server.engine in (None, "sglang", "sim")
     why = (
-        "SGLang's silent cap of 48 for speculative decoding"
-        if sglang and cap == SPECULATIVE_CAP
+        f"SGLang's silent cap of {cap} for speculative decoding"
+        if sglang and cap == engine_facts.SPEC_DEFAULT_MAX_RUNNING
         and _flag(argv, "--max-running-requests") is None
         else f"max-running-requests {cap}" if sglang
         else f"the server serves {cap} at once"

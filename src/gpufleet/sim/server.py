@@ -268,8 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     ):
         args.max_running_requests = engine_facts.SPEC_DEFAULT_MAX_RUNNING
         log(
-            "Max running requests is reset to 48 for speculative decoding. You can override "
-            "this by explicitly setting --max-running-requests."
+            f"Max running requests is reset to {engine_facts.SPEC_DEFAULT_MAX_RUNNING} for "
+            "speculative decoding. You can override this by explicitly setting "
+            "--max-running-requests."
         )
     elif args.max_running_requests is None:
         args.max_running_requests = 4096

@@ -279,7 +279,7 @@ class AdaptiveDepth:
 def adaptive_refusal(args: Any) -> str | None:
     """Why SGLang would run this server with static speculation instead (it logs and falls
     back), or None."""
-    if args.speculative_algorithm not in ("EAGLE", "EAGLE3"):
+    if args.speculative_algorithm not in engine_facts.ADAPTIVE_ALGORITHMS:
         return f"speculative_algorithm={args.speculative_algorithm} (only EAGLE/EAGLE3)"
     if args.speculative_eagle_topk not in (None, 1):
         return f"speculative_eagle_topk={args.speculative_eagle_topk} (only topk=1)"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypedDict
 
-from gpufleet import __version__
+from gpufleet import __version__, engine_facts
 from gpufleet.records import RenameSpec
 
 Flags = dict[str, object]
@@ -118,25 +118,19 @@ def _sglang_drafts(flags: Flags) -> str | None:
     return str(value) if value else None
 
 
-SGLANG_CAPPED = ("EAGLE", "EAGLE3", "STANDALONE")  # capped at 48 requests unless set
-SGLANG_SPEC_CAP = 48
-SGLANG_ADAPTIVE = ("EAGLE", "EAGLE3")  # the algorithms adaptive speculation supports
-
-
 def _sglang_slots(flags: Flags) -> int | None:
     explicit = _flag_int(flags, "max-running-requests")
     if explicit is not None:
         return explicit
-    # SGLang caps EAGLE, EAGLE3 and STANDALONE at 48 when it is not set (REFERENCE.md)
-    return SGLANG_SPEC_CAP if _sglang_drafts(flags) in SGLANG_CAPPED else None
+    return engine_facts.default_max_running(_sglang_drafts(flags))
 
 
 def _sglang_warns(flags: Flags) -> list[str]:
     algorithm = _sglang_drafts(flags)
-    if algorithm in SGLANG_CAPPED and _flag_int(flags, "max-running-requests") is None:
+    cap = engine_facts.default_max_running(algorithm)
+    if cap is not None and _flag_int(flags, "max-running-requests") is None:
         return [f"{algorithm} without max-running-requests: SGLang silently caps it at "
-                f"{SGLANG_SPEC_CAP}, so load above C={SGLANG_SPEC_CAP} queues (set it "
-                "explicitly)"]  # fmt: skip
+                f"{cap}, so load above C={cap} queues (set it explicitly)"]  # fmt: skip
     return []
 
 
@@ -156,7 +150,7 @@ def _sglang_refuses(flags: Flags) -> str | None:
         return None
     problems = []
     algorithm = _sglang_drafts(flags)
-    if algorithm not in SGLANG_ADAPTIVE:
+    if algorithm not in engine_facts.ADAPTIVE_ALGORITHMS:
         problems.append(f"needs speculative-algorithm EAGLE or EAGLE3 (got {algorithm})")
     topk = flags.get("speculative-eagle-topk")
     if topk not in (None, 1, "1"):
@@ -185,7 +179,7 @@ SGLANG_SPEC_FLAGS = (
 
 def _sglang_untunable(flags: Flags) -> str | None:
     algorithm = _sglang_drafts(flags)
-    if algorithm not in SGLANG_ADAPTIVE:
+    if algorithm not in engine_facts.ADAPTIVE_ALGORITHMS:
         return (f"inv tune needs speculative-algorithm EAGLE or EAGLE3 (got {algorithm}); "
                 "adaptive speculation supports only those")  # fmt: skip
     if flags.get("enable-dp-attention"):

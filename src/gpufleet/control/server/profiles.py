@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -38,7 +37,7 @@ class Profile(BaseModel):
 
     name: str
     description: str = ""
-    engine: Literal["sglang", "sim", "llamacpp", "vllm", "custom"] = "sglang"
+    engine: str = "sglang"  # a name of the adapter registry (engines.NAMES), checked below
     # a program engine's argv template, {python} {model_path} {port} {host} {tp}: custom
     # needs one; llamacpp and vllm have theirs (control/server/engines.py)
     command: list[str] | None = None
@@ -60,6 +59,14 @@ class Profile(BaseModel):
     check_model_path: bool = True
     files: dict[str, str] = Field(default_factory=dict)  # name -> local path; `{file:name}`
     secret_env: list[str] = Field(default_factory=list)  # env names to hide beyond the rules
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, value: str) -> str:
+        if value not in engines.NAMES:
+            names = ", ".join(f"'{n}'" for n in engines.NAMES[:-1])
+            raise ValueError(f"Input should be {names} or '{engines.NAMES[-1]}'")
+        return value
 
     @field_validator("files")
     @classmethod

@@ -13,9 +13,10 @@ from typing import Protocol
 import yaml
 
 from gpufleet.archive import store
+from gpufleet.control.server.engines import engine
 from gpufleet.control.server.profiles import PLAYBOOKS, load_profile
 from gpufleet.control.sweep.cells import profile_label
-from gpufleet.engine_facts import CAPPED_ALGORITHMS, SPEC_DEFAULT_MAX_RUNNING, capture_sizes
+from gpufleet.engine_facts import capture_sizes
 
 
 class TuneResult(Protocol):
@@ -132,9 +133,7 @@ def profile_capture_sizes(profile: str) -> list[int] | None:
     elif isinstance(listed, int):
         listed = [listed]
     cap = flags.get("cuda-graph-max-bs-decode") or flags.get("cuda-graph-max-bs")
-    running = flags.get("max-running-requests")
-    if running is None and flags.get("speculative-algorithm") in CAPPED_ALGORITHMS:
-        running = SPEC_DEFAULT_MAX_RUNNING  # SGLang's reset for speculative servers
+    running = engine(loaded.engine).slots(flags)  # the adapter's rule, speculative cap included
     return capture_sizes(
         listed or None, int(cap) if cap else None, bool(flags.get("disable-cuda-graph")),
         max_running=int(running) if running else None, tp=loaded.tp,
