@@ -20,10 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from fleetdata import write_run  # noqa: E402
-
-from gpufleet.archive.layout import Archive  # noqa: E402
-from gpufleet.fleet.index import open_index  # noqa: E402
+from fleetdata import write_run
+from gpufleet.archive.layout import Archive
+from gpufleet.fleet.index import open_index
 
 
 def build_archive(root: Path, hosts: int, runs: int) -> None:
