@@ -143,3 +143,25 @@ def test_engine_facts_are_stated_once():
     # the engine names: the adapter registry's, not a Literal beside it
     profiles = (root / "control" / "server" / "profiles.py").read_text()
     assert not any(f'"{name}", "' in profiles for name in engines.NAMES)
+
+
+def test_the_interruptible_watch_and_the_figure_claims_are_written_once():
+    """Issue 66, bullet 6: the loop that calls a long verb in slices and checks the cancel
+    token between them was written twice (bench watch, wait-ready), and answer.py built the
+    per-request and the total claims with one function's body each. A loop calling a verb
+    again lives only in Session.call_in_slices; one function reads a figure's crossing and
+    verdicts for every claim."""
+    import ast
+
+    root = REPO / "src" / "gpufleet"
+    loops = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.While):
+                calls = {n.func.attr for n in ast.walk(node)
+                         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}  # fmt: skip
+                if "call_resumable" in calls and "check" in calls:
+                    loops.append(str(path.relative_to(root)))
+    assert loops == ["control/connect/base.py"]
+    answer = (root / "report" / "answer.py").read_text()
+    assert answer.count("crossover_text(") == 1 and answer.count("verdicts(a, b, levels, ") == 2

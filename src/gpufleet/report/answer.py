@@ -212,21 +212,41 @@ def _by_verdicts(b: Arm, levels: list[int], found: list[Verdict], words: tuple[s
     return Claim(text, significant=True)
 
 
-def _per_request(a: Arm, b: Arm, levels: list[int]) -> Claim:
-    kind, where = crossover_text(a, b, levels, PER_REQUEST)
-    at = crossover(levels, *[[level_bound(arm, c, PER_REQUEST, 0) for c in levels]
+@dataclass(frozen=True)
+class FigureWords:
+    """How one figure's claim is worded: by verdicts (better, worse, the figure's name)
+    where the tests do not bear a crossing out, else by how the sides cross."""
+
+    verdicts: tuple[str, str, str]
+    crossing: dict[Crossing, str]
+
+
+def _figure_claim(
+    a: Arm, b: Arm, levels: list[int], key: str, words: FigureWords
+) -> tuple[Claim, tuple[Crossing, float | None] | None]:
+    """The claim one figure supports, and (for what is added to it) the crossing it
+    rests on, its kind and where; None when the claim is by verdicts."""
+    kind, where = crossover_text(a, b, levels, key)
+    at = crossover(levels, *[[level_bound(arm, c, key, 0) for c in levels]
                              for arm in (a, b)])[1]  # fmt: skip
-    found = verdicts(a, b, levels, PER_REQUEST)
+    found = verdicts(a, b, levels, key)
     if tested(found) and not _supported(kind, at, levels, found):
-        words = ("faster per request", "slower per request", "per-request speed")
-        return _by_verdicts(b, levels, found, words, where)
-    claim = _crossing_claim(kind, where, {
+        return _by_verdicts(b, levels, found, words.verdicts, where), None
+    return _crossing_claim(kind, where, words.crossing), (kind, at)
+
+
+def _per_request(a: Arm, b: Arm, levels: list[int]) -> Claim:
+    words = FigureWords(("faster per request", "slower per request", "per-request speed"), {
         Crossing.DOWN: f"{b.label} is faster per request up to {{where}}",
         Crossing.UP: f"{b.label} is slower per request below {{where}} and faster from there",
         Crossing.NEVER: f"{b.label} is at least as fast per request at every measured level "
                         f"(C<={levels[-1]})",
         Crossing.BELOW: f"{b.label} is slower per request at every measured level",
     })  # fmt: skip
+    claim, crossing = _figure_claim(a, b, levels, PER_REQUEST, words)
+    if crossing is None:
+        return claim  # said by verdicts: nothing rests on a crossing
+    kind, at = crossing
     said = [_decode_basis(a, b, levels, kind, at)]
     said.append(_acceptance_at(b, levels, at) or _acceptance_at(a, levels, at))
     if any(said):
@@ -264,21 +284,15 @@ def _decode_basis(a: Arm, b: Arm, levels: list[int], kind: Crossing, at: float |
 
 
 def _total(a: Arm, b: Arm, levels: list[int]) -> Claim:
-    kind, where = crossover_text(a, b, levels, TOTAL)
-    at = crossover(levels, *[[level_bound(arm, c, TOTAL, 0) for c in levels]
-                             for arm in (a, b)])[1]  # fmt: skip
-    found = verdicts(a, b, levels, TOTAL)
-    if tested(found) and not _supported(kind, at, levels, found):
-        words = (f"higher in total throughput than {a.label}",
-                 f"lower in total throughput than {a.label}", "total throughput")  # fmt: skip
-        return _by_verdicts(b, levels, found, words, where)
-    return _crossing_claim(kind, where, {
+    words = FigureWords((f"higher in total throughput than {a.label}",
+                         f"lower in total throughput than {a.label}", "total throughput"), {
         Crossing.DOWN: f"{b.label} loses total throughput from {{where}}",
         Crossing.UP: f"{b.label} gains total throughput over {a.label} from {{where}}",
         Crossing.NEVER: f"{b.label} keeps total throughput at or above {a.label}'s up to "
                         f"C={levels[-1]}",
         Crossing.BELOW: f"{b.label} has lower total throughput than {a.label} at every level",
     })  # fmt: skip
+    return _figure_claim(a, b, levels, TOTAL, words)[0]
 
 
 def _top(a: Arm, b: Arm, levels: list[int]) -> Claim:

@@ -21,7 +21,7 @@ from gpufleet.archive.layout import profile_label
 from gpufleet.control.bench import prompts as prompt_sets
 from gpufleet.control.bench import workloads
 from gpufleet.control.bench.request import BenchRequest
-from gpufleet.control.connect.base import Progress, Session, host_events
+from gpufleet.control.connect.base import Progress, ResumableCall, Session, host_events
 from gpufleet.control.connect.cancel import SLICE_S, CancelToken
 from gpufleet.control.connect.fanout import FleetResult, HostResult
 from gpufleet.control.connect.fleet import Fleet
@@ -287,18 +287,14 @@ def watch(
     args = BenchWatchArgs(run_id=run_id)
     if cancel is not None:
         args.timeout_s = SLICE_S
-    while True:
-        answer = session.call_resumable(
-            args,
-            on_event,
-            None,
-            doing="the benchmark runs",
-            resume=f"fetch it with `{attach_hint(run_id, [session.host])}`",
-        )
-        if answer["status"] != RunStatus.WATCHING:
-            return answer
-        args.offset = answer["offset"]
-        cancel.check("watching the benchmark")  # type: ignore[union-attr]
+
+    def carry_on(answer: BenchWatchAnswer) -> bool:
+        args.offset = answer.get("offset", args.offset)
+        return answer["status"] == RunStatus.WATCHING
+
+    call = ResumableCall("watching the benchmark",
+                         f"fetch it with `{attach_hint(run_id, [session.host])}`")  # fmt: skip
+    return session.call_in_slices(args, on_event, call, cancel, carry_on)
 
 
 def fetch(

@@ -16,6 +16,7 @@ import shlex
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.control.agent import bootstrap
@@ -27,6 +28,7 @@ from gpufleet.control.connect.agentproc import (
     TIMEOUT,
     AgentProcess,
 )
+from gpufleet.control.connect.cancel import CancelToken
 from gpufleet.control.inventory.model import Host
 from gpufleet.errors import HostError
 from gpufleet.host.agent import loginenv
@@ -100,6 +102,16 @@ def _kind(value: Any) -> Kind:
         return Kind(value)
     except ValueError:
         return Kind.ERROR
+
+
+@dataclass(frozen=True)
+class ResumableCall:
+    """What a long host call is doing, how to pick it up after a dropped connection, and
+    how long one call may take (None: the verb's own)."""
+
+    doing: str
+    resume: str
+    timeout: float | None = None
 
 
 class Session:
@@ -334,6 +346,25 @@ class Session:
                 f"lost the host while {doing} ({exc}); it keeps running there: {resume}",
                 kind=Kind.CONNECTION,
             ) from None
+
+    def call_in_slices(
+        self,
+        args: VerbArgs,
+        on_event: EventHandler | None,
+        call: ResumableCall,
+        cancel: CancelToken | None,
+        carry_on: Callable[[Any], bool],
+    ) -> Any:
+        """A long resumable verb (waiting for health, watching a benchmark) called again
+        and again while `carry_on(answer)` says it has not ended, which also moves `args`
+        on (an offset, the time already waited); between calls a stop asked through
+        `cancel` raises Cancelled. The verb itself runs in slices (its args say how long)
+        only when a token is given."""
+        while True:
+            answer = self.call_resumable(args, on_event, call.timeout, call.doing, call.resume)
+            if not carry_on(answer):
+                return answer
+            cancel.check(call.doing)  # type: ignore[union-attr]
 
     def owner_ended(self) -> str | None:
         """Why nothing the agent started can still run on the host (its owner ended), or

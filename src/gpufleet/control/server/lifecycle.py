@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.control.connect.base import Progress, Session, host_events
+from gpufleet.control.connect.base import Progress, ResumableCall, Session, host_events
 from gpufleet.control.connect.cancel import SLICE_S, CancelToken
 from gpufleet.control.connect.fanout import FleetResult, HostResult
 from gpufleet.control.connect.fleet import Fleet
@@ -54,18 +54,14 @@ def wait_on(
     args = WaitReadyArgs(port=port, timeout_s=timeout, health=rank == 0)
     if cancel is not None:
         args.slice_s = SLICE_S
-    while True:
-        wait = session.call_resumable(
-            args,
-            on_event,
-            timeout + 60,
-            doing="waiting for the server",
-            resume=f"`inv wait --hosts {name} --port {port}{session.host.cli_hint()}`",
-        )
-        if wait.phase != "waiting":
-            break
-        args.elapsed_before_s = wait.elapsed_s
-        cancel.check("waiting for the server")  # type: ignore[union-attr]
+
+    def carry_on(answer: WaitReadyAnswer) -> bool:
+        args.elapsed_before_s = answer.elapsed_s
+        return answer.phase == "waiting"
+
+    resume = f"`inv wait --hosts {name} --port {port}{session.host.cli_hint()}`"
+    call = ResumableCall("waiting for the server", resume, timeout + 60)
+    wait = session.call_in_slices(args, on_event, call, cancel, carry_on)
     _raise_not_ready(wait)
     return wait
 
