@@ -12,8 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.sim import provider as rehearsal
 from gpufleet.sim.sshd import LoopbackSshd, keygen, sshd_path
 from helpers import TEST_DEADLINE, Fleet, SimServer
+
+# tests that run the agent's code in this process start it as the zipapp does: with the
+# rehearsal engine plugged into its seam (host/agent/simulation.py)
+rehearsal.install()
 
 HOSTENV = Path(os.environ.get("GPUFLEET_TEST_HOSTENV", "/tmp/gpufleet-test-hostenv"))
 HOST_PACKAGES = ["psutil", "nvidia-ml-py", "aiohttp", "setproctitle", "uvloop"]

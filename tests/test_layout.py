@@ -254,3 +254,33 @@ def test_every_module_attribute_named_exists():
                     f"{path.relative_to(REPO)}:{node.lineno}: {node.value.id}.{node.attr}"
                 )
     assert not missing, "\n".join(missing)
+
+
+def test_the_rehearsal_engine_plugs_in_only_at_the_zips_start(tmp_path):
+    """Issue 66, bullet 2: host/ imported gpufleet.sim in three places. Now the layer table
+    forbids it, the zip's start-up installs the provider, and an agent started without it
+    refuses a simulated verb in one line instead of reading real GPUs."""
+    import json
+    import subprocess
+    import sys
+
+    from gpufleet import layers
+    from gpufleet.control.agent.bundle import MAIN
+
+    assert all("sim" not in layers.LAYERS[p] for p in layers.LAYERS if p.startswith("host"))
+    assert "provider.install()" in MAIN
+    sim = {
+        "state_dir": str(tmp_path / "gpus"),
+        "count": 2,
+        "model": "NVIDIA H200",
+        "memory_mib": 1000,
+        "reserved_mib": 0,
+        "faults": {},
+        "boot_id": None,
+    }
+    args = json.dumps({"sim": sim})
+    out = subprocess.run([sys.executable, "-m", "gpufleet.host", "status"], input=args + "\n",
+                         capture_output=True, text=True, cwd=tmp_path, timeout=60)  # fmt: skip
+    final = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "started without the rehearsal engine" in json.dumps(final), out.stdout
+    assert not (tmp_path / "gpus").exists()

@@ -20,8 +20,8 @@ BASE = (*SHIPPED_BASE, "errors")
 LAYERS: dict[str, tuple[str, ...]] = {
     "host/agent": (),
     "sim": ("host/agent",),
-    "host/proc": ("host/agent", "sim"),
-    "host/gpu": ("host/agent", "host/proc", "sim"),
+    "host/proc": ("host/agent",),
+    "host/gpu": ("host/agent", "host/proc"),
     "host/server": ("host/agent", "host/proc", "host/gpu"),
     "host/bench": ("host/agent", "host/proc", "host/gpu", "host/server"),
     "host": ("host/agent", "host/proc", "host/gpu", "host/server", "host/bench"),

@@ -27,7 +27,12 @@ SHIPPED = (
     "__init__.py", "kinds.py", "wire.py", "records.py", "readings.py", "engine_facts.py",
     "host", "sim",
 )  # fmt: skip
-MAIN = "import sys\nfrom gpufleet.host.main import main\nsys.exit(main(sys.argv[1:]))\n"
+# the zip's start-up: the rehearsal engine plugs into the agent's seam here, the one place
+# that knows both (host/agent/simulation.py), then the agent runs
+MAIN = (
+    "import sys\nfrom gpufleet.sim import provider\nprovider.install()\n"
+    "from gpufleet.host.main import main\nsys.exit(main(sys.argv[1:]))\n"
+)
 # what the agent needs beyond the standard library, brought rather than imported from the
 # host's site directories (issue 50): NVML's binding (nvidia-ml-py, pure Python on ctypes),
 # taken from the control plane's own installation, at the top of the zip as `pynvml`

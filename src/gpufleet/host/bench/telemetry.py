@@ -174,9 +174,10 @@ class Sampler:
 def _shim_path() -> str | None:
     """The rehearsal's `pynvml` folder when this process reads simulated GPUs (the child runs
     with -I, which ignores PYTHONPATH)."""
-    from gpufleet.host.gpu.nvml import shim_dir
+    from gpufleet.host.agent import simulation
 
-    shim = shim_dir()
+    rehearsal = simulation.installed()
+    shim = rehearsal.shim_dir() if rehearsal else None
     return shim if shim in sys.path else None
 
 

@@ -6,12 +6,9 @@ idle H200 and would never pass) plus an empty process list.
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
-from pathlib import Path
 from typing import Any
 
+from gpufleet.host.agent import simulation
 from gpufleet.host.agent.protocol import AgentError, SimGpus
 from gpufleet.kinds import Kind
 from gpufleet.readings import GpuProcess, GpuReading
@@ -19,34 +16,10 @@ from gpufleet.readings import GpuProcess, GpuReading
 MIB = 1024 * 1024
 
 
-def shim_dir() -> str:
-    """Folder holding the `pynvml` shim; works from a zipapp and from an installed package."""
-    return str(Path(__file__).resolve().parents[2] / "sim" / "shim")
-
-
 def activate_simulation(sim: SimGpus, host: str) -> None:
-    """Make `import pynvml` (here and in children we start) load the simulated NVML."""
-    from gpufleet.sim import gpustate
-
-    state = os.path.abspath(sim["state_dir"])
-    sim["state_dir"] = state
-    gpustate.ensure_topology(
-        state,
-        count=sim["count"],
-        model=sim.get("model", "NVIDIA H200"),
-        memory_mib=sim.get("memory_mib", 143771),
-        reserved_mib=sim.get("reserved_mib", 615),
-        host=host,
-        faults=sim.get("faults"),
-        boot_id=sim.get("boot_id"),
-    )
-    os.environ[gpustate.STATE_ENV] = state
-    shim = shim_dir()
-    if shim not in sys.path:  # for children that import gpufleet from the zip's path
-        sys.path.insert(0, shim)
-    # the agent's own `import pynvml` would find the zip's vendored binding first (its
-    # importer comes before sys.path): the simulated one is put in its place
-    sys.modules["pynvml"] = importlib.import_module("gpufleet.sim.nvml")
+    """Make `import pynvml` read the simulated GPUs (the rehearsal engine, through the
+    agent's seam: host/agent/simulation.py)."""
+    simulation.provider().activate(sim, host)
 
 
 def load_pynvml() -> Any:

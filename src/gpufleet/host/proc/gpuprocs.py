@@ -123,9 +123,9 @@ def find_pattern_matches(patterns: list[str], sim_state: str | None) -> list[int
     regexes = compile_patterns(patterns)
     members: set[int] | None = None
     if sim_state is not None:
-        from gpufleet.sim import gpustate
+        from gpufleet.host.agent import simulation
 
-        members = gpustate.host_pids(sim_state)
+        members = simulation.provider().host_pids(sim_state)
     me = os.getpid()
     found, seen = [], 0
     for proc in process_iter():

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.host.agent import childenv, runas, safewrite
+from gpufleet.host.agent import childenv, runas, safewrite, simulation
 from gpufleet.host.agent.protocol import AgentError, LaunchArgs
 from gpufleet.host.gpu import health as gpuhealth
 from gpufleet.host.gpu import nvml as nvmlread
@@ -62,12 +62,6 @@ def program_version(
     return line.removeprefix("version:").strip()[:80] or None
 
 
-def _agent_pythonpath() -> list[str]:
-    """Paths that make `gpufleet.sim.server` importable from this zipapp, for the sim engine."""
-    root = str(Path(__file__).resolve().parents[3])
-    return [root]
-
-
 def launch_env(spec: LaunchSpec, user: runas.RunAs | None = None) -> dict[str, str]:
     """The server's environment: the login's allow-listed part (host/agent/childenv.py), the
     profile's own variables, on a simulated host the rehearsal engine's paths, and the
@@ -76,10 +70,11 @@ def launch_env(spec: LaunchSpec, user: runas.RunAs | None = None) -> dict[str, s
     if user is not None:
         env = user.env(env)
     parts = []
-    if os.environ.get("GPUFLEET_SIM_STATE"):
-        parts = [nvmlread.shim_dir(), *_agent_pythonpath()]
-    elif spec.engine == "sim":
-        parts = _agent_pythonpath()
+    rehearsal = simulation.installed()
+    if rehearsal and os.environ.get("GPUFLEET_SIM_STATE"):
+        parts = [rehearsal.shim_dir(), rehearsal.import_root()]
+    elif spec.engine == "sim":  # gpufleet.sim.server importable from this zipapp
+        parts = [simulation.provider().import_root()]
     if parts:
         env["PYTHONPATH"] = os.pathsep.join([*parts, env.get("PYTHONPATH", "")]).rstrip(":")
     return env
