@@ -165,3 +165,39 @@ def test_the_interruptible_watch_and_the_figure_claims_are_written_once():
     assert loops == ["control/connect/base.py"]
     answer = (root / "report" / "answer.py").read_text()
     assert answer.count("crossover_text(") == 1 and answer.count("verdicts(a, b, levels, ") == 2
+
+
+def test_request_dialects_live_in_one_registry():
+    """Issue 66, bullet 4: the dialects were a tuple in kinds.py, two branches in the
+    sender and a map in the bench_serving runner. Now one registry (host/bench/dialects.py)
+    names each dialect's route, body, stream reading and bench_serving name; --backend's
+    choices and every engine adapter's default are its names; no other module of the load
+    generator spells a route."""
+    import ast
+
+    from gpufleet.cli.common_options import request_options
+    from gpufleet.control.server.engines import ENGINES
+    from gpufleet.host.bench.dialects import DIALECTS, NAMES
+
+    assert {e.backend for e in ENGINES.values()} <= set(NAMES)
+    assert "expected sglang, openai or openai-chat" in _refusal(request_options(), "backend")
+    routes = {d.route for d in DIALECTS.values()}
+    spelled = []
+    for path in (REPO / "src" / "gpufleet" / "host" / "bench").glob("*.py"):
+        if path.name == "dialects.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in routes:
+                spelled.append(f"{path.name}:{node.lineno}")
+    assert spelled == []
+
+
+def _refusal(options, name):
+    from gpufleet.cli.args import Arg
+    from gpufleet.errors import UserError
+
+    try:
+        options.options[name].check("nosuch", Arg(f"--{name}"))
+    except UserError as exc:
+        return str(exc)
+    return ""

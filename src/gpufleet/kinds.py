@@ -87,8 +87,3 @@ class SweepStatus(StrEnum):
     DONE = "done"
     INTERRUPTED = "interrupted"
     INCOMPLETE = "incomplete"  # some cell failed: --resume retries it
-
-
-# The HTTP dialects the load generator speaks: SGLang's /generate, OpenAI's
-# /v1/completions and /v1/chat/completions (any OpenAI-compatible server).
-BACKENDS = ("sglang", "openai", "openai-chat")

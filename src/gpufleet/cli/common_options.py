@@ -22,7 +22,7 @@ from gpufleet.cli.args import (
 )
 from gpufleet.cli.options import Option, OptionSet, Rule, switch
 from gpufleet.control.bench.request import BenchRequest
-from gpufleet.kinds import BACKENDS
+from gpufleet.host.bench.dialects import NAMES as BACKENDS
 
 DAY = 86_400
 PORT_MAX = 65_535

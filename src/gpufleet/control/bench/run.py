@@ -35,7 +35,8 @@ from gpufleet.host.agent.protocol import (
     StatusArgs,
 )
 from gpufleet.host.agent.redact import redact_argv, redact_tree, remember
-from gpufleet.kinds import BACKENDS, Kind, RunStatus
+from gpufleet.host.bench.dialects import NAMES as BACKENDS
+from gpufleet.kinds import Kind, RunStatus
 from gpufleet.records import BenchPlan, Level, PromptRow, RandomLengths, ResultRow
 from gpufleet.report.tables import summary_csv, summary_md
 

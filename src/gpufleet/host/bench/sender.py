@@ -10,6 +10,7 @@ import json
 import re
 import time
 
+from gpufleet.host.bench.dialects import DIALECTS
 from gpufleet.host.bench.httpstream import RequestBody, StreamClient
 from gpufleet.host.bench.level import Prompt, RequestRecord
 
@@ -55,34 +56,10 @@ def _payload(
     ignore_eos: bool,
     messages: list[dict[str, str]] | None = None,
 ) -> tuple[str, RequestBody]:
-    """The request body; `messages` (a multi-turn conversation) is used by openai-chat, the
-    other backends get it as one text (see Session)."""
-    if backend == "sglang":
-        source = {"input_ids": prompt.input_ids} if prompt.input_ids else {"text": prompt.text}
-        return "/generate", {
-            **source,
-            "sampling_params": {
-                "max_new_tokens": prompt.output_len,
-                "temperature": 0.0,
-                "ignore_eos": ignore_eos,
-            },
-            "stream": True,
-        }
-    common: RequestBody = {
-        "model": model,
-        "max_tokens": prompt.output_len,
-        "temperature": 0.0,
-        "stream": True,
-        # usage in every chunk: how many tokens each chunk carried, for per-token ITL
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        "ignore_eos": ignore_eos,
-    }
-    if backend == "openai":
-        return "/v1/completions", {**common, "prompt": prompt.input_ids or prompt.text}
-    return "/v1/chat/completions", {
-        **common,
-        "messages": messages or [{"role": "user", "content": prompt.text}],
-    }
+    """The route and request body of `backend`'s dialect (dialects.py); `messages` (a
+    multi-turn conversation) is used by openai-chat, the others get it as one text."""
+    dialect = DIALECTS[backend]
+    return dialect.route, dialect.body(prompt, model, ignore_eos, messages)
 
 
 class _StreamTracker:
@@ -103,7 +80,8 @@ class _StreamTracker:
         self.keep_text = keep_text  # a session's next turn needs this answer's text
         self.last_payload = b""
         self.draft_accepted: int | None = None  # llama.cpp's timings.draft_n_accepted
-        self.on_event = self._sglang_event if backend == "sglang" else self._openai_event
+        sglang = DIALECTS[backend].events == "sglang"
+        self.on_event = self._sglang_event if sglang else self._openai_event
 
     def spec_verify_ct(self) -> int | None:
         """The request's verify steps (None: not speculative): SGLang's count from its last

@@ -22,11 +22,10 @@ import sys
 from pathlib import Path
 
 from gpufleet.host.agent import childenv, safewrite
+from gpufleet.host.bench.dialects import DIALECTS
 from gpufleet.host.bench.level import RequestFields
 from gpufleet.host.server import keys as serverkeys
 from gpufleet.records import BenchPlan, Figures, Level
-
-BACKENDS = {"sglang": "sglang", "openai": "sglang-oai", "openai-chat": "sglang-oai-chat"}
 
 
 def sharegpt_file(texts: list[str], path: Path) -> Path:
@@ -50,7 +49,7 @@ def command(
         "-m",
         "sglang.bench_serving",
         "--backend",
-        BACKENDS.get(plan.backend, "sglang"),
+        DIALECTS[plan.backend].bench_serving if plan.backend in DIALECTS else "sglang",
         "--base-url",
         plan.base_url,
         "--dataset-name",
