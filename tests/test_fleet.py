@@ -64,22 +64,44 @@ def _indexed(host: str, value: float, spread: float) -> IndexedRun:
 
 
 def test_the_census_of_fleets_names_exactly_the_slow_hosts():
-    """A property over 2,000 random fleets (3-60 hosts, up to 3 slow ones at 0.5-0.93x,
-    host-to-host noise up to 1.5%, per-request spread 0.5-20%): every slow host is named,
-    no stock host is. A bad host cannot hide by moving the fleet's figure, as it could with
-    a mean and standard deviation instead of the median and MAD."""
+    """A property over 3,000 random fleets (3-60 hosts, up to 3 slow ones, host-to-host
+    noise up to 1.5%, or up to 3% as on a busy machine with the slow ones at 0.5-0.8x,
+    per-request spread 0.5-20%): no stock host is ever named, and every slow host is in a
+    fleet of 6 or more where at most one host in six is slow (with fewer hosts the bar
+    rises, outliers.critical_z; with more slow ones they widen the MAD). A bad host cannot hide by
+    moving the fleet's figure, as it could with a mean and standard deviation instead of
+    the median and MAD."""
     rng = random.Random(62)
     metric = outliers.metric_named("output_throughput")
-    for case in range(2000):
+    for case in range(3000):
         hosts = rng.randint(3, 60)
+        busy = rng.random() < 0.3
         slow_count = min(rng.choice([0, 0, 1, 2, 3]), (hosts - 1) // 2)
         names = [f"gpu{i:02d}" for i in range(hosts)]
-        slow = {n: rng.uniform(0.5, 0.93) for n in rng.sample(names, slow_count)}
-        noise, spread = rng.uniform(0.0, 0.015), rng.uniform(0.005, 0.2)
+        slowest = (0.5, 0.8) if busy else (0.5, 0.93)
+        slow = {n: rng.uniform(*slowest) for n in rng.sample(names, slow_count)}
+        noise = rng.uniform(0.0, 0.03 if busy else 0.015)
+        spread = rng.uniform(0.005, 0.2)
         runs = [_indexed(n, 380 * slow.get(n, 1.0) * (1 + rng.uniform(-noise, noise)), spread)
                 for n in names]  # fmt: skip
         named = {n.host for n in outliers.view_of(runs, "baseline", metric).named}
-        assert named == set(slow), (case, hosts, slow, noise, spread, named)
+        said = (case, hosts, slow, noise, spread, named)
+        assert named <= set(slow), said
+        if hosts >= 6 and len(slow) * 6 <= hosts:
+            assert named == set(slow), said
+
+
+def test_the_bar_rises_for_a_small_fleet():
+    """Four stock hosts on a busy machine read 0.98-1.05x at C=1 (seen in CI): at a bar of
+    three robust deviations the 1.05x one was named. The bar is Student's t at 99.5% for
+    n - 1 degrees of freedom, never under 3."""
+    assert outliers.critical_z(4) == pytest.approx(5.841)
+    assert outliers.critical_z(6) == pytest.approx(4.032)
+    assert outliers.critical_z(200) == 3.0
+    metric = outliers.metric_named("output_throughput")
+    seen = {"sim-a": 1.0, "sim-b": 0.981, "sim-c": 1.052, "sim-d": 1.0}
+    runs = [_indexed(h, 54.7 * v, 0.05) for h, v in seen.items()]
+    assert outliers.view_of(runs, "baseline", metric).named == []
 
 
 def test_two_hosts_name_nobody_and_say_why(tmp_path):

@@ -3,9 +3,12 @@
 Per level, the fleet's figure is the median across hosts and its spread the MAD (scaled
 by 1.4826 to a standard deviation): one bad host moves neither, so it cannot hide by
 dragging the fleet with it, as it would a mean. A host is named when it is off both
-significantly (beyond `ROBUST_Z` robust deviations of the fleet, and its own 95% interval
-excludes the fleet's median) and materially (its ratio to the median beyond `threshold`,
-5% by default). Fewer than `MIN_HOSTS` hosts name nobody: with two, which one is off
+significantly (beyond `critical_z(n)` robust deviations of the fleet, and its own 95%
+interval excludes the fleet's median) and materially (its ratio to the median beyond
+`threshold`, 5% by default). With few hosts the MAD is itself uncertain, so the bar rises
+as Student's t does for a spread from n - 1 degrees of freedom (its 99.5% quantile: 5.8
+robust deviations for 4 hosts, 4.0 for 6, 3.5 for 8), never below 3: on a busy CI
+machine four stock rehearsal hosts read 0.98-1.05x at C=1 and one was named at a bar of 3. Fewer than `MIN_HOSTS` hosts name nobody: with two, which one is off
 cannot be told. For a named host the fingerprint fields where it differs from the fleet's
 majority are listed, or "no recorded difference".
 """
@@ -23,7 +26,14 @@ from gpufleet.report import metrics
 from gpufleet.report.fingerprint import Fact
 
 DEFAULT_THRESHOLD = 0.05
-ROBUST_Z = 3.0
+ROBUST_Z = 3.0  # the least bar, for a large fleet (several hosts and levels are tested)
+# Student's t 99.5% quantiles by degrees of freedom (1-30); beyond, the first terms of its
+# expansion around the normal 2.576
+T995 = [
+    63.657, 9.925, 5.841, 4.604, 4.032, 3.707, 3.499, 3.355, 3.250, 3.169,
+    3.106, 3.055, 3.012, 2.977, 2.947, 2.921, 2.898, 2.878, 2.861, 2.845,
+    2.831, 2.819, 2.807, 2.797, 2.787, 2.779, 2.771, 2.763, 2.756, 2.750,
+]  # fmt: skip
 MAD_TO_SD = 1.4826  # a normal distribution's standard deviation over its MAD
 MIN_HOSTS = 3
 DEFAULT_METRIC = "output_throughput"
@@ -129,12 +139,21 @@ def host_runs(
     return chosen, left_out
 
 
+def critical_z(hosts: int) -> float:
+    """How many robust deviations off the median name a host in a fleet of `hosts`."""
+    dof = max(1, hosts - 1)
+    z = 2.5758293035489
+    t = T995[dof - 1] if dof <= len(T995) else z + (z**3 + z) / (4 * dof)
+    return max(ROBUST_Z, t)
+
+
 def _judge(level: FleetLevel, threshold: float, higher_is_better: bool) -> None:
+    bar = critical_z(len(level.hosts))
     for h in level.hosts:
         off = h.estimate.value - level.median
         if level.spread > 0:
             h.robust_z = off / level.spread
-            beyond = abs(h.robust_z) > ROBUST_Z
+            beyond = abs(h.robust_z) > bar
         else:
             beyond = off != 0
         excludes = h.interval is None or not (h.interval[0] <= 1.0 <= h.interval[1])
