@@ -8,8 +8,9 @@ interval excludes the fleet's median) and materially (its ratio to the median be
 `threshold`, 5% by default). With few hosts the MAD is itself uncertain, so the bar rises
 as Student's t does for a spread from n - 1 degrees of freedom (its 99.5% quantile: 5.8
 robust deviations for 4 hosts, 4.0 for 6, 3.5 for 8), never below 3: on a busy CI
-machine four stock rehearsal hosts read 0.98-1.05x at C=1 and one was named at a bar of 3. Fewer than `MIN_HOSTS` hosts name nobody: with two, which one is off
-cannot be told. For a named host the fingerprint fields where it differs from the fleet's
+machine four stock rehearsal hosts read 0.98-1.05x at C=1 and one was named at a bar
+of 3. Fewer than `MIN_HOSTS` hosts name nobody: with two, which one is off cannot be
+told. For a named host the fingerprint fields where it differs from the fleet's
 majority are listed, or "no recorded difference".
 """
 
