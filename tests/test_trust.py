@@ -455,3 +455,30 @@ def test_a_loader_variable_the_login_exports_never_reaches_the_agent(fleet, tmp_
 
     assert "LD_PRELOAD" in loginenv.LOADER_VARIABLES
     record("trust_login_ld_preload", {"rc_programs": len(loaded), "gpufleets": len(ours)})
+
+
+def test_harmless_login_variables_are_said_only_where_they_may_matter(fleet, fresh_sshd):
+    """Issue 64, trip 6: every launch warned "not passed to the server from the login
+    environment: PYTHONUNBUFFERED..." where nothing was wrong. A code-loading variable with
+    a harmless value is now said in the dry run and when the launch fails (an
+    LD_LIBRARY_PATH the engine needed may be why), never on a launch that succeeds; one
+    naming another user's path is still said at every launch (the test above)."""
+    sshd = fresh_sshd(extra_options=["SetEnv=PYTHONUNBUFFERED=1 LD_LIBRARY_PATH=/usr/lib"])
+    fleet.add_sshd_host("h8", sshd, 63)
+    profile = fleet.profile("harmless", tp=1)
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h8")
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "login environment" not in out.stdout + out.stderr
+        assert "warning" not in out.stdout + out.stderr
+    finally:
+        fleet.cli("stop", "--hosts", "h8", "--grace", "2")
+    dry = fleet.cli("launch", "--profile", str(profile), "--hosts", "h8", "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "note: not passed to the server from the login environment: LD_LIBRARY_PATH, " \
+           "PYTHONUNBUFFERED" in dry.stdout, dry.stdout  # fmt: skip
+    broken = fleet.profile("breaks", tp=1, sim={"load-seconds": 0.2, "crash-during-load": True})
+    failed = fleet.cli("launch", "--profile", str(broken), "--hosts", "h8")
+    fleet.cli("stop", "--hosts", "h8", "--grace", "2")
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "LD_LIBRARY_PATH, PYTHONUNBUFFERED" in failed.stdout + failed.stderr

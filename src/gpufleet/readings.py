@@ -216,6 +216,8 @@ class LaunchAnswer(Record):
     accepts_config: bool = False  # `--config FILE.yaml` (SGLang 0.5.16+)
     gpu_health: list[str] = field(default_factory=list)  # each GPU's verdict
     state: ServerState | None = None
+    # code-loading variables of the login the server does not get (said if it fails)
+    dropped_env: list[str] = field(default_factory=list)
 
 
 @dataclass

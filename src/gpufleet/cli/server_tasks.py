@@ -115,6 +115,7 @@ def _print_dry_run(checked):
 
     from gpufleet.cli.output import line
     from gpufleet.control.connect.fanout import FleetResult
+    from gpufleet.host.agent.childenv import dropped_note
     from gpufleet.host.agent.redact import redact_env
 
     for spec, res in checked:
@@ -130,6 +131,9 @@ def _print_dry_run(checked):
             line(f"{name}: note: {note}")
         for warning in res.value.warnings:
             line(f"{name}: warning: {warning}")
+        dropped = dropped_note(res.value.dropped_env)
+        if dropped:
+            line(f"{name}: note: {dropped}")
     line("dry run: nothing started")
     finish(FleetResult(res for _, res in checked))
 

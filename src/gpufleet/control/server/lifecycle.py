@@ -13,6 +13,7 @@ from gpufleet.control.server.options import LaunchOptions
 from gpufleet.control.server.profiles import Profile, build_specs
 from gpufleet.errors import HostError
 from gpufleet.host.agent import runas
+from gpufleet.host.agent.childenv import dropped_note
 from gpufleet.host.agent.protocol import LaunchArgs, LogsArgs, StopArgs, WaitReadyArgs
 from gpufleet.kinds import Kind
 from gpufleet.readings import LaunchAnswer, StopAnswer, WaitReadyAnswer
@@ -29,9 +30,14 @@ class Launched:
     warnings: list[str]
 
 
-def _raise_not_ready(wait: WaitReadyAnswer) -> None:
+def _raise_not_ready(wait: WaitReadyAnswer, dropped: list[str] | None = None) -> None:
+    """The server did not become healthy: its phase and reason, and the code-loading
+    variables of the login it did not get, which may be why (an LD_LIBRARY_PATH the CUDA
+    libraries needed): said here, not at every launch where nothing is wrong."""
     if not wait.ready:
-        raise HostError(f"{wait.phase}: {wait.reason}", kind=Kind(wait.phase), tail=wait.tail)
+        note = dropped_note(dropped or [])
+        said = f"{wait.phase}: {wait.reason}" + (f"; {note}" if note else "")
+        raise HostError(said, kind=Kind(wait.phase), tail=wait.tail)
 
 
 def wait_on(
@@ -41,6 +47,7 @@ def wait_on(
     progress: Progress | None,
     cancel: CancelToken | None = None,
     node_rank: int = 0,
+    dropped: list[str] | None = None,
 ) -> WaitReadyAnswer:
     """Stream wait-ready from the host; the server keeps running if this connection drops.
 
@@ -62,7 +69,7 @@ def wait_on(
     resume = f"`inv wait --hosts {name} --port {port}{session.host.cli_hint()}`"
     call = ResumableCall("waiting for the server", resume, timeout + 60)
     wait = session.call_in_slices(args, on_event, call, cancel, carry_on)
-    _raise_not_ready(wait)
+    _raise_not_ready(wait, dropped)
     return wait
 
 
@@ -114,7 +121,9 @@ def launch_on(
             {"phase": "started", "pid": started.state.pid, "log": started.state.log},
         )
     timeout = options.timeout_s or spec.health_timeout
-    wait = wait_on(session, spec.port, timeout, progress, cancel, spec.node_rank)
+    wait = wait_on(
+        session, spec.port, timeout, progress, cancel, spec.node_rank, started.dropped_env
+    )
     return Launched(wait.state or started.state, wait.elapsed_s, started.warnings)
 
 

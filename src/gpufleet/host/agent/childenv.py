@@ -101,12 +101,22 @@ def refusals(explicit: dict[str, str]) -> list[str]:
     return out
 
 
-def dropped_note() -> str | None:
-    """Said once per launch when the login set something children will not get."""
-    _, dropped = login_env()
-    if not dropped:
+def dropped_names() -> tuple[list[str], list[str]]:
+    """What the login set that children will not get, in two kinds: (variables naming a
+    path another user may write: a fact about the host to fix, said at every launch;
+    code-loading variables with harmless values: said where they may matter, when a
+    launch fails and in its dry run)."""
+    source, unset = loginenv.login_environment()
+    _, dropped = login_env(source)
+    unsafe = sorted({n for n in dropped if n in source and untrusted_paths(source[n])})
+    return unsafe, sorted({*unset, *dropped} - set(unsafe))
+
+
+def dropped_note(names: list[str], why: str = "") -> str | None:
+    """One line naming variables not passed to the server, and how to pass them."""
+    if not names:
         return None
     return (
-        f"not passed to the server from the login environment: {', '.join(dropped)} "
+        f"not passed to the server from the login environment: {', '.join(names)}{why} "
         "(set them under the profile's env: to pass them; their paths are judged)"
     )

@@ -246,9 +246,10 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
     user, errors = run_as_user(args)
     errors += childenv.refusals(spec.env)
     warnings: list[str] = list(spec.warnings)
-    dropped = childenv.dropped_note()
-    if dropped:
-        warnings.append(dropped)
+    unsafe, dropped = childenv.dropped_names()
+    note = childenv.dropped_note(unsafe, " (they name a path another user may write)")
+    if note:
+        warnings.append(note)
     existing = read_state(spec.port)
     if existing and server_alive(existing):
         if not args.replace:
@@ -297,4 +298,5 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
     return LaunchAnswer(
         started=False, errors=errors, warnings=warnings, renames=renames, argv=argv,
         engine_version=version, accepts_config=accepts_config, gpu_health=health,
+        dropped_env=dropped,
     )  # fmt: skip

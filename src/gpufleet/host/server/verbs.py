@@ -222,6 +222,7 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
     return LaunchAnswer(
         started=True, state=state, warnings=check.warnings, renames=check.renames,
         engine_version=check.engine_version, gpu_health=check.gpu_health,
+        dropped_env=check.dropped_env,
     )  # fmt: skip
 
 
