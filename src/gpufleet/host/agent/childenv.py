@@ -120,3 +120,9 @@ def dropped_note(names: list[str], why: str = "") -> str | None:
         f"not passed to the server from the login environment: {', '.join(names)}{why} "
         "(set them under the profile's env: to pass them; their paths are judged)"
     )
+
+
+def unsafe_notes(names: list[str]) -> list[str]:
+    """The line said at every launch for variables naming a path another user may write."""
+    note = dropped_note(names, " (they name a path another user may write)")
+    return [note] if note else []

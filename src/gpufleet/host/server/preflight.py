@@ -245,11 +245,8 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
     assert spec is not None, "launch checks its spec before preflight"
     user, errors = run_as_user(args)
     errors += childenv.refusals(spec.env)
-    warnings: list[str] = list(spec.warnings)
     unsafe, dropped = childenv.dropped_names()
-    note = childenv.dropped_note(unsafe, " (they name a path another user may write)")
-    if note:
-        warnings.append(note)
+    warnings: list[str] = [*spec.warnings, *childenv.unsafe_notes(unsafe)]
     existing = read_state(spec.port)
     if existing and server_alive(existing):
         if not args.replace:
