@@ -32,8 +32,22 @@ def _inventory(tmp_path, slow_clock: int | None):
     return path
 
 
+def _profile(tmp_path):
+    """The rehearsal baseline on a port of this test's own (free_port leaves room for the
+    hosts' offsets): the playbook's fixed 30000 may sit in another test worker's range."""
+    from gpufleet.sim.sshd import free_port
+
+    path = tmp_path / "fleetbase.yaml"
+    if not path.exists():
+        path.write_text(yaml.safe_dump({
+            "engine": "sim", "model_path": "/models/fleet", "tp": 8, "port": free_port(),
+            "health_timeout": 60, "sim": {"load-seconds": 1.0, "warmup-seconds": 0.2},
+        }))  # fmt: skip
+    return path
+
+
 def _sweep(tmp_path, inventory):
-    got = run_cli("sweep", "--profiles", "rehearsal-baseline", "-c", "1,4", "--output-len", "48",
+    got = run_cli("sweep", "--profiles", str(_profile(tmp_path)), "-c", "1,4", "--output-len", "48",
                   "--inventory", str(inventory), "--archive", str(tmp_path / "logs"),
                   timeout=400)  # fmt: skip
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
