@@ -318,3 +318,54 @@ def test_the_rehearsal_slows_a_step_by_its_slowest_gpu(tmp_path, monkeypatch, fa
     assert slowdown(1) == pytest.approx(at_1)
     assert slowdown(64) == pytest.approx(at_64)
     assert gpu_slowdown([0, 1, 2], speculative=False) is None  # a server without GPU 3
+
+
+@pytest.mark.parametrize("when", ["after the listing", "after the stat"])
+def test_a_run_removed_while_the_index_reads_is_gone_not_broken(tmp_path, monkeypatch, when):
+    """The world changes between two steps: a run folder removed after the index listed
+    it (or stat'ed its manifest) is dropped as gone, never refused as a folder without its
+    manifest; the next open agrees with the files."""
+    import shutil
+
+    from gpufleet.fleet import index as fleet_index
+
+    fleet_archive(tmp_path, 3)
+    victim = tmp_path / "gpu01"
+    if when == "after the listing":
+        listed = Archive.run_dirs
+
+        def run_dirs(self):
+            found = listed(self)
+            shutil.rmtree(victim, ignore_errors=True)
+            return found
+
+        monkeypatch.setattr(Archive, "run_dirs", run_dirs)
+    else:
+        read = fleet_index._read_run
+
+        def read_run(run_dir):
+            if run_dir.parent == victim:
+                shutil.rmtree(victim, ignore_errors=True)
+            return read(run_dir)
+
+        monkeypatch.setattr(fleet_index, "_read_run", read_run)
+    with open_index(Archive(tmp_path)) as index:
+        assert index.hosts() == ["gpu00", "gpu02"]
+    monkeypatch.undo()
+    with open_index(Archive(tmp_path)) as index:
+        assert index.hosts() == ["gpu00", "gpu02"]
+
+
+def test_a_latency_figure_names_the_host_whose_latency_is_higher_as_slower():
+    """`--metric median_ttft_ms`: lower is better, so a host at 1.6x the fleet's TTFT is
+    named slower (the catalogue's direction), and one at 0.6x faster."""
+    metric = outliers.metric_named("median_ttft_ms")
+    runs = []
+    for n in range(8):
+        ttft = {3: 80.0, 5: 30.0}.get(n, 50.0 + n * 0.1)
+        run = _indexed(f"gpu{n}", 380.0, 0.02)
+        run.rows[0].update(median_ttft_ms=ttft, mean_ttft_ms=ttft, std_ttft_ms=ttft * 0.05)
+        runs.append(run)
+    view = outliers.view_of(runs, "baseline", metric)
+    sides = {n.host: n.worst.side for n in view.named}
+    assert sides == {"gpu3": "slower", "gpu5": "faster"}

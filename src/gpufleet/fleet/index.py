@@ -13,6 +13,7 @@ standard library's: embedded, no server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -268,11 +269,16 @@ def _sync(conn: sqlite3.Connection, archive: Archive) -> None:
         try:
             found[str(manifest)] = (host, run_dir.name, run_dir, _stat(manifest))
         except FileNotFoundError:
+            if not run_dir.exists():
+                continue  # removed since it was listed: it is gone, not broken
             raise UserError(
                 f"{run_dir}: an archived run's folder without its {store.MANIFEST}: restore "
                 f"it, or move the folder out of {archive.root}/ (nothing was indexed)"
             ) from None
-    sweeps = {str(p): _stat(p) for p in archive.sweep_states()}
+    sweeps = {}
+    for path in archive.sweep_states():
+        with contextlib.suppress(FileNotFoundError):  # removed since it was listed
+            sweeps[str(path)] = _stat(path)
     known = {
         path: ((mtime, size), kind)
         for path, mtime, size, kind in conn.execute(
@@ -285,7 +291,15 @@ def _sync(conn: sqlite3.Connection, archive: Archive) -> None:
     sweeps_gone = [p for p, (_, kind) in known.items() if kind == "sweep" and p not in sweeps]
     if not (changed or gone or sweeps_changed or sweeps_gone):
         return
-    parsed = [(path, *found[path][:2], _read_run(found[path][2])) for path in changed]
+    parsed = []
+    for path in changed:
+        host, run_id, run_dir, _ = found[path]
+        try:
+            parsed.append((path, host, run_id, _read_run(run_dir)))
+        except UserError:
+            if run_dir.exists():
+                raise
+            gone.append(path)  # removed between the listing and the read
     conn.execute("BEGIN IMMEDIATE")
     try:
         for path in gone:
