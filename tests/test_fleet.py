@@ -369,3 +369,23 @@ def test_a_latency_figure_names_the_host_whose_latency_is_higher_as_slower():
     view = outliers.view_of(runs, "baseline", metric)
     sides = {n.host: n.worst.side for n in view.named}
     assert sides == {"gpu3": "slower", "gpu5": "faster"}
+
+
+def test_an_index_of_another_schema_is_rebuilt_and_an_unwritable_one_kept_in_memory(tmp_path):
+    fleet_archive(tmp_path, 3)
+    archive = Archive(tmp_path)
+    with open_index(archive):
+        pass
+    conn = sqlite3.connect(archive.index_path)
+    conn.execute("UPDATE meta SET value = '0' WHERE key = 'schema'")
+    conn.commit()
+    conn.close()
+    with open_index(archive) as index:
+        assert "index schema '0', this gpufleet writes 1; rebuilt" in index.notes[0]
+        assert len(index.runs()) == 3
+    archive.index_path.unlink()
+    archive.index_path.mkdir()  # something in the index's place that is not a file
+    with open_index(archive) as index:
+        assert "built in memory for this command" in index.notes[0]
+        assert len(index.runs()) == 3
+    assert archive.index_path.is_dir() and not any(archive.index_path.iterdir())
