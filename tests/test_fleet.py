@@ -252,6 +252,7 @@ def test_bad_input_is_one_line_and_changes_nothing(tmp_path):
         ("fleet", "--metric", "colour"): "--metric 'colour': expected a figure",
         ("metrics",): "metrics needs exactly one of --output FILE or --serve",
         ("metrics", "--serve", "--output", "x.prom"): "metrics needs exactly one of",
+        ("metrics", "--output", "x.prom", "--host", "nosuch"): "--host 'nosuch': no archived",
     }
     for args, said in cases.items():
         _one_line_refusal(root, args, said)

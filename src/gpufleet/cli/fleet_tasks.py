@@ -154,6 +154,12 @@ def metrics(c, **given):
     from gpufleet.fleet import openmetrics
 
     o = METRICS.parse(given)
+    if o.host or o.profile:
+        from gpufleet.fleet.history import known
+        from gpufleet.fleet.index import open_index
+
+        with open_index(o.archive) as index:
+            known(index, o.host, o.profile)  # one line for a name the archive lacks
     if o.output:
         samples = openmetrics.write_file(o.archive, Path(o.output), o.profile, o.host)
         line(f"metrics: {o.output} ({samples} samples)")

@@ -141,15 +141,9 @@ def host_history(
     return HostHistory(host, profile, m, newest, baseline, levels, changes, left_out)
 
 
-def histories(
-    index: Index,
-    host: str | None = None,
-    profile: str | None = None,
-    metric: str = DEFAULT_METRIC,
-    threshold: float = DEFAULT_THRESHOLD,
-) -> list[HostHistory]:
-    """Every (host, profile) with runs, filtered; a host or profile not in the archive is
-    one line (UserError)."""
+def known(index: Index, host: str | None, profile: str | None) -> tuple[list[str], list[str]]:
+    """The archive's hosts and profiles; one line (UserError) for a --host or --profile
+    the archive has no run of, naming what it has."""
     hosts, profiles = index.hosts(), index.profiles()
     if host is not None and host not in hosts:
         raise UserError(
@@ -161,6 +155,19 @@ def histories(
             f"--profile {profile!r}: no archived run of that profile in "
             f"{index.archive.root}/ (profiles there: {', '.join(profiles) or 'none'})"
         )
+    return hosts, profiles
+
+
+def histories(
+    index: Index,
+    host: str | None = None,
+    profile: str | None = None,
+    metric: str = DEFAULT_METRIC,
+    threshold: float = DEFAULT_THRESHOLD,
+) -> list[HostHistory]:
+    """Every (host, profile) with runs, filtered; a host or profile not in the archive is
+    one line (UserError)."""
+    hosts, profiles = known(index, host, profile)
     out = []
     for h in [host] if host else hosts:
         for p in [profile] if profile else profiles:
