@@ -261,8 +261,9 @@ def _stat(path: Path) -> tuple[int, int]:
     return st.st_mtime_ns, st.st_size
 
 
-def _sync(conn: sqlite3.Connection, archive: Archive) -> None:
-    """Bring the index in line with the run files and sweep states, in one transaction."""
+def _listed_runs(archive: Archive) -> dict[str, tuple[str, str, Path, tuple[int, int]]]:
+    """manifest path -> (host, run id, run dir, (mtime, size)) for every run folder; one
+    line (UserError) for a folder without its manifest, none for one removed meanwhile."""
     found: dict[str, tuple[str, str, Path, tuple[int, int]]] = {}
     for host, run_dir in archive.run_dirs():
         manifest = run_dir / store.MANIFEST
@@ -275,6 +276,12 @@ def _sync(conn: sqlite3.Connection, archive: Archive) -> None:
                 f"{run_dir}: an archived run's folder without its {store.MANIFEST}: restore "
                 f"it, or move the folder out of {archive.root}/ (nothing was indexed)"
             ) from None
+    return found
+
+
+def _sync(conn: sqlite3.Connection, archive: Archive) -> None:
+    """Bring the index in line with the run files and sweep states, in one transaction."""
+    found = _listed_runs(archive)
     sweeps = {}
     for path in archive.sweep_states():
         with contextlib.suppress(FileNotFoundError):  # removed since it was listed
