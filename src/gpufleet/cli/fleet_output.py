@@ -10,17 +10,14 @@ from gpufleet.cli.output import line, prose, table
 from gpufleet.fleet.estimate import Estimate
 from gpufleet.fleet.history import HostHistory
 from gpufleet.fleet.outliers import FleetView, change_text, fact_text
-from gpufleet.fleet.page import as_json, markdown, sentences
+from gpufleet.fleet.page import as_json, interval_json, markdown, sentences
 from gpufleet.fleet.page import table as fleet_table
+from gpufleet.report.stats import with_interval
 
 
 def _notes(notes: list[str]) -> None:
     for note in notes:
         line(f"note: {note}", sys.stderr)
-
-
-def _interval(value: tuple[float, float] | None) -> list[float] | None:
-    return list(value) if value else None
 
 
 def print_fleet(
@@ -72,10 +69,8 @@ def report_hint(profile: str, summary: Path) -> str:
     return f"inv report --fleet {shlex.quote(profile)}{where}"
 
 
-def _figure(e: Estimate, fmt: str) -> str:
-    interval = e.interval()
-    text = fmt.format(e.value)
-    return text + (f" [{fmt.format(interval[0])}-{fmt.format(interval[1])}]" if interval else "")
+def _figure(e: Estimate) -> str:
+    return with_interval(e.value, e.interval(), places=1)
 
 
 def history_json(found: list[HostHistory]) -> str:
@@ -94,7 +89,7 @@ def history_json(found: list[HostHistory]) -> str:
                         "before": lv.before.value,
                         "after": lv.after.value,
                         "ratio": lv.ratio,
-                        "interval": _interval(lv.interval),
+                        "interval": interval_json(lv.interval),
                         "verdict": lv.verdict,
                         "change": lv.change,
                     }
@@ -130,14 +125,12 @@ def print_history(found: list[HostHistory], fmt: str, notes: list[str]) -> None:
             f"{title} against {len(h.baseline)} earlier run(s) "
             f"({h.baseline[0].started_at[:10]} to {h.baseline[-1].started_at[:10]})"
         )
-        fmt_ = h.metric.fmt
         rows = [
             [
                 f"C={lv.concurrency}",
-                _figure(lv.before, fmt_),
-                _figure(lv.after, fmt_),
-                f"{lv.ratio:.3f}"
-                + (f" [{lv.interval[0]:.3f}-{lv.interval[1]:.3f}]" if lv.interval else ""),
+                _figure(lv.before),
+                _figure(lv.after),
+                with_interval(lv.ratio, lv.interval, places=3),
                 f"{lv.verdict} ({lv.change:+.1%})",
             ]
             for lv in h.levels

@@ -25,6 +25,7 @@ from gpufleet.fleet.estimate import Estimate, estimate, scaled
 from gpufleet.fleet.index import Index, IndexedRun
 from gpufleet.report import metrics
 from gpufleet.report.fingerprint import Fact
+from gpufleet.report.stats import with_interval
 
 DEFAULT_THRESHOLD = 0.05
 ROBUST_Z = 3.0  # the least bar, for a large fleet (several hosts and levels are tested)
@@ -288,9 +289,7 @@ def named_sentence(view: FleetView, named: NamedHost) -> str:
     pct = abs(w.ratio - 1.0) * 100
     at = ",".join(str(c) for c in named.levels)
     c = next(lv.concurrency for lv in view.levels if w in lv.hosts)
-    ratio = f"{w.ratio:.3f}x" + (
-        f" [{w.interval[0]:.3f}-{w.interval[1]:.3f}]" if w.interval else ""
-    )
+    ratio = with_interval(w.ratio, w.interval, places=3, suffix="x")
     if named.differences:
         diff = "; ".join(difference_text(*d) for d in named.differences)
         why = f"it differs from the fleet's majority in: {diff}"

@@ -17,6 +17,7 @@ from gpufleet.archive import store
 from gpufleet.fleet.outliers import FleetView, fact_text, named_sentence
 from gpufleet.report.figures import PALETTE, TEXT_PT, WIDTH_IN, svg
 from gpufleet.report.markdown import md_table
+from gpufleet.report.stats import with_interval
 
 NAMED_MARK = "!"  # after a named host's ratio in the table
 
@@ -25,9 +26,7 @@ def ratio_cell(figure: object) -> str:
     from gpufleet.fleet.outliers import HostFigure
 
     assert isinstance(figure, HostFigure)
-    text = f"{figure.ratio:.3f}"
-    if figure.interval:
-        text += f" [{figure.interval[0]:.3f}-{figure.interval[1]:.3f}]"
+    text = with_interval(figure.ratio, figure.interval, places=3)
     return text + (f" {NAMED_MARK}" if figure.named else "")
 
 
@@ -74,7 +73,7 @@ def as_json(views: list[FleetView]) -> str:
                                 "host": h.host,
                                 "value": h.estimate.value,
                                 "ratio": h.ratio,
-                                "interval": _interval(h.interval),
+                                "interval": interval_json(h.interval),
                                 "source": h.estimate.source,
                                 "named": h.named,
                                 "side": h.side or None,
@@ -105,7 +104,8 @@ def as_json(views: list[FleetView]) -> str:
     )
 
 
-def _interval(value: tuple[float, float] | None) -> list[float] | None:
+def interval_json(value: tuple[float, float] | None) -> list[float] | None:
+    """An interval as the JSON outputs give it: [low, high], or null."""
     return list(value) if value else None
 
 
