@@ -29,7 +29,7 @@ SRC = REPO / "src" / "gpufleet"
 
 
 def package_of(path: Path) -> str:
-    """The package a module lives in: `control/tune/run.py` is `control/tune`."""
+    """The package a module lives in: `control/tune/tune_run.py` is `control/tune`."""
     rel = path.relative_to(SRC)
     return "/".join(rel.parts[:-1]) or "(top)"
 
@@ -61,7 +61,7 @@ def static_figures() -> list[str]:
 
 def traced_tune() -> str:
     """One rehearsal tune in this process, every gpufleet call traced by module."""
-    from gpufleet.cli.main import program
+    from gpufleet.cli.console import program
 
     seen: set[object] = set()
     order: list[str] = []

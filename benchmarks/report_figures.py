@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from browser import CHROMIUM, visit
 from gpufleet.archive import store
+from gpufleet.archive.kept import Manifest
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Manifest
 from gpufleet.report import select
 
 

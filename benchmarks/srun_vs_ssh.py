@@ -31,7 +31,7 @@ from _fleet import BenchFleet
 from gpufleet.control.connect.pool import open_session
 from gpufleet.control.inventory.model import load_inventory
 from gpufleet.host.agent.protocol import EchoArgs
-from gpufleet.sim.slurm import LocalSlurm
+from gpufleet.sim.slurm_cluster import LocalSlurm
 
 CALLS = 200
 

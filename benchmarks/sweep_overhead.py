@@ -27,9 +27,9 @@ from gpufleet.archive.layout import Archive
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.connect.fleet import Fleet
 from gpufleet.control.inventory.model import load_inventory
-from gpufleet.control.server.options import LaunchOptions
-from gpufleet.control.sweep import run as sw
-from gpufleet.control.sweep import state as sweep_state
+from gpufleet.control.server.host_options import LaunchOptions
+from gpufleet.control.sweep import sweep_run as sw
+from gpufleet.control.sweep import sweep_state as sweep_state
 
 REPO = Path(__file__).resolve().parent.parent
 LEVELS = [

@@ -19,7 +19,7 @@ import time
 
 from _fleet import BenchFleet, host_python
 
-from gpufleet.control.agent import trust as interpreter
+from gpufleet.control.agent import python_trust as interpreter
 from gpufleet.control.connect import ssh
 from gpufleet.control.inventory.model import load_inventory
 

@@ -99,7 +99,7 @@ def slurm_cluster():
     import shutil
     import tempfile
 
-    from gpufleet.sim.slurm import APT_PACKAGES, LocalSlurm, missing_programs
+    from gpufleet.sim.slurm_cluster import APT_PACKAGES, LocalSlurm, missing_programs
 
     missing = missing_programs()
     if missing:

@@ -8,8 +8,8 @@ import random
 from pathlib import Path
 
 from gpufleet.archive import store
+from gpufleet.archive.kept import Manifest
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Manifest
 
 
 def level_row(c: int, throughput: float, spread: float = 0.02, completed: int = 40) -> dict:

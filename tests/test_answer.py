@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufleet.archive import store as archive
+from gpufleet.archive.kept import Manifest
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Manifest
-from gpufleet.report import answer, figures, metrics, select
+from gpufleet.report import answer, catalogue, figures, select
 from helpers import level, run_cli, unwrap
 
 # Three repeats per level. At C=64 the two arms' total throughputs overlap (no significant
@@ -274,7 +274,7 @@ def test_plot_marks_ticks_error_bars_and_slo():
                      ci={"goodput_output_throughput": (-30.0, 92.3 * c + 40)})
             for c in (1, 2, 3)}  # fmt: skip
     arms = [_arm("baseline", rows)]
-    spec = {s.name: s for s in metrics.PLOTS}
+    spec = {s.name: s for s in catalogue.PLOTS}
     fig, points = figures.draw("h", arms, spec["ttft"])
     [ax] = fig.axes
     handles, labels = ax.get_legend_handles_labels()

@@ -1,4 +1,4 @@
-"""What the archive keeps is read back typed and checked (gpufleet/archive/records.py): a file from
+"""What the archive keeps is read back typed and checked (gpufleet/archive/kept.py): a file from
 a newer gpufleet or a hand-edited one is one line naming the file and the field, never a
 KeyError deep in a report."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gpufleet.archive.records import Cell, FindMaxRecord, ProbeRecord, SweepRecord
+from gpufleet.archive.kept import Cell, FindMaxRecord, ProbeRecord, SweepRecord
 from gpufleet.errors import UserError
 from helpers import run_cli
 

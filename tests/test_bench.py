@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from gpufleet.archive import store as archive
+from gpufleet.archive.kept import Manifest
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Manifest
 from gpufleet.host.bench.loadgen import Prompt, run_level
 from gpufleet.host.bench.metrics import percentile, summarize
 from helpers import REPO, read_run_id, run_cli

@@ -22,7 +22,7 @@ import pytest
 import gpufleet
 from gpufleet.control.inventory import hostlist
 from gpufleet.errors import UserError
-from gpufleet.host import main as agent_main
+from gpufleet.host import dispatch as agent_main
 from gpufleet.host.agent import redact
 from helpers import REPO
 from test_reliability import record

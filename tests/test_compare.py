@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from gpufleet.archive import store as archive
+from gpufleet.archive.kept import Manifest
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Manifest
 from gpufleet.report import compare
 from helpers import run_cli, unwrap
 

@@ -1,7 +1,7 @@
 """One SSH connection, and one agent start, per host per task: counted in a real sshd's
 own log (LogLevel DEBUG1 logs each login and each exec request). Each task also opens one
 SFTP channel on that connection: the host python is judged over it before it runs
-(control/agent/trust.py), and uploads and downloads share it."""
+(control/agent/python_trust.py), and uploads and downloads share it."""
 
 from __future__ import annotations
 

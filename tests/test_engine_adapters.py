@@ -219,9 +219,9 @@ def test_a_grid_or_tune_cell_benches_in_its_own_engines_dialect(tmp_path, monkey
     runs under its own label."""
     from gpufleet.control.bench.request import BenchRequest
     from gpufleet.control.bench.run import build_plan
-    from gpufleet.control.server.options import LaunchOptions
+    from gpufleet.control.server.host_options import LaunchOptions
     from gpufleet.control.sweep.cells import ArmSpec
-    from gpufleet.control.sweep.run import cell_request
+    from gpufleet.control.sweep.sweep_run import cell_request
 
     (tmp_path / "playbooks").mkdir()
     (tmp_path / "playbooks" / "llama.yaml").write_text(yaml.safe_dump({

@@ -15,7 +15,7 @@ import yaml
 from gpufleet.host.gpu import health as gpuhealth
 from gpufleet.host.gpu import nvml as nvmlread
 from gpufleet.sim import gpustate
-from gpufleet.sim import nvml as simnvml
+from gpufleet.sim import nvml_sim as simnvml
 from helpers import run_cli
 
 

@@ -153,7 +153,7 @@ def test_resume_runs_the_request_the_sweep_was_started_with(tmp_path, monkeypatc
     from gpufleet.archive.layout import Archive
     from gpufleet.control.bench.request import BenchRequest
     from gpufleet.control.connect.fleet import Fleet
-    from gpufleet.control.sweep import run as sweeps
+    from gpufleet.control.sweep import sweep_run as sweeps
     from gpufleet.control.sweep.cells import expand
     from gpufleet.control.sweep.experiment import Console, Experiment
 
@@ -194,7 +194,7 @@ def test_rehearse_asks_for_the_seeds_experiment(tmp_path):
         "        'levels': request.fixed_levels, 'archive': str(request.archive),\n"
         "        'engine': self.launch.engine, 'hosts': self.fleet.names, 'kind': kind}))\n"
         "experiment.Experiment.sweep = sweep\n"
-        "from gpufleet.cli.main import program\n"
+        "from gpufleet.cli.console import program\n"
         "program.run(['gpufleet', *sys.argv[1:]])\n"
     )
     out = subprocess.run(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.archive import store
+from gpufleet.archive.kept import Manifest
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Manifest
 from gpufleet.control.inventory.model import load_inventory
 from gpufleet.errors import UserError
 from helpers import run_cli

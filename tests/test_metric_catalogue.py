@@ -1,4 +1,4 @@
-"""The metric catalogue (report/metrics.py) against what runs really write and what the
+"""The metric catalogue (report/catalogue.py) against what runs really write and what the
 report really shows: a metric asked for but never written, or written but neither shown
 nor declared archive-only, fails here."""
 
@@ -11,7 +11,7 @@ import re
 import pytest
 
 from gpufleet.records import ResultRow
-from gpufleet.report import metrics
+from gpufleet.report import catalogue
 from gpufleet.wire import WireError
 from helpers import run_cli
 
@@ -37,12 +37,12 @@ def test_catalogue_matches_what_runs_write_and_the_report_shows(fleet, tmp_path)
 
     # everything the catalogue shows is written by a run (the HTML report once plotted
     # `goodput_output_tps`, which nothing writes)
-    missing = [m.key for m in metrics.CATALOGUE if m.key not in written]
+    missing = [m.key for m in catalogue.CATALOGUE if m.key not in written]
     assert missing == [], f"catalogue metrics no run writes: {missing}"
     # every number a run writes is shown somewhere or declared archive-only
     numeric = {k for row in rows for k, v in row.items() if isinstance(v, int | float)}
     undeclared = sorted(
-        k for k in numeric if k not in metrics.BY_KEY and not metrics.ARCHIVE_ONLY.match(k)
+        k for k in numeric if k not in catalogue.BY_KEY and not catalogue.ARCHIVE_ONLY.match(k)
     )
     assert undeclared == [], f"written but neither in the catalogue nor archive-only: {undeclared}"
 
@@ -51,10 +51,10 @@ def test_catalogue_matches_what_runs_write_and_the_report_shows(fleet, tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     folder = next((archive / "compare").iterdir())
     pngs = {p.name for p in folder.glob("*.png")}
-    assert pngs == {f"h0-{spec.name}.png" for spec in metrics.PLOTS}
+    assert pngs == {f"h0-{spec.name}.png" for spec in catalogue.PLOTS}
     page = (folder / "report.html").read_text()
     shown = set(re.findall(r'aria-label="h0: ([^"]+)"', page))
-    assert shown == {spec.title for spec in metrics.PLOTS}
+    assert shown == {spec.title for spec in catalogue.PLOTS}
     # tokens per joule is well under 10: its axis must not read 0, 0, 0, 0
     [energy] = re.findall(r'aria-label="h0: Output tokens per joule".*?</svg>', page, re.S)
     ticks = re.findall(r"<text[^>]*>([^<]+)</text>", energy)
@@ -66,9 +66,9 @@ def test_every_catalogue_metric_is_a_declared_result_field():
     """A metric the report reads by name is a field of the row's declared type, so a
     renamed figure fails in a type check and on the host that writes it, not in a plot."""
     declared = {f.name for f in dataclasses.fields(ResultRow)} - {"extra"}
-    undeclared = [m.key for m in metrics.CATALOGUE if m.key not in declared]
+    undeclared = [m.key for m in catalogue.CATALOGUE if m.key not in declared]
     assert undeclared == []
-    plotted = {key for spec in metrics.PLOTS for key in spec.keys}
+    plotted = {key for spec in catalogue.PLOTS for key in spec.keys}
     assert plotted <= declared
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from fleetdata import write_run
+from gpufleet.archive.kept import Cell, SweepRecord
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Cell, SweepRecord
 from gpufleet.archive.store import write_private_file
 from helpers import REPO, run_cli
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.sim.slurm import LocalSlurm, missing_programs
+from gpufleet.sim.slurm_cluster import LocalSlurm, missing_programs
 from helpers import Fleet, processes_under, srun_inventory
 from test_slurm_real import cancel_mid_bench, status_says_the_job_ended
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import yaml
 
-from gpufleet.sim.slurm import LocalSlurm
+from gpufleet.sim.slurm_cluster import LocalSlurm
 from helpers import Fleet, pid_alive, processes_under, read_run_id, run_cli, srun_inventory
 
 FIXTURES = Path(__file__).parent / "fixtures"

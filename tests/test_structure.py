@@ -201,3 +201,18 @@ def _refusal(options, name):
     except UserError as exc:
         return str(exc)
     return ""
+
+
+def test_module_names_name_their_room():
+    """Issue 66: twelve module names occurred in more than one package (three `run.py`, two
+    `trust.py`, ...), so a search by file name found the wrong room. Each module's file name
+    is unique under src/gpufleet (a package's `__init__`/`__main__` excepted)."""
+    from collections import Counter
+
+    src = REPO / "src" / "gpufleet"
+    names = Counter(
+        p.name
+        for p in src.rglob("*.py")
+        if "__pycache__" not in p.parts and p.name not in ("__init__.py", "__main__.py")
+    )
+    assert [n for n, count in names.items() if count > 1] == []

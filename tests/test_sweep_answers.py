@@ -12,8 +12,8 @@ import re
 import pytest
 
 from gpufleet.archive import store
+from gpufleet.archive.kept import Cell, Manifest, SweepRecord
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Cell, Manifest, SweepRecord
 from gpufleet.cli.sweep_tasks import reference_first
 from gpufleet.errors import UserError
 from gpufleet.report import answer, select

@@ -133,7 +133,7 @@ def test_a_bare_python_runs_the_system_one_judged_not_the_logins(fleet, tmp_path
     fleet.write_inventory(extra_hosts={"h9": {"address": "127.0.0.1", "port": sshd.port,
                                               "python": "python3",
                                               "workdir": str(fleet.workdir("h9"))}})  # fmt: skip
-    from gpufleet.control.agent import trust as interpreter
+    from gpufleet.control.agent import python_trust as interpreter
     from gpufleet.control.connect.local import LocalTree
 
     verdict = interpreter.judge_python("python3", 0, LocalTree())
@@ -359,7 +359,7 @@ def test_the_clean_environment_keeps_what_servers_need_and_drops_what_loads_code
 
 
 def test_relative_paths_are_judged_where_they_resolve(tmp_path, monkeypatch):
-    from gpufleet.control.agent import trust as interpreter
+    from gpufleet.control.agent import python_trust as interpreter
     from gpufleet.control.connect.local import LocalTree
 
     monkeypatch.chdir(tmp_path)
@@ -369,7 +369,7 @@ def test_relative_paths_are_judged_where_they_resolve(tmp_path, monkeypatch):
 
 
 def test_a_venv_whose_home_is_relative_is_judged_not_a_crash(tmp_path):
-    from gpufleet.control.agent import trust as interpreter
+    from gpufleet.control.agent import python_trust as interpreter
     from gpufleet.control.connect.local import LocalTree
 
     venv = tmp_path / "venv"

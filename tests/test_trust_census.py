@@ -87,7 +87,7 @@ def test_in_host_only_safewrite_opens_files_for_writing():
     # two directories made on their own, each judged the moment it exists: the run
     # directory (os.mkdir, for its EXISTS answer, inside a directory own_dir judged) and
     # each missing level of the workdir (the trust rule's walk, `create`)
-    allowed = {("src/gpufleet/host/bench/verbs.py", "os.mkdir(run_dir"),
+    allowed = {("src/gpufleet/host/bench/bench_verbs.py", "os.mkdir(run_dir"),
                ("src/gpufleet/host/agent/trust.py", "os.mkdir(candidate")}  # fmt: skip
     left = [f for f in found if not any(f.startswith(p) and s in f for p, s in allowed)]
     assert not left, "write through host/agent/safewrite.py:\n" + "\n".join(left)

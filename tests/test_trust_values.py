@@ -152,7 +152,7 @@ def copied_venv(tmp_path):
 
 
 def _problems(venv) -> list[str]:
-    from gpufleet.control.agent import trust as judge
+    from gpufleet.control.agent import python_trust as judge
     from gpufleet.control.connect.local import LocalTree
 
     return judge.judge_python(str(venv / "bin" / "python3"), 0, LocalTree()).problems

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from gpufleet.control.tune import cells as tunecells
+from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import table as tune
 from gpufleet.errors import UserError

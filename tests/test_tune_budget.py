@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from gpufleet.archive.kept import Cell, SweepRecord
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Cell, SweepRecord
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.tune import budget as tunebudget
-from gpufleet.control.tune import cells as tunecells
+from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import verify as tuneverify
 from gpufleet.control.tune.budget import BURST, MEASURE, STEP, VERIFY, Pace, TimeKeeper
@@ -169,7 +169,7 @@ def test_the_archived_pace_comes_from_this_profiles_tune_sweeps(tmp_path, spec):
 def test_an_interrupted_cell_is_not_counted_done(spec, tmp_path):
     """Ctrl-C during a cell's benchmark: the sweep still reports the cell, which is not
     done (`--resume` runs it), so the clock keeps it in what is left."""
-    from gpufleet.control.sweep.state import SweepState
+    from gpufleet.control.sweep.sweep_state import SweepState
 
     clock, _ = _clock(spec, pace=Pace(10.0, 0.01, "a test"))
     arm = clock.measure[0]

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from gpufleet.control.sweep.cells import ArmSpec
-from gpufleet.control.tune import cells as tunecells
+from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import fixed as tunefixed
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.sweep.cells import ArmSpec
-from gpufleet.control.tune import cells as tunecells
+from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import table as tune
 from gpufleet.control.tune import ties, verify
 from gpufleet.records import ResultRow

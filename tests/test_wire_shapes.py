@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gpufleet.archive.records import ArmFields, SweepRecord
+from gpufleet.archive.kept import ArmFields, SweepRecord
 from gpufleet.host.agent.protocol import RunStatusFile, SimGpus
 from gpufleet.wire import Record, WireError, check
 

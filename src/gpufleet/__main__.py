@@ -1,5 +1,5 @@
 """`python -m gpufleet ...` is the `gpufleet` console script."""
 
-from gpufleet.cli.main import main
+from gpufleet.cli.console import main
 
 main()

@@ -1,7 +1,7 @@
 """Records that cross a boundary (SSH, a file on the host, the archive), each with one
 declared type that both sides import: the launch spec, the bench plan and its levels, the
 server state file, the per-level result row. The verb arguments in host/agent/protocol.py and the
-archive's own records (archive/records.py) are checked the same way (gpufleet/wire.py).
+archive's own records (archive/kept.py) are checked the same way (gpufleet/wire.py).
 
 Defaults are declared once, here. Standard library only: this module ships.
 """

@@ -13,7 +13,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from gpufleet.archive.records import HostFacts, LevelOutcome, Manifest, PromptSetRef, ServerFacts
+from gpufleet.archive.kept import HostFacts, LevelOutcome, Manifest, PromptSetRef, ServerFacts
 from gpufleet.archive.store import parse_results
 from gpufleet.records import BenchPlan
 from gpufleet.wire import JsonObject, Record, WireError

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gpufleet.archive.kept import Manifest, Superseded
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Manifest, Superseded
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow
 from gpufleet.wire import WireError

@@ -1,7 +1,7 @@
 """An experiment started from a task: its hosts, the console it prints through, Ctrl-C, and
 the exit code and pasteable `--resume` line a sweep that did not finish ends with. Used by
 `inv sweep`, `inv tune` and `inv rehearse`; the orchestration itself is control/sweep/experiment.py,
-control/sweep/run.py and control/tune/run.py.
+control/sweep/sweep_run.py and control/tune/tune_run.py.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from gpufleet.cli.common_options import (
     positive_float,
 )
 from gpufleet.cli.options import Option, OptionSet, switch
-from gpufleet.control.server.options import CleanOptions
+from gpufleet.control.server.host_options import CleanOptions
 
 CLEAN = OptionSet(
     CleanOptions,

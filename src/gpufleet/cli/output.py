@@ -79,7 +79,7 @@ def print_runs(results: list[Any]) -> None:
 
 def repeat_lines(results: list[ResultRow]) -> list[str]:
     """With --repeat: each level's mean and 95% interval of the headline figures."""
-    from gpufleet.report import metrics
+    from gpufleet.report import catalogue
     from gpufleet.report.stats import aggregate, with_interval
 
     by_level: dict[int, list[ResultRow]] = {}
@@ -91,7 +91,7 @@ def repeat_lines(results: list[ResultRow]) -> list[str]:
             continue
         agg = aggregate(rows)
         parts = []
-        for metric in metrics.where(metrics.Place.REPEATS):
+        for metric in catalogue.where(catalogue.Place.REPEATS):
             key = metric.key
             mean = agg.get(key)
             interval = agg.ci.get(key)

@@ -13,7 +13,7 @@ from gpufleet.cli.common_options import (
 )
 from gpufleet.cli.options import Option, OptionSet, Rule, switch
 from gpufleet.control.server.engines import NAMES as ENGINE_NAMES
-from gpufleet.control.server.options import LaunchOptions
+from gpufleet.control.server.host_options import LaunchOptions
 from gpufleet.host.agent.protocol import LogsArgs, StopArgs
 from gpufleet.records import HEALTH_TIMEOUT_S
 

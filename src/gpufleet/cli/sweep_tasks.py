@@ -61,9 +61,9 @@ def sweep(c, **given):
     """
     from gpufleet.cli.common import select_hosts
     from gpufleet.cli.output import line
-    from gpufleet.control.server.options import LaunchOptions
-    from gpufleet.control.sweep import run as sweeps
-    from gpufleet.control.sweep import state as sweep_state
+    from gpufleet.control.server.host_options import LaunchOptions
+    from gpufleet.control.sweep import sweep_run as sweeps
+    from gpufleet.control.sweep import sweep_state as sweep_state
     from gpufleet.control.sweep.cells import expand, parse_grid
 
     o = SWEEP.parse(given)
@@ -97,7 +97,7 @@ def rehearse(c, **given):
 
     from gpufleet.cli.output import line
     from gpufleet.control.bench.request import BenchRequest
-    from gpufleet.control.server.options import LaunchOptions
+    from gpufleet.control.server.host_options import LaunchOptions
     from gpufleet.control.sweep.cells import expand
 
     start = time.monotonic()

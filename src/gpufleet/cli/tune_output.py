@@ -12,7 +12,7 @@ from gpufleet.cli.output import line, table
 def print_choice(outcome: Any) -> None:
     """The measured output tok/s (and per-request tok/s) by depth, the chosen depth per load,
     and the files written."""
-    from gpufleet.control.tune.cells import measured_columns
+    from gpufleet.control.tune.depth_cells import measured_columns
 
     result = outcome.result
     columns = measured_columns(result.measured)

@@ -1,6 +1,6 @@
 """inv tune: static draft depths measured, SGLang's adaptive table chosen (or, on an engine
 with one depth for every load, that depth), a tuned profile written and verified against no
-drafting and static speculation (control/tune/run.py)."""
+drafting and static speculation (control/tune/tune_run.py)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ def tune(c, **given):
     """Measure draft depths by load, write SGLang's adaptive table (llama.cpp: the one depth)
     and a profile using it."""
     from gpufleet.cli.tune_output import print_choice, print_verdicts
-    from gpufleet.control.server.options import LaunchOptions
-    from gpufleet.control.tune import run as tunerun
+    from gpufleet.control.server.host_options import LaunchOptions
+    from gpufleet.control.tune import tune_run as tunerun
 
     o = TUNE.parse(given)
     request = TUNE.request(o)

@@ -18,7 +18,7 @@ from gpufleet.errors import UserError
 from gpufleet.fleet.estimate import Estimate, estimate, ratio
 from gpufleet.fleet.index import PROMPT_SET, Index, IndexedRun
 from gpufleet.fleet.outliers import DEFAULT_METRIC, DEFAULT_THRESHOLD, metric_named
-from gpufleet.report import metrics
+from gpufleet.report import catalogue
 from gpufleet.report.fingerprint import Fact
 
 
@@ -44,7 +44,7 @@ class HistoryLevel:
 class HostHistory:
     host: str
     profile: str
-    metric: metrics.Metric
+    metric: catalogue.Metric
     newest: list[IndexedRun]
     baseline: list[IndexedRun]
     levels: list[HistoryLevel]

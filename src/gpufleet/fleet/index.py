@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from gpufleet.archive import store
+from gpufleet.archive.kept import Manifest
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Manifest
 from gpufleet.errors import UserError
 from gpufleet.kinds import RunStatus
 from gpufleet.report.fingerprint import Fact, fingerprint
@@ -53,7 +53,7 @@ class Row(TypedDict, total=False):
     """One results.jsonl line as its runner wrote it (records.ResultRow's wire form, a shape
     the host's runner owns): kept as JSON, not parsed into a ResultRow, because a full
     parse costs 0.28 ms a row and `inv history` reads 20,000. The keys read by name are
-    declared; the figures are read by their catalogue key (report/metrics.py)."""
+    declared; the figures are read by their catalogue key (report/catalogue.py)."""
 
     max_concurrency: int
     repeat: int

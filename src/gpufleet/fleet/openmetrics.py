@@ -21,8 +21,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpufleet.archive.kept import SweepRecord
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import SweepRecord
 from gpufleet.errors import UserError
 from gpufleet.fleet.index import Index, IndexedRun, open_index
 from gpufleet.fleet.outliers import fleet_view

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from gpufleet.errors import UserError
 from gpufleet.fleet.estimate import Estimate, estimate, scaled
 from gpufleet.fleet.index import Index, IndexedRun
-from gpufleet.report import metrics
+from gpufleet.report import catalogue
 from gpufleet.report.fingerprint import Fact
 from gpufleet.report.stats import with_interval
 
@@ -73,7 +73,7 @@ class NamedHost:
 @dataclass
 class FleetView:
     profile: str
-    metric: metrics.Metric
+    metric: catalogue.Metric
     threshold: float
     levels: list[FleetLevel]
     named: list[NamedHost]
@@ -82,12 +82,12 @@ class FleetView:
     notes: list[str] = field(default_factory=list)
 
 
-def metric_named(key: str) -> metrics.Metric:
+def metric_named(key: str) -> catalogue.Metric:
     """A catalogue metric with a direction (what `--metric` may name)."""
-    for m in metrics.CATALOGUE:
+    for m in catalogue.CATALOGUE:
         if m.key == key and m.higher_is_better is not None:
             return m
-    known = ", ".join(m.key for m in metrics.CATALOGUE if m.higher_is_better is not None)
+    known = ", ".join(m.key for m in catalogue.CATALOGUE if m.higher_is_better is not None)
     raise UserError(
         f"--metric {key!r}: expected a figure of results.jsonl with a direction: {known}"
     )
@@ -204,7 +204,7 @@ def fleet_view(
 def view_of(
     runs: list[IndexedRun],
     profile: str,
-    m: metrics.Metric,
+    m: catalogue.Metric,
     threshold: float = DEFAULT_THRESHOLD,
     latest: bool = False,
 ) -> FleetView:

@@ -2,6 +2,6 @@
 
 import sys
 
-from gpufleet.host.main import main
+from gpufleet.host.dispatch import main
 
 sys.exit(main(sys.argv[1:]))

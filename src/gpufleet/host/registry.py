@@ -2,7 +2,7 @@
 
 To add a verb: declare its arguments dataclass (and answer) in protocol.py and list it in
 CONTRACT, write the function in the module of its world (gpu/facts, clean, server/verbs,
-bench/verbs), register it here, and call it from the control plane with
+bench/bench_verbs), register it here, and call it from the control plane with
 `session.call(TheArgs(...))`.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from gpufleet.host import clean as gpuclean
 from gpufleet.host.agent.protocol import CONTRACT, StatusArgs
-from gpufleet.host.bench import verbs as bench
+from gpufleet.host.bench import bench_verbs as bench
 from gpufleet.host.gpu import facts as gpus
 from gpufleet.host.server import verbs as lifecycle
 from gpufleet.readings import StatusAnswer

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from gpufleet.report import metrics
+from gpufleet.report import catalogue
 from gpufleet.report.compare import (
     Arm,
     Crossing,
@@ -95,7 +95,7 @@ class Answer:
     def facts(self) -> list[str]:
         """What every rendering must carry: each claim, each notice, and the ratios of the
         headline figures (the terminal's default table shows those; md and the page all)."""
-        headline = {m.key for m in metrics.where(metrics.Place.HEADLINE) if m.higher_is_better}
+        headline = {m.key for m in catalogue.where(catalogue.Place.HEADLINE) if m.higher_is_better}
         return (
             [c.text for claims in [self.claims, *self.others] for c in claims]
             + [n.text for n in self.notices]
@@ -123,7 +123,7 @@ def build(host: str, arms: list[Arm]) -> Answer:
 def ratios(arms: list[Arm], levels: list[int]) -> list[Ratio]:
     """Every arm against the first, for every figure the catalogue gives a ratio."""
     out = []
-    for m in metrics.where(metrics.Place.RATIO):
+    for m in catalogue.where(catalogue.Place.RATIO):
         for c in levels:
             for arm in arms[1:]:
                 a, b = arms[0].levels[c], arm.levels[c]

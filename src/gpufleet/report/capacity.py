@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpufleet.archive.records import FindMaxRecord
+from gpufleet.archive.kept import FindMaxRecord
 
 
 def describe(answer: FindMaxRecord) -> str:

@@ -15,8 +15,8 @@ from enum import StrEnum
 from typing import Any
 
 from gpufleet import engine_facts
-from gpufleet.archive.records import Manifest
-from gpufleet.report import metrics
+from gpufleet.archive.kept import Manifest
+from gpufleet.report import catalogue
 from gpufleet.report.fingerprint import PER_GPU, differences
 from gpufleet.report.stats import LevelFigures, ratio_text
 
@@ -337,8 +337,8 @@ def strict_refusal(arms: list[Arm]) -> str | None:
     return "--strict: the runs differ in what changes speed: " + "; ".join(found)
 
 
-TABLE_METRICS = [(m.compare_label, m.key, m.fmt) for m in metrics.where(metrics.Place.COMPARE)]
-RATIO_KEYS = {m.key for m in metrics.where(metrics.Place.RATIO)}
+TABLE_METRICS = [(m.compare_label, m.key, m.fmt) for m in catalogue.where(catalogue.Place.COMPARE)]
+RATIO_KEYS = {m.key for m in catalogue.where(catalogue.Place.RATIO)}
 
 
 def common_levels(arms: list[Arm]) -> list[int]:
@@ -347,7 +347,7 @@ def common_levels(arms: list[Arm]) -> list[int]:
 
 HEADLINE_METRICS = [  # the terminal's default: fits 100 columns for two arms
     (m.headline, m.key, m.headline_fmt or m.fmt, bool(m.higher_is_better))
-    for m in metrics.where(metrics.Place.HEADLINE)
+    for m in catalogue.where(catalogue.Place.HEADLINE)
 ]
 
 

@@ -1,6 +1,6 @@
 """A comparison's plots, drawn once by matplotlib: the PNG files beside the report and the
 same figures inline in report.html as SVG (text kept as text, so it is readable, searchable
-and measurable). One per plot of the metric catalogue (report/metrics.py: PLOTS).
+and measurable). One per plot of the metric catalogue (report/catalogue.py: PLOTS).
 
 Readable on a phone: the figure is 5.6 in wide and no text is under 13 pt, so at the 368 px
 a 390 px phone gives it every label is at least 11.9 px. p50 and p99 differ in line and
@@ -20,7 +20,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from gpufleet.report import metrics
+from gpufleet.report import catalogue
 from gpufleet.report.compare import Arm, common_levels
 from gpufleet.report.stats import with_interval
 
@@ -77,7 +77,7 @@ def _slo_text(arms: list[Arm], levels: list[int]) -> str:
     return "SLO: " + ", ".join(parts) + (" (differs between arms)" if differ else "")
 
 
-def draw(host: str, arms: list[Arm], spec: metrics.PlotSpec) -> tuple[Any, list[str]] | None:
+def draw(host: str, arms: list[Arm], spec: catalogue.PlotSpec) -> tuple[Any, list[str]] | None:
     """(figure, hover text per point in drawing order), or None when no arm has the data."""
     import matplotlib
     from matplotlib.figure import Figure  # no pyplot: no global figure state to import
@@ -95,7 +95,7 @@ def draw(host: str, arms: list[Arm], spec: metrics.PlotSpec) -> tuple[Any, list[
             ys = [arm.levels[c].get(key) for c in levels]
             if all(y is None for y in ys):
                 continue
-            label = arm.label + (f" {metrics.BY_KEY[key].label}" if len(spec.keys) > 1 else "")
+            label = arm.label + (f" {catalogue.BY_KEY[key].label}" if len(spec.keys) > 1 else "")
             marker, style = MARKERS[min(index, 2)], STYLES[min(index, 2)]
             xs = [c for c, y in zip(levels, ys, strict=True) if y is not None]
             shown = [float(y) for y in ys if y is not None]
@@ -116,7 +116,7 @@ def draw(host: str, arms: list[Arm], spec: metrics.PlotSpec) -> tuple[Any, list[
     ax.minorticks_off()
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: metrics.tick(value)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: catalogue.tick(value)))
     ax.set_xlabel("concurrency (log scale)")
     ax.set_ylabel(spec.unit)
     title = f"{host}: {spec.title}"
@@ -171,8 +171,8 @@ def svg(fig: Any, title: str, points: list[str]) -> str:
     return text[: root.start()] + tag + text[root.end() :]
 
 
-def plot_specs(arms: list[Arm]) -> list[metrics.PlotSpec]:
-    return list(metrics.PLOTS) if common_levels(arms) else []
+def plot_specs(arms: list[Arm]) -> list[catalogue.PlotSpec]:
+    return list(catalogue.PLOTS) if common_levels(arms) else []
 
 
 def inline(host: str, arms: list[Arm]) -> list[str]:

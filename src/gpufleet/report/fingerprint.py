@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.archive.records import Manifest
+from gpufleet.archive.kept import Manifest
 
 PER_GPU = {  # the manifest's per-GPU key -> how a difference is named
     "name": "GPU model",

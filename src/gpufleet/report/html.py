@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.archive.records import Manifest
-from gpufleet.report import answer, figures, metrics
+from gpufleet.archive.kept import Manifest
+from gpufleet.report import answer, catalogue, figures
 from gpufleet.report.answer import Answer
 from gpufleet.report.compare import Arm, common_levels
 
 VERDICT_METRICS = [  # (heading, key, format, higher is better): from the catalogue
-    (m.label, m.key, m.fmt, bool(m.higher_is_better)) for m in metrics.where(metrics.Place.VERDICT)
+    (m.label, m.key, m.fmt, bool(m.higher_is_better))
+    for m in catalogue.where(catalogue.Place.VERDICT)
 ]
 WIDE_TABLE_COLUMNS = 8  # past this many, a phone scrolls the table sideways: say so
 
@@ -179,7 +180,7 @@ OPEN_LOOP_HEADINGS = {"median_ttft_ms": "TTFT p50 ms (after the queue)"}
 
 
 def _open_loop_heading(key: str) -> str:
-    return OPEN_LOOP_HEADINGS.get(key) or metrics.BY_KEY[key].label
+    return OPEN_LOOP_HEADINGS.get(key) or catalogue.BY_KEY[key].label
 
 
 def _open_loop_table(arms: list[Arm]) -> str:
@@ -193,7 +194,8 @@ def _open_loop_table(arms: list[Arm]) -> str:
                 continue
             cells = [f"<td>{c}</td>", f"<td>{_e(arm.label)}</td>"]
             cells += [
-                f'<td class="num">{_fmt(row.get(k), metrics.BY_KEY[k].fmt)}</td>' for k in OPEN_LOOP
+                f'<td class="num">{_fmt(row.get(k), catalogue.BY_KEY[k].fmt)}</td>'
+                for k in OPEN_LOOP
             ]
             state = "overloaded" if row.get("overloaded") else "kept up"
             cells.append(f'<td class="{"lose" if row.get("overloaded") else ""}">{state}</td>')

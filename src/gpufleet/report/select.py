@@ -11,8 +11,8 @@ from datetime import datetime
 from pathlib import Path
 
 from gpufleet.archive import store
+from gpufleet.archive.kept import FindMaxRecord, SweepRecord
 from gpufleet.archive.layout import Archive, profile_label
-from gpufleet.archive.records import FindMaxRecord, SweepRecord
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus, RunStatus
 from gpufleet.records import ResultRow

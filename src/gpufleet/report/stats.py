@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.records import ResultRow
-from gpufleet.report import metrics
+from gpufleet.report import catalogue
 from gpufleet.wire import JsonObject
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1-30); beyond, the Cornish-Fisher
@@ -28,7 +28,7 @@ T95 = [
 ]  # fmt: skip
 
 # Figures that get an interval (the catalogue says which).
-CI_KEYS = metrics.interval_keys()
+CI_KEYS = catalogue.interval_keys()
 # Two repeats give Student's t one degree of freedom (12.7 x the standard error): intervals
 # that reach below zero and ratios of [0.00-997439.59], which say nothing. From three on
 # (4.3 x) an interval is shown; below, the answer says so.

@@ -7,8 +7,8 @@ import io
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from gpufleet.archive.records import Manifest
-from gpufleet.report import metrics
+from gpufleet.archive.kept import Manifest
+from gpufleet.report import catalogue
 from gpufleet.report.markdown import md_table
 
 
@@ -19,9 +19,9 @@ class Figures(Protocol):
     def get(self, key: str, default: Any = None, /) -> Any: ...
 
 
-COLUMNS = [(m.label, m.key, m.fmt) for m in metrics.where(metrics.Place.RUN_TABLE)]
+COLUMNS = [(m.label, m.key, m.fmt) for m in catalogue.where(catalogue.Place.RUN_TABLE)]
 # Shown only when some level has them: a prefix cache that served tokens, an SLO given.
-OPTIONAL = {m.key for m in metrics.where(metrics.Place.OPTIONAL)}
+OPTIONAL = {m.key for m in catalogue.where(catalogue.Place.OPTIONAL)}
 
 
 def _columns(results: Sequence[Figures] | None) -> list[tuple[str, str, str]]:

@@ -54,7 +54,7 @@ class Allocation(TypedDict):
 class Activity(TypedDict, total=False):
     """activity/<gpu>.json: what a simulated server's work did to the GPU lately."""
 
-    t: float  # when it was written (older than sim/nvml's window: idle)
+    t: float  # when it was written (older than sim/nvml_sim's window: idle)
     extra_j: float  # energy above idle since the driver loaded
     power_w: float
     sm_util: int

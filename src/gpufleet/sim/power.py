@@ -20,7 +20,7 @@ from gpufleet.sim import gpustate
 IDLE_W = 80.0
 DYNAMIC_W = 560.0
 PUBLISH_EVERY_S = 0.2
-DEFAULT_LIMIT_W = 700.0  # the simulated NVML's default power limit (sim/nvml.py)
+DEFAULT_LIMIT_W = 700.0  # the simulated NVML's default power limit (sim/nvml_sim.py)
 DEFAULT_CLOCK_MHZ = 1980  # ... and default application clock
 
 

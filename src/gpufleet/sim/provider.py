@@ -37,7 +37,7 @@ class Rehearsal:
             sys.path.insert(0, shim)
         # the agent's own `import pynvml` would find the zip's vendored binding first (its
         # importer comes before sys.path): the simulated one is put in its place
-        sys.modules["pynvml"] = importlib.import_module("gpufleet.sim.nvml")
+        sys.modules["pynvml"] = importlib.import_module("gpufleet.sim.nvml_sim")
 
     def host_pids(self, state_dir: str) -> set[int]:
         from gpufleet.sim import gpustate

@@ -2,7 +2,7 @@
 
 Its source travels as `python -I -S -c SOURCE WORKDIR AGENT SHA256 VERB...`, with the trust
 rule (host/agent/trust.py) inlined in front of it, after the control plane has judged that
-python's whole tree from outside it (control/agent/trust.py). `-I` keeps the workdir,
+python's whole tree from outside it (control/agent/python_trust.py). `-I` keeps the workdir,
 PYTHONPATH, PYTHONSTARTUP and the user site out of sys.path, so nothing a local user drops
 next to the agent (a `hashlib.py`) is imported as root; `-S` keeps `site` from running, so
 no `.pth` line executes and no site directory is on the agent's path: root's agent imports

@@ -31,7 +31,7 @@ SHIPPED = (
 # that knows both (host/agent/simulation.py), then the agent runs
 MAIN = (
     "import sys\nfrom gpufleet.sim import provider\nprovider.install()\n"
-    "from gpufleet.host.main import main\nsys.exit(main(sys.argv[1:]))\n"
+    "from gpufleet.host.dispatch import main\nsys.exit(main(sys.argv[1:]))\n"
 )
 # what the agent needs beyond the standard library, brought rather than imported from the
 # host's site directories (issue 50): NVML's binding (nvidia-ml-py, pure Python on ctypes),

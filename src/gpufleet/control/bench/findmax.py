@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.archive import store
+from gpufleet.archive.kept import FindMaxRecord
+from gpufleet.archive.kept import ProbeRecord as Probe
 from gpufleet.archive.layout import profile_label
-from gpufleet.archive.records import FindMaxRecord
-from gpufleet.archive.records import ProbeRecord as Probe
 from gpufleet.control.bench import run as benchrun
 from gpufleet.control.bench.request import MAX_PROMPTS
 from gpufleet.control.connect.base import Session

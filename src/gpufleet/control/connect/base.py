@@ -21,7 +21,7 @@ from typing import Any
 
 from gpufleet.control.agent import bootstrap
 from gpufleet.control.agent import bundle as agentzip
-from gpufleet.control.agent import trust as interpreter
+from gpufleet.control.agent import python_trust as interpreter
 from gpufleet.control.connect.agentproc import (
     EOF,
     FINAL,

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gpufleet.control.agent import trust as interpreter
+from gpufleet.control.agent import python_trust as interpreter
 from gpufleet.control.connect.agentproc import CHUNK, AgentProcess
 from gpufleet.control.connect.base import Session
 

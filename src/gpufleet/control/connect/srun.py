@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
 from gpufleet.control.agent import bundle as agentzip
-from gpufleet.control.agent import trust as interpreter
+from gpufleet.control.agent import python_trust as interpreter
 from gpufleet.control.connect import keeper
 from gpufleet.control.connect.agentproc import AgentProcess
 from gpufleet.control.connect.base import Session

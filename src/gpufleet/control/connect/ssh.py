@@ -33,7 +33,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from gpufleet.control.agent import trust as interpreter
+from gpufleet.control.agent import python_trust as interpreter
 from gpufleet.control.connect import hostkeys
 from gpufleet.control.connect.agentproc import CHUNK, AgentProcess
 from gpufleet.control.connect.base import Session, clean_start

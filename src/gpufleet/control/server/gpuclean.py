@@ -5,14 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from gpufleet.archive import store
+from gpufleet.archive.kept import HealthRecord
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import HealthRecord
 from gpufleet.control.connect.base import Session
 from gpufleet.control.connect.fanout import FleetResult
 from gpufleet.control.connect.fleet import Fleet
 from gpufleet.control.inventory.model import Host
 from gpufleet.control.server import engines
-from gpufleet.control.server.options import CleanOptions
+from gpufleet.control.server.host_options import CleanOptions
 from gpufleet.errors import HostError, UserError
 from gpufleet.host.agent.protocol import AgentError, StatusArgs
 from gpufleet.host.proc.gpuprocs import compile_patterns

@@ -9,7 +9,7 @@ from gpufleet.control.connect.cancel import SLICE_S, CancelToken
 from gpufleet.control.connect.fanout import FleetResult, HostResult
 from gpufleet.control.connect.fleet import Fleet
 from gpufleet.control.inventory.model import Host
-from gpufleet.control.server.options import LaunchOptions
+from gpufleet.control.server.host_options import LaunchOptions
 from gpufleet.control.server.profiles import Profile, build_specs
 from gpufleet.errors import HostError
 from gpufleet.host.agent import runas

@@ -15,8 +15,8 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpufleet.archive.kept import ArmFields
 from gpufleet.archive.layout import profile_label
-from gpufleet.archive.records import ArmFields
 from gpufleet.control.server.profiles import FLAG_NAME, Profile, load_profile
 from gpufleet.errors import UserError
 from gpufleet.records import FlagValue

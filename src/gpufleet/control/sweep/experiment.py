@@ -1,7 +1,7 @@
 """An experiment's sweeps, run where it was asked: `inv sweep` and `inv rehearse` run one,
 `inv tune` four (measure, verify, load step, bursts). The experiment holds what every one of
 its sweeps shares (hosts, forks, launch options, Ctrl-C's token, the console it talks to),
-so the tune's orchestration (control/tune/run.py) calls `experiment.sweep` directly and no
+so the tune's orchestration (control/tune/tune_run.py) calls `experiment.sweep` directly and no
 call goes back up into the CLI. A sweep that does not finish raises `SweepUnfinished`; the
 CLI turns it into an exit code and a pasteable `--resume` line.
 """
@@ -16,9 +16,9 @@ from typing import Any
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.connect.cancel import CancelToken
 from gpufleet.control.connect.fleet import Fleet
-from gpufleet.control.server.options import LaunchOptions
-from gpufleet.control.sweep import run as sweeps
-from gpufleet.control.sweep import state as sweep_state
+from gpufleet.control.server.host_options import LaunchOptions
+from gpufleet.control.sweep import sweep_run as sweeps
+from gpufleet.control.sweep import sweep_state as sweep_state
 from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.kinds import SweepStatus
 from gpufleet.report.select import ReportInput

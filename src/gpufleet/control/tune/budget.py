@@ -29,13 +29,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from gpufleet.archive.kept import SweepRecord
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import SweepRecord
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.sweep.cells import ArmSpec, interleaved
-from gpufleet.control.sweep.run import CellHooks
-from gpufleet.control.sweep.state import SweepState
-from gpufleet.control.tune import cells as tunecells
+from gpufleet.control.sweep.sweep_run import CellHooks
+from gpufleet.control.sweep.sweep_state import SweepState
+from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import levels
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune.step import BURST_CYCLES, QUIET_S, step_request

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.control.server.engines import Drafting, Flags
-from gpufleet.control.tune.cells import PLAIN
+from gpufleet.control.tune.depth_cells import PLAIN
 from gpufleet.control.tune.levels import choose_level, measured_cells
 from gpufleet.control.tune.table import Choice, TuneResult
 from gpufleet.errors import UserError

@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpufleet.archive import store
+from gpufleet.archive.kept import SweepRecord
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import SweepRecord
 from gpufleet.control.bench.request import BenchRequest, default_num_prompts
 from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.kinds import CellStatus

@@ -10,7 +10,7 @@ table); this module chooses the table from the user's own measurements:
    SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 (a candidate for depth 0, measured), a plain
    server (no speculative flags: the gap depth 0 leaves, reported) and each depth d in
    `--depths` (topk 1, d + 1 draft tokens, adaptive off), one launch each, every level of
-   the ladder on that server (control/sweep/run.py runs them, resumably);
+   the ladder on that server (control/sweep/sweep_run.py runs them, resumably);
 2. per level, the depth with the highest steady-window output throughput (the level at
    full load, ramp-up and drain left out: with short outputs they flatten whole-level
    figures and hide 3-7% gains; the whole level where no steady window was found), among
@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.archive import store
+from gpufleet.archive.kept import SweepRecord
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import SweepRecord
 from gpufleet.control.sweep.cells import ArmSpec
-from gpufleet.control.tune.cells import PLAIN, SKIP, arm_depth
+from gpufleet.control.tune.depth_cells import PLAIN, SKIP, arm_depth
 from gpufleet.control.tune.levels import (
     Cell,
     Tie,

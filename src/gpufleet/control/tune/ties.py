@@ -18,7 +18,7 @@ from gpufleet.control.bench.request import MAX_PROMPTS, BenchRequest
 from gpufleet.control.sweep.cells import ArmSpec, interleaved
 from gpufleet.control.sweep.experiment import Experiment
 from gpufleet.control.tune import budget as tunebudget
-from gpufleet.control.tune import cells as tunecells
+from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune.levels import Tie, objective
 from gpufleet.records import ResultRow

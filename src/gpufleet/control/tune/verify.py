@@ -11,7 +11,14 @@ from typing import Any
 
 from gpufleet.control.server.profiles import load_profile
 from gpufleet.control.sweep.cells import ArmSpec, interleaved, profile_label
-from gpufleet.control.tune.cells import PLAIN, SKIP, arm_depth, depth_arms, drafting_of, plain_arm
+from gpufleet.control.tune.depth_cells import (
+    PLAIN,
+    SKIP,
+    arm_depth,
+    depth_arms,
+    drafting_of,
+    plain_arm,
+)
 from gpufleet.control.tune.levels import objective
 
 

@@ -58,7 +58,7 @@ class AgentError(Exception):
 
 # -- arguments ----------------------------------------------------------------------------
 GpuFault = dict[str, bool | int | float | str | list[int] | list[str]]
-"""NVML readings injected into one simulated GPU, by field (sim/nvml.py reads them by name):
+"""NVML readings injected into one simulated GPU, by field (sim/nvml_sim.py reads them by name):
 `{"persistence": false, "xids": [79]}`; control/inventory/model.SimFault declares them."""
 
 

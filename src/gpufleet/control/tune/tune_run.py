@@ -17,15 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.archive import store
+from gpufleet.archive.kept import TuneRecord
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import TuneRecord
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.server.profiles import load_profile
 from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.control.sweep.experiment import Experiment
-from gpufleet.control.sweep.state import SweepState
+from gpufleet.control.sweep.sweep_state import SweepState
 from gpufleet.control.tune import budget as tunebudget
-from gpufleet.control.tune import cells as tunecells
+from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import fixed as tunefixed
 from gpufleet.control.tune import step as tunestep

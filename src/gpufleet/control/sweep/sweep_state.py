@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.archive import store
+from gpufleet.archive.kept import Cell, SweepRecord
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Cell, SweepRecord
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.connect.fleet import Fleet
 from gpufleet.control.inventory.model import Host

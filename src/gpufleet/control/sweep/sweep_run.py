@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.archive import store
+from gpufleet.archive.kept import Cell, Manifest
 from gpufleet.archive.layout import Archive
-from gpufleet.archive.records import Cell, Manifest
 from gpufleet.control.bench import run as benchrun
 from gpufleet.control.connect.base import Session
 from gpufleet.control.connect.cancel import Cancelled, CancelToken
@@ -39,7 +39,7 @@ from gpufleet.control.server.gpuclean import (
 from gpufleet.control.server.profiles import build_specs
 from gpufleet.control.sweep import drain
 from gpufleet.control.sweep.cells import ArmSpec, profile_label
-from gpufleet.control.sweep.state import Say, SweepState
+from gpufleet.control.sweep.sweep_state import Say, SweepState
 from gpufleet.errors import HostError, UserError
 from gpufleet.host.agent.protocol import StopArgs
 from gpufleet.kinds import CellStatus, Kind, RunStatus, SweepStatus
