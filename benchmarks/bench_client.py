@@ -34,9 +34,9 @@ from gpufleet.host.bench.metrics import percentile, summarize
 
 OURS = """
 import asyncio, sys
-from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
+from gpufleet.host.bench.loadgen import LevelSpec, Prompt, run_async, run_level
 url, n, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-run = run_async(run_level(url, [Prompt("x " * 100, output_len=out)] * n, 64, warmup=0))
+run = run_async(run_level(url, [Prompt("x " * 100, output_len=out)] * n, 64, LevelSpec(warmup=0)))
 print(sum(r.completion_tokens for r in run.records))
 """
 

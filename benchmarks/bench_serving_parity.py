@@ -30,7 +30,7 @@ import urllib.request
 
 from _simserver import BenchServer
 
-from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
+from gpufleet.host.bench.loadgen import LevelSpec, Prompt, run_async, run_level
 from gpufleet.host.bench.metrics import summarize
 
 IN, OUT = 256, 128
@@ -79,7 +79,7 @@ def gpufleet(url: str, backend: str, c: int, n: int) -> dict:
             Prompt(input_ids=[rng.randrange(100, 30000) for _ in range(IN)], output_len=OUT)
             for _ in range(n)
         ]
-    return summarize(run_async(run_level(url, prompts, c, backend=backend)), backend)
+    return summarize(run_async(run_level(url, prompts, c, LevelSpec(backend=backend))), backend)
 
 
 def main() -> None:

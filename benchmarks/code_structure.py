@@ -54,6 +54,22 @@ def long_functions(limit: int = 60):
     return sorted(out, key=lambda item: -item[1])
 
 
+def long_signatures(limit: int = 8) -> list[tuple[str, int]]:
+    """Functions taking more than `limit` parameters (self/cls not counted; *args and
+    **kwargs count one each): a call that carries more passes a frozen spec dataclass."""
+    out = []
+    for path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                named = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                count = len([n for n in named if n not in ("self", "cls")])
+                count += (a.vararg is not None) + (a.kwarg is not None)
+                if count > limit:
+                    out.append((f"{path.relative_to(SRC)}:{node.lineno} {node.name}", count))
+    return sorted(out, key=lambda item: -item[1])
+
+
 ARCHIVE_PATHS = re.compile(
     r"Layout\(|Archive\((?!\))|\.root\s*/|Path\([\"']logs|/\s*[\"'](sweeps|tunes|findmax|"
     r"compare|health)[\"']"
@@ -122,6 +138,10 @@ def main() -> int:
     print(f"functions over 60 lines: {len(long)}")
     for name, length in long:
         print(f"  {name}: {length}")
+    wide = long_signatures()
+    print(f"functions over 8 parameters: {len(wide)}")
+    for name, count in wide:
+        print(f"  {name}: {count}")
     big = long_modules()
     print(f"modules over 450 lines: {len(big)}")
     for name, length in big:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from gpufleet.host.bench.loadgen import Prompt, run_level
+from gpufleet.host.bench.loadgen import LevelSpec, Prompt, run_level
 from helpers import SimServer
 
 
@@ -34,7 +34,9 @@ def main() -> None:
                     await asyncio.sleep(0.01)
 
             watcher = asyncio.create_task(watch())
-            run = await run_level(server.url, [Prompt("x", output_len=2)] * n, c, warmup=0)
+            run = await run_level(
+                server.url, [Prompt("x", output_len=2)] * n, c, LevelSpec(warmup=0)
+            )
             watcher.cancel()
             print(f"completed {sum(r.ok for r in run.records)} of {n} in {run.duration:.1f} s")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from gpufleet.control.bench.run import BenchRequest, build_plan
-from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
+from gpufleet.host.bench.loadgen import LevelSpec, Prompt, run_async, run_level
 from gpufleet.host.bench.metrics import summarize
 from helpers import SimServer
 
@@ -57,13 +57,28 @@ def main() -> None:
         server = SimServer(Path(tmp) / "gpus")
         server.wait_ready()
         _flush(server.url)
-        _show("flushed", run_async(run_level(server.url, prompts, c, warmup=0)), sessions, c)
-        _show("not flushed", run_async(run_level(server.url, prompts, c, warmup=0)), sessions, c)
+        _show(
+            "flushed",
+            run_async(run_level(server.url, prompts, c, LevelSpec(warmup=0))),
+            sessions,
+            c,
+        )
+        _show(
+            "not flushed",
+            run_async(run_level(server.url, prompts, c, LevelSpec(warmup=0))),
+            sessions,
+            c,
+        )
         server.stop()
     with tempfile.TemporaryDirectory() as tmp:
         server = SimServer(Path(tmp) / "gpus", "--disable-radix-cache")
         server.wait_ready()
-        _show("no cache", run_async(run_level(server.url, prompts, c, warmup=0)), sessions, c)
+        _show(
+            "no cache",
+            run_async(run_level(server.url, prompts, c, LevelSpec(warmup=0))),
+            sessions,
+            c,
+        )
         server.stop()
 
 

@@ -14,7 +14,7 @@ import yaml
 from gpufleet.archive import store as archive
 from gpufleet.archive.kept import Manifest
 from gpufleet.archive.layout import Archive
-from gpufleet.host.bench.loadgen import Prompt, run_level
+from gpufleet.host.bench.loadgen import LevelHooks, LevelSpec, Prompt, run_level
 from gpufleet.host.bench.metrics import percentile, summarize
 from helpers import REPO, read_run_id, run_cli
 
@@ -28,7 +28,7 @@ def _trace(url: str, rid: str) -> dict:
 def test_metrics_match_the_servers_ground_truth(sim_server):
     server = sim_server()
     prompts = [Prompt(text="def f(x):\n    return x * 2\n" * 4, output_len=24) for _ in range(16)]
-    run = asyncio.run(run_level(server.url, prompts, concurrency=8))
+    run = asyncio.run(run_level(server.url, prompts, 8))
     summary = summarize(run, "sglang")
     assert summary["completed"] == 16 and summary["failed"] == 0
     assert summary["total_output_tokens"] == 16 * 24
@@ -57,7 +57,7 @@ def test_metrics_match_the_servers_ground_truth(sim_server):
 
 def test_speculative_chunks_count_k_gaps(sim_server):
     server = sim_server("--speculative-algorithm", "EAGLE3", "--max-running-requests", "8")
-    run = asyncio.run(run_level(server.url, [Prompt("x", output_len=60)] * 4, concurrency=4))
+    run = asyncio.run(run_level(server.url, [Prompt("x", output_len=60)] * 4, 4))
     for rec in run.records:
         assert rec.completion_tokens == 60
         # one gap per token after the first chunk (k tokens in a chunk = k gaps), not per chunk
@@ -68,7 +68,9 @@ def test_speculative_chunks_count_k_gaps(sim_server):
 def test_openai_backends(sim_server):
     server = sim_server()
     for backend in ("openai", "openai-chat"):
-        run = asyncio.run(run_level(server.url, [Prompt("hello", output_len=8)] * 3, 3, backend))
+        run = asyncio.run(
+            run_level(server.url, [Prompt("hello", output_len=8)] * 3, 3, LevelSpec(backend))
+        )
         assert all(r.ok and r.completion_tokens == 8 for r in run.records), backend
 
 
@@ -80,9 +82,10 @@ def test_progress_counts_the_tokens_of_requests_in_flight(sim_server, backend):
     server = sim_server()
     seen: list[tuple[int, int]] = []
     prompts = [Prompt("hello", output_len=64)] * 2
-    asyncio.run(run_level(server.url, prompts, 2, backend,
-                          on_progress=lambda t, _: seen.append((t.done, t.tokens)),
-                          progress_every=0.05))  # fmt: skip
+    hooks = LevelHooks(
+        on_progress=lambda t, _: seen.append((t.done, t.tokens)), progress_every=0.05
+    )
+    asyncio.run(run_level(server.url, prompts, 2, LevelSpec(backend), hooks))
     streaming = [tokens for done, tokens in seen if done == 0]
     assert any(0 < tokens < 128 for tokens in streaming), seen
     assert [t for _, t in seen] == sorted(t for _, t in seen) and seen[-1] == (2, 128)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
+from gpufleet.host.bench.loadgen import LevelSpec, Prompt, run_async, run_level
 from gpufleet.host.bench.metrics import summarize
 from gpufleet.host.bench.slo import parse_slo
 from helpers import bench_local_run, run_cli
@@ -129,7 +129,7 @@ def test_all_three_backends_agree_on_itl_on_a_speculative_server(sim_server):
         # a prompt with code: the calibrated acceptance (2.4 tokens a step). On chat (2.1)
         # the median gap sits on the edge between 2- and 3-token chunks and flips by run
         prompts = [Prompt("```\n" + "def f(x): return x\n" * 8 + "```", output_len=96)] * 3
-        run = run_async(run_level(server.url, prompts, 1, backend=backend))
+        run = run_async(run_level(server.url, prompts, 1, LevelSpec(backend=backend)))
         s = summarize(run, backend)
         itl[backend] = s["median_itl_ms"]
         chunks[backend] = sum(r.chunks for r in run.records) / sum(

@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
+from gpufleet.host.bench.loadgen import LevelSpec, Prompt, run_async, run_level
 from gpufleet.host.bench.metrics import summarize
 from helpers import REPO, level
 
 LEVEL = """
 import json, sys
-from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
+from gpufleet.host.bench.loadgen import LevelHooks, LevelSpec, Prompt, run_async, run_level
 from gpufleet.host.bench.metrics import summarize
 run = run_async(run_level(sys.argv[1], [Prompt("hello " * 20, output_len=48)] * 16, 4))
 print(json.dumps({k: v for k, v in summarize(run, "sglang").items() if k.startswith("client") or k.endswith("throughput")}))
@@ -126,7 +126,7 @@ def test_open_loop_waits_for_a_slot_are_reported_apart_from_latency(sim_server):
     server = sim_server()
     # 20 arrivals/s against one slot and ~0.5 s requests: most requests queue for the slot
     prompts = [Prompt("hello " * 20, output_len=32)] * 8
-    run = run_async(run_level(server.url, prompts, 1, request_rate=20.0, seed=1))
+    run = run_async(run_level(server.url, prompts, 1, LevelSpec(request_rate=20.0, seed=1)))
     row = summarize(run, "sglang")
     assert row["p99_queue_wait_ms"] > 1000 and row["median_queue_wait_ms"] > 300
     # TTFT counts from when the slot came free, not from the arrival: it stays small
@@ -145,7 +145,7 @@ def test_an_open_loop_level_that_fell_behind_is_marked_overloaded_and_one_that_k
 
     server = sim_server()
     prompts = [Prompt("hello " * 20, output_len=32)] * 12
-    behind = summarize(run_async(run_level(server.url, prompts, 1, request_rate=20.0, seed=1)),
+    behind = summarize(run_async(run_level(server.url, prompts, 1, LevelSpec(request_rate=20.0, seed=1))),
                        "sglang")  # fmt: skip
     assert behind["overloaded"] is True
     assert behind["achieved_request_rate"] < 0.5 * behind["offered_request_rate"]
@@ -164,7 +164,8 @@ def test_an_open_loop_level_that_fell_behind_is_marked_overloaded_and_one_that_k
     )
     for seed in range(3):  # 2 arrivals/s against 8 slots: it keeps up, at any draw
         kept = summarize(
-            run_async(run_level(server.url, prompts, 8, request_rate=2.0, seed=seed)), "sglang"
+            run_async(run_level(server.url, prompts, 8, LevelSpec(request_rate=2.0, seed=seed))),
+            "sglang",
         )
         assert kept["overloaded"] is False, kept
         assert 0.95 <= kept["achieved_request_rate"] / kept["offered_request_rate"] <= 1.05

@@ -161,9 +161,9 @@ def test_resume_runs_the_request_the_sweep_was_started_with(tmp_path, monkeypatc
     benched = []
     real_run = sweeps.run
 
-    def run(state, fleet, request, *rest, **kwargs):
-        benched.append(request)
-        return real_run(state, fleet, request, *rest, **kwargs)
+    def run(state, setup):
+        benched.append(setup.request)
+        return real_run(state, setup)
 
     monkeypatch.setattr(sweeps, "run", run)
     said = []

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufleet.host.bench import httpstream
-from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
+from gpufleet.host.bench.loadgen import LevelSpec, Prompt, run_async, run_level
 from gpufleet.host.server import probe as healthprobe
 from gpufleet.sim.sshd import free_port
 from helpers import REPO, NoTransport
@@ -67,7 +67,7 @@ def level(
     **kw,
 ):
     prompts = [Prompt(f"{prompts_text} {i}", output_len=out) for i in range(n)]
-    return run_async(run_level(url, prompts, c, backend=backend, warmup=0, **kw))
+    return run_async(run_level(url, prompts, c, LevelSpec(backend=backend, warmup=0, **kw)))
 
 
 def test_sglang_stream_from_uvicorn_counts_every_token(uvicorn_url):

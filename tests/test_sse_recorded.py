@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from gpufleet.host.bench.httpstream import StreamClient
 from gpufleet.host.bench.level import Prompt, RequestRecord
-from gpufleet.host.bench.sender import one_request
+from gpufleet.host.bench.sender import Sending, one_request
 from test_sse import events_of
 
 pytestmark = pytest.mark.unit
@@ -98,7 +98,8 @@ async def _serve_and_request(body: bytes, meta: dict, piece: int) -> RequestReco
     record = RequestRecord(index=0)
     prompt = Prompt(text=meta["request"].get("prompt") or "x", output_len=24)
     async with server:
-        await one_request(client, meta["backend"], prompt, record, "default", True, 0.0, 10)
+        sending = Sending(meta["backend"], "default", True, 10)
+        await one_request(client, sending, prompt, record, 0.0)
     return record
 
 

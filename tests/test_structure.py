@@ -49,6 +49,13 @@ def test_no_long_functions_anywhere():
     assert _measure().long_functions() == []
 
 
+def test_no_function_takes_more_than_eight_parameters():
+    """Issue 66: `run_level` took 16 parameters, `one_request` 11, the sweep's and the
+    tune's `run` 10 each. A call that carries more passes a frozen spec dataclass
+    (host/bench/loadgen.LevelSpec, control/sweep/sweep_run.SweepSetup, ...)."""
+    assert _measure().long_signatures() == []
+
+
 def test_no_long_modules_anywhere():
     """No module over 450 lines: a module that grows past it holds two jobs."""
     assert _measure().long_modules() == []

@@ -13,7 +13,7 @@ from gpufleet.control.tune import budget as tunebudget
 from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import verify as tuneverify
-from gpufleet.control.tune.budget import BURST, MEASURE, STEP, VERIFY, Pace, TimeKeeper
+from gpufleet.control.tune.budget import BURST, MEASURE, STEP, VERIFY, Pace, TimeKeeper, TuneArms
 
 
 @pytest.fixture
@@ -31,8 +31,9 @@ def _clock(spec, budget=None, pace=None, depths=(1, 2, 3, 5), verify=True, finis
     request = BenchRequest([1, 8], num_prompts=16, output_len=32)
     arms = tunecells.depth_arms(spec, list(depths))
     checks = tuneverify.verification_arms(spec, tunefiles.tuned_reference(spec, None))
-    clock = TimeKeeper.for_tune(arms, checks, request, verify, budget, lines.append, pace,
-                                finished)  # fmt: skip
+    clock = TimeKeeper.for_tune(
+        TuneArms(arms, checks, verify), request, budget, lines.append, pace, finished
+    )
     return clock, lines
 
 

@@ -122,9 +122,9 @@ def test_the_clock_plans_no_load_step_nor_bursts_for_one_depth_per_launch(tmp_pa
               ArmSpec(profile, {}, 1, "p-tuned")]  # fmt: skip
     request = BenchRequest(concurrency=[1, 4], num_prompts=8, output_len=32)
     said: list[str] = []
-    clock = tunebudget.TimeKeeper.for_tune(arms, checks, request, True, None, said.append,
-                                           None, None, switches=False)  # fmt: skip
+    no_switching = tunebudget.TuneArms(arms, checks, verify=True, switches=False)
+    clock = tunebudget.TimeKeeper.for_tune(no_switching, request, None, said.append, None)
     assert {c.stage for c in clock.cells} == {tunebudget.MEASURE, tunebudget.VERIFY}
     assert said[0].startswith("tune: 9 launches (3 measurement, 6 verification);")
-    adaptive = tunebudget.plan_cells(arms, checks, request, True)
+    adaptive = tunebudget.plan_cells(tunebudget.TuneArms(arms, checks), request)
     assert len(adaptive) == 15  # SGLang's: the load step and the bursts too

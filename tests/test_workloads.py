@@ -11,7 +11,7 @@ import pytest
 
 from gpufleet.control.bench.run import BenchRequest, build_plan
 from gpufleet.errors import UserError
-from gpufleet.host.bench.loadgen import Prompt, run_async, run_level
+from gpufleet.host.bench.loadgen import LevelSpec, Prompt, run_async, run_level
 from helpers import REPO, bench_local_run, run_cli
 
 SAMPLE_TRACE = REPO / "playbooks" / "traces" / "mooncake-sample.jsonl"
@@ -76,21 +76,21 @@ def test_multiturn_is_the_same_for_every_profile_and_chat_sends_messages(sim_ser
 def test_cache_flush_empties_the_rehearsal_prefix_cache(sim_server):
     server = sim_server()
     prompt = [Prompt("def f(x): return x * 2\n" * 40, output_len=4)]
-    first = run_async(run_level(server.url, prompt, 1, warmup=0)).records[0]
-    again = run_async(run_level(server.url, prompt, 1, warmup=0)).records[0]
+    first = run_async(run_level(server.url, prompt, 1, LevelSpec(warmup=0))).records[0]
+    again = run_async(run_level(server.url, prompt, 1, LevelSpec(warmup=0))).records[0]
     assert first.cached_tokens == 0 and again.cached_tokens >= again.prompt_tokens - 16
     with urllib.request.urlopen(
         urllib.request.Request(server.url + "/flush_cache", method="POST")
     ) as r:
         assert r.status == 200
-    after = run_async(run_level(server.url, prompt, 1, warmup=0)).records[0]
+    after = run_async(run_level(server.url, prompt, 1, LevelSpec(warmup=0))).records[0]
     assert after.cached_tokens == 0
 
 
 def test_disable_radix_cache_reports_nothing_cached(sim_server):
     server = sim_server("--disable-radix-cache")
     prompt = [Prompt("same prompt " * 50, output_len=4)] * 2
-    run = run_async(run_level(server.url, prompt, 1, warmup=1))
+    run = run_async(run_level(server.url, prompt, 1, LevelSpec(warmup=1)))
     assert all(r.cached_tokens == 0 for r in run.records)
 
 
@@ -212,7 +212,7 @@ def test_memory_follows_what_is_in_flight(sim_server):
 
         watcher = asyncio.create_task(watch())
         prompts = [Prompt("x", output_len=2)] * 2000
-        run = await run_level(server.url, prompts, 4, warmup=0)
+        run = await run_level(server.url, prompts, 4, LevelSpec(warmup=0))
         watcher.cancel()
         assert sum(r.ok for r in run.records) == 2000
 

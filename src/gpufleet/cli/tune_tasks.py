@@ -50,8 +50,8 @@ def tune(c, **given):
     command = resume_command(["inv", "tune"], TUNE.given(o, LEFT_OUT))
     launch = LaunchOptions(engine=o.engine, allow_unhealthy=o.allow_unhealthy)
     with experiment(o, command, launch) as exp:
-        outcome = tunerun.run(
-            o.profile, o.depths, request, o.min_request_speed, o.name, o.verify, o.resume, exp,
-            print_choice, o.budget,
-        )  # fmt: skip
+        ask = tunerun.TuneAsk(
+            o.profile, o.depths, o.min_request_speed, o.name, o.verify, o.resume, o.budget
+        )
+        outcome = tunerun.run(ask, request, exp, print_choice)
     print_verdicts(outcome)

@@ -85,11 +85,12 @@ class Experiment:
                     self.console.line(f"sweep {state.sweep_id}: {host} is not resumed here: {why}")
             if state.record.request is not None:  # what it was started with, whatever is given
                 request = BenchRequest.from_json(state.record.request, root)
-        state = sweeps.run(
-            state, sweep_state.hosts_of(state, self.fleet), request, self.launch, self.fail_fast,
-            self.console.line, self.console.launch_progress,
-            self.console.bench_progress, self.cancel, hooks,
+        setup = sweeps.SweepSetup(
+            sweep_state.hosts_of(state, self.fleet), request, self.launch, self.console.line,
+            self.fail_fast, (self.console.launch_progress, self.console.bench_progress),
+            self.cancel, hooks or sweeps.CellHooks(),
         )  # fmt: skip
+        state = sweeps.run(state, setup)
         data = sweeps.report_input(state, root)
         if data.per_host or data.failures:
             self.console.show_compare(data, root.compare_dir(state.sweep_id))

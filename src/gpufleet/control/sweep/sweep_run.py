@@ -360,21 +360,25 @@ def _held(state: SweepState, fleet: Fleet, current: str) -> dict[str, str]:
     return held
 
 
-def run(
-    state: SweepState,
-    fleet: Fleet,
-    request: benchrun.BenchRequest,
-    launch: server.LaunchOptions,
-    fail_fast: bool,
-    say: Say,
-    launch_progress: Any = None,
-    bench_progress: Any = None,
-    cancel: CancelToken | None = None,
-    hooks: CellHooks | None = None,
-) -> SweepState:
+@dataclass(frozen=True)
+class SweepSetup:
+    """What every cell of one sweep runs with: the hosts, the bench request, the launch
+    options, whether a failed cell stops the rest, where lines and progress go, the cancel
+    token (Ctrl-C) and the budget's hooks."""
+
+    fleet: Fleet
+    request: benchrun.BenchRequest
+    launch: server.LaunchOptions
+    say: Say
+    fail_fast: bool = False
+    progress: tuple[Any, Any] = (None, None)  # launch's and bench's progress displays
+    cancel: CancelToken = dataclasses.field(default_factory=CancelToken)
+    hooks: CellHooks = dataclasses.field(default_factory=CellHooks)
+
+
+def run(state: SweepState, setup: SweepSetup) -> SweepState:
     """Run every cell, one at a time, all hosts in parallel."""
-    cancel = cancel or CancelToken()
-    hooks = hooks or CellHooks()
+    fleet, say, cancel, hooks = setup.fleet, setup.say, setup.cancel, setup.hooks
     state.say = say
     arms = state.arms()
     for index, arm in enumerate(arms):
@@ -397,14 +401,14 @@ def run(
         started = time.monotonic()
         results = todo.each(
             lambda s, arm=arm: _pipeline(
-                _Cell(s, state, arm, request, launch, cancel, (launch_progress, bench_progress))
+                _Cell(s, state, arm, setup.request, setup.launch, cancel, setup.progress)
             )
         )
         failed = [_record(state, name, res) for res in results]
         state.record.durations_s[name] = round(time.monotonic() - started, 1)
         state.save()
         hooks.after(arm, state, True)
-        if any(failed) and fail_fast:
+        if any(failed) and setup.fail_fast:
             say("[sweep] stopping: --fail-fast")
             break
     if state.as_root:

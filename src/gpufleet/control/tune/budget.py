@@ -131,14 +131,24 @@ class DropUnit:
     why: str
 
 
-def plan_cells(
-    measure: list[ArmSpec], checks: list[ArmSpec], request: BenchRequest, verify: bool,
-    switches: bool = True,
-) -> list[PlannedCell]:  # fmt: skip
+@dataclass(frozen=True)
+class TuneArms:
+    """The arms a tune runs: its measurement and its verification arms, whether it verifies
+    at all, and whether the tuned server switches depth by load (SGLang's adaptive table:
+    a load step and bursts then; llama.cpp's one depth: neither)."""
+
+    measure: list[ArmSpec]
+    checks: list[ArmSpec]
+    verify: bool = True
+    switches: bool = True
+
+
+def plan_cells(arms: TuneArms, request: BenchRequest) -> list[PlannedCell]:
     """Every cell the tune would run, in order: the measurement, then (with `verify`) the
     verification, and where the server switches depth by load (`switches`: SGLang's
     table), the load step and the bursts (a trace of BURST_CYCLES bursts, each decoding
     its tokens at once, that lasts its span however fast the server is)."""
+    measure, checks, verify, switches = arms.measure, arms.checks, arms.verify, arms.switches
     stages = [(MEASURE, measure, decode_rounds(request), 0.0)]
     if verify:  # each check twice, interleaved (the best static depths join once measured)
         repeated = interleaved(checks, VERIFY_REPEATS)
@@ -246,16 +256,14 @@ class TimeKeeper:
 
     @classmethod
     def for_tune(
-        cls, measure: list[ArmSpec], checks: list[ArmSpec], request: BenchRequest,
-        verify: bool, budget_s: float | None, say: Callable[[str], None],
-        pace: Pace | None, finished: set[tuple[str, str]] | None = None,
-        switches: bool = True,
+        cls, arms: TuneArms, request: BenchRequest, budget_s: float | None,
+        say: Callable[[str], None], pace: Pace | None,
+        finished: set[tuple[str, str]] | None = None,
     ) -> TimeKeeper:  # fmt: skip
         """The clock of a tune about to start; `finished`: (stage, arm key) of the cells an
-        interrupted run of it already did (`--resume`), left out of what remains;
-        `switches`: the server switches depth by load (else no load step nor bursts)."""
-        cells = plan_cells(measure, checks, request, verify, switches)
-        clock = cls(measure, checks, cells, budget_s, say, pace, done=set(finished or ()))
+        interrupted run of it already did (`--resume`), left out of what remains."""
+        cells = plan_cells(arms, request)
+        clock = cls(arms.measure, arms.checks, cells, budget_s, say, pace, done=set(finished or ()))
         for text in clock.opening_lines():
             say(text)
         clock.fit_budget()

@@ -77,30 +77,41 @@ class TuneOutcome:
     steps: list[StepVerdict] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class TuneAsk:
+    """What `inv tune` was asked: the profile and the depths to measure, the least request
+    speed a depth must keep (`floor`, None: none), the tuned profile's name, whether to
+    verify the table, whether to resume the latest tune of the same cells, and the time
+    budget in seconds (None: none)."""
+
+    profile: str
+    depths: list[int]
+    floor: float | None = None
+    name: str | None = None
+    verify: bool = True
+    resume: bool = False
+    budget_s: float | None = None
+
+
 def run(
-    profile: str,
-    depths: list[int],
+    ask: TuneAsk,
     request: BenchRequest,
-    floor: float | None,
-    name: str | None,
-    verify: bool,
-    resume: bool,
     experiment: Experiment,
     on_chosen: Callable[[TuneOutcome], None] | None = None,
-    budget_s: float | None = None,
 ) -> TuneOutcome:
     """The whole tune; `on_chosen` sees the table as soon as it is written (before the
     verification sweep, which takes as long again). The clock (control/tune/budget.py)
-    says the time up front and as cells finish, and drops cells to fit `budget_s`."""
+    says the time up front and as cells finish, and drops cells to fit the budget."""
+    profile, floor, name, verify, resume = ask.profile, ask.floor, ask.name, ask.verify, ask.resume
     root = request.archive
-    arms = tunecells.depth_arms(profile, depths)
+    arms = tunecells.depth_arms(profile, ask.depths)
     tuned = tunefiles.tuned_reference(profile, name)
     checks = tuneverify.verification_arms(profile, tuned)
+    switches = tunecells.drafting_of(load_profile(profile)).adaptive
     clock = tunebudget.TimeKeeper.for_tune(
-        arms, checks, request, verify, budget_s, experiment.console.line,
-        tunebudget.archived_pace(root, profile),
+        tunebudget.TuneArms(arms, checks, verify, switches), request, ask.budget_s,
+        experiment.console.line, tunebudget.archived_pace(root, profile),
         _finished_cells(root, profile, tuned, arms, checks) if resume else set(),
-        tunecells.drafting_of(load_profile(profile)).adaptive,
     )  # fmt: skip
     measure_hooks = clock.hooks(tunebudget.MEASURE, root)
     state = experiment.sweep([profile], arms, "tune", resume, request, measure_hooks)
@@ -109,7 +120,7 @@ def run(
     result, outputs = _choose_and_write(profile, name, floor, rows, retests)
     config_path, profile_path = outputs
     result.notes += tie_notes + clock.notes
-    record = _new_record(profile, depths, request, floor, state, result, outputs)
+    record = _new_record(profile, ask.depths, request, floor, state, result, outputs)
     record_path = root.tune_record(record.tune_id)
     save_record(record, record_path)
     outcome = TuneOutcome(result, config_path, profile_path, record, record_path)

@@ -18,12 +18,52 @@ import collections
 import random
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.host.bench.clientcert import ClientClock
 from gpufleet.host.bench.httpstream import StreamClient
 from gpufleet.host.bench.level import LevelRun, Prompt, RequestRecord, Tally
-from gpufleet.host.bench.sender import one_request, run_session, warm_up
+from gpufleet.host.bench.sender import Sending, one_request, run_session, warm_up
+
+
+@dataclass(frozen=True)
+class LevelSpec:
+    """How a level sends, apart from its prompts and cap: the dialect and model, the
+    arrivals (all at once, or Poisson at `request_rate`), the warm-up, the seed, an optional
+    time limit and the headers (the server's API key). Plain values, so the spread's child
+    processes receive it whole (host/bench/spread.py)."""
+
+    backend: str = "sglang"
+    request_rate: float = float("inf")
+    warmup: int = 1
+    model: str = ""
+    ignore_eos: bool = True
+    seed: int = 0
+    request_timeout: float = 3600.0
+    duration: float | None = None
+    headers: dict[str, str] | None = None
+
+    def sending(self) -> Sending:
+        """What each request of the level is sent with."""
+        return Sending(self.backend, self.model, self.ignore_eos, self.request_timeout)
+
+
+@dataclass(frozen=True)
+class LevelHooks:
+    """What a level calls out to while it runs: progress every `progress_every` seconds,
+    a step between the warm-up and the level (bench_serving flushes the prefix cache there),
+    and `start_at`, awaited after the warm-up, which returns the perf_counter instant the
+    level starts at (several generator processes agree on one: host/bench/spread.py)."""
+
+    on_progress: Callable[[Tally, float], None] | None = None
+    progress_every: float = 1.0
+    after_warmup: Callable[[], Any] | None = None
+    start_at: Callable[[], Awaitable[float]] | None = None
+
+
+DEFAULT_SPEC = LevelSpec()  # bench_serving's defaults: all at once, one warm-up request
+NO_HOOKS = LevelHooks()
 
 
 def _records_for(prompts: list[Prompt]) -> list[list[RequestRecord]]:
@@ -48,11 +88,9 @@ class _Dispatch:
     flight (only those exist as tasks) and the records they fill."""
 
     def __init__(
-        self, client: StreamClient, prompts: list[Prompt], concurrency: int, backend: str,
-        model: str, ignore_eos: bool, request_timeout: float,
-    ) -> None:  # fmt: skip
-        self.client, self.prompts, self.backend = client, prompts, backend
-        self.model, self.ignore_eos, self.request_timeout = model, ignore_eos, request_timeout
+        self, client: StreamClient, prompts: list[Prompt], concurrency: int, sending: Sending
+    ) -> None:
+        self.client, self.prompts, self.sending = client, prompts, sending
         self.grouped = _records_for(prompts)
         self.records = [r for group in self.grouped for r in group]
         self.slots = asyncio.Semaphore(concurrency)
@@ -70,15 +108,9 @@ class _Dispatch:
         try:
             prompt, group = self.prompts[i], self.grouped[i]
             if prompt.turns:
-                await run_session(
-                    self.client, self.backend, prompt, group, self.model, self.ignore_eos,
-                    self.t0, self.request_timeout, due,
-                )  # fmt: skip
+                await run_session(self.client, self.sending, prompt, group, self.t0, due)
             else:
-                await one_request(
-                    self.client, self.backend, prompt, group[0], self.model, self.ignore_eos,
-                    self.t0, self.request_timeout, due=due,
-                )  # fmt: skip
+                await one_request(self.client, self.sending, prompt, group[0], self.t0, due=due)
         finally:
             self.freed.append(time.perf_counter() - self.t0)
             self.slots.release()
@@ -130,48 +162,32 @@ async def run_level(
     base_url: str,
     prompts: list[Prompt],
     concurrency: int,
-    backend: str = "sglang",
-    request_rate: float = float("inf"),
-    warmup: int = 1,
-    model: str = "",
-    ignore_eos: bool = True,
-    seed: int = 0,
-    on_progress: Callable[[Tally, float], None] | None = None,
-    progress_every: float = 1.0,
-    request_timeout: float = 3600.0,
-    duration: float | None = None,
-    after_warmup: Callable[[], Any] | None = None,
-    headers: dict[str, str] | None = None,
-    start_at: Callable[[], Awaitable[float]] | None = None,
+    spec: LevelSpec = DEFAULT_SPEC,
+    hooks: LevelHooks = NO_HOOKS,
 ) -> LevelRun:
     """Send every prompt, at most `concurrency` at once (sessions for multi-turn prompts).
 
-    Arrivals: all at once, Poisson at `request_rate`, or each prompt's own `at` (a trace).
-    A prompt waits for a free slot and then for its arrival time, so a late slot sends it
-    at once, as bench_serving's queue of arrived requests does. `after_warmup` runs between
-    the warm-up and the level (bench_serving flushes the prefix cache there). `headers` go
-    with every request (the server's API key). `start_at`, when given, is awaited after the
-    warm-up and returns the perf_counter instant the level starts at (several generator
-    processes agree on one: host/bench/spread.py).
+    Arrivals: all at once, Poisson at `spec.request_rate`, or each prompt's own `at` (a
+    trace). A prompt waits for a free slot and then for its arrival time, so a late slot
+    sends it at once, as bench_serving's queue of arrived requests does.
     """
-    client = StreamClient(base_url, headers=headers)
+    client = StreamClient(base_url, headers=spec.headers)
     try:
-        warm_errors = await warm_up(
-            client, prompts, warmup, backend, model, ignore_eos, request_timeout
-        )
-        after = await asyncio.to_thread(after_warmup) if after_warmup else None
-        level = _Dispatch(client, prompts, concurrency, backend, model, ignore_eos, request_timeout)
-        open_loop = request_rate != float("inf") or any(p.at is not None for p in prompts)
-        if start_at is not None:
-            t0 = await start_at()
+        warm_errors = await warm_up(client, prompts, spec.warmup, spec.sending())
+        after = await asyncio.to_thread(hooks.after_warmup) if hooks.after_warmup else None
+        level = _Dispatch(client, prompts, concurrency, spec.sending())
+        open_loop = spec.request_rate != float("inf") or any(p.at is not None for p in prompts)
+        if hooks.start_at is not None:
+            t0 = await hooks.start_at()
             await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
         clock = ClientClock()
         loop_watch = asyncio.create_task(clock.watch_loop())
         started_at = time.time()
-        level.t0 = t0 if start_at is not None else time.perf_counter()
-        reporter = level.report(on_progress, progress_every) if on_progress else None
+        level.t0 = t0 if hooks.start_at is not None else time.perf_counter()
+        on_progress = hooks.on_progress
+        reporter = level.report(on_progress, hooks.progress_every) if on_progress else None
         report_task = asyncio.create_task(reporter) if reporter else None
-        await level.run(request_rate, seed, duration, open_loop)
+        await level.run(spec.request_rate, spec.seed, spec.duration, open_loop)
         elapsed = time.perf_counter() - level.t0
         clock.stop()
         loop_watch.cancel()
@@ -183,8 +199,9 @@ async def run_level(
         client.close()
     sent = [r for r in level.records if not r.skipped]
     return LevelRun(
-        concurrency, request_rate, elapsed, sent, started_at, warm_errors, after, clock, open_loop
-    )
+        concurrency, spec.request_rate, elapsed, sent, started_at, warm_errors, after, clock,
+        open_loop,
+    )  # fmt: skip
 
 
 def run_async(coro: Any) -> Any:

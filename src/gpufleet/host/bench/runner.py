@@ -27,7 +27,7 @@ from gpufleet.host.agent.redact import process_secrets
 from gpufleet.host.bench import serverapi, telemetry
 from gpufleet.host.bench import slo as slos
 from gpufleet.host.bench.level import Prompt, RequestRecord, Tally, salted
-from gpufleet.host.bench.loadgen import run_async, run_level
+from gpufleet.host.bench.loadgen import LevelHooks, LevelSpec, run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
 from gpufleet.host.bench.rundir import (
     RunWriter,
@@ -129,23 +129,19 @@ async def _level(
             serverapi.sample_metrics(plan.metrics_url, samples, stop, keys, plan.metric_names)
         )
     generate = run_level if procs == 1 else functools.partial(run_spread, procs)
-    run = await generate(
-        plan.base_url,
-        prompts,
-        level.concurrency,
+    spec = LevelSpec(
         backend=plan.backend,
         request_rate=plan.request_rate or float("inf"),
         warmup=plan.warmup,
         model=plan.model,
         ignore_eos=plan.ignore_eos,
         seed=plan.seed,
-        on_progress=progress,
         duration=plan.duration,
-        after_warmup=(
-            (lambda: serverapi.flush_cache(plan.base_url, keys)) if plan.flush_cache else None
-        ),
         headers=serverkeys.headers(keys),
     )
+    flush = (lambda: serverapi.flush_cache(plan.base_url, keys)) if plan.flush_cache else None
+    hooks = LevelHooks(on_progress=progress, after_warmup=flush)
+    run = await generate(plan.base_url, prompts, level.concurrency, spec, hooks)
     stop.set()
     if sampler:
         await sampler

@@ -9,6 +9,7 @@ import asyncio
 import json
 import re
 import time
+from dataclasses import dataclass
 
 from gpufleet.host.bench.dialects import DIALECTS
 from gpufleet.host.bench.httpstream import RequestBody, StreamClient
@@ -18,6 +19,18 @@ WARMUP_TOKENS = 16
 
 
 USER_TURN = "\n\nUser: {}\n\nAssistant:"  # the text template of a multi-turn conversation
+
+
+@dataclass(frozen=True)
+class Sending:
+    """How every request of a level is sent: the engine's dialect, the model name its API
+    wants, whether the server is asked to ignore EOS (fixed output lengths), and how long one
+    request may take. One value per level, so a sender takes it whole."""
+
+    backend: str = "sglang"
+    model: str = ""
+    ignore_eos: bool = True
+    timeout: float = 3600.0
 
 
 # completion_tokens from an SGLang stream chunk without decoding the cumulative text: the text
@@ -190,18 +203,19 @@ class _StreamTracker:
 
 async def one_request(
     client: StreamClient,
-    backend: str,
+    sending: Sending,
     prompt: Prompt,
     record: RequestRecord,
-    model: str,
-    ignore_eos: bool,
     t0: float,
-    timeout: float,
+    *,
     messages: list[dict[str, str]] | None = None,
     keep_text: bool = False,
     due: float | None = None,
 ) -> None:
-    path, body = _payload(backend, prompt, model, ignore_eos, messages)
+    """Send one request and fill its record: timings from `t0` (the level's start), the
+    tokens the server counted, or the error that ended it."""
+    backend, timeout = sending.backend, sending.timeout
+    path, body = _payload(backend, prompt, sending.model, sending.ignore_eos, messages)
     start = time.perf_counter()
     record.start_wall = time.time()
     record.start = start - t0
@@ -255,13 +269,10 @@ class _Conversation:
 
 async def run_session(
     client: StreamClient,
-    backend: str,
+    sending: Sending,
     prompt: Prompt,
     records: list[RequestRecord],
-    model: str,
-    ignore_eos: bool,
     t0: float,
-    timeout: float,
     due: float | None = None,
 ) -> None:
     """Run a session's turns in order; a failed turn ends the session (the rest are not
@@ -271,7 +282,7 @@ async def run_session(
         conversation.ask(user)
         request = Prompt(conversation.text, output_len=prompt.output_len)
         await one_request(
-            client, backend, request, record, model, ignore_eos, t0, timeout,
+            client, sending, request, record, t0,
             messages=conversation.messages, keep_text=turn + 1 < len(records),
             due=due if turn == 0 else None,
         )  # fmt: skip
@@ -284,13 +295,7 @@ async def run_session(
 
 
 async def warm_up(
-    client: StreamClient,
-    prompts: list[Prompt],
-    warmup: int,
-    backend: str,
-    model: str,
-    ignore_eos: bool,
-    request_timeout: float,
+    client: StreamClient, prompts: list[Prompt], warmup: int, sending: Sending
 ) -> list[str]:
     """Warm the connection pool and the server's path (16 tokens are enough); the errors."""
     errors = []
@@ -301,9 +306,7 @@ async def warm_up(
         short = Prompt(
             text, base.prompt_tokens, min(base.output_len, WARMUP_TOKENS), base.input_ids
         )
-        await one_request(
-            client, backend, short, rec, model, ignore_eos, time.perf_counter(), request_timeout
-        )
+        await one_request(client, sending, short, rec, time.perf_counter())
         if not rec.ok:
             errors.append(rec.error or "failed")
     return errors

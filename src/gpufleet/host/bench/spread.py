@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -32,7 +31,14 @@ import gpufleet
 from gpufleet.host.agent import childenv
 from gpufleet.host.bench.clientcert import ClientClock
 from gpufleet.host.bench.level import LevelRun, Prompt, RequestFields, RequestRecord, Tally
-from gpufleet.host.bench.loadgen import run_async, run_level
+from gpufleet.host.bench.loadgen import (
+    DEFAULT_SPEC,
+    NO_HOOKS,
+    LevelHooks,
+    LevelSpec,
+    run_async,
+    run_level,
+)
 
 ROOT = str(Path(gpufleet.__file__).resolve().parent.parent)  # the zipapp, or src/
 CHILD = (
@@ -161,14 +167,14 @@ class _Share:
         return self.result
 
 
-def _job(
-    prompts: list[Prompt], concurrency: int, request_rate: float, **kwargs: Any
-) -> dict[str, object]:
+def _job(prompts: list[Prompt], concurrency: int, spec: LevelSpec) -> dict[str, object]:
+    """A share's job as one JSON object (an infinite rate as null: JSON has no infinity)."""
+    fields = dataclasses.asdict(spec)
+    fields["request_rate"] = None if math.isinf(spec.request_rate) else spec.request_rate
     return {
         "prompts": [dataclasses.asdict(p) for p in prompts],
         "concurrency": concurrency,
-        "request_rate": None if math.isinf(request_rate) else request_rate,
-        **kwargs,
+        "spec": fields,
     }
 
 
@@ -177,13 +183,12 @@ async def run_spread(
     base_url: str,
     prompts: list[Prompt],
     concurrency: int,
-    request_rate: float = float("inf"),
-    seed: int = 0,
-    on_progress: Callable[[Tally, float], None] | None = None,
-    after_warmup: Callable[[], Any] | None = None,
-    **kwargs: Any,
+    spec: LevelSpec = DEFAULT_SPEC,
+    hooks: LevelHooks = NO_HOOKS,
 ) -> LevelRun:
     """`run_level` over `procs` processes (this one runs share 0), merged."""
+    request_rate, seed = spec.request_rate, spec.seed
+    on_progress, after_warmup = hooks.on_progress, hooks.after_warmup
     procs = max(1, min(procs, concurrency, len(prompts)))
     whole_first = _first_indices(prompts)
     scheduled = not math.isinf(request_rate) or any(p.at is not None for p in prompts)
@@ -192,8 +197,9 @@ async def run_spread(
     rates = request_rate / procs
     children = []
     for k in range(1, procs):
-        job = _job(shares[k], share_concurrency(concurrency, procs, k), rates, **kwargs)
-        children.append(_Share({**job, "base_url": base_url, "seed": seed + k}))
+        share_spec = dataclasses.replace(spec, request_rate=rates, seed=seed + k)
+        job = _job(shares[k], share_concurrency(concurrency, procs, k), share_spec)
+        children.append(_Share({**job, "base_url": base_url}))
     after: list[Any] = []
 
     async def start_at() -> float:
@@ -212,7 +218,8 @@ async def run_spread(
     try:
         own = await run_level(
             base_url, shares[0], share_concurrency(concurrency, procs, 0),
-            request_rate=rates, seed=seed, on_progress=progress, start_at=start_at, **kwargs,
+            dataclasses.replace(spec, request_rate=rates),
+            dataclasses.replace(hooks, on_progress=progress, after_warmup=None, start_at=start_at),
         )  # fmt: skip
         results = await asyncio.to_thread(lambda: [c.records() for c in children])
     finally:
@@ -258,16 +265,20 @@ def child_main() -> None:
         line = await asyncio.to_thread(sys.stdin.readline)
         return float(json.loads(line)["t0"]) if line.strip() else time.perf_counter()
 
-    rate = job.pop("request_rate")
+    fields = job["spec"]
+    if fields["request_rate"] is None:
+        fields["request_rate"] = float("inf")
+    hooks = LevelHooks(
+        on_progress=lambda tally, _elapsed: say({"progress": dataclasses.asdict(tally)}),
+        start_at=start_at,
+    )
     run = run_async(
         run_level(
-            job.pop("base_url"),
-            [Prompt(**p) for p in job.pop("prompts")],
-            job.pop("concurrency"),
-            request_rate=float("inf") if rate is None else rate,
-            on_progress=lambda tally, _elapsed: say({"progress": dataclasses.asdict(tally)}),
-            start_at=start_at,
-            **job,
+            job["base_url"],
+            [Prompt(**p) for p in job["prompts"]],
+            job["concurrency"],
+            LevelSpec(**fields),
+            hooks,
         )
     )
     clock = run.client or ClientClock()
