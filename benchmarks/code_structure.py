@@ -16,7 +16,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpufleet"
 # a shape not declared: dict[str, Any] and its alias wire.JsonObject, counted together
-ANY_DICT = re.compile(r"dict\[str,\s*Any\]|\bJsonObject\b(?!\s*[:=]\s*typing)")
+ANY_DICT = re.compile(r"dict\[str,\s*(?:Any|object)\]|\bJsonObject\b(?!\s*[:=]\s*typing)")
 IMPORT = re.compile(r"\s*(from|import)\s|\s+\w+,$|\s+JsonObject,?$")  # import lines
 OPTION_READ = re.compile(r"\bo\[\"\w+\"\]")
 

@@ -76,9 +76,27 @@ def test_control_never_calls_up_into_cli():
 
 
 def test_plain_dicts_stay_few():
-    """`dict[str, Any]` marks a shape not yet declared, and so does its alias
-    wire.JsonObject: they are counted together. The ceiling only comes down."""
-    assert sum(_measure().any_dicts().values()) <= 39
+    """`dict[str, Any]` marks a shape not yet declared, and so do its alias wire.JsonObject
+    and `dict[str, object]` (issue 66: 39 fell while `dict[str, object]` rose from 4 to 16):
+    counted together, under 30. A declared record's JSON form is wire.JsonDict. The ceiling
+    only comes down."""
+    assert sum(_measure().any_dicts().values()) < 30
+
+
+def test_every_undeclared_shape_says_whose_it_is():
+    """What remains is shapes owned by someone else (SGLang's /server_info, a YAML file
+    before validation, Invoke's keywords): each line says whose, in a comment."""
+    import re
+
+    pattern = re.compile(r"dict\[str,\s*(?:Any|object)\]|\bJsonObject\b")
+    silent = []
+    for path in sorted((REPO / "src" / "gpufleet").rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            declared = "import" in code or "TypeAlias" in code
+            if pattern.search(code) and not declared and "#" not in line:
+                silent.append(f"{path.relative_to(REPO)}:{number}")
+    assert silent == []
 
 
 # how a declared distribution is imported, where the names differ

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict
 
-from gpufleet.wire import JsonObject, Record
+from gpufleet.wire import JsonDict, JsonObject, Record
 
 HEALTH_TIMEOUT_S = 1800.0  # a big model's load, CUDA graphs and warm-up: the default wait
 
@@ -138,7 +138,7 @@ class LaunchSpec(Record):
     node_rank: int = 0
     nnodes: int = 1
     warnings: list[str] = field(default_factory=list)
-    resolved_profile: JsonObject = field(default_factory=dict)  # env redacted
+    resolved_profile: JsonDict = field(default_factory=dict)  # Profile's, env redacted
     files: dict[str, str] = field(default_factory=dict)  # stored name -> content (host/files)
     secret_env: list[str] = field(default_factory=list)  # the profile's declared secret names
     # the engine's probes and facts (control/server/engines.py fills them; the agent runs them):
@@ -179,7 +179,7 @@ class ServerState(Record):
     log_offset: int = 0
     user: str | None = None  # who the server runs as (run_as, else the agent's user)
     gpus: list[int] = field(default_factory=list)
-    resolved_profile: JsonObject | None = None
+    resolved_profile: JsonDict | None = None  # Profile's, env redacted
     flag_renames: list[str] = field(default_factory=list)
     key_file: str | None = None  # the server's secret flags (0600), read by gpufleet's client
     secrets_in_argv: bool = False  # the engine had no --config: its key shows in `ps`
@@ -216,7 +216,7 @@ class PromptRow(Record):
     output_len: int | None = None  # this request's own output length (else the plan's)
     at: float | None = None  # a trace's send time, seconds after the level starts
 
-    def to_wire(self) -> JsonObject:
+    def to_wire(self) -> JsonDict:
         return {k: v for k, v in super().to_wire().items() if v is not None}
 
 
@@ -298,7 +298,7 @@ class ResultRow(Record):
     median_request_accept_length: F = None
     p90_request_accept_length: F = None
     depth_switches: int | None = None  # draft-depth changes the server logged in the level
-    server_info: JsonObject | None = None
+    server_info: JsonObject | None = None  # SGLang's /server_info, as it answered
     dataset_name: str | None = None
     tag: str | None = None
     seed: int | None = None
@@ -375,7 +375,7 @@ class ResultRow(Record):
         row.given = frozenset(data)  # a null the writer meant (cache_flushed: None) stays
         return row
 
-    def to_wire(self) -> JsonObject:
+    def to_wire(self) -> JsonDict:
         """As results.jsonl has it: a figure the level does not have is absent, not null,
         unless the writer gave it as null or bench_serving always writes it."""
         keep = self.given | self.BENCH_SERVING

@@ -18,12 +18,20 @@ from typing import Any
 from gpufleet.kinds import Kind
 
 JsonObject: typing.TypeAlias = dict[str, Any]
-"""A JSON object at a boundary, as decoded or about to be encoded: a foreign API's request
-or answer (SGLang's /server_info, an OpenAI body), a YAML or JSON file as read, the state
-files the rehearsal engine shares between processes, a record on its way to the wire.
-Inside gpufleet data travels as declared records (Record below); this name says where a
-plain dict is the right type, and tests/test_structure.py counts the `JsonObject`
-annotations left elsewhere."""
+"""A JSON object whose shape someone else owns, as decoded: a foreign API's request or
+answer (SGLang's /server_info, an OpenAI body), a YAML or JSON file as read before it is
+validated. Inside gpufleet data travels as declared records (Record below) and leaves as
+JsonDict; tests/test_structure.py counts what is left of this name (each use says whose
+shape it is, in a comment)."""
+
+JsonValue: typing.TypeAlias = bool | int | float | str | list[Any] | dict[str, Any] | None
+"""A value JSON holds: what a declared record, a verdict or a table becomes on its way out
+(`to_wire`, `to_json`), or a field that keeps another declared record's JSON form (a
+manifest's resolved profile, its bench request). The keys and their types are the
+producing class's (named where it is used); `check` takes any JSON-decoded value for it."""
+
+JsonDict: typing.TypeAlias = dict[str, JsonValue]
+"""A declared record's JSON form (see JsonValue)."""
 
 
 class WireError(Exception):
@@ -64,7 +72,7 @@ class Record:
                 raise WireError(f"{where}: missing field {f.name!r}")
         return cls(**values)
 
-    def to_wire(self) -> JsonObject:
+    def to_wire(self) -> JsonDict:
         data = dataclasses.asdict(self)  # type: ignore[call-overload]
         if self.OPEN:
             data.update(data.pop("extra"))
@@ -75,7 +83,7 @@ class Record:
 
 
 @functools.cache
-def _declared(cls: type[Record]) -> tuple[dict[str, object], list[dataclasses.Field[Any]]]:
+def _declared(cls: type[Record]) -> tuple[dict[str, object], list[dataclasses.Field[Any]]]:  # hints
     """A record's resolved type hints and init fields, worked out once per class (a fleet's
     answers are read by the thousand; resolving hints is most of a small record's cost)."""
     fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
@@ -88,7 +96,7 @@ def _shape(hint: Any) -> tuple[Any, tuple[Any, ...]]:
 
 
 @functools.cache
-def _keys(hint: Any) -> tuple[dict[str, object], frozenset[str]]:
+def _keys(hint: Any) -> tuple[dict[str, object], frozenset[str]]:  # a TypedDict's hints
     """A TypedDict's key hints and its required keys, read from the hints themselves: under
     `from __future__ import annotations` Python 3.11's __required_keys__ misses NotRequired."""
     extras = typing.get_type_hints(hint, include_extras=True)
@@ -120,6 +128,8 @@ def check(value: Any, hint: Any, where: str) -> Any:
     """`value` if it has the declared JSON type (ints accepted for floats, nested records
     read with their own from_wire), else WireError."""
     if hint is type(value) and hint in _EXACT:  # the common case, first
+        return value
+    if hint is JsonValue:  # decoded JSON is a JSON value by construction
         return value
     origin, args = _shape(hint)
     if origin in (typing.Union, types.UnionType):

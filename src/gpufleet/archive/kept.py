@@ -20,7 +20,7 @@ from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus, SweepStatus
 from gpufleet.readings import GpuFacts
 from gpufleet.records import BenchPlan, FlagValue
-from gpufleet.wire import JsonObject, Record, WireError
+from gpufleet.wire import JsonDict, JsonObject, Record, WireError
 
 R = TypeVar("R", bound="Archived")
 
@@ -55,7 +55,7 @@ class Archived(Record):
             raise UserError(f"{what}: not a gpufleet {cls.NOUN} ({exc})") from None
 
     @classmethod
-    def upgrade(cls, data: JsonObject, schema: int) -> JsonObject:
+    def upgrade(cls, data: JsonObject, schema: int) -> JsonObject:  # an older schema's file
         """Bring an older schema's fields to this one (schema 1 is every record so far)."""
         data["schema"] = cls.SCHEMA
         return data
@@ -140,7 +140,7 @@ class Manifest(Archived):
     gpufleet_version: str | None = None
     command_line: list[str] = field(default_factory=list)
     server: ServerFacts = field(default_factory=ServerFacts)
-    resolved_profile: JsonObject | None = None
+    resolved_profile: JsonDict | None = None  # control/server/profiles.Profile's
     host_facts: HostFacts = field(default_factory=HostFacts)
     prompt_set: PromptSetRef = field(default_factory=PromptSetRef)
     levels: list[LevelOutcome] = field(default_factory=list)
@@ -192,7 +192,7 @@ class SweepRecord(Archived):
     created_at: str | None = None
     status: str = SweepStatus.RUNNING  # kinds.SweepStatus
     durations_s: dict[str, float] = field(default_factory=dict)  # cell key -> seconds
-    request: JsonObject | None = None  # control/benchrequest.BenchRequest.to_json: --resume runs it
+    request: JsonDict | None = None  # control/bench/request.BenchRequest.to_json: --resume runs it
 
 
 # -- a host's GPU health ---------------------------------------------------------------
@@ -229,9 +229,9 @@ class TuneCheck(TypedDict):
 
     sweep_id: str
     sentence: str
-    rows: NotRequired[list[dict[str, object]]]  # verify
+    rows: NotRequired[list[JsonDict]]  # verify: control/tune/verify.VerdictRow's
     shortfalls: NotRequired[list[str]]  # verify: levels the tuned server fell short at
-    phases: NotRequired[list[dict[str, object]]]  # step
+    phases: NotRequired[list[JsonDict]]  # step: control/tune/step.Phase's
     burst_sweep_id: NotRequired[str | None]  # step
 
 

@@ -44,7 +44,7 @@ class FetchedRun:
             return None
 
 
-def _pick(record: type[R], data: JsonObject) -> R:
+def _pick(record: type[R], data: JsonObject) -> R:  # a file as read, unchecked
     """The fields of `record` that `data` has (the rest of a state file stays on the host)."""
     names = {f.name for f in dataclasses.fields(record)}  # type: ignore[arg-type]
     return record.from_wire({k: v for k, v in data.items() if k in names})

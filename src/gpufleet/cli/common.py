@@ -21,7 +21,9 @@ class GpufleetTask(invoke.Task):
 
     short_flags: ClassVar[dict[str, str]] = {}
 
-    def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
+    def arg_opts(
+        self, name: str, default: Any, taken_names: set[str]
+    ) -> dict[str, Any]:  # Invoke's
         opts = super().arg_opts(name, default, taken_names)
         if name in self.short_flags:
             opts["names"].append(self.short_flags[name])

@@ -9,7 +9,7 @@ from gpufleet.control.connect.fanout import HostResult
 from gpufleet.control.server.gpuclean import CleanOptions
 from gpufleet.readings import CleanAnswer, GpuReading, LiveServerInfo, StatusAnswer
 from gpufleet.report.gpu import gpu_verdict, killed_by_gpu
-from gpufleet.wire import JsonObject
+from gpufleet.wire import JsonDict
 
 
 def _short_cmd(cmdline: list[str] | None, width: int = 60) -> str:
@@ -122,7 +122,7 @@ def live_server_line(host: Any, server: LiveServerInfo) -> str:
     )
 
 
-def per_host_json(results: list[HostResult[Any]]) -> JsonObject:
+def per_host_json(results: list[HostResult[Any]]) -> JsonDict:
     """--json of gpu-clean and status: each host's answer, with whether it succeeded."""
     return {
         r.host.name: {

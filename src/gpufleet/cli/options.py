@@ -161,7 +161,7 @@ class OptionSet:
                 raise UserError(rule.message)
         return parsed
 
-    def request_fields(self, parsed: Any) -> dict[str, object]:  # the request's kwargs
+    def request_fields(self, parsed: Any) -> dict[str, Any]:  # the request type's keywords
         """The parsed values that are request fields, by field name."""
         return {
             option.field or name: getattr(parsed, name)

@@ -29,7 +29,7 @@ from gpufleet.report.compare import Severity as Severity
 from gpufleet.report.markdown import md_cell, md_table
 from gpufleet.report.stats import ratio_ci, ratio_text, with_interval
 from gpufleet.report.verdicts import Verdict, by_verdict, levels_text, tested, verdicts
-from gpufleet.wire import JsonObject
+from gpufleet.wire import JsonDict
 
 PER_REQUEST = "median_per_request_output_tps"
 TOTAL = "output_throughput"
@@ -102,7 +102,7 @@ class Answer:
             + [r.text for r in self.ratios if r.key in headline]
         )
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> JsonDict:
         data = asdict(self)
         data["sentence"] = self.sentence
         data["sentences"] = self.sentences

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpufleet.records import ResultRow
 from gpufleet.report import catalogue
-from gpufleet.wire import JsonObject
+from gpufleet.wire import JsonDict
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1-30); beyond, the Cornish-Fisher
 # expansion around the normal quantile (t95 below), so nothing jumps at 31.
@@ -85,7 +85,7 @@ class LevelFigures:
         """A figure by its results.jsonl name (ResultRow.get), for catalogue-driven code."""
         return self.row.get(key, default)
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> JsonDict:
         """As the report page's data has it: the row's figures, and with repeats `ci`,
         `samples` and `repeats`."""
         out = self.row.to_wire()

@@ -66,7 +66,7 @@ def _json_body_error(message: str, status: int = 400) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
-async def _read_json(request: web.Request) -> JsonObject:
+async def _read_json(request: web.Request) -> JsonObject:  # a client's body
     try:
         body = await request.json()
     except (ValueError, UnicodeDecodeError):
@@ -90,7 +90,7 @@ class _Prompt:
     """A request's prompt as the engine sees it: tokens, prefix-cache blocks, and the text
     (None for input_ids) after which its output is cached."""
 
-    def __init__(self, body: JsonObject, text_key: str, chat: bool = False) -> None:
+    def __init__(self, body: JsonObject, text_key: str, chat: bool = False) -> None:  # OpenAI's
         self.output_sep = ""
         self.text: str | None = None
         ids = body.get("input_ids") if not chat else None

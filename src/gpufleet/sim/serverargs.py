@@ -8,16 +8,31 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import TypedDict
 
 from gpufleet.sim.speculation import parse_accept_rates
 
 SPECULATIVE_ALGORITHMS = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
 
 
+class ArgKeywords(TypedDict, total=False):
+    """argparse's add_argument keywords, the ones these tables use."""
+
+    type: Callable[[str], object]
+    default: object
+    action: str
+    required: bool
+    nargs: str
+    choices: list[str]
+    help: str
+
+
 # SGLang's flags the rehearsal accepts, as data: (flag, argparse keywords)
-_STORE = {"action": "store_true"}
-_INT, _FLOAT = {"type": int}, {"type": float}
-SGLANG_FLAGS: list[tuple[str, dict[str, object]]] = [
+_STORE: ArgKeywords = {"action": "store_true"}
+_INT: ArgKeywords = {"type": int}
+_FLOAT: ArgKeywords = {"type": float}
+SGLANG_FLAGS: list[tuple[str, ArgKeywords]] = [
     ("--model-path", {"required": True}),
     ("--tokenizer-path", {}),
     ("--served-model-name", {}),
@@ -66,7 +81,7 @@ SGLANG_FLAGS: list[tuple[str, dict[str, object]]] = [
 ]
 
 # the rehearsal's own knobs, apart from SGLang's
-SIM_FLAGS: list[tuple[str, dict[str, object]]] = [
+SIM_FLAGS: list[tuple[str, ArgKeywords]] = [
     ("--sim-load-seconds", {"type": float, "default": 3.0,
                             "help": "port closed while 'loading weights' (default 3)"}),
     ("--sim-warmup-seconds", {"type": float, "default": 0.5,

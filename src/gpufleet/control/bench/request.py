@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from gpufleet.archive.layout import Archive
 from gpufleet.records import BenchPlan, Level
-from gpufleet.wire import JsonObject
+from gpufleet.wire import JsonDict, JsonObject
 
 MAX_PROMPTS = 100_000  # as --num-prompts allows
 PLAN = BenchPlan  # the host-side defaults (a dataclass field's default is a class attribute)
@@ -62,7 +62,7 @@ class BenchRequest:
     tokenizer: str | None = None  # for sglang-bench (default: the served model's path)
     telemetry_interval_s: float = 0.5  # GPU sampling during each level; 0 = off
 
-    def to_json(self) -> JsonObject:
+    def to_json(self) -> JsonDict:
         """As a sweep's record keeps it, so `--resume` runs what the sweep was started with
         (the archive is where the record lies; the API key's variable name is kept, never
         its value)."""
@@ -70,7 +70,7 @@ class BenchRequest:
                 if f.name != "archive"}  # fmt: skip
 
     @classmethod
-    def from_json(cls, data: JsonObject, archive: Archive) -> BenchRequest:
+    def from_json(cls, data: JsonObject, archive: Archive) -> BenchRequest:  # as archived
         """The request a record kept (fields this version does not know are left out)."""
         known = {f.name for f in dataclasses.fields(cls)} - {"archive"}
         return cls(archive=archive, **{k: v for k, v in data.items() if k in known})

@@ -100,7 +100,7 @@ class Host(BaseModel):
     known_hosts: str | None = None
     connect_timeout: float = Field(default=10.0, gt=0)
     proxy_jump: str | None = None  # "[user@]bastion[:port]", as ssh -J (keys checked too)
-    vars: JsonObject = Field(default_factory=dict)
+    vars: JsonObject = Field(default_factory=dict)  # the user's own, never read by gpufleet
 
     @field_validator("name")
     @classmethod
@@ -157,8 +157,8 @@ class Host(BaseModel):
 class _InventoryFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    defaults: JsonObject = Field(default_factory=dict)
-    hosts: dict[str, JsonObject | None] = Field(default_factory=dict)
+    defaults: JsonObject = Field(default_factory=dict)  # the YAML, before each host is read
+    hosts: dict[str, JsonObject | None] = Field(default_factory=dict)  # the YAML's, likewise
     groups: dict[str, list[str]] = Field(default_factory=dict)
     forks: int = Field(default=DEFAULT_FORKS, ge=1, le=1024)
 

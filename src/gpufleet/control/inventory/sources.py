@@ -177,12 +177,12 @@ class Expanded:
     """Host entries with node lists expanded, the groups node lists made, and the nodes
     skipped (node -> why, in Slurm's words)."""
 
-    hosts: JsonObject
+    hosts: JsonObject  # the inventory YAML's `hosts:`, before validation
     groups: dict[str, list[str]]
     skipped: dict[str, str]
 
 
-def expand_entries(raw_hosts: JsonObject, source: str) -> Expanded:
+def expand_entries(raw_hosts: JsonObject, source: str) -> Expanded:  # the YAML's
     """Host entries with node lists expanded: a key NODE_LISTS claims is one entry per
     node, each with the entry's fields (its address is the node name); `group: NAME` in
     such an entry makes the nodes a group."""

@@ -63,7 +63,7 @@ def read_yaml(path: Path) -> Any:
         raise UserError(f"{path}: malformed YAML: {exc}") from None
 
 
-def merged(base: JsonObject, override: JsonObject) -> JsonObject:
+def merged(base: JsonObject, override: JsonObject) -> JsonObject:  # YAML, unvalidated
     """`override` over `base`, as read from YAML: its values win, mappings merge key by key
     (an inventory group's defaults under a host's fields, a parent profile under its child)."""
     out = dict(base)

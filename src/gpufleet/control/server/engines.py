@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from typing import TypedDict
 
 from gpufleet import __version__, engine_facts
-from gpufleet.records import RenameSpec
+from gpufleet.records import FlagValue, RenameSpec
 
-Flags = dict[str, object]
+Flags = dict[str, FlagValue]  # a profile's `flags:` (name -> value)
 
 
 def _flag_int(flags: Flags, *names: str) -> int | None:

@@ -158,7 +158,7 @@ def load_profile(name: str, directory: Path = PLAYBOOKS) -> Profile:
     if name.endswith((".yaml", ".yml")) and Path(name).exists():
         directory = Path(name).parent  # parents of a profile given by path live beside it
     chain: list[str] = []
-    merged: JsonObject = {}
+    merged: JsonObject = {}  # the profile YAMLs, before validation
     current: str | None = name
     sources: list[str] = []
     while current is not None:

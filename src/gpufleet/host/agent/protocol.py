@@ -30,7 +30,7 @@ from gpufleet.readings import (
     WaitReadyAnswer,
 )
 from gpufleet.records import HEALTH_TIMEOUT_S, BenchPlan, LaunchSpec
-from gpufleet.wire import JsonObject, Record, WireError, check
+from gpufleet.wire import JsonDict, Record, WireError, check
 
 MARK = "gpufleet_agent"
 SERVE = "serve"  # `agent.pyz serve`: one `VERB ARGS` line per call until stdin ends
@@ -123,7 +123,7 @@ class EchoArgs(VerbArgs):
     """Transport self-test: the agent answers with what it received."""
 
     VERB: ClassVar[str] = "echo"
-    payload: JsonObject = field(default_factory=dict)
+    payload: JsonDict = field(default_factory=dict)  # any JSON object, echoed back
 
 
 @dataclass
@@ -259,7 +259,7 @@ class BenchStartAnswer(TypedDict):
 class EchoAnswer(TypedDict):
     """echo's answer: the payload as received, and the agent's argv and directory."""
 
-    payload: JsonObject
+    payload: JsonDict
     argv: list[str]
     cwd: str
 
@@ -354,7 +354,7 @@ def read_args(verb: str, stream: typing.TextIO) -> VerbArgs:
     return CONTRACT[verb].from_wire(data)
 
 
-def write_line(obj: JsonObject) -> None:
+def write_line(obj: JsonDict) -> None:
     """One JSON line to the control plane, scrubbed like the archive: the values of the
     servers' keys and secret-looking ones (a crash tail echoing `api_key='...'`) hidden."""
     sys.stdout.write(scrub_known(json.dumps(obj, default=str)) + "\n")

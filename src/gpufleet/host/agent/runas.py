@@ -17,6 +17,7 @@ import pwd
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import TypedDict
 
 from gpufleet.host.agent.protocol import AgentError
 from gpufleet.kinds import Kind
@@ -44,6 +45,15 @@ def pythons() -> list[str]:
     return list(dict.fromkeys([sys.executable, "/usr/bin/python3"]))
 
 
+class PopenAs(TypedDict):
+    """subprocess.Popen's keywords that start a child as another user, in its home."""
+
+    user: int
+    group: int
+    extra_groups: list[int]
+    cwd: str
+
+
 @dataclass(frozen=True)
 class RunAs:
     """A local user, resolved on the host (its uid, primary group, groups and home)."""
@@ -58,7 +68,7 @@ class RunAs:
     def cwd(self) -> str:
         return self.home if os.path.isdir(self.home) else "/"
 
-    def popen(self) -> dict[str, object]:
+    def popen(self) -> PopenAs:
         """What subprocess needs to start a child as this user (the agent is root)."""
         return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups),
                 "cwd": self.cwd}  # fmt: skip

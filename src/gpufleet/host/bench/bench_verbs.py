@@ -35,7 +35,7 @@ from gpufleet.host.server import keys as serverkeys
 from gpufleet.host.server.state import all_states, read_state, server_alive, tail
 from gpufleet.kinds import Kind, RunStatus
 from gpufleet.records import BenchPlan, ServerState
-from gpufleet.wire import JsonObject
+from gpufleet.wire import JsonDict
 
 RUNS = Path("runs")
 # handed to a runner that runs as the run_as user, in its run directory (hidden: never
@@ -205,7 +205,7 @@ def _open_server_log(state: ServerState | None) -> int | None:
         return None
 
 
-def _nvml_snapshot() -> list[JsonObject] | None:
+def _nvml_snapshot() -> list[JsonDict] | None:  # readings.GpuReading's
     """What nvml_before.json and nvml_after.json hold: each GPU's reading (None: no NVML)."""
     try:
         return [gpu.to_wire() for gpu in nvmlread.snapshot(nvmlread.load_pynvml())]

@@ -41,6 +41,7 @@ from gpufleet.host.gpu.nvml import load_pynvml
 from gpufleet.host.server import keys as serverkeys
 from gpufleet.host.server.state import server_alive
 from gpufleet.records import BenchPlan, Figures, Level, PromptRow, ResultRow, ServerState
+from gpufleet.wire import JsonDict
 
 RATE_WINDOW_S = 3.0  # the live tok/s: tokens over about this many seconds
 
@@ -380,7 +381,7 @@ def _run_levels(
 def run_plan(
     run_dir: Path,
     server_state: ServerState | None = None,
-    host_facts: dict[str, object] | None = None,  # file name -> its JSON content
+    host_facts: JsonDict | None = None,  # file name -> its JSON content
     finish: Callable[[RunWriter], None] | None = None,
     keys: dict[str, str] | None = None,
 ) -> RunStatusFile:

@@ -30,7 +30,7 @@ def _get_json(url: str, keys: dict[str, str]) -> object:
         return None
 
 
-def server_info(base_url: str, keys: dict[str, str]) -> JsonObject | None:
+def server_info(base_url: str, keys: dict[str, str]) -> JsonObject | None:  # SGLang's
     """SGLang's /server_info (the older name as a fallback), with the server's key; None
     where neither answers with a JSON object."""
     for path in ("/server_info", "/get_server_info"):
@@ -40,14 +40,14 @@ def server_info(base_url: str, keys: dict[str, str]) -> JsonObject | None:
     return None
 
 
-def accept_length(info: JsonObject | None) -> float | None:
+def accept_length(info: JsonObject | None) -> float | None:  # SGLang's /server_info
     """SGLang's average speculative acceptance length in /server_info, if it reports one."""
     states = (info or {}).get("internal_states") or [{}]
     found = states[0].get("avg_spec_accept_length") if isinstance(states[0], dict) else None
     return float(found) if isinstance(found, int | float) else None
 
 
-def tokenizer(info: JsonObject | None) -> str | None:
+def tokenizer(info: JsonObject | None) -> str | None:  # SGLang's /server_info
     """The served model's tokenizer as /server_info names it (else its model path)."""
     return (info or {}).get("tokenizer_path") or (info or {}).get("model_path")
 

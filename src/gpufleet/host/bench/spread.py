@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import gpufleet
 from gpufleet.host.agent import childenv
@@ -39,6 +39,7 @@ from gpufleet.host.bench.loadgen import (
     run_async,
     run_level,
 )
+from gpufleet.wire import JsonDict
 
 ROOT = str(Path(gpufleet.__file__).resolve().parent.parent)  # the zipapp, or src/
 CHILD = (
@@ -113,10 +114,20 @@ class ShareResult(TypedDict):
     loop_lags: list[float]
 
 
+class ShareJob(TypedDict):
+    """What a generator process is handed on stdin: its share of the prompts, its share of
+    the cap, the level's spec (LevelSpec's fields, an infinite rate as null) and the URL."""
+
+    prompts: list[JsonDict]  # host/bench/level.Prompt's fields
+    concurrency: int
+    spec: JsonDict
+    base_url: NotRequired[str]
+
+
 class _Share:
     """One child process and what it said."""
 
-    def __init__(self, job: dict[str, object]) -> None:  # _job's, with its URL and seed
+    def __init__(self, job: ShareJob) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-c", CHILD],
             stdin=subprocess.PIPE,
@@ -167,7 +178,7 @@ class _Share:
         return self.result
 
 
-def _job(prompts: list[Prompt], concurrency: int, spec: LevelSpec) -> dict[str, object]:
+def _job(prompts: list[Prompt], concurrency: int, spec: LevelSpec) -> ShareJob:
     """A share's job as one JSON object (an infinite rate as null: JSON has no infinity)."""
     fields = dataclasses.asdict(spec)
     fields["request_rate"] = None if math.isinf(spec.request_rate) else spec.request_rate
@@ -256,7 +267,7 @@ def child_main() -> None:
     """A share: its job on stdin, JSON lines on stdout."""
     job = json.loads(sys.stdin.readline())
 
-    def say(message: dict[str, object]) -> None:  # one JSON line: ready, progress, records
+    def say(message: JsonDict) -> None:  # one JSON line: ready, progress, records
         sys.stdout.write(json.dumps(message) + "\n")
         sys.stdout.flush()
 

@@ -29,7 +29,7 @@ from gpufleet.readings import LaunchAnswer
 from gpufleet.records import LaunchSpec, RenameSpec
 
 
-def as_user(user: runas.RunAs | None) -> dict[str, object]:
+def as_user(user: runas.RunAs | None) -> runas.PopenAs | dict[str, str]:
     """subprocess's arguments that start a child as the run_as user (none: as root)."""
     return {} if user is None else user.popen()
 
