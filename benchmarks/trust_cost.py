@@ -21,6 +21,7 @@ from _fleet import BenchFleet, host_python
 
 from gpufleet.control.agent import python_trust as interpreter
 from gpufleet.control.connect import ssh
+from gpufleet.control.inventory.connections import SshSettings
 from gpufleet.control.inventory.model import load_inventory
 
 
@@ -34,7 +35,7 @@ def main() -> None:
     try:
         [host] = load_inventory(fleet.inventory).select("all")
         host = host.model_copy(update={"python": python})
-        conn = ssh.open_connection(host)
+        conn = ssh.open_connection(SshSettings.of(host))
         sftp = conn.sftp()
         walls, asked = [], 0
         for _ in range(5):

@@ -104,10 +104,11 @@ def test_each_connection_has_a_fabric_configuration_of_its_own(fleet):
     Fabric object is shared between two connections, and the once-parsed SSH files are
     only ever copied."""
     from gpufleet.control.connect.ssh import _ssh_files, open_connection
+    from gpufleet.control.inventory.connections import SshSettings
     from gpufleet.control.inventory.model import load_inventory
 
     host = load_inventory(fleet.inventory).hosts["h0"]
-    a, b = open_connection(host), open_connection(host)
+    a, b = open_connection(SshSettings.of(host)), open_connection(SshSettings.of(host))
     try:
         assert a.config is not b.config
         assert a.config.base_ssh_config is not b.config.base_ssh_config

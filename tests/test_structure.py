@@ -241,3 +241,29 @@ def test_module_names_name_their_room():
         if "__pycache__" not in p.parts and p.name not in ("__init__.py", "__main__.py")
     )
     assert [n for n, count in names.items() if count > 1] == []
+
+
+def test_where_to_add_says_how_many_files_each_addition_touches():
+    """Issue 66: docs/ARCHITECTURE.md's "Where to add" says how many files adding an engine,
+    a connection, a metric and a task touches, names them, and each named file exists (a
+    `<name>` part stands for the new module). The counts are what the registries allow:
+    test_connection_registry.py adds a connection in 2, the engine census keeps engine
+    facts to engines.py, the README test holds the task table."""
+    import re
+
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    section = text[text.index("## Where to add") :]
+    stated = {}
+    for kind in ("a task", "an engine", "a connection", "a metric"):
+        bullet = section[section.index(f"- **{kind}**") :]
+        bullet = bullet[: bullet.index("\n- **", 3)]
+        found = re.search(r"Touches (\d+) files?: (.*?)(?:\(|$)", " ".join(bullet.split()))
+        assert found, f"{kind}: no 'Touches N files' line"
+        files = re.findall(r"`([^`]+)`", found.group(2))
+        assert int(found.group(1)) == len(files), (kind, files)
+        for name in files:
+            if "<" not in name:
+                base = REPO if name == "README.md" else REPO / "src" / "gpufleet"
+                assert (base / name).exists(), (kind, name)
+        stated[kind] = int(found.group(1))
+    assert stated == {"a task": 3, "an engine": 1, "a connection": 2, "a metric": 2}

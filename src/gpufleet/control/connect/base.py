@@ -29,6 +29,7 @@ from gpufleet.control.connect.agentproc import (
     AgentProcess,
 )
 from gpufleet.control.connect.cancel import CancelToken
+from gpufleet.control.inventory import connections
 from gpufleet.control.inventory.model import Host
 from gpufleet.errors import HostError
 from gpufleet.host.agent import loginenv
@@ -271,8 +272,9 @@ class Session:
         gpus = self.host.gpus
         if args.expected_gpus is None:
             args.expected_gpus = gpus.count
-        if self.host.connection == "srun":
-            args.slurm_job, args.slurm_node = self.host.slurm_job, self.host.address
+        settings = connections.settings_of(self.host)
+        if isinstance(settings, connections.SrunSettings):
+            args.slurm_job, args.slurm_node = settings.job, settings.node
         if gpus.simulated:
             args.sim = {
                 "state_dir": "sim-gpus",

@@ -88,16 +88,7 @@ def for_task() -> Iterator[SessionPool]:
 
 
 def open_session(host: Host) -> Session:
-    """A host's session by its `connection:` (ssh, local, srun), the one place that
-    chooses; the connectors are imported here, so the pool itself stays light."""
-    if host.connection == "local":
-        from gpufleet.control.connect.local import LocalSession
+    """A host's session by its `connection:` (control/inventory/connections.py chooses)."""
+    from gpufleet.control.inventory.connections import session_class
 
-        return LocalSession(host)
-    if host.connection == "srun":
-        from gpufleet.control.connect.srun import SrunSession
-
-        return SrunSession(host)
-    from gpufleet.control.connect.ssh import SSHSession
-
-    return SSHSession(host)
+    return session_class(host)(host)

@@ -46,6 +46,7 @@ from gpufleet.control.connect.agentproc import AgentProcess
 from gpufleet.control.connect.base import Session
 from gpufleet.control.connect.local import LocalAgent
 from gpufleet.control.inventory import slurm
+from gpufleet.control.inventory.connections import SrunSettings
 from gpufleet.control.inventory.model import Host
 from gpufleet.control.inventory.slurm import step_env
 from gpufleet.errors import HostError, UserError
@@ -73,11 +74,10 @@ _TYPES = {"f": stat.S_IFREG, "d": stat.S_IFDIR, "l": stat.S_IFLNK, "c": stat.S_I
           "b": stat.S_IFBLK, "p": stat.S_IFIFO, "s": stat.S_IFSOCK}  # fmt: skip
 
 
-def step_argv(host: Host) -> list[str]:
+def step_argv(slurm: SrunSettings) -> list[str]:
     """The start of every srun this host's steps use: one task on its node, inside its
     job beside whatever runs there, with a clean environment (as an SSH login has)."""
-    assert host.slurm_job is not None  # the inventory requires it for srun
-    return ["srun", f"--jobid={host.slurm_job}", "--overlap", f"--nodelist={host.address}",
+    return ["srun", f"--jobid={slurm.job}", "--overlap", f"--nodelist={slurm.node}",
             "-N1", "-n1", "--unbuffered", "--quiet", "--export=NONE"]  # fmt: skip
 
 
@@ -112,9 +112,10 @@ class NodeShell:
 
     def __init__(self, host: Host) -> None:
         self.host = host
+        self.slurm = SrunSettings.of(host)
         try:
             self.proc = subprocess.Popen(
-                [*step_argv(host), "/bin/sh"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                [*step_argv(self.slurm), "/bin/sh"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, env=step_env(),
             )  # fmt: skip
         except FileNotFoundError:
@@ -135,7 +136,7 @@ class NodeShell:
             self.proc.wait(timeout=LOST_WAIT_S)
         err = _available(self.proc.stderr)
         tail = (err.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
-        job, node = self.host.slurm_job, self.host.address
+        job, node = self.slurm.job, self.slurm.node
         return f"{what} (srun into job {job} on {node}: {tail})"
 
     def ask(self, command: str, timeout: float = SHELL_TIMEOUT_S) -> tuple[int, bytes]:
@@ -287,6 +288,7 @@ class SrunSession(Session):
 
     def __init__(self, host: Host) -> None:
         super().__init__(host)
+        self.slurm = SrunSettings.of(host)
         self._shell: NodeShell | None = None
 
     @property
@@ -349,7 +351,7 @@ class SrunSession(Session):
 
     def _start(self, script: str) -> AgentProcess:
         try:
-            return SrunAgent(script, [*step_argv(self.host), "/bin/sh", "-c", script], step_env())
+            return SrunAgent(script, [*step_argv(self.slurm), "/bin/sh", "-c", script], step_env())
         except FileNotFoundError:
             raise HostError("connection srun needs Slurm's `srun` on this machine (not found)",
                             Kind.CONNECTION) from None  # fmt: skip
@@ -362,13 +364,13 @@ class SrunSession(Session):
         q = shlex.quote
         tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         for again in (False, True):
-            source = broadcast(str(self.host.slurm_job), data, again)
+            source = broadcast(self.slurm.job, data, again)
             code, _ = self.shell.ask(
                 f"cp -- {q(source)} {q(tmp)} && mv -f -- {q(tmp)} {q(path)} && rm -f -- {q(source)}"
             )
             if code == 0:
                 return
-        raise HostError(f"cannot put the agent at {path} on {self.host.address}",
+        raise HostError(f"cannot put the agent at {path} on {self.slurm.node}",
                         Kind.CONNECTION)  # fmt: skip
 
     def download(self, path: str) -> bytes:
@@ -391,25 +393,25 @@ class SrunSession(Session):
         if needed:
             self._serving_agent()  # the agent is on the node, uploaded where missing
             bundle = agentzip.build()
-            job = str(self.host.slurm_job)
+            job = self.slurm.job
             script = self._bootstrap(bundle.filename, bundle.digest, [protocol.KEEPER, job])
             said = f"{self.workdir}/{protocol.keeper_error_file(job)}"  # Slurm's words on the node
-            argv = [*step_argv(self.host), f"--error={said}", "--open-mode=append",
+            argv = [*step_argv(self.slurm), f"--error={said}", "--open-mode=append",
                     "/bin/sh", "-c", script]  # fmt: skip
-            self._while_controller_down(lambda: keeper.start(argv, job, self.host.address))
+            self._while_controller_down(lambda: keeper.start(argv, job, self.slurm.node))
 
     def owner_ended(self) -> str | None:
         """Why the node's server and runs ended: the job they were steps of is no longer
         running (they end with it, host/proc/jobstep.py); None while it runs, or where
         slurmctld cannot say."""
-        job = str(self.host.slurm_job)
+        job = self.slurm.job
         try:
             state = slurm.job_state(job)
         except UserError:
             return None
         if state in ("RUNNING", "SUSPENDED"):
             return None
-        return (f"Slurm job {job} is {state}: the server and the run on {self.host.address} "
+        return (f"Slurm job {job} is {state}: the server and the run on {self.slurm.node} "
                 "ended with it; run again in a running job")  # fmt: skip
 
     @property

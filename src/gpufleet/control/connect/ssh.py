@@ -37,6 +37,7 @@ from gpufleet.control.agent import python_trust as interpreter
 from gpufleet.control.connect import hostkeys
 from gpufleet.control.connect.agentproc import CHUNK, AgentProcess
 from gpufleet.control.connect.base import Session, clean_start
+from gpufleet.control.inventory.connections import SshSettings
 from gpufleet.control.inventory.model import Host
 from gpufleet.errors import HostError
 from gpufleet.kinds import Kind
@@ -63,7 +64,7 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, paramiko.SSHException) and any(m in str(exc) for m in TRANSIENT_MESSAGES)
 
 
-def _describe(exc: BaseException, host: Host, conn: Connection) -> HostError:
+def _describe(exc: BaseException, host: SshSettings, conn: Connection) -> HostError:
     where = f"{conn.user}@{conn.host}:{conn.port}"
     name = hostkeys.known_host_name(conn.host, conn.port)
     if isinstance(exc, HostError):
@@ -85,7 +86,7 @@ def _describe(exc: BaseException, host: Host, conn: Connection) -> HostError:
     return HostError(f"cannot connect to {where}: {exc}", kind=Kind.UNREACHABLE)
 
 
-def _strict_on_every_hop(conn: Connection, host: Host) -> None:
+def _strict_on_every_hop(conn: Connection, host: SshSettings) -> None:
     """The host's key policy on the host and on every jump host before it: Fabric builds
     ProxyJump gateways (from `proxy_jump` or ~/.ssh/config) with an auto-add key policy, which
     would trust any bastion's key."""
@@ -110,7 +111,7 @@ def _own_config() -> Config:
     return Config(ssh_config=copy.deepcopy(_ssh_files()))
 
 
-def open_connection(host: Host, attempts: int = 8) -> Connection:
+def open_connection(host: SshSettings, attempts: int = 8) -> Connection:
     """A connected Fabric Connection with strict host keys on every hop, retried on transient
     errors only; a failure is one HostError naming the cause."""
     connect_kwargs: dict = {
@@ -281,7 +282,8 @@ class SSHSession(Session):
 
     def __init__(self, host: Host) -> None:
         super().__init__(host)
-        self.conn = open_connection(host)
+        self.ssh = SshSettings.of(host)
+        self.conn = open_connection(self.ssh)
 
     def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
         with over_sftp("cannot read the host's filesystem"):
@@ -311,11 +313,11 @@ class SSHSession(Session):
             code = chan.exit_status if answered else -1
             chan.close()
         except TimeoutError:
-            host = self.host
-            login = f"{host.user}@{host.address}" if host.user else host.address
-            port = f"-p {host.port} " if host.port else ""
-            raise HostError(f"the host did not answer `id -u` within 30 s (does `ssh {port}"
-                            f"{login} true` return?)", Kind.CONNECTION) from None  # fmt: skip
+            asked = f"ssh {self.ssh.login()} true"
+            raise HostError(
+                f"the host did not answer `id -u` within 30 s (does `{asked}` return?)",
+                Kind.CONNECTION,
+            ) from None
         except CUT as exc:
             raise HostError(f"connection lost: {exc}", kind=Kind.CONNECTION) from None
         # the last line: a login may print before the command runs (a banner, an rc's echo)

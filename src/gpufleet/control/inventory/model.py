@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from gpufleet.archive.layout import DEFAULT_ROOT, RESERVED
-from gpufleet.control.inventory import yamlconfig
+from gpufleet.control.inventory import connections, yamlconfig
 from gpufleet.control.inventory.yamlconfig import validate
 from gpufleet.errors import UserError
 from gpufleet.host.agent.redact import remember, secrets_in
@@ -86,8 +86,9 @@ class Host(BaseModel):
     port: int | None = Field(default=None, ge=1, le=65535)
     user: str | None = None
     identity_file: str | None = None
-    # srun: the agent runs as a step of `slurm_job` on the node (control/connect/srun.py), no SSH
-    connection: Literal["ssh", "local", "srun"] = "ssh"
+    # how the host is reached: a name in control/inventory/connections.CONNECTIONS, whose
+    # settings class reads and checks the fields it uses (srun: `slurm_job`, no SSH)
+    connection: str = "ssh"
     slurm_job: str | None = Field(default=None, pattern=r"^\d+(_\d+)?$")
     python: str = "python3"
     python_trust: Literal["refuse", "warn"] = "refuse"  # warn: a lab machine's shared venv
@@ -117,13 +118,17 @@ class Host(BaseModel):
             )
         return value
 
+    @field_validator("connection")
+    @classmethod
+    def _known_connection(cls, value: str) -> str:
+        if value not in connections.NAMES:
+            named = ", ".join(repr(n) for n in connections.NAMES[:-1])
+            raise ValueError(f"Input should be {named} or {connections.NAMES[-1]!r}")
+        return value
+
     @model_validator(mode="after")
-    def _srun_has_a_job(self) -> Host:
-        if self.connection == "srun" and self.slurm_job is None:
-            raise ValueError(
-                "connection: srun needs slurm_job: a running job of yours that holds the "
-                "node (or list the nodes as `slurm:job=N`, which sets it)"
-            )
+    def _connection_settings(self) -> Host:
+        connections.settings_of(self)  # the connection's own check (srun: a job)
         return self
 
     @field_validator("python", "workdir", "address")

@@ -130,7 +130,7 @@ def launch_on(
 def runs_as_root_unasked(host: Host, state: ServerState) -> bool:
     """The server runs as root only because the inventory names no run_as for its host,
     where run_as could be set (never on a rehearsal host or in a Slurm job: runas says)."""
-    in_job = host.slurm_job is not None or host.connection == "srun"
+    in_job = host.slurm_job is not None  # srun hosts always have one (their settings)
     return (
         state.user == "root"
         and host.run_as is None
