@@ -25,8 +25,15 @@ def _docstring(path: Path) -> str:
 
 
 def _modules(package: str) -> str:
-    names = sorted(p.stem for p in (PACKAGE / package).glob("*.py") if p.stem != "__init__")
-    return ", ".join(f"`{n}`" for n in names) or "-"
+    """The package's modules, and any folder inside it that the layers table does not list
+    on its own (`sim/shim/`), with its modules, so every folder of the package is named."""
+    folder = PACKAGE / package
+    names = [f"`{p.stem}`" for p in sorted(folder.glob("*.py")) if p.stem != "__init__"]
+    for inner in sorted(d for d in folder.iterdir() if d.is_dir() and d.name != "__pycache__"):
+        if f"{package}/{inner.name}" not in layers.LAYERS and any(inner.glob("*.py")):
+            inside = ", ".join(f"`{m.stem}`" for m in sorted(inner.glob("*.py")))
+            names.append(f"`{inner.name}/` ({inside})")
+    return ", ".join(names) or "-"
 
 
 def table() -> str:

@@ -89,3 +89,17 @@ def test_a_results_row_is_checked_and_keeps_other_tools_keys():
     assert ResultRow.from_wire({**row, "cache_flushed": None}).to_wire()["cache_flushed"] is None
     with pytest.raises(WireError, match=r"row\.completed: 'eight' is not int"):
         ResultRow.from_wire({**row, "completed": "eight"}, "row")
+
+
+def test_the_page_spells_no_metric_key_of_its_own():
+    """Issue 64: `median_ttft_ms` was spelled in report/catalogue.py and again in
+    report/html.py (the open-loop table's columns and headings). The page reads every
+    column, heading and format from the catalogue (Place.OPEN_LOOP, open_loop_label)."""
+    from pathlib import Path
+
+    from gpufleet.report import catalogue, html
+
+    page = Path(html.__file__).read_text()
+    assert [m.key for m in catalogue.CATALOGUE if f'"{m.key}"' in page] == []
+    assert "median_ttft_ms" in html.OPEN_LOOP
+    assert html._open_loop_heading("median_ttft_ms") == "TTFT p50 ms (after the queue)"

@@ -24,6 +24,7 @@ class Place(StrEnum):
     HEADLINE = "headline"  # inv compare's default terminal table
     REPEATS = "repeat line"  # the mean [95% CI] line printed with --repeat
     VERDICT = "verdict"  # the HTML report's verdict table
+    OPEN_LOOP = "open-loop table"  # the HTML report's table of levels with a request rate
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Metric:
     headline: str = ""  # compare's default table column name
     headline_fmt: str = ""
     interval: bool = False  # gets a 95% t interval with --repeat
+    open_loop_label: str = ""  # its heading in the open-loop table (default: label)
     places: frozenset[Place] = frozenset()
 
     @property
@@ -49,9 +51,9 @@ def _m(key: str, label: str, unit: str, higher: bool | None, fmt: str, *places: 
     return Metric(key, label, unit, higher, fmt, places=frozenset(places), **extra)  # type: ignore[arg-type]
 
 
-R, OPT, C, X, H, P, V = (
+R, OPT, C, X, H, P, V, QUEUED = (
     Place.RUN_TABLE, Place.OPTIONAL, Place.COMPARE, Place.RATIO, Place.HEADLINE,
-    Place.REPEATS, Place.VERDICT,
+    Place.REPEATS, Place.VERDICT, Place.OPEN_LOOP,
 )  # fmt: skip
 
 CATALOGUE: list[Metric] = [
@@ -70,7 +72,8 @@ CATALOGUE: list[Metric] = [
     # the other per-request speed (issue 38): decoding only, TTFT left out; --wide shows it
     _m("median_per_request_decode_tps", "per-request decode tok/s (median)", "tok/s", True,
        "{:.1f}", C, short="decode tok/s p50", interval=True),
-    _m("median_ttft_ms", "TTFT p50 ms", "ms", False, "{:.1f}", R, C, X, H, P, V,
+    _m("median_ttft_ms", "TTFT p50 ms", "ms", False, "{:.1f}", R, C, X, H, P, V, QUEUED,
+       open_loop_label="TTFT p50 ms (after the queue)",
        headline="TTFT ms", headline_fmt="{:.0f}", interval=True),
     _m("p99_ttft_ms", "TTFT p99 ms", "ms", False, "{:.1f}", R, C, V, interval=True),
     _m("median_itl_ms", "ITL p50 ms", "ms", False, "{:.2f}", R, C, V, interval=True),
@@ -98,17 +101,17 @@ CATALOGUE: list[Metric] = [
        interval=True),
     _m("steady_output_throughput", "steady tok/s", "tok/s", True, "{:.1f}", C, X,
        short="steady tok/s", interval=True),
-    _m("offered_request_rate", "offered req/s", "req/s", None, "{:.2f}", R, OPT, C,
+    _m("offered_request_rate", "offered req/s", "req/s", None, "{:.2f}", R, OPT, QUEUED, C,
        short="offered req/s"),
-    _m("achieved_request_rate", "achieved req/s", "req/s", True, "{:.2f}", R, OPT, C,
+    _m("achieved_request_rate", "achieved req/s", "req/s", True, "{:.2f}", R, OPT, QUEUED, C,
        short="achieved req/s"),
-    _m("completed_request_rate", "completed req/s", "req/s", True, "{:.2f}", R, OPT, C,
+    _m("completed_request_rate", "completed req/s", "req/s", True, "{:.2f}", R, OPT, QUEUED, C,
        short="completed req/s"),
     _m("queue_at_last_arrival", "queued at last arrival", "requests", False, "{:.0f}", R, OPT,
-       C, short="queued at end"),
-    _m("median_queue_wait_ms", "queue wait p50 ms", "ms", False, "{:.0f}", R, OPT, C,
+       QUEUED, C, short="queued at end"),
+    _m("median_queue_wait_ms", "queue wait p50 ms", "ms", False, "{:.0f}", R, OPT, QUEUED, C,
        short="queue p50 ms"),
-    _m("p99_queue_wait_ms", "queue wait p99 ms", "ms", False, "{:.0f}", R, OPT, C,
+    _m("p99_queue_wait_ms", "queue wait p99 ms", "ms", False, "{:.0f}", R, OPT, QUEUED, C,
        short="queue p99 ms"),
     _m("level_status", "status", "", None, "{}", R),
 ]  # fmt: skip
@@ -154,6 +157,9 @@ ARCHIVE_ONLY = re.compile(
     r"|goodput|goodput_\w+|slo_\w+|cache_\w+|\w+_count|\w+_s"
     r"|client_\w+|steady_\w+|(mean|std|p90|p95)_queue_wait_ms|overloaded|prompts_salted)$"
 )
+
+
+OFFERED_RATE = "offered_request_rate"  # present only on a level with a request rate
 
 
 def where(place: Place) -> list[Metric]:

@@ -171,16 +171,14 @@ def _verdict_table(arms: list[Arm], said: Answer) -> str:
     )
 
 
-# an open-loop level's rates and queue, as the catalogue names and formats them; the TTFT
-# heading says what it measures there
-OPEN_LOOP = ("offered_request_rate", "achieved_request_rate", "completed_request_rate",
-             "queue_at_last_arrival", "median_queue_wait_ms", "p99_queue_wait_ms",
-             "median_ttft_ms")  # fmt: skip
-OPEN_LOOP_HEADINGS = {"median_ttft_ms": "TTFT p50 ms (after the queue)"}
+# an open-loop level's rates, its queue and its TTFT, as the catalogue names, heads and
+# formats them
+OPEN_LOOP = [m.key for m in catalogue.where(catalogue.Place.OPEN_LOOP)]
 
 
 def _open_loop_heading(key: str) -> str:
-    return OPEN_LOOP_HEADINGS.get(key) or catalogue.BY_KEY[key].label
+    metric = catalogue.BY_KEY[key]
+    return metric.open_loop_label or metric.label
 
 
 def _open_loop_table(arms: list[Arm]) -> str:
@@ -190,7 +188,7 @@ def _open_loop_table(arms: list[Arm]) -> str:
     for c in common_levels(arms):
         for arm in arms:
             row = arm.levels[c]
-            if row.get("offered_request_rate") is None:
+            if row.get(catalogue.OFFERED_RATE) is None:
                 continue
             cells = [f"<td>{c}</td>", f"<td>{_e(arm.label)}</td>"]
             cells += [
