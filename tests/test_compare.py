@@ -297,3 +297,34 @@ def test_the_queue_notice_reads_the_slots_the_engines_adapter_archived(tmp_path)
     stdout = unwrap(out.stdout)
     assert "draft: at C=8 requests queue (the server serves 4 at once)" in stdout
     assert "max-running-requests" not in stdout and "C=1 requests queue" not in stdout
+
+
+def _repeated(c: int, scale: float, n: int = 3):
+    """A level measured `n` times, its headline figures with their repeats' values."""
+    from gpufleet.report.stats import LevelFigures
+    from helpers import row
+
+    figures = {"output_throughput": 1234.5 * scale, "median_per_request_output_tps": 45.6 * scale,
+               "median_ttft_ms": 123.4 / scale}  # fmt: skip
+    samples = {k: [v * (1 + 0.01 * i) for i in range(n)] for k, v in figures.items()}
+    return LevelFigures(row(max_concurrency=c, **figures), repeats=n, samples=samples,
+                        ci={k: (v * 0.99, v * 1.01) for k, v in figures.items()})  # fmt: skip
+
+
+def test_the_headline_table_fits_100_columns_with_repeats_and_three_arms():
+    """Issue 64: with repeats each ratio carried its interval and `inv compare` printed a
+    table 173 columns wide. The default table fits 100 columns for any arm count, with or
+    without repeats (intervals go where they do not fit; --wide keeps them all), and it
+    keeps a ratio's significance mark."""
+    from gpufleet.cli.output import _plain
+    from gpufleet.report.compare import Arm, table
+
+    for count in (2, 3, 4):
+        arms = [Arm(f"arm{i}", [], {c: _repeated(c, 1 + 0.3 * i) for c in (1, 10, 64, 128)})
+                for i in range(count)]  # fmt: skip
+        headers, rows = table(arms, wide=False)
+        text = _plain("", headers, rows)
+        assert max(len(line) for line in text.splitlines()) <= 100, (count, text)
+        assert "x" in rows[0][count + 1]  # the first ratio is there (after the C column)
+    _, wide_rows = table(arms, wide=True)
+    assert any("[" in cell for r in wide_rows for cell in r)  # intervals kept in --wide

@@ -378,10 +378,32 @@ def table(arms: list[Arm], wide: bool = True) -> tuple[list[str], list[list[str]
     return headers, rows
 
 
+TERMINAL_COLUMNS = 100  # the default table's width, as the plain table prints it
+
+
+def _plain_width(headers: list[str], rows: list[list[str]]) -> int:
+    """The widest line of the table as cli/output.py prints it (two spaces between)."""
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    return sum(widths) + 2 * (len(widths) - 1)
+
+
 def _headline_table(arms: list[Arm]) -> tuple[list[str], list[list[str]]]:
+    """The headline columns, as many as fit TERMINAL_COLUMNS: first with the ratios'
+    intervals, then without them (the n.s. mark stays), then fewer metrics."""
+    headline = HEADLINE_METRICS if len(arms) <= 2 else HEADLINE_METRICS[:2]
+    tries = [(headline[:n], i) for n in range(len(headline), 0, -1) for i in (True, False)]
+    for shown, intervals in tries:
+        headers, rows = _headline_columns(arms, shown, intervals)
+        if _plain_width(headers, rows) <= TERMINAL_COLUMNS:
+            break
+    return headers, rows
+
+
+def _headline_columns(
+    arms: list[Arm], shown: list[tuple[str, str, str, bool]], intervals: bool
+) -> tuple[list[str], list[list[str]]]:
     names = [chr(65 + i) for i in range(len(arms))]
     headers = ["C"]
-    shown = HEADLINE_METRICS if len(arms) <= 2 else HEADLINE_METRICS[:2]
     for name, _, _, higher in shown:
         headers += [f"{n} {name}" for n in names]
         if higher:  # ratios where more is better; TTFT's would not fit 100 columns
@@ -393,6 +415,8 @@ def _headline_table(arms: list[Arm]) -> tuple[list[str], list[list[str]]]:
             values = [figure(arm.levels[c], key) for arm in arms]
             row += [fmt.format(v) if v is not None else "-" for v in values]
             if higher:
-                row += [ratio_text(arms[0].levels[c], arm.levels[c], key) for arm in arms[1:]]
+                row += [
+                    ratio_text(arms[0].levels[c], arm.levels[c], key, intervals) for arm in arms[1:]
+                ]
         rows.append(row)
     return headers, rows

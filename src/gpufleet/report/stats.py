@@ -159,13 +159,14 @@ def with_interval(value: float, interval: tuple[float, float] | None, places: in
     return f"{text} [{low:.{places}f}-{high:.{places}f}]"
 
 
-def ratio_text(a: LevelFigures, b: LevelFigures, key: str) -> str:
-    """`1.32x`, or with repeats `1.32x [1.28-1.36]`, and ` n.s.` when 1.0 is inside."""
+def ratio_text(a: LevelFigures, b: LevelFigures, key: str, intervals: bool = True) -> str:
+    """`1.32x`, or with repeats `1.32x [1.28-1.36]` (unless not `intervals`: a narrow
+    table), and ` n.s.` when 1.0 is inside."""
     va, vb = a.get(key), b.get(key)
     if not isinstance(va, int | float) or not isinstance(vb, int | float) or not va:
         return "-"
     interval = ratio_ci(a, b, key)
-    text = with_interval(vb / va, interval, suffix="x")
+    text = with_interval(vb / va, interval if intervals else None, suffix="x")
     return text + (" n.s." if interval and interval[0] <= 1.0 <= interval[1] else "")
 
 
