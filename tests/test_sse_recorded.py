@@ -121,3 +121,21 @@ def test_the_bench_client_counts_the_tokens_the_server_counted(path, form):
     verify = (last.get("meta_info") or {}).get("spec_verify_ct")  # SGLang's own count
     if verify is not None:
         assert records[0].spec_verify_ct == verify
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=NAMES)
+def test_a_stream_cut_short_before_its_end_is_a_failed_request(path):
+    """Issue 67: a stream that ended cleanly after 7 of 20 tokens, with no `[DONE]` and no
+    finish reason, was recorded as ok. Each real recording, cut after its 7th event, is
+    a failed request saying so; without only its `[DONE]`, its finish reason still ends it
+    the way the protocol says (ok)."""
+    meta = _meta(path)
+    events = events_of(path.read_bytes())
+    cut = b"".join(b"data: " + e + b"\n\n" for e in events[:7])
+    record = asyncio.run(_serve_and_request(cut, meta, 4096))
+    assert not record.ok
+    assert record.error == f"stream ended early after {record.completion_tokens} tokens"
+    assert 0 < record.completion_tokens < meta["server_tokens"]
+    no_done = b"".join(b"data: " + e + b"\n\n" for e in events[:-1])
+    whole = asyncio.run(_serve_and_request(no_done, meta, 4096))
+    assert whole.ok and whole.completion_tokens == meta["server_tokens"], whole.error

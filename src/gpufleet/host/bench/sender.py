@@ -93,6 +93,8 @@ class _StreamTracker:
         self.keep_text = keep_text  # a session's next turn needs this answer's text
         self.last_payload = b""
         self.draft_accepted: int | None = None  # llama.cpp's timings.draft_n_accepted
+        self.done = False  # the stream's `[DONE]` arrived
+        self.finish_reason = False  # an OpenAI chunk gave its finish_reason
         sglang = DIALECTS[backend].events == "sglang"
         self.on_event = self._sglang_event if sglang else self._openai_event
 
@@ -108,6 +110,20 @@ class _StreamTracker:
         if self.draft_accepted is not None and self.seen_tokens > self.draft_accepted:
             return self.seen_tokens - self.draft_accepted
         return None
+
+    def ended_as_the_protocol_says(self) -> bool:
+        """Whether the stream ended the way its engine's protocol ends one: `[DONE]`, or a
+        finish reason (OpenAI's in a choice; SGLang's in the last chunk's meta_info). A
+        stream that stops without either was cut short, however cleanly its TCP closed."""
+        if self.done or self.finish_reason:
+            return True
+        if not self.last_payload:
+            return False
+        try:
+            meta = json.loads(self.last_payload).get("meta_info") or {}
+        except (ValueError, AttributeError):
+            return False
+        return bool(meta.get("finish_reason"))
 
     def final_text(self) -> str:
         """The whole answer (SGLang's chunks carry the cumulative text: parse the last)."""
@@ -125,6 +141,7 @@ class _StreamTracker:
         total = _completion_tokens(payload) if seen else None
         if total is None:  # the first chunk, [DONE], an error, or an unusual layout: parse it all
             if payload == b"[DONE]":
+                self.done = True
                 return
             chunk = json.loads(payload)
             if "error" in chunk:
@@ -153,7 +170,9 @@ class _StreamTracker:
         self.last = now
 
     def _openai_event(self, payload: bytes, now: float) -> None:
-        if self.stopped or payload == b"[DONE]":
+        if payload == b"[DONE]":
+            self.done = True
+        if self.stopped or self.done:
             return
         record = self.record
         chunk = json.loads(payload)
@@ -173,6 +192,7 @@ class _StreamTracker:
         piece = None
         if choices:
             c = choices[0]
+            self.finish_reason = self.finish_reason or bool(c.get("finish_reason"))
             piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
         if not piece:  # the role chunk, or the final usage-only chunk
             if usage:
@@ -249,6 +269,9 @@ async def one_request(
         record.error = "no tokens received" + (
             f": {response.text[:200].strip()}" if response.body else ""
         )
+    elif not tracker.ended_as_the_protocol_says():
+        record.ok = False
+        record.error = f"stream ended early after {tracker.seen_tokens} tokens"
 
 
 class _Conversation:
