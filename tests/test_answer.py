@@ -107,7 +107,7 @@ def test_the_sentence_claims_only_what_is_significant_and_names_its_doubts(doubt
     assert "unequal GPUs (power limits (W))" in sentence
     assert "eagle3 at C=8 could not keep up with the offered rate (overloaded)" in sentence
     assert [n.topic for n in said.errors] == ["gpu"]
-    assert any("overloaded at C=8: achieved 3.00 of 12.00 req/s" in n.text for n in said.warnings)
+    assert any("overloaded at C=8: sent 3.00 of 12.00 req/s" in n.text for n in said.warnings)
     ns = [r for r in said.ratios if r.level == 64 and r.key == "output_throughput"]
     assert ns[0].significant is False and ns[0].text.endswith(" n.s.")
 
@@ -120,7 +120,7 @@ def test_errors_stand_beside_the_answer_above_the_plots(doubtful):
     assert 'class="errors"' in page[page.index("The answer") : page.index("<svg")]
     # the open-loop level: offered against achieved, its queue, marked overloaded
     text = _page_text(page)
-    assert "Open loop: offered and achieved" in text
+    assert "Open loop: offered, sent and completed" in text
     assert "8 eagle3 12.00 3.00 - - 4100 8200" in text and "overloaded" in text
     # a ratio that is not significant is not coloured as a win or a loss
     cell = re.search(r'<td class="num ratio ([a-z]*)">0\.9\dx \[[^<]*n\.s\.</td>', page)

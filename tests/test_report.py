@@ -173,3 +173,21 @@ def test_the_page_fits_its_figures_at_a_desk_and_on_a_phone(tmp_path):
     record("report_fit", {str(w): {"page": f["page"], "viewport": f["viewport"],
                                    "warning_px": f["warning"], "plot_px": f["plot"]}
                           for w, f in seen.fit.items()})  # fmt: skip
+
+
+def test_a_level_that_completed_nothing_prints_dashes_not_zeros():
+    """Issue 67: a failed level printed 0.0 for TTFT and tok/s, figures never measured.
+    Its counts and status stay; every measured figure reads "-"."""
+    from gpufleet.report import tables
+    from helpers import row
+
+    failed = row(max_concurrency=8, completed=0, failed=8, output_throughput=0.0,
+                 median_ttft_ms=0.0, level_status="failed")  # fmt: skip
+    ok = row(max_concurrency=1, completed=4, failed=0, output_throughput=52.5,
+             median_ttft_ms=0.0, level_status="ok")  # fmt: skip
+    heads = tables.headers([failed, ok])
+    cells = dict(zip(heads, tables.rows([failed])[0], strict=True))
+    assert cells["output tok/s"] == "-" and cells["TTFT p50 ms"] == "-"
+    assert cells["completed"] == "0" and cells["failed"] == "8" and cells["status"] == "failed"
+    kept = dict(zip(heads, tables.rows([ok])[0], strict=True))
+    assert kept["output tok/s"] == "52.5" and kept["TTFT p50 ms"] == "0.0"  # measured: shown

@@ -217,7 +217,7 @@ def _arm_load(arm: Arm, levels: list[int]) -> list[Notice]:
         if row.get("overloaded"):
             out.append(Notice(
                 Severity.WARNING,
-                f"{arm.label}: overloaded at C={c}: achieved "
+                f"{arm.label}: overloaded at C={c}: sent "
                 f"{row.get('achieved_request_rate', 0):.2f} of "
                 f"{row.get('offered_request_rate', 0):.2f} req/s offered{_answered(row)}, "
                 f"queue wait p50 "
@@ -388,10 +388,10 @@ def _plain_width(headers: list[str], rows: list[list[str]]) -> int:
 
 
 def _headline_table(arms: list[Arm]) -> tuple[list[str], list[list[str]]]:
-    """The headline columns, as many as fit TERMINAL_COLUMNS: first with the ratios'
-    intervals, then without them (the n.s. mark stays), then fewer metrics."""
+    """The headline columns, as many as fit TERMINAL_COLUMNS: the ratios keep their
+    intervals while fewer metrics fit; only then they go (the n.s. mark stays)."""
     headline = HEADLINE_METRICS if len(arms) <= 2 else HEADLINE_METRICS[:2]
-    tries = [(headline[:n], i) for n in range(len(headline), 0, -1) for i in (True, False)]
+    tries = [(headline[:n], i) for i in (True, False) for n in range(len(headline), 0, -1)]
     for shown, intervals in tries:
         headers, rows = _headline_columns(arms, shown, intervals)
         if _plain_width(headers, rows) <= TERMINAL_COLUMNS:

@@ -171,9 +171,14 @@ def _verdict_table(arms: list[Arm], said: Answer) -> str:
     )
 
 
-# an open-loop level's rates, its queue and its TTFT, as the catalogue names, heads and
-# formats them
-OPEN_LOOP = [m.key for m in catalogue.where(catalogue.Place.OPEN_LOOP)]
+# an open-loop level's rates and queue, then the figures measured after that queue (their
+# own heading says so: the TTFT), as the catalogue names, heads and formats them
+OPEN_LOOP = [
+    m.key
+    for m in sorted(
+        catalogue.where(catalogue.Place.OPEN_LOOP), key=lambda m: bool(m.open_loop_label)
+    )
+]
 
 
 def _open_loop_heading(key: str) -> str:
@@ -203,7 +208,7 @@ def _open_loop_table(arms: list[Arm]) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in ["C", "arm", *map(_open_loop_heading, OPEN_LOOP),
                                                    "load"])  # fmt: skip
     return (
-        '<h3>Open loop: offered and achieved</h3><div class="scroll"><table class="open">'
+        '<h3>Open loop: offered, sent and completed</h3><div class="scroll"><table class="open">'
         f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
     )
 

@@ -32,12 +32,19 @@ def _columns(results: Sequence[Figures] | None) -> list[tuple[str, str, str]]:
     ]
 
 
+def _measured(key: str) -> bool:
+    """A figure measured from completed requests (a speed, a latency), not a count or a
+    status: a level that completed none has no such figure."""
+    metric = catalogue.BY_KEY.get(key)
+    return metric is not None and metric.unit not in ("requests", "")
+
+
 def _cell(row: Figures, key: str, fmt: str) -> str:
     value = row.get(key)
     if key == "level_status" and row.get("overloaded"):
         return "overloaded" if value is None else f"{value}, overloaded"
-    if value is None:
-        return "-"
+    if value is None or (row.get("completed") == 0 and _measured(key)):
+        return "-"  # a failed level's 0.0 tok/s and 0.0 ms TTFT were never measured
     try:
         return fmt.format(value)
     except (ValueError, TypeError):
@@ -67,14 +74,14 @@ def overload_note(row: Figures) -> str | None:
     measured from the send, after a queue wait the user also waited."""
     if not row.get("overloaded"):
         return None
-    offered, achieved = row.get("offered_request_rate"), row.get("achieved_request_rate")
+    offered, sent = row.get("offered_request_rate"), row.get("achieved_request_rate")
     p50, p99 = row.get("median_queue_wait_ms"), row.get("p99_queue_wait_ms")
     completed = row.get("completed_request_rate")
     answered = f", completed {completed:.2f}" if completed is not None else ""
     queued = row.get("queue_at_last_arrival")
     backlog = f", {queued} waiting for an answer at the last arrival" if queued else ""
     return (
-        f"C={row.get('max_concurrency')}: overloaded: achieved {achieved:.2f}{answered} of "
+        f"C={row.get('max_concurrency')}: overloaded: sent {sent:.2f}{answered} of "
         f"{offered:.2f} req/s offered{backlog}; requests queued p50 {(p50 or 0) / 1000:.2f} s, "
         f"p99 {(p99 or 0) / 1000:.2f} s before being sent, so a user waited that plus the "
         "TTFT shown"
