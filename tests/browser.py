@@ -68,7 +68,22 @@ FIT_JS = """JSON.stringify((() => {
           r.bottom > box.bottom + 1) clipped.push(svg.getAttribute('aria-label') + ': ' + part.id);
     }
   }
-  return {viewport: innerWidth, page: document.documentElement.scrollWidth, clipped,
+  // a cell of the verdict or open-loop table whose text runs over more than one line
+  const broken = [];
+  for (const td of document.querySelectorAll('table.verdict td, table.open td')) {
+    const range = document.createRange();
+    range.selectNodeContents(td);
+    const lines = new Set([...range.getClientRects()].filter(r => r.width > 0)
+                          .map(r => Math.round(r.top)));
+    if (lines.size > 1) broken.push(td.innerText);
+  }
+  const scrolls = [...document.querySelectorAll('div.scroll')].map(s => {
+    const h = s.previousElementSibling;
+    return {wider: s.scrollWidth > s.clientWidth + 1,
+            hint: !!(h && h.classList.contains('hint') && !h.hidden)};
+  });
+  return {viewport: innerWidth, page: document.documentElement.scrollWidth, clipped, broken,
+          scrolls,
           parts: document.querySelectorAll('svg.plot #gpufleet-legend').length,
           warning: top(document.querySelector('ul.warn, ul.errors')),
           plot: top(document.querySelector('svg.plot'))};

@@ -10,6 +10,8 @@ table, plots and warnings, then provenance and raw files.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 import math
@@ -27,7 +29,6 @@ VERDICT_METRICS = [  # (heading, key, format, higher is better): from the catalo
     (m.label, m.key, m.fmt, bool(m.higher_is_better))
     for m in catalogue.where(catalogue.Place.VERDICT)
 ]
-WIDE_TABLE_COLUMNS = 8  # past this many, a phone scrolls the table sideways: say so
 
 
 @dataclass
@@ -78,6 +79,8 @@ def render(data: ReportInput, out_dir: Path) -> str:
         css=CSS,
         body="\n".join(body),
         data=embedded,
+        show_hints=SHOW_HINTS,
+        script_hash=SCRIPT_HASH,
     )
 
 
@@ -154,13 +157,8 @@ def _verdict_table(arms: list[Arm], said: Answer) -> str:
                 cells.append(f'<td class="num ratio {css}">{_e(ratio.text)}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     columns = 1 + len(VERDICT_METRICS) * span
-    hint = (
-        f'<p class="hint">{columns} columns: scroll the table sideways to see them all &rarr;</p>'
-        if columns > WIDE_TABLE_COLUMNS
-        else ""
-    )
     return (
-        hint
+        _scroll_hint(columns)
         + '<div class="scroll"><table class="verdict"><thead><tr>'
         + "".join(top)
         + "</tr><tr>"
@@ -179,6 +177,26 @@ OPEN_LOOP = [
         catalogue.where(catalogue.Place.OPEN_LOOP), key=lambda m: bool(m.open_loop_label)
     )
 ]
+
+
+def _scroll_hint(columns: int) -> str:
+    """The hint above a table that may not fit: hidden until SHOW_HINTS finds its table
+    wider than its box (at this width), so it is said only where the table scrolls."""
+    return (
+        f'<p class="hint" hidden>{columns} columns: scroll the table sideways to see them '
+        "all &rarr;</p>"
+    )
+
+
+# shows each table's hint exactly while the table overflows its box, at load and on every
+# resize; the page's policy runs this script alone (its hash), nothing else
+SHOW_HINTS = (
+    "function hints(){for(const s of document.querySelectorAll('div.scroll')){"
+    "const h=s.previousElementSibling;if(h&&h.classList.contains('hint'))"
+    "h.hidden=s.scrollWidth<=s.clientWidth+1;}}"
+    "addEventListener('load',hints);addEventListener('resize',hints);"
+)
+SCRIPT_HASH = base64.b64encode(hashlib.sha256(SHOW_HINTS.encode()).digest()).decode()
 
 
 def _open_loop_heading(key: str) -> str:
@@ -208,7 +226,9 @@ def _open_loop_table(arms: list[Arm]) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in ["C", "arm", *map(_open_loop_heading, OPEN_LOOP),
                                                    "load"])  # fmt: skip
     return (
-        '<h3>Open loop: offered, sent and completed</h3><div class="scroll"><table class="open">'
+        "<h3>Open loop: offered, sent and completed</h3>"
+        + _scroll_hint(len(OPEN_LOOP) + 3)
+        + '<div class="scroll"><table class="open">'
         f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
     )
 
@@ -286,6 +306,7 @@ table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 th, td { border: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
 table.verdict th { text-align: center; font-size: 13px; } table.verdict { width: 100%; }
 td.num { text-align: right; } th small { color: var(--muted); font-weight: normal; }
+table.verdict td, table.open td { white-space: nowrap; }  /* a number never breaks: it scrolls */
 td.win { background: var(--win); } td.lose { background: var(--lose); }
 .plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 12px; }
 svg.plot { width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; }
@@ -316,13 +337,15 @@ PAGE = """<!DOCTYPE html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta http-equiv="Content-Security-Policy"
- content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
+ content="default-src 'none'; style-src 'unsafe-inline'; img-src data:;
+ script-src 'sha256-{script_hash}'">
 <title>{title}</title>
 <style>{css}</style>
 </head>
 <body>
 {body}
 <script type="application/json" id="gpufleet-data">{data}</script>
+<script>{show_hints}</script>
 <footer><p><small>gpufleet report: every figure comes from the archived results.jsonl of
 the runs above (SGLang bench_serving's definitions); the data is embedded in this page.
 </small></p></footer>
