@@ -131,7 +131,7 @@ def control_calls_into_cli() -> list[str]:
 
 def main() -> int:
     dicts = any_dicts()
-    print(f"dict[str, Any] annotations: {sum(dicts.values())} "
+    print(f"undeclared shapes (dict[str, Any], JsonObject, dict[str, object]): {sum(dicts.values())} "
           f"({', '.join(f'{k} {v}' for k, v in dicts.most_common() if v)})")  # fmt: skip
     print(f'option reads o["..."] in cli/: {option_reads()}')
     long = long_functions()
