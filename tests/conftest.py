@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.sim import provider as rehearsal
-from gpufleet.sim.sshd import LoopbackSshd, keygen, sshd_path
+from gpufleet.sim.sshd import LoopbackSshd, keygen, release_ports, sshd_path
 from helpers import TEST_DEADLINE, Fleet, SimServer
 
 # tests that run the agent's code in this process start it as the zipapp does: with the
@@ -163,6 +163,14 @@ def _cli_deadline(request: pytest.FixtureRequest):
     TEST_DEADLINE[:] = [time.monotonic() + float(seconds or 300)]
     yield
     TEST_DEADLINE.clear()
+
+
+@pytest.fixture(autouse=True)
+def _port_blocks():
+    """The loopback port blocks a test was handed are its own until it ends
+    (gpufleet.sim.sshd.free_port)."""
+    yield
+    release_ports()
 
 
 def _spawns(item: pytest.Item) -> bool:

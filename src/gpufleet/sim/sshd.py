@@ -48,11 +48,18 @@ def _port_slice() -> tuple[int, int]:
     return 0, 1
 
 
-def free_port() -> int:
-    """A free loopback port below the ephemeral range (with room for per-host offsets).
+_HANDED_OUT: set[int] = set()  # block starts this process gave out, until release_ports()
 
-    An ephemeral port can be taken as the source port of any outgoing connection (the many
-    SSH connections of a test run) between this call and the server's bind.
+
+def free_port() -> int:
+    """A free loopback port below the ephemeral range, the start of a block of
+    OFFSET_ROOM + 1 ports (a host's servers sit at its profile's port + the host's offset).
+
+    Every port of the block is free when it is handed out, and no two blocks this process
+    hands out overlap until release_ports(): an sshd's port never lands where a host's
+    server will bind, nor a server left by an earlier test. An ephemeral port can be taken
+    as the source port of any outgoing connection (the many SSH connections of a test run)
+    between this call and the server's bind, hence below that range.
     """
     lo, _ = _ephemeral_range()
     bottom, top = max(1024, lo - 12000), max(1025 + OFFSET_ROOM, lo - 1000)
@@ -61,16 +68,30 @@ def free_port() -> int:
     start = bottom + index * width
     candidates = list(range(start, max(start + 1, start + width - OFFSET_ROOM)))
     random.shuffle(candidates)
-    for port in candidates[:200]:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+    for port in candidates[:400]:
+        if any(abs(port - other) <= OFFSET_ROOM for other in _HANDED_OUT):
+            continue
+        if all(_bindable(p) for p in range(port, port + OFFSET_ROOM + 1)):
+            _HANDED_OUT.add(port)
             return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def release_ports() -> None:
+    """Forget the blocks handed out so far: their owner (a test, a rehearsal) has ended
+    and stopped what bound them."""
+    _HANDED_OUT.clear()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def keygen(path: Path) -> None:
