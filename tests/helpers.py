@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -304,6 +305,19 @@ def level(c: int = 1, ci: dict | None = None, **figures):
     return LevelFigures(
         row(max_concurrency=c, **figures), repeats=3 if ci else 1, ci=dict(ci or {})
     )
+
+
+def requests_around(per_request_tps: float, count: int = 11, spread: float = 0.02) -> str:
+    """A level's requests-cN.jsonl whose median per-request output tok/s is exactly
+    `per_request_tps` (each request `spread` apart around it), for an archived run a test
+    writes by hand: the report resamples a percentile's interval from its requests."""
+    tokens, middle = 256, count // 2
+    lines = []
+    for i in range(count):
+        speed = per_request_tps * (1 + spread * (i - middle))
+        lines.append({"index": i, "ok": True, "ttft": 0.01, "e2e": tokens / speed, "itl": [],
+                      "completion_tokens": tokens})  # fmt: skip
+    return "".join(json.dumps(r) + "\n" for r in lines)
 
 
 def row(**figures):

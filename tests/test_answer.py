@@ -17,7 +17,7 @@ from gpufleet.archive import store as archive
 from gpufleet.archive.kept import Manifest
 from gpufleet.archive.layout import Archive
 from gpufleet.report import answer, catalogue, figures, select
-from helpers import level, run_cli, unwrap
+from helpers import level, requests_around, run_cli, unwrap
 
 # Three repeats per level. At C=64 the two arms' total throughputs overlap (no significant
 # difference); per-request speed crosses between C=1 and C=8.
@@ -50,6 +50,11 @@ def _repeated_run(root, host, run_id, profile, levels, power=(700, 700), extra=N
         "levels": [{"concurrency": c, "output_throughput": v[0][0]} for c, v in levels.items()],
     }  # fmt: skip
     files = {"results.jsonl": "".join(json.dumps(r) + "\n" for r in rows).encode()}
+    for r in rows:
+        tag = f"c{r['max_concurrency']}" + (f"-r{r['repeat']}" if r["repeat"] > 1 else "")
+        files[f"requests-{tag}.jsonl"] = requests_around(
+            r["median_per_request_output_tps"]
+        ).encode()
     archive.write_run(Archive(root), host, run_id, files, Manifest.from_wire(manifest))
 
 

@@ -145,6 +145,27 @@ def test_bench_repeat_runs_rounds_and_prints_intervals(sim_server, tmp_path):
     compared = run_cli("compare", run_dir.name, run_dir.name, "--archive", str(archive))
     assert compared.returncode == 0, compared.stdout + compared.stderr
     assert "1.00x [" in compared.stdout and "n.s." in compared.stdout
+    # the runner's percentiles are reproduced from the archived requests, so each gets its
+    # resampled interval (issue 67.4): closed loop here, open loop (latency from when each
+    # request was due) below
+    _every_percentile_has_its_interval(run_dir)
+    out = run_cli(
+        "bench", "--client", "local", "--url", server.url, "--concurrency", "2",
+        "--request-rate", "40", "--num-prompts", "6", "--output-len", "8", "--repeat", "3",
+        "--archive", str(archive),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    [open_loop] = [d for d in host.iterdir() if d != run_dir]
+    _every_percentile_has_its_interval(open_loop)
+
+
+def _every_percentile_has_its_interval(run_dir):
+    from gpufleet.report import catalogue, select
+
+    percentiles = {k for k in catalogue.interval_keys() if catalogue.quantile_of(k)}
+    for c, figures in select.load_arm("a", [run_dir]).levels.items():
+        assert percentiles <= set(figures.ci), (c, sorted(percentiles - set(figures.ci)))
+        assert figures.ci["median_ttft_ms"][1] <= figures.ci["p99_ttft_ms"][1]
 
 
 def test_resume_runs_the_request_the_sweep_was_started_with(tmp_path, monkeypatch):

@@ -13,9 +13,13 @@ from gpufleet.sim import sshd
 
 
 def _narrow_slice(monkeypatch) -> None:
-    """A slice of this worker's own slice, a few blocks wide, so collisions are likely."""
+    """A slice of this worker's own slice, about ten blocks wide, so collisions are likely
+    (whatever the number of workers)."""
     index, count = sshd._port_slice()
-    monkeypatch.setenv(sshd.PORT_SLICE_ENV, f"{index * 20 + 7}/{count * 20}")
+    lo, _ = sshd._ephemeral_range()
+    width = (lo - 1000 - max(1024, lo - 12000)) // count
+    parts = max(1, width // (10 * (sshd.OFFSET_ROOM + 1)))
+    monkeypatch.setenv(sshd.PORT_SLICE_ENV, f"{index * parts + parts // 2}/{count * parts}")
 
 
 def test_blocks_handed_out_never_overlap_nor_cover_a_listening_port(monkeypatch):
@@ -32,7 +36,9 @@ def test_blocks_handed_out_never_overlap_nor_cover_a_listening_port(monkeypatch)
         finally:
             listener.close()
             sshd.release_ports()
+        lo, _ = sshd._ephemeral_range()
         for port in blocks:
+            assert port + sshd.OFFSET_ROOM < lo, port  # never an ephemeral port
             assert not port <= first + 40 <= port + sshd.OFFSET_ROOM, (port, first)
         blocks.sort()
         assert all(b - a > sshd.OFFSET_ROOM for a, b in itertools.pairwise(blocks)), blocks

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 # Modules every package may import: records and words that cross every boundary. The
 # shipped ones travel in the agent's zip, so host/ and sim/ may import only those.
-SHIPPED_BASE = ("__init__", "kinds", "wire", "records", "readings", "engine_facts")
-BASE = (*SHIPPED_BASE, "errors")
+SHIPPED_BASE = (
+    "__init__", "kinds", "wire", "records", "readings", "engine_facts", "per_request",
+)  # fmt: skip
+BASE = (*SHIPPED_BASE, "errors", "layers")  # layers: the zip ships its SHIPPED_BASE
 
 # package -> the packages it may import besides its own and the base, lowest layers first
 LAYERS: dict[str, tuple[str, ...]] = {

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gpufleet import per_request
 from gpufleet.archive.kept import Manifest, Superseded
 from gpufleet.archive.layout import Archive
 from gpufleet.errors import UserError
-from gpufleet.records import ResultRow
+from gpufleet.records import Level, ResultRow
 from gpufleet.wire import WireError
 
 # Archives hold server argv, hosts and timings: private by default (files 0600, directories
@@ -118,6 +119,22 @@ def read_results(run_dir: Path) -> list[ResultRow]:
     """An archived run's level rows (results.jsonl), checked."""
     path = run_dir / "results.jsonl"
     return parse_results(path.read_text(), str(path))
+
+
+def read_requests(run_dir: Path, row: ResultRow) -> list[per_request.RequestTimes] | None:
+    """The finished requests of one level's row (its `requests-c64.jsonl`), timed as the
+    row's figures counted them (an open-loop level's from when each was due); None where
+    the run kept none or a line is not a request's."""
+    tag = Level(concurrency=row.max_concurrency, num_prompts=0, repeat=row.repeat).tag
+    try:
+        lines = (run_dir / f"requests-{tag}.jsonl").read_text().splitlines()
+        fields = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError):
+        return None
+    if not all(isinstance(f, dict) for f in fields):
+        return None
+    from_due = row.get(per_request.OPEN_LOOP_KEY) is not None
+    return [per_request.RequestTimes.of(f, from_due) for f in fields if f.get("ok") is True]
 
 
 def read_manifest(run_dir: Path) -> Manifest:

@@ -106,7 +106,7 @@ def bench(c, **given):
     if o.client == "local":
         run_id, value = bench_control.bench_local(request, bench_progress())
         table(f"{run_id} ({value.status})", headers(value.results), rows(value.results))
-        for text in repeat_lines(value.results):
+        for text in repeat_lines(value.results, value.path):
             line(text)
         line(f"archived {value.path}")
         if not value.done:

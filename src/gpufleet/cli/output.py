@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from gpufleet.kinds import Kind
@@ -70,15 +71,17 @@ def print_runs(results: list[Any]) -> None:
             headers(value.results),
             rows(value.results),
         )
-        for text in repeat_lines(value.results):
+        for text in repeat_lines(value.results, value.path):
             line(f"{res.host.name}: {text}")
         for text in level_notes(value.results, steady=False):
             line(f"{res.host.name}: {text}")
         line(f"{res.host.name}: archived {value.path}")
 
 
-def repeat_lines(results: list[ResultRow]) -> list[str]:
-    """With --repeat: each level's mean and 95% interval of the headline figures."""
+def repeat_lines(results: list[ResultRow], run_dir: str | None = None) -> list[str]:
+    """With --repeat: each level's mean and 95% interval of the headline figures (the
+    percentiles' from the archived run's requests)."""
+    from gpufleet.archive import store
     from gpufleet.report import catalogue
     from gpufleet.report.stats import aggregate, with_interval
 
@@ -89,7 +92,9 @@ def repeat_lines(results: list[ResultRow]) -> list[str]:
     for c, rows in sorted(by_level.items()):
         if len(rows) < 2:
             continue
-        agg = aggregate(rows)
+        found = [store.read_requests(Path(run_dir), r) for r in rows] if run_dir else []
+        requests = [r for r in found if r is not None]
+        agg = aggregate(rows, requests if len(requests) == len(rows) else None)
         parts = []
         for metric in catalogue.where(catalogue.Place.REPEATS):
             key = metric.key

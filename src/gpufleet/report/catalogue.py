@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from gpufleet import per_request
+
 
 class Place(StrEnum):
     RUN_TABLE = "run table"  # inv bench's table, summary.csv and summary.md
@@ -171,6 +173,21 @@ def where(place: Place) -> list[Metric]:
 
 def interval_keys() -> tuple[str, ...]:
     return tuple(m.key for m in CATALOGUE if m.interval)
+
+
+def quantile_of(key: str) -> tuple[str, float] | None:
+    """(per-request series, percentile) for a figure that is a percentile of one of
+    gpufleet.per_request's series (`median_ttft_ms` -> ("ttft_ms", 50), `p99_itl_ms` ->
+    ("itl_ms", 99)), else None: its interval is resampled request by request
+    (report/resampling.py), never a t interval of the repeats' percentiles."""
+    head, _, series = key.partition("_")
+    if series not in per_request.SERIES:
+        return None
+    if head == "median":
+        return series, 50.0
+    if head[:1] == "p" and head[1:].isdigit():
+        return series, float(head[1:])
+    return None
 
 
 def tick(value: float) -> str:

@@ -19,20 +19,29 @@ from gpufleet.records import ResultRow
 from gpufleet.report import html
 from gpufleet.report.compare import Arm
 from gpufleet.report.html import Failure, ReportInput
-from gpufleet.report.stats import aggregate
+from gpufleet.report.stats import MIN_REPEATS_FOR_INTERVAL, LevelFigures, aggregate
 
 
 def load_arm(label: str, run_dirs: list[Path]) -> Arm:
     """One arm from its runs: a level measured several times (`--repeat`, or several runs
     of a sweep's repeated cells) becomes the mean with its confidence interval."""
     arm = Arm(label=label, manifests=[])
-    samples: dict[int, list[ResultRow]] = {}
+    samples: dict[int, list[tuple[Path, ResultRow]]] = {}
     for run_dir in run_dirs:
         arm.manifests.append(store.read_manifest(run_dir))
         for row in store.read_results(run_dir):
-            samples.setdefault(row.max_concurrency, []).append(row)
-    arm.levels = {c: aggregate(rows) for c, rows in sorted(samples.items())}
+            samples.setdefault(row.max_concurrency, []).append((run_dir, row))
+    arm.levels = {c: _level(found) for c, found in sorted(samples.items())}
     return arm
+
+
+def _level(found: list[tuple[Path, ResultRow]]) -> LevelFigures:
+    """One level's repeats, with their requests where an interval will be drawn."""
+    rows = [row for _, row in found]
+    if len(rows) < MIN_REPEATS_FOR_INTERVAL:
+        return aggregate(rows)
+    requests = [r for r in (store.read_requests(d, row) for d, row in found) if r is not None]
+    return aggregate(rows, requests if len(requests) == len(rows) else None)
 
 
 def _runs_named(arg: str, runs: list[store.ListedRun]) -> dict[str, list[Path]]:

@@ -5,6 +5,10 @@ confidence interval from Student's t (n - 1 degrees of freedom): repeats are few
 normal approximation would claim too much. A ratio of two arms' means gets its interval on
 the log scale (delta method, the smaller arm's degrees of freedom); "not significant" means
 that interval includes 1.0.
+
+A percentile (TTFT p99, ITL p50, ...) is not a mean: its interval, and its ratio's, come
+from resampling the repeats and their requests (report/resampling.py). Without the requests
+(a run archived without them) a percentile gets no interval rather than a t interval.
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from gpufleet import per_request
 from gpufleet.records import ResultRow
-from gpufleet.report import catalogue
+from gpufleet.report import catalogue, resampling
 from gpufleet.wire import JsonDict
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1-30); beyond, the Cornish-Fisher
@@ -80,6 +87,8 @@ class LevelFigures:
     repeats: int = 1
     ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     samples: dict[str, list[float]] = field(default_factory=dict)
+    # a percentile's resampled statistic (report/resampling.py), for its ratios' intervals
+    draws: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def get(self, key: str, default: Any = None) -> Any:
         """A figure by its results.jsonl name (ResultRow.get), for catalogue-driven code."""
@@ -99,9 +108,13 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def aggregate(rows: list[ResultRow]) -> LevelFigures:
+def aggregate(
+    rows: list[ResultRow], requests: list[list[per_request.Timed]] | None = None
+) -> LevelFigures:
     """One level's repeats as one record: the mean of every figure all repeats have, the
-    marks any repeat raised, the requests summed, intervals for the catalogue's keys."""
+    marks any repeat raised, the requests summed, intervals for the catalogue's keys.
+    `requests`: each repeat's finished requests, in the rows' order, for the percentiles'
+    intervals."""
     if len(rows) == 1:
         return LevelFigures(rows[0])
     last = rows[-1]
@@ -125,17 +138,49 @@ def aggregate(rows: list[ResultRow]) -> LevelFigures:
     figures = LevelFigures(row, repeats=len(rows))
     if len(rows) < MIN_REPEATS_FOR_INTERVAL:
         return figures
+    resampled = _percentile_draws(rows, figures.row, requests)
     for key in CI_KEYS:
         numbers = [r.get(key) for r in rows]
-        if all(_number(v) for v in numbers):
-            _, low, high = mean_ci([float(v) for v in numbers])
+        if not all(_number(v) for v in numbers):
+            continue
+        figures.samples[key] = [float(v) for v in numbers]
+        if catalogue.quantile_of(key) is None:
+            _, low, high = mean_ci(figures.samples[key])
             figures.ci[key] = (low, high)
-            figures.samples[key] = [float(v) for v in numbers]
+        elif key in resampled:
+            figures.draws[key] = resampled[key]
+            figures.ci[key] = resampling.interval(resampled[key], float(figures.row.get(key)))
     return figures
 
 
+def _percentile_draws(
+    rows: list[ResultRow], mean: ResultRow, requests: list[list[per_request.Timed]] | None
+) -> dict[str, np.ndarray]:
+    """The percentiles' resampled statistics, for each whose figure the requests reproduce
+    (a row written from other requests, or by another definition, gets none)."""
+    if not requests or len(requests) != len(rows):
+        return {}
+    keys = [k for k in CI_KEYS if catalogue.quantile_of(k)]
+    seed = resampling.seed_of([(r.started_at, r.max_concurrency, r.repeat) for r in rows])
+    kept = {}
+    for key, found in resampling.percentile_draws(requests, keys, seed).items():
+        figure = mean.get(key)
+        if (
+            _number(figure)
+            and found.draws.size
+            and math.isclose(figure, found.point, rel_tol=1e-6, abs_tol=1e-9)
+        ):
+            kept[key] = found.draws
+    return kept
+
+
 def ratio_ci(a: LevelFigures, b: LevelFigures, key: str) -> tuple[float, float] | None:
-    """95% interval of mean(b)/mean(a) for one figure, or None without repeats on both."""
+    """95% interval of mean(b)/mean(a) for one figure, or None without repeats on both. A
+    percentile's from its resampled statistics (widened to hold the ratio itself)."""
+    if key in a.draws and key in b.draws:
+        return _ratio_of_draws(a, b, key)
+    if catalogue.quantile_of(key):
+        return None
     sa, sb = a.samples.get(key), b.samples.get(key)
     if not sa or not sb or min(len(sa), len(sb)) < MIN_REPEATS_FOR_INTERVAL:
         return None
@@ -146,6 +191,16 @@ def ratio_ci(a: LevelFigures, b: LevelFigures, key: str) -> tuple[float, float] 
     half = t95(min(len(sa), len(sb)) - 1) * math.sqrt(var)
     log_ratio = math.log(mb / ma)
     return math.exp(log_ratio - half), math.exp(log_ratio + half)
+
+
+def _ratio_of_draws(a: LevelFigures, b: LevelFigures, key: str) -> tuple[float, float] | None:
+    da, db = a.draws[key], b.draws[key]
+    size = min(da.size, db.size)
+    va, vb = a.get(key), b.get(key)
+    if not size or not va or not vb or np.any(da[:size] <= 0):
+        return None
+    low, high = np.percentile(db[:size] / da[:size], [2.5, 97.5])
+    return min(float(low), vb / va), max(float(high), vb / va)
 
 
 def with_interval(value: float, interval: tuple[float, float] | None, places: int = 2,

@@ -19,14 +19,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from gpufleet import layers
 from gpufleet.control.agent import bootstrap
 from gpufleet.host.agent import trust
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # src/gpufleet
-SHIPPED = (
-    "__init__.py", "kinds.py", "wire.py", "records.py", "readings.py", "engine_facts.py",
-    "host", "sim",
-)  # fmt: skip
+SHIPPED = (*(f"{name}.py" for name in layers.SHIPPED_BASE), "host", "sim")
 # the zip's start-up: the rehearsal engine plugs into the agent's seam here, the one place
 # that knows both (host/agent/simulation.py), then the agent runs
 MAIN = (

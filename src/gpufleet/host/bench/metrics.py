@@ -16,6 +16,7 @@ import math
 import statistics
 from typing import Any
 
+from gpufleet import per_request
 from gpufleet.host.bench import clientcert, steady
 from gpufleet.host.bench import slo as slos
 from gpufleet.host.bench.level import LevelRun, RequestRecord
@@ -39,8 +40,7 @@ def percentile(values: list[float], p: float) -> float:
     return data[lo] + (data[hi] - data[lo]) * (k - lo)
 
 
-def _stats(prefix: str, values: list[float], scale: float = 1.0) -> dict[str, float]:
-    vals = [v * scale for v in values]
+def _stats(prefix: str, vals: list[float]) -> dict[str, float]:
     return {
         f"mean_{prefix}": statistics.fmean(vals) if vals else 0.0,
         f"median_{prefix}": statistics.median(vals) if vals else 0.0,
@@ -97,7 +97,6 @@ def _bench_serving_row(
     """The keys bench_serving writes, with its meanings."""
     out_tokens = sum(r.completion_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)
-    tpots = [(r.e2e - r.ttft) / (r.completion_tokens - 1) for r in ok if r.completion_tokens > 1]
     return {
         "backend": backend,
         "request_rate": run.request_rate if math.isfinite(run.request_rate) else "inf",
@@ -114,10 +113,10 @@ def _bench_serving_row(
         "input_throughput": in_tokens / duration,
         "output_throughput": out_tokens / duration,
         "total_throughput": (in_tokens + out_tokens) / duration,
-        **_stats("ttft_ms", [r.ttft for r in ok], 1000),
-        **_stats("tpot_ms", tpots, 1000),
-        **_stats("itl_ms", [g for r in ok for g in r.itl], 1000),
-        **_stats("e2e_latency_ms", [r.e2e for r in ok], 1000),
+        **_stats("ttft_ms", per_request.series_values(ok, "ttft_ms")),
+        **_stats("tpot_ms", per_request.series_values(ok, "tpot_ms")),
+        **_stats("itl_ms", per_request.series_values(ok, "itl_ms")),
+        **_stats("e2e_latency_ms", per_request.series_values(ok, "e2e_latency_ms")),
         "concurrency": sum(r.e2e for r in ok) / duration,
         # distinct messages; with --output-details `errors` becomes bench_serving's
         # per-request list ("" for a success) and the messages stay in error_messages
@@ -132,16 +131,12 @@ def _bench_serving_row(
 def _per_request_speeds(ok: list[RequestRecord]) -> dict[str, float]:
     """Each request's own speed: end to end (tokens / e2e) and decoding alone ((tokens - 1)
     / (e2e - TTFT), TTFT left out)."""
-    per_request = [r.completion_tokens / r.e2e for r in ok if r.e2e > 0]
-    decoding = [
-        (r.completion_tokens - 1) / (r.e2e - r.ttft)
-        for r in ok
-        if r.completion_tokens > 1 and r.e2e > r.ttft
-    ]
+    speeds = per_request.series_values(ok, "per_request_output_tps")
+    decoding = per_request.series_values(ok, "per_request_decode_tps")
     return {
-        "mean_per_request_output_tps": statistics.fmean(per_request) if per_request else 0.0,
-        "median_per_request_output_tps": statistics.median(per_request) if per_request else 0.0,
-        "p10_per_request_output_tps": percentile(per_request, 10),
+        "mean_per_request_output_tps": statistics.fmean(speeds) if speeds else 0.0,
+        "median_per_request_output_tps": statistics.median(speeds) if speeds else 0.0,
+        "p10_per_request_output_tps": percentile(speeds, 10),
         "median_per_request_decode_tps": statistics.median(decoding) if decoding else 0.0,
     }
 
@@ -221,7 +216,7 @@ def client_figures(run: LevelRun) -> Figures:
             "client_late": clientcert.late(loop_p99),
         }
     if run.open_loop:
-        out.update(_stats("queue_wait_ms", [r.queue_wait for r in run.records if r.ok], 1000))
+        out.update(_stats("queue_wait_ms", [r.queue_wait * 1000 for r in run.records if r.ok]))
         out.update(open_loop_rates(run.records))
     return out
 
