@@ -272,3 +272,37 @@ def _pids_with_cwd(folder: Path) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+@pytest.fixture
+def rooted_users():
+    """Three real local users that would hold root's powers: a uid-0 alias, one whose
+    primary group is 0, one in group 0; removed afterwards."""
+    names = {"gpufleet-toor": ["-o", "-u", "0"], "gpufleet-gid0": ["-g", "0"],
+             "gpufleet-grp0": ["-G", "root"]}  # fmt: skip
+    for name, options in names.items():
+        subprocess.run(["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", *options, name],
+                       check=True, capture_output=True)  # fmt: skip
+    try:
+        yield list(names)
+    finally:
+        for name in names:
+            subprocess.run(["userdel", name], capture_output=True)
+
+
+@pytest.mark.exclusive  # adds users to this machine's passwd: nothing else may read it then
+def test_run_as_naming_a_user_with_roots_powers_is_refused_in_one_line(rooted_users):
+    from gpufleet.host.agent import runas
+    from gpufleet.host.agent.protocol import AgentError
+
+    said = {}
+    for name in rooted_users:
+        with pytest.raises(AgentError) as refused:
+            runas.resolve(name)
+        said[name] = str(refused.value)
+        assert "\n" not in said[name] and f"getent passwd {name}" in said[name]
+    assert "is uid 0, another name for root" in said["gpufleet-toor"]
+    assert "has group 0 (root) as its primary group" in said["gpufleet-gid0"]
+    assert "is a member of group 0 (root)" in said["gpufleet-grp0"]
+    assert runas.resolve("root") is None  # root by its own name: the judged mode, knowingly
+    assert runas.resolve("nobody").uid == NOBODY

@@ -152,10 +152,25 @@ def resolve(name: str | None) -> RunAs | None:
     except KeyError:
         raise AgentError(f"run_as: no user {name!r} on this host (getent passwd {name})",
                          kind=Kind.USAGE) from None  # fmt: skip
-    if entry.pw_uid == 0:
-        return None  # another name for root: the judged mode
     groups = tuple(sorted(set(os.getgrouplist(name, entry.pw_gid))))
+    rooted = _root_in(entry.pw_uid, entry.pw_gid, groups)
+    if rooted:  # named to run unprivileged, it would not be: never silently root
+        raise AgentError(f"run_as: {name!r} {rooted} on this host (getent passwd {name}): "
+                         "name an unprivileged user, or `run_as: root` to run as root "
+                         "knowingly", kind=Kind.USAGE)  # fmt: skip
     return RunAs(name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
+
+
+def _root_in(uid: int, gid: int, groups: tuple[int, ...]) -> str | None:
+    """How a user would hold root's powers: uid 0 (another name for root), primary group
+    0, or membership of group 0 (root's files that are group-writable); None if not."""
+    if uid == 0:
+        return "is uid 0, another name for root"
+    if gid == 0:
+        return "has group 0 (root) as its primary group"
+    if 0 in groups:
+        return "is a member of group 0 (root)"
+    return None
 
 
 def owners(name: str | None) -> set[int]:
