@@ -300,8 +300,9 @@ class SrunSession(Session):
 
     def _while_controller_down(self, start: Callable[[], T]) -> T:
         """`start` a step; while srun says slurmctld does not answer, again after 2, 4, 8,
-        16 s ... up to $GPUFLEET_SLURMCTLD_WAIT_S (90 s), each wait said on stderr, and the
-        outcome said with the task's warnings or in the failure's one line."""
+        16 s ... for all of $GPUFLEET_SLURMCTLD_WAIT_S (90 s: the last wait is cut short so
+        a try falls at the limit), each wait said on stderr, and the outcome said with the
+        task's warnings or in the failure's one line."""
         limit = float(os.environ.get(CONTROLLER_WAIT_ENV) or CONTROLLER_WAIT_S)
         began, delay, tries = time.monotonic(), 2.0, 1
         while True:
@@ -314,18 +315,19 @@ class SrunSession(Session):
                 if not (CONTROLLER_DOWN.search(str(exc)) or
                         (tries > 1 and STEP_REFUSED.search(str(exc)))):  # fmt: skip
                     raise
-                if waited + delay > limit:
+                if waited >= limit:  # the last try came at the limit, not a wait before it
                     said = f"{tries} {'try' if tries == 1 else 'tries'}"
                     raise HostError(f"{exc}; {GAVE_UP} {waited:.0f} s "
                                     f"({said}, ${CONTROLLER_WAIT_ENV}={limit:g})",
                                     exc.kind) from None  # fmt: skip
+                pause = min(delay, limit - waited)
                 print(
                     f"{self.host.name}: slurmctld does not answer; trying again in "
-                    f"{delay:g} s (for up to {limit:g} s)",
+                    f"{pause:.3g} s (for up to {limit:g} s)",
                     file=sys.stderr,
                     flush=True,
                 )
-                time.sleep(delay)
+                time.sleep(pause)
                 delay, tries = min(delay * 2, 16.0), tries + 1
                 continue
             if tries > 1:
