@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from gpufleet.cli.output import line, table
+from gpufleet.control.tune.goal import share_text
 
 
 def print_choice(outcome: Any) -> None:
@@ -53,10 +54,10 @@ def print_verdicts(outcome: Any) -> None:
             [
                 [str(r.concurrency), r.winner,
                  *(f"{x:.1f}" for x in r.per_request.values()),
-                 *(f"{x:.0f}" for x in r.throughput.values()), f"{r.kept:.0%}",
+                 *(f"{x:.0f}" for x in r.throughput.values()), share_text(r.kept),
                  r.best_static or "-",
                  "-" if r.best_static_tps is None else f"{r.best_static_tps:.0f}",
-                 "-" if r.kept_best is None else f"{r.kept_best:.0%}"]
+                 "-" if r.kept_best is None else share_text(r.kept_best)]
                 for r in v.rows
             ],
         )  # fmt: skip
@@ -70,16 +71,16 @@ def print_verdicts(outcome: Any) -> None:
             [
                 [p.phase, str(p.concurrency), p.winner,
                  *(f"{x:.1f}" for x in p.per_request.values()),
-                 *(f"{x:.0f}" for x in p.throughput.values()), f"{p.kept:.0%}",
+                 *(f"{x:.0f}" for x in p.throughput.values()), share_text(p.kept),
                  "-" if p.switches is None else str(p.switches)]
                 for p in st.phases
             ],
         )  # fmt: skip
         line(f"{st.host}: {st.sentence}")
     line(f"tune: archived {outcome.record_path}")
-    from gpufleet.control.tune.verify import GOAL, shortfalls
+    from gpufleet.control.tune.verify import below_goal
 
     for v in outcome.verdicts:  # the last word: where the tuned server missed its goal
-        short = shortfalls(v.rows)
+        short = below_goal(v.rows)
         if short:
-            line(f"tune: {v.host}: below the {GOAL:.2f}x goal at " + "; ".join(short))
+            line(f"tune: {v.host}: {short}")

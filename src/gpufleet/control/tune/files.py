@@ -6,6 +6,7 @@ control/tune/table.py chooses the table; this module only puts it where SGLang r
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
@@ -106,6 +107,49 @@ def write_fixed(
     store.make_dirs(profile_path.parent)
     _write_text(profile_path, header + yaml.safe_dump(data, sort_keys=False))
     return profile_path
+
+
+VERIFIED = "Verified on "
+
+
+def note_verification(profile_path: Path, sentences: dict[str, str]) -> None:
+    """The verification's sentence per host, word for word as the terminal and the record
+    have it, in the tuned profile's header (wrapped to 100 columns, a note from an earlier
+    verification replaced), so the profile says how it did wherever it travels."""
+    text = profile_path.read_text()
+    lines = text.splitlines(keepends=True)
+    header = 0
+    while header < len(lines) and lines[header].startswith("#"):
+        header += 1
+    kept, skipping = [], False
+    for line in lines[:header]:  # an earlier verification's note (and its wrapped lines) goes
+        if line.startswith(f"# {VERIFIED}"):
+            skipping = True
+        elif not (skipping and line.startswith("#   ")):
+            skipping = False
+            kept.append(line)
+    notes = [
+        "".join(f"{line}\n" for line in textwrap.wrap(
+            f"{VERIFIED}{host}: {sentence}", 98, initial_indent="# ",
+            subsequent_indent="#   ", break_on_hyphens=False, break_long_words=False))
+        for host, sentence in sorted(sentences.items())
+    ]  # fmt: skip
+    _write_text(profile_path, "".join(kept) + "".join(notes) + "".join(lines[header:]))
+
+
+def verification_notes(profile_path: Path) -> dict[str, str]:
+    """The sentences note_verification wrote, unwrapped: host -> sentence."""
+    found: dict[str, str] = {}
+    host = None
+    for line in profile_path.read_text().splitlines():
+        if line.startswith(f"# {VERIFIED}"):
+            host, _, sentence = line[len(f"# {VERIFIED}") :].partition(": ")
+            found[host] = sentence
+        elif host is not None and line.startswith("#   "):
+            found[host] += " " + line[4:]
+        else:
+            host = None
+    return found
 
 
 def relative_to_cwd(path: Path) -> Path:

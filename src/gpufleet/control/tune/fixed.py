@@ -12,6 +12,7 @@ from typing import Any
 
 from gpufleet.control.server.engines import Drafting, Flags
 from gpufleet.control.tune.depth_cells import PLAIN
+from gpufleet.control.tune.goal import share_text
 from gpufleet.control.tune.levels import choose_level, measured_cells
 from gpufleet.control.tune.table import Choice, TuneResult
 from gpufleet.errors import UserError
@@ -48,8 +49,8 @@ def choose_fixed(
     by_level = ", ".join(f"C={ch.concurrency}: {ch.depth}" for ch in choices)
     ranges = [
         f"depth {depth} at every load: this engine sets one draft depth at launch; "
-        f"it keeps {share:.0%} of the best depth's output tok/s at its worst level (C={at})"
-        + ("" if depth else " (depth 0: no drafting)"),
+        f"it keeps {share_text(share)} of the best depth's output tok/s at its worst level "
+        f"(C={at})" + ("" if depth else " (depth 0: no drafting)"),
         f"best depth per level: {by_level}",
     ]
     notes = []

@@ -20,6 +20,7 @@ from gpufleet.archive.kept import SweepRecord
 from gpufleet.archive.layout import Archive
 from gpufleet.control.bench.request import BenchRequest, default_num_prompts
 from gpufleet.control.sweep.cells import ArmSpec
+from gpufleet.control.tune.goal import share_text
 from gpufleet.kinds import CellStatus
 from gpufleet.records import ResultRow
 
@@ -99,8 +100,9 @@ def step_verdict(
     text = (
         f"load step C={phases[0].concurrency} -> {phases[1].concurrency} -> "
         f"{phases[2].concurrency}: {tuned} keeps "
-        + ", ".join(f"{p.kept:.0%} ({p.phase})" for p in phases)
-        + f" of each phase's better static; worst {worst.phase} at {worst.kept:.0%}; {said}"
+        + ", ".join(f"{share_text(p.kept)} ({p.phase})" for p in phases)
+        + f" of each phase's better static; worst {worst.phase} at {share_text(worst.kept)}; "
+        + said
     )
     return phases, text + "."
 

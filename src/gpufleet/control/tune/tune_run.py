@@ -32,6 +32,7 @@ from gpufleet.control.tune import step as tunestep
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune import ties as tunetie
 from gpufleet.control.tune import verify as tuneverify
+from gpufleet.control.tune.goal import share_text
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
 from gpufleet.report import select
@@ -131,6 +132,9 @@ def run(
         return outcome
     _verify(profile, tuned, checks, request, resume, experiment, outcome, clock)
     save_record(record, record_path)
+    tunefiles.note_verification(
+        outcome.profile_path, {v.host: v.sentence for v in outcome.verdicts}
+    )
     if result.fixed_depth is None:  # the step and bursts judge depth switching: none here
         _load_step(profile, tuned, checks, request, resume, experiment, outcome, clock)
     record.notes = result.notes + [n for n in clock.notes if n not in result.notes]
@@ -261,7 +265,7 @@ def _load_step(
             phases.append(spike)
             switches = "-" if spike.switches is None else spike.switches
             sentence += (
-                f" Bursts of {spike.concurrency}: {spike.kept:.0%} of the better static's "
+                f" Bursts of {spike.concurrency}: {share_text(spike.kept)} of the better static's "
                 f"per-request speed, {switches} depth switches."
             )
         outcome.steps.append(StepVerdict(host, phases, sentence))

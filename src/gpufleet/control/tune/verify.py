@@ -19,6 +19,7 @@ from gpufleet.control.tune.depth_cells import (
     drafting_of,
     plain_arm,
 )
+from gpufleet.control.tune.goal import GOAL, goal_text, share_text
 from gpufleet.control.tune.levels import objective
 
 
@@ -61,9 +62,6 @@ def best_static(measured: dict[Any, dict[int, Any]], c: int) -> tuple[str, float
     if key is None:
         return None
     return _cell_name(key), float(measured[key][c]["output_throughput"])
-
-
-GOAL = 0.98  # the tuned server keeps at least this of the best static at every level
 
 
 def beside_arms(profile: str, checks: list[ArmSpec], measured: dict[Any, dict[int, Any]],
@@ -128,10 +126,16 @@ def shortfalls(rows: list[VerdictRow]) -> list[str]:
     """Each level where the tuned server kept less than GOAL of the best static, with both
     figures."""
     return [
-        f"C={r.concurrency}: {r.kept_best:.3f}x of {r.best_static} ({objective_text(r)})"
+        f"C={r.concurrency}: {share_text(r.kept_best)} of {r.best_static} ({objective_text(r)})"
         for r in rows
         if r.kept_best is not None and r.kept_best < GOAL
     ]
+
+
+def below_goal(rows: list[VerdictRow]) -> str:
+    """The sentence's and the last line's words for the levels below the goal ("" if none)."""
+    short = shortfalls(rows)
+    return f"below the {goal_text()} goal at " + "; ".join(short) if short else ""
 
 
 def objective_text(r: VerdictRow) -> str:
@@ -140,28 +144,34 @@ def objective_text(r: VerdictRow) -> str:
     return f"tuned {tuned:.0f} vs {r.best_static_tps:.0f} tok/s"
 
 
+def _at_worst(rows: list[VerdictRow], kept: Any, name: Any, sep: str) -> tuple[str, str]:
+    """(the worst share as printed, every level printed at it): ties at the printed
+    precision are all named, so no level as bad as the one named goes unsaid."""
+    low = share_text(min(kept(r) for r in rows))
+    return low, sep.join(name(r) for r in rows if share_text(kept(r)) == low)
+
+
 def _sentence(label: str, rows: list[VerdictRow]) -> str:
     spec = [r for r in rows if r.winner == "speculation"]
     plain = [r for r in rows if r.winner == "no drafting"]
     parts = []
     if spec:
         r = spec[0]
-        parts.append(f"{r.kept:.0%} of static speculation's per-request speed at C={r.concurrency}")
+        parts.append(f"{share_text(r.kept)} of static speculation's per-request speed at "
+                     f"C={r.concurrency}")  # fmt: skip
     if plain:
         r = plain[-1]
-        parts.append(f"{r.kept:.0%} of no-drafting throughput at C={r.concurrency}")
-    worst = min(rows, key=lambda r: r.kept) if rows else None
+        parts.append(f"{share_text(r.kept)} of no-drafting throughput at C={r.concurrency}")
     text = f"{label} keeps " + " and ".join(parts) if parts else "no common levels"
-    if worst is not None:
-        text += f"; its worst level is C={worst.concurrency} at {worst.kept:.0%}"
+    if rows:
+        low, where = _at_worst(rows, lambda r: r.kept, lambda r: f"C={r.concurrency}", ", ")
+        text += f"; its worst level is {where} at {low}"
     judged = [r for r in rows if r.kept_best is not None]
     if judged:
-        low = min(judged, key=lambda r: r.kept_best or 0.0)
-        text += (
-            ". Against the best static server at each level it keeps "
-            f"{low.kept_best:.0%} at worst (C={low.concurrency}, {low.best_static})"
-        )
-    short = shortfalls(rows)
+        low, where = _at_worst(judged, lambda r: r.kept_best,
+                               lambda r: f"C={r.concurrency}, {r.best_static}", "; ")  # fmt: skip
+        text += f". Against the best static server at each level it keeps {low} at worst ({where})"
+    short = below_goal(rows)
     if short:
-        text += f". Below the {GOAL:.2f}x goal at " + "; ".join(short)
+        text += ". " + short[0].upper() + short[1:]
     return text + "."
