@@ -187,7 +187,7 @@ def _spawns(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         heavy = REAL_PARTS & set(getattr(item, "fixturenames", ()))
-        light = not heavy and "slow" not in item.keywords and "gpu" not in item.keywords
+        light = not heavy and not {"slow", "gpu", "exclusive"} & set(item.keywords)
         if light and not _spawns(item):
             item.add_marker(pytest.mark.unit)
         minutes = _expected_minutes(item)

@@ -281,13 +281,14 @@ def rooted_users():
     names = {"gpufleet-toor": ["-o", "-u", "0"], "gpufleet-gid0": ["-g", "0"],
              "gpufleet-grp0": ["-G", "root"]}  # fmt: skip
     for name, options in names.items():
+        subprocess.run(["userdel", "-f", name], capture_output=True)  # left by a killed run
         subprocess.run(["useradd", "-M", "-N", "-s", "/usr/sbin/nologin", *options, name],
                        check=True, capture_output=True)  # fmt: skip
     try:
         yield list(names)
     finally:
-        for name in names:
-            subprocess.run(["userdel", name], capture_output=True)
+        for name in names:  # -f: the uid-0 alias shares uid 0 with running processes
+            subprocess.run(["userdel", "-f", name], capture_output=True)
 
 
 @pytest.mark.exclusive  # adds users to this machine's passwd: nothing else may read it then

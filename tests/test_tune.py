@@ -661,7 +661,5 @@ def test_the_verdict_holds_the_tuned_server_to_the_best_static_the_tune_measured
     assert "keeps 102% of static speculation's per-request speed at C=4" in sentence
     assert "keeps 96% at worst (C=4, depth 2)" in sentence
     # below the 0.98 goal: said with the level and both figures (issue 53)
-    assert sentence.endswith(
-        "Below the 98% goal at C=4: 96% of depth 2 (tuned 220 vs 230 tok/s)."
-    )
+    assert sentence.endswith("Below the 98% goal at C=4: 96% of depth 2 (tuned 220 vs 230 tok/s).")
     assert verdict(arms)[0][0].kept_best is None  # without the tune's figures: one bar

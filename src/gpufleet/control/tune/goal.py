@@ -21,4 +21,5 @@ def share_text(kept: float, goal: float = GOAL) -> str:
 
 
 def goal_text(goal: float = GOAL) -> str:
+    """The goal as the sentences name it ("the 98% goal"), in the shares' own unit."""
     return f"{goal * 100:g}%"
