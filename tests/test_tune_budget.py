@@ -4,6 +4,8 @@ three a table needs."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from gpufleet.archive.kept import Cell, SweepRecord
@@ -14,6 +16,7 @@ from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import verify as tuneverify
 from gpufleet.control.tune.budget import BURST, MEASURE, STEP, VERIFY, Pace, TimeKeeper, TuneArms
+from gpufleet.errors import UserError
 
 
 @pytest.fixture
@@ -85,22 +88,43 @@ def test_the_pace_is_fitted_to_the_cells_that_finished(spec):
     assert "12s a launch + 30.0 ms a decode round" in lines[-1]
 
 
-def test_budget_drops_least_informative_first_and_never_the_three_a_table_needs(spec):
-    """With a budget that fits nothing: bursts, load step, the verification's second
-    launches (issue 53: before any depth, which unmeasured cannot be chosen), the skip
-    variant, depths 5, 3, 2 (deepest first), then the verification, each said; plain,
-    depth 0 and depth 1 stay, and the line says the budget is still exceeded."""
-    clock, lines = _clock(spec, budget=1, pace=Pace(10.0, 0.01, "a test"))
+def test_budget_drops_least_informative_first_and_never_the_table_or_its_verification(spec):
+    """With a budget that holds only what no budget drops: bursts, load step, the skip
+    variant, depths 5, 3, 2 (deepest first), each said; plain, depth 0, depth 1 and the
+    whole verification (each server twice, so every level has an interval) stay (issue 63:
+    the verification is planned first, never dropped)."""
+    pace = Pace(10.0, 0.01, "a test")
+    least = _clock(spec, pace=pace)[0].least_s()
+    clock, lines = _clock(spec, budget=least + 1, pace=pace)
     said = [line for line in lines if "--budget: dropped" in line]
     assert [s.split("dropped ")[1].split(" (")[0] for s in said] == [
-        "bursts", "load step", "the verification's second launches", "spec[depth=0,skip]",
-        "spec[depth=5]", "spec[depth=3]", "spec[depth=2]", "verification",
+        "bursts", "load step", "spec[depth=0,skip]", "spec[depth=5]", "spec[depth=3]",
+        "spec[depth=2]",
     ]  # fmt: skip
-    kept = {c.label for c in clock.remaining()}
-    assert kept == {"spec[plain]", "spec[depth=0]", "spec[depth=1]"}
-    assert "still needs" in lines[-1] and "never dropped" in lines[-1]
-    assert clock.stage_dropped(VERIFY) and clock.stage_dropped(STEP)
+    kept = {(c.stage, c.label) for c in clock.remaining()}
+    assert {label for stage, label in kept if stage == MEASURE} == {
+        "spec[plain]", "spec[depth=0]", "spec[depth=1]"}  # fmt: skip
+    assert sum(c.stage == VERIFY for c in clock.remaining()) == 6  # 3 servers x 2 launches
+    assert not clock.stage_dropped(VERIFY) and clock.stage_dropped(STEP)
     assert clock.hooks(MEASURE, Archive.at("/nonexistent")).drop(clock.measure[0]) is None
+
+
+def test_a_budget_that_cannot_hold_the_table_and_its_verification_is_refused_up_front(spec):
+    """Issue 63.1: at --budget 525 two tunes side by side dropped their whole verification
+    ("the table is written unverified"). Now a budget under what no budget drops is
+    refused before the first launch, with the least budget that holds it; --no-verify
+    takes the verification out of that least budget."""
+    pace = Pace(10.0, 0.01, "a test")
+    least = _clock(spec, pace=pace)[0].least_s()
+    with pytest.raises(UserError) as refused:
+        _clock(spec, budget=least - 1, pace=pace)
+    said = str(refused.value)
+    assert said.startswith(f"--budget {least - 1:g}: the measurement and its verification need")
+    assert f"give --budget {math.ceil(least)} or more, or --no-verify" in said
+    unverified = _clock(spec, pace=pace, verify=False)[0].least_s()
+    assert unverified < least
+    _clock(spec, budget=unverified + 1, pace=pace, verify=False)  # fits without it
+    _clock(spec, budget=1)  # no pace yet: nothing to refuse by; the first cell sets it
 
 
 def test_budget_drops_only_what_it_must(spec):
@@ -187,9 +211,9 @@ def test_an_interrupted_cell_is_not_counted_done(spec, tmp_path):
 
 def test_ties_make_room_by_dropping_what_ranks_below_them(spec):
     """Issue 53: on the lent machine a tune at --budget 540 left two ties unmeasured and then
-    ran the verification's second launches. A tie decides the table itself: the bursts, the
-    load step and the verification's second launches make room for it first; what still
-    does not fit is said, and nothing is dropped for a tie that fits."""
+    ran the verification's second launches. A tie decides the table itself: the bursts and
+    the load step make room for it first (the verification, planned first, never does);
+    what still does not fit is said, and nothing is dropped for a tie that fits."""
     from gpufleet.control.tune import ties
     from gpufleet.control.tune.levels import Tie
 
@@ -207,5 +231,6 @@ def test_ties_make_room_by_dropping_what_ranks_below_them(spec):
     dropped = {k[0] for k in tight.dropped}
     assert BURST in dropped and MEASURE not in dropped
     assert any("to measure ties again" in line for line in lines)
-    hopeless, _ = _clock(spec, budget=1, pace=pace)
+    hopeless, _ = _clock(spec, budget=full.least_s() + 1, pace=pace)
     assert hopeless.cannot_afford("tune-tie-1", arms, tied).startswith("they need ~")
+    assert not hopeless.stage_dropped(VERIFY)  # a tie never takes the verification's room

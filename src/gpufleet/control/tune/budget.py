@@ -9,15 +9,18 @@ ceil(n / C) x output_len steps. The pace (seconds fixed, seconds a round) is fit
 cells this tune has finished, or before the first launch to this profile's archived tune
 cells; with neither, the first cell sets it.
 
+The verification is planned first (issue 63): the tuned server beside the best static
+server of every level, every server launched twice, interleaved, so each level has an
+interval. It is never dropped; a budget that cannot hold it beside the measurement a
+table needs (plain, depth 0, the shallowest drafting depth) is refused up front with the
+least budget that can, where a pace is known (`--no-verify` leaves the verification out).
 What `--budget` drops, least informative first (a unit goes whole):
 1. the bursts (the verification's open-loop replay), then the load step: extra verdicts on
-   a table the verification already judges level by level;
+   a table the verification already judges level by level; ties that decide the table
+   make room for themselves by dropping these (`cannot_afford`);
 2. depth 0 with SGLang's skip variable (depth 0 is still measured as SGLang runs it);
 3. drafting depths, deepest first; once a deeper depth measured below the one before it
-   at every level, all deeper ones go first (a longer draft then only adds cost);
-4. the verification itself (the table is then written unverified, and the note says so).
-Plain, depth 0 and the shallowest drafting depth are never dropped: without them there is
-no table.
+   at every level, all deeper ones go first (a longer draft then only adds cost).
 """
 
 from __future__ import annotations
@@ -175,7 +178,8 @@ def drop_order(
     measure: list[ArmSpec], stages: Iterable[tuple[str, list[str]]],
     falling_from: int | None = None,
 ) -> list[DropUnit]:  # fmt: skip
-    """The units `--budget` may drop, least informative first (the module's list).
+    """The units `--budget` may drop, least informative first (the module's list; the
+    verification is not among them).
     `falling_from`: the first depth that measured below the depth before it at every
     level, if any (the depths deeper than it go before the others)."""
     by_stage = dict(stages)
@@ -189,10 +193,6 @@ def drop_order(
         if by_stage.get(stage):
             keys = tuple((stage, key) for key in by_stage[stage])
             units.append(DropUnit(keys, STAGE_NAMES[stage], why))
-    again = tuple((VERIFY, key) for key in by_stage.get(VERIFY, []) if "#" in key)
-    if again:  # before any depth: a depth not measured cannot be chosen at all
-        units.append(DropUnit(again, "the verification's second launches",
-                              "each server is verified once, without an interval"))  # fmt: skip
     skip = [a for a in measure if a.env and depth_of(a) is None]
     units += [
         DropUnit(((MEASURE, a.key),), a.label,
@@ -216,11 +216,6 @@ def drop_order(
             else "the deepest left: deep drafts pay off only at the lowest loads"
         )
         units.append(DropUnit(((MEASURE, a.key),), a.label, why))
-    if by_stage.get(VERIFY):
-        keys = tuple((VERIFY, key) for key in by_stage[VERIFY] if (VERIFY, key) not in again)
-        units.append(
-            DropUnit(keys, STAGE_NAMES[VERIFY], "the last resort: the table is written unverified")
-        )
     return units
 
 
@@ -264,10 +259,27 @@ class TimeKeeper:
         interrupted run of it already did (`--resume`), left out of what remains."""
         cells = plan_cells(arms, request)
         clock = cls(arms.measure, arms.checks, cells, budget_s, say, pace, done=set(finished or ()))
+        least = clock.least_s()
+        if budget_s is not None and least is not None and least > budget_s and clock.pace:
+            what = "the measurement and its verification" if arms.verify else "the measurement"
+            raise UserError(
+                f"--budget {budget_s:g}: {what} need ~{_minutes(least)} at the pace of "
+                f"{clock.pace.basis}; give --budget {math.ceil(least)} or more"
+                + (", or --no-verify to write the table unverified" if arms.verify else "")
+            )
         for text in clock.opening_lines():
             say(text)
         clock.fit_budget()
         return clock
+
+    def least_s(self) -> float | None:
+        """The seconds of what no budget drops (plain, depth 0, the shallowest drafting
+        depth, the verification), those still to run; None without a pace."""
+        if self.pace is None:
+            return None
+        droppable = {k for unit in self.units() for k in unit.keys}
+        kept = [c for c in self.remaining() if (c.stage, c.key) not in droppable]
+        return self.elapsed_s() + sum(self.pace.cell_s(c) for c in kept)
 
     def remaining(self) -> list[PlannedCell]:
         """The planned cells not yet done or dropped."""
@@ -322,8 +334,8 @@ class TimeKeeper:
             self.warned_floor = True
             self.say(
                 f"tune: --budget {self.budget_s:g}: what is left still needs ~{_minutes(total)} "
-                f"in all (over by ~{total - self.budget_s:.0f}s); plain, depth 0 and the "
-                "shallowest drafting depth are never dropped"
+                f"in all (over by ~{total - self.budget_s:.0f}s); plain, depth 0, the "
+                "shallowest drafting depth and the verification are never dropped"
             )
 
     def finished(
@@ -381,15 +393,14 @@ class TimeKeeper:
 
     def cannot_afford(self, stage: str, arms: list[ArmSpec], request: BenchRequest) -> str:
         """Why a stage decided on the way (the ties' retests) does not fit `--budget` beside
-        what is left, after making room by dropping what ranks below it (the bursts, the
-        load step, the verification's second launches: a tie decides the table itself);
+        what is left, after making room by dropping what ranks below it (the bursts and the
+        load step: a tie decides the table, the verification judges it and comes first);
         empty where it fits (or there is no budget, or no pace yet)."""
         if self.budget_s is None or self.pace is None:
             return ""
         rounds = decode_rounds(request)
         cost = sum(self.pace.cell_s(PlannedCell(stage, a.key, a.label, rounds)) for a in arms)
-        below = [u for u in self.units() if u.keys[0][0] in (BURST, STEP)
-                 or (u.keys[0][0] == VERIFY and all("#" in k for _, k in u.keys))]  # fmt: skip
+        below = [u for u in self.units() if u.keys[0][0] in (BURST, STEP)]
         for unit in [None, *below]:
             if unit is not None:
                 self._drop(unit, f"to measure ties again: {unit.why}")
