@@ -115,6 +115,35 @@ def test_drained_and_down_nodes_are_skipped_with_slurms_reason(cluster):
     )
 
 
+def test_a_slurm_node_list_in_an_inventory_file_is_drain_checked_too(cluster, tmp_path):
+    """Issue 69 R2: a sweep checked drains only for hosts with `slurm_job` or a `slurm:`
+    inventory on the command line; the nodes of a `slurm:partition=...` key in an
+    inventory file got the next cell silently. Now every host a Slurm node list makes is a
+    Slurm node, however the inventory names Slurm; and `--hosts` naming a node the list
+    skipped says Slurm's state, not "unknown host"."""
+    from gpufleet.control.connect.fleet import Fleet
+    from gpufleet.control.inventory.model import load_inventory
+    from gpufleet.control.sweep import drain
+
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": {"slurm:partition=main": {"python": "python3"}}}))
+    loaded = load_inventory(inventory)
+    fleet = Fleet(list(loaded.hosts.values()), source=str(inventory))
+    assert set(drain.slurm_nodes(fleet)) == set(loaded.hosts) and loaded.hosts
+    node = sorted(loaded.hosts)[0]
+    try:
+        cluster.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=fan check")
+        assert drain.unavailable(fleet) == {node: "drained (fan check)"}
+        out = run_cli("status", "--inventory", str(inventory), "--hosts", node)
+        said = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(said) == 1, out.stdout + out.stderr
+        assert f"{node}: Slurm has the node drained (fan check)" in said[0], said
+        assert "unknown host" not in said[0]
+    finally:
+        cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+    assert drain.unavailable(fleet) == {}
+
+
 def test_a_slurm_command_that_fails_is_one_line_naming_it(cluster, tmp_path, monkeypatch):
     broken = tmp_path / "slurm.conf"
     broken.write_text("ClusterName=x\nSlurmctldHost=nowhere\n")

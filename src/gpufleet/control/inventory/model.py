@@ -90,6 +90,9 @@ class Host(BaseModel):
     # settings class reads and checks the fields it uses (srun: `slurm_job`, no SSH)
     connection: str = "ssh"
     slurm_job: str | None = Field(default=None, pattern=r"^\d+(_\d+)?$")
+    # a Slurm node (set for every host a `slurm:` node list makes, however the inventory
+    # names Slurm): a sweep reads its drain and down states before each cell
+    slurm_node: bool = False
     python: str = "python3"
     python_trust: Literal["refuse", "warn"] = "refuse"  # warn: a lab machine's shared venv
     # the local user servers, their ranks and probes run as (root keeps gpu-clean, NVML and
@@ -202,6 +205,10 @@ class Inventory(BaseModel):
             for member in self.groups[name]:
                 out.extend(self._expand(member, (*seen, name)))
             return out
+        if name in self.skipped:  # a node the source named, which Slurm will not run on now
+            raise UserError(f"{name}: Slurm has the node {self.skipped[name]} (in "
+                            f"{self.source}): not usable now; run this again once Slurm "
+                            "gives it back (scontrol show node " + name + ")")  # fmt: skip
         known = ", ".join(sorted(self.hosts) + sorted(self.groups)) or "none"
         raise UserError(f"unknown host or group {name!r} (in {self.source}: {known})")
 

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 
 from gpufleet.control.inventory import hostlist
@@ -117,11 +118,31 @@ def _usable(state: str) -> str | None:
     return ", ".join([base, *flags])
 
 
+# A node just resumed (or whose slurmd just restarted) reads "not responding" until its
+# slurmd registers again, within its next ping: asked again for this long before it is
+# skipped as not responding (a node resumed 0.4 s earlier was skipped, issue 69)
+SETTLE_S = 10.0
+SETTLE_POLL_S = 0.5
+
+
 def _node_states(command: list[str], what: str) -> tuple[list[str], dict[str, str]]:
-    """sinfo -N output (`%N|%T|%E`) as the usable nodes, in order, and the skipped ones."""
+    """sinfo -N output (`%N|%T|%E`) as the usable nodes, in order, and the skipped ones; a
+    node whose only fault is "not responding" in a usable state is asked about again for
+    SETTLE_S before it is skipped."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        names, skipped, settling = _parse_states(run(command, what))
+        if not settling or time.monotonic() >= deadline:
+            return names, skipped
+        time.sleep(SETTLE_POLL_S)
+
+
+def _parse_states(text: str) -> tuple[list[str], dict[str, str], list[str]]:
+    """(usable nodes in order, skipped node -> why, the skipped only "not responding")."""
     names: list[str] = []
     skipped: dict[str, str] = {}
-    for line in run(command, what).splitlines():
+    settling: list[str] = []
+    for line in text.splitlines():
         if not line.strip():
             continue
         node, state, reason = ([*line.split("|", 2), "", ""])[:3]
@@ -130,9 +151,11 @@ def _node_states(command: list[str], what: str) -> tuple[list[str], dict[str, st
         why = _usable(state)
         if why is None:
             names.append(node)
-        else:
-            skipped[node] = why + (f" ({reason})" if reason and reason != "none" else "")
-    return names, skipped
+            continue
+        skipped[node] = why + (f" ({reason})" if reason and reason != "none" else "")
+        if state.rstrip("*") in USABLE_STATES and state.endswith("*") and state.count("*") == 1:
+            settling.append(node)
+    return names, skipped, settling
 
 
 def unusable_nodes(nodes: list[str]) -> dict[str, str]:

@@ -152,7 +152,7 @@ class NodeList:
 
     prefix: str
     nodes: Callable[[str], slurm.Nodes]
-    fields: Callable[[str], dict[str, str]] = lambda spec: {}  # e.g. slurm_job
+    fields: Callable[[str], dict[str, object]] = lambda spec: {}  # e.g. slurm_job
 
     def claims(self, key: str) -> bool:
         """A host key that stands for several nodes (`gpu[01-04]`, `slurm:job=N`)."""
@@ -165,9 +165,12 @@ def _expanded(text: str) -> slurm.Nodes:
 
 NODE_LISTS: tuple[NodeList, ...] = (
     # a job's nodes carry its id: `connection: srun` starts its steps in that job
-    NodeList(SLURM_PREFIX + "job=", slurm.job_nodes, lambda job: {"slurm_job": job}),
-    NodeList(SLURM_PREFIX + "partition=", slurm.partition_nodes),
-    NodeList(SLURM_PREFIX, slurm.listed_nodes),  # slurm:gpu[01-04], checked by sinfo
+    NodeList(
+        SLURM_PREFIX + "job=", slurm.job_nodes, lambda job: {"slurm_job": job, "slurm_node": True}
+    ),
+    NodeList(SLURM_PREFIX + "partition=", slurm.partition_nodes, lambda _: {"slurm_node": True}),
+    # slurm:gpu[01-04], checked by sinfo
+    NodeList(SLURM_PREFIX, slurm.listed_nodes, lambda _: {"slurm_node": True}),
     NodeList("", _expanded),  # gpu[01-04]
 )
 

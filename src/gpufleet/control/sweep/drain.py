@@ -17,10 +17,11 @@ from gpufleet.errors import UserError
 
 
 def slurm_nodes(fleet: Fleet) -> dict[str, str]:
-    """The hosts that are Slurm nodes (a job's, or listed by a `slurm:` inventory), by
-    node name (their address)."""
+    """The hosts that are Slurm nodes (a job's, made by a `slurm:` node list in a file or
+    on the command line, or marked `slurm_node: true`), by node name (their address)."""
     from_slurm = fleet.source.startswith("slurm:")
-    return {h.address: h.name for h in fleet.hosts if h.slurm_job or from_slurm}
+    return {h.address: h.name for h in fleet.hosts
+            if h.slurm_job or h.slurm_node or from_slurm}  # fmt: skip
 
 
 def unavailable(fleet: Fleet) -> dict[str, str]:
