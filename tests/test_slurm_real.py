@@ -329,6 +329,40 @@ def test_a_bench_whose_control_step_is_lost_runs_on_and_is_attached(fleet, clust
         cluster.cancel(job)
 
 
+@pytest.mark.exclusive  # slurmctld is the session cluster's: nothing else may use it meanwhile
+@pytest.mark.slow(minutes=2)
+@pytest.mark.faults
+def test_a_finished_run_whose_download_fails_ends_with_the_attach_that_fetches_it(
+    fleet, cluster, tmp_path
+):
+    """Issue 69 R3: slurmctld down from mid-bench past the wait at download (the run
+    finished on the node; its files need a new step): the bench printed FAILED with no
+    `--attach`. Now the failure line ends with the `--attach` that fetches it, and that
+    line, pasted once the controller is back, archives every request."""
+    os.environ["GPUFLEET_SLURMCTLD_WAIT_S"] = "5"
+    try:
+        job, proc, run_id = _srun_bench(fleet, cluster, tmp_path / "a")
+    finally:
+        del os.environ["GPUFLEET_SLURMCTLD_WAIT_S"]
+    try:
+        cluster.stop_controller()
+        rest = proc.communicate(timeout=240)[0]
+        assert proc.returncode == 1, rest
+        assert "slurmctld did not answer for" in rest, rest
+        hint = re.search(r"the run finished on h0 and stays there: fetch it with "
+                         r"`(inv bench --attach \S+ --hosts h0[^`]*)`", rest)  # fmt: skip
+        assert hint and run_id in hint.group(1), rest
+        cluster.start_controller()
+        out = run_cli(*hint.group(1).split()[1:], "--archive", str(tmp_path / "a"), timeout=180)
+        assert out.returncode == 0, out.stdout + out.stderr
+        results = json.loads((tmp_path / "a" / "h0" / run_id / "results.jsonl").read_text())
+        assert results["completed"] == 400 and results["failed"] == 0
+    finally:
+        cluster.start_controller()
+        fleet.cli("stop", "--hosts", "h0")
+        cluster.cancel(job)
+
+
 @pytest.mark.slow(minutes=1)
 @pytest.mark.faults
 def test_a_job_cancelled_mid_bench_leaves_nothing_on_the_node(fleet, cluster, tmp_path):

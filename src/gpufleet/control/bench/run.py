@@ -27,7 +27,7 @@ from gpufleet.control.connect.fanout import FleetResult, HostResult
 from gpufleet.control.connect.fleet import Fleet
 from gpufleet.control.inventory.model import Host
 from gpufleet.control.server import engines
-from gpufleet.errors import UserError
+from gpufleet.errors import HostError, UserError
 from gpufleet.host.agent.protocol import (
     BenchStartArgs,
     BenchWatchAnswer,
@@ -307,9 +307,14 @@ def fetch(
 ) -> ArchivedRun:
     """Watch a run on the host until it ends, download its files, archive them."""
     answer = watch(session, run_id, progress, cancel)
-    files = {
-        f["name"]: session.download(f"{answer['run_dir']}/{f['name']}") for f in answer["files"]
-    }
+    try:
+        files = {
+            f["name"]: session.download(f"{answer['run_dir']}/{f['name']}") for f in answer["files"]
+        }
+    except HostError as exc:  # the run finished and stays on the host: say how to fetch it
+        hint = attach_hint(run_id, [session.host])
+        raise HostError(f"{exc}; the run finished on {session.host.name} and stays there: "
+                        f"fetch it with `{hint}`", exc.kind, exc.tail) from None  # fmt: skip
     return archive_run(session.host.name, run_id, files, request, answer)
 
 

@@ -62,9 +62,10 @@ CONTROLLER_DOWN = re.compile(
     r"Unable to contact slurm controller|Socket timed out on send/recv|"
     r"Zero Bytes were transmitted or received|backup controller in standby"
 )
-# once it was down: a controller back on its saved state refuses steps for a moment, until
-# the nodes have registered again ("Memory required by task is not available" was seen)
+# a controller back on its saved state refuses steps for a moment, until the nodes have
+# registered again ("Memory required by task is not available" was seen)
 STEP_REFUSED = re.compile(r"Unable to create step|Unable to confirm allocation")
+NOT_REGISTERED = re.compile(r"Memory required by task is not available")
 CONTROLLER_WAIT_ENV = "GPUFLEET_SLURMCTLD_WAIT_S"
 GAVE_UP = "slurmctld did not answer for"
 CONTROLLER_WAIT_S = 90.0
@@ -312,8 +313,12 @@ class SrunSession(Session):
                 waited = time.monotonic() - began
                 if GAVE_UP in str(exc):  # an inner step's wait already ran out: said once
                     raise
-                if not (CONTROLLER_DOWN.search(str(exc)) or
-                        (tries > 1 and STEP_REFUSED.search(str(exc)))):  # fmt: skip
+                # a controller back a moment ago refuses steps for want of memory until the
+                # nodes register: tried again on the first try too (a pasted --attach right
+                # after slurmctld returned met it, issue 69); other refusals only once the
+                # controller was seen down (a job that ended refuses steps for good)
+                if not (CONTROLLER_DOWN.search(str(exc)) or NOT_REGISTERED.search(str(exc))
+                        or (tries > 1 and STEP_REFUSED.search(str(exc)))):  # fmt: skip
                     raise
                 if waited >= limit:  # the last try came at the limit, not a wait before it
                     said = f"{tries} {'try' if tries == 1 else 'tries'}"
