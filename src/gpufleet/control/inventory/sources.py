@@ -152,7 +152,7 @@ class NodeList:
 
     prefix: str
     nodes: Callable[[str], slurm.Nodes]
-    fields: Callable[[str], dict[str, object]] = lambda spec: {}  # e.g. slurm_job
+    fields: Callable[[str], dict[str, str | bool]] = lambda spec: {}  # slurm_job, slurm_node
 
     def claims(self, key: str) -> bool:
         """A host key that stands for several nodes (`gpu[01-04]`, `slurm:job=N`)."""
