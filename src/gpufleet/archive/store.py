@@ -137,6 +137,15 @@ def read_requests(run_dir: Path, row: ResultRow) -> list[per_request.RequestTime
     return [per_request.RequestTimes.of(f, from_due) for f in fields if f.get("ok") is True]
 
 
+def read_level_requests(
+    found: list[tuple[Path, ResultRow]],
+) -> list[list[per_request.RequestTimes]] | None:
+    """Each repeat's requests of one level (run dir, row), in order; None unless every
+    repeat kept them (a percentile's interval needs all of them)."""
+    requests = [r for r in (read_requests(d, row) for d, row in found) if r is not None]
+    return requests if len(requests) == len(found) else None
+
+
 def read_manifest(run_dir: Path) -> Manifest:
     """A run's manifest, checked; one line (UserError) for one written by a newer gpufleet,
     whose fields this version cannot vouch for, or one that is not a manifest."""

@@ -92,9 +92,10 @@ def repeat_lines(results: list[ResultRow], run_dir: str | None = None) -> list[s
     for c, rows in sorted(by_level.items()):
         if len(rows) < 2:
             continue
-        found = [store.read_requests(Path(run_dir), r) for r in rows] if run_dir else []
-        requests = [r for r in found if r is not None]
-        agg = aggregate(rows, requests if len(requests) == len(rows) else None)
+        requests = (
+            store.read_level_requests([(Path(run_dir), r) for r in rows]) if run_dir else None
+        )
+        agg = aggregate(rows, requests)
         parts = []
         for metric in catalogue.where(catalogue.Place.REPEATS):
             key = metric.key

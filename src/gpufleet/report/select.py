@@ -40,8 +40,7 @@ def _level(found: list[tuple[Path, ResultRow]]) -> LevelFigures:
     rows = [row for _, row in found]
     if len(rows) < MIN_REPEATS_FOR_INTERVAL:
         return aggregate(rows)
-    requests = [r for r in (store.read_requests(d, row) for d, row in found) if r is not None]
-    return aggregate(rows, requests if len(requests) == len(rows) else None)
+    return aggregate(rows, store.read_level_requests(found))
 
 
 def _runs_named(arg: str, runs: list[store.ListedRun]) -> dict[str, list[Path]]:
