@@ -80,13 +80,9 @@ def test_flag_values_true_false_none_and_lists(tmp_path):
         "--e",
         "0.5",
     ]
-    assert spec.env == {
-        "X": "1",
-        "Y": "true",
-        "CUDA_VISIBLE_DEVICES": "2,3",
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # CUDA's indexes = NVML's, which gpufleet uses
-    }
-    assert spec.gpus == [2, 3]
+    # the host sets CUDA_VISIBLE_DEVICES from what its server would see (placement.py)
+    assert spec.env == {"X": "1", "Y": "true"}
+    assert spec.gpus == [2, 3] and spec.gpus_pinned
 
 
 def test_speculative_without_max_running_warns_about_the_silent_cap(tmp_path):

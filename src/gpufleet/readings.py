@@ -160,6 +160,9 @@ class GpuCheck(Record):
     clean: bool
     gpus: list[GpuReading]
     elapsed_s: float
+    kept: list[LiveServerInfo] = field(
+        default_factory=list
+    )  # servers sharing these GPUs, left running
 
 
 @dataclass

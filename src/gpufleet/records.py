@@ -132,7 +132,7 @@ class LaunchSpec(Record):
     health_path: str
     model_path: str
     check_model_path: bool
-    gpus: list[int]
+    gpus: list[int]  # as the server's CUDA counts them; the agent makes them NVML's
     log: str  # relative to the workdir
     health_timeout: float = HEALTH_TIMEOUT_S
     node_rank: int = 0
@@ -151,6 +151,8 @@ class LaunchSpec(Record):
     takes_config: bool = False  # `--config FILE` where its --help lists it (SGLang 0.5.16+)
     slots: int | None = None  # requests the server serves at once, where its flags say
     needs_gpu: bool = True  # False: a CPU engine (llama.cpp's server) runs without GPUs
+    gpus_pinned: bool = False  # the profile named its GPUs: the server sees only those
+    share_gpus: bool = False  # may run beside other gpufleet servers that share too
     # what root loads the model from: judged before launch (host/server/models.py)
     model_paths: list[str] = field(default_factory=list)
     model_code: bool = False  # the server runs the model's own Python (remote code)
@@ -178,7 +180,8 @@ class ServerState(Record):
     engine_version: str | None = None
     log_offset: int = 0
     user: str | None = None  # who the server runs as (run_as, else the agent's user)
-    gpus: list[int] = field(default_factory=list)
+    gpus: list[int] = field(default_factory=list)  # NVML's indexes
+    share_gpus: bool = False  # launched to share its GPUs with other gpufleet servers
     resolved_profile: JsonDict | None = None  # Profile's, env redacted
     flag_renames: list[str] = field(default_factory=list)
     key_file: str | None = None  # the server's secret flags (0600), read by gpufleet's client

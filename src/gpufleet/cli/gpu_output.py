@@ -7,7 +7,7 @@ from typing import Any
 from gpufleet.cli.output import line, table
 from gpufleet.control.connect.fanout import HostResult
 from gpufleet.control.server.gpuclean import CleanOptions
-from gpufleet.readings import CleanAnswer, GpuReading, LiveServerInfo, StatusAnswer
+from gpufleet.readings import CleanAnswer, GpuCheck, GpuReading, LiveServerInfo, StatusAnswer
 from gpufleet.report.gpu import gpu_verdict, killed_by_gpu
 from gpufleet.wire import JsonDict
 
@@ -105,6 +105,21 @@ def health_lines(host: Any, gpus: list[GpuReading]) -> None:
         line(f"{host.name}: a fatal XID holds until a reboot; after resetting the GPU "
              f"(nvidia-smi -r -i {fatal[0]}), clear it: inv gpu-clean --hosts {host.name} "
              f"--clear-xid {','.join(fatal)} --reason 'GPU reset'{host.cli_hint()}")  # fmt: skip
+
+
+def verified_line(verify: GpuCheck) -> str:
+    """A stop's verification: clean, or freed of the stopped server where servers sharing
+    its GPUs run on (their memory is theirs, and it stays)."""
+    gpus = ",".join(str(g.index) for g in verify.gpus)
+    if not verify.kept:
+        return f"GPUs {gpus} verified clean in {verify.elapsed_s:.2f}s"
+    left = ", ".join(
+        f"server :{k.port} ({k.profile}) on GPU {','.join(map(str, k.gpus))}" for k in verify.kept
+    )
+    return (
+        f"GPUs {gpus} verified free of the stopped server in {verify.elapsed_s:.2f}s; "
+        f"left running beside it: {left}"
+    )
 
 
 def live_server_line(host: Any, server: LiveServerInfo) -> str:

@@ -159,6 +159,7 @@ def wait(c, **given):
 @STOP.task()
 def stop(c, **given):
     """Stop launched servers (process group: SIGTERM, grace, SIGKILL) and verify GPUs clean."""
+    from gpufleet.cli.gpu_output import verified_line
     from gpufleet.cli.output import line
     from gpufleet.control.server import lifecycle
 
@@ -175,10 +176,7 @@ def stop(c, **given):
             if not answer.stopped and not answer.refused:
                 line(f"{res.host.name}: no running server to stop")
             if answer.verify:
-                gpus = ",".join(str(g.index) for g in answer.verify.gpus)
-                line(
-                    f"{res.host.name}: GPUs {gpus} verified clean in {answer.verify.elapsed_s:.2f}s"
-                )
+                line(f"{res.host.name}: {verified_line(answer.verify)}")
     finish(results)
 
 

@@ -49,12 +49,27 @@ def log(message: str) -> None:
 
 
 def _visible_gpu(index: int) -> int:
+    """The host GPU behind CUDA's `index`, as CUDA finds it: CUDA_VISIBLE_DEVICES lists
+    indexes (PCI order) or UUIDs, whole or a unique prefix, up to the first that is not."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        ids = [v.strip() for v in visible.split(",") if v.strip()]
-        if index < len(ids) and ids[index].isdigit():
-            return int(ids[index])
-    return index
+    if visible is None:
+        return index
+    ids = []
+    for word in (w.strip() for w in visible.split(",")):
+        if not word or word.startswith("-"):
+            break
+        ids.append(word)
+    if index >= len(ids):
+        raise SystemExit(
+            f"CUDA error: invalid device ordinal {index} (CUDA_VISIBLE_DEVICES={visible})"
+        )
+    if ids[index].isdigit():
+        return int(ids[index])
+    uuids = ["GPU-" + u for u in gpustate.read_topology()["uuids"]]
+    found = [i for i, u in enumerate(uuids) if u.startswith(ids[index])]
+    if len(found) != 1:
+        raise SystemExit(f"CUDA error: no CUDA-capable device is detected ({ids[index]})")
+    return found[0]
 
 
 def _holder(title: str) -> list[str]:

@@ -51,7 +51,8 @@ class Profile(BaseModel):
     flags: dict[str, FlagValue] = Field(default_factory=dict)
     sim: dict[str, FlagValue] = Field(default_factory=dict)
     env: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    gpus: list[int] | None = None
+    gpus: list[int] | None = None  # as CUDA counts them on the host (its CUDA_VISIBLE_DEVICES)
+    share_gpus: bool = False  # run beside other gpufleet servers whose profiles share too
     nnodes: int = Field(default=1, ge=1)
     dist_init_port: int = Field(default=50000, ge=1, le=65535)
     health_timeout: float = Field(default=HEALTH_TIMEOUT_S, gt=0)
@@ -378,11 +379,8 @@ def _spec_for(
     uses_gpu = engines.engine(engine).uses_gpu(profile.flags)
     if not uses_gpu and profile.gpus is None:
         gpus = []  # a CPU engine holds no GPU: nothing to check before, nor verify after
-    if profile.gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in profile.gpus)
-        # CUDA numbers GPUs fastest-first by default; NVML (and so gpufleet's indexes,
-        # preflight's busy check and gpu-clean) by PCI bus id: make CUDA count like NVML
-        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    # the host turns these into NVML's numbering and sets CUDA_VISIBLE_DEVICES and
+    # CUDA_DEVICE_ORDER from what the server would see there (host/server/placement.py)
     health_host = "127.0.0.1" if profile.host in ("0.0.0.0", "::", "") else profile.host
     resolved = profile.model_dump()
     resolved["env"] = redact_env({k: str(v) for k, v in profile.env.items()}, profile.secret_env)
@@ -421,6 +419,8 @@ def _spec_for(
         takes_config=probes.takes_config,
         slots=engines.engine(engine).slots(profile.flags),
         needs_gpu=uses_gpu,
+        gpus_pinned=profile.gpus is not None,
+        share_gpus=profile.share_gpus,
         model_paths=models if profile.check_model_path and engine != "sim" else [],
         model_code=model_code,
         model_trust=host.python_trust,

@@ -44,13 +44,24 @@ def annotate(gpus: list[GpuReading]) -> None:
                 entry.age_s, entry.ppid = info.age_s, info.ppid
 
 
-def wait_gpus_clean(indexes: list[int], timeout_s: float, tolerance_mib: int = 0) -> GpuCheck:
-    """Poll NVML until the given GPUs read 0 MiB (v2 used) with no process; report them."""
+def wait_gpus_clean(
+    indexes: list[int], timeout_s: float, tolerance_mib: int = 0,
+    kept: frozenset[int] = frozenset(),
+) -> GpuCheck:  # fmt: skip
+    """Poll NVML until the given GPUs read 0 MiB (v2 used) with no process, but for the
+    processes in `kept` (servers that share a GPU and run on: theirs is the memory left);
+    report them."""
     nvml = nvmlread.load_pynvml()
     started = time.monotonic()
+
+    def clean(gpu: GpuReading) -> bool:
+        if gpu.is_clean(tolerance_mib):
+            return True
+        return bool(gpu.processes) and all(p.pid in kept for p in gpu.processes)
+
     while True:
         snap = [g for g in nvmlread.snapshot(nvml) if g.index in indexes]
-        clean_now = all(g.is_clean(tolerance_mib) for g in snap)
+        clean_now = all(clean(g) for g in snap)
         if clean_now or time.monotonic() - started >= timeout_s:
             break
         time.sleep(0.2)

@@ -56,6 +56,12 @@ def _processes(nvml: Any, handle: Any) -> dict[int, int]:
     return out
 
 
+def uuids(nvml: Any) -> list[str]:
+    """Every GPU's UUID, by NVML index (what CUDA_VISIBLE_DEVICES may name a GPU by)."""
+    count = nvml.nvmlDeviceGetCount()
+    return [_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
+
+
 def snapshot(nvml: Any) -> list[GpuReading]:
     """One reading per GPU: index, uuid, name, v1/v2 memory in MiB, processes."""
     gpus = []

@@ -1,4 +1,5 @@
-"""Servers that are up and answering: gpu-clean leaves them alone unless told otherwise.
+"""Servers that are up and answering: gpu-clean leaves them alone unless told otherwise;
+servers that run on beside a stopped one sharing its GPUs: its stop leaves them too.
 
 A process that serves a port answering `GET /health` with 200 is live, whoever launched
 it: killing it would end someone's benchmark or production traffic. gpufleet's own servers
@@ -13,13 +14,15 @@ import contextlib
 from dataclasses import dataclass, field
 
 from gpufleet.host.agent.procstat import group_members
+from gpufleet.host.gpu import facts
 from gpufleet.host.proc.procfs import AccessDenied, NoSuchProcess, Process
 from gpufleet.host.server import probe as health
 from gpufleet.host.server.state import all_states, server_alive, server_ref
 from gpufleet.kinds import ServerStatus
-from gpufleet.readings import LiveServerInfo
+from gpufleet.readings import GpuCheck, LiveServerInfo
 
 PROBE_TIMEOUT_S = 2.0
+DONE = (ServerStatus.STOPPED, ServerStatus.STALE)
 
 
 @dataclass
@@ -28,6 +31,7 @@ class LiveServer:
     port: int
     pids: set[int] = field(default_factory=set)  # the server and everything it started
     profile: str | None = None  # set for servers gpufleet launched
+    shares: bool = False  # launched with share_gpus
 
     def info(self, gpus: list[int]) -> LiveServerInfo:
         return LiveServerInfo(self.pid, self.port, gpus, sorted(self.pids), self.profile)
@@ -51,6 +55,22 @@ def _listening_ports(pid: int) -> list[tuple[str, int]]:
 def _url(address: str, port: int) -> str:
     host = f"[{address}]" if ":" in address else address
     return f"http://{host}:{port}/health"
+
+
+def running(exclude_ports: frozenset[int] = frozenset()) -> list[LiveServer]:
+    """gpufleet's servers on this host whose processes run, loading or ready (no health
+    probe): what a stop's verification and a sharing launch leave holding their GPUs."""
+    out = []
+    for state in all_states():
+        if state.port in exclude_ports or state.status in (
+            ServerStatus.STOPPED,
+            ServerStatus.STALE,
+        ):
+            continue
+        if server_alive(state):
+            pids = _tree(state.pid) | {m.pid for m in group_members(state.pgid)}
+            out.append(LiveServer(state.pid, state.port, pids, state.profile, state.share_gpus))
+    return out
 
 
 def find(candidates: list[int]) -> list[LiveServer]:
@@ -85,3 +105,16 @@ def find(candidates: list[int]) -> list[LiveServer]:
                 covered |= pids
                 break
     return live
+
+
+def verify_freed(indexes: list[int], timeout_s: float) -> GpuCheck:
+    """The stopped servers' GPUs read 0 MiB, but for gpufleet servers that share them and
+    run on (loading or ready): their memory stays, and they are named."""
+    neighbours = [n for n in running() if n.pids]
+    kept = frozenset(pid for n in neighbours for pid in n.pids)
+    check = facts.wait_gpus_clean(indexes, timeout_s, kept=kept)
+    for n in neighbours:
+        on = [g.index for g in check.gpus if any(p.pid in n.pids for p in g.processes)]
+        if on:
+            check.kept.append(n.info(on))
+    return check

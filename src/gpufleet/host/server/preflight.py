@@ -22,10 +22,10 @@ from gpufleet.host.agent import childenv, runas, safewrite, simulation
 from gpufleet.host.agent.protocol import AgentError, LaunchArgs
 from gpufleet.host.gpu import health as gpuhealth
 from gpufleet.host.gpu import nvml as nvmlread
-from gpufleet.host.server import flagrenames, models
+from gpufleet.host.server import flagrenames, live, models
 from gpufleet.host.server.state import read_state, server_alive
 from gpufleet.kinds import Kind
-from gpufleet.readings import LaunchAnswer
+from gpufleet.readings import GpuReading, LaunchAnswer
 from gpufleet.records import LaunchSpec, RenameSpec
 
 
@@ -178,23 +178,46 @@ class GpuCheck:
     health: list[str] = field(default_factory=list)
 
 
+def busy(gpu: GpuReading, shares: bool, neighbours: list[live.LiveServer]) -> str | None:
+    """Why a GPU that does not read 0 MiB refuses the launch, or None where every process
+    on it belongs to a running gpufleet server launched to share, and this one shares too."""
+    pids = {p.pid for p in gpu.processes}
+    holders = [n for n in neighbours if n.pids & pids]
+    held = {pid for n in holders for pid in n.pids}
+    if shares and pids and pids <= held and all(n.shares for n in holders):
+        return None
+    listed = ",".join(str(p) for p in sorted(pids)) or "none listed"
+    line = f"GPU {gpu.index} is in use: {gpu.used_mib} MiB (PIDs {listed})"
+    if holders:
+        line += ", by gpufleet's " + ", ".join(f"server :{n.port} ({n.profile})" for n in holders)
+        if pids <= held:
+            line += "; to run beside it, set `share_gpus: true` in both profiles"
+    return line
+
+
 def check_gpus(gpus: list[int], args: LaunchArgs, in_use: bool) -> GpuCheck:
-    """The launch's GPUs exist, are free (unless `in_use` is skipped) and are healthy: a
-    `bad` GPU refuses the launch unless --allow-unhealthy, a `warn` is said."""
+    """The launch's GPUs exist, are free (unless `in_use` is skipped, or every holder is a
+    gpufleet server this one may share with) and are healthy: a `bad` GPU refuses the
+    launch unless --allow-unhealthy, a `warn` is said."""
     nvml = nvmlread.load_pynvml()
     readings = nvmlread.snapshot(nvml)
     gpuhealth.attach(nvml, readings, remember_xids=False)
     snap = {g.index: g for g in readings}
     out = GpuCheck()
     hint = args.status_hint or f"inv status --hosts {args.host}"
+    spec = args.spec
+    neighbours: list[live.LiveServer] | None = None
     for index in gpus:
         gpu = snap.get(index)
         if gpu is None:
             out.errors.append(f"GPU {index} does not exist (NVML sees {len(snap)})")
             continue
         if in_use and not gpu.is_clean():
-            pids = ",".join(str(p.pid) for p in gpu.processes) or "none listed"
-            out.errors.append(f"GPU {index} is in use: {gpu.used_mib} MiB (PIDs {pids})")
+            if neighbours is None:
+                neighbours = live.running(frozenset({spec.port} if spec else ()))
+            problem = busy(gpu, bool(spec and spec.share_gpus), neighbours)
+            if problem:
+                out.errors.append(problem)
         health = gpu.health
         if health is None or health.verdict == "ok":
             out.health.append(f"GPU {index}: ok")

@@ -38,9 +38,9 @@ from gpufleet.host.agent.redact import (
     remember,
     secret_values,
 )
-from gpufleet.host.gpu import facts as gpus
 from gpufleet.host.proc import jobstep, stepkeeper
 from gpufleet.host.server import keys as serverkeys
+from gpufleet.host.server import live, placement
 from gpufleet.host.server import probe as health
 from gpufleet.host.server.preflight import as_user, launch_env, preflight, run_as_user
 from gpufleet.host.server.state import (
@@ -177,6 +177,7 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
     remember(args.spec.env[k] for k in args.spec.secret_env if k in args.spec.env)
     user, refused = run_as_user(args)
     spec = write_files(args.spec, None if refused else user)
+    spec = placement.placed(spec)  # GPUs as NVML numbers them, before anything checks them
     args.spec = spec
     with port_lock(spec.port):
         check = preflight(args)
@@ -206,6 +207,7 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
             slots=spec.slots,
             log=str(Path.cwd() / spec.log),
             gpus=spec.gpus,
+            share_gpus=spec.share_gpus,
             resolved_profile=spec.resolved_profile,
             flag_renames=check.renames,
             key_file=key_file,
@@ -379,7 +381,7 @@ def stop(args: StopArgs) -> StopAnswer:
         used_gpus.update(state.gpus)
     verify = None
     if used_gpus and args.verify:
-        verify = gpus.wait_gpus_clean(sorted(used_gpus), args.timeout_s)
+        verify = live.verify_freed(sorted(used_gpus), args.timeout_s)
     return StopAnswer(stopped=stopped, refused=refused, verify=verify)
 
 
