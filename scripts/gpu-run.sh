@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Step 2 of the GPU path (docs/GPU-VALIDATION.md), on the GPU machine, no network needed:
 # gpufleet installed from .gpu-bundle/ (made by scripts/gpu-prepare.sh) into a venv as a
-# user installs it, `inv` on the PATH, llama-server built for this GPU, then the
-# real-engine tier and a user's walk: inv gpu-clean, launch, bench, stop, on this machine's
-# GPUs with the real engine. Every step is said; figures and logs go to $OUT (else
-# .gpu-run/).
+# user installs it, `inv` on the PATH, llama-server built for this GPU, then a user's
+# walk (inv gpu-clean, launch, bench, stop, on this machine's GPUs with the real engine),
+# then the GPU tier ($GPU_TIER, default tests/gpu: real NVML, real GPU memory, the real
+# engine). Every step is said; figures and logs go to $OUT (else .gpu-run/).
 #   bash scripts/gpu-run.sh                  everything
 #   bash scripts/gpu-run.sh --walk           the inv walk only (the tier skipped)
 #   PYTHON=/opt/torch/.venv/bin/python ...   the interpreter the venv is made from
@@ -25,6 +25,7 @@ nvidia-smi -L >/dev/null 2>&1 || fail "no NVIDIA GPU here (nvidia-smi -L failed)
 OUT=${OUT:-$PWD/.gpu-run}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
+TIER=${GPU_TIER:-tests/gpu}  # every GPU test; tests/gpu/test_real_engine.py for the engine only
 
 say "1/5 a venv from $PY, its packages still visible"
 VENV=$PWD/.venv-gpu
@@ -58,15 +59,7 @@ echo "$build" >"$OUT/llama-server-version.txt"
 export GPUFLEET_LLAMA_SERVER=$SERVER
 
 status=0
-if [ $walk_only = 0 ]; then
-  say "4/5 the real-engine tier (tests/gpu/test_real_engine.py)"
-  GPUFLEET_GPU_FIGURES=$OUT/gpu-engine-figures.json python -m pytest tests/gpu/test_real_engine.py \
-    -q -p no:cacheprovider -o addopts="" --basetemp="$OUT/pytest" || status=$?
-else
-  say "4/5 the real-engine tier: skipped (--walk)"
-fi
-
-say "5/5 a user's walk with the real engine: inv gpu-clean, launch, bench, stop"
+say "4/5 a user's walk with the real engine: inv gpu-clean, launch, bench, stop"
 site=$OUT/walk
 rm -rf "$site" && mkdir -p "$site/models" "$site/playbooks"
 python - "$site" "$SERVER" <<'EOF'
@@ -100,5 +93,14 @@ walk inv bench --profile "$site/playbooks/gpu-llama.yaml" "${inv_i[@]}" --concur
   --num-prompts 16 --output-len 32 --archive "$site/logs" || status=1
 walk inv stop "${inv_i[@]}" || status=1
 walk inv gpu-clean "${inv_i[@]}" || status=1
+
+if [ $walk_only = 0 ]; then
+  say "5/5 the GPU tier ($TIER): real NVML, real GPU memory, the real engine"
+  GPUFLEET_GPU_FIGURES=$OUT/gpu-engine-figures.json python -m pytest $TIER \
+    -q -p no:cacheprovider -o addopts="" --basetemp="$OUT/pytest" || status=$?
+else
+  say "5/5 the GPU tier: skipped (--walk)"
+fi
+
 say "done (exit $status): $OUT/walk.txt, $OUT/llama-server-version.txt"
 exit $status
