@@ -58,7 +58,8 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
         scrubbing.install()  # every byte printed from here on is scrubbed of secrets
         try:
-            with sessionpool.for_task():  # one connection per host for the whole task
+            name = f"inv {fn.__name__.replace('_', '-')}"
+            with sessionpool.for_task(name):  # one connection per host for the whole task
                 return fn(*args, **kwargs)
         except UserError as exc:
             raise Exit(f"gpufleet: {exc}", code=2) from None

@@ -14,6 +14,7 @@ import sys
 import traceback
 from typing import TextIO
 
+from gpufleet.host.agent import ownership
 from gpufleet.host.agent.protocol import (
     KEEPER,
     MARK,
@@ -40,6 +41,8 @@ def run_verb(verb: str, stream: TextIO) -> int:
         args = read_args(verb, stream)
         if args.sim:
             nvml.activate_simulation(args.sim, args.host or "sim")
+        if args.changes_host():
+            ownership.claim(args.owner)  # one task at a time changes this host
         emit_result(VERBS[verb](args))
         return 0
     except AgentError as exc:

@@ -22,6 +22,7 @@ from typing import Any
 from gpufleet.control.agent import bootstrap
 from gpufleet.control.agent import bundle as agentzip
 from gpufleet.control.agent import python_trust as interpreter
+from gpufleet.control.connect import taskid
 from gpufleet.control.connect.agentproc import (
     EOF,
     FINAL,
@@ -269,6 +270,7 @@ class Session:
         """
         args.host = self.host.name
         args.run_as = self.host.run_as
+        args.owner = taskid.task_owner()  # the host is this task's while it changes it
         gpus = self.host.gpus
         if args.expected_gpus is None:
             args.expected_gpus = gpus.count

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from gpufleet.control.connect import taskid
+
 if TYPE_CHECKING:
     from gpufleet.control.connect.base import Session
     from gpufleet.control.inventory.model import Host
@@ -75,11 +77,14 @@ def current() -> SessionPool | None:
 
 
 @contextlib.contextmanager
-def for_task() -> Iterator[SessionPool]:
-    """Keep sessions open across the task's rounds; close them all when it ends."""
+def for_task(name: str | None = None) -> Iterator[SessionPool]:
+    """Keep sessions open across the task's rounds; close them all when it ends. `name`
+    (`inv sweep`) is how another task's refusal names this one."""
     global _current
     outer, pool = _current, SessionPool()
     _current = pool
+    if name:
+        taskid.name(name)
     try:
         yield pool
     finally:

@@ -75,6 +75,17 @@ class SimGpus(TypedDict):
     boot_id: str | None
 
 
+class Owner(TypedDict):
+    """The control plane's task a verb comes from: who holds the host while it changes it
+    (host/agent/ownership.py), said in another task's refusal."""
+
+    id: str  # the task's identity: its control host, pid and start (one per task)
+    task: str  # `inv sweep`
+    control: str  # the machine the task runs on
+    pid: int  # the task's process there
+    since: str  # when it started (UTC, ISO 8601)
+
+
 @dataclass
 class VerbArgs:
     """What every verb receives: the host's identity, added by the control plane's Session."""
@@ -91,6 +102,11 @@ class VerbArgs:
     slurm_node: str | None = None
     # the inventory's run_as: the user servers and probes run as (host/agent/runas.py)
     run_as: str | None = None
+    owner: Owner | None = None  # the task this call comes from
+
+    def changes_host(self) -> bool:
+        """Whether the verb changes what runs on the host: it must hold the host first."""
+        return False
 
     def to_wire(self) -> str:
         """One JSON line for the agent's stdin."""
@@ -148,6 +164,9 @@ class CleanArgs(VerbArgs):
     clear_reason: str = ""
     cleared_by: str = ""
 
+    def changes_host(self) -> bool:
+        return not self.dry_run
+
 
 @dataclass
 class StatusArgs(VerbArgs):
@@ -169,6 +188,9 @@ class LaunchArgs(VerbArgs):
     dry_run: bool = False  # preflight only: the argv that would run (renames applied)
     allow_unhealthy: bool = False  # launch on a GPU the health check calls bad (recorded)
     status_hint: str = ""  # the pasteable `inv status` line for this host (from the control)
+
+    def changes_host(self) -> bool:
+        return not self.dry_run
 
 
 @dataclass
@@ -193,6 +215,9 @@ class StopArgs(VerbArgs):
     timeout_s: float = 60.0
     verify: bool = True
 
+    def changes_host(self) -> bool:
+        return True
+
 
 @dataclass
 class LogsArgs(VerbArgs):
@@ -209,6 +234,9 @@ class BenchStartArgs(VerbArgs):
     VERB: ClassVar[str] = "bench-start"
     plan: BenchPlan | None = None  # control.bench.build_plan's plan (required)
     prompts_file: str = ""
+
+    def changes_host(self) -> bool:
+        return True
 
 
 @dataclass

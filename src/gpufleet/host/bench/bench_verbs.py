@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpufleet.host.agent import childenv, runas, safewrite
+from gpufleet.host.agent import childenv, ownership, runas, safewrite
 from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.host.agent.protocol import (
     AgentError,
@@ -124,6 +124,7 @@ def _spawn_runner(run_dir: Path, args: BenchRunArgs, step: jobstep.JobStep | Non
                 said = " | ".join(tail(str(run_dir / "runner.log"), 3))
                 raise AgentError(f"bench runner: {exc}: {said}", kind=Kind.RUN_FAILED) from None
             return ProcRef.capture(pid) or ProcRef(pid, -1)
+        held = ownership.held_fd()  # the run owns the host until it ends, task or not
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -131,6 +132,7 @@ def _spawn_runner(run_dir: Path, args: BenchRunArgs, step: jobstep.JobStep | Non
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            pass_fds=() if held is None else (held,),
             env=childenv.child_env(),
         )
     assert proc.stdin is not None
@@ -164,8 +166,10 @@ def _spawn_runner_as(
     log_fd = _open_server_log(state)
     if log_fd is not None:
         env[LOG_FD_ENV] = str(log_fd)
+    held = ownership.held_fd()  # the run owns the host until it ends, task or not
+    fds = tuple(fd for fd in (log_fd, held) if fd is not None)
     try:
-        proc = _start_as(user, home, env, run_dir, () if log_fd is None else (log_fd,))
+        proc = _start_as(user, home, env, run_dir, fds)
     finally:
         if log_fd is not None:
             os.close(log_fd)

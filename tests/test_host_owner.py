@@ -1,0 +1,137 @@
+"""Issue 69.4: a host has one owner at a time (host/agent/ownership.py).
+
+Two sweeps on one host each cleaned the GPUs before their next cell and killed the other's
+loading server (3 of 4 cells "crashed"). Now the task whose agent changes the host holds
+it until that agent ends; another task's launch, bench, gpu-clean or stop is refused in
+one line naming the owner, and reading the host never is. The lock follows its owner's
+end: a task killed with SIGKILL frees the host, and a detached bench run keeps it until
+the run ends. Real sshd, real processes, the rehearsal engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import yaml
+
+from gpufleet.archive import store
+from gpufleet.archive.layout import Archive
+from helpers import REPO, pid_alive
+from test_reliability import record
+
+
+def _start(fleet, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", *args, "--inventory", str(fleet.inventory)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def _read_until(proc: subprocess.Popen, words: str, seen: list[str]) -> None:
+    for line in proc.stdout:
+        seen.append(line)
+        if words in line:
+            return
+    raise AssertionError(f"never said {words!r}:\n{''.join(seen)[-3000:]}")
+
+
+def test_a_second_sweep_on_a_host_in_use_is_refused_naming_the_first(fleet, tmp_path):
+    sim = {"load-seconds": 2.0, "warmup-seconds": 0.1}
+    a = fleet.profile("own-a", tp=1, sim=sim)
+    port = yaml.safe_load(a.read_text())["port"]
+    fleet.profile("own-b", tp=1, sim=sim, port=port)
+    playbooks = a.parent
+    first = _start(
+        fleet, "sweep", "--profiles", f"{playbooks}/own-a.yaml,{playbooks}/own-b.yaml",
+        "--hosts", "h0", "-c", "1", "--num-prompts", "4", "--output-len", "8",
+        "--archive", str(tmp_path / "first"),
+    )  # fmt: skip
+    seen: list[str] = []
+    try:
+        _read_until(first, "launching", seen)  # its server is loading now
+        second = fleet.cli(
+            "sweep", "--profiles", f"{playbooks}/own-b.yaml", "--hosts", "h0", "-c", "1",
+            "--num-prompts", "4", "--output-len", "8", "--archive", str(tmp_path / "second"),
+        )  # fmt: skip
+        others = [fleet.cli("gpu-clean", "--hosts", "h0"), fleet.cli("stop", "--hosts", "h0"),
+                  fleet.cli("launch", "--profile", str(a), "--hosts", "h0")]  # fmt: skip
+        reading = fleet.cli("status", "--hosts", "h0")
+    finally:
+        rest, _ = first.communicate(timeout=240)
+    seen.append(rest)
+    text = "".join(seen)
+    assert first.returncode == 0, text[-3000:]
+    words = f"this host is in use by `inv sweep` (pid {first.pid} on "
+    assert second.returncode != 0 and words in second.stdout + second.stderr, second
+    for out in others:
+        assert out.returncode == 1 and words in out.stderr, out.stdout + out.stderr
+        assert "Traceback" not in out.stderr
+    assert reading.returncode == 0, reading.stdout + reading.stderr
+    # the first sweep lost nothing: both its cells measured, none crashed
+    runs = store.list_runs(Archive(tmp_path / "first"))
+    assert sorted(r.status for r in runs) == ["done", "done"], text[-3000:]
+    assert "crashed" not in text
+    # its end freed the host: the refused sweep now runs
+    again = fleet.cli(
+        "sweep", "--profiles", f"{playbooks}/own-b.yaml", "--hosts", "h0", "-c", "1",
+        "--num-prompts", "4", "--output-len", "8", "--archive", str(tmp_path / "second"),
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    record("one_owner_two_sweeps", {"first_cells_done": len(runs), "refused": 4})
+
+
+def test_a_task_killed_outright_frees_the_host(fleet):
+    profile = fleet.profile("owner-killed", tp=1, sim={"load-seconds": 30.0})
+    proc = _start(fleet, "launch", "--profile", str(profile), "--hosts", "h1")
+    seen: list[str] = []
+    try:
+        _read_until(proc, "loading", seen)
+        refused = fleet.cli("gpu-clean", "--hosts", "h1")
+        assert refused.returncode == 1 and "in use by `inv launch`" in refused.stderr
+        os.killpg(proc.pid, signal.SIGKILL)  # no handler runs: only the connection ends
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while True:
+            out = fleet.cli("gpu-clean", "--hosts", "h1", "--include-running")
+            if out.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "verified clean" in out.stdout
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        fleet.cli("stop", "--hosts", "h1")
+
+
+def test_a_detached_bench_run_keeps_the_host_until_it_ends(fleet, tmp_path):
+    profile = fleet.profile("owner-run", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1,
+                                                    "decode-per-req-ms": 20})  # fmt: skip
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h2").returncode == 0
+    bench = _start(
+        fleet, "bench", "--profile", "owner-run", "--hosts", "h2", "-c", "1",
+        "--num-prompts", "6", "--output-len", "40", "--archive", str(tmp_path / "a"),
+    )  # fmt: skip
+    seen: list[str] = []
+    try:
+        _read_until(bench, " started against ", seen)
+        os.killpg(bench.pid, signal.SIGKILL)  # the task is gone; its run goes on, detached
+        bench.wait(timeout=10)
+        [runner] = (fleet.workdir("h2") / "runs").glob("*/runner.json")
+        pid = yaml.safe_load(runner.read_text())["pid"]
+        assert pid_alive(pid)
+        refused = fleet.cli("stop", "--hosts", "h2")
+        assert refused.returncode == 1 and "in use by `inv bench`" in refused.stderr, refused
+        deadline = time.monotonic() + 120
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not pid_alive(pid)
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+    out = fleet.cli("stop", "--hosts", "h2")
+    assert out.returncode == 0 and "verified clean" in out.stdout, out.stdout + out.stderr
