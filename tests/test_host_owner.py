@@ -135,3 +135,24 @@ def test_a_detached_bench_run_keeps_the_host_until_it_ends(fleet, tmp_path):
             os.killpg(bench.pid, signal.SIGKILL)
     out = fleet.cli("stop", "--hosts", "h2")
     assert out.returncode == 0 and "verified clean" in out.stdout, out.stdout + out.stderr
+
+
+def test_every_launch_writes_a_log_of_its_own(fleet):
+    """Two servers once wrote one log file, archived with both runs. A relaunch (a template
+    without {stamp}, or within the stamp's second) now gets `-2`, `-3` ..."""
+    import json
+
+    profile = fleet.profile("one-log", tp=1, log="logs/fixed.log",
+                            sim={"load-seconds": 0.2, "warmup-seconds": 0.1})  # fmt: skip
+    port = yaml.safe_load(profile.read_text())["port"]
+    logs = []
+    for _ in range(3):
+        out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h1")
+        assert out.returncode == 0, out.stdout + out.stderr
+        state = json.loads((fleet.workdir("h1") / "servers" / f"{port + 7}.json").read_text())
+        logs.append(state["log"])
+        assert fleet.cli("stop", "--hosts", "h1").returncode == 0
+    assert [os.path.basename(p) for p in logs] == ["fixed.log", "fixed-2.log", "fixed-3.log"]
+    for path in logs:
+        with open(path) as fh:
+            assert fh.read().count("launching one-log") == 1

@@ -267,3 +267,23 @@ def test_where_to_add_says_how_many_files_each_addition_touches():
                 assert (base / name).exists(), (kind, name)
         stated[kind] = int(found.group(1))
     assert stated == {"a task": 3, "an engine": 1, "a connection": 2, "a metric": 2}
+
+
+def test_only_the_archive_names_the_logs_folder():
+    """Issue 64.4: control/server/profiles.py spelled the server logs' `logs/` folder as
+    well as archive/layout.py. A string that is the folder, or a path in it, lives in
+    archive/layout.py alone (the verb `logs` is a word of the agent's contract)."""
+    import ast
+
+    verbs = {"host/agent/protocol.py", "host/registry.py"}
+    found = []
+    src = REPO / "src" / "gpufleet"
+    for path in sorted(src.rglob("*.py")):
+        rel = str(path.relative_to(src))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                continue
+            text = node.value
+            if text.startswith("logs/") or (text == "logs" and rel not in verbs):
+                found.append(f"{rel}:{node.lineno} {text!r}")
+    assert found and all(f.startswith("archive/layout.py:") for f in found), found

@@ -42,6 +42,8 @@ def safe_name(text: str) -> str:
 
 
 DEFAULT_ROOT = "logs"  # the archive's folder when neither --archive nor $GPUFLEET_ARCHIVE
+# a server's log on its host, relative to the host's workdir (a profile's `log:` default)
+SERVER_LOG = DEFAULT_ROOT + "/{profile}-{port}-{stamp}.log"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpufleet.archive.layout import profile_label
+from gpufleet.archive.layout import SERVER_LOG, profile_label
 from gpufleet.control.inventory import yamlconfig
 from gpufleet.control.inventory.model import Host
 from gpufleet.control.inventory.yamlconfig import read_yaml, validate
@@ -56,7 +56,7 @@ class Profile(BaseModel):
     nnodes: int = Field(default=1, ge=1)
     dist_init_port: int = Field(default=50000, ge=1, le=65535)
     health_timeout: float = Field(default=HEALTH_TIMEOUT_S, gt=0)
-    log: str = "logs/{profile}-{port}-{stamp}.log"
+    log: str = SERVER_LOG
     check_model_path: bool = True
     files: dict[str, str] = Field(default_factory=dict)  # name -> local path; `{file:name}`
     secret_env: list[str] = Field(default_factory=list)  # env names to hide beyond the rules

@@ -77,3 +77,12 @@ def tail(path: str, lines: int = 40, end: int | None = None) -> list[str]:
     except OSError:
         return []
     return data.splitlines()[-lines:]
+
+
+def fresh_log(log: str) -> str:
+    """`log`, or with -2, -3 ... before its suffix: the first name no launch wrote yet."""
+    path, n = Path(log), 1
+    while path.exists() or path.is_symlink():
+        n += 1
+        path = Path(log).with_stem(f"{Path(log).stem}-{n}")
+    return str(path)

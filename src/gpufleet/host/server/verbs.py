@@ -46,6 +46,7 @@ from gpufleet.host.server.preflight import as_user, launch_env, preflight, run_a
 from gpufleet.host.server.state import (
     SERVERS,
     all_states,
+    fresh_log,
     now_iso,
     read_state,
     server_alive,
@@ -189,7 +190,9 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
         argv, key_file, in_argv = _keep_keys_out_of_argv(spec.port, check, user)
         if in_argv:
             check.warnings.append(KEYS_IN_ARGV)
-        spec = dataclasses.replace(spec, argv=argv)  # renames applied, keys in their file
+        # renames applied, keys in their file; a log of its own (a relaunch within the
+        # stamp's second, or a template without {stamp}, never appends to another's)
+        spec = dataclasses.replace(spec, argv=argv, log=fresh_log(spec.log))
         step = jobstep.JobStep.of(args.slurm_job, args.slurm_node)
         pid = _spawn(spec, step, user)
         ref = ProcRef.capture(pid) or ProcRef(pid, -1)  # -1: died at once
