@@ -25,6 +25,7 @@ class Kind(StrEnum):
     GPU_COUNT = "gpu_count"  # NVML sees another number of GPUs than the inventory says
     HOST_KEY = "host_key"  # unknown or changed host key
     LOCKED = "locked"  # another launch on that port is in progress
+    JOB_ENDED = "job_ended"  # the Slurm job the host's server and run were steps of ended
     IN_USE = "in_use"  # another gpufleet task holds the host (host/agent/ownership.py)
     MISSING_PACKAGE = "missing_package"  # the host Python lacks psutil / nvidia-ml-py
     NO_DRIVER = "no_driver"  # no NVIDIA driver (NVML not found)

@@ -53,7 +53,7 @@ def line(text: str, stream: TextIO | None = None) -> None:
 def report_lost_hosts_at_once(res: Any) -> None:
     """A host lost mid-run is said the moment it happens (with its resume hint), not after
     the other hosts finish."""
-    if not res.ok and res.kind == Kind.CONNECTION:
+    if not res.ok and res.kind in (Kind.CONNECTION, Kind.JOB_ENDED):
         line(f"{res.host.name}: FAILED: {res.error}", sys.stderr)
         res.reported = True
 

@@ -345,7 +345,7 @@ class Session:
             ended = self.owner_ended()
             if ended:  # nothing keeps running: no hint that cannot work
                 raise HostError(f"lost the host while {doing} ({exc}): {ended}",
-                                kind=Kind.CONNECTION) from None  # fmt: skip
+                                kind=Kind.JOB_ENDED) from None  # fmt: skip
             raise HostError(
                 f"lost the host while {doing} ({exc}); it keeps running there: {resume}",
                 kind=Kind.CONNECTION,

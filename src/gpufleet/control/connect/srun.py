@@ -413,12 +413,12 @@ class SrunSession(Session):
         slurmctld cannot say."""
         job = self.slurm.job
         try:
-            state = slurm.job_state(job)
+            how = slurm.job_end(job)
         except UserError:
             return None
-        if state in ("RUNNING", "SUSPENDED"):
+        if how is None:
             return None
-        return (f"Slurm job {job} is {state}: the server and the run on {self.slurm.node} "
+        return (f"Slurm job {job} {how}: the server and the run on {self.slurm.node} "
                 "ended with it; run again in a running job")  # fmt: skip
 
     @property

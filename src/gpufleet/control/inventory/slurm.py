@@ -109,6 +109,38 @@ def job_state(job: str) -> str:
     return (out.split() or ["GONE"])[0]
 
 
+# What became of a job whose steps were a host's server and run, in Slurm's own state word:
+# the cell's line says it (issue 69 R1: a time limit read "COMPLETING", a requeue
+# "COMPLETING" then "PENDING", and "requeued" never appeared)
+ENDED_WORDS = {
+    "CANCELLED": "was cancelled", "TIMEOUT": "reached its time limit",
+    "NODE_FAIL": "lost its node", "PREEMPTED": "was preempted",
+    "BOOT_FAIL": "failed to boot its node", "DEADLINE": "reached its deadline",
+    "OUT_OF_MEMORY": "ran out of memory", "COMPLETED": "ended", "FAILED": "failed",
+    "PENDING": "was requeued", "REQUEUED": "was requeued", "REQUEUE_HOLD": "was requeued",
+    "REQUEUE_FED": "was requeued", "SPECIAL_EXIT": "was requeued",
+    "GONE": "ended (Slurm lists it no more)",
+}  # fmt: skip
+PASSING = ("COMPLETING", "CONFIGURING", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED")
+
+
+def job_end(job: str, settle_s: float = 10.0) -> str | None:
+    """What ended a job this host's steps belonged to, in words and Slurm's state word
+    ("was requeued (PENDING)"); None while it runs. A passing state (COMPLETING) is read
+    again for up to `settle_s` until Slurm says how it ended. UserError where squeue
+    cannot answer."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        state = job_state(job)
+        if state in ("RUNNING", "SUSPENDED"):
+            return None
+        if state not in PASSING or time.monotonic() >= deadline:
+            break
+        time.sleep(SETTLE_POLL_S)
+    words = ENDED_WORDS.get(state, "is not running")
+    return f"{words} ({state})" if state != "GONE" else words
+
+
 def _usable(state: str) -> str | None:
     """None when a job can start on a node in this sinfo state, else why not."""
     flags = [FLAG_SUFFIXES[c] for c in state if c in FLAG_SUFFIXES]

@@ -247,6 +247,8 @@ class _Cell:
                     "fetches it (never measures it again), and this host runs no other cell "
                     "until then", kind=Kind.CONNECTION,
                 ) from None  # fmt: skip
+            if exc.kind == Kind.JOB_ENDED:  # the server and run ended with it: nothing
+                raise  # to stop or fetch, and --resume measures the cell again
             self.stop_server()
             raise
         except BaseException:
