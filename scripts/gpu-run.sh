@@ -53,7 +53,7 @@ say "    $(inv --version 2>&1 | head -1); gpufleet $(python -c 'import importlib
 say "3/5 llama-server for this GPU ($(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | head -1))"
 SERVER=$(GPUFLEET_ENGINE_SOURCE="$BUNDLE/engines" bash scripts/llama-build.sh --cuda) \
   || fail "building llama-server failed (its log is named above)"
-build=$("$SERVER" --version 2>&1 | grep -o 'version: [0-9]* ([0-9a-f]*)' | head -1)
+build=$("$SERVER" --version 2>&1 | grep -m1 '^version:')
 say "    $SERVER: $build"
 echo "$build" >"$OUT/llama-server-version.txt"
 export GPUFLEET_LLAMA_SERVER=$SERVER

