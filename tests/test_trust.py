@@ -482,3 +482,43 @@ def test_harmless_login_variables_are_said_only_where_they_may_matter(fleet, fre
     fleet.cli("stop", "--hosts", "h8", "--grace", "2")
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "LD_LIBRARY_PATH, PYTHONUNBUFFERED" in failed.stdout + failed.stderr
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the library")
+def test_a_loader_variable_the_login_made_readonly_stops_the_login_before_anything_runs(
+    fleet, tmp_path, fresh_sshd
+):
+    """Issue 68.1: `readonly LD_PRELOAD=...` (or bash's `declare -r`) in a login's rc
+    survived the login shell's `unset`, and `/usr/bin/env` loaded it as uid 0 while
+    gpu-clean printed "verified clean". The shell now checks after unsetting and refuses,
+    in one line naming the variable, before it executes anything."""
+    from gpufleet.control.connect.base import clean_start
+
+    marker = tmp_path / "LOADED"
+    library = _preload_library(tmp_path, marker)
+    for shell, how in (("bash", "readonly"), ("bash", "declare -r"), ("dash", "readonly")):
+        if shutil.which(shell) is None:
+            continue
+        out = subprocess.run(
+            [shell, "-c", f"{how} LD_PRELOAD={library}; export LD_PRELOAD; "
+             + clean_start("/bin/echo started")],
+            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        assert out.returncode == 97 and "started" not in out.stdout, (shell, how, out)
+        assert "cannot unset (readonly" in out.stderr and "LD_PRELOAD" in out.stderr
+        assert not marker.exists(), (shell, how, marker.read_text())
+    # over a real sshd: bash run by sshd reads ~/.bashrc (not BASH_ENV); this login's HOME
+    # is a folder of the test's, whose .bashrc makes the variable readonly
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text(f"readonly LD_PRELOAD={library}\nexport LD_PRELOAD\n")
+    sshd = fresh_sshd(extra_options=[f"SetEnv=HOME={home}"])
+    fleet.add_sshd_host("h9", sshd, 67)
+    out = fleet.cli("gpu-clean", "--hosts", "h9")
+    assert out.returncode == 1, out.stdout + out.stderr
+    failed = [ln for ln in out.stderr.splitlines() if ln.startswith("h9: FAILED")]
+    assert len(failed) == 1 and "the login keeps loader variables" in failed[0], out.stderr
+    assert failed[0].rstrip().endswith("LD_PRELOAD"), failed[0]
+    loaded = marker.read_text().splitlines() if marker.exists() else []
+    assert not [ln for ln in loaded if ln.split()[-1] in ("env", "python3", "python")], loaded
+    record("trust_readonly_loader_variable", {"refused": True, "loaded_by_gpufleet": 0})

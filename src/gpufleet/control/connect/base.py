@@ -383,12 +383,20 @@ class Session:
                 f"python {self.host.python_path!r} not found on the host "
                 f"(set `python:` for {self.host.name} in the inventory)"
             )
+        if code == LOADER_KEPT_EXIT and tail.startswith(LOADER_KEPT):
+            return tail.strip()
         if code is None or code < 0:
             return f"agent did not finish ({tail})"
         return f"agent exited with code {code}: {tail}"
 
 
 CLEAN_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+LOADER_KEPT_EXIT = 97
+LOADER_KEPT = (
+    "the login keeps loader variables its shell cannot unset (readonly, in its rc or "
+    "profile): gpufleet executes nothing while they are set; make them writable there "
+    "(no readonly, no declare -r): "
+)
 
 
 def clean_start(command: str) -> str:
@@ -400,8 +408,15 @@ def clean_start(command: str) -> str:
     start from (host/agent/loginenv.py)."""
     names = loginenv.LOADER_VARIABLES
     had = "".join(f"${{{n}+{n} }}" for n in names)
+    # one at a time, through `command` (a special builtin's error would end a POSIX shell
+    # before it could say why); a variable the login made readonly survives `unset`, and
+    # the loader would act on it in the first program executed (`env`, as root): refused
+    # here, in one line naming it, before anything is executed (issue 68.1)
     return (
-        f'{loginenv.LOGIN_UNSET}="{had}"; unset {" ".join(names)}; umask 077; '
+        f'{loginenv.LOGIN_UNSET}="{had}"; for n in {" ".join(names)}; do '
+        'command unset "$n" 2>/dev/null; done; '
+        f'left="{had}"; if [ -n "$left" ]; then echo "{LOADER_KEPT}$left" >&2; '
+        f"exit {LOADER_KEPT_EXIT}; fi; umask 077; "
         f'exec /usr/bin/env -i PATH={CLEAN_PATH} LANG=C.UTF-8 HOME="$HOME" '
         f'{loginenv.LOGIN_ENV}="$(export -p)" {loginenv.LOGIN_UNSET}="${loginenv.LOGIN_UNSET}" '
         f"{command}"

@@ -36,7 +36,7 @@ from tenacity import (
 from gpufleet.control.agent import python_trust as interpreter
 from gpufleet.control.connect import hostkeys
 from gpufleet.control.connect.agentproc import CHUNK, AgentProcess
-from gpufleet.control.connect.base import Session, clean_start
+from gpufleet.control.connect.base import LOADER_KEPT, LOADER_KEPT_EXIT, Session, clean_start
 from gpufleet.control.inventory.connections import SshSettings
 from gpufleet.control.inventory.model import Host
 from gpufleet.errors import HostError
@@ -302,6 +302,7 @@ class SSHSession(Session):
             # `id` too runs in an empty environment: the login's LD_PRELOAD would load into it
             # as root, and LD_SHOW_AUXV alone turns its answer into something else
             chan.settimeout(30)  # every read below is bounded: a login never hangs a task
+            chan.set_combine_stderr(True)  # a refusal of the login's (LOADER_KEPT) is said
             chan.exec_command(clean_start("id -u"))
             out = b""
             while len(out) < 1 << 16:  # all of it: a login may print before the command
@@ -322,6 +323,8 @@ class SSHSession(Session):
             raise HostError(f"connection lost: {exc}", kind=Kind.CONNECTION) from None
         # the last line: a login may print before the command runs (a banner, an rc's echo)
         text = (out.decode(errors="replace").strip().splitlines() or [""])[-1].strip()
+        if code == LOADER_KEPT_EXIT and text.startswith(LOADER_KEPT):
+            raise HostError(text, Kind.UNTRUSTED)
         if code != 0 or not text.isdigit():
             raise HostError(f"the host cannot say who it is (`id -u`: {text[:60]!r})",
                             Kind.CONNECTION)  # fmt: skip
