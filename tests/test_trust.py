@@ -522,3 +522,35 @@ def test_a_loader_variable_the_login_made_readonly_stops_the_login_before_anythi
     loaded = marker.read_text().splitlines() if marker.exists() else []
     assert not [ln for ln in loaded if ln.split()[-1] in ("env", "python3", "python")], loaded
     record("trust_readonly_loader_variable", {"refused": True, "loaded_by_gpufleet": 0})
+
+
+def test_a_relative_library_path_is_judged_where_the_server_starts(fleet, tmp_path, fresh_sshd):
+    """Issue 68.2: `CUDA_INJECTION64_PATH=../foreign/evil.so` passed (only absolute paths
+    were judged) and libcuda loads it at CUDA init, resolved against the server's cwd:
+    the host's workdir. Relative paths are now resolved there and judged like the rest,
+    in a profile's env (refused) and in the login's (not passed, said)."""
+    theirs = fleet.workdir("h0").parent / "foreign"
+    theirs.mkdir(parents=True, exist_ok=True)
+    (theirs / "evil.so").write_bytes(b"\x7fELF")
+    os.chown(theirs, NOBODY, NOBODY)
+    os.chown(theirs / "evil.so", NOBODY, NOBODY)
+    profile = fleet.profile("relative", tp=1, env={"CUDA_INJECTION64_PATH": "../foreign/evil.so"})
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "env CUDA_INJECTION64_PATH:" in out.stderr and "foreign" in out.stderr, out.stderr
+    # the same value from the login: kept from the server, and said at the launch
+    (fleet.workdir("h8").parent / "foreign").mkdir(exist_ok=True)
+    sshd = fresh_sshd(extra_options=["SetEnv=CUDA_INJECTION64_PATH=../foreign/evil.so"])
+    fleet.add_sshd_host("h8", sshd, 63)
+    plain = fleet.profile("plain", tp=1)
+    launched = fleet.cli("launch", "--profile", str(plain), "--hosts", "h8")
+    try:
+        assert launched.returncode == 0, launched.stdout + launched.stderr
+        said = launched.stdout + launched.stderr
+        assert "not passed to the server from the login environment: CUDA_INJECTION64_PATH" \
+            in said, said  # fmt: skip
+        state = next((fleet.workdir("h8") / "servers").glob("*.json")).read_text()
+        assert "CUDA_INJECTION64_PATH" not in state
+    finally:
+        fleet.cli("stop", "--hosts", "h8", "--grace", "2")
+    record("trust_relative_library_path", {"profile": "refused", "login": "not passed"})

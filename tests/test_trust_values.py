@@ -177,3 +177,22 @@ def test_a_pth_file_beside_the_executable_is_read_as_cpython_reads_it(copied_ven
     assert any(f"{theirs}" in p and "python3._pth" in p for p in said), said
     theirs.chmod(0o755)
     assert _problems(venv) == []
+
+
+def test_every_relative_spelling_of_an_untrusted_path_is_found_from_where_it_starts(
+    places, monkeypatch
+):
+    """Issue 68.2, the class: a value naming a library by a relative path (`../open/evil.so`,
+    `./x/../../open/evil.so`) is read by its loader from the server's cwd; it is judged
+    from there (the agent's cwd: where the server starts), however it is spelled. A word
+    without a `/` is looked up on a search path, never in the directory, and is no path."""
+    own, open_, _ = places
+    monkeypatch.chdir(own)
+    spellings = ["../open/evil.so", "./../open/evil.so", "../own/../open/evil.so",
+                 "x/../../open/evil.so", f"../{open_.name}//evil.so"]  # fmt: skip
+    for value in spellings:
+        for shape in ("{}", "/usr/lib/a.so:{}", "--lib={}", "a.so {}"):
+            said = childenv.refusals({"CUDA_INJECTION64_PATH": shape.format(value)})
+            assert len(said) == 1 and str(open_) in said[0], (shape, value, said)
+    assert childenv.refusals({"CUDA_INJECTION64_PATH": "./good.so"}) == []
+    assert childenv.refusals({"CUDA_INJECTION64_PATH": "evil.so"}) == []  # a search-path name

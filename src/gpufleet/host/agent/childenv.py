@@ -35,7 +35,19 @@ _SEPARATORS = re.compile(r"[\s:;,=]+")
 
 
 def _paths_in(value: str) -> list[str]:
-    return [p for p in _SEPARATORS.split(value) if p.startswith("/")]
+    """Every path a reader could take from `value`, absolute: a relative one (a word with
+    a `/`: `../foreign/evil.so`; a word without one is looked up on a search path, never
+    in the directory) is resolved against the directory the server starts in, this
+    agent's (issue 68.2: libcuda loaded CUDA_INJECTION64_PATH=../foreign/evil.so from
+    the server's cwd, and only absolute paths were judged)."""
+    here = os.getcwd()
+    out = []
+    for word in _SEPARATORS.split(value):
+        if word.startswith("/"):
+            out.append(word)
+        elif "/" in word:
+            out.append(os.path.normpath(os.path.join(here, word)))
+    return out
 
 
 def untrusted_paths(value: str) -> list[str]:
