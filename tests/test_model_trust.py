@@ -110,3 +110,51 @@ def test_remote_code_judges_every_file_of_the_model_and_only_then(host):
         assert ("its remote code runs as root" in text) is refused, text
         if refused:
             assert f"{code_file} (owner uid 0, mode 0666) can be changed by another user" in text
+
+
+def _their_model(models, name: str):
+    """A model directory another user owns, with its own Python."""
+    theirs = models / name
+    theirs.mkdir()
+    (theirs / "modeling.py").write_text("print('their code')\n")
+    os.chown(theirs, NOBODY, NOBODY)
+    os.chown(theirs / "modeling.py", NOBODY, NOBODY)
+    return theirs
+
+
+def test_every_model_path_wherever_spelled_is_judged_issue_68_3(host):
+    """A vLLM draft inside `--speculative-config` JSON, trust-remote-code in the engine's
+    config file, and a custom command carrying `--trust-remote-code` all launched as root
+    unjudged; SGLang's draft flag with the same directory was refused."""
+    import json
+
+    tmp_path, program, models, inventory = host
+    good = models / "good"
+    good.mkdir()
+    draft = _their_model(models, "draft")
+    # vLLM: the draft named inside a flag's JSON
+    code, said = dry_run(tmp_path, program, inventory(), good, engine="vllm",
+                         flags={"speculative-config": json.dumps(
+                             {"model": str(draft), "num_speculative_tokens": 3})})  # fmt: skip
+    assert code == 1 and f"model path {draft}" in said, said
+    # a config file that trusts remote code and names the model: the tree is judged
+    theirs = _their_model(models, "theirs")
+    config = tmp_path / "engine.yaml"
+    config.write_text(f"model-path: {theirs}\ntrust_remote_code: true  # from the docs\n")
+    code, said = dry_run(tmp_path, program, inventory(), good, flags={"config": str(config)})
+    assert code == 1 and str(theirs) in said, said
+    # a custom command that trusts remote code: its paths cannot be found, so as root no
+    custom = tmp_path / "custom.yaml"
+    custom.write_text(yaml.safe_dump({
+        "engine": "custom", "model_path": str(good), "port": 18996, "check_model_path": False,
+        "command": [str(program), "--model", "{model_path}", "--trust-remote-code"],
+        "check_flags": False,
+    }))  # fmt: skip
+    out = run_cli("launch", "--profile", str(custom), "--inventory", str(inventory()),
+                  "--dry-run")  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "runs its model's own Python (--trust-remote-code) as root, and gpufleet cannot " \
+           "find every model path" in out.stderr, out.stderr  # fmt: skip
+    warned = run_cli("launch", "--profile", str(custom), "--inventory",
+                     str(inventory("warn")), "--dry-run")  # fmt: skip
+    assert warned.returncode == 0 and "python_trust: warn" in warned.stdout + warned.stderr

@@ -156,6 +156,7 @@ class LaunchSpec(Record):
     # what root loads the model from: judged before launch (host/server/models.py)
     model_paths: list[str] = field(default_factory=list)
     model_code: bool = False  # the server runs the model's own Python (remote code)
+    model_paths_known: bool = True  # model_paths are all it loads (a custom command: no)
     model_trust: str = "refuse"  # the host's python_trust: warn runs it, said
 
 

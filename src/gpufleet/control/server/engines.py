@@ -11,6 +11,7 @@ To add an engine: one Engine in ENGINES (and its name in profiles.Profile.engine
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypedDict
@@ -298,15 +299,52 @@ def engine(name: str) -> Engine:
     return ENGINES[name]
 
 
-def model_files(name: str, model_path: str, flags: Flags) -> tuple[list[str], bool]:
-    """The local paths a server of this engine loads its model from (model_path, then a
-    draft's or tokenizer's given by flag; a hub id is no path), and whether it runs the
-    model's own Python (remote code trusted)."""
+REMOTE_CODE = "--trust-remote-code"
+
+
+def _json_models(value: object) -> list[object]:
+    """The model and tokenizer names inside a JSON object a flag carries (vLLM's
+    `--speculative-config '{"model": "/models/draft", ...}'`: issue 68.3)."""
+    if not isinstance(value, str) or not value.lstrip().startswith("{"):
+        return []
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return []
+    if not isinstance(data, dict):
+        return []
+    return [v for k, v in data.items() if "model" in k.lower() or "tokenizer" in k.lower()]
+
+
+def _says_remote_code(argv: list[str]) -> bool:
+    """Whether a command line (a custom engine's own) trusts remote code."""
+    for word in argv:
+        name, eq, value = word.partition("=")
+        if name == REMOTE_CODE and (not eq or value.lower() not in ("false", "0", "no")):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """What a server of an engine loads and runs of its model, as far as gpufleet can see."""
+
+    paths: list[str]  # local paths (a hub id is no path)
+    runs_code: bool  # the model's own Python runs (remote code trusted)
+    known: bool  # every path it loads is among `paths` (a custom command's are not known)
+
+
+def model_files(name: str, model_path: str, flags: Flags, argv: list[str]) -> ModelFiles:
+    """The local paths a server of this engine loads its model from: model_path, a draft's
+    or tokenizer's given by flag, or inside a flag's JSON; and whether it runs the model's
+    own Python, by its flag or anywhere in its command line."""
     adapter = ENGINES[name]
     named = [model_path, *(flags.get(flag) for flag in adapter.model_flags)]
+    for value in flags.values():
+        named += _json_models(value)
     paths = [str(p) for p in named if isinstance(p, str) and p.startswith("/")]
     runs_code = bool(adapter.remote_code_flag and flags.get(adapter.remote_code_flag))
-    return paths, runs_code
+    return ModelFiles(paths, runs_code or _says_remote_code(argv), name != "custom")
 
 
 def gauge_names(name: str | None) -> dict[str, str]:

@@ -388,7 +388,7 @@ def _spec_for(
     resolved = redact_tree(resolved)
     argv, files, recorded = _with_files(profile, _argv_for(profile, host, engine, port, rank, head))
     resolved["files"] = recorded
-    models, model_code = engines.model_files(engine, profile.model_path, profile.flags)
+    models = engines.model_files(engine, profile.model_path, profile.flags, argv)
     probes = engines.probes(engine, argv, _probe_settings(profile))
     return LaunchSpec(
         profile=profile.name,
@@ -421,7 +421,8 @@ def _spec_for(
         needs_gpu=uses_gpu,
         gpus_pinned=profile.gpus is not None,
         share_gpus=profile.share_gpus,
-        model_paths=models if profile.check_model_path and engine != "sim" else [],
-        model_code=model_code,
+        model_paths=models.paths if profile.check_model_path and engine != "sim" else [],
+        model_code=models.runs_code,
+        model_paths_known=models.known,
         model_trust=host.python_trust,
     )

@@ -283,7 +283,7 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
             errors.append(problem)
     if spec.check_model_path and not Path(spec.model_path).exists():
         errors.append(f"model path {spec.model_path!r} does not exist on this host")
-    refused, said = models.refusals_and_warnings(spec)
+    refused, said = models.refusals_and_warnings(spec, as_root=user is None)
     errors += refused
     warnings += said
     engine = spec.engine
