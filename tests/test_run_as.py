@@ -307,3 +307,35 @@ def test_run_as_naming_a_user_with_roots_powers_is_refused_in_one_line(rooted_us
     assert "is a member of group 0 (root)" in said["gpufleet-grp0"]
     assert runas.resolve("root") is None  # root by its own name: the judged mode, knowingly
     assert runas.resolve("nobody").uid == NOBODY
+
+
+def test_a_probe_the_run_as_user_cannot_read_says_so_not_not_installed(tmp_path):
+    """Issue 68.5: where the run_as user could not read the engine's packages, the launch
+    said "has no sglang installed". The version probe now names the folders it could not
+    read, and the refusal says permission denied, as that user; where the package is
+    simply absent, "not installed" stays."""
+    import dataclasses
+
+    from gpufleet.control.server.engines import DIST_VERSION
+    from gpufleet.host.agent import runas
+    from gpufleet.host.server import preflight
+
+    closed = Path(tempfile.mkdtemp(prefix="gpufleet-closed-"))
+    closed.chmod(0o700)  # root's: nobody cannot list it
+    python = "/usr/bin/python3"  # one the user may run (this venv's may sit under root's home)
+    argv = [python, "-c", DIST_VERSION.format("sglang")]
+    spec = dataclasses.make_dataclass("S", ["version_argv", "version_missing"])(
+        argv, "has no sglang installed (pip show sglang found nothing)"
+    )
+    user = runas.resolve("nobody")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(closed)}
+    version, said = preflight.program_version(argv, env, user)
+    assert version is None and f"permission denied: {closed}" in said, said
+    line = preflight.version_refusal(spec, user, said)
+    assert line.startswith(f"{python} as nobody: permission denied: {closed}"), line
+    assert "not installed" not in line
+    version, said = preflight.program_version(argv, {"PATH": "/usr/bin:/bin"}, user)
+    assert version is None and preflight.version_refusal(spec, user, said).endswith(
+        "has no sglang installed (pip show sglang found nothing)"
+    )
+    shutil.rmtree(closed)

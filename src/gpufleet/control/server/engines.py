@@ -380,7 +380,22 @@ class ProbeSettings(TypedDict):
     check_flags: bool | None
 
 
-DIST_VERSION = "from importlib import metadata; print(metadata.version({!r}))"
+# the distribution's version; where it is not found, the folders on the path this user
+# may not read are said (exit 3): "not installed" must not hide "permission denied"
+DIST_VERSION = (
+    "import os, sys\nfrom importlib import metadata\n"
+    "try:\n    print(metadata.version({!r}))\n"
+    "except metadata.PackageNotFoundError:\n"
+    "    def shut(p):\n"
+    "        try:\n            os.listdir(p)\n        except PermissionError:\n"
+    "            return True\n        except OSError:\n            return False\n"
+    "        return False\n"
+    "    closed = [p for p in sys.path if p and shut(p)]\n"
+    "    if closed:\n"
+    "        print('permission denied: ' + ', '.join(closed), file=sys.stderr)\n"
+    "        sys.exit(3)\n"
+    "    raise\n"
+)
 
 
 def probes(name: str, argv: list[str], settings: ProbeSettings) -> Probes:

@@ -34,32 +34,50 @@ def as_user(user: runas.RunAs | None) -> runas.PopenAs | dict[str, str]:
     return {} if user is None else user.popen()
 
 
+DENIED = "permission denied"
+
+
+def version_refusal(spec: LaunchSpec, user: runas.RunAs | None, said: str) -> str | None:
+    """Why the engine's version cannot be read, where its probe printed nothing: the
+    adapter's "not installed", unless the probe (`said`: its last words) could not read
+    or run what it needs (a run_as user)."""
+    if not spec.version_missing:
+        return None
+    if DENIED in said.lower():
+        who = f" as {user.name}" if user else ""
+        return (f"{spec.version_argv[0]}{who}: {said} (run_as: that user must be able to "
+                "read the engine's Python and its packages)")  # fmt: skip
+    return f"{spec.version_argv[0]} {spec.version_missing}"
+
+
 def program_version(
     argv: list[str], env: dict[str, str], user: runas.RunAs | None = None
-) -> str | None:
+) -> tuple[str | None, str]:
     """An engine's version as its probe prints it (`llama-server --version` on stderr:
     `version: 7134 (0a1b2c3)`; SGLang's distribution version on stdout): its first line
-    naming a version, else its first line."""
+    naming a version, else its first line; and, where it failed, its last words."""
     if not argv:
-        return None
+        return None, ""
     try:
         out = subprocess.run(  # type: ignore[call-overload]
             argv, capture_output=True, text=True, timeout=60, env=env,
             stdin=subprocess.DEVNULL, check=False, **as_user(user),
         )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    except OSError as exc:
+        return None, f"cannot run it: {exc.strerror}"
+    except subprocess.TimeoutExpired:
+        return None, "timed out after 60 s"
     if out.returncode != 0:
-        return None
+        return None, (out.stderr.strip().splitlines() or [""])[-1].strip()[:300]
     # stdout where it says anything (a warning on stderr may name a version too), else
     # stderr (llama-server prints its version there)
     lines = [x.strip() for x in out.stdout.splitlines() if x.strip()] or [
         x.strip() for x in out.stderr.splitlines() if x.strip()
     ]
     if not lines:
-        return None
+        return None, ""
     line = next((x for x in lines if "version" in x.lower()), lines[0])
-    return line.removeprefix("version:").strip()[:80] or None
+    return line.removeprefix("version:").strip()[:80] or None, ""
 
 
 def launch_env(spec: LaunchSpec, user: runas.RunAs | None = None) -> dict[str, str]:
@@ -292,9 +310,10 @@ def preflight(args: LaunchArgs) -> LaunchAnswer:
         errors.append(missing)
     version = spec.version
     if not errors and version is None:
-        version = program_version(spec.version_argv, launch_env(spec, user), user)
-        if version is None and spec.version_missing:
-            errors.append(f"{spec.version_argv[0]} {spec.version_missing}")
+        version, said = program_version(spec.version_argv, launch_env(spec, user), user)
+        refusal = version_refusal(spec, user, said) if version is None else None
+        if refusal:
+            errors.append(refusal)
     health: list[str] = []
     if not args.skip_gpu_check and spec.needs_gpu:  # a CPU engine's host may have none
         try:
