@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpufleet.cli.args import choice, positive_float, positive_int
 from gpufleet.cli.common_options import archive_option
 from gpufleet.cli.options import Option, OptionSet, Rule, switch
+from gpufleet.report import catalogue
 
 DEFAULT_METRICS_PORT = 9464
 
@@ -13,7 +14,7 @@ def _metric() -> Option:
     return Option(
         "the figure compared, a results.jsonl key with a direction "
         "(e.g. median_per_request_output_tps, median_ttft_ms)",
-        default="output_throughput",
+        default=catalogue.THROUGHPUT,
     )
 
 

@@ -6,7 +6,7 @@ when a host was measured fewer than three times (compare then shows no interval)
 requests themselves. A level's figure is, to first order, the mean of its requests (the
 throughput of a closed loop is concurrency over the mean latency), so its relative
 standard error is the relative spread of the matching per-request figure over the square
-root of the requests completed (`SPREAD`). That interval is narrower than run-to-run
+root of the requests completed (the catalogue's `spread`). That interval is narrower than run-to-run
 noise (a relaunch, another minute), so the fleet view and history also ask for a material
 difference (`--threshold`) before they name anything.
 """
@@ -18,24 +18,8 @@ import statistics
 from dataclasses import dataclass
 
 from gpufleet.fleet.index import Row
+from gpufleet.report import catalogue
 from gpufleet.report.stats import MIN_REPEATS_FOR_INTERVAL, t95
-
-# a level's figure -> (the per-request figure's std, its mean) in results.jsonl: whose
-# relative spread is that figure's
-_E2E = ("std_e2e_latency_ms", "mean_e2e_latency_ms")
-SPREAD = {
-    "output_throughput": _E2E,
-    "total_throughput": _E2E,
-    "request_throughput": _E2E,
-    "median_per_request_output_tps": _E2E,
-    "mean_per_request_output_tps": _E2E,
-    "median_ttft_ms": ("std_ttft_ms", "mean_ttft_ms"),
-    "mean_ttft_ms": ("std_ttft_ms", "mean_ttft_ms"),
-    "median_tpot_ms": ("std_tpot_ms", "mean_tpot_ms"),
-    "mean_tpot_ms": ("std_tpot_ms", "mean_tpot_ms"),
-    "median_itl_ms": ("std_itl_ms", "mean_itl_ms"),
-    "median_e2e_latency_ms": _E2E,
-}
 
 
 @dataclass(frozen=True)
@@ -63,9 +47,9 @@ def _number(value: object) -> float | None:
 
 def _request_rel_se(row: Row, key: str) -> tuple[float, int] | None:
     """(relative standard error, requests) of one level from its requests' spread."""
-    std_key, mean_key = SPREAD.get(key, (None, None))
+    std_key, mean_key = catalogue.spread_keys(key) or (None, None)
     std, mean = _number(row.get(std_key or "")), _number(row.get(mean_key or ""))
-    n = int(_number(row.get("completed")) or 0)
+    n = int(_number(row.get(catalogue.COMPLETED)) or 0)
     if std is None or not mean or n < 2:
         return None
     return std / mean / math.sqrt(n), n
@@ -75,7 +59,7 @@ def estimate(rows: list[Row], key: str) -> Estimate | None:
     """The figure `key` over `rows` (one level's repeats, from one or several runs); None
     when no row has it or a row failed. Three or more: the repeats' own spread; fewer: the
     requests' (module docstring)."""
-    ok = [r for r in rows if r.get("level_status") in (None, "ok")]
+    ok = [r for r in rows if r.get(catalogue.STATUS) in (None, "ok")]
     values = [v for v in (_number(r.get(key)) for r in ok) if v is not None]
     if not values or len(ok) < len(rows):
         return None

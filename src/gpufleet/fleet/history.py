@@ -124,13 +124,13 @@ def host_history(
     settled = earlier[-1][-1].fingerprint
     baseline = [r for g in earlier for r in g if r.fingerprint == settled]
     levels = []
-    concurrencies = sorted({row["max_concurrency"] for r in newest for row in r.rows})
+    concurrencies = sorted({row[catalogue.CONCURRENCY] for r in newest for row in r.rows})
     for c in concurrencies:
         after = estimate(
-            [row for r in newest for row in r.rows if row["max_concurrency"] == c], m.key
+            [row for r in newest for row in r.rows if row[catalogue.CONCURRENCY] == c], m.key
         )
         before = estimate(
-            [row for r in baseline for row in r.rows if row["max_concurrency"] == c], m.key
+            [row for r in baseline for row in r.rows if row[catalogue.CONCURRENCY] == c], m.key
         )
         if after is None or before is None or before.value <= 0:
             continue

@@ -26,6 +26,7 @@ from gpufleet.archive.kept import Manifest
 from gpufleet.archive.layout import Archive
 from gpufleet.errors import UserError
 from gpufleet.kinds import RunStatus
+from gpufleet.report import catalogue
 from gpufleet.report.fingerprint import Fact, fingerprint
 
 SCHEMA = 1
@@ -368,7 +369,10 @@ def _insert(conn: sqlite3.Connection, host: str, run_id: str, m: Manifest, rows:
     )
     conn.executemany(
         "INSERT INTO levels VALUES (?, ?, ?, ?, ?)",
-        [(host, run_id, r["max_concurrency"], r.get("repeat") or 1, json.dumps(r)) for r in rows],
+        [
+            (host, run_id, r[catalogue.CONCURRENCY], r.get("repeat") or 1, json.dumps(r))
+            for r in rows
+        ],
     )
 
 

@@ -26,7 +26,8 @@ from gpufleet.archive.layout import Archive
 from gpufleet.errors import UserError
 from gpufleet.fleet.index import Index, IndexedRun, open_index
 from gpufleet.fleet.outliers import fleet_view
-from gpufleet.kinds import SweepStatus
+from gpufleet.kinds import CellStatus, SweepStatus
+from gpufleet.report import catalogue
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -47,59 +48,9 @@ class Exported:
     counter: bool = False
 
 
-EXPORTED = (
-    Exported(
-        "output_throughput_tokens_per_second",
-        "Output tokens per second over the level",
-        "output_throughput",
-    ),
-    Exported(
-        "request_throughput_requests_per_second",
-        "Requests completed per second",
-        "request_throughput",
-    ),
-    Exported(
-        "per_request_output_speed_median_tokens_per_second",
-        "Median over requests of each request's output tokens per second",
-        "median_per_request_output_tps",
-    ),
-    Exported(
-        "time_to_first_token_median_seconds", "Median time to first token", "median_ttft_ms", 0.001
-    ),
-    Exported(
-        "time_to_first_token_p99_seconds",
-        "99th percentile time to first token",
-        "p99_ttft_ms",
-        0.001,
-    ),
-    Exported(
-        "time_per_output_token_median_seconds",
-        "Median time per output token",
-        "median_tpot_ms",
-        0.001,
-    ),
-    Exported(
-        "inter_token_latency_median_seconds", "Median inter-token latency", "median_itl_ms", 0.001
-    ),
-    Exported(
-        "inter_token_latency_p99_seconds",
-        "99th percentile inter-token latency",
-        "p99_itl_ms",
-        0.001,
-    ),
-    Exported(
-        "end_to_end_latency_median_seconds",
-        "Median request latency",
-        "median_e2e_latency_ms",
-        0.001,
-    ),
-    Exported(
-        "output_energy_joules_per_token",
-        "GPU energy per output token (NVML)",
-        "joules_per_output_token",
-    ),
-    Exported("requests_completed", "Requests completed at the level", "completed", counter=True),
-    Exported("requests_failed", "Requests failed at the level", "failed", counter=True),
+# every exported figure is declared once, in the metric catalogue (report/catalogue.py)
+EXPORTED = tuple(
+    Exported(m.export, m.export_help, m.key, m.to_base, m.counter) for m in catalogue.exported()
 )
 
 
@@ -120,19 +71,19 @@ def series_bound(runs: list[IndexedRun]) -> int:
     """The most series one level metric can have: hosts x profiles x levels."""
     hosts = {r.host for r in runs}
     profiles = {r.profile for r in runs}
-    levels = {row["max_concurrency"] for r in runs for row in r.rows}
+    levels = {row[catalogue.CONCURRENCY] for r in runs for row in r.rows}
     return len(hosts) * len(profiles) * len(levels)
 
 
-def _level_values(run: IndexedRun, key: str) -> Iterator[tuple[int, float]]:
+def _level_values(run: IndexedRun, key: str, counter: bool) -> Iterator[tuple[int, float]]:
     """(concurrency, the mean of its repeats' values; their sum for a count)."""
     by_c: dict[int, list[float]] = {}
     for row in run.rows:
         value = row.get(key)
-        if row.get("level_status") in (None, "ok") and isinstance(value, int | float):
-            by_c.setdefault(row["max_concurrency"], []).append(float(value))
+        if row.get(catalogue.STATUS) in (None, "ok") and isinstance(value, int | float):
+            by_c.setdefault(row[catalogue.CONCURRENCY], []).append(float(value))
     for c, values in sorted(by_c.items()):
-        yield c, (sum(values) if key in ("completed", "failed") else statistics.fmean(values))
+        yield c, (sum(values) if counter else statistics.fmean(values))
 
 
 def _labels(run: IndexedRun, c: int) -> list[str]:
@@ -163,7 +114,7 @@ class ArchiveCollector:
                 kind = CounterMetricFamily if ex.counter else GaugeMetricFamily
                 family = kind(f"{NAMESPACE}_{ex.name}", ex.help, labels=RUN_LABELS)
                 for run in runs:
-                    for c, value in _level_values(run, ex.key):
+                    for c, value in _level_values(run, ex.key, ex.counter):
                         family.add_metric(_labels(run, c), value * ex.scale)
                 yield family
             started = GaugeMetricFamily(
@@ -240,7 +191,8 @@ def sweep_progress(archive: Archive, now: float | None = None) -> Iterator[Metri
                 counts[str(cell.status)] = counts.get(str(cell.status), 0) + 1
         for status, n in sorted(counts.items()):
             cells.add_metric([state.sweep_id, status], n)
-        total, done = sum(counts.values()), counts.get("done", 0) + counts.get("failed", 0)
+        ended = (CellStatus.DONE.value, CellStatus.FAILED.value)
+        total, done = sum(counts.values()), sum(counts.get(s, 0) for s in ended)
         began = _unix(state.created_at)
         if began is not None and 0 < done < total:
             eta.add_metric([state.sweep_id], (now - began) / done * (total - done))

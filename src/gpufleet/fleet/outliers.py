@@ -38,7 +38,7 @@ T995 = [
 ]  # fmt: skip
 MAD_TO_SD = 1.4826  # a normal distribution's standard deviation over its MAD
 MIN_HOSTS = 3
-DEFAULT_METRIC = "output_throughput"
+DEFAULT_METRIC = catalogue.THROUGHPUT
 
 
 @dataclass
@@ -212,12 +212,12 @@ def view_of(
     chosen, left_out = host_runs(runs, latest)
     view = FleetView(profile, m, threshold, [], [], chosen, left_out)
     concurrencies = sorted(
-        {r["max_concurrency"] for rs in chosen.values() for x in rs for r in x.rows}
+        {r[catalogue.CONCURRENCY] for rs in chosen.values() for x in rs for r in x.rows}
     )
     for c in concurrencies:
         figures = []
         for host, rs in sorted(chosen.items()):
-            e = estimate([r for x in rs for r in x.rows if r["max_concurrency"] == c], m.key)
+            e = estimate([r for x in rs for r in x.rows if r[catalogue.CONCURRENCY] == c], m.key)
             if e is not None and e.value > 0:
                 figures.append((host, e))
         if not figures:

@@ -32,7 +32,7 @@ from gpufleet.report.verdicts import Verdict, by_verdict, levels_text, tested, v
 from gpufleet.wire import JsonDict
 
 PER_REQUEST = "median_per_request_output_tps"
-TOTAL = "output_throughput"
+TOTAL = catalogue.THROUGHPUT
 
 
 @dataclass

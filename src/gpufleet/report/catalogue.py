@@ -17,6 +17,14 @@ from enum import StrEnum
 
 from gpufleet import per_request
 
+# the keys code decides by (a tune's throughput, a level's concurrency and status): spelled
+# here and read by name everywhere else
+THROUGHPUT = "output_throughput"
+CONCURRENCY = "max_concurrency"
+STATUS = "level_status"
+COMPLETED = "completed"
+FAILED = "failed"
+
 
 class Place(StrEnum):
     RUN_TABLE = "run table"  # inv bench's table, summary.csv and summary.md
@@ -42,6 +50,15 @@ class Metric:
     interval: bool = False  # gets a 95% t interval with --repeat
     open_loop_label: str = ""  # its heading in the open-loop table (default: label)
     places: frozenset[Place] = frozenset()
+    # as an OpenMetrics metric (fleet/openmetrics.py): its name without the namespace, in
+    # base units (`to_base` from the catalogue's unit), its help, whether it is a counter
+    export: str = ""
+    export_help: str = ""
+    to_base: float = 1.0
+    counter: bool = False
+    # the per-request figure (ttft, tpot, itl, e2e_latency) whose std over mean is this
+    # level figure's relative spread in results.jsonl (fleet/estimate.py)
+    spread: str = ""
 
     @property
     def compare_label(self) -> str:
@@ -60,29 +77,59 @@ R, OPT, C, X, H, P, V, QUEUED = (
 
 CATALOGUE: list[Metric] = [
     _m("max_concurrency", "concurrency", "requests", None, "{}", R),
-    _m("completed", "completed", "requests", None, "{}", R),
-    _m("failed", "failed", "requests", False, "{}", R),
+    _m("completed", "completed", "requests", None, "{}", R,
+       export="requests_completed", export_help="Requests completed at the level", counter=True),
+    _m("failed", "failed", "requests", False, "{}", R,
+       export="requests_failed", export_help="Requests failed at the level", counter=True),
     _m("output_throughput", "output tok/s", "tok/s", True, "{:.1f}", R, C, X, H, P, V,
-       short="total tok/s", headline="tok/s", headline_fmt="{:.0f}", interval=True),
-    _m("request_throughput", "requests/s", "req/s", True, "{:.2f}", interval=True),
+       short="total tok/s", headline="tok/s", headline_fmt="{:.0f}", interval=True,
+       export="output_throughput_tokens_per_second",
+       export_help="Output tokens per second over the level",
+       spread="e2e_latency"),
+    _m("request_throughput", "requests/s", "req/s", True, "{:.2f}", interval=True,
+       export="request_throughput_requests_per_second",
+       export_help="Requests completed per second",
+       spread="e2e_latency"),
     _m("median_per_request_output_tps", "per-request tok/s (median)", "tok/s", True, "{:.1f}",
        R, C, X, H, P, V, short="per-req tok/s p50", headline="req tok/s", headline_fmt="{:.1f}",
-       interval=True),
+       interval=True,
+       export="per_request_output_speed_median_tokens_per_second",
+       export_help="Median over requests of each request's output tokens per second",
+       spread="e2e_latency"),
     _m("mean_per_request_output_tps", "per-request tok/s (mean)", "tok/s", True, "{:.1f}",
-       interval=True),
+       interval=True,
+       spread="e2e_latency"),
     _m("p10_per_request_output_tps", "per-request tok/s (p10)", "tok/s", True, "{:.1f}", R),
     # the other per-request speed (issue 38): decoding only, TTFT left out; --wide shows it
     _m("median_per_request_decode_tps", "per-request decode tok/s (median)", "tok/s", True,
        "{:.1f}", C, short="decode tok/s p50", interval=True),
     _m("median_ttft_ms", "TTFT p50 ms", "ms", False, "{:.1f}", R, C, X, H, P, V, QUEUED,
        open_loop_label="TTFT p50 ms (after the queue)",
-       headline="TTFT ms", headline_fmt="{:.0f}", interval=True),
-    _m("p99_ttft_ms", "TTFT p99 ms", "ms", False, "{:.1f}", R, C, V, interval=True),
-    _m("median_itl_ms", "ITL p50 ms", "ms", False, "{:.2f}", R, C, V, interval=True),
-    _m("p99_itl_ms", "ITL p99 ms", "ms", False, "{:.2f}", interval=True),
-    _m("median_tpot_ms", "TPOT p50 ms", "ms", False, "{:.2f}", R, interval=True),
+       headline="TTFT ms", headline_fmt="{:.0f}", interval=True,
+       export="time_to_first_token_median_seconds",
+       export_help="Median time to first token",
+       to_base=0.001, spread="ttft"),
+    _m("p99_ttft_ms", "TTFT p99 ms", "ms", False, "{:.1f}", R, C, V, interval=True,
+       export="time_to_first_token_p99_seconds",
+       export_help="99th percentile time to first token",
+       to_base=0.001),
+    _m("median_itl_ms", "ITL p50 ms", "ms", False, "{:.2f}", R, C, V, interval=True,
+       export="inter_token_latency_median_seconds",
+       export_help="Median inter-token latency",
+       to_base=0.001, spread="itl"),
+    _m("p99_itl_ms", "ITL p99 ms", "ms", False, "{:.2f}", interval=True,
+       export="inter_token_latency_p99_seconds",
+       export_help="99th percentile inter-token latency",
+       to_base=0.001),
+    _m("median_tpot_ms", "TPOT p50 ms", "ms", False, "{:.2f}", R, interval=True,
+       export="time_per_output_token_median_seconds",
+       export_help="Median time per output token",
+       to_base=0.001, spread="tpot"),
     _m("p99_tpot_ms", "TPOT p99 ms", "ms", False, "{:.2f}", interval=True),
-    _m("median_e2e_latency_ms", "E2E p50 ms", "ms", False, "{:.0f}", R, interval=True),
+    _m("median_e2e_latency_ms", "E2E p50 ms", "ms", False, "{:.0f}", R, interval=True,
+       export="end_to_end_latency_median_seconds",
+       export_help="Median request latency",
+       to_base=0.001, spread="e2e_latency"),
     _m("accept_length", "accept length", "tokens/step", True, "{:.2f}", R, C,
        short="accept len"),
     _m("median_request_accept_length", "accept len p50 (per request)", "tokens/step", True,
@@ -97,7 +144,8 @@ CATALOGUE: list[Metric] = [
     _m("gpu_power_avg_w", "GPU W avg", "W", None, "{:.0f}", C),
     _m("output_tokens_per_joule", "output tok/J", "tok/J", True, "{:.2f}", C, X, V,
        short="tok/J", interval=True),
-    _m("joules_per_output_token", "J/tok", "J/tok", False, "{:.3f}", C),
+    _m("joules_per_output_token", "J/tok", "J/tok", False, "{:.3f}", C,
+       export="output_energy_joules_per_token", export_help="GPU energy per output token (NVML)"),
     _m("slo_attainment", "SLO met", "share", True, "{:.1%}", R, OPT, C, interval=True),
     _m("goodput_output_throughput", "goodput tok/s", "tok/s", True, "{:.1f}", R, OPT, C, X,
        interval=True),
@@ -164,6 +212,19 @@ ARCHIVE_ONLY = re.compile(
 
 
 OFFERED_RATE = "offered_request_rate"  # present only on a level with a request rate
+
+
+def exported() -> list[Metric]:
+    """The metrics the archive's figures are exported as, for Prometheus."""
+    return [m for m in CATALOGUE if m.export]
+
+
+def spread_keys(key: str) -> tuple[str, str] | None:
+    """The (std, mean) results.jsonl keys whose ratio is `key`'s relative spread."""
+    metric = BY_KEY.get(key)
+    if metric is None or not metric.spread:
+        return None
+    return f"std_{metric.spread}_ms", f"mean_{metric.spread}_ms"
 
 
 def where(place: Place) -> list[Metric]:

@@ -247,9 +247,8 @@ class _Cell:
                     "fetches it (never measures it again), and this host runs no other cell "
                     "until then", kind=Kind.CONNECTION,
                 ) from None  # fmt: skip
-            if exc.kind == Kind.JOB_ENDED:  # the server and run ended with it: nothing
-                raise  # to stop or fetch, and --resume measures the cell again
-            self.stop_server()
+            if exc.kind != Kind.JOB_ENDED:  # ended with its job: nothing to stop, and
+                self.stop_server()  # --resume measures the cell again
             raise
         except BaseException:
             self.stop_server()

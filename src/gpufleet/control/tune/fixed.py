@@ -17,6 +17,7 @@ from gpufleet.control.tune.levels import choose_level, measured_cells
 from gpufleet.control.tune.table import Choice, TuneResult
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow
+from gpufleet.report import catalogue
 
 TIE = 0.01  # depths whose worst share is within this of the best's: the shallowest wins
 
@@ -34,10 +35,10 @@ def choose_fixed(
         figures = {d: measured[d][c] for d in sorted(measured)}
         best, why, _ = choose_level(figures, min_request_speed)
         choices.append(Choice(c, best, why))
-        best_at[c] = figures[best]["output_throughput"]
+        best_at[c] = figures[best][catalogue.THROUGHPUT]
     worst = {
         d: min(
-            (measured[d][c]["output_throughput"] / best_at[c] if best_at[c] else 0.0, c)
+            (measured[d][c][catalogue.THROUGHPUT] / best_at[c] if best_at[c] else 0.0, c)
             for c in ladder
         )
         for d in sorted(measured)

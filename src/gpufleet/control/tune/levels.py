@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from gpufleet.records import ResultRow
+from gpufleet.report import catalogue
 
 
 class Cell(TypedDict, total=False):
@@ -66,7 +67,7 @@ def measured_cells(per_depth: dict[Any, dict[int, list[ResultRow]]]) -> dict:
             middle, mad = statistics.median(tput), _mad(tput)
             within = statistics.median(_noise(r) for r in rows) / math.sqrt(len(rows))
             cell: Cell = {
-                "output_throughput": middle,
+                catalogue.THROUGHPUT: middle,
                 "basis": "steady window"
                 if all(b == "steady window" for _, b in judged)
                 else "whole level",

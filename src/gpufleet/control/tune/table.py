@@ -57,6 +57,7 @@ from gpufleet.engine_facts import AdaptiveSlot, first_batch, padded
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
 from gpufleet.records import ResultRow
+from gpufleet.report import catalogue
 
 
 @dataclass
@@ -299,7 +300,7 @@ def _skip_wins(
     wins = set()
     for c, figures in skip.items():
         pinned = measured[0].get(c)
-        if pinned and figures["output_throughput"] > pinned["output_throughput"] * (
+        if pinned and figures[catalogue.THROUGHPUT] > pinned[catalogue.THROUGHPUT] * (
             1 + pinned["noise"]
         ):
             measured[0][c] = figures
@@ -320,8 +321,8 @@ def _zero_step_notes(
     for ch in choices:
         if ch.depth != 0 or ch.concurrency not in plain or ch.concurrency not in measured[0]:
             continue
-        ours = measured[0][ch.concurrency]["output_throughput"]
-        theirs = plain[ch.concurrency]["output_throughput"]
+        ours = measured[0][ch.concurrency][catalogue.THROUGHPUT]
+        theirs = plain[ch.concurrency][catalogue.THROUGHPUT]
         how = " with the skip variable" if ch.concurrency in skipped else ""
         notes.append(
             f"C={ch.concurrency}: depth 0{how} on this EAGLE server measured {ours:.0f} tok/s, "

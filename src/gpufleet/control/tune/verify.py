@@ -21,6 +21,7 @@ from gpufleet.control.tune.depth_cells import (
 )
 from gpufleet.control.tune.goal import GOAL, goal_text, share_text
 from gpufleet.control.tune.levels import objective
+from gpufleet.report import catalogue
 
 
 def verification_arms(profile: str, tuned_profile: str) -> list[ArmSpec]:
@@ -61,7 +62,7 @@ def best_static(measured: dict[Any, dict[int, Any]], c: int) -> tuple[str, float
     key = _best_key(measured, c)
     if key is None:
         return None
-    return _cell_name(key), float(measured[key][c]["output_throughput"])
+    return _cell_name(key), float(measured[key][c][catalogue.THROUGHPUT])
 
 
 def beside_arms(profile: str, checks: list[ArmSpec], measured: dict[Any, dict[int, Any]],
@@ -82,7 +83,7 @@ def _best_key(measured: dict[Any, dict[int, Any]], c: int) -> Any:
     """The key of the best cell measured at level c, a rejected one only if all are."""
     cells = {k: levels[c] for k, levels in measured.items() if c in levels}
     usable = {k: cell for k, cell in cells.items() if not cell.get("rejected")} or cells
-    return max(usable, key=lambda k: usable[k]["output_throughput"]) if usable else None
+    return max(usable, key=lambda k: usable[k][catalogue.THROUGHPUT]) if usable else None
 
 
 def verdict(
