@@ -262,6 +262,11 @@ def test_a_server_ends_with_the_job_that_owned_it(fleet, cluster):
     assert out.returncode == 0 and "h0: READY test" in out.stdout, out.stdout + out.stderr
     workdir = fleet.workdir("h0")
     assert processes_under(workdir), "the server runs in the host's workdir"
+    # issue 69: every step of gpufleet's is named for what it is ("N.3 sh" was unexplained)
+    steps = cluster.run("squeue", "-h", "-s", "-j", job, "-o", "%i %j").split("\n")
+    names = {line.split()[1] for line in steps if line.strip()} - {"batch", "extern"}
+    assert names and all(n.startswith("gpufleet-") for n in names), steps
+    assert "gpufleet-server" in names, steps
     cluster.cancel(job)
     deadline = time.monotonic() + 30
     while processes_under(workdir) and time.monotonic() < deadline:

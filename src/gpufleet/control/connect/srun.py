@@ -75,11 +75,13 @@ _TYPES = {"f": stat.S_IFREG, "d": stat.S_IFDIR, "l": stat.S_IFLNK, "c": stat.S_I
           "b": stat.S_IFBLK, "p": stat.S_IFIFO, "s": stat.S_IFSOCK}  # fmt: skip
 
 
-def step_argv(slurm: SrunSettings) -> list[str]:
+def step_argv(slurm: SrunSettings, role: str) -> list[str]:
     """The start of every srun this host's steps use: one task on its node, inside its
-    job beside whatever runs there, with a clean environment (as an SSH login has)."""
+    job beside whatever runs there, with a clean environment (as an SSH login has),
+    named for what it does (`role`: protocol.STEP_NAMES)."""
     return ["srun", f"--jobid={slurm.job}", "--overlap", f"--nodelist={slurm.node}",
-            "-N1", "-n1", "--unbuffered", "--quiet", "--export=NONE"]  # fmt: skip
+            "-N1", "-n1", "--unbuffered", "--quiet", "--export=NONE",
+            f"--job-name={protocol.STEP_NAMES[role]}"]  # fmt: skip
 
 
 def _available(stream: IO[bytes] | None) -> bytes:
@@ -116,8 +118,8 @@ class NodeShell:
         self.slurm = SrunSettings.of(host)
         try:
             self.proc = subprocess.Popen(
-                [*step_argv(self.slurm), "/bin/sh"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=step_env(),
+                [*step_argv(self.slurm, "shell"), "/bin/sh"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=step_env(),
             )  # fmt: skip
         except FileNotFoundError:
             raise HostError("connection srun needs Slurm's `srun` on this machine (not found)",
@@ -358,7 +360,9 @@ class SrunSession(Session):
 
     def _start(self, script: str) -> AgentProcess:
         try:
-            return SrunAgent(script, [*step_argv(self.slurm), "/bin/sh", "-c", script], step_env())
+            return SrunAgent(
+                script, [*step_argv(self.slurm, "agent"), "/bin/sh", "-c", script], step_env()
+            )
         except FileNotFoundError:
             raise HostError("connection srun needs Slurm's `srun` on this machine (not found)",
                             Kind.CONNECTION) from None  # fmt: skip
@@ -403,7 +407,7 @@ class SrunSession(Session):
             job = self.slurm.job
             script = self._bootstrap(bundle.filename, bundle.digest, [protocol.KEEPER, job])
             said = f"{self.workdir}/{protocol.keeper_error_file(job)}"  # Slurm's words on the node
-            argv = [*step_argv(self.slurm), f"--error={said}", "--open-mode=append",
+            argv = [*step_argv(self.slurm, "keeper"), f"--error={said}", "--open-mode=append",
                     "/bin/sh", "-c", script]  # fmt: skip
             self._while_controller_down(lambda: keeper.start(argv, job, self.slurm.node))
 

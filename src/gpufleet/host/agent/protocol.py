@@ -75,6 +75,17 @@ class SimGpus(TypedDict):
     boot_id: str | None
 
 
+# what each of gpufleet's steps is called in `squeue -s` (issue 69: a keeper step "N.3 sh"
+# stayed there unexplained); docs/INVENTORIES.md says what each one is
+STEP_NAMES = {
+    "shell": "gpufleet-files",  # the node's shell that moves files (the control's)
+    "agent": "gpufleet-agent",  # the task's agent: ends with the task
+    "keeper": "gpufleet-keeper",  # holds the job's steps where Slurm tracks them by cgroup
+    "server": "gpufleet-server",  # a launched server: ends with the job or `inv stop`
+    "bench": "gpufleet-bench",  # a bench runner: ends with its run
+}
+
+
 class Owner(TypedDict):
     """The control plane's task a verb comes from: who holds the host while it changes it
     (host/agent/ownership.py), said in another task's refusal."""

@@ -88,7 +88,7 @@ def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
     safewrite.write_atomic(run_dir / "status.json", json.dumps({"status": RunStatus.STARTING}))
     run_args = BenchRunArgs(args.host, args.expected_gpus, args.sim, run_id=plan.run_id)
     user = runas.resolve(args.run_as)
-    step = jobstep.JobStep.of(args.slurm_job, args.slurm_node)
+    step = jobstep.JobStep.of(args.slurm_job, args.slurm_node, "bench")
     if user is not None and step is None:
         runner = _spawn_runner_as(user, run_dir, run_args, state or _state_of(plan))
     else:  # in a Slurm job the runner runs as the job's user, as the server does

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from gpufleet.host.agent.loginenv import login_environment
+from gpufleet.host.agent.protocol import STEP_NAMES
 from gpufleet.host.proc import stepkeeper
 
 # `$0` is the PID file, `$@` the program: the task's PID is the program's after the exec
@@ -47,18 +48,21 @@ class JobStep:
 
     job: str
     node: str
+    name: str = STEP_NAMES["server"]  # what `squeue -s` calls the step
 
     @classmethod
-    def of(cls, job: str | None, node: str | None) -> JobStep | None:
-        """The step a verb's process runs in, where the host is a node of a Slurm job."""
-        return cls(job, node) if job and node else None
+    def of(cls, job: str | None, node: str | None, role: str = "server") -> JobStep | None:
+        """The step a verb's process runs in, where the host is a node of a Slurm job;
+        `role` (a key of STEP_NAMES) names it."""
+        return cls(job, node, STEP_NAMES[role]) if job and node else None
 
     def argv(self, program: list[str], pid_file: Path) -> list[str]:
         """srun for one task on this node inside the job, beside whatever else runs there,
         taking the environment it is given (the program's own, already allow-listed)."""
         srun = shutil.which("srun", path=os.environ.get("PATH")) or "srun"
         return [srun, f"--jobid={self.job}", "--overlap", f"--nodelist={self.node}", "-N1",
-                "-n1", "--export=ALL", "--quiet", "--", "/bin/sh", "-c", _RECORD_AND_EXEC,
+                "-n1", "--export=ALL", "--quiet", f"--job-name={self.name}", "--", "/bin/sh",
+                "-c", _RECORD_AND_EXEC,
                 str(pid_file), *program]  # fmt: skip
 
 
