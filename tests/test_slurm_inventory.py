@@ -104,3 +104,28 @@ def test_an_executable_inventory_is_run_and_checked(tmp_path):
         out = run_cli("hosts", "--inventory", str(_program(tmp_path / name, body)))
         assert out.returncode == 2, (name, out.stdout, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1 and said in out.stderr, out.stderr
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("states", "said"),
+    [
+        (["COMPLETING", "COMPLETING", "TIMEOUT"], "reached its time limit (TIMEOUT)"),
+        (["COMPLETING", "NODE_FAIL"], "lost its node (NODE_FAIL)"),
+        (["COMPLETING", "REQUEUED", "PENDING"], "was requeued (REQUEUED)"),
+        (["CANCELLED"], "was cancelled (CANCELLED)"),
+        (["GONE"], "ended (Slurm lists it no more)"),
+        (["RUNNING"], None),
+    ],
+)
+def test_a_job_s_end_is_read_until_slurm_settles_and_said_in_its_word(monkeypatch, states, said):
+    """Issue 69 R1: a time limit read "COMPLETING", a requeue "COMPLETING" then "PENDING",
+    and "requeued" never appeared. The state is read again while it passes (COMPLETING)
+    and said in Slurm's own word (the real cluster's scancel and requeue:
+    test_slurm_real.py)."""
+    from gpufleet.control.inventory import slurm
+
+    seen = iter(states)
+    monkeypatch.setattr(slurm, "job_state", lambda job: next(seen))
+    monkeypatch.setattr(slurm, "SETTLE_POLL_S", 0.0)
+    assert slurm.job_end("7") == said

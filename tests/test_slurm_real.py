@@ -598,3 +598,27 @@ def test_a_sweep_cell_whose_job_ends_mid_bench_is_said_once_and_one_resume_measu
     runs = [json.loads(p.read_text()) for p in archive.glob("h0/*/manifest.json")]
     assert sorted(r["status"] for r in runs) == ["done"], [r["status"] for r in runs]
     fleet.cli("stop", "--hosts", "h0")
+
+
+@pytest.mark.slow(minutes=1)
+def test_a_host_in_use_by_a_sweep_over_srun_refuses_another_task(fleet, cluster, tmp_path):
+    """Issue 69.4 on the real Slurm: the host (a node of a job, reached by srun) is the
+    running sweep's; another task's gpu-clean is refused in one line naming it, and never
+    kills its loading server (before: each clean step killed the other's server)."""
+    job = cluster.submit("-N1", "-p", "h200")
+    srun_inventory(fleet, job, [cluster.wait_running(job)])
+    profile = fleet.profile("owned", tp=1, sim={"load-seconds": 3.0, "warmup-seconds": 0.1})
+    sweep = fleet.popen("sweep", "--profiles", str(profile), "--hosts", "h0", "-c", "1",
+                        "--num-prompts", "4", "--output-len", "8", "--archive",
+                        str(tmp_path / "a"))  # fmt: skip
+    said = []
+    for text in sweep.stdout:
+        said.append(text)
+        if "h0: loading" in text:
+            break
+    clean = fleet.cli("gpu-clean", "--hosts", "h0")
+    rest = sweep.communicate(timeout=180)[0]
+    assert clean.returncode == 1, clean.stdout + clean.stderr
+    assert f"this host is in use by `inv sweep` (pid {sweep.pid} on " in clean.stderr
+    assert sweep.returncode == 0, "".join(said) + rest
+    assert re.search(r"\[sweep\] owned on h0: done", rest), rest

@@ -39,7 +39,7 @@ def claim(owner: Owner | None) -> None:
         return
     me: Owner = owner or {"id": f"agent {os.getpid()}", "task": "an agent call",
                           "control": "", "pid": os.getpid(), "since": ""}  # fmt: skip
-    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | safewrite.NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = safewrite.open_lock(LOCK)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
