@@ -156,3 +156,24 @@ def test_every_launch_writes_a_log_of_its_own(fleet):
     for path in logs:
         with open(path) as fh:
             assert fh.read().count("launching one-log") == 1
+
+
+def test_a_run_directory_swapped_for_a_link_is_one_line_and_nothing_is_read(fleet, tmp_path):
+    """Issue 68.5: a run directory swapped for a link (to another directory root can read)
+    was followed: listed and handed over as the run's files. It is now one line naming the
+    link, exit 1, no traceback, and nothing of the target reaches the archive."""
+    runs = fleet.workdir("h2") / "runs"
+    runs.mkdir(parents=True, exist_ok=True, mode=0o700)
+    secret = tmp_path / "elsewhere"
+    secret.mkdir()
+    (secret / "status.json").write_text('{"status": "done"}')
+    (secret / "key.pem").write_text("not for the archive")
+    run_id = "20261205T000000Z-swapped-000000"
+    (runs / run_id).symlink_to(secret)
+    out = fleet.cli("bench", "--hosts", "h2", "--attach", run_id,
+                    "--archive", str(tmp_path / "a"))  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    failed = [ln for ln in out.stderr.splitlines() if ln.startswith("h2: FAILED")]
+    assert len(failed) == 1 and f"is a link to {secret}" in failed[0], out.stderr
+    assert "Traceback" not in out.stderr
+    assert not list((tmp_path / "a").rglob("key.pem")) if (tmp_path / "a").exists() else True

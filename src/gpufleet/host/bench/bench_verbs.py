@@ -45,9 +45,18 @@ HANDED_KEYS = ".keys.json"
 
 
 def _run_dir(run_id: str) -> Path:
+    """The run's own directory; one line where something else sits at its name (a link
+    root would follow, listing and handing over another directory's files: issue 68.5)."""
     if not run_id or "/" in run_id or run_id.startswith("."):
         raise AgentError(f"bad run id {run_id!r}", kind=Kind.BAD_INPUT)
-    return RUNS / run_id
+    path = RUNS / run_id
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        what = f"a link to {os.readlink(path)}" if path.is_symlink() else "not a directory"
+        raise AgentError(f"run {run_id}: {path} is {what}, not gpufleet's run directory: "
+                         "refused, nothing read (remove it)", kind=Kind.UNTRUSTED)  # fmt: skip
+    if path.exists():
+        safewrite.own_dir(path)  # root's own, written by nobody else, or refused
+    return path
 
 
 def _pick_server(port: int | None, profile: str | None) -> ServerState | None:
