@@ -104,3 +104,56 @@ def test_launch_help_is_help_not_a_profile():
     assert out.returncode == 0 and "--profile" in out.stdout and "--dry-run" in out.stdout
     out = run_cli("launch")
     _one_line_exit_2(out, "launch needs --profile NAME")
+
+
+def test_what_the_agent_reads_of_a_server_or_a_users_run_is_bounded(tmp_path):
+    """Issue 68.5: the agent read a health answer whole (a run_as server's body is its
+    own: 100 MB of it was read into root's agent) and took a user's sparse file back as a
+    dense one (root filled its disk with what took the user nothing). The answer is read
+    up to 64 KiB; a taken-back file keeps its holes."""
+    import http.server
+    import os
+    import threading
+    import time
+
+    from gpufleet.host.bench import userrun
+    from gpufleet.host.server import probe
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            chunk = b"x" * (1 << 20)
+            for _ in range(100):  # 100 MiB, no length: read until closed
+                self.wfile.write(chunk)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        started = time.monotonic()
+        status, body = probe.get(f"http://127.0.0.1:{server.server_port}/health", 10)
+        assert status == 200 and len(body) == probe.BODY_LIMIT == 64 << 10
+        assert time.monotonic() - started < 10
+    finally:
+        server.shutdown()
+
+    sparse = tmp_path / "records.jsonl"
+    with open(sparse, "wb") as fh:
+        fh.write(b"head\n")
+        fh.seek(1 << 30)  # a 1 GiB hole
+        fh.write(b"tail\n")
+    copy = tmp_path / "copy"
+    with open(sparse, "rb") as src, open(copy, "wb") as dst:
+        userrun.copy_keeping_holes(src, dst)
+    assert copy.stat().st_size == sparse.stat().st_size
+    assert copy.stat().st_blocks * 512 < 1 << 20, copy.stat().st_blocks  # not 1 GiB of disk
+    with open(copy, "rb") as fh:
+        assert fh.read(5) == b"head\n"
+        fh.seek(1 << 30)
+        assert fh.read() == b"tail\n"
+        fh.seek(4096)
+        assert fh.read(4096) == bytes(4096)
+    os.unlink(copy)

@@ -23,6 +23,7 @@ import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from gpufleet.host.agent import runas, safewrite
 from gpufleet.host.agent.protocol import AgentError
@@ -109,6 +110,26 @@ def read(run_dir: Path, name: str, offset: int = 0) -> bytes | None:
         return None
 
 
+def copy_keeping_holes(src: BinaryIO, dst: BinaryIO) -> None:
+    """Copy a file the user wrote with its holes kept: a sparse file of LIMIT bytes takes
+    the disk its data takes, not LIMIT (issue 68.5: root copied it whole)."""
+    fd, size, pos = src.fileno(), os.fstat(src.fileno()).st_size, 0
+    while pos < size:
+        try:
+            data = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError:  # ENXIO: nothing but a hole from here
+            break
+        hole = min(os.lseek(fd, data, os.SEEK_HOLE), size)
+        os.lseek(fd, data, os.SEEK_SET)
+        dst.seek(data)
+        left = hole - data
+        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+            dst.write(chunk)
+            left -= len(chunk)
+        pos = hole
+    dst.truncate(size)
+
+
 def take_back(run_dir: Path, remove: bool = False) -> list[str]:
     """Copy every regular file the user's runner wrote into root's run directory (the
     names root keeps, and hidden ones, excepted); the names copied. With `remove` (the run
@@ -129,8 +150,7 @@ def take_back(run_dir: Path, remove: bool = False) -> list[str]:
                 if fd is None:
                     continue
                 with os.fdopen(fd, "rb") as src, safewrite.open_fresh(run_dir / name) as dst:
-                    while chunk := src.read(1 << 20):
-                        dst.write(chunk)
+                    copy_keeping_holes(src, dst)
                 taken.append(name)
             if remove:
                 for name in names:

@@ -44,6 +44,9 @@ def connect_no_self(host: str, port: int, timeout: float | None) -> socket.socke
     raise last or ConnectionRefusedError(f"cannot connect to {host}:{port}")
 
 
+BODY_LIMIT = 64 << 10  # bytes of an answer the agent reads (a run_as server's body is its own)
+
+
 def get(url: str, timeout: float) -> tuple[int, bytes]:
     """GET `url`: (status, body). Raises OSError when unreachable, http.client errors on garbage."""
     parts = urllib.parse.urlsplit(url)
@@ -53,7 +56,7 @@ def get(url: str, timeout: float) -> tuple[int, bytes]:
     try:
         conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
         resp = conn.getresponse()
-        return resp.status, resp.read()
+        return resp.status, resp.read(BODY_LIMIT)  # a server's answer, bounded: never all
     finally:
         conn.close()
 
