@@ -457,16 +457,24 @@ def test_a_loader_variable_the_login_exports_never_reaches_the_agent(fleet, tmp_
     record("trust_login_ld_preload", {"rc_programs": len(loaded), "gpufleets": len(ours)})
 
 
+def _launch_on_login(fleet, fresh_sshd, setenv: str, name: str):
+    """A host h8 whose login sets `setenv` (sshd's SetEnv), and a launch of a one-GPU
+    rehearsal profile `name` there: the profile and the CLI's result."""
+    sshd = fresh_sshd(extra_options=[f"SetEnv={setenv}"])
+    fleet.add_sshd_host("h8", sshd, 63)
+    profile = fleet.profile(name, tp=1)
+    return profile, fleet.cli("launch", "--profile", str(profile), "--hosts", "h8")
+
+
 def test_harmless_login_variables_are_said_only_where_they_may_matter(fleet, fresh_sshd):
     """Issue 64, trip 6: every launch warned "not passed to the server from the login
     environment: PYTHONUNBUFFERED..." where nothing was wrong. A code-loading variable with
     a harmless value is now said in the dry run and when the launch fails (an
     LD_LIBRARY_PATH the engine needed may be why), never on a launch that succeeds; one
     naming another user's path is still said at every launch (the test above)."""
-    sshd = fresh_sshd(extra_options=["SetEnv=PYTHONUNBUFFERED=1 LD_LIBRARY_PATH=/usr/lib"])
-    fleet.add_sshd_host("h8", sshd, 63)
-    profile = fleet.profile("harmless", tp=1)
-    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h8")
+    profile, out = _launch_on_login(
+        fleet, fresh_sshd, "PYTHONUNBUFFERED=1 LD_LIBRARY_PATH=/usr/lib", "harmless"
+    )
     try:
         assert out.returncode == 0, out.stdout + out.stderr
         assert "login environment" not in out.stdout + out.stderr
@@ -539,11 +547,9 @@ def test_a_relative_library_path_is_judged_where_the_server_starts(fleet, tmp_pa
     assert out.returncode == 1, out.stdout + out.stderr
     assert "env CUDA_INJECTION64_PATH:" in out.stderr and "foreign" in out.stderr, out.stderr
     # the same value from the login: kept from the server, and said at the launch
-    (fleet.workdir("h8").parent / "foreign").mkdir(exist_ok=True)
-    sshd = fresh_sshd(extra_options=["SetEnv=CUDA_INJECTION64_PATH=../foreign/evil.so"])
-    fleet.add_sshd_host("h8", sshd, 63)
-    plain = fleet.profile("plain", tp=1)
-    launched = fleet.cli("launch", "--profile", str(plain), "--hosts", "h8")
+    _, launched = _launch_on_login(
+        fleet, fresh_sshd, "CUDA_INJECTION64_PATH=../foreign/evil.so", "plain"
+    )
     try:
         assert launched.returncode == 0, launched.stdout + launched.stderr
         said = launched.stdout + launched.stderr
