@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from gpufleet.kinds import Kind
 from gpufleet.records import ResultRow
+from gpufleet.report import catalogue
 
 if TYPE_CHECKING:  # report is heavy: imported where a comparison is printed
     from gpufleet.report.compare import Arm
@@ -82,7 +83,6 @@ def repeat_lines(results: list[ResultRow], run_dir: str | None = None) -> list[s
     """With --repeat: each level's mean and 95% interval of the headline figures (the
     percentiles' from the archived run's requests)."""
     from gpufleet.archive import store
-    from gpufleet.report import catalogue
     from gpufleet.report.stats import aggregate, with_interval
 
     by_level: dict[int, list[ResultRow]] = {}
@@ -183,7 +183,7 @@ def print_compare(per_host: dict[str, list[Arm]], fmt: str, wide: bool = False) 
             for text in said.sentences:
                 prose(f"{host}: {text}")
         if fmt == "table" and any(
-            a.levels[c].get("steady_output_throughput") is not None for a in arms for c in levels
+            a.levels[c].get(catalogue.STEADY_THROUGHPUT) is not None for a in arms for c in levels
         ):
             prose(
                 f"{host}: figures over each whole level (ramp-up and drain included); "

@@ -7,6 +7,7 @@ import time
 from gpufleet.cli.output import line
 from gpufleet.control.connect.base import Progress
 from gpufleet.host.agent.protocol import ProgressEvent
+from gpufleet.report import catalogue
 
 
 def launch_progress() -> Progress:
@@ -44,8 +45,8 @@ def bench_progress() -> Progress:
             line(f"{host}: C={event['level']}: {event['total']} requests{sessions}")
         elif event.get("phase") == "end":
             line(
-                f"{host}: C={event['level']}: done, {event['completed']} ok, "
-                f"{event['failed']} failed, {event['output_throughput']} tok/s"
+                f"{host}: C={event['level']}: done, {event[catalogue.COMPLETED]} ok, "
+                f"{event[catalogue.FAILED]} failed, {event[catalogue.THROUGHPUT]} tok/s"
             )
         elif "done" in event and time.monotonic() - last.get(host, 0) >= 5:
             last[host] = time.monotonic()

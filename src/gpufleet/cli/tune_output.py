@@ -8,6 +8,7 @@ from typing import Any
 
 from gpufleet.cli.output import line, table
 from gpufleet.control.tune.goal import share_text
+from gpufleet.report import catalogue
 
 
 def print_choice(outcome: Any) -> None:
@@ -22,7 +23,7 @@ def print_choice(outcome: Any) -> None:
         figures = result.measured[depth].get(concurrency)
         if figures is None:
             return "-"
-        return f"{figures['output_throughput']:.0f} ({figures['per_request']:.1f})"
+        return f"{figures[catalogue.THROUGHPUT]:.0f} ({figures['per_request']:.1f})"
 
     table(
         "measured: output tok/s (per-request tok/s) by depth",

@@ -31,7 +31,7 @@ from gpufleet.report.stats import ratio_ci, ratio_text, with_interval
 from gpufleet.report.verdicts import Verdict, by_verdict, levels_text, tested, verdicts
 from gpufleet.wire import JsonDict
 
-PER_REQUEST = "median_per_request_output_tps"
+PER_REQUEST = catalogue.PER_REQUEST
 TOTAL = catalogue.THROUGHPUT
 
 
@@ -259,12 +259,12 @@ def _decode_basis(a: Arm, b: Arm, levels: list[int], kind: Crossing, at: float |
     decode speed alone (1000 / TPOT) crosses elsewhere, both are said: with a prefill-heavy
     or queueing server they differ (llama.cpp's 40% draft: C~3 end to end, C~8 decoding),
     and each answers a different question. Silent where they agree or TPOT is missing."""
-    tpot = [[arm.levels[c].get("median_tpot_ms") for c in levels] for arm in (a, b)]
+    tpot = [[arm.levels[c].get(catalogue.TPOT) for c in levels] for arm in (a, b)]
     if any(not isinstance(v, int | float) or v <= 0 for side in tpot for v in side):
         return ""
     speeds = [[1000.0 / float(v) for v in side] for side in tpot]
     decode_kind, decode_at = crossover(levels, *speeds)
-    found = verdicts(a, b, levels, "median_tpot_ms", higher=False)  # lower TPOT: faster
+    found = verdicts(a, b, levels, catalogue.TPOT, higher=False)  # lower TPOT: faster
     if tested(found) and not _supported(decode_kind, decode_at, levels, found):
         return ""  # decoding's tests do not bear a direction out: nothing said of it
     decode_where = f"C~{decode_at:.0f}" if decode_at is not None else ""
@@ -337,8 +337,8 @@ def _energy(a: Arm, b: Arm, levels: list[int]) -> Claim | None:
     request but the other spends less energy per token, say so."""
     for c in levels:
         per_a, per_b = figure(a.levels[c], PER_REQUEST), figure(b.levels[c], PER_REQUEST)
-        tpj_a = figure(a.levels[c], "output_tokens_per_joule")
-        tpj_b = figure(b.levels[c], "output_tokens_per_joule")
+        tpj_a = figure(a.levels[c], catalogue.TOKENS_PER_JOULE)
+        tpj_b = figure(b.levels[c], catalogue.TOKENS_PER_JOULE)
         if per_a is None or per_b is None or not tpj_a or not tpj_b:
             continue
         faster, frugal = (b, a) if per_b > per_a else (a, b)

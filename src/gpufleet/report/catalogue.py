@@ -24,6 +24,19 @@ CONCURRENCY = "max_concurrency"
 STATUS = "level_status"
 COMPLETED = "completed"
 FAILED = "failed"
+STEADY_THROUGHPUT = "steady_output_throughput"  # the level at full load (a tune's objective)
+PER_REQUEST = "median_per_request_output_tps"
+TPOT = "median_tpot_ms"
+ITL = "median_itl_ms"
+TOKENS_PER_JOULE = "output_tokens_per_joule"
+CACHE_HIT = "cache_hit_rate"
+# an open-loop level's queue: what was offered, sent and completed, and the wait before TTFT
+OFFERED_RATE = "offered_request_rate"  # present only on a level with a request rate
+ACHIEVED_RATE = "achieved_request_rate"
+COMPLETED_RATE = "completed_request_rate"
+QUEUE_WAIT = "median_queue_wait_ms"
+QUEUE_WAIT_P99 = "p99_queue_wait_ms"
+QUEUE_AT_END = "queue_at_last_arrival"
 
 
 class Place(StrEnum):
@@ -209,9 +222,6 @@ ARCHIVE_ONLY = re.compile(
     r"|goodput|goodput_\w+|slo_\w+|cache_\w+|\w+_count|\w+_s"
     r"|client_\w+|steady_\w+|(mean|std|p90|p95)_queue_wait_ms|overloaded|prompts_salted)$"
 )
-
-
-OFFERED_RATE = "offered_request_rate"  # present only on a level with a request rate
 
 
 def exported() -> list[Metric]:

@@ -218,11 +218,11 @@ def _arm_load(arm: Arm, levels: list[int]) -> list[Notice]:
             out.append(Notice(
                 Severity.WARNING,
                 f"{arm.label}: overloaded at C={c}: sent "
-                f"{row.get('achieved_request_rate', 0):.2f} of "
-                f"{row.get('offered_request_rate', 0):.2f} req/s offered{_answered(row)}, "
+                f"{row.get(catalogue.ACHIEVED_RATE, 0):.2f} of "
+                f"{row.get(catalogue.OFFERED_RATE, 0):.2f} req/s offered{_answered(row)}, "
                 f"queue wait p50 "
-                f"{row.get('median_queue_wait_ms', 0):.0f} ms, p99 "
-                f"{row.get('p99_queue_wait_ms', 0):.0f} ms before each TTFT",
+                f"{row.get(catalogue.QUEUE_WAIT, 0):.0f} ms, p99 "
+                f"{row.get(catalogue.QUEUE_WAIT_P99, 0):.0f} ms before each TTFT",
                 "load",
             ))  # fmt: skip
     for c, reason in client_bound(arm, levels):
@@ -243,7 +243,7 @@ def _arm_load(arm: Arm, levels: list[int]) -> list[Notice]:
 
 def _answered(row: LevelFigures) -> str:
     """What an overloaded level's server answered, where it was measured."""
-    completed, queued = row.get("completed_request_rate"), row.get("queue_at_last_arrival")
+    completed, queued = row.get(catalogue.COMPLETED_RATE), row.get(catalogue.QUEUE_AT_END)
     said = f" ({completed:.2f} completed" if completed is not None else ""
     if queued:
         said += f"{', ' if said else ' ('}{queued:.0f} waiting at the last arrival"
@@ -280,7 +280,7 @@ def _bursty_itl(arm: Arm, levels: list[int]) -> str | None:
     step's tokens in one chunk, which gpufleet spreads evenly: silent there."""
     bursty = []
     for c in levels:
-        itl, tpot = arm.levels[c].get("median_itl_ms"), arm.levels[c].get("median_tpot_ms")
+        itl, tpot = arm.levels[c].get(catalogue.ITL), arm.levels[c].get(catalogue.TPOT)
         numbers = isinstance(itl, int | float) and isinstance(tpot, int | float)
         if numbers and tpot > 0 and itl < BURSTY_ITL * tpot:
             bursty.append(f"C={c} {itl:.1f} vs {tpot:.1f} ms")
@@ -307,7 +307,7 @@ def _unflushed(arm: Arm, levels: list[int]) -> str | None:
     hits = [
         f"C={c} {rate:.0%}"
         for c in missed
-        if isinstance(rate := arm.levels[c].get("cache_hit_rate"), int | float) and rate > 0
+        if isinstance(rate := arm.levels[c].get(catalogue.CACHE_HIT), int | float) and rate > 0
     ]
     served = f"; its prefix cache served {', '.join(hits)} of prompt tokens" if hits else ""
     return (

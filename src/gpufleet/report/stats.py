@@ -131,8 +131,8 @@ def aggregate(
     for mark in ("client_bound", "client_late"):  # any repeat's counts
         reasons = [str(getattr(r, mark)) for r in rows if getattr(r, mark)]
         means[mark] = "; ".join(dict.fromkeys(reasons)) or None
-    means["completed"] = sum(int(r.completed or 0) for r in rows)
-    means["failed"] = sum(int(r.failed or 0) for r in rows)
+    means[catalogue.COMPLETED] = sum(int(r.completed or 0) for r in rows)
+    means[catalogue.FAILED] = sum(int(r.failed or 0) for r in rows)
     row = dataclasses.replace(last, extra=extra, **means)
     row.given = last.given
     figures = LevelFigures(row, repeats=len(rows))

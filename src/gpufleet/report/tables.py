@@ -41,9 +41,9 @@ def _measured(key: str) -> bool:
 
 def _cell(row: Figures, key: str, fmt: str) -> str:
     value = row.get(key)
-    if key == "level_status" and row.get("overloaded"):
+    if key == catalogue.STATUS and row.get("overloaded"):
         return "overloaded" if value is None else f"{value}, overloaded"
-    if value is None or (row.get("completed") == 0 and _measured(key)):
+    if value is None or (row.get(catalogue.COMPLETED) == 0 and _measured(key)):
         return "-"  # a failed level's 0.0 tok/s and 0.0 ms TTFT were never measured
     try:
         return fmt.format(value)
@@ -74,14 +74,14 @@ def overload_note(row: Figures) -> str | None:
     measured from the send, after a queue wait the user also waited."""
     if not row.get("overloaded"):
         return None
-    offered, sent = row.get("offered_request_rate"), row.get("achieved_request_rate")
-    p50, p99 = row.get("median_queue_wait_ms"), row.get("p99_queue_wait_ms")
-    completed = row.get("completed_request_rate")
+    offered, sent = row.get(catalogue.OFFERED_RATE), row.get(catalogue.ACHIEVED_RATE)
+    p50, p99 = row.get(catalogue.QUEUE_WAIT), row.get(catalogue.QUEUE_WAIT_P99)
+    completed = row.get(catalogue.COMPLETED_RATE)
     answered = f", completed {completed:.2f}" if completed is not None else ""
-    queued = row.get("queue_at_last_arrival")
+    queued = row.get(catalogue.QUEUE_AT_END)
     backlog = f", {queued} waiting for an answer at the last arrival" if queued else ""
     return (
-        f"C={row.get('max_concurrency')}: overloaded: sent {sent:.2f}{answered} of "
+        f"C={row.get(catalogue.CONCURRENCY)}: overloaded: sent {sent:.2f}{answered} of "
         f"{offered:.2f} req/s offered{backlog}; requests queued p50 {(p50 or 0) / 1000:.2f} s, "
         f"p99 {(p99 or 0) / 1000:.2f} s before being sent, so a user waited that plus the "
         "TTFT shown"
@@ -94,7 +94,7 @@ def level_notes(results: Sequence[Figures], steady: bool = True) -> list[str]:
     about short levels)."""
     notes = []
     for r in results:
-        level = f"C={r.get('max_concurrency')}"
+        level = f"C={r.get(catalogue.CONCURRENCY)}"
         overloaded = overload_note(r)
         if overloaded:
             notes.append(overloaded)

@@ -133,7 +133,7 @@ def choose(
             best, why, tie = _settle(tie, retest, min_request_speed)
         if tie is not None:
             ties[c] = tie
-        chose = f"chose {figures[best]['output_throughput']:.0f}"
+        chose = f"chose {figures[best][catalogue.THROUGHPUT]:.0f}"
         choices.append(Choice(c, best, f"{why} ({_detail(figures, rejected)}; {chose})"))
     notes += _follow_physics(choices, ties, measured, min_request_speed)
     notes += [_tie_note(ties[ch.concurrency], retests) for ch in choices
@@ -243,7 +243,7 @@ NOISE_NOTE_BOUND = 0.02  # a within-noise choice that may cost more than this is
 def _detail(figures: dict[int, Cell], rejected: dict[int, str]) -> str:
     """Every depth's figures at one level, and the ones rejected."""
     detail = ", ".join(
-        f"depth {d}: {figures[d]['output_throughput']:.0f} tok/s"
+        f"depth {d}: {figures[d][catalogue.THROUGHPUT]:.0f} tok/s"
         + (f" +-{figures[d]['mad']:.0f}" if figures[d]["mad"] else "")
         + f", {figures[d]['per_request']:.1f} per request"
         for d in figures
