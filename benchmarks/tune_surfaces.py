@@ -46,6 +46,12 @@ SURFACES: dict[str, tuple[dict[str, object], str]] = {
     "deep-0.9-draft-x0.3": ({"accept-rate": "0.9", "draft-cost": 0.3}, "coding"),
     "deep-0.95-draft-x0.5": ({"accept-rate": "0.95", "draft-cost": 0.5}, "coding"),
     "mid-0.7-draft-x1.0": ({"accept-rate": "0.7", "draft-cost": 1.0}, "coding"),
+    # issue 63's: a mid depth best at low load and the deepest from mid load (a drafter
+    # bound by its launches: twice the fixed cost per draft step, a tenth per request)
+    "rising-0.8-base-x2": (
+        {"accept-rate": "0.8", "draft-cost": 0.1, "draft-base-cost": 2.0},
+        "coding",
+    ),
 }
 HOSTS = ("sim-a", "sim-b", "sim-c", "sim-d")
 PARENTS = ("baseline", "eagle3", "eagle3-adaptive")
@@ -106,6 +112,35 @@ def acceptance(archive: Path, host: str, sweep_id: str) -> dict[int, tuple[float
     return out
 
 
+def _objectives(archive: Path, host: str, state: dict, label: str) -> list[dict[int, float]]:
+    """Each launch of one server in a sweep: level -> its objective (steady-window output
+    tok/s, else the whole level's), in launch order."""
+    out = []
+    for arm in state["arms"]:
+        if arm["label"] != label:
+            continue
+        run_id = state["cells"][arm["key"]].get(host, {}).get("run_id")
+        results = archive / host / str(run_id) / "results.jsonl"
+        if run_id is None or not results.is_file():
+            continue
+        rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+        out.append({r["max_concurrency"]: r.get("steady_output_throughput")
+                    or r.get("output_throughput") or 0.0 for r in rows})  # fmt: skip
+    return out
+
+
+def launch_interval(archive: Path, host: str, sweep_id: str, tuned: str,
+                    static: str, c: int) -> tuple[float, float] | None:  # fmt: skip
+    """The tuned server's share of a static server at level c, launch by launch (the
+    verification launches each twice, interleaved: launch k against launch k): its lowest
+    and highest."""
+    state = json.loads((archive / "sweeps" / f"{sweep_id}.json").read_text())
+    ours, theirs = (_objectives(archive, host, state, label) for label in (tuned, static))
+    shares = [a[c] / b[c] for a, b in zip(ours, theirs, strict=False)
+              if c in a and c in b and b[c]]  # fmt: skip
+    return (min(shares), max(shares)) if shares else None
+
+
 def optimum(name: str, depths: list[int], levels: list[int]) -> dict[int, tuple[int, float]]:
     """The timing model's own answer per level: the depth with the most output tok/s (C
     requests, each accepting its depth's mean tokens a step, at that depth's step cost),
@@ -118,11 +153,12 @@ def optimum(name: str, depths: list[int], levels: list[int]) -> dict[int, tuple[
         0.65 if prompts == "coding" else 0.56
     )
     scale = float(knobs.get("draft-cost", 1.0))
+    fixed = float(knobs["draft-base-cost"]) if "draft-base-cost" in knobs else None
     out = {}
     for c in levels:
         tput = {}
         for d in [0, *depths]:
-            base, per = step_costs_ms(d, 1, None, scale)
+            base, per = step_costs_ms(d, 1, None, scale, fixed)
             tput[d] = c * accept_length(d, 1, rate) / (base + per * c)
         best = max(tput, key=tput.__getitem__)
         out[c] = (best, max((v for d, v in tput.items() if d != best), default=0) / tput[best])
@@ -142,7 +178,7 @@ def report(name: str, archive: Path, host: str, wall: float, depths: list[int]) 
     if len(said) > 1:
         print(f"the tune's estimate after its first cell: {said[1]}")
     print(f"{'C':>4} {'depth':>5} {'optimum':>7} {'wins':>12} {'kept':>6} {'best static':>15} "
-          f"{'kept':>6}")  # fmt: skip
+          f"{'kept':>6} {'per launch':>13}")  # fmt: skip
     chosen = {ch["concurrency"]: ch["depth"] for ch in record["choices"]}
     best_at = optimum(name, depths, sorted(chosen))
     verified = record["verify"].get(host)
@@ -153,9 +189,16 @@ def report(name: str, archive: Path, host: str, wall: float, depths: list[int]) 
         c, best = row["concurrency"], row.get("kept_best")
         analytic = best_at.get(c)
         told = "-" if analytic is None else f"{analytic[0]} ({analytic[1]:.2f})"
+        tuned_label = Path(record["tuned_profile"]).stem
+        static = row.get("best_static")
+        span = static and launch_interval(archive, host, verified["sweep_id"], tuned_label,
+                                          static, c)  # fmt: skip
+        told_span = f"{span[0]:.3f}-{span[1]:.3f}" if span else "-"
         print(f"{c:>4} {chosen.get(c, '-'):>5} {told:>7} {row['winner']:>12} {row['kept']:>6.1%} "
-              f"{row.get('best_static') or '-':>15} "
-              f"{'-' if best is None else f'{best:.1%}':>6}")  # fmt: skip
+              f"{static or '-':>15} "
+              f"{'-' if best is None else f'{best:.1%}':>6} {told_span:>13}")  # fmt: skip
+    for said in verified.get("mend", []):
+        print(f"mend: {said}")
     for short in verified.get("shortfalls", []):
         print(f"below the 0.98 goal: {short}")
     print(verified["sentence"])

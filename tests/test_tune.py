@@ -214,6 +214,17 @@ def test_rehearsal_depth_model_and_adaptive_slots(tmp_path):
     assert accept_length(3, 4) == pytest.approx(2.40, abs=0.01)  # the seeds' EAGLE-3
     assert step_costs_ms(3, 4, 16) == pytest.approx((23.4, 6.40), abs=0.01)  # seeds' calibration
     assert step_costs_ms(3) == pytest.approx((23.4, 3.83), abs=0.01)  # a topk-1 chain
+    # --sim-draft-base-cost: the fixed part per draft step alone (a launch-bound drafter)
+    assert step_costs_ms(3, 1, None, 0.1, 2.0) == pytest.approx((31.2, 2.986), abs=0.001)
+    from gpufleet.sim.server import _model
+    from gpufleet.sim.serverargs import parse
+
+    args = parse(["--model-path", "m", "--speculative-algorithm", "EAGLE3",
+                  "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                  "--sim-draft-cost", "0.1", "--sim-draft-base-cost", "2"])  # fmt: skip
+    assert _model(args).decode_base_s == pytest.approx(0.0312)
+    with pytest.raises(SystemExit, match=r"--sim-draft-base-cost -1\.0: must be >= 0"):
+        parse(["--model-path", "m", "--sim-draft-base-cost", "-1"])
     config = tmp_path / "a.json"
     config.write_text(json.dumps({"1": {"candidate_steps": [3]}, "16": {"candidate_steps": [0]}}))
     depth = AdaptiveDepth(3, str(config))
@@ -223,6 +234,30 @@ def test_rehearsal_depth_model_and_adaptive_slots(tmp_path):
     config.write_text(json.dumps({"x": 1}))
     with pytest.raises(ValueError, match="at least one integer-string BS key"):
         AdaptiveDepth(3, str(config))
+
+
+def test_the_rehearsal_slot_moves_as_sglangs_own_slot_does():
+    """Issue 63.4: SGLang 0.5.23's AdaptiveStepSlot, run on 40 random configurations and
+    60 batches of accepted drafts each (scripts/record_sglang_slot.py, SGLang's own class),
+    against the rehearsal's slot on the same inputs: every depth after every batch. The
+    rehearsal left `ceiling_coeff` out (a depth that did not rise is capped at ceil(ema x
+    ceiling_coeff), at least 1), so a slot configured with it stayed deep for longer than a
+    real server does: 12 of the 40 cases (23 set it) differed before."""
+    from gpufleet.sim.speculation import AdaptiveSlot
+
+    recorded = json.loads((REPO / "tests/fixtures/sglang-0.5.23-adaptive-slot.json").read_text())
+    differ = []
+    for n, case in enumerate(recorded["cases"]):
+        slot = AdaptiveSlot(case["initial"], case["config"])
+        steps = []
+        for batch in case["accepted"]:
+            slot.observe(batch)
+            steps.append(slot.steps)
+        if steps != case["steps"]:
+            differ.append((n, case["config"], steps, case["steps"]))
+    assert not differ, differ[:2]
+    assert sum(bool(c["config"]["ceiling_coeff"]) for c in recorded["cases"]) == 23
+    assert AdaptiveSlot(7, {"candidate_steps": [1, 7]}).ceiling_coeff == 0  # SGLang's default
 
 
 def test_adaptive_conditions_are_checked_before_launch(fleet):

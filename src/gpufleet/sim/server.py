@@ -148,11 +148,15 @@ def _model(args: Any, steps: int | None = None) -> TimingModel:
             tokens,
             parse_accept_rates(args.sim_accept_rate),
             args.sim_draft_cost,
+            args.sim_draft_base_cost,
         )
         if depth == 0:  # an EAGLE server at depth 0 is not plain decoding (speculation.py)
             skip = os.environ.get(SKIP_ZERO_STEP_ENV, "").lower() in ("1", "true")
             base_ms, per_req_ms = zero_step_costs_ms(
-                args.speculative_eagle_topk or 1, skip, args.sim_draft_cost
+                args.speculative_eagle_topk or 1,
+                skip,
+                args.sim_draft_cost,
+                args.sim_draft_base_cost,
             )
             model.decode_base_s, model.decode_per_req_s = base_ms / 1000, per_req_ms / 1000
             model.skips_draft_extend = skip

@@ -98,6 +98,9 @@ SIM_FLAGS: list[tuple[str, ArgKeywords]] = [
     }),
     ("--sim-draft-cost", {"type": float, "default": 1.0,
                           "help": "the draft model's cost, times the calibrated one (default 1)"}),
+    ("--sim-draft-base-cost", {"type": float,
+                               "help": "its fixed part per draft step alone, times the "
+                                       "calibrated one (default: --sim-draft-cost)"}),
     ("--sim-zero-cost", {"action": "store_true",
                          "help": "every step costs nothing: measures the server's own ceiling"}),
     ("--sim-crash-at-batch", {
@@ -175,6 +178,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         parse_accept_rates(args.sim_accept_rate)  # a bad rate: one line before the load
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    if args.sim_draft_cost < 0:
-        raise SystemExit(f"error: --sim-draft-cost {args.sim_draft_cost}: must be >= 0")
+    for flag, value in (("--sim-draft-cost", args.sim_draft_cost),
+                        ("--sim-draft-base-cost", args.sim_draft_base_cost)):  # fmt: skip
+        if value is not None and value < 0:
+            raise SystemExit(f"error: {flag} {value}: must be >= 0")
     return args

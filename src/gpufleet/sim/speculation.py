@@ -25,6 +25,7 @@ configured). A slot with a single candidate is a fixed depth: what `inv tune` wr
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -100,8 +101,9 @@ SKIP_ZERO_STEP_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 
 
 def zero_step_costs_ms(
-    topk: int = 1, skip_extend: bool = False, draft_scale: float = 1.0
-) -> tuple[float, float]:
+    topk: int = 1, skip_extend: bool = False, draft_scale: float = 1.0,
+    base_scale: float | None = None,
+) -> tuple[float, float]:  # fmt: skip
     """(base, per running request) of a depth-0 step on an EAGLE server, in ms.
 
     SGLang 0.5.23 (speculative/eagle_worker_v2.py) at steps 0 verifies one token, which is
@@ -114,22 +116,26 @@ def zero_step_costs_ms(
     if skip_extend:
         return base, per_request
     per_draft = DRAFT_PER_REQ_MS * (0.75 + 0.25 * max(1, topk))
-    return base + DRAFT_BASE_MS * draft_scale, per_request + per_draft * draft_scale
+    fixed = draft_scale if base_scale is None else base_scale
+    return base + DRAFT_BASE_MS * fixed, per_request + per_draft * draft_scale
 
 
 def step_costs_ms(
-    steps: int, topk: int = 1, draft_tokens: int | None = None, draft_scale: float = 1.0
-) -> tuple[float, float]:
+    steps: int, topk: int = 1, draft_tokens: int | None = None, draft_scale: float = 1.0,
+    base_scale: float | None = None,
+) -> tuple[float, float]:  # fmt: skip
     """(base, per running request) of one decode step at this depth, in ms (depth 0: a
     server without speculation; an EAGLE server's depth 0 is `zero_step_costs_ms`).
     `draft_scale` multiplies the draft model's share (`--sim-draft-cost`): a heavier or
-    lighter drafter against the same target."""
+    lighter drafter against the same target; `base_scale`, where given, its fixed part per
+    draft step alone (`--sim-draft-base-cost`: a drafter bound by its kernel launches,
+    whose step barely grows with the batch)."""
     if steps <= 0:
         return 15.6, 1.03
     topk = max(1, topk)
     tokens = draft_tokens or (steps + 1 if topk == 1 else min(steps * topk + 1, 64))
     draft = steps * DRAFT_PER_REQ_MS * (0.75 + 0.25 * topk) * draft_scale
-    base = 15.6 + DRAFT_BASE_MS * steps * draft_scale
+    base = 15.6 + DRAFT_BASE_MS * steps * (draft_scale if base_scale is None else base_scale)
     return base, 1.03 + draft + VERIFY_PER_REQ_MS * tokens**0.5
 
 
@@ -143,6 +149,7 @@ class AdaptiveSlot:
         self.warmup_batches = cfg.get("warmup_batches", 10)
         self.down_hysteresis = cfg.get("down_hysteresis", -0.25)
         self.up_hysteresis = cfg.get("up_hysteresis", 0.0)
+        self.ceiling_coeff = cfg.get("ceiling_coeff", 0)
         if initial_steps in self.candidates:
             self.steps = initial_steps
         else:
@@ -182,6 +189,12 @@ class AdaptiveSlot:
                 if self.ema <= self.candidates[index] - 0.5 + self.up_hysteresis:
                     break
                 index += 1
+        # SGLang's EMA ceiling caps a depth that did not rise: never above
+        # ceil(ema x ceiling_coeff) (at least 1), so a slot falls straight to what it accepts
+        ceiling = max(1, math.ceil(self.ema * self.ceiling_coeff))
+        if self.ceiling_coeff > 0 and ceiling < self.candidates[index] <= self.candidates[old]:
+            while index > 0 and self.candidates[index] > ceiling:
+                index -= 1
         self.steps = self.candidates[index]
 
 

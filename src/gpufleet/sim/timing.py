@@ -57,6 +57,7 @@ class TimingModel:
         draft_tokens: int | None = None,
         rates: dict[str, float] | None = None,
         draft_scale: float = 1.0,
+        base_scale: float | None = None,
     ) -> TimingModel:
         """Drafting `num_steps` deep (sim/speculation.py); 0 is plain decoding. Steps 3,
         topk 4, 16 draft tokens: 2.4 tokens per 29.8 ms step ~ 80 tok/s at C=1, ~350 tok/s
@@ -66,7 +67,7 @@ class TimingModel:
         if steps == 0:
             return cls.baseline()
         rates = rates or DOMAIN_ACCEPT_P
-        base_ms, per_req_ms = step_costs_ms(steps, topk or 1, draft_tokens, draft_scale)
+        base_ms, per_req_ms = step_costs_ms(steps, topk or 1, draft_tokens, draft_scale, base_scale)
         by_domain = {name: accept_length(steps, topk or 1, rate) for name, rate in rates.items()}
         return cls(
             decode_base_s=base_ms / 1000,

@@ -160,6 +160,13 @@ def relative_to_cwd(path: Path) -> Path:
         return path.resolve()
 
 
+def restore(path: Path, data: bytes) -> None:
+    """Put back a file the tune wrote, as it was (a mend that measured no better)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
 def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)

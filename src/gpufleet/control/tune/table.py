@@ -140,7 +140,7 @@ def choose(
               if ch.concurrency in ties and ch.depth == ties[ch.concurrency].shallow]  # fmt: skip
     notes = [n for n in notes if n]
     notes += _zero_step_notes(choices, measured, extra, skipped)
-    table, ranges = _table_and_ranges(choices, sizes)
+    table, ranges = table_and_ranges(choices, sizes)
     skip_used = any(ch.depth == 0 and ch.concurrency in skipped for ch in choices)
     result = TuneResult(table, choices, ranges, notes, {**raw, **extra}, skip_used)
     result.ties = [t for t in ties.values() if not t.by_physics]
@@ -253,12 +253,13 @@ def _detail(figures: dict[int, Cell], rejected: dict[int, str]) -> str:
     return detail
 
 
-def _table_and_ranges(
-    choices: list[Choice], sizes: list[int] | None
+def table_and_ranges(
+    choices: list[Choice], sizes: list[int] | None, early: frozenset[int] = frozenset()
 ) -> tuple[dict[str, AdaptiveSlot], list[str]]:
-    """SGLang's adaptive table (a key per range start) and each range said in batches."""
+    """SGLang's adaptive table (a key per range start) and each range said in batches;
+    `early`: levels whose range begins right above the level below (control/tune/mend.py)."""
     table: dict[str, AdaptiveSlot] = {}
-    starts = _range_starts(choices, sizes)
+    starts = range_starts(choices, sizes, early)
     ranges: list[str] = []
     for n, (i, key) in enumerate(starts):
         choice = choices[i]
@@ -273,16 +274,20 @@ def _table_and_ranges(
     return table, ranges
 
 
-def _range_starts(choices: list[Choice], sizes: list[int] | None) -> list[tuple[int, int]]:
+def range_starts(
+    choices: list[Choice], sizes: list[int] | None, early: frozenset[int] = frozenset()
+) -> list[tuple[int, int]]:
     """(index of the choice, table key) where each run of equal depths begins: 1 for the
     first; else the padded size halfway (geometric mean) between the level below and the
-    run's first level, above the previous key."""
+    run's first level, above the previous key; for a run whose first level is in `early`,
+    right above the level below (its batch dips stay in its range)."""
     starts = [(0, 1)]
     for i in range(1, len(choices)):
         if choices[i].depth == choices[i - 1].depth:
             continue
         below, level = choices[i - 1].concurrency, choices[i].concurrency
-        key = padded(max(below + 1, math.ceil(math.sqrt(below * level))), sizes)
+        halfway = math.ceil(math.sqrt(below * level))
+        key = padded(below + 1 if level in early else max(below + 1, halfway), sizes)
         if key <= starts[-1][1]:
             key = padded(starts[-1][1] + 1, sizes)
         starts.append((i, key))

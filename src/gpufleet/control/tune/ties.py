@@ -41,11 +41,16 @@ def tie_arms(profile: str, ties: list[Tie]) -> list[ArmSpec]:
 
 def tie_request(request: BenchRequest, ties: list[Tie], round_no: int) -> BenchRequest:
     """The tied levels only, each with 2^round times its requests per run."""
+    return levels_request(request, [t.concurrency for t in ties], 2**round_no)
+
+
+def levels_request(request: BenchRequest, concurrency: list[int], factor: int) -> BenchRequest:
+    """Some levels of the tune's request only, each with `factor` times its requests per
+    run, one run each (a tie's rounds, a mend's measurement)."""
     per_level = {level.concurrency: level.num_prompts for level in request.levels()}
     levels = [
-        {"concurrency": t.concurrency,
-         "num_prompts": min(per_level[t.concurrency] * 2**round_no, MAX_PROMPTS)}
-        for t in sorted(ties, key=lambda t: t.concurrency)
+        {"concurrency": c, "num_prompts": min(per_level[c] * factor, MAX_PROMPTS)}
+        for c in sorted(set(concurrency))
     ]  # fmt: skip
     return dataclasses.replace(
         request, concurrency=[lv["concurrency"] for lv in levels], fixed_levels=levels, repeat=1

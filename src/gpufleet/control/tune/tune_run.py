@@ -22,12 +22,15 @@ from gpufleet.archive.layout import Archive
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.server.profiles import load_profile
 from gpufleet.control.sweep.cells import ArmSpec
+from gpufleet.control.sweep.cells import profile_label as profile_label_of
 from gpufleet.control.sweep.experiment import Experiment
 from gpufleet.control.sweep.sweep_state import SweepState
 from gpufleet.control.tune import budget as tunebudget
 from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import fixed as tunefixed
+from gpufleet.control.tune import levels as tunelevels
+from gpufleet.control.tune import mend as tunemend
 from gpufleet.control.tune import step as tunestep
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune import ties as tunetie
@@ -131,6 +134,8 @@ def run(
     if not verify or clock.stage_dropped(tunebudget.VERIFY) or result.fixed_depth == 0:
         return outcome
     _verify(profile, tuned, checks, request, resume, experiment, outcome, clock)
+    if result.fixed_depth is None:  # SGLang's table: a level below the goal is mended
+        _mend(profile, tuned, checks, request, resume, experiment, outcome, clock)
     save_record(record, record_path)
     tunefiles.note_verification(
         outcome.profile_path, {v.host: v.sentence for v in outcome.verdicts}
@@ -225,6 +230,134 @@ def _verify(
             "sentence": sentence,
             "shortfalls": tuneverify.shortfalls(rows),
         }
+
+
+MEND = "tune-mend"  # the sweep that measures a mended table again
+
+
+def _mend(
+    profile: str, tuned: str, checks: list[ArmSpec], request: BenchRequest, resume: bool,
+    experiment: Experiment, outcome: TuneOutcome, clock: tunebudget.TimeKeeper,
+) -> None:  # fmt: skip
+    """Each level below the goal explained (control/tune/mend.py); where a table can mend
+    it, the mended table is written, launched again beside the static server it fell short
+    of at those levels (twice each, interleaved) within `--budget`, and kept only where it
+    measured better on every host, else the table as first written is put back. Each
+    level's words join its host's sentence, so the terminal, the record and the profile's
+    note say it alike."""
+    sizes = tunefiles.profile_capture_sizes(profile)
+    findings = {
+        v.host: tunemend.diagnose(v.rows, v.arms[2] if len(v.arms) > 2 else None,
+                                  outcome.result, sizes, outcome.record.min_request_speed)
+        for v in outcome.verdicts
+    }  # fmt: skip
+    if not any(findings.values()):
+        return
+    to_mend = _first_per_level(f for found in findings.values() for f in found if f.mendable)
+    again: dict[str, dict[int, float]] = {}
+    kept = False
+    if to_mend:
+        again, kept = _measure_mend(profile, tuned, checks, request, resume, experiment,
+                                    outcome, clock, to_mend)  # fmt: skip
+    for v in outcome.verdicts:
+        texts = []
+        for f in findings[v.host]:
+            figure = again.get(v.host, {}).get(f.concurrency) if f.mendable else None
+            texts.append(tunemend.outcome_text(f, outcome.result, figure, kept))
+            if kept and figure is not None:
+                row = next(r for r in v.rows if r.concurrency == f.concurrency)
+                row.kept_best = figure
+        if not texts:
+            continue
+        v.sentence += " Mend: " + "; ".join(texts) + "."
+        entry = outcome.record.verify[v.host]
+        entry["sentence"] = v.sentence
+        entry["shortfalls"] = tuneverify.shortfalls(v.rows)
+        entry["mend"] = texts
+    if kept:
+        outcome.result = tunemend.mended(outcome.result, to_mend, sizes)
+        outcome.record.table = outcome.result.table
+        outcome.record.ranges = outcome.result.ranges
+        outcome.record.choices = [dataclasses.asdict(ch) for ch in outcome.result.choices]
+
+
+def _first_per_level(found: Any) -> list[tunemend.Finding]:
+    """One finding per level (the first host's), in level order."""
+    by_level: dict[int, tunemend.Finding] = {}
+    for f in found:
+        by_level.setdefault(f.concurrency, f)
+    return [by_level[c] for c in sorted(by_level)]
+
+
+def _measure_mend(
+    profile: str, tuned: str, checks: list[ArmSpec], request: BenchRequest, resume: bool,
+    experiment: Experiment, outcome: TuneOutcome, clock: tunebudget.TimeKeeper,
+    to_mend: list[tunemend.Finding],
+) -> tuple[dict[str, dict[int, float]], bool]:  # fmt: skip
+    """The mended table written and measured beside the static servers it fell short of:
+    host -> level -> its share now, and whether it was kept (better at every mended level
+    on every host); the table as first written is put back where not, or where `--budget`
+    leaves no room (then nothing is measured)."""
+    from gpufleet.control.sweep.cells import interleaved
+    from gpufleet.control.tune.ties import levels_request
+
+    sizes = tunefiles.profile_capture_sizes(profile)
+    beside = tuneverify.beside_arms(profile, checks, outcome.result.measured, 1)
+    statics = {a.label: a for a in beside}
+    to_mend[:] = [f for f in to_mend if f.best_static in statics]  # a server to stand beside
+    if not to_mend:
+        return {}, False
+    wanted = [statics[f.best_static] for f in to_mend]
+    arms = interleaved([*dict.fromkeys(wanted), checks[2]], tunebudget.VERIFY_REPEATS)
+    mend_request = levels_request(request, [f.concurrency for f in to_mend], 1)
+    short = clock.cannot_afford(MEND, arms, mend_request)
+    if short:
+        experiment.console.line(f"tune: note: --budget: the mend was not measured: {short}")
+        outcome.result.notes.append(f"--budget: the mend was not measured: {short}")
+        return {}, False
+    config_path, profile_path = outcome.config_path, outcome.profile_path
+    first = (config_path.read_bytes() if config_path else b"", profile_path.read_bytes())
+    tunefiles.write_outputs(profile, tunemend.mended(outcome.result, to_mend, sizes),
+                            profile_path.stem)  # fmt: skip
+    where = ", ".join(f"C={f.concurrency}: {f.change(outcome.result)}" for f in to_mend)
+    experiment.console.line(f"tune: mending ({len(arms)} launches, interleaved): {where}")
+    root = request.archive
+    again_ok = resume and tunebudget.has_state(root, [profile, tuned], arms, MEND)
+    state = experiment.sweep([profile, tuned], arms, MEND, again_ok, mend_request,
+                             clock.hooks(MEND, root))  # fmt: skip
+    data = select.report_for_sweep(root, state.path)
+    shares: dict[str, dict[int, float]] = {}
+    for host, host_arms in data.per_host.items():
+        by_label = {a.label: a for a in host_arms}
+        tuned_arm = by_label.get(profile_label_of(tuned))
+        for f in to_mend:
+            static = by_label.get(f.best_static)
+            if tuned_arm is None or static is None:
+                continue
+            if f.concurrency not in tuned_arm.levels or f.concurrency not in static.levels:
+                continue
+            bar = tunelevels.objective(static.levels[f.concurrency].row)[0]
+            if bar:
+                shares.setdefault(host, {})[f.concurrency] = (
+                    tunelevels.objective(tuned_arm.levels[f.concurrency].row)[0] / bar
+                )
+    hosts = [v.host for v in outcome.verdicts]
+    kept = all(
+        f.concurrency in shares.get(h, {}) and shares[h][f.concurrency] > _kept(outcome, h, f)
+        for h in hosts for f in to_mend
+    )  # fmt: skip
+    if not kept:
+        if config_path:
+            tunefiles.restore(config_path, first[0])
+        tunefiles.restore(profile_path, first[1])
+    return shares, kept
+
+
+def _kept(outcome: TuneOutcome, host: str, f: tunemend.Finding) -> float:
+    """The share host's verification measured at the finding's level (the bar to beat)."""
+    verdict = next(v for v in outcome.verdicts if v.host == host)
+    row = next((r for r in verdict.rows if r.concurrency == f.concurrency), None)
+    return row.kept_best if row is not None and row.kept_best is not None else f.kept
 
 
 def _load_step(

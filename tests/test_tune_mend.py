@@ -1,0 +1,121 @@
+"""Issue 63.2: a level where the tuned server kept less than the goal of the best static
+server beside it is explained from the tune's own measurement, mended where a table can
+change, and said with its cause and figure where it cannot (control/tune/mend.py)."""
+
+from __future__ import annotations
+
+from gpufleet.control.tune import mend
+from gpufleet.control.tune.depth_cells import PLAIN, SKIP
+from gpufleet.control.tune.table import Choice, TuneResult, table_and_ranges
+from gpufleet.control.tune.verify import VerdictRow
+from gpufleet.report.compare import Arm
+from helpers import level
+
+SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 64]
+
+
+def _result(depths: dict[int, int], skip: bool = False) -> TuneResult:
+    """A tune's result choosing `depths` (C -> depth), measured: depth 0 at 471 tok/s with
+    the skip (pinned 390), plain at 482, depth 3 and 4 at every level."""
+    choices = [Choice(c, d, "measured") for c, d in depths.items()]
+    table, ranges = table_and_ranges(choices, SIZES)
+    cells = {c: {"output_throughput": 0.0, "per_request": 30.0} for c in depths}
+    measured = {
+        0: {c: {**cells[c], "output_throughput": 390.0} for c in depths},
+        SKIP: {c: {**cells[c], "output_throughput": 471.0} for c in depths},
+        PLAIN: {c: {**cells[c], "output_throughput": 482.0} for c in depths},
+        3: {c: {**cells[c], "per_request": 40.0} for c in depths},
+        4: {c: {**cells[c], "per_request": 20.0} for c in depths},
+    }
+    return TuneResult(table, choices, ranges, measured=measured, skip_extend=skip)
+
+
+def _row(c: int, kept: float, best: str, tps: float = 480.0) -> VerdictRow:
+    return VerdictRow(c, "no drafting", {}, {}, kept, best, tps, kept)
+
+
+def _tuned(switches: dict[int, int]) -> Arm:
+    return Arm("p-tuned", [], {c: level(c, depth_switches=n) for c, n in switches.items()})
+
+
+def test_a_level_whose_batch_dips_cross_its_switch_point_begins_its_range_lower():
+    """The issue's case: {"1":[3],"6":[4],"12":[0]} kept 97.7% of plain at C=16, where the
+    tuned server switched depth as its batch dipped below the key. The range holding C=16
+    then begins right above C=8 (key 10, from batch 9): the dips between 9 and 11 stay at
+    depth 0; the table is otherwise unchanged."""
+    result = _result({1: 3, 4: 4, 8: 4, 16: 0, 64: 0}, skip=True)
+    assert result.table == {"1": {"candidate_steps": [3]}, "2": {"candidate_steps": [4]},
+                            "12": {"candidate_steps": [0]}}  # fmt: skip
+    rows = [_row(1, 1.0, "p[depth=3]"), _row(16, 0.977, "p[plain]"), _row(64, 0.99, "p[plain]")]
+    [found] = mend.diagnose(rows, _tuned({1: 0, 16: 7, 64: 0}), result, SIZES)
+    assert found.concurrency == 16 and found.early and found.depth is None
+    assert "switched depth 7 times during the level: its batch dipped below 11" in found.cause
+    assert "where the table runs depth 4" in found.cause
+    fixed = mend.mended(result, [found], SIZES)
+    assert fixed.table == {"1": {"candidate_steps": [3]}, "2": {"candidate_steps": [4]},
+                           "10": {"candidate_steps": [0]}}  # fmt: skip
+    assert [ch.depth for ch in fixed.choices] == [3, 4, 4, 0, 0]
+    said = mend.outcome_text(found, result, 0.994, kept=True)
+    assert said.startswith("C=16: 97.7% of p[plain]: the tuned server switched depth 7 times")
+    assert said.endswith("mended (the range holding C=16 begins right above C=8): 99% "
+                         "measured again beside it")  # fmt: skip
+    worse = mend.outcome_text(found, result, 0.975, kept=False)
+    assert worse.endswith("measured 97.5% beside it, no better: the table is kept as first "
+                          "written")  # fmt: skip
+
+
+def test_a_level_where_another_depth_served_more_beside_it_takes_that_depth():
+    result = _result({1: 3, 4: 3, 16: 0})
+    rows = [_row(4, 0.95, "p[depth=4]", 300.0)]
+    [found] = mend.diagnose(rows, _tuned({4: 0}), result, SIZES)
+    assert found.depth == 4 and not found.early
+    assert (
+        found.cause
+        == "the table runs depth 3 here and p[depth=4] (depth 4) served 300 tok/s beside it"
+    )
+    assert mend.mended(result, [found], SIZES).table == {
+        "1": {"candidate_steps": [3]}, "2": {"candidate_steps": [4]},
+        "8": {"candidate_steps": [0]},
+    }  # fmt: skip
+    # the speed floor holds for a mend as for the table: depth 4 runs 20 tok/s a request
+    [floored] = mend.diagnose(rows, _tuned({4: 0}), result, SIZES, floor=25.0)
+    assert not floored.mendable and "below the speed floor of 25 tok/s per request" in floored.cause
+
+
+def test_depth_0_below_no_drafting_is_said_with_the_tunes_own_figures_not_mended():
+    result = _result({1: 3, 16: 0, 64: 0}, skip=True)
+    rows = [_row(64, 0.977, "p[plain]")]
+    [found] = mend.diagnose(rows, _tuned({64: 0}), result, SIZES)
+    assert not found.mendable
+    assert found.cause.startswith(
+        "an adaptive server at depth 0 serves 2.3% less than one without speculation here "
+        "(the tune measured 471 vs 482 tok/s): SGLang runs the draft model's extend every "
+        "step at depth 0 (eagle_worker_v2._draft_extend_for_decode), or with the skip variable "
+        "drafts from zeros after each upshift"
+    )
+    assert (
+        mend.outcome_text(found, result, None, kept=False)
+        == f"C=64: 97.7% of p[plain]: {found.cause}"
+    )
+    # without the skip variable the pinned depth 0 is the figure
+    assert (
+        "(the tune measured 390 vs 482 tok/s)"
+        in mend.diagnose(rows, _tuned({64: 0}), _result({1: 3, 16: 0, 64: 0}), SIZES)[0].cause
+    )
+
+
+def test_a_range_that_already_begins_above_the_level_below_is_not_moved():
+    """Switches at the first level of a range whose key is already right above the level
+    below: no earlier start exists, so the cause is said and nothing is mended."""
+    result = _result({8: 3, 9: 0})
+    [found] = mend.diagnose([_row(9, 0.96, "p[plain]")], _tuned({9: 5}), result, SIZES)
+    assert not found.mendable
+    assert found.cause.endswith("its range already begins right above the level below")
+
+
+def test_levels_at_or_above_the_goal_and_unexplained_ones():
+    result = _result({1: 3, 16: 0})
+    rows = [_row(1, 0.98, "p[depth=3]"), _row(16, 0.97, "p[depth=0]")]
+    [found] = mend.diagnose(rows, _tuned({1: 0, 16: 0}), result, SIZES)
+    assert found.concurrency == 16 and not found.mendable  # 0.98 itself meets the goal
+    assert found.cause.startswith("not explained by the tune's measurement")
