@@ -4,12 +4,17 @@ change, and said with its cause and figure where it cannot (control/tune/mend.py
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
+from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import mend
 from gpufleet.control.tune.depth_cells import PLAIN, SKIP
 from gpufleet.control.tune.table import Choice, TuneResult, table_and_ranges
 from gpufleet.control.tune.verify import VerdictRow
 from gpufleet.report.compare import Arm
-from helpers import level
+from helpers import level, unwrap
 
 SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 64]
 
@@ -119,3 +124,58 @@ def test_levels_at_or_above_the_goal_and_unexplained_ones():
     [found] = mend.diagnose(rows, _tuned({1: 0, 16: 0}), result, SIZES)
     assert found.concurrency == 16 and not found.mendable  # 0.98 itself meets the goal
     assert found.cause.startswith("not explained by the tune's measurement")
+
+
+def test_the_profiles_own_static_speculation_is_said_as_beyond_any_table():
+    """The seeds' EAGLE-3 drafts a tree (topk 4, 16 draft tokens); SGLang's adaptive mode
+    drafts a chain only, so where that server was best no table can match it."""
+    result = _result({1: 1, 16: 0})
+    [found] = mend.diagnose([_row(1, 0.85, "p-static", 101.0)], _tuned({1: 0}), result, SIZES)
+    assert not found.mendable
+    assert found.cause.startswith("p-static, the profile's own static speculation, served 101 "
+                                  "tok/s beside it; SGLang's adaptive mode drafts a chain")  # fmt: skip
+
+
+def test_the_measurements_cell_names_read_as_depths():
+    """Without a static depth beside it the verification's bar is the measurement's best
+    cell, named `depth 3`, `depth 0 (skip)` or `plain` (verify._cell_name)."""
+    result = _result({1: 4, 16: 0})
+    [found] = mend.diagnose([_row(1, 0.95, "depth 3", 90.0)], _tuned({1: 0}), result, SIZES)
+    assert found.depth == 3
+    [zero] = mend.diagnose([_row(16, 0.97, "plain")], _tuned({16: 0}), result, SIZES)
+    assert zero.cause.startswith("an adaptive server at depth 0 serves")
+
+
+@pytest.mark.slow(minutes=2)
+def test_a_tune_says_why_a_level_fell_short_in_its_sentence_record_and_note(fleet, tmp_path):
+    """The seeds' shape, end to end on the rehearsal: a profile whose own static
+    speculation drafts a tree (topk 4, 16 draft tokens) tuned over depth 1 only, at C=1,
+    where the tree serves well ahead of any chain the table can hold. The verification
+    names the shortfall, and the mend's words say why in the terminal, the record and the
+    tuned profile's note alike."""
+    profile = fleet.profile(
+        "tree", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1, "accept-rate": "0.8"},
+        flags={"speculative-algorithm": "EAGLE3", "speculative-num-steps": 3,
+               "speculative-eagle-topk": 4, "speculative-num-draft-tokens": 16,
+               "speculative-adaptive": True, "max-running-requests": 16},
+    )  # fmt: skip
+    archive = tmp_path / "a"
+    out = fleet.cli(
+        "tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1",
+        "--num-prompts", "8", "--output-len", "32", "--hosts", "h0", "--archive", str(archive),
+        timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    [record_path] = (archive / "tunes").glob("*.json")
+    record = json.loads(record_path.read_text())
+    verified = record["verify"]["h0"]
+    [row] = verified["rows"]
+    assert row["best_static"] == "tree-static" and row["kept_best"] < 0.95, row
+    [said] = verified["mend"]
+    assert said.startswith("C=1: ") and "tree-static, the profile's own static speculation" in said
+    sentence = verified["sentence"]
+    assert sentence.endswith(f"Mend: {said}.")
+    assert f"h0: {sentence}" in unwrap(out.stdout)
+    tuned = profile.parent / "tree-tuned.yaml"
+    assert tunefiles.verification_notes(tuned) == {"h0": sentence}
+    assert record["table"] == {"1": {"candidate_steps": [1]}}  # nothing a table could mend

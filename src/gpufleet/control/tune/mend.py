@@ -10,10 +10,12 @@ What the measurement can say about a level below the goal, in this order:
    successor arrives, and the steps below its range's first batch run the depth of the range
    below (with the skip variable, from a cold draft). The mend begins that range right above
    the level below, so the level's dips stay in it;
-3. the table runs depth 0 there and no drafting was best: an EAGLE server at depth 0 still
+3. the profile's own static speculation (its topk, its draft tokens) was best: SGLang's
+   adaptive mode drafts a chain only, so no table holds it; said;
+4. the table runs depth 0 there and no drafting was best: an EAGLE server at depth 0 still
    runs the draft model's extend every step (docs/FACTS.md, "What SGLang's adaptive mode
    costs"); no table changes that, and it is said with the tune's own figures;
-4. none of these: said with the figures, as not explained.
+5. none of these: said with the figures, as not explained.
 
 control/tune/tune_run.py runs the mended server again beside the same static server,
 interleaved, within `--budget`, and keeps the mend only where it measured better."""
@@ -21,6 +23,7 @@ interleaved, within `--budget`, and keeps the mend only where it measured better
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,12 +62,22 @@ class Finding:
         return ""
 
 
+OWN_STATIC = "own static"  # the profile's own static speculation (verify.verification_arms)
+CELL_NAME = re.compile(r"depth (\d+)( \(skip\))?")  # verify._cell_name's words
+
+
 def _depth_of_label(label: str) -> Any:
-    """A static server's depth from its label: d, PLAIN, or None (the profile's own static
-    speculation, whose topk or draft tokens a table slot cannot hold)."""
+    """A static server's depth from its label (or the measurement's cell name, where the
+    verification had no static depth beside it): d, PLAIN, OWN_STATIC (its topk or draft
+    tokens a table slot cannot hold), or None (not known)."""
     from gpufleet.control.sweep.cells import ArmSpec
 
-    depth = arm_depth(ArmSpec("", label=label))
+    if label.endswith("-static"):
+        return OWN_STATIC
+    named = CELL_NAME.fullmatch(label)
+    if named:
+        return int(named.group(1))
+    depth = PLAIN if label == "plain" else arm_depth(ArmSpec("", label=label))
     return 0 if depth == SKIP else depth
 
 
@@ -119,6 +132,12 @@ def _finding(row: VerdictRow, choice: tuning.Choice, tuned: Any, result: tuning.
             finding.cause += f", below the speed floor of {floor:g} tok/s per request"
         else:
             finding.depth = theirs
+        return finding
+    if theirs == OWN_STATIC:
+        finding.cause = (f"{label}, the profile's own static speculation, served "
+                         f"{row.best_static_tps:.0f} tok/s beside it; SGLang's adaptive mode "
+                         "drafts a chain (topk 1) only, so no table holds it: measure deeper "
+                         "depths (--depths), or serve that profile at this load")  # fmt: skip
         return finding
     if switches:
         index, key = _range_first(result, c, sizes)
