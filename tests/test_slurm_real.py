@@ -622,3 +622,30 @@ def test_a_host_in_use_by_a_sweep_over_srun_refuses_another_task(fleet, cluster,
     assert f"this host is in use by `inv sweep` (pid {sweep.pid} on " in clean.stderr
     assert sweep.returncode == 0, "".join(said) + rest
     assert re.search(r"\[sweep\] owned on h0: done", rest), rest
+
+
+# what a user reads as a warning: gpufleet's `warning:` and `note:` lines, the login's
+# variables not passed, the root note
+WARNING_WORDS = re.compile(r"warning|note:|not passed to the server|sets no run_as", re.I)
+
+
+@pytest.mark.slow(minutes=1)
+@pytest.mark.parametrize("connection", ["ssh", "srun"])
+def test_a_sweep_where_nothing_is_wrong_warns_of_nothing(connection, fleet, cluster, tmp_path):
+    """Issue 64.2: every launch warned of login variables not passed, and the rehearsal
+    ended advising run_as; a warning is a fact the user can act on. A sweep over the
+    rehearsal hosts (ssh) and over a Slurm job's nodes (srun), with nothing wrong, prints
+    no warning line at all."""
+    if connection == "srun":
+        job = cluster.submit("-N2", "-p", "h200")
+        cluster.wait_running(job)
+        srun_inventory(fleet, job, ["n2", "n3"])
+    profile = fleet.profile("quiet", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1})
+    out = fleet.cli("sweep", "--profiles", str(profile), "--hosts", "h0,h1", "--concurrency",
+                    "1,2", "--num-prompts", "4", "--output-len", "8",
+                    "--archive", str(tmp_path / "a"), timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    warned = [ln for ln in (out.stdout + out.stderr).splitlines() if WARNING_WORDS.search(ln)]
+    assert warned == [], warned
+    assert ": done (state: " in out.stdout, out.stdout[-2000:]
+    fleet.cli("stop", "--hosts", "h0,h1")
