@@ -196,3 +196,67 @@ def created_by(uid: int, paths: list[str]) -> list[str]:
         timeout=120, check=True,
     )  # fmt: skip
     return json.loads(out.stdout)
+
+
+# -- a hostile directory confined to one sshd's sessions --------------------------------
+# Turning a shared directory (the host venv, Python's, /etc/ssl) writable by others for one
+# test would turn it hostile for every test beside it, so those cases ran alone. Instead
+# the census sshd runs in its own mount namespace (PRIVATE_MOUNTS) and the directory is
+# overlaid there: chmod reaches the overlay's copy, which only that sshd's sessions see,
+# and anything the task wrote lands in the overlay's upper layer, where the test finds it.
+PRIVATE_MOUNTS = ["unshare", "-m", "--propagation", "private"]
+
+
+def _in_namespace(pid: int, script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["nsenter", "-t", str(pid), "-m", "sh", "-ec", script, "sh", *args],
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+
+
+OVERLAY = ('mount -t tmpfs census "$2" && mkdir "$2/u" "$2/w" && '
+           'mount -t overlay census -o "lowerdir=$1,upperdir=$2/u,workdir=$2/w" "$1" && '
+           'chmod o+w "$1"')  # fmt: skip
+
+
+def submounts(directory: str) -> list[str]:
+    """Mount points below `directory` (docker's /etc/hosts under /etc): an overlay of the
+    directory would hide them from the sessions, so such a directory is not confined."""
+    inside = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4]
+        if point.startswith(directory.rstrip("/") + "/"):
+            inside.append(point)
+    return inside
+
+
+def can_confine() -> bool:
+    """Whether this machine lets a test overlay a directory in a mount namespace of its own
+    (a container without CAP_SYS_ADMIN does not): else the cases run alone, as before."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        probe = subprocess.run(
+            [*PRIVATE_MOUNTS, "sh", "-ec", OVERLAY.replace("chmod o+w", "test -d"), "sh",
+             "/usr/share", scratch],
+            capture_output=True, timeout=30,
+        )  # fmt: skip
+    return probe.returncode == 0
+
+
+@contextmanager
+def hostile_in_namespace(pid: int, directory: str, scratch: Path) -> Iterator[Path]:
+    """`directory`, writable by others as sshd `pid`'s sessions see it (an overlay in its
+    mount namespace); yields where the task's writes to it would land (checked empty)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    made = _in_namespace(pid, OVERLAY, directory, str(scratch))
+    if made.returncode != 0:
+        raise RuntimeError(f"overlay of {directory} failed: {made.stderr.strip()}")
+    try:
+        yield scratch / "u"
+    finally:
+        _in_namespace(pid, 'umount "$1" && umount "$2"', directory, str(scratch))
+
+
+def written_in_namespace(pid: int, upper: Path) -> list[str]:
+    """What a task wrote into the overlaid directory: the upper layer's entries."""
+    listed = _in_namespace(pid, 'ls -A "$1"', str(upper))
+    return listed.stdout.split()

@@ -19,12 +19,22 @@ import json
 import os
 import re
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from census import created_by, touches, traced
+from census import (
+    PRIVATE_MOUNTS,
+    can_confine,
+    created_by,
+    hostile_in_namespace,
+    submounts,
+    touches,
+    traced,
+    written_in_namespace,
+)
 from gpufleet.host.agent import trust
 from helpers import REPO
 from test_reliability import record
@@ -33,6 +43,7 @@ CENSUS = REPO / "tests" / "fixtures" / "root-census.json"
 HOST = REPO / "src" / "gpufleet" / "host"
 TASKS = ("gpu-clean", "launch --clean", "logs", "bench", "stop", "sweep", "tune")
 NOBODY = 65534
+CONFINED = can_confine()  # each hostile directory an overlay in the census sshd's namespace
 
 
 def test_the_race_check_creates_what_another_user_could_and_leaves_nothing(tmp_path):
@@ -45,6 +56,29 @@ def test_the_race_check_creates_what_another_user_could_and_leaves_nothing(tmp_p
     paths = [f"{open_dir}/sub/lib.so", f"{tmp_path}/x/lib.so", "/usr/lib/gpufleet-none.so"]
     assert created_by(NOBODY, paths) == [f"{open_dir}/sub/lib.so"]
     assert not os.path.lexists(open_dir)
+
+
+@pytest.mark.skipif(not CONFINED, reason="no overlay in a mount namespace on this machine")
+def test_a_directory_turned_hostile_for_the_census_sshd_is_hostile_there_only(fresh_sshd, tmp_path):
+    """The 40 shared directories of the census are turned hostile inside the census sshd's
+    own mount namespace, so those cases run beside every other test: the sshd's sessions
+    see the directory writable by others, this process (every other test) does not, a
+    write through it is found, and nothing is left after."""
+    sshd = fresh_sshd(wrapper=PRIVATE_MOUNTS)
+    target = "/usr/share/doc"
+    mode = os.stat(target).st_mode
+    with hostile_in_namespace(sshd.proc.pid, target, tmp_path / "o") as upper:
+        seen = subprocess.run(["nsenter", "-t", str(sshd.proc.pid), "-m", "stat", "-c", "%a",
+                               target], capture_output=True, text=True)  # fmt: skip
+        assert int(seen.stdout, 8) & stat.S_IWOTH
+        assert os.stat(target).st_mode == mode  # beside it, nothing changed
+        subprocess.run(["nsenter", "-t", str(sshd.proc.pid), "-m", "touch",
+                        f"{target}/planted"], check=True)  # fmt: skip
+        assert written_in_namespace(sshd.proc.pid, upper) == ["planted"]
+        assert not os.path.exists(f"{target}/planted")
+    after = subprocess.run(["nsenter", "-t", str(sshd.proc.pid), "-m", "stat", "-c", "%a",
+                            target], capture_output=True, text=True)  # fmt: skip
+    assert int(after.stdout, 8) == stat.S_IMODE(mode)
 
 
 # -- the static half -------------------------------------------------------------------
@@ -161,7 +195,7 @@ def _tasks(fleet, tmp_path, port: int, archive: Path, profile: Path):
 
 @pytest.fixture
 def census_host(fleet, fresh_sshd, tmp_path, host_python):
-    sshd = fresh_sshd()
+    sshd = fresh_sshd(wrapper=PRIVATE_MOUNTS if CONFINED else [])
     fleet.add_sshd_host("c0", sshd, 70)
     sim = {"load-seconds": 0.2, "warmup-seconds": 0.1}
     profile = fleet.profile("census", tp=1, sim=sim)
@@ -226,15 +260,23 @@ def test_the_census_of_what_root_touches(fleet, census_host, tmp_path, host_pyth
                                "missing_paths_raced": len(set(probes[t]))} for t in TASKS})  # fmt: skip
 
 
-def _marks(task: str, own: bool) -> list:
-    marks = [] if own else [pytest.mark.exclusive]
+def _confinable(directory: str) -> bool:
+    """A shared directory turned hostile inside the census sshd's mount namespace only
+    (census.hostile_in_namespace), so the case runs beside the others; not one with mount
+    points below it (docker's /etc/hosts), which an overlay would hide."""
+    return CONFINED and not (directory.startswith("/") and submounts(directory))
+
+
+def _marks(task: str, own: bool, directory: str) -> list:
+    marks = [] if own or _confinable(directory) else [pytest.mark.exclusive]
     return marks + ([pytest.mark.slow(minutes=2)] if task == "tune" else [])
 
 
 def _hostile_cases() -> list:
     """Each directory of the census once, with the cheapest task that touches it. A
     directory outside the test's own (the host venv, Python's, /etc) is shared by every
-    test running beside it: turning it hostile runs alone (`exclusive`)."""
+    test running beside it: turning it hostile happens in the census sshd's own mount
+    namespace where this machine allows it, else the case runs alone (`exclusive`)."""
     if not CENSUS.exists():
         return []
     committed = json.loads(CENSUS.read_text())
@@ -246,7 +288,7 @@ def _hostile_cases() -> list:
             cases[directory] = task
     own = ("<workdir>", "<tmp>")
     return [
-        pytest.param(task, d, marks=_marks(task, d.startswith(own)))
+        pytest.param(task, d, marks=_marks(task, d.startswith(own), d))
         for task, d in sorted((task, d) for d, task in cases.items())
     ]
 
@@ -279,14 +321,21 @@ def test_each_census_directory_turned_hostile_is_refused(
     if needs_server:  # a server to read, bench or stop, launched before the flip
         assert fleet.cli(*commands["launch --clean"]).returncode == 0
     before = sorted(os.listdir(real))
-    old = _flip(real)
-    if old is None:
+    st = real.lstat()
+    if st.st_mode & stat.S_ISVTX or str(real) == "/":
         pytest.skip(f"{real} is sticky or /: a shared directory is an ancestor, never a workdir")
     try:
-        try:
-            out = _run_traced(fleet, sshd, commands[task], tmp_path / "trace")
-        finally:
-            real.chmod(old)
+        if _confinable(directory):  # others may write it as the census sshd's sessions see it
+            with hostile_in_namespace(sshd.proc.pid, str(real), tmp_path / "overlay") as upper:
+                out = _run_traced(fleet, sshd, commands[task], tmp_path / "trace")
+                written = written_in_namespace(sshd.proc.pid, upper)
+            assert written == [], f"{task} wrote into {real} while others could write it"
+        else:
+            old = _flip(real)
+            try:
+                out = _run_traced(fleet, sshd, commands[task], tmp_path / "trace")
+            finally:
+                real.chmod(old)
         used = [t for t in touches(tmp_path / "trace", host_python)
                 if t.kind != "probe" and (t.path == str(real) or t.path.startswith(f"{real}/"))]  # fmt: skip
         assert out.returncode != 0, (

@@ -313,7 +313,7 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     # the verification launches each check twice, interleaved (issue 53); the best static
     # depths join it once the measurement names them, and ties add their rounds
     assert (
-        "tune: 16 launches (4 measurement, 6 verification, 3 load step, 3 bursts); the first "
+        "tune: 18 launches (4 measurement, 8 verification, 3 load step, 3 bursts); the first "
         "cell sets the time estimate" in out.stdout
     )
     states = [json.loads(p.read_text()) for p in (archive / "sweeps").glob("*.json")]

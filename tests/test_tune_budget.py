@@ -53,10 +53,12 @@ def test_the_plan_counts_every_launch_and_the_estimate_waits_for_a_pace(spec):
     clock, lines = _clock(spec)
     stages = [c.stage for c in clock.cells]
     # the verification launches each check twice, interleaved (issue 53)
-    assert stages.count(MEASURE) == 3 + 4 and stages.count(VERIFY) == 3 * 2
+    assert (
+        stages.count(MEASURE) == 3 + 4 and stages.count(VERIFY) == (3 + 1) * 2
+    )  # and the shallowest depth beside
     assert stages.count(STEP) == 3 and stages.count(BURST) == 3
     assert lines == [
-        "tune: 19 launches (7 measurement, 6 verification, 3 load step, 3 bursts); the first "
+        "tune: 21 launches (7 measurement, 8 verification, 3 load step, 3 bursts); the first "
         "cell sets the time estimate (no archived tune of this profile to go by)"
     ]
     unverified, _ = _clock(spec, verify=False)
@@ -84,7 +86,7 @@ def test_the_pace_is_fitted_to_the_cells_that_finished(spec):
     clock.finished(MEASURE, first, {"clean": 1, "launch": 8, "bench": rounds * 0.02, "stop": 1})
     clock.finished(MEASURE, second, {"clean": 1, "launch": 12, "bench": rounds * 0.04, "stop": 1})
     assert clock.pace.fixed_s == 12.0 and clock.pace.round_s == pytest.approx(0.03)
-    assert lines[-1].startswith("tune: 17 cells left, ~")
+    assert lines[-1].startswith("tune: 19 cells left, ~")
     assert "12s a launch + 30.0 ms a decode round" in lines[-1]
 
 
@@ -104,7 +106,7 @@ def test_budget_drops_least_informative_first_and_never_the_table_or_its_verific
     kept = {(c.stage, c.label) for c in clock.remaining()}
     assert {label for stage, label in kept if stage == MEASURE} == {
         "spec[plain]", "spec[depth=0]", "spec[depth=1]"}  # fmt: skip
-    assert sum(c.stage == VERIFY for c in clock.remaining()) == 6  # 3 servers x 2 launches
+    assert sum(c.stage == VERIFY for c in clock.remaining()) == 8  # 4 servers x 2 launches
     assert not clock.stage_dropped(VERIFY) and clock.stage_dropped(STEP)
     assert clock.hooks(MEASURE, Archive.at("/nonexistent")).drop(clock.measure[0]) is None
 
@@ -163,7 +165,7 @@ def test_a_unit_with_a_cell_already_run_is_kept_whole(spec):
 def test_a_resumed_tune_leaves_out_what_its_earlier_run_finished(spec):
     done = {(MEASURE, a.key) for a in tunecells.depth_arms(spec, [1, 2, 3, 5])}
     clock, lines = _clock(spec, pace=Pace(10.0, 0.01, "a test"), finished=done)
-    assert len(clock.remaining()) == 12
+    assert len(clock.remaining()) == 14
     assert "7 done by the run it resumes" in lines[0]
 
 
@@ -203,10 +205,10 @@ def test_an_interrupted_cell_is_not_counted_done(spec, tmp_path):
                                     "h1": Cell(status="interrupted")}})  # fmt: skip
     after = clock.hooks(MEASURE, Archive.at(tmp_path)).after
     after(arm, SweepState(tmp_path / "s.json", record), True)
-    assert (MEASURE, arm.key) not in clock.done and len(clock.remaining()) == 19
+    assert (MEASURE, arm.key) not in clock.done and len(clock.remaining()) == 21
     record.cells[arm.key]["h1"] = Cell(status="done", steps_s={"bench": 2.0})
     after(arm, SweepState(tmp_path / "s.json", record), True)
-    assert (MEASURE, arm.key) in clock.done and len(clock.remaining()) == 18
+    assert (MEASURE, arm.key) in clock.done and len(clock.remaining()) == 20
 
 
 def test_ties_make_room_by_dropping_what_ranks_below_them(spec):
@@ -234,3 +236,27 @@ def test_ties_make_room_by_dropping_what_ranks_below_them(spec):
     hopeless, _ = _clock(spec, budget=full.least_s() + 1, pace=pace)
     assert hopeless.cannot_afford("tune-tie-1", arms, tied).startswith("they need ~")
     assert not hopeless.stage_dropped(VERIFY)  # a tie never takes the verification's room
+
+
+def test_the_verifications_static_depths_are_planned_as_the_measurement_names_them(spec):
+    """Issue 63.1 on the lent machine: the plan counted the verification's three checks but
+    not the best static depth of each level it launches beside them (two launches each), so
+    a tune inside --budget 520 by its estimate found 6 more launches once measured and ran
+    ~185 s over. Now the shallowest depth is reserved up front and the plan follows the
+    measurement: depth 3 best at C=1 and depth 2 at C=8 put both in, and take depth 1 out."""
+    pace = Pace(10.0, 0.01, "a test")
+    clock, _ = _clock(spec, pace=pace)
+    verify = lambda: sorted(c.key for c in clock.cells if c.stage == VERIFY)  # noqa: E731
+    assert "spec[depth=1]" in verify() and "spec[depth=1]#2" in verify()
+    arms = {tunebudget.depth_of(a): a for a in clock.measure}
+    for depth, figures in ((1, {1: 50.0, 8: 300.0}), (2, {1: 60.0, 8: 330.0}),
+                           (3, {1: 70.0, 8: 320.0})):  # fmt: skip
+        clock.finished(MEASURE, arms[depth], {"bench": 2.0}, figures)
+    planned = verify()
+    assert "spec[depth=1]" not in planned
+    assert {"spec[depth=2]", "spec[depth=2]#2", "spec[depth=3]", "spec[depth=3]#2"} <= set(planned)
+    assert len(planned) == (3 + 2) * 2
+    # what the verification then launches is the plan: a check it will not run leaves it
+    beside = tuneverify.beside_arms(spec, clock.checks, {}, tunebudget.VERIFY_REPEATS)
+    clock.plan_more(VERIFY, beside, BenchRequest([1, 8], num_prompts=16, output_len=32))
+    assert verify() == sorted(a.key for a in beside)

@@ -109,6 +109,9 @@ class LoopbackSshd:
     extra_options: list[str] = field(default_factory=list)
     sftp_start: str | None = None  # internal-sftp's start directory (-d); default: the home
     log_level: str = "ERROR"
+    # run under this command, which execs sshd (e.g. `unshare -m --propagation private`:
+    # its own mount namespace, so a test can change what its sessions see and nothing else)
+    wrapper: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
 
     @property
@@ -146,7 +149,7 @@ class LoopbackSshd:
         if self.max_startups:
             options.append(f"MaxStartups={self.max_startups}")
         options += self.extra_options
-        argv = [binary, "-D", "-e", "-f", "/dev/null"]
+        argv = [*self.wrapper, binary, "-D", "-e", "-f", "/dev/null"]
         for opt in options:
             argv += ["-o", opt]
         log = open(self.directory / "sshd.log", "ab")  # noqa: SIM115 (owned by the process)

@@ -153,8 +153,9 @@ def plan_cells(arms: TuneArms, request: BenchRequest) -> list[PlannedCell]:
     its tokens at once, that lasts its span however fast the server is)."""
     measure, checks, verify, switches = arms.measure, arms.checks, arms.verify, arms.switches
     stages = [(MEASURE, measure, decode_rounds(request), 0.0)]
-    if verify:  # each check twice, interleaved (the best static depths join once measured)
-        repeated = interleaved(checks, VERIFY_REPEATS)
+    if verify:  # each check twice, interleaved, and the best static depths beside them:
+        # one reserved up front (the shallowest), the rest as the measurement names them
+        repeated = interleaved(checks + verify_depths(measure, {}), VERIFY_REPEATS)
         stages.append((VERIFY, repeated, decode_rounds(request), 0.0))
     if verify and switches:
         stages += [
@@ -166,6 +167,19 @@ def plan_cells(arms: TuneArms, request: BenchRequest) -> list[PlannedCell]:
         for stage, arms, rounds, floor in stages
         for arm in arms
     ]
+
+
+def verify_depths(measure: list[ArmSpec], measured: dict[int, dict[int, float]]) -> list[ArmSpec]:
+    """The static depths the verification will launch beside the tuned server, as far as
+    the measurement says yet: the best drafting depth of each measured level (a level
+    whose best is plain or depth 0 still counts its best drafting depth: the estimate errs
+    long), else the shallowest drafting depth, which is never dropped."""
+    drafting = {d: a for a in measure if (d := depth_of(a)) is not None}
+    levels = sorted({c for figures in measured.values() for c in figures})
+    best = {max((d for d in measured if c in measured[d]), key=lambda d: measured[d][c])
+            for c in levels}  # fmt: skip
+    wanted = sorted(best & set(drafting)) or sorted(drafting)[:1]
+    return [drafting[d] for d in wanted]
 
 
 def depth_of(arm: ArmSpec) -> int | None:
@@ -354,6 +368,7 @@ class TimeKeeper:
         depth = depth_of(arm)
         if stage == MEASURE and depth is not None and figures:
             self.measured[depth] = figures
+            self._replan_verification()
         fitted = fit_pace(self.samples, f"{len(self.samples)} cells of this tune")
         self.pace = fitted or self.pace
         self.fit_budget()
@@ -378,10 +393,31 @@ class TimeKeeper:
         self.notes.append(note)
         self.say(f"tune: {note}")
 
+    def _replan_verification(self) -> None:
+        """The verification's static depths as the measurement so far names them (a depth
+        no longer expected leaves the plan; one newly expected joins it)."""
+        planned = [c for c in self.cells if c.stage == VERIFY]
+        if not planned:
+            return  # --no-verify
+        checks = {c.key for c in planned if (VERIFY, c.key) in self.done} | {
+            a.key for a in interleaved(self.checks, VERIFY_REPEATS)
+        }
+        wanted = interleaved(verify_depths(self.measure, self.measured), VERIFY_REPEATS)
+        keep = checks | {a.key for a in wanted}
+        self.cells = [c for c in self.cells if c.stage != VERIFY or c.key in keep]
+        rounds = planned[0].rounds
+        have = {c.key for c in self.cells if c.stage == VERIFY}
+        self.cells += [PlannedCell(VERIFY, a.key, a.label, rounds) for a in wanted
+                       if a.key not in have]  # fmt: skip
+
     def plan_more(self, stage: str, arms: list[ArmSpec], request: BenchRequest) -> None:
         """Cells a stage gained once the measurement said what to run (the verification's
-        best static depths and repeats): planned, and dropped with their stage if it was."""
+        best static depths and repeats): planned, and dropped with their stage if it was;
+        a cell planned for the stage that it will not run leaves the plan."""
         dropped = self.stage_dropped(stage)
+        running = {a.key for a in arms}
+        self.cells = [c for c in self.cells if c.stage != stage or c.key in running
+                      or (c.stage, c.key) in self.done]  # fmt: skip
         planned = {(c.stage, c.key) for c in self.cells}
         for arm in arms:
             if (stage, arm.key) in planned:
