@@ -25,11 +25,10 @@ What `--budget` drops, least informative first (a unit goes whole):
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpufleet.archive.kept import SweepRecord
@@ -38,18 +37,15 @@ from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.sweep.cells import ArmSpec, interleaved
 from gpufleet.control.sweep.sweep_run import CellHooks
 from gpufleet.control.sweep.sweep_state import SweepState
-from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import levels
 from gpufleet.control.tune import table as tuning
+from gpufleet.control.tune.drops import DropUnit, depth_of, drop_order, falling_depth
+from gpufleet.control.tune.stages import BURST, MEASURE, STAGE_NAMES, STEP, VERIFY, VERIFY_REPEATS
 from gpufleet.control.tune.step import BURST_CYCLES, QUIET_S, step_request
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
 
-MEASURE, VERIFY, STEP, BURST = "tune", "tune-verify", "tune-step", "tune-burst"
-STAGE_NAMES = {MEASURE: "measurement", VERIFY: "verification", STEP: "load step",
-               BURST: "bursts"}  # fmt: skip
 FIXED_STEPS = ("clean", "launch", "stop")
-VERIFY_REPEATS = 2  # the verification launches each server this many times, interleaved
 
 
 def decode_rounds(request: BenchRequest) -> float:
@@ -126,15 +122,6 @@ def archived_pace(archive: Archive, profile: str, newest: int = 3) -> Pace | Non
 
 
 @dataclass(frozen=True)
-class DropUnit:
-    """Cells `--budget` drops together, and the reason it gives."""
-
-    keys: tuple[tuple[str, str], ...]  # (stage, arm key)
-    what: str
-    why: str
-
-
-@dataclass(frozen=True)
 class TuneArms:
     """The arms a tune runs: its measurement and its verification arms, whether it verifies
     at all, and whether the tuned server switches depth by load (SGLang's adaptive table:
@@ -180,68 +167,6 @@ def verify_depths(measure: list[ArmSpec], measured: dict[int, dict[int, float]])
             for c in levels}  # fmt: skip
     wanted = sorted(best & set(drafting)) or sorted(drafting)[:1]
     return [drafting[d] for d in wanted]
-
-
-def depth_of(arm: ArmSpec) -> int | None:
-    """A drafting measurement cell's static depth (None for plain and depth 0's cells)."""
-    depth = tunecells.arm_depth(arm)
-    return depth if isinstance(depth, int) and depth > 0 else None
-
-
-def drop_order(
-    measure: list[ArmSpec], stages: Iterable[tuple[str, list[str]]],
-    falling_from: int | None = None,
-) -> list[DropUnit]:  # fmt: skip
-    """The units `--budget` may drop, least informative first (the module's list; the
-    verification is not among them).
-    `falling_from`: the first depth that measured below the depth before it at every
-    level, if any (the depths deeper than it go before the others)."""
-    by_stage = dict(stages)
-    units = []
-    for stage, why in (
-        (BURST, "the verification's burst replay: an extra verdict on a table the "
-                "verification judges level by level"),
-        (STEP, "the load step: an extra verdict on a table the verification judges level "
-               "by level"),
-    ):  # fmt: skip
-        if by_stage.get(stage):
-            keys = tuple((stage, key) for key in by_stage[stage])
-            units.append(DropUnit(keys, STAGE_NAMES[stage], why))
-    skip = [a for a in measure if a.env and depth_of(a) is None]
-    units += [
-        DropUnit(((MEASURE, a.key),), a.label,
-                 "depth 0 stays measured as SGLang runs it by default")
-        for a in skip
-    ]  # fmt: skip
-    drafting = sorted((d, a) for a in measure if (d := depth_of(a)) is not None)
-    keep = drafting[:1]  # the shallowest drafting depth: the table needs one
-    deepest_first = sorted(drafting[1:], key=lambda da: -da[0])
-    if falling_from is not None:
-        falling = [(d, a) for d, a in deepest_first if d > falling_from]
-        others = [(d, a) for d, a in deepest_first if d <= falling_from]
-        deepest_first = falling + others
-    for d, a in deepest_first:
-        if (d, a) in keep:
-            continue
-        why = (
-            f"depth {falling_from} measured below the depth before it at every level, so a "
-            "longer draft only adds cost"
-            if falling_from is not None and d > falling_from
-            else "the deepest left: deep drafts pay off only at the lowest loads"
-        )
-        units.append(DropUnit(((MEASURE, a.key),), a.label, why))
-    return units
-
-
-def falling_depth(measured: dict[int, dict[int, float]]) -> int | None:
-    """The first drafting depth whose objective measured below the previous depth's at
-    every shared level (depth -> C -> output tok/s), or None."""
-    depths = sorted(d for d in measured if d >= 1)
-    for shallower, deeper in itertools.pairwise(depths):
-        shared = set(measured[shallower]) & set(measured[deeper])
-        if shared and all(measured[deeper][c] < measured[shallower][c] for c in shared):
-            return deeper
-    return None
 
 
 @dataclass

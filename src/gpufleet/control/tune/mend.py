@@ -30,6 +30,7 @@ from typing import Any
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune.depth_cells import PLAIN, SKIP, arm_depth
 from gpufleet.control.tune.goal import GOAL, share_text
+from gpufleet.control.tune.levels import objective
 from gpufleet.control.tune.verify import VerdictRow
 from gpufleet.engine_facts import first_batch
 from gpufleet.report import catalogue
@@ -50,6 +51,7 @@ class Finding:
 
     @property
     def mendable(self) -> bool:
+        """Whether a table can change what fell short (a depth, or where the range begins)."""
         return self.depth is not None or self.early
 
     def change(self, result: tuning.TuneResult) -> str:
@@ -198,6 +200,25 @@ def mended(result: tuning.TuneResult, findings: list[Finding],
             early.add(result.choices[index].concurrency)
     table, ranges = tuning.table_and_ranges(choices, sizes, frozenset(early))
     return dataclasses.replace(result, table=table, ranges=ranges, choices=choices)
+
+
+def shares(per_host: dict[str, list[Any]], findings: list[Finding],
+           tuned: str) -> dict[str, dict[int, float]]:  # fmt: skip
+    """From the mend's sweep (report arms per host): host -> level -> the tuned server's
+    objective over the static server it fell short of there, both launched in that sweep."""
+    out: dict[str, dict[int, float]] = {}
+    for host, arms in per_host.items():
+        by_label = {a.label: a for a in arms}
+        ours = by_label.get(tuned)
+        for f in findings:
+            theirs = by_label.get(f.best_static)
+            c = f.concurrency
+            if ours is None or theirs is None or c not in ours.levels or c not in theirs.levels:
+                continue
+            bar = objective(theirs.levels[c].row)[0]
+            if bar:
+                out.setdefault(host, {})[c] = objective(ours.levels[c].row)[0] / bar
+    return out
 
 
 def outcome_text(f: Finding, result: tuning.TuneResult, again: float | None, kept: bool) -> str:

@@ -29,7 +29,6 @@ from gpufleet.control.tune import budget as tunebudget
 from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import fixed as tunefixed
-from gpufleet.control.tune import levels as tunelevels
 from gpufleet.control.tune import mend as tunemend
 from gpufleet.control.tune import step as tunestep
 from gpufleet.control.tune import table as tuning
@@ -257,7 +256,7 @@ def _mend(
     again: dict[str, dict[int, float]] = {}
     kept = False
     if to_mend:
-        again, kept = _measure_mend(profile, tuned, checks, request, resume, experiment,
+        again, kept = _measure_mend(profile, checks, request, resume, experiment,
                                     outcome, clock, to_mend)  # fmt: skip
     for v in outcome.verdicts:
         texts = []
@@ -290,11 +289,12 @@ def _first_per_level(found: Any) -> list[tunemend.Finding]:
 
 
 def _measure_mend(
-    profile: str, tuned: str, checks: list[ArmSpec], request: BenchRequest, resume: bool,
+    profile: str, checks: list[ArmSpec], request: BenchRequest, resume: bool,
     experiment: Experiment, outcome: TuneOutcome, clock: tunebudget.TimeKeeper,
     to_mend: list[tunemend.Finding],
 ) -> tuple[dict[str, dict[int, float]], bool]:  # fmt: skip
-    """The mended table written and measured beside the static servers it fell short of:
+    """The mended table (the tuned server is the checks' third) written and measured beside
+    the static servers it fell short of:
     host -> level -> its share now, and whether it was kept (better at every mended level
     on every host); the table as first written is put back where not, or where `--budget`
     leaves no room (then nothing is measured)."""
@@ -302,6 +302,7 @@ def _measure_mend(
     from gpufleet.control.tune.ties import levels_request
 
     sizes = tunefiles.profile_capture_sizes(profile)
+    tuned = checks[2].profile
     beside = tuneverify.beside_arms(profile, checks, outcome.result.measured, 1)
     statics = {a.label: a for a in beside}
     to_mend[:] = [f for f in to_mend if f.best_static in statics]  # a server to stand beside
@@ -326,21 +327,7 @@ def _measure_mend(
     state = experiment.sweep([profile, tuned], arms, MEND, again_ok, mend_request,
                              clock.hooks(MEND, root))  # fmt: skip
     data = select.report_for_sweep(root, state.path)
-    shares: dict[str, dict[int, float]] = {}
-    for host, host_arms in data.per_host.items():
-        by_label = {a.label: a for a in host_arms}
-        tuned_arm = by_label.get(profile_label_of(tuned))
-        for f in to_mend:
-            static = by_label.get(f.best_static)
-            if tuned_arm is None or static is None:
-                continue
-            if f.concurrency not in tuned_arm.levels or f.concurrency not in static.levels:
-                continue
-            bar = tunelevels.objective(static.levels[f.concurrency].row)[0]
-            if bar:
-                shares.setdefault(host, {})[f.concurrency] = (
-                    tunelevels.objective(tuned_arm.levels[f.concurrency].row)[0] / bar
-                )
+    shares = tunemend.shares(data.per_host, to_mend, profile_label_of(tuned))
     hosts = [v.host for v in outcome.verdicts]
     kept = all(
         f.concurrency in shares.get(h, {}) and shares[h][f.concurrency] > _kept(outcome, h, f)

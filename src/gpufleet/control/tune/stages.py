@@ -1,0 +1,10 @@
+"""The stages of a tune, as its sweeps are named (their `kind`), and how often the
+verification launches each server: what the clock (budget.py), its drop policy (drops.py)
+and the orchestration (tune_run.py) share."""
+
+from __future__ import annotations
+
+MEASURE, VERIFY, STEP, BURST = "tune", "tune-verify", "tune-step", "tune-burst"
+STAGE_NAMES = {MEASURE: "measurement", VERIFY: "verification", STEP: "load step",
+               BURST: "bursts"}  # fmt: skip
+VERIFY_REPEATS = 2  # the verification launches each server this many times, interleaved
