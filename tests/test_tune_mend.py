@@ -5,6 +5,7 @@ change, and said with its cause and figure where it cannot (control/tune/mend.py
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,83 @@ def test_a_tune_says_why_a_level_fell_short_in_its_sentence_record_and_note(flee
     tuned = profile.parent / "tree-tuned.yaml"
     assert tunefiles.verification_notes(tuned) == {"h0": sentence}
     assert record["table"] == {"1": {"candidate_steps": [1]}}  # nothing a table could mend
+
+
+@pytest.mark.slow(minutes=2)
+def test_a_mend_is_measured_beside_its_static_server_and_kept_only_where_better(fleet, tmp_path):
+    """The mend's own measurement on the rehearsal (a tune on 2 cores met it and crashed
+    there: its servers were collected in a dict by ArmSpec, which is not hashable): the
+    mended table is written and launched beside the static server it fell short of, twice
+    each, interleaved, at that level only; a mend that measured better stays, one that did
+    not puts the table as first written back, byte for byte."""
+    from gpufleet.archive.kept import SweepRecord, TuneRecord
+    from gpufleet.archive.layout import Archive
+    from gpufleet.control.bench.request import BenchRequest
+    from gpufleet.control.connect.fleet import Fleet as Hosts
+    from gpufleet.control.inventory.model import load_inventory
+    from gpufleet.control.sweep.experiment import Console, Experiment
+    from gpufleet.control.tune import budget as tunebudget
+    from gpufleet.control.tune import depth_cells as tunecells
+    from gpufleet.control.tune import tune_run
+    from gpufleet.control.tune import verify as tuneverify
+
+    profile = fleet.profile(
+        "mendme", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1},
+        flags={"speculative-algorithm": "EAGLE3", "speculative-num-steps": 1,
+               "speculative-eagle-topk": 1, "speculative-num-draft-tokens": 2,
+               "speculative-adaptive": True, "max-running-requests": 16},
+    )  # fmt: skip
+    archive = tmp_path / "a"
+    out = fleet.cli(
+        "tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1,8",
+        "--num-prompts", "8", "--output-len", "16", "--hosts", "h0", "--archive", str(archive),
+        "--no-verify", timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    [record_path] = (archive / "tunes").glob("*.json")
+    record = TuneRecord.load(record_path)
+    measured = {(int(k) if k.isdigit() else k): {int(c): v for c, v in m.items()}
+                for k, m in record.measured.items()}  # fmt: skip
+    choices = [Choice(ch["concurrency"], ch["depth"], ch["why"]) for ch in record.choices]
+    result = TuneResult(record.table, choices, record.ranges, measured=measured)
+    config, tuned_yaml = Path(record.config), Path(record.tuned_profile)
+    first = (config.read_bytes(), tuned_yaml.read_bytes())
+    request = BenchRequest.from_json(SweepRecord.load(Path(record.sweep_state)).request,
+                                     Archive.at(archive))  # fmt: skip
+    spec = str(profile)
+    checks = tuneverify.verification_arms(spec, tunefiles.tuned_reference(spec, None))
+    inventory = load_inventory(str(fleet.inventory))
+    said: list[str] = []
+    hosts = Hosts(inventory.select("h0"), 1, inventory.source, frozenset(inventory.hosts), ())
+    experiment = Experiment(hosts, Console(said.append, lambda data, path: None))
+    arms = tunecells.depth_arms(spec, [1])
+    clock = tunebudget.TimeKeeper.for_tune(tunebudget.TuneArms(arms, checks), request, None,
+                                           said.append, None)  # fmt: skip
+    at_8 = next(ch for ch in choices if ch.concurrency == 8)
+    other = 1 if at_8.depth != 1 else 0
+    static = "mendme[depth=1]" if other == 1 else "mendme[plain]"
+
+    def mend_at_8(kept: float) -> tuple[dict, bool]:
+        finding = mend.Finding(8, kept, static, "a test's", depth=other)
+        row = _row(8, kept, static)
+        outcome = tune_run.TuneOutcome(result, config, tuned_yaml, record, record_path,
+                                       [tune_run.Verdict("h0", [], [row], "s")])  # fmt: skip
+        return tune_run._measure_mend(spec, checks, request, False, experiment, outcome,
+                                      clock, [finding])  # fmt: skip
+
+    shares, kept = mend_at_8(5.0)  # no server keeps 5x: measured, and put back
+    assert not kept and set(shares["h0"]) == {8}, shares
+    assert (config.read_bytes(), tuned_yaml.read_bytes()) == first
+    states = sorted((archive / "sweeps").glob(f"*{tune_run.MEND}*.json"))
+    [state] = [json.loads(p.read_text()) for p in states]
+    assert [a["key"] for a in state["arms"]] == [static, "mendme-tuned", f"{static}#2",
+                                                 "mendme-tuned#2"]  # fmt: skip
+    assert json.loads(
+        state["request"]["fixed_levels"][0]
+        and json.dumps([lv["concurrency"] for lv in state["request"]["fixed_levels"]])
+    ) == [8]
+    shares, kept = mend_at_8(0.01)  # any measurement beats that: the mend stays
+    assert kept and shares["h0"][8] > 0.01
+    table = json.loads(config.read_text())
+    assert table != json.loads(first[0].decode())
+    assert any(slot["candidate_steps"] == [other] for slot in table.values())

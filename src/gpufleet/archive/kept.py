@@ -247,7 +247,7 @@ class TuneRecord(Archived):
     concurrency: list[int]
     min_request_speed: float | None
     sweep_state: str
-    measured: dict[str, dict[str, dict[str, float]]]  # depth -> concurrency -> figures
+    measured: dict[str, dict[str, dict[str, float | str]]]  # depth -> C -> figures (basis: words)
     choices: list[ChoiceFields]  # one per batch range
     table: dict[str, AdaptiveSlot]  # SGLang's adaptive config as written
     ranges: list[str]

@@ -308,8 +308,8 @@ def _measure_mend(
     to_mend[:] = [f for f in to_mend if f.best_static in statics]  # a server to stand beside
     if not to_mend:
         return {}, False
-    wanted = [statics[f.best_static] for f in to_mend]
-    arms = interleaved([*dict.fromkeys(wanted), checks[2]], tunebudget.VERIFY_REPEATS)
+    wanted = {f.best_static: statics[f.best_static] for f in to_mend}  # each server once
+    arms = interleaved([*wanted.values(), checks[2]], tunebudget.VERIFY_REPEATS)
     mend_request = levels_request(request, [f.concurrency for f in to_mend], 1)
     short = clock.cannot_afford(MEND, arms, mend_request)
     if short:
