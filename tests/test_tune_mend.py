@@ -257,3 +257,14 @@ def test_a_mend_is_measured_beside_its_static_server_and_kept_only_where_better(
     table = json.loads(config.read_text())
     assert table != json.loads(first[0].decode())
     assert any(slot["candidate_steps"] == [other] for slot in table.values())
+
+
+def test_no_drafting_best_beside_a_drafting_depth_says_what_depth_0_costs():
+    """Met on 2 cores: the table ran depth 2 at C=16, ahead of depth 0 as the tune measured
+    it (the draft extend), while no drafting served more beside it."""
+    result = _result({1: 3, 16: 3})
+    [found] = mend.diagnose([_row(16, 0.96, "p[plain]", 482.0)], _tuned({16: 0}), result, SIZES)
+    assert not found.mendable
+    assert found.cause.startswith("no drafting served 482 tok/s beside it, and the table runs "
+                                  "depth 3 here, ahead of depth 0 as the tune measured it: an "
+                                  "adaptive server at depth 0 serves 19.1% less")  # fmt: skip

@@ -155,8 +155,12 @@ def _finding(row: VerdictRow, choice: tuning.Choice, tuned: Any, result: tuning.
         if not finding.early:
             finding.cause += "; its range already begins right above the level below"
         return finding
-    if choice.depth == 0 and theirs == PLAIN:
+    if theirs == PLAIN:  # no drafting was best: what depth 0 costs an adaptive server
         finding.cause = _depth0_cause(c, result)
+        if choice.depth != 0:
+            finding.cause = (f"no drafting served {row.best_static_tps:.0f} tok/s beside it, "
+                             f"and the table runs depth {choice.depth} here, ahead of depth 0 "
+                             f"as the tune measured it: {finding.cause}")  # fmt: skip
         return finding
     finding.cause = ("not explained by the tune's measurement: the table runs the depth of the "
                      "best static server here and the server logged no depth switch")  # fmt: skip
