@@ -268,3 +268,31 @@ def test_no_drafting_best_beside_a_drafting_depth_says_what_depth_0_costs():
     assert found.cause.startswith("no drafting served 482 tok/s beside it, and the table runs "
                                   "depth 3 here, ahead of depth 0 as the tune measured it: an "
                                   "adaptive server at depth 0 serves 19.1% less")  # fmt: skip
+
+
+def test_the_profiles_own_static_chain_is_a_depth_the_mend_can_give():
+    """On the lent machine `--budget 420` dropped depths 2-4, the table ran depth 1, and the
+    profile's own static speculation (depth 3, topk 1: a chain) served 12% more at C=1: a
+    depth a table slot holds, so the mend gives it to that range. Its switch counts are
+    means over the verification's two launches (7.0): said as whole switches."""
+    from gpufleet.control.server.profiles import Profile
+    from gpufleet.control.tune.depth_cells import static_chain_depth
+
+    result = _result({1: 1, 16: 1})
+    rows = [_row(1, 0.88, "p-static", 89.0)]
+    [found] = mend.diagnose(rows, _tuned({1: 0}), result, SIZES, own_static=3)
+    assert found.depth == 3
+    assert (
+        found.cause
+        == "the table runs depth 1 here and p-static (depth 3) served 89 tok/s beside it"
+    )
+    chain = {"speculative-algorithm": "EAGLE3", "speculative-num-steps": 3,
+             "speculative-eagle-topk": 1, "speculative-num-draft-tokens": 4}  # fmt: skip
+    assert static_chain_depth(Profile(name="p", model_path="/m", flags=chain)) == 3
+    tree = {**chain, "speculative-eagle-topk": 4, "speculative-num-draft-tokens": 16}
+    assert static_chain_depth(Profile(name="p", model_path="/m", flags=tree)) is None
+    tuned = _tuned({16: 7})
+    tuned.levels[16].row.depth_switches = 7.0  # the repeats' mean, as the report gives it
+    [switched] = mend.diagnose([_row(16, 0.9, "p[depth=1]")], tuned,
+                               _result({1: 3, 4: 1, 16: 1}), SIZES)  # fmt: skip
+    assert "switched depth 7 times" in switched.cause

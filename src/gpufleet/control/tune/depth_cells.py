@@ -66,6 +66,20 @@ def depth_arms(profile: str, depths: list[int]) -> list[ArmSpec]:
     return arms
 
 
+def static_chain_depth(base: Profile) -> int | None:
+    """The depth of the profile's own static speculation where a table slot can hold it
+    (SGLang's adaptive mode drafts a chain: topk 1, steps + 1 draft tokens), else None."""
+    if not drafting_of(base).adaptive:
+        return None
+    flags = base.flags
+    steps = flags.get("speculative-num-steps")
+    topk = flags.get("speculative-eagle-topk")
+    tokens = flags.get("speculative-num-draft-tokens")
+    if not isinstance(steps, int) or topk not in (None, 1, "1"):
+        return None
+    return steps if tokens in (None, steps + 1, str(steps + 1)) else None
+
+
 def arm_depth(arm: ArmSpec) -> int | str | None:
     """A measurement cell's depth from its label: d, PLAIN, SKIP (None: not a tune cell)."""
     if arm.label.endswith(f"[{PLAIN}]"):

@@ -104,10 +104,13 @@ def _level_below_range(result: tuning.TuneResult, c: int) -> int | None:
 
 
 def diagnose(rows: list[VerdictRow], tuned: Any, result: tuning.TuneResult,
-             sizes: list[int] | None, floor: float | None = None) -> list[Finding]:  # fmt: skip
+             sizes: list[int] | None, floor: float | None = None,
+             own_static: int | None = None) -> list[Finding]:  # fmt: skip
     """Each verified level below the goal, with its cause and mend (the module's order).
     `tuned`: the tuned server's arm in the verification (its levels' depth switches);
-    `floor`: the tune's per-request speed floor, which a mended depth must keep too."""
+    `floor`: the tune's per-request speed floor, which a mended depth must keep too;
+    `own_static`: the depth of the profile's own static speculation where a table can
+    hold it (a chain), else None (a tree)."""
     found = []
     for row in rows:
         if row.kept_best is None or row.kept_best >= GOAL or row.best_static is None:
@@ -115,15 +118,18 @@ def diagnose(rows: list[VerdictRow], tuned: Any, result: tuning.TuneResult,
         choice = _choice_at(result, row.concurrency)
         if choice is None:
             continue
-        found.append(_finding(row, choice, tuned, result, sizes, floor))
+        found.append(_finding(row, choice, tuned, result, sizes, floor, own_static))
     return found
 
 
 def _finding(row: VerdictRow, choice: tuning.Choice, tuned: Any, result: tuning.TuneResult,
-             sizes: list[int] | None, floor: float | None) -> Finding:  # fmt: skip
+             sizes: list[int] | None, floor: float | None,
+             own_static: int | None) -> Finding:  # fmt: skip
     c, label = row.concurrency, row.best_static or ""
     finding = Finding(c, row.kept_best or 0.0, label, "")
     theirs = _depth_of_label(label)
+    if theirs == OWN_STATIC and own_static is not None:
+        theirs = own_static  # a chain: a depth a table slot holds
     level = tuned.levels.get(c) if tuned is not None else None
     switches = level.row.depth_switches if level is not None else None
     if isinstance(theirs, int) and theirs != choice.depth:
@@ -145,7 +151,8 @@ def _finding(row: VerdictRow, choice: tuning.Choice, tuned: Any, result: tuning.
         index, key = _range_first(result, c, sizes)
         below = _level_below_range(result, c)
         lower = result.choices[index - 1].depth if index > 0 else None
-        finding.cause = (f"the tuned server switched depth {switches} times during the level: "
+        finding.cause = (f"the tuned server switched depth {switches:.0f} times during the "
+                         "level: "
                          f"its batch dipped below {first_batch(key, sizes)}, where the table "
                          f"runs depth {lower}")  # fmt: skip
         if below is not None:

@@ -245,9 +245,11 @@ def _mend(
     level's words join its host's sentence, so the terminal, the record and the profile's
     note say it alike."""
     sizes = tunefiles.profile_capture_sizes(profile)
+    own_static = tunecells.static_chain_depth(load_profile(profile))
     findings = {
         v.host: tunemend.diagnose(v.rows, v.arms[2] if len(v.arms) > 2 else None,
-                                  outcome.result, sizes, outcome.record.min_request_speed)
+                                  outcome.result, sizes, outcome.record.min_request_speed,
+                                  own_static)
         for v in outcome.verdicts
     }  # fmt: skip
     if not any(findings.values()):
