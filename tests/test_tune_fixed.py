@@ -125,6 +125,6 @@ def test_the_clock_plans_no_load_step_nor_bursts_for_one_depth_per_launch(tmp_pa
     no_switching = tunebudget.TuneArms(arms, checks, verify=True, switches=False)
     clock = tunebudget.TimeKeeper.for_tune(no_switching, request, None, said.append, None)
     assert {c.stage for c in clock.cells} == {tunebudget.MEASURE, tunebudget.VERIFY}
-    assert said[0].startswith("tune: 11 launches (3 measurement, 8 verification);")
+    assert said[0].startswith("tune: 13 launches (3 measurement, 10 verification);")
     adaptive = tunebudget.plan_cells(tunebudget.TuneArms(arms, checks), request)
-    assert len(adaptive) == 17  # SGLang's: the load step and the bursts too
+    assert len(adaptive) == 19  # SGLang's: the load step and the bursts too

@@ -25,6 +25,7 @@ What `--budget` drops, least informative first (a unit goes whole):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -157,16 +158,18 @@ def plan_cells(arms: TuneArms, request: BenchRequest) -> list[PlannedCell]:
 
 
 def verify_depths(measure: list[ArmSpec], measured: dict[int, dict[int, float]]) -> list[ArmSpec]:
-    """The static depths the verification will launch beside the tuned server, as far as
-    the measurement says yet: the best drafting depth of each measured level (a level
-    whose best is plain or depth 0 still counts its best drafting depth: the estimate errs
-    long), else the shallowest drafting depth, which is never dropped."""
+    """The static depths the verification may launch beside the tuned server, as far as the
+    measurement says yet: each depth not measured yet (it may be best somewhere), and of
+    the measured ones the best drafting depth of each level (a level whose best is plain
+    or depth 0 still counts its best drafting depth: the estimate errs long). A depth thus
+    costs its measurement and its two verification launches, and `--budget` drops the
+    three together (`units`)."""
     drafting = {d: a for a in measure if (d := depth_of(a)) is not None}
     levels = sorted({c for figures in measured.values() for c in figures})
     best = {max((d for d in measured if c in measured[d]), key=lambda d: measured[d][c])
             for c in levels}  # fmt: skip
-    wanted = sorted(best & set(drafting)) or sorted(drafting)[:1]
-    return [drafting[d] for d in wanted]
+    wanted = (best | (set(drafting) - set(measured))) & set(drafting)
+    return [drafting[d] for d in sorted(wanted) or sorted(drafting)[:1]]
 
 
 @dataclass
@@ -253,9 +256,20 @@ class TimeKeeper:
         return [f"{head}; estimate ~{_minutes(left)} (the pace of {self.pace.basis})"]
 
     def units(self) -> list[DropUnit]:
-        """What can be dropped to fit the budget, least informative first."""
+        """What can be dropped to fit the budget, least informative first; a drafting
+        depth goes with the verification launches planned beside it (a depth not measured
+        is never the best static)."""
         checked = [(s, [c.key for c in self.cells if c.stage == s]) for s in (BURST, STEP, VERIFY)]
-        return drop_order(self.measure, checked, falling_depth(self.measured))
+        units = drop_order(self.measure, checked, falling_depth(self.measured))
+        beside: dict[str, tuple[tuple[str, str], ...]] = {}
+        for c in self.cells:
+            if c.stage == VERIFY:
+                beside[c.label] = (*beside.get(c.label, ()), (VERIFY, c.key))
+        return [
+            dataclasses.replace(u, keys=u.keys + beside.get(u.keys[0][1], ()))
+            if u.keys[0][0] == MEASURE and u.keys[0][1] in beside else u
+            for u in units
+        ]  # fmt: skip
 
     def fit_budget(self) -> None:
         """Drop units, least informative first, until the estimate fits the budget (a unit
