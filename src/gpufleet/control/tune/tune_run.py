@@ -273,6 +273,7 @@ def _mend(
         v.sentence += " Mend: " + "; ".join(texts) + "."
         entry = outcome.record.verify[v.host]
         entry["sentence"] = v.sentence
+        entry["rows"] = [dataclasses.asdict(r) for r in v.rows]  # a kept mend's shares
         entry["shortfalls"] = tuneverify.shortfalls(v.rows)
         entry["mend"] = texts
     if kept:
