@@ -371,3 +371,20 @@ def processes_under(folder: Path) -> list[str]:
         if cwd.startswith(str(folder)) or str(folder) in cmdline:
             found.append(f"{entry.name} {cmdline[:120]}")
     return found
+
+
+QUICK_SIM = {"load-seconds": 0.2, "warmup-seconds": 0.1}  # a rehearsal server up in ~0.3 s
+
+
+def adaptive_flags(steps: int, topk: int = 1, draft_tokens: int | None = None,
+                   running: int = 16) -> dict:  # fmt: skip
+    """SGLang's flags for an EAGLE-3 server with adaptive speculation whose own static
+    speculation drafts `steps` deep (`topk` wide, `draft_tokens`: steps + 1 by default)."""
+    return {
+        "speculative-algorithm": "EAGLE3",
+        "speculative-num-steps": steps,
+        "speculative-eagle-topk": topk,
+        "speculative-num-draft-tokens": draft_tokens or steps + 1,
+        "speculative-adaptive": True,
+        "max-running-requests": running,
+    }

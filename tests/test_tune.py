@@ -15,7 +15,7 @@ from gpufleet.control.tune import table as tune
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow
 from gpufleet.sim.speculation import AdaptiveDepth, accept_length, step_costs_ms
-from helpers import REPO, pid_alive, unwrap
+from helpers import QUICK_SIM, REPO, adaptive_flags, pid_alive, unwrap
 
 
 def _rows(table: dict[int, dict[int, tuple]], p10_share: float = 0.8, completed: int = 40) -> dict:
@@ -292,12 +292,7 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     server; depth 0 as SGLang runs it, with and without the skip variable; depth 1), a
     table that drafts at C=1 and not at C=16, a profile whose file travels to the host, and
     the verification that the tuned server matches the better side at both levels."""
-    profile = fleet.profile(
-        "tspec", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1},
-        flags={"speculative-algorithm": "EAGLE3", "speculative-num-steps": 3,
-               "speculative-eagle-topk": 1, "speculative-num-draft-tokens": 4,
-               "speculative-adaptive": True, "max-running-requests": 64},
-    )  # fmt: skip
+    profile = fleet.profile("tspec", tp=1, sim=QUICK_SIM, flags=adaptive_flags(3, running=64))
     archive = tmp_path / "a"
     # someone else's server on GPUs 6-7 of the same host: every cell stops only its own
     bystander = fleet.profile("bystander", tp=2, gpus=[6, 7], sim={"load-seconds": 0.2})

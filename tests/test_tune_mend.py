@@ -15,7 +15,7 @@ from gpufleet.control.tune.depth_cells import PLAIN, SKIP
 from gpufleet.control.tune.table import Choice, TuneResult, table_and_ranges
 from gpufleet.control.tune.verify import VerdictRow
 from gpufleet.report.compare import Arm
-from helpers import level, unwrap
+from helpers import QUICK_SIM, adaptive_flags, level, unwrap
 
 SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 64]
 
@@ -155,11 +155,11 @@ def test_a_tune_says_why_a_level_fell_short_in_its_sentence_record_and_note(flee
     names the shortfall, and the mend's words say why in the terminal, the record and the
     tuned profile's note alike."""
     profile = fleet.profile(
-        "tree", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1, "accept-rate": "0.8"},
-        flags={"speculative-algorithm": "EAGLE3", "speculative-num-steps": 3,
-               "speculative-eagle-topk": 4, "speculative-num-draft-tokens": 16,
-               "speculative-adaptive": True, "max-running-requests": 16},
-    )  # fmt: skip
+        "tree",
+        tp=1,
+        sim={**QUICK_SIM, "accept-rate": "0.8"},
+        flags=adaptive_flags(3, topk=4, draft_tokens=16),
+    )
     archive = tmp_path / "a"
     out = fleet.cli(
         "tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1",
@@ -200,12 +200,7 @@ def test_a_mend_is_measured_beside_its_static_server_and_kept_only_where_better(
     from gpufleet.control.tune import tune_run
     from gpufleet.control.tune import verify as tuneverify
 
-    profile = fleet.profile(
-        "mendme", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1},
-        flags={"speculative-algorithm": "EAGLE3", "speculative-num-steps": 1,
-               "speculative-eagle-topk": 1, "speculative-num-draft-tokens": 2,
-               "speculative-adaptive": True, "max-running-requests": 16},
-    )  # fmt: skip
+    profile = fleet.profile("mendme", tp=1, sim=QUICK_SIM, flags=adaptive_flags(1))
     archive = tmp_path / "a"
     out = fleet.cli(
         "tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1,8",

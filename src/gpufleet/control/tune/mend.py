@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune.depth_cells import PLAIN, SKIP, arm_depth
 from gpufleet.control.tune.goal import GOAL, share_text
@@ -72,8 +73,6 @@ def _depth_of_label(label: str) -> Any:
     """A static server's depth from its label (or the measurement's cell name, where the
     verification had no static depth beside it): d, PLAIN, OWN_STATIC (its topk or draft
     tokens a table slot cannot hold), or None (not known)."""
-    from gpufleet.control.sweep.cells import ArmSpec
-
     if label.endswith("-static"):
         return OWN_STATIC
     named = CELL_NAME.fullmatch(label)

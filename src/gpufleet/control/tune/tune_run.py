@@ -21,7 +21,7 @@ from gpufleet.archive.kept import TuneRecord
 from gpufleet.archive.layout import Archive
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.server.profiles import load_profile
-from gpufleet.control.sweep.cells import ArmSpec
+from gpufleet.control.sweep.cells import ArmSpec, interleaved
 from gpufleet.control.sweep.cells import profile_label as profile_label_of
 from gpufleet.control.sweep.experiment import Experiment
 from gpufleet.control.sweep.sweep_state import SweepState
@@ -301,9 +301,6 @@ def _measure_mend(
     host -> level -> its share now, and whether it was kept (better at every mended level
     on every host); the table as first written is put back where not, or where `--budget`
     leaves no room (then nothing is measured)."""
-    from gpufleet.control.sweep.cells import interleaved
-    from gpufleet.control.tune.ties import levels_request
-
     sizes = tunefiles.profile_capture_sizes(profile)
     tuned = checks[2].profile
     beside = tuneverify.beside_arms(profile, checks, outcome.result.measured, 1)
@@ -313,7 +310,7 @@ def _measure_mend(
         return {}, False
     wanted = {f.best_static: statics[f.best_static] for f in to_mend}  # each server once
     arms = interleaved([*wanted.values(), checks[2]], tunebudget.VERIFY_REPEATS)
-    mend_request = levels_request(request, [f.concurrency for f in to_mend], 1)
+    mend_request = tunetie.levels_request(request, [f.concurrency for f in to_mend], 1)
     short = clock.cannot_afford(MEND, arms, mend_request)
     if short:
         experiment.console.line(f"tune: note: --budget: the mend was not measured: {short}")
