@@ -134,7 +134,7 @@ def run(
         return outcome
     _verify(profile, tuned, checks, request, resume, experiment, outcome, clock)
     if result.fixed_depth is None:  # SGLang's table: a level below the goal is mended
-        _mend(profile, tuned, checks, request, resume, experiment, outcome, clock)
+        _mend(profile, checks, request, resume, experiment, outcome, clock)
     save_record(record, record_path)
     tunefiles.note_verification(
         outcome.profile_path, {v.host: v.sentence for v in outcome.verdicts}
@@ -235,7 +235,7 @@ MEND = "tune-mend"  # the sweep that measures a mended table again
 
 
 def _mend(
-    profile: str, tuned: str, checks: list[ArmSpec], request: BenchRequest, resume: bool,
+    profile: str, checks: list[ArmSpec], request: BenchRequest, resume: bool,
     experiment: Experiment, outcome: TuneOutcome, clock: tunebudget.TimeKeeper,
 ) -> None:  # fmt: skip
     """Each level below the goal explained (control/tune/mend.py); where a table can mend
@@ -305,7 +305,9 @@ def _measure_mend(
     tuned = checks[2].profile
     beside = tuneverify.beside_arms(profile, checks, outcome.result.measured, 1)
     statics = {a.label: a for a in beside}
-    to_mend[:] = [f for f in to_mend if f.best_static in statics]  # a server to stand beside
+    # only a level with a static server to stand beside is measured (the caller's list
+    # narrows too: what is not measured is not applied)
+    to_mend[:] = [f for f in to_mend if f.best_static in statics]
     if not to_mend:
         return {}, False
     wanted = {f.best_static: statics[f.best_static] for f in to_mend}  # each server once
