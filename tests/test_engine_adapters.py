@@ -57,17 +57,18 @@ def test_each_engine_fills_its_probes_and_facts(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("flags", "gpus"),
-    [({"n-gpu-layers": 99}, [0]), ({"ngl": 10}, [0]), ({"n-gpu-layers": 0}, []), ({}, [])],
+    ("flags", "on_gpu"),
+    [({"n-gpu-layers": 99}, True), ({"ngl": 10}, True), ({"n-gpu-layers": 0}, False), ({}, False)],
 )
 def test_llama_cpp_with_layers_on_the_gpu_is_checked_and_verified_as_a_gpu_server(
-    tmp_path, flags, gpus
+    tmp_path, flags, on_gpu
 ):
     """Issue 54: llama-server with every layer on the H200 held 1,046 MiB, but its launch
     spec named no GPU, so `stop` verified nothing and the next sweep cell's gpu-clean found
-    the memory still being released. With layers on the GPU the spec names its GPUs."""
+    the memory still being released. With layers on the GPU the spec claims the GPUs (every
+    one it sees, by llama.cpp's default split: the host lists them, issue 65.1)."""
     spec = _spec(tmp_path, engine="llamacpp", flags={"parallel": 4, **flags})
-    assert spec.gpus == gpus and spec.needs_gpu is bool(gpus)
+    assert spec.gpus == [] and spec.gpus_every is on_gpu and spec.needs_gpu is on_gpu
 
 
 def test_what_a_profile_drafts_with_in_its_engines_words(tmp_path):
@@ -248,6 +249,7 @@ ENGINE_WORDS = re.compile(
 # where an engine's own words may appear in code, and why
 ENGINE_WORDS_ALLOWED = {
     "control/server/engines.py": "the adapters themselves",
+    "control/server/llamacpp.py": "the llama.cpp adapter's flag readings, apart for length",
     "sim/": "the rehearsal engine imitates SGLang, flags and all",
     "engine_facts.py": "SGLang's facts that both the tuner and the rehearsal engine read",
     "control/tune/table.py": "SGLang's adaptive table, written where its adapter says adaptive",

@@ -182,3 +182,100 @@ def test_two_servers_share_one_gpu_and_stopping_one_leaves_the_other(fleet):
     assert "GPUs 0 verified clean" in last.stdout, last.stdout
     assert _holders(fleet, "h0") == {}
     record("two_servers_one_gpu", {"held_by_b_after_a_stopped": len(after_stop[0])})
+
+
+LLAMA_GPU = {"n-gpu-layers": 99}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("flags", "gpus", "every"),
+    [
+        ({}, [], False),  # on the CPU: no GPU to check, nor to verify after
+        (LLAMA_GPU, [], True),  # llama.cpp's default, layer split: every GPU it sees
+        ({**LLAMA_GPU, "split-mode": "row"}, [], True),
+        ({**LLAMA_GPU, "sm": "layer", "tensor-split": "3,1"}, [], True),  # a 0 share opens it too
+        ({**LLAMA_GPU, "split-mode": "none"}, [0], False),  # main-gpu's, 0 unless said
+        ({**LLAMA_GPU, "sm": "none", "main-gpu": 2}, [2], False),
+        ({**LLAMA_GPU, "sm": "none", "mg": -1}, [], False),  # llama.cpp: no GPU at all
+        ({**LLAMA_GPU, "device": "CUDA1,CUDA3"}, [1, 3], False),
+        ({**LLAMA_GPU, "dev": "CUDA1,CUDA3", "sm": "none", "mg": 1}, [3], False),
+        ({**LLAMA_GPU, "device": "none"}, [], False),
+        ({**LLAMA_GPU, "device": "Vulkan0"}, [], True),  # not NVML's to number: all of them
+    ],
+)
+def test_a_llama_cpp_profile_claims_the_gpus_its_split_puts_work_on(tmp_path, flags, gpus, every):
+    """Issue 65.1: a llama.cpp profile's spec said GPU 0 (its tp) while the server spread
+    over every GPU it saw, so gpu-clean, the health gate and telemetry missed the others."""
+    from gpufleet.control.inventory.model import Host
+    from gpufleet.control.server.profiles import build_specs, load_profile
+
+    (tmp_path / "l.yaml").write_text(
+        yaml.safe_dump({"engine": "llamacpp", "model_path": "/m.gguf", "flags": flags})
+    )
+    host = Host(name="h", address="192.0.2.10", python="/usr/bin/python3")
+    [(_, spec)] = build_specs(load_profile("l", tmp_path), [host])
+    assert (spec.gpus, spec.gpus_every, spec.needs_gpu) == (gpus, every, flags != {})
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("variable", "nvml"),
+    [(None, [0, 1, 2, 3]), ("3,1", [3, 1]), ("GPU-cccc,0", [3, 0])],
+)
+def test_every_gpu_the_server_sees_is_listed_in_nvmls_numbering(tmp_path, monkeypatch, variable,
+                                                                 nvml):  # fmt: skip
+    """Issue 65.1: the host lists what `every GPU` means there, from the server's own
+    CUDA_VISIBLE_DEVICES (a Slurm step's, the login's, the profile's) or NVML's count."""
+    spec = _placed_every(tmp_path, monkeypatch, variable)
+    assert spec.gpus == nvml
+
+
+@pytest.mark.unit
+def test_every_gpu_of_none_seen_is_one_line(tmp_path, monkeypatch):
+    from gpufleet.host.agent.protocol import AgentError
+
+    with pytest.raises(AgentError) as exc:
+        _placed_every(tmp_path, monkeypatch, "-1")
+    assert "would see no GPU (CUDA_VISIBLE_DEVICES=-1" in str(exc.value)
+
+
+def _placed_every(tmp_path, monkeypatch, variable):
+    """A spec whose server holds every GPU it sees, placed on four rehearsal GPUs."""
+    import sys
+
+    from gpufleet.host.agent import childenv
+    from gpufleet.host.gpu import nvml as nvmlread
+    from gpufleet.host.server import placement
+    from gpufleet.records import LaunchSpec
+
+    state = tmp_path / "gpus"
+    gpustate.ensure_topology(state, count=4)
+    monkeypatch.setenv(gpustate.STATE_ENV, str(state))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the shim leaves with the test
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    nvmlread.activate_simulation({"state_dir": str(state), "count": 4}, "t")
+    monkeypatch.setattr(childenv, "login_env", lambda: ({}, []))
+    uuids = nvmlread.uuids(nvmlread.load_pynvml())
+    monkeypatch.setattr(nvmlread, "uuids", lambda nvml: UUIDS)  # known prefixes
+    assert len(uuids) == len(UUIDS)
+    env = {} if variable is None else {visible.VARIABLE: variable}
+    spec = LaunchSpec(profile="l", engine="llamacpp", argv=["llama-server"], env=env,
+                      host="127.0.0.1", port=1, health_host="127.0.0.1", health_path="/health",
+                      model_path="/m", check_model_path=False, gpus=[], log="l.log",
+                      gpus_every=True)  # fmt: skip
+    return placement.placed(spec)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("engine", "flags", "slots"),
+    [("llamacpp", {"parallel": 1}, 1), ("sglang", {"max-running-requests": 1}, 1),
+     ("vllm", {"max-num-seqs": 1}, 1), ("llamacpp", {"parallel": True}, None)],
+)  # fmt: skip
+def test_a_flag_of_value_one_is_a_number_not_a_bare_flag(engine, flags, slots):
+    """`parallel: 1` read as a bare flag (1 == True in Python): one slot said unknown, and
+    `main-gpu: 1` as GPU 0."""
+    from gpufleet.control.server import engines
+
+    assert engines.engine(engine).slots(flags) == slots

@@ -152,6 +152,9 @@ class LaunchSpec(Record):
     slots: int | None = None  # requests the server serves at once, where its flags say
     needs_gpu: bool = True  # False: a CPU engine (llama.cpp's server) runs without GPUs
     gpus_pinned: bool = False  # the profile named its GPUs: the server sees only those
+    # the server puts work on every GPU it sees (llama.cpp's layer and row split): the agent
+    # lists them in `gpus` where it can count them (host/server/placement.py)
+    gpus_every: bool = False
     share_gpus: bool = False  # may run beside other gpufleet servers that share too
     # what root loads the model from: judged before launch (host/server/models.py)
     model_paths: list[str] = field(default_factory=list)

@@ -310,3 +310,133 @@ def test_tune_writes_one_depth_for_the_gpu_server_and_verifies_it(site):
         "verify": tuned["verify"].get("gpu1", {}).get("sentence"),
         "kept": {r["concurrency"]: round(r["kept"], 3) for r in rows},
     })  # fmt: skip
+
+
+def _gpu_count() -> int:
+    """0 where NVML does not answer (the tier is skipped there)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        return count
+    except Exception:
+        return 0
+
+
+def _per_gpu_mib(pid: int) -> dict[int, int]:
+    """GPU index -> MiB the process holds there, as NVML reads it."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        out = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if p.pid == pid:
+                    out[i] = (p.usedGpuMemory or 0) // 2**20
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _smi_used_mib() -> list[int]:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    return [int(x) for x in out.stdout.split()]
+
+
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs two or more GPUs")
+@pytest.mark.parametrize("split", ["layer", "row"])
+def test_one_llama_server_across_every_gpu_then_each_reads_0_mib(site, split):
+    """Issue 65.2: one engine spread over every GPU of the host (llama.cpp's split, no
+    gpus: named): the spec lists every GPU, each holds the server's memory, telemetry sums
+    their power, and after stop + gpu-clean each reads 0 MiB by NVML and nvidia-smi."""
+    name = f"spread-{split}"
+    (site / "playbooks" / f"{name}.yaml").write_text(
+        yaml.safe_dump({"extends": "target", "flags": {"split-mode": split}}))  # fmt: skip
+    count = _gpu_count()
+    started = time.monotonic()
+    launched = cli(site, "launch", "--profile", name, "--clean")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    state = json.loads(next((site / "work" / "servers").glob("*.json")).read_text())
+    assert state["gpus"] == list(range(count)), state["gpus"]
+    deadline = time.monotonic() + 60
+    while len(held := _per_gpu_mib(state["pid"])) < count and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert sorted(held) == list(range(count)), held
+    during_smi = _smi_used_mib()
+    try:
+        bench = cli(site, "bench", "--profile", name, "--concurrency", "1,4", "--num-prompts",
+                    "8", "--output-len", "64", "--random-vocab", "512")  # fmt: skip
+        assert bench.returncode == 0, bench.stdout + bench.stderr
+    finally:
+        stop = cli(site, "stop")
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    clean = cli(site, "gpu-clean")
+    assert clean.returncode == 0 and _all_clean(), (clean.stdout, nvml_memory())
+    run = max((site / "logs" / "gpu1").glob(f"*-{name}-*/results.jsonl"),
+              key=lambda p: p.stat().st_mtime)  # fmt: skip
+    rows = [json.loads(line) for line in run.read_text().splitlines()]
+    assert all(r["gpus_sampled"] == list(range(count)) for r in rows), rows
+    record(f"multi_gpu_llama_{split}", {
+        "gpus": count, "wall_s": round(time.monotonic() - started, 1),
+        "nvml_mib_during": held, "smi_mib_during": during_smi,
+        "after_stop_and_gpu_clean": {"nvml": nvml_memory(), "smi": _smi_used_mib()},
+        "levels": {r["max_concurrency"]: {"power_w": r["gpu_power_avg_w"],
+                                          "tok_per_j": r["output_tokens_per_joule"],
+                                          "tok_s": round(r["output_throughput"], 1)}
+                   for r in rows},
+    })  # fmt: skip
+
+
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs two or more GPUs")
+def test_a_spread_server_whose_parent_died_is_cleaned_on_every_gpu(site):
+    """Issue 65.2: llama-server over every GPU, its parent gone (re-parented): gpu-clean
+    --include-running kills it and each GPU reads 0 MiB."""
+    paths = json.loads((site / "models" / "paths.json").read_text())
+    argv = [SERVER, "-m", paths["target"], "--port", str(_free_port()), "-ngl", "99",
+            "--split-mode", "layer", "--flash-attn", "off", "--no-webui"]  # fmt: skip
+    quoted = " ".join(f"'{a}'" for a in argv)
+    shell = subprocess.run(["bash", "-c", f"setsid {quoted} >/dev/null 2>&1 & echo $!"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    pid = int(shell.stdout.split()[-1])
+    try:
+        deadline = time.monotonic() + 60
+        while len(_per_gpu_mib(pid)) < _gpu_count() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        held = _per_gpu_mib(pid)
+        assert len(held) == _gpu_count(), held
+        clean = cli(site, "gpu-clean", "--include-running")
+        assert clean.returncode == 0 and not _alive(pid), clean.stdout + clean.stderr
+        assert _all_clean(), nvml_memory()
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    record("multi_gpu_llama_parent_died", {"held_mib": held, "after": nvml_memory()})
+
+
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs two or more GPUs")
+def test_a_gpu_held_by_a_foreign_process_refuses_the_spread_launch_naming_it(site):
+    """Issue 65.2: the last GPU held by a process gpufleet did not start: a launch over every
+    GPU is refused in one line naming that GPU, and nothing is started."""
+    from gpuhelpers import HOLDER
+
+    last = _gpu_count() - 1
+    (site / "playbooks" / "spread.yaml").write_text(
+        yaml.safe_dump({"extends": "target", "flags": {"split-mode": "layer"}}))  # fmt: skip
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, "hold", "512"], text=True,
+                              stdout=subprocess.PIPE,
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": str(last)})  # fmt: skip
+    try:
+        assert holder.stdout.readline().startswith("ready")
+        launched = cli(site, "launch", "--profile", "spread")
+        said = launched.stdout + launched.stderr
+        assert launched.returncode != 0, said
+        assert re.search(rf"GPU {last}\b.*in use", said), said
+        assert not list((site / "work" / "servers").glob("*.json")), said
+    finally:
+        holder.kill()
+        holder.wait()

@@ -17,24 +17,15 @@ from dataclasses import dataclass, replace
 from typing import TypedDict
 
 from gpufleet import __version__, engine_facts
-from gpufleet.records import FlagValue, RenameSpec
-
-Flags = dict[str, FlagValue]  # a profile's `flags:` (name -> value)
-
-
-def _flag_int(flags: Flags, *names: str) -> int | None:
-    for name in names:
-        value = flags.get(name)
-        if value not in (None, False, True):
-            try:
-                return int(str(value))
-            except ValueError:
-                return None
-    return None
-
-
-def _positive(value: int | None) -> int | None:
-    return value if value is not None and value > 0 else None
+from gpufleet.control.server import llamacpp
+from gpufleet.control.server.flagvalues import (
+    EVERY_GPU,
+    Flags,
+    GpuClaim,
+    flag_int,
+    positive,
+)
+from gpufleet.records import RenameSpec
 
 
 @dataclass(frozen=True)
@@ -91,6 +82,9 @@ class Engine:
     # profile's GPUs are checked before launch and verified 0 MiB after stop, as any GPU
     # engine's
     gpu_when: Callable[[Flags], bool] = lambda flags: False
+    # which GPUs its flags put work on, as the server's CUDA counts them: a list, EVERY_GPU
+    # (all it sees), or None: the first tp (SGLang's and vLLM's ranks, one per GPU)
+    gpu_claim: Callable[[Flags], GpuClaim] = lambda flags: None
     flushes_cache: bool = True  # answers SGLang's /flush_cache (else: prompts are salted)
     slots: Callable[[Flags], int | None] = lambda flags: None  # requests served at once
     slots_flag: str = ""  # the flag that sets them, for the warning's words
@@ -120,7 +114,7 @@ def _sglang_drafts(flags: Flags) -> str | None:
 
 
 def _sglang_slots(flags: Flags) -> int | None:
-    explicit = _flag_int(flags, "max-running-requests")
+    explicit = flag_int(flags, "max-running-requests")
     if explicit is not None:
         return explicit
     return engine_facts.default_max_running(_sglang_drafts(flags))
@@ -129,7 +123,7 @@ def _sglang_slots(flags: Flags) -> int | None:
 def _sglang_warns(flags: Flags) -> list[str]:
     algorithm = _sglang_drafts(flags)
     cap = engine_facts.default_max_running(algorithm)
-    if cap is not None and _flag_int(flags, "max-running-requests") is None:
+    if cap is not None and flag_int(flags, "max-running-requests") is None:
         return [f"{algorithm} without max-running-requests: SGLang silently caps it at "
                 f"{cap}, so load above C={cap} queues (set it explicitly)"]  # fmt: skip
     return []
@@ -201,45 +195,18 @@ SGLANG_DRAFTING = Drafting(
 )
 
 
-def _llamacpp_draft_flags(flags: Flags) -> list[str]:
-    return [k for k in flags if "draft" in k or k in ("md", "spec-type")]
-
-
-def _llamacpp_depth(flags: Flags, depth: int) -> Flags:
-    # this llama.cpp's --spec-draft-n-max; older builds call it --draft-max (REFERENCE.md)
-    name = "draft-max" if "draft-max" in flags else "spec-draft-n-max"
-    return {name: depth}
-
-
-def _llamacpp_refuses(flags: Flags) -> str | None:
-    drafts = _llamacpp_drafts(flags)
-    if drafts is None:
-        return "inv tune needs a draft model (model-draft) to set the depth of"
-    if "unused" in drafts:
-        return "its draft is unused without spec-type (e.g. draft-simple): nothing to tune"
-    return None
-
-
-LLAMACPP_DRAFTING = Drafting(
-    flags=_llamacpp_draft_flags,
-    depth=_llamacpp_depth,
-    static_remove=("spec-draft-n-min", "draft-min"),  # a minimum above d would refuse it
-    adaptive=False,
-    refuse=_llamacpp_refuses,
-)
-
-
-def _llamacpp_drafts(flags: Flags) -> str | None:
-    draft = flags.get("model-draft") or flags.get("md")
-    if not draft:
-        return None
-    kind = flags.get("spec-type")
-    return f"draft model ({kind})" if kind else "draft model (no --spec-type: unused)"
-
-
 def _vllm_drafts(flags: Flags) -> str | None:
     config = flags.get("speculative-config")
     return str(config)[:40] if config else None
+
+
+LLAMACPP_DRAFTING = Drafting(
+    flags=llamacpp.draft_flags,
+    depth=llamacpp.depth,
+    static_remove=("spec-draft-n-min", "draft-min"),  # a minimum above d would refuse it
+    adaptive=False,
+    refuse=llamacpp.refuses,
+)
 
 
 SGLANG = Engine(
@@ -267,10 +234,11 @@ ENGINES: dict[str, Engine] = {
                command=("llama-server", "-m", "{model_path}", "--host", "{host}",
                         "--port", "{port}"),
                version_args=("--version",), needs_gpu=False, flushes_cache=False,
-               gpu_when=lambda flags: (_flag_int(flags, "n-gpu-layers", "ngl", "gpu-layers")
+               gpu_when=lambda flags: (flag_int(flags, "n-gpu-layers", "ngl", "gpu-layers")
                                        or 0) != 0,
-               slots=lambda flags: _positive(_flag_int(flags, "parallel", "np")),
-               slots_flag="parallel", drafts=_llamacpp_drafts, drafting=LLAMACPP_DRAFTING,
+               gpu_claim=llamacpp.gpus,
+               slots=lambda flags: positive(flag_int(flags, "parallel", "np")),
+               slots_flag="parallel", drafts=llamacpp.drafts, drafting=LLAMACPP_DRAFTING,
                processes=r"(^|/)llama-server$", model_flags=("model-draft", "md"),
                gauges=(("llamacpp:requests_processing", "sglang:num_running_reqs"),
                        ("llamacpp:requests_deferred", "sglang:num_queue_reqs"),
@@ -280,7 +248,7 @@ ENGINES: dict[str, Engine] = {
                command=("vllm", "serve", "{model_path}", "--host", "{host}", "--port",
                         "{port}", "--tensor-parallel-size", "{tp}"),
                version_args=("--version",), flushes_cache=False,
-               slots=lambda flags: _flag_int(flags, "max-num-seqs"),
+               slots=lambda flags: flag_int(flags, "max-num-seqs"),
                slots_flag="max-num-seqs", drafts=_vllm_drafts, model_flags=("tokenizer",),
                remote_code_flag="trust-remote-code",
                # v1 renamed the KV-cache gauge; both are read
@@ -292,6 +260,18 @@ ENGINES: dict[str, Engine] = {
     )
 }  # fmt: skip
 NAMES = tuple(ENGINES)
+
+
+def server_gpus(name: str, flags: Flags, tp: int) -> tuple[list[int], bool]:
+    """The GPUs a server of this engine holds, as its CUDA counts them, and whether it
+    holds every one it sees (then the host, which can count them, lists them)."""
+    adapter = ENGINES[name]
+    if not adapter.uses_gpu(flags):
+        return [], False  # a CPU engine holds no GPU: nothing to check before, nor after
+    claim = adapter.gpu_claim(flags)
+    if claim == EVERY_GPU:
+        return [], True
+    return (list(range(tp)) if claim is None else list(claim)), False
 
 
 def engine(name: str) -> Engine:

@@ -375,10 +375,10 @@ def _spec_for(
     engine = _engine_for(profile, host, override)
     port = _host_port(profile, host)
     env = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in profile.env.items()}
-    gpus = profile.gpus if profile.gpus is not None else list(range(profile.tp // profile.nnodes))
     uses_gpu = engines.engine(engine).uses_gpu(profile.flags)
-    if not uses_gpu and profile.gpus is None:
-        gpus = []  # a CPU engine holds no GPU: nothing to check before, nor verify after
+    gpus, every = engines.server_gpus(engine, profile.flags, profile.tp // profile.nnodes)
+    if profile.gpus is not None:  # named: the server sees those only
+        gpus, every = profile.gpus, False
     # the host turns these into NVML's numbering and sets CUDA_VISIBLE_DEVICES and
     # CUDA_DEVICE_ORDER from what the server would see there (host/server/placement.py)
     health_host = "127.0.0.1" if profile.host in ("0.0.0.0", "::", "") else profile.host
@@ -420,6 +420,7 @@ def _spec_for(
         slots=engines.engine(engine).slots(profile.flags),
         needs_gpu=uses_gpu,
         gpus_pinned=profile.gpus is not None,
+        gpus_every=every,
         share_gpus=profile.share_gpus,
         model_paths=models.paths if profile.check_model_path and engine != "sim" else [],
         model_code=models.runs_code,

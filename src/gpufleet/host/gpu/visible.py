@@ -67,6 +67,12 @@ def nvml_index(entry: str, uuids: list[str], where: str) -> int:
     return found[0]
 
 
+def every_seen(seen: str | None, uuids: list[str]) -> list[int]:
+    """CUDA's numbers of every GPU a server would see: the variable's entries, else all of
+    NVML's (an engine that spreads over whatever it sees: llama.cpp's default split)."""
+    return list(range(len(entries(seen)) if seen is not None else len(uuids)))
+
+
 def place(wanted: list[int], pinned: bool, seen: str | None, where: str,
           uuids: list[str]) -> Placement:  # fmt: skip
     """The server's GPUs in NVML's numbering.

@@ -19,7 +19,7 @@ ORDER = "CUDA_DEVICE_ORDER"
 def placed(spec: LaunchSpec) -> LaunchSpec:
     """The spec with `gpus` as NVML indexes and the server's CUDA variables set so CUDA
     counts as NVML does; one line (AgentError) where the GPUs asked for cannot be found."""
-    if not spec.gpus or not spec.needs_gpu:
+    if not (spec.gpus or spec.gpus_every) or not spec.needs_gpu:
         return spec
     login, _ = childenv.login_env()
     seen = spec.env.get(visible.VARIABLE, login.get(visible.VARIABLE))
@@ -27,11 +27,18 @@ def placed(spec: LaunchSpec) -> LaunchSpec:
     try:
         uuids = nvmlread.uuids(nvmlread.load_pynvml())
     except AgentError:
+        if spec.gpus_every:  # which GPUs it will hold is NVML's to say: none checked is none
+            raise
         if seen is not None:  # not checkable here: preflight says NVML's own error
             return spec
         uuids = [""] * (max(spec.gpus) + 1)
+    wanted = visible.every_seen(seen, uuids) if spec.gpus_every else spec.gpus
+    if not wanted:
+        said = f"{visible.VARIABLE}={seen} ({where})"
+        raise AgentError(f"GPUs: the server would see no GPU ({said}) but its flags put work "
+                         "on one", kind=Kind.PREFLIGHT)  # fmt: skip
     try:
-        place = visible.place(spec.gpus, spec.gpus_pinned, seen, where, uuids)
+        place = visible.place(wanted, spec.gpus_pinned, seen, where, uuids)
     except visible.PlacementError as exc:
         raise AgentError(f"GPUs: {exc}", kind=Kind.PREFLIGHT) from None
     env = dict(spec.env)
