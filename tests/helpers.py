@@ -388,3 +388,17 @@ def adaptive_flags(steps: int, topk: int = 1, draft_tokens: int | None = None,
         "speculative-adaptive": True,
         "max-running-requests": running,
     }
+
+
+def simulated_nvml(tmp_path: Path, monkeypatch, count: int):
+    """`pynvml` reading `count` rehearsal GPUs in this process, gone with the test."""
+    from gpufleet.host.gpu import nvml as nvmlread
+    from gpufleet.sim import gpustate
+
+    state = tmp_path / "gpus"
+    gpustate.ensure_topology(state, count=count)
+    monkeypatch.setenv(gpustate.STATE_ENV, str(state))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the shim leaves with the test
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    nvmlread.activate_simulation({"state_dir": str(state), "count": count}, "t")
+    return nvmlread.load_pynvml()

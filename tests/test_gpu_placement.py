@@ -242,21 +242,14 @@ def test_every_gpu_of_none_seen_is_one_line(tmp_path, monkeypatch):
 
 def _placed_every(tmp_path, monkeypatch, variable):
     """A spec whose server holds every GPU it sees, placed on four rehearsal GPUs."""
-    import sys
-
     from gpufleet.host.agent import childenv
     from gpufleet.host.gpu import nvml as nvmlread
     from gpufleet.host.server import placement
     from gpufleet.records import LaunchSpec
+    from helpers import simulated_nvml
 
-    state = tmp_path / "gpus"
-    gpustate.ensure_topology(state, count=4)
-    monkeypatch.setenv(gpustate.STATE_ENV, str(state))
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the shim leaves with the test
-    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
-    nvmlread.activate_simulation({"state_dir": str(state), "count": 4}, "t")
     monkeypatch.setattr(childenv, "login_env", lambda: ({}, []))
-    uuids = nvmlread.uuids(nvmlread.load_pynvml())
+    uuids = nvmlread.uuids(simulated_nvml(tmp_path, monkeypatch, 4))
     monkeypatch.setattr(nvmlread, "uuids", lambda nvml: UUIDS)  # known prefixes
     assert len(uuids) == len(UUIDS)
     env = {} if variable is None else {visible.VARIABLE: variable}

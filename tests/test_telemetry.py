@@ -4,12 +4,11 @@ NVML draws power from the work its server actually does (docs/REHEARSAL.md)."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
 from gpufleet.host.bench import telemetry
-from helpers import run_cli
+from helpers import run_cli, simulated_nvml
 
 
 def _row(rnd, t, gpu, power, energy_mj, util=50):
@@ -80,20 +79,6 @@ def test_bench_archives_telemetry_and_energy_per_token(fleet, tmp_path):
     assert "tok/J" in wide.stdout and "J/tok" in wide.stdout
 
 
-def _simulated_nvml(tmp_path, monkeypatch):
-    """NVML reading two rehearsal GPUs in this process, gone with the test."""
-    from gpufleet.host.gpu import nvml as nvmlread
-    from gpufleet.sim import gpustate
-
-    state = tmp_path / "gpus"
-    gpustate.ensure_topology(state, count=2)
-    monkeypatch.setenv(gpustate.STATE_ENV, str(state))
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the shim leaves with the test
-    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
-    nvmlread.activate_simulation({"state_dir": str(state), "count": 2}, "t")
-    return nvmlread.load_pynvml()
-
-
 def _sampling_child():
     import psutil
 
@@ -108,7 +93,7 @@ def test_the_sampling_child_starts_before_the_level_not_during_it(tmp_path, monk
     and exceeds what its sampling uses in the next 0.3 s (before: ~0 by then, ~all after)."""
     import time
 
-    nvml = _simulated_nvml(tmp_path, monkeypatch)
+    nvml = simulated_nvml(tmp_path, monkeypatch, 2)
     with telemetry.Sampler(nvml, [0, 1], 0.05):
         child = _sampling_child()
         started = sum(child.cpu_times()[:2])
@@ -126,7 +111,7 @@ def test_the_sampler_reads_from_a_child_process_never_a_thread_of_the_client(tmp
 
     import psutil
 
-    nvml = _simulated_nvml(tmp_path, monkeypatch)
+    nvml = simulated_nvml(tmp_path, monkeypatch, 2)
     threads = threading.active_count()
     spool = tmp_path / "readings.jsonl"
     with telemetry.Sampler(nvml, [0, 1], 0.05, spool=spool) as gauge:

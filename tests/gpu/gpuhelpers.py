@@ -27,6 +27,35 @@ def nvidia_driver() -> bool:
         return False
 
 
+def gpu_count() -> int:
+    """NVML's GPU count; 0 where NVML does not answer (the tiers are skipped there)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        return count
+    except Exception:
+        return 0
+
+
+def held_mib() -> dict[int, dict[int, int]]:
+    """PID -> {GPU index -> MiB it holds there}, over every GPU, as NVML reads them."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        out: dict[int, dict[int, int]] = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                out.setdefault(p.pid, {})[i] = (p.usedGpuMemory or 0) // 2**20
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def record(key: str, value) -> None:
     """Keep a measured figure for docs/GPU-VALIDATION.md."""
     data = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}

@@ -14,24 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gpuhelpers import record
+from gpuhelpers import gpu_count, record
 
 from helpers import pid_alive, run_cli
 
-
-def _gpu_count() -> int:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-        return count
-    except Exception:
-        return 0
-
-
-pytestmark = pytest.mark.skipif(_gpu_count() < 2, reason="needs two or more GPUs")
+pytestmark = pytest.mark.skipif(gpu_count() < 2, reason="needs two or more GPUs")
 
 HOLD = r"""
 import os, subprocess, sys, time, torch
@@ -127,7 +114,7 @@ def _hold(tmp_path: Path, gpu: int, mib: int, child_gpu: int = -1) -> tuple[subp
 
 
 def _kind() -> str:
-    return f"{_gpu_count()} x {_gpus_name()}"
+    return f"{gpu_count()} x {_gpus_name()}"
 
 
 def _gpus_name() -> str:
@@ -140,7 +127,7 @@ def _gpus_name() -> str:
 
 
 def test_per_gpu_truth_each_gpu_its_own_verdict_by_uuid(gpu_host, tmp_path):
-    count = _gpu_count()
+    count = gpu_count()
     last = count - 1
     started = []
     try:
@@ -219,7 +206,7 @@ def _profile(tmp_path: Path, name: str, command: list[str], gpus: list[int], por
 def test_profile_gpus_are_nvml_gpus_and_preflight_checks_those(gpu_host, tmp_path):
     from gpufleet.sim.sshd import free_port
 
-    last = _gpu_count() - 1
+    last = gpu_count() - 1
     script = tmp_path / "one.py"
     script.write_text(SERVER_ON_ONE_GPU)
     inv = ["--inventory", str(gpu_host.inventory)]
@@ -251,7 +238,7 @@ def test_profile_gpus_are_nvml_gpus_and_preflight_checks_those(gpu_host, tmp_pat
 def test_tp_server_across_gpus_launch_bench_stop_then_orphaned_ranks(gpu_host, tmp_path):
     from gpufleet.sim.sshd import free_port
 
-    count = _gpu_count()
+    count = gpu_count()
     script = tmp_path / "tp_server.py"
     script.write_text(TP_SERVER)
     port = free_port()

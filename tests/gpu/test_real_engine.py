@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gpuhelpers import nvml_memory, record
+from gpuhelpers import gpu_count, held_mib, nvml_memory, record
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
 from enginesite import busy_gauge, server_counters, site_cli
@@ -117,18 +117,7 @@ def _port(site: Path) -> int:
 
 def _holders() -> dict[int, int]:
     """PID -> MiB it holds, over every GPU, as NVML reads them."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        out = {}
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                out[p.pid] = (p.usedGpuMemory or 0) // 2**20
-        return out
-    finally:
-        pynvml.nvmlShutdown()
+    return {pid: sum(per_gpu.values()) for pid, per_gpu in held_mib().items()}
 
 
 def _wait_for_holder(pid_of: callable, timeout: float = 60) -> tuple[int, int]:
@@ -312,34 +301,9 @@ def test_tune_writes_one_depth_for_the_gpu_server_and_verifies_it(site):
     })  # fmt: skip
 
 
-def _gpu_count() -> int:
-    """0 where NVML does not answer (the tier is skipped there)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        pynvml.nvmlShutdown()
-        return count
-    except Exception:
-        return 0
-
-
 def _per_gpu_mib(pid: int) -> dict[int, int]:
     """GPU index -> MiB the process holds there, as NVML reads it."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        out = {}
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if p.pid == pid:
-                    out[i] = (p.usedGpuMemory or 0) // 2**20
-        return out
-    finally:
-        pynvml.nvmlShutdown()
+    return held_mib().get(pid, {})
 
 
 def _smi_used_mib() -> list[int]:
@@ -348,7 +312,7 @@ def _smi_used_mib() -> list[int]:
     return [int(x) for x in out.stdout.split()]
 
 
-@pytest.mark.skipif(_gpu_count() < 2, reason="needs two or more GPUs")
+@pytest.mark.skipif(gpu_count() < 2, reason="needs two or more GPUs")
 @pytest.mark.parametrize("split", ["layer", "row"])
 def test_one_llama_server_across_every_gpu_then_each_reads_0_mib(site, split):
     """Issue 65.2: one engine spread over every GPU of the host (llama.cpp's split, no
@@ -357,7 +321,7 @@ def test_one_llama_server_across_every_gpu_then_each_reads_0_mib(site, split):
     name = f"spread-{split}"
     (site / "playbooks" / f"{name}.yaml").write_text(
         yaml.safe_dump({"extends": "target", "flags": {"split-mode": split}}))  # fmt: skip
-    count = _gpu_count()
+    count = gpu_count()
     started = time.monotonic()
     launched = cli(site, "launch", "--profile", name, "--clean")
     assert launched.returncode == 0, launched.stdout + launched.stderr
@@ -392,7 +356,7 @@ def test_one_llama_server_across_every_gpu_then_each_reads_0_mib(site, split):
     })  # fmt: skip
 
 
-@pytest.mark.skipif(_gpu_count() < 2, reason="needs two or more GPUs")
+@pytest.mark.skipif(gpu_count() < 2, reason="needs two or more GPUs")
 def test_a_spread_server_whose_parent_died_is_cleaned_on_every_gpu(site):
     """Issue 65.2: llama-server over every GPU, its parent gone (re-parented): gpu-clean
     --include-running kills it and each GPU reads 0 MiB."""
@@ -405,10 +369,10 @@ def test_a_spread_server_whose_parent_died_is_cleaned_on_every_gpu(site):
     pid = int(shell.stdout.split()[-1])
     try:
         deadline = time.monotonic() + 60
-        while len(_per_gpu_mib(pid)) < _gpu_count() and time.monotonic() < deadline:
+        while len(_per_gpu_mib(pid)) < gpu_count() and time.monotonic() < deadline:
             time.sleep(0.5)
         held = _per_gpu_mib(pid)
-        assert len(held) == _gpu_count(), held
+        assert len(held) == gpu_count(), held
         clean = cli(site, "gpu-clean", "--include-running")
         assert clean.returncode == 0 and not _alive(pid), clean.stdout + clean.stderr
         assert _all_clean(), nvml_memory()
@@ -418,13 +382,13 @@ def test_a_spread_server_whose_parent_died_is_cleaned_on_every_gpu(site):
     record("multi_gpu_llama_parent_died", {"held_mib": held, "after": nvml_memory()})
 
 
-@pytest.mark.skipif(_gpu_count() < 2, reason="needs two or more GPUs")
+@pytest.mark.skipif(gpu_count() < 2, reason="needs two or more GPUs")
 def test_a_gpu_held_by_a_foreign_process_refuses_the_spread_launch_naming_it(site):
     """Issue 65.2: the last GPU held by a process gpufleet did not start: a launch over every
     GPU is refused in one line naming that GPU, and nothing is started."""
     from gpuhelpers import HOLDER
 
-    last = _gpu_count() - 1
+    last = gpu_count() - 1
     (site / "playbooks" / "spread.yaml").write_text(
         yaml.safe_dump({"extends": "target", "flags": {"split-mode": "layer"}}))  # fmt: skip
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, "hold", "512"], text=True,
