@@ -256,6 +256,38 @@ def hostile_in_namespace(pid: int, directory: str, scratch: Path) -> Iterator[Pa
         _in_namespace(pid, 'umount "$1" && umount "$2"', directory, str(scratch))
 
 
+# one file made another user's in the census sshd's namespace: its directory overlaid, the
+# upper layer holding the file's stand-in (written before the overlay is mounted)
+_STAND_IN = {
+    "file": 'cp -p "$1/$3" "$2/u/$3" && chown 65534 "$2/u/$3"',  # theirs to rewrite
+    "link": 'ln -s "$4" "$2/u/$3"',  # the name leads to a copy that is theirs
+}
+
+
+@contextmanager
+def hostile_file_in_namespace(pid: int, path: str, kind: str, theirs: str,
+                              scratch: Path) -> Iterator[None]:  # fmt: skip
+    """`path` made another user's as sshd `pid`'s sessions see it, `kind` "file" (owned by
+    uid 65534) or "link" (a symlink to `theirs`, a copy that uid 65534 owns); every other
+    process sees the file as it was, so the case runs beside the other tests."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    directory, name = os.path.split(path)
+    script = ('mount -t tmpfs census "$2" && mkdir "$2/u" "$2/w" && ' + _STAND_IN[kind] +
+              ' && mount -t overlay census -o "lowerdir=$1,upperdir=$2/u,workdir=$2/w" "$1"')  # fmt: skip
+    made = _in_namespace(pid, script, directory, str(scratch), name, theirs)
+    if made.returncode != 0:
+        _in_namespace(pid, 'umount "$1"', str(scratch))
+        raise RuntimeError(f"overlay of {path} failed: {made.stderr.strip()}")
+    try:
+        yield
+    finally:
+        # detached at once (lazily): a session of the case still ending may hold the file
+        # (a python that mapped it), and the next case must find the directory as it was
+        gone = _in_namespace(pid, 'umount -l "$1" && umount -l "$2"', directory, str(scratch))
+        if gone.returncode != 0:
+            raise RuntimeError(f"overlay of {path} stayed: {gone.stderr.strip()}")
+
+
 def written_in_namespace(pid: int, upper: Path) -> list[str]:
     """What a task wrote into the overlaid directory: the upper layer's entries."""
     listed = _in_namespace(pid, 'ls -A "$1"', str(upper))

@@ -7,8 +7,10 @@ root loaded there is made another user's in two ways, each with the task run aga
 - **file**: the file itself owned by uid 65534 (it could rewrite it);
 - **link**: the file replaced by a symlink to a copy that uid 65534 owns.
 Each case must end in a refusal that names the file, or leave it unused (not loaded in that
-run): no case may load it. The file is restored after each case, so the directories of
-other tests (the host venv, Python's own, /etc) are changed only while this runs alone.
+run): no case may load it. Where the machine allows, a file is made another user's only as
+the census sshd's sessions see it (its directory overlaid in that sshd's mount namespace),
+so those cases run beside the other tests; a file whose directory cannot be overlaid (one
+with mount points below it) is changed for real and put back, in a case that runs alone.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from census import touches
+from census import hostile_file_in_namespace, touches
 from test_reliability import record
-from test_trust_census import _run_traced, census_host  # noqa: F401  (a fixture)
+from test_trust_census import CONFINED, _confinable, _run_traced, census_host  # noqa: F401
 
 NOBODY = 65534
 LOADED = ("exec", "import", "config")
@@ -74,40 +78,69 @@ class _Hostile:
             os.rename(f"{self.path}.census-kept", self.path)
 
 
-@pytest.mark.exclusive
+@contextmanager
+def _turned_hostile(where: str, sshd, path: str, kind: str, scratch: Path) -> Iterator[None]:
+    """The file made another user's: in the census sshd's namespace only ("confined"), or
+    for every process, put back after ("shared", the case that runs alone)."""
+    if where == "shared":
+        with _Hostile(path, kind, scratch / "theirs"):
+            yield
+        return
+    theirs = scratch / "theirs"
+    theirs.mkdir(exist_ok=True)
+    os.chown(theirs, NOBODY, NOBODY)
+    copy = theirs / os.path.basename(path)
+    shutil.copy2(path, copy)
+    os.chown(copy, NOBODY, NOBODY)
+    with hostile_file_in_namespace(sshd.proc.pid, path, kind, str(copy), scratch / "overlay"):
+        yield
+
+
+WHERE = [
+    pytest.param("confined", marks=pytest.mark.skipif(
+        not CONFINED, reason="no overlay in a mount namespace on this machine")),
+    pytest.param("shared", marks=pytest.mark.exclusive),
+]  # fmt: skip
+
+
 @pytest.mark.slow(minutes=4)
+@pytest.mark.parametrize("where", WHERE)
 def test_each_file_root_loads_turned_hostile_is_refused(
     fleet,
     census_host,  # noqa: F811  (the fixture imported above)
     tmp_path,
     host_python,
+    where,
 ):
     sshd, commands, names = census_host
     task = commands["gpu-clean"]
     first = _run_traced(fleet, sshd, task, tmp_path / "trace")
     assert first.returncode == 0, first.stdout[-2000:]
-    files = _one_file_per_directory(tmp_path / "trace", host_python)
-    assert len(files) >= 10, files
+    every = _one_file_per_directory(tmp_path / "trace", host_python)
+    assert len(every) >= 10, every
+    files = [f for f in every if _confinable(os.path.dirname(f)) == (where == "confined")]
+    if not files:
+        pytest.skip(f"every file's directory is overlaid in the census sshd's namespace "
+                    f"({len(every)} files, the confined case)")  # fmt: skip
     outcomes: dict[str, dict[str, int]] = {"file": {}, "link": {}}
     loaded: list[str] = []
+    theirs = tmp_path / "theirs"
     for kind in os.environ.get("CENSUS_KINDS", "file,link").split(","):
         for path in files:
-            with _Hostile(path, kind, tmp_path / "theirs"):
+            with _turned_hostile(where, sshd, path, kind, tmp_path):
                 out = _run_traced(fleet, sshd, task, tmp_path / "trace")
             used = [t for t in touches(tmp_path / "trace", host_python)
                     if t.kind in LOADED and os.path.realpath(t.path) in
-                    (path, str(tmp_path / "theirs" / os.path.basename(path)))]  # fmt: skip
+                    (path, str(theirs / os.path.basename(path)))]  # fmt: skip
             # the refusal names the file, or (a link) the other user's directory it leads
             # through, found from whichever name led there first (libbz2.so -> ...)
             fixes = [ln for ln in (out.stdout + out.stderr).splitlines() if "fix:" in ln]
-            refused = out.returncode != 0 and any(
-                path in ln or str(tmp_path / "theirs") in ln for ln in fixes
-            )
+            refused = out.returncode != 0 and any(path in ln or str(theirs) in ln for ln in fixes)
             outcome = "refused" if refused else ("unused" if not used else "LOADED")
             outcomes[kind][outcome] = outcomes[kind].get(outcome, 0) + 1
             if outcome == "LOADED" or (out.returncode != 0 and not refused):
                 said = [ln for ln in (out.stdout + out.stderr).splitlines() if "FAILED:" in ln]
                 loaded.append(f"{kind} {names.portable(path)}: exit {out.returncode}, "
                               f"{said[:1] or (out.stdout + out.stderr).splitlines()[-1:]}")  # fmt: skip
-    record("census_files", {"files": len(files), **outcomes})
+    record(f"census_files_{where}", {"files": len(files), **outcomes})
     assert not loaded, "\n".join(loaded)
