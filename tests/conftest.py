@@ -14,7 +14,7 @@ import pytest
 
 from gpufleet.sim import provider as rehearsal
 from gpufleet.sim.sshd import LoopbackSshd, keygen, release_ports, sshd_path
-from helpers import TEST_DEADLINE, Fleet, SimServer
+from helpers import TEST_DEADLINE, Fleet, SimServer, running_slurm
 
 # tests that run the agent's code in this process start it as the zipapp does: with the
 # rehearsal engine plugged into its seam (host/agent/simulation.py)
@@ -96,28 +96,13 @@ def slurm_cluster():
     """A real Slurm (munged, slurmctld, three slurmds: n1-n3; partition h200 = n2-n3) in a
     temporary folder, shared by the session's tests and stopped by PID at its end. It
     fails, never skips, where Slurm is missing: the test command installs it."""
-    import shutil
-    import tempfile
-
-    from gpufleet.sim.slurm_cluster import APT_PACKAGES, LocalSlurm, missing_programs
+    from gpufleet.sim.slurm_cluster import APT_PACKAGES, missing_programs
 
     missing = missing_programs()
     if missing:
         pytest.fail(f"Slurm missing ({', '.join(missing)}): apt-get install -y {APT_PACKAGES}")
-    # in /tmp itself, not pytest's 0700 folder: another user's job (a test) reads it
-    directory = Path(tempfile.mkdtemp(prefix="gpufleet-slurm-"))
-    cluster = LocalSlurm(directory)
-    for attempt in range(3):  # its ports are the kernel's: one may be taken before a bind
-        try:
-            cluster.start()
-            break
-        except RuntimeError:
-            cluster.stop()
-            if attempt == 2:
-                raise
-    yield cluster
-    cluster.stop()
-    shutil.rmtree(directory, ignore_errors=True)
+    with running_slurm("gpufleet-slurm-") as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from gpufleet.sim.sshd import LoopbackSshd
+
+if TYPE_CHECKING:
+    from gpufleet.sim.slurm_cluster import LocalSlurm
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -402,3 +410,27 @@ def simulated_nvml(tmp_path: Path, monkeypatch, count: int):
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
     nvmlread.activate_simulation({"state_dir": str(state), "count": count}, "t")
     return nvmlread.load_pynvml()
+
+
+@contextlib.contextmanager
+def running_slurm(prefix: str, **shape: object) -> Iterator[LocalSlurm]:
+    """A real Slurm cluster of `shape` (LocalSlurm's fields) in a folder of /tmp itself, not
+    pytest's 0700 one (another user's job, a test, reads it); started again where one of
+    its kernel-picked ports was taken before the bind, stopped by PID and removed after."""
+    from gpufleet.sim.slurm_cluster import LocalSlurm
+
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    cluster = LocalSlurm(directory, **shape)  # type: ignore[arg-type]
+    try:
+        for attempt in range(3):
+            try:
+                cluster.start()
+                break
+            except RuntimeError:
+                cluster.stop()
+                if attempt == 2:
+                    raise
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(directory, ignore_errors=True)

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from gpufleet.sim.slurm_cluster import LocalSlurm, missing_programs
-from helpers import Fleet, processes_under, srun_inventory
+from helpers import Fleet, processes_under, running_slurm, srun_inventory
 from test_slurm_real import cancel_mid_bench, status_says_the_job_ended
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
@@ -31,14 +29,9 @@ def cgroup_slurm():
         pytest.fail(f"Slurm missing ({', '.join(missing_programs())})")
     if not FREEZER.is_dir():
         pytest.skip("no cgroup v1 freezer hierarchy at /sys/fs/cgroup/freezer (cgroup v2 only)")
-    directory = Path(tempfile.mkdtemp(prefix="gpufleet-slurm-cgroup-"))
-    cluster = LocalSlurm(directory, nodes=2, proctrack="cgroup", node_prefix="cg")
-    try:
-        cluster.start()
+    with running_slurm("gpufleet-slurm-cgroup-", nodes=2, proctrack="cgroup",
+                       node_prefix="cg") as cluster:  # fmt: skip
         yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

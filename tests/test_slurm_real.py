@@ -11,6 +11,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -18,7 +19,15 @@ import pytest
 import yaml
 
 from gpufleet.sim.slurm_cluster import LocalSlurm
-from helpers import Fleet, pid_alive, processes_under, read_run_id, run_cli, srun_inventory
+from helpers import (
+    Fleet,
+    pid_alive,
+    processes_under,
+    read_run_id,
+    run_cli,
+    running_slurm,
+    srun_inventory,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -32,6 +41,15 @@ def cluster(slurm_cluster: LocalSlurm, monkeypatch) -> LocalSlurm:
     yield slurm_cluster
     for job in set(slurm_cluster.run("squeue", "-h", "-o", "%i").split()) - before:
         slurm_cluster.cancel(job)
+
+
+@pytest.fixture
+def own_cluster(monkeypatch) -> Iterator[LocalSlurm]:
+    """A cluster of this test's own (p1 and p2; partition h200 = p2), for a
+    test that stops slurmctld: the session's cluster serves the tests beside it meanwhile."""
+    with running_slurm("gpufleet-slurm-own-", nodes=2, node_prefix="p") as cluster:
+        monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+        yield cluster
 
 
 def _one_line_exit_2(out, said: str) -> None:
@@ -334,16 +352,16 @@ def test_a_bench_whose_control_step_is_lost_runs_on_and_is_attached(fleet, clust
         cluster.cancel(job)
 
 
-@pytest.mark.exclusive  # slurmctld is the session cluster's: nothing else may use it meanwhile
 @pytest.mark.slow(minutes=2)
 @pytest.mark.faults
 def test_a_finished_run_whose_download_fails_ends_with_the_attach_that_fetches_it(
-    fleet, cluster, tmp_path
+    fleet, own_cluster, tmp_path
 ):
     """Issue 69 R3: slurmctld down from mid-bench past the wait at download (the run
     finished on the node; its files need a new step): the bench printed FAILED with no
     `--attach`. Now the failure line ends with the `--attach` that fetches it, and that
     line, pasted once the controller is back, archives every request."""
+    cluster = own_cluster
     os.environ["GPUFLEET_SLURMCTLD_WAIT_S"] = "5"
     try:
         job, proc, run_id = _srun_bench(fleet, cluster, tmp_path / "a")
@@ -400,13 +418,13 @@ def cancel_mid_bench(fleet: Fleet, cluster: LocalSlurm, tmp_path: Path) -> None:
     print(f"nothing left on the node {time.monotonic() - cancelled:.1f} s after scancel")
 
 
-@pytest.mark.exclusive  # slurmctld is the session cluster's: nothing else may use it meanwhile
 @pytest.mark.faults
-def test_a_step_waits_for_slurmctld_with_backoff_then_says_srun_s_own_words(fleet, cluster):
+def test_a_step_waits_for_slurmctld_with_backoff_then_says_srun_s_own_words(fleet, own_cluster):
     """slurmctld killed: a task that needs a new step says each wait on stderr and goes on
     once the controller is back; where it stays down past the bound, the one failure line
     carries srun's own message (it read "no message" in 3 of 5 tries: stderr was read
     before srun had written it) and how long it waited."""
+    cluster = own_cluster
     job = cluster.submit("-N1", "-p", "h200")
     srun_inventory(fleet, job, [cluster.wait_running(job)])
     cluster.stop_controller()

@@ -15,6 +15,7 @@ with mount points below it) is changed for real and put back, in a case that run
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -26,7 +27,13 @@ import pytest
 
 from census import hostile_file_in_namespace, touches
 from test_reliability import record
-from test_trust_census import CONFINED, _confinable, _run_traced, census_host  # noqa: F401
+from test_trust_census import (  # noqa: F401  (census_host: a fixture)
+    CENSUS,
+    CONFINED,
+    _confinable,
+    _run_traced,
+    census_host,
+)
 
 NOBODY = 65534
 LOADED = ("exec", "import", "config")
@@ -113,6 +120,11 @@ def test_each_file_root_loads_turned_hostile_is_refused(
     where,
 ):
     sshd, commands, names = census_host
+    if where == "shared" and CONFINED:  # known before a trace: the census lists its folders
+        listed = json.loads(CENSUS.read_text())["gpu-clean"]
+        if all(_confinable(names.real(d)) for d in listed):
+            pytest.skip("every folder of gpu-clean's census is overlaid in the census sshd's "
+                        "namespace (the confined case)")  # fmt: skip
     task = commands["gpu-clean"]
     first = _run_traced(fleet, sshd, task, tmp_path / "trace")
     assert first.returncode == 0, first.stdout[-2000:]
