@@ -9,6 +9,7 @@ the run ends. Real sshd, real processes, the rehearsal engine."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -177,3 +178,46 @@ def test_a_run_directory_swapped_for_a_link_is_one_line_and_nothing_is_read(flee
     assert len(failed) == 1 and f"is a link to {secret}" in failed[0], out.stderr
     assert "Traceback" not in out.stderr
     assert not list((tmp_path / "a").rglob("key.pem")) if (tmp_path / "a").exists() else True
+
+
+HOLDS_THE_HOST = """
+import fcntl, os, sys, time
+fd = os.open("owner.lock", os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_a_watch_that_says_done_leaves_the_host_free(tmp_path, monkeypatch):
+    """Found beside six test workers (a Ctrl-C resume, CI-like load): the runner writes its
+    last status and holds the host (its inherited lock) until it exits a moment later; the
+    watch answered "done" at once and the cell's stop was refused, "this host is in use by
+    `inv sweep`", naming the task that started the run. Here a real process holds the lock
+    past the run's "done": the watch returns once it let go, and the next verb gets the host."""
+    from gpufleet.host.agent import ownership
+    from gpufleet.host.agent.procstat import ProcRef
+    from gpufleet.host.agent.protocol import BenchWatchArgs
+    from gpufleet.host.bench import bench_verbs
+
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "runs" / "20261206T000000Z-own-000000"
+    run_dir.mkdir(parents=True)
+    (run_dir / "status.json").write_text(json.dumps({"status": "done"}))
+    runner = subprocess.Popen([sys.executable, "-c", HOLDS_THE_HOST, "1.5"], cwd=tmp_path,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert runner.stdout.readline() == "held\n"
+        ref = ProcRef.capture(runner.pid)
+        (run_dir / "runner.json").write_text(json.dumps(ref.to_wire()))
+        answer = bench_verbs.bench_watch(BenchWatchArgs(run_id=run_dir.name))
+        assert answer["status"] == "done"
+        owner = {"id": "next", "task": "inv stop", "control": "", "pid": os.getpid(), "since": ""}
+        ownership.claim(owner)  # raised IN_USE ("in use by ...") before
+        assert ownership.holder_now()["id"] == "next"
+        assert runner.poll() is not None  # it had ended (a zombie holds nothing)
+    finally:
+        runner.kill()
+        if ownership._held is not None:
+            os.close(ownership._held)
+        ownership._held, ownership._owner = None, None

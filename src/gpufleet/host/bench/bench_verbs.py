@@ -260,6 +260,20 @@ def _runner_alive(run_dir: Path) -> bool:
         return False
 
 
+# The runner holds the host (ownership.held_fd) until its process ends, which is a moment
+# after it writes its last status: a watch that answered "done" at once let the task's next
+# verb (the cell's stop) find the host still held by the run, on a busy machine (CI, stop
+# 74: "this host is in use by `inv sweep`" at a resume). A run is over when its runner is.
+RUNNER_EXIT_S = 15.0
+
+
+def _wait_runner_gone(run_dir: Path, within: float = RUNNER_EXIT_S) -> None:
+    """Until the run's runner has exited (and so let go of the host), at most `within`."""
+    deadline = time.monotonic() + within
+    while _runner_alive(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _read_run_file(run_dir: Path, name: str, offset: int = 0) -> bytes | None:
     """A file the runner writes: in root's run directory, or where the runner ran as the
     run_as user, in that user's (read without following links: host/bench/userrun.py)."""
@@ -341,6 +355,7 @@ def bench_watch(args: BenchWatchArgs) -> BenchWatchAnswer:
             }
         time.sleep(0.25)
     offset = _emit_progress(run_dir, offset)
+    _wait_runner_gone(run_dir)
     userrun.take_back(run_dir, remove=True)
     files = [
         {"name": p.name, "size": p.stat().st_size}
