@@ -41,10 +41,12 @@ def _read_until(proc: subprocess.Popen, words: str, seen: list[str]) -> None:
 
 
 def test_a_second_sweep_on_a_host_in_use_is_refused_naming_the_first(fleet, tmp_path):
-    sim = {"load-seconds": 2.0, "warmup-seconds": 0.1}
-    a = fleet.profile("own-a", tp=1, sim=sim)
+    # the first cell's server loads for 20 s: the four refused tasks below run meanwhile
+    # (with 2 s, on 2 cores beside five other test workers, the first sweep had ended and
+    # freed the host before the fourth, a launch, started: it succeeded)
+    a = fleet.profile("own-a", tp=1, sim={"load-seconds": 20.0, "warmup-seconds": 0.1})
     port = yaml.safe_load(a.read_text())["port"]
-    fleet.profile("own-b", tp=1, sim=sim, port=port)
+    fleet.profile("own-b", tp=1, sim={"load-seconds": 2.0, "warmup-seconds": 0.1}, port=port)
     playbooks = a.parent
     first = _start(
         fleet, "sweep", "--profiles", f"{playbooks}/own-a.yaml,{playbooks}/own-b.yaml",
@@ -61,6 +63,7 @@ def test_a_second_sweep_on_a_host_in_use_is_refused_naming_the_first(fleet, tmp_
         others = [fleet.cli("gpu-clean", "--hosts", "h0"), fleet.cli("stop", "--hosts", "h0"),
                   fleet.cli("launch", "--profile", str(a), "--hosts", "h0")]  # fmt: skip
         reading = fleet.cli("status", "--hosts", "h0")
+        assert first.poll() is None, "the first sweep ended before the checks: nothing was held"
     finally:
         rest, _ = first.communicate(timeout=240)
     seen.append(rest)
