@@ -30,8 +30,10 @@ from census import (
     can_confine,
     created_by,
     hostile_in_namespace,
+    strace_wrapper,
     submounts,
     touches,
+    trace_log,
     traced,
     written_in_namespace,
 )
@@ -195,7 +197,10 @@ def _tasks(fleet, tmp_path, port: int, archive: Path, profile: Path):
 
 @pytest.fixture
 def census_host(fleet, fresh_sshd, tmp_path, host_python):
-    sshd = fresh_sshd(wrapper=PRIVATE_MOUNTS if CONFINED else [])
+    # traced from its start (census.strace_wrapper), in a mount namespace of its own where
+    # this machine allows one
+    confine = PRIVATE_MOUNTS if CONFINED else []
+    sshd = fresh_sshd(wrapper=[*confine, *strace_wrapper(tmp_path / "census.strace")])
     fleet.add_sshd_host("c0", sshd, 70)
     sim = {"load-seconds": 0.2, "warmup-seconds": 0.1}
     profile = fleet.profile("census", tp=1, sim=sim)
@@ -209,7 +214,7 @@ def census_host(fleet, fresh_sshd, tmp_path, host_python):
 
 
 def _run_traced(fleet, sshd, argv: list[str], log: Path):
-    with traced(sshd.proc.pid, log):
+    with traced(trace_log(sshd), log):
         out = fleet.cli(*argv, timeout=600)
     return out
 

@@ -329,7 +329,13 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     mends = record["verify"]["h0"].get("mend", [])
     mended = any("mended (depth 3" in m for m in mends)
     first = 3 if mended else 1
-    assert record["table"] == {"1": {"candidate_steps": [first]}, "4": {"candidate_steps": [0]}}
+    # a tuned server starved beside a CPU hog switched depth during C=16 (its batch dipped
+    # below 4): the mend then begins that range right above C=1, and keeps it only where
+    # measured better; the record says so (seen once in CI beside a hog: key 2)
+    early = any("mended (the range holding C=16 begins right above C=1)" in m for m in mends)
+    depth0 = "2" if early else "4"
+    table = {"1": {"candidate_steps": [first]}, depth0: {"candidate_steps": [0]}}
+    assert record["table"] == table, mends
     # depth 0 paid its draft extend; skipping it measured better, and the gap is said
     pinned, skip, plain = (record["measured"][k]["16"]["output_throughput"]
                            for k in ("0", "skip", "plain"))  # fmt: skip

@@ -7,9 +7,11 @@ Not part of the host agent: it runs on the control machine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -109,8 +111,9 @@ class LoopbackSshd:
     extra_options: list[str] = field(default_factory=list)
     sftp_start: str | None = None  # internal-sftp's start directory (-d); default: the home
     log_level: str = "ERROR"
-    # run under this command, which execs sshd (e.g. `unshare -m --propagation private`:
-    # its own mount namespace, so a test can change what its sessions see and nothing else)
+    # run under this command (e.g. `unshare -m --propagation private`: its own mount
+    # namespace, so a test can change what its sessions see and nothing else), which execs
+    # sshd or, as strace does, runs it as its child
     wrapper: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
 
@@ -166,10 +169,35 @@ class LoopbackSshd:
         raise RuntimeError(f"sshd did not listen on port {self.port}")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        if self._stop_child_listener():
+            # the wrapper's program has ended; what it still follows are sessions' processes,
+            # which outlive the listener anyway: the wrapper goes now
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(2)
+            self.proc.kill()
+            self.proc.wait()
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def _stop_child_listener(self) -> bool:
+        """Stop the listener where a wrapper runs it as its child (strace, which ignores
+        SIGTERM while it runs a program); whether it did. The pid file names the listener;
+        its command line must still name this sshd's port, or the pid is another process's."""
+        assert self.proc is not None
+        try:
+            pid = int((self.directory / "sshd.pid").read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return False
+        if pid == self.proc.pid or f"Port={self.port}\0".encode() not in cmdline:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        return True

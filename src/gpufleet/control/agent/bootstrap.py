@@ -141,13 +141,27 @@ def run_from_memory(path: str, data: bytes) -> None:
     memory, so nothing re-opens the file by path between the check and the use. `__file__`
     still names the path inside the zip, as zipimport would, for the children that the
     agent starts with the zip on their PYTHONPATH."""
+    import _imp
     import importlib.abc
     import importlib.util
     import io
+    import marshal
     import zipfile
 
     archive = zipfile.ZipFile(io.BytesIO(data))
     names = set(archive.namelist())
+
+    def code_of(inner, origin):
+        """The module's code: the zip's pyc where this Python compiled these very bytes
+        (its magic number and the source's hash match), else compiled here."""
+        source = archive.read(inner)
+        pyc = archive.read(inner + "c") if inner + "c" in names else b""
+        if (pyc[:4] == importlib.util.MAGIC_NUMBER
+                and pyc[8:16] == importlib.util.source_hash(source)):  # fmt: skip
+            code = marshal.loads(pyc[16:])
+            _imp._fix_co_filename(code, origin)  # tracebacks name the file in the zip
+            return code
+        return compile(source, origin, "exec")
 
     class FromMemory(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def find_spec(self, fullname, target_path=None, target=None):
@@ -162,10 +176,10 @@ def run_from_memory(path: str, data: bytes) -> None:
 
         def exec_module(self, module):
             inner = module.__spec__.origin[len(path) + 1 :]
-            exec(compile(archive.read(inner), module.__spec__.origin, "exec"), module.__dict__)
+            exec(code_of(inner, module.__spec__.origin), module.__dict__)
 
     sys.meta_path.insert(0, FromMemory())
-    main_code = compile(archive.read("__main__.py"), f"{path}/__main__.py", "exec")
+    main_code = code_of("__main__.py", f"{path}/__main__.py")
     exec(main_code, {"__name__": "__main__", "__file__": f"{path}/__main__.py"})
 
 
