@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -182,7 +183,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # workers side by side (with --maxschedchunk 1, xdist hands tests out in this
         # order): the longest go out first, so none starts last and holds the run open
         # alone. The same order on every worker, as xdist needs.
-        items.sort(key=_expected_minutes, reverse=True)
+        known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+        items.sort(key=lambda item: _expected_seconds(item, known), reverse=True)
+
+
+# How long each test took side by side (seconds, setup to teardown; those of 5 s or more),
+# as `GPUFLEET_WRITE_DURATIONS=1 bash scripts/test.sh` measured them: the longest are
+# handed out first. Ordered by the slow marks alone, tests of 40-80 s without one went out
+# last, and one ran alone for the run's last ~50 s with the cores 75% idle.
+DURATIONS = Path(__file__).with_name("durations.json")
+_MEASURED: dict[str, float] = {}
+
+
+def _expected_seconds(item: pytest.Item, known: dict[str, float]) -> float:
+    """The measured duration, or the slow mark's minutes for a test not measured yet."""
+    return max(known.get(item.nodeid, 0.0), _expected_minutes(item) * 60)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Sum each test's phases where the durations are written (the controller, or a run
+    without workers)."""
+    if os.environ.get("GPUFLEET_WRITE_DURATIONS") == "1" and "PYTEST_XDIST_WORKER" not in (
+        os.environ
+    ):
+        _MEASURED[report.nodeid] = _MEASURED.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not _MEASURED:
+        return
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    known.update({test: round(s, 1) for test, s in _MEASURED.items()})
+    kept = {test: s for test, s in sorted(known.items()) if s >= 5}
+    DURATIONS.write_text(json.dumps(kept, indent=0) + "\n")
 
 
 def _expected_minutes(item: pytest.Item) -> float:

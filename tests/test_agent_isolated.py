@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from census import _joined, traced
+from census import _joined, strace_wrapper, trace_log, traced
 
 # a module, its bytecode or a compiled extension; the bootstrap reads `.pth` files as text
 # (trust.site_directories: the directories they add are judged), it never runs them
@@ -61,14 +61,14 @@ def _imports_by_role(log: Path, site: list[str]) -> dict[str, set[str]]:
 def test_the_agent_imports_nothing_from_the_host_pythons_site_directories(
     fleet, fresh_sshd, tmp_path, host_python
 ):
-    sshd = fresh_sshd()
+    sshd = fresh_sshd(wrapper=strace_wrapper(tmp_path / "iso.strace"))
     fleet.add_sshd_host("iso", sshd, 75)
     profile = fleet.profile("iso", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1})
     port = yaml.safe_load(profile.read_text())["port"] + 75
     site = _site_dirs(host_python)
     assert site, "the host venv has a site directory"
     log = tmp_path / "trace"
-    with traced(sshd.proc.pid, log):
+    with traced(trace_log(sshd), log):
         for argv in (["gpu-clean", "--hosts", "iso"],
                      ["launch", "--profile", str(profile), "--hosts", "iso", "--clean"],
                      ["bench", "--hosts", "iso", "--port", str(port), "--concurrency", "1",

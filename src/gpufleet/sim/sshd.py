@@ -196,7 +196,10 @@ class LoopbackSshd:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (OSError, ValueError):
             return False
-        if pid == self.proc.pid or f"Port={self.port}\0".encode() not in cmdline:
+        # sshd retitles its listener (`sshd: /usr/sbin/sshd -D ... [listener]`): its words
+        # are then one string, separated by spaces instead of NULs
+        words = cmdline.replace(b"\0", b" ").split()
+        if pid == self.proc.pid or f"Port={self.port}".encode() not in words:
             return False
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
