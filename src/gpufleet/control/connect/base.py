@@ -257,7 +257,16 @@ class Session:
         self._fail_lost(agent)
         code, err = agent.exit_code(), agent.stderr_text()
         self._raise_for_workdir(code, err)
-        raise HostError(self._explain_failure(code, err, sink.other), kind=Kind.AGENT)
+        raise self._agent_lost(self._explain_failure(code, err, sink.other))
+
+    def _agent_lost(self, failure: str) -> HostError:
+        """The error for an agent that ended without its answer, at its start or in any verb:
+        where the host's Slurm job ended, that is why (scancel during a launch's own verb
+        read only `agent exited with code 143`), and nothing keeps running to resume."""
+        ended = self.owner_ended()
+        if ended:
+            return HostError(f"{failure}: {ended}", kind=Kind.JOB_ENDED)
+        return HostError(failure, kind=Kind.AGENT)
 
     def _fail_lost(self, agent: AgentProcess) -> None:
         if agent.lost:
@@ -313,7 +322,7 @@ class Session:
                 )
             self._fail_lost(agent)
             code, err = agent.exit_code(), agent.stderr_text()
-            raise HostError(self._explain_failure(code, err, sink.other), kind=Kind.AGENT)
+            raise self._agent_lost(self._explain_failure(code, err, sink.other))
         final = sink.final
         assert final is not None
         if not final.get("ok"):
@@ -340,6 +349,8 @@ class Session:
         try:
             return self.call(args, on_event=on_event, timeout=timeout)
         except HostError as exc:
+            if exc.kind == Kind.JOB_ENDED:  # the agent's loss, said with its job's end
+                raise HostError(f"lost the host while {doing} ({exc})", kind=exc.kind) from None
             if exc.kind not in (Kind.CONNECTION, Kind.AGENT):
                 raise
             ended = self.owner_ended()
