@@ -44,8 +44,9 @@ def test_a_second_sweep_on_a_host_in_use_is_refused_naming_the_first(fleet, tmp_
     # the first cell's server loads for 60 s: the four refused tasks below run meanwhile
     # (with 2 s, on 2 cores beside five other test workers, the first sweep had ended and
     # freed the host before the fourth, a launch, started: it succeeded; with 20 s beside
-    # seven, the checks outlasted it too)
-    a = fleet.profile("own-a", tp=1, sim={"load-seconds": 60.0, "warmup-seconds": 0.1})
+    # seven, the checks outlasted it too; its health timeout leaves room for the load)
+    a = fleet.profile("own-a", tp=1, health_timeout=150,
+                      sim={"load-seconds": 60.0, "warmup-seconds": 0.1})  # fmt: skip
     port = yaml.safe_load(a.read_text())["port"]
     fleet.profile("own-b", tp=1, sim={"load-seconds": 2.0, "warmup-seconds": 0.1}, port=port)
     playbooks = a.parent
