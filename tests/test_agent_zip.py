@@ -61,15 +61,25 @@ def _archive(pyc_magic: bytes | None = None, pyc_source: bytes | None = None) ->
     return buffer.getvalue()
 
 
+RUN_FROM_MEMORY = (
+    "import sys\nns = {'__name__': 'bootstrap'}\nexec(sys.argv[1], ns)\n"
+    "ns['run_from_memory'](sys.argv[2], open(sys.argv[2], 'rb').read())\n"
+)
+
+
+def _bootstrap_run(path) -> subprocess.CompletedProcess:
+    """The zip at `path` run as the bootstrap runs the agent's, from its bytes."""
+    return subprocess.run(
+        [sys.executable, "-I", "-S", "-c", RUN_FROM_MEMORY, bundle.BOOTSTRAP, str(path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+
+
 def _through_bootstrap(tmp_path, data: bytes) -> str:
     path = tmp_path / "agent.pyz"
     path.write_bytes(data)
-    code = (
-        "import sys\nns = {'__name__': 'bootstrap'}\nexec(sys.argv[1], ns)\n"
-        "ns['run_from_memory'](sys.argv[2], open(sys.argv[2], 'rb').read())\n"
-    )
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", code, bundle.BOOTSTRAP, str(path)],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = _bootstrap_run(path)
+    assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
 
@@ -108,12 +118,7 @@ def test_a_traceback_from_compiled_code_names_the_file_in_the_zip(tmp_path):
         zf.writestr("m.pyc", bundle.compiled("m.py", source))
     path = tmp_path / "agent.pyz"
     path.write_bytes(buffer.getvalue())
-    code = (
-        "import sys\nns = {'__name__': 'bootstrap'}\nexec(sys.argv[1], ns)\n"
-        "ns['run_from_memory'](sys.argv[2], open(sys.argv[2], 'rb').read())\n"
-    )
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", code, bundle.BOOTSTRAP, str(path)],
-                         capture_output=True, text=True)  # fmt: skip
+    out = _bootstrap_run(path)
     assert out.returncode == 1
     assert f'File "{path}/m.py", line 2, in boom' in out.stderr
 

@@ -8,7 +8,8 @@ marshal's reference-free format), so the same code always has the same name and 
 receives it once per version.
 
 Each module travels with its compiled code (a checked hash-based pyc, PEP 552): an agent
-start compiled the ~45 modules a verb imports every time (0.15 s of CPU a start). A host
+start compiled the ~45 modules a verb imports every time (0.05-0.1 s of CPU a start,
+benchmarks/agent_start.py). A host
 whose Python is another version reads the magic number, skips the pyc and compiles the
 source, as before. Compiling costs the control plane 0.13 s, so the built zip is kept in the
 user's cache, keyed by its sources and this Python (`cached_build`).
