@@ -2,11 +2,12 @@
 # Quick start, tests: install what the suite needs (openssh-server, Debian's chromium for the
 # report's browser tests, Slurm and MUNGE for a real cluster, Prometheus, Python deps), run it all.
 #   scripts/test.sh            the whole suite (the README's command; CI runs it): the tests
-#                              side by side on $GPUFLEET_TEST_WORKERS workers (default 6; they
-#                              mostly wait on simulated decode and sshd: 4 left the 2 cores 23%
-#                              idle; 8 measured 749-796 s against 6's 827 s, and broke timing
-#                              premises not all verified since), then the `exclusive`
-#                              ones alone (they change a shared directory or judge the load)
+#                              side by side on $GPUFLEET_TEST_WORKERS workers (default 10:
+#                              the longest tests mostly wait on simulated decode and sshd,
+#                              and on 6 the cores were 40-60% idle for the first two
+#                              minutes; 10 keep them busy throughout: 561 s against 613 s),
+#                              then the `exclusive` ones alone (they change a shared
+#                              directory or judge the load)
 #   scripts/test.sh --fast     the unit tier: no sshd, no server, no other process, on
 #                              $GPUFLEET_FAST_WORKERS workers (default 2: 43 s here, 51 s on one)
 #   scripts/test.sh ARGS...    pytest ARGS (e.g. tests/test_bench.py -k crash)
@@ -44,6 +45,10 @@ source "$(dirname "$0")/setup-venv.sh"
 # with PYTHONDONTWRITEBYTECODE set (as on CI's machine) every process of the suite would
 # compile gpufleet's modules again (0.1 s a CLI call): compiled once here, read by all
 python -m compileall -q src
+# pytest rewrites each test module's asserts on import and, with bytecode writes off, does it
+# again in every worker (3.7 CPU-s a collection here, 1.3 from its cache): one collection
+# writes the cache, which the workers read
+PYTHONDONTWRITEBYTECODE= python -m pytest -q --collect-only -p no:cacheprovider >/dev/null || true
 ruff check src tests benchmarks tasks.py
 ruff format --check src tests benchmarks tasks.py
 if [ $fast = 1 ]; then
@@ -53,7 +58,7 @@ if [ $# -gt 0 ]; then
   exec python -m pytest -q "$@"
 fi
 status=0
-python -m pytest -q -n "${GPUFLEET_TEST_WORKERS:-6}" --maxschedchunk 1 -m "not exclusive" \
+python -m pytest -q -n "${GPUFLEET_TEST_WORKERS:-10}" --maxschedchunk 1 -m "not exclusive" \
   || status=$?
 python -m pytest -q -m exclusive || status=$?
 exit $status

@@ -70,7 +70,7 @@ RUN_FROM_MEMORY = (
 def _bootstrap_run(path) -> subprocess.CompletedProcess:
     """The zip at `path` run as the bootstrap runs the agent's, from its bytes."""
     return subprocess.run(
-        [sys.executable, "-I", "-S", "-c", RUN_FROM_MEMORY, bundle.BOOTSTRAP, str(path)],
+        [sys.executable, "-I", "-S", "-c", RUN_FROM_MEMORY, bundle.bootstrap_source(), str(path)],
         capture_output=True, text=True,
     )  # fmt: skip
 

@@ -520,7 +520,7 @@ def test_a_loader_variable_the_login_made_readonly_stops_the_login_before_anythi
     home = tmp_path / "home"
     home.mkdir()
     (home / ".bashrc").write_text(f"readonly LD_PRELOAD={library}\nexport LD_PRELOAD\n")
-    sshd = fresh_sshd(extra_options=[f"SetEnv=HOME={home}"])
+    sshd = fresh_sshd(extra_options=[f"SetEnv=HOME={home}"], login_rc=True)
     fleet.add_sshd_host("h9", sshd, 67)
     out = fleet.cli("gpu-clean", "--hosts", "h9")
     assert out.returncode == 1, out.stdout + out.stderr

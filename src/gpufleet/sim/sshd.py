@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -97,6 +98,20 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _with_setenv(options: list[str], assignment: str | None) -> list[str]:
+    """`options` with `assignment` (NAME=value) added to their SetEnv, unless they set NAME
+    themselves: sshd keeps only the first SetEnv it is given, so it goes into that one."""
+    if assignment is None:
+        return options
+    name = assignment.split("=", 1)[0]
+    for i, option in enumerate(options):
+        if option.startswith("SetEnv="):
+            if re.search(rf"(^|[\s\"']){re.escape(name)}=", option.removeprefix("SetEnv=")):
+                return options
+            return [*options[:i], f"{option} {assignment}", *options[i + 1 :]]
+    return [*options, f"SetEnv={assignment}"]
+
+
 def keygen(path: Path) -> None:
     if not path.exists():
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
@@ -115,6 +130,12 @@ class LoopbackSshd:
     # namespace, so a test can change what its sessions see and nothing else), which execs
     # sshd or, as strace does, runs it as its child
     wrapper: list[str] = field(default_factory=list)
+    # Whether a session's login shell runs its rc file. bash sources ~/.bashrc for every
+    # command sshd runs at shell level 1; a simulated host's login is not this machine's
+    # operator's, whose rc (pyenv init on the CI machine: 0.1 CPU-s and ~60 processes per
+    # channel, two channels per task) cost the suite ~110 of its 1,040 CPU-s. Off: the
+    # session starts at shell level 2 (SetEnv SHLVL=1), where bash reads no rc file.
+    login_rc: bool = False
     proc: subprocess.Popen | None = None
 
     @property
@@ -151,7 +172,7 @@ class LoopbackSshd:
         ]
         if self.max_startups:
             options.append(f"MaxStartups={self.max_startups}")
-        options += self.extra_options
+        options += _with_setenv(self.extra_options, None if self.login_rc else "SHLVL=1")
         argv = [*self.wrapper, binary, "-D", "-e", "-f", "/dev/null"]
         for opt in options:
             argv += ["-o", opt]

@@ -1,5 +1,5 @@
 """Build the host agent as a zipapp whose file name carries its content hash, and the
-bootstrap that runs it (its source compacted, the trust rule inlined: BOOTSTRAP).
+bootstrap that runs it (its source compacted, the trust rule inlined: bootstrap_source).
 
 The package boundary is the shipping boundary: the zip holds `gpufleet/host/` and
 `gpufleet/sim/` whole (plus the package's `__init__.py`), never a hand-kept file list.
@@ -208,4 +208,8 @@ def _inline_trust(source: str) -> str:
     return ast.unparse(tree)
 
 
-BOOTSTRAP = _compact(_inline_trust(Path(bootstrap.__file__).read_text()))
+@lru_cache(maxsize=1)
+def bootstrap_source() -> str:
+    """The `python -c` program that starts every agent; built when a session first starts
+    one (17 ms: every CLI process imports this module, most of them before parsing)."""
+    return _compact(_inline_trust(Path(bootstrap.__file__).read_text()))

@@ -206,7 +206,7 @@ class Session:
             "-I",
             "-S",  # no site: no .pth runs, nothing of a venv is imported by root's agent
             "-c",
-            agentzip.BOOTSTRAP,
+            agentzip.bootstrap_source(),
             self.host.workdir,
             agent,
             digest,
