@@ -9,7 +9,7 @@
 #                              then the `exclusive` ones alone (they change a shared
 #                              directory or judge the load)
 #   scripts/test.sh --fast     the unit tier: no sshd, no server, no other process, on
-#                              $GPUFLEET_FAST_WORKERS workers (default 2: 43 s here, 51 s on one)
+#                              $GPUFLEET_FAST_WORKERS workers (default 2: 28 s here on 2026-12-07)
 #   scripts/test.sh ARGS...    pytest ARGS (e.g. tests/test_bench.py -k crash)
 set -euo pipefail
 fast=0
