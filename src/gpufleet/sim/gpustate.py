@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from gpufleet.host.agent.procstat import ProcRef
 
-if TYPE_CHECKING:  # a name for annotations only: the protocol's import is 20 ms of every
-    # simulated process's start (each SGLang-like holder, 9 of them per 8-GPU server)
+# a name for annotations only: importing the protocol cost every simulated process's start
+# 20 ms (each SGLang-like holder: nine per 8-GPU rehearsal server)
+if TYPE_CHECKING:
     from gpufleet.host.agent.protocol import GpuFault
 
 STATE_ENV = "GPUFLEET_SIM_STATE"
