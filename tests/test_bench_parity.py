@@ -70,6 +70,10 @@ def test_flush_before_each_level_keeps_one_level_from_warming_the_next(sim_serve
     assert kept[1]["cache_flushed"] is None and kept[1]["cache_hit_rate"] > 0.9
 
 
+# exclusive: it judges each request's TPOT, which a client descheduled at its first token
+# reads low (beside a CPU hog and ten workers, one C=16 request read 6.7 ms against the
+# model's 32): the client's own timing, so it runs alone like the client-lag tests
+@pytest.mark.exclusive
 def test_slo_goodput_follows_the_timing_model(sim_server):
     """Baseline rehearsal steps cost 15.6 + 1.03 x batch ms: TPOT ~16.6 ms at C=1 and ~32 ms
     at C=16. A TPOT bound between the two levels' measured worst and best holds for every
