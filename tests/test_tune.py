@@ -286,6 +286,14 @@ def test_every_fallback_sglang_checks_is_named_before_launch(fleet):
     assert out.stderr.rstrip().endswith("SGLang would fall back to static")
 
 
+# the rehearsal engine's depth 1 serves this share of its depth-3 chain's per-request speed
+# at C=1 (tspec's verification: 0.934-0.940 over four runs, alone, beside four CPU hogs and
+# beside the suite); a depth-0 table there would keep about 0.72
+DEPTH1_OF_DEPTH3 = 0.93
+# two servers measured one after the other on a busy machine differ by up to ~12%
+BUSY_MARGIN = 0.85
+
+
 @pytest.mark.slow(minutes=4)
 def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path):
     """Depths 0 and 1 at C=1 and 16 on one simulated host over sshd: four launches (a plain
@@ -350,10 +358,12 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     )
     rows = record["verify"]["h0"]["rows"]
     assert [r["winner"] for r in rows] == ["speculation", "no drafting"]
-    # the tuned server runs the winner's depth at both levels: about 1.0, but two servers
+    # the tuned server as first verified (before any mend) runs the winner's depth at C=16,
+    # about 1.0, and depth 1 beside the static depth 3 at C=1 (DEPTH1_OF_DEPTH3); two servers
     # measured one after the other beside a CPU hog and three workers differ by up to ~12%
-    # (CI: under 0.9 once, stop 45), so the bar is what holds on a busy machine
-    assert all(r["kept"] >= 0.85 for r in rows), rows
+    # (CI: under 0.9 once, stop 45), so the bar is that share less what holds on a busy machine
+    share = {1: DEPTH1_OF_DEPTH3, 16: 1.0}
+    assert all(r["kept"] >= BUSY_MARGIN * share[r["concurrency"]] for r in rows), rows
     assert "tspec-tuned keeps" in out.stdout
     # the sentence is the record: the terminal, the record and the profile's note agree
     sentence = record["verify"]["h0"]["sentence"]
@@ -374,7 +384,12 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     # starvation beside the suite can turn either way, so the high phase's winner is not
     # judged here (its kept share is, below)
     assert phases[0]["winner"] == phases[2]["winner"] == "speculation", phases
-    assert all(p["kept"] >= 0.85 for p in phases), phases  # as above
+    # each phase against the share the tuned server's depth there keeps: about 1.0 where it
+    # runs the winner's depth; the low phases run the table's C=1 depth, depth 1 unless the
+    # mend gave depth 3 (a bar of 0.85 of 1.0 there failed CI once at ten workers, stop 76)
+    low = 1.0 if mended else DEPTH1_OF_DEPTH3
+    share = {"low": low, "high": 1.0, "low again": low, "burst": 1.0}
+    assert all(p["kept"] >= BUSY_MARGIN * share[p["phase"]] for p in phases), (phases, mends)
     assert phases[0]["switches"] == 0 and phases[1]["switches"] >= 1, phases
     assert phases[3]["switches"] >= 2, phases  # each burst goes up through batch 4 and back
     assert "Bursts of 16:" in step["sentence"]

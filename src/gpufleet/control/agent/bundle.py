@@ -26,11 +26,11 @@ import os
 import threading
 import zipfile
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from gpufleet import layers
 from gpufleet.control.agent import bootstrap
+from gpufleet.control.agent.once import once
 from gpufleet.host.agent import trust
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # src/gpufleet
@@ -84,7 +84,6 @@ def shipped_files() -> list[tuple[str, Path]]:
     return sorted(out)
 
 
-_BUILDING = threading.Lock()
 # the pyc's flags (PEP 552): hash-based, and the loader checks the source's hash against it
 CHECKED_HASH = (0b11).to_bytes(4, "little")
 # marshal's format 2 has no back-references: format 4's depend on the objects' reference
@@ -100,15 +99,9 @@ def compiled(name: str, source: bytes) -> bytes:
     return header + marshal.dumps(code, MARSHAL_FORMAT)
 
 
+@once
 def build() -> AgentBundle:
-    """The agent, built once per process: the hosts' threads all ask at once, and each
-    miss of an unlocked cache would build it again (0.9 s of CPU for 32 hosts)."""
-    with _BUILDING:
-        return _build()
-
-
-@lru_cache(maxsize=1)
-def _build() -> AgentBundle:
+    """The agent, built once per process (`once`)."""
     sources = [("__main__.py", MAIN.encode())] + [
         (name, path.read_bytes()) for name, path in [*shipped_files(), *vendored_files()]
     ]
@@ -208,8 +201,9 @@ def _inline_trust(source: str) -> str:
     return ast.unparse(tree)
 
 
-@lru_cache(maxsize=1)
+@once
 def bootstrap_source() -> str:
     """The `python -c` program that starts every agent; built when a session first starts
-    one (17 ms: every CLI process imports this module, most of them before parsing)."""
+    one (17 ms: every CLI process imports this module, most of them before parsing), by
+    one thread of a fan-out (`once`)."""
     return _compact(_inline_trust(Path(bootstrap.__file__).read_text()))

@@ -34,6 +34,7 @@ from tenacity import (
 )
 
 from gpufleet.control.agent import python_trust as interpreter
+from gpufleet.control.agent.once import once
 from gpufleet.control.connect import hostkeys
 from gpufleet.control.connect.agentproc import CHUNK, AgentProcess
 from gpufleet.control.connect.base import LOADER_KEPT, LOADER_KEPT_EXIT, Session, clean_start
@@ -96,9 +97,10 @@ def _strict_on_every_hop(conn: Connection, host: SshSettings) -> None:
         hop = hop.gateway
 
 
-@functools.cache
+@once
 def _ssh_files() -> paramiko.SSHConfig:
-    """~/.ssh/config and /etc/ssh/ssh_config as Fabric reads them, parsed once per process."""
+    """~/.ssh/config and /etc/ssh/ssh_config as Fabric reads them, parsed once per process
+    (by one of the fan-out's threads: `once`)."""
     return Config().base_ssh_config
 
 
