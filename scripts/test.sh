@@ -2,10 +2,11 @@
 # Quick start, tests: install what the suite needs (openssh-server, Debian's chromium for the
 # report's browser tests, Slurm and MUNGE for a real cluster, Prometheus, Python deps), run it all.
 #   scripts/test.sh            the whole suite (the README's command; CI runs it): the tests
-#                              side by side on $GPUFLEET_TEST_WORKERS workers (default 10:
+#                              side by side on $GPUFLEET_TEST_WORKERS workers (default 8:
 #                              the longest tests mostly wait on simulated decode and sshd,
 #                              and on 6 the cores were 40-60% idle for the first two
-#                              minutes; 10 keep them busy throughout: 561 s against 613 s),
+#                              minutes; 10 were faster still, 561 s against 613 s, but CI
+#                              failed a tune's timing premise at 10: docs/TESTING.md),
 #                              then the `exclusive` ones alone (they change a shared
 #                              directory or judge the load)
 #   scripts/test.sh --fast     the unit tier: no sshd, no server, no other process, on
@@ -58,7 +59,7 @@ if [ $# -gt 0 ]; then
   exec python -m pytest -q "$@"
 fi
 status=0
-python -m pytest -q -n "${GPUFLEET_TEST_WORKERS:-10}" --maxschedchunk 1 -m "not exclusive" \
+python -m pytest -q -n "${GPUFLEET_TEST_WORKERS:-8}" --maxschedchunk 1 -m "not exclusive" \
   || status=$?
 python -m pytest -q -m exclusive || status=$?
 exit $status
