@@ -50,6 +50,8 @@ def write_run(
 ) -> Path:
     rows = [level_row(c, v) for c, v in figures.items()]
     files = {"results.jsonl": "".join(json.dumps(r) + "\n" for r in rows).encode()}
+    # the rest of what a finished run holds (store.REQUIRED_FILES), so it verifies
+    files |= {"plan.json": b"{}\n", "status.json": b"{}\n", "summary.csv": b"\n"}
     manifest = {
         "run_id": run_id,
         "host": host,
@@ -79,10 +81,10 @@ def write_run(
 
 def fleet_archive(
     root: Path, hosts: int, slow: dict[str, float] | None = None, noise: float = 0.01,
-    seed: int = 0, levels: tuple[int, ...] = (1, 10, 64), **run: object,
+    seed: int = 0, levels: tuple[int, ...] = (1, 10, 64), day: int = 1, **run: object,
 ) -> list[str]:  # fmt: skip
-    """One run per host at each level, stock figures with `noise` relative jitter; hosts
-    in `slow` get that factor. Returns the host names."""
+    """One run per host at each level (a round on November `day`), stock figures with
+    `noise` relative jitter; hosts in `slow` get that factor. Returns the host names."""
     rng = random.Random(seed)
     base = {1: 60.0, 10: 380.0, 64: 780.0}
     names = [f"gpu{i:02d}" for i in range(hosts)]
@@ -93,7 +95,9 @@ def fleet_archive(
         extra = dict(run)
         if name in (slow or {}):
             extra.setdefault("power_limit_w", 500.0)
-        write_run(root, name, f"20261101T000000Z-baseline-{name}", figures, **extra)  # type: ignore[arg-type]
+        extra.setdefault("started", f"2026-11-{day:02d}T00:00:00+00:00")
+        run_id = f"202611{day:02d}T000000Z-baseline-{name}"
+        write_run(root, name, run_id, figures, **extra)  # type: ignore[arg-type]
     return names
 
 

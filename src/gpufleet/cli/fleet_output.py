@@ -9,9 +9,10 @@ from pathlib import Path
 from gpufleet.cli.output import line, prose, table
 from gpufleet.fleet.estimate import Estimate
 from gpufleet.fleet.history import HostHistory
-from gpufleet.fleet.outliers import FleetView, change_text, fact_text
+from gpufleet.fleet.outliers import FleetView
 from gpufleet.fleet.page import as_json, interval_json, markdown, sentences
 from gpufleet.fleet.page import table as fleet_table
+from gpufleet.fleet.wording import change_text, fact_text
 from gpufleet.report.stats import with_interval
 
 
@@ -36,7 +37,8 @@ def print_fleet(
         newest = max(runs, key=lambda r: r.started_at).round_id if runs else "-"
         prose(
             f"{view.profile}: {view.metric.label}, each host's ratio to the fleet's median "
-            f"[95% interval]; ! = off the fleet (>= {view.threshold:.0%} and significant)"
+            f"[95% interval]; ! = named off the fleet (>= {view.threshold:.0%} and significant), "
+            "? = suspect (this round only), ~ = not judged (the client's mark)"
         )
         table("", headers, rows)
         for sentence in sentences(view):

@@ -3,12 +3,16 @@ run's summary, so `inv fleet`, `inv history` and `inv metrics` answer for 128 ho
 runs without reading 6,400 manifests.
 
 The run files stay the only source of truth. Every open brings the index up to date with
-them: a run whose manifest is new or changed (size or mtime) is read again, a run gone is
-dropped, and the sweep membership (which runs are repeats of one sweep cell) is rebuilt
-when a sweep's state changed. An index that is missing is built; one that is unreadable or
-of another schema is rebuilt with a note; `rebuild=True` (`inv runs --reindex`) forces it.
-An archive the user may not write gets an index in memory, with a note. SQLite is the
-standard library's: embedded, no server.
+them: a run whose manifest or results.jsonl is new or changed (size or mtime of each file
+the index reads) is read again, and its results.jsonl checked against the manifest's
+sha256; `--reindex` checks every file of every run (archive/store.verify). A run whose
+files do not parse or verify, or a folder without its manifest, is kept in the index as
+broken, with the reason, and every view leaves it out by name (`broken_lines`): one bad
+run never stops the rest. A run gone is dropped, and the sweep membership (which runs are
+repeats of one sweep cell) is rebuilt when a sweep's state changed. An index that is
+missing is built; one that is unreadable or of another schema is rebuilt with a note;
+`rebuild=True` (`inv runs --reindex`) forces it. An archive the user may not write gets
+an index in memory, with a note. SQLite is the standard library's: embedded, no server.
 """
 
 from __future__ import annotations
@@ -29,12 +33,16 @@ from gpufleet.kinds import RunStatus
 from gpufleet.report import catalogue
 from gpufleet.report.fingerprint import Fact, fingerprint
 
-SCHEMA = 1
+SCHEMA = 2
+RESULTS = "results.jsonl"
+READ = (store.MANIFEST, RESULTS)  # the files the index reads of each run, tracked
 PROMPT_SET = "prompt set"  # the fingerprint entry the index adds: name and sha256 prefix
 
 _TABLES = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE sources (path TEXT PRIMARY KEY, mtime_ns INTEGER, size INTEGER, kind TEXT);
+CREATE TABLE sources (path TEXT PRIMARY KEY, stamp TEXT NOT NULL, kind TEXT);
+CREATE TABLE broken (host TEXT NOT NULL, run_id TEXT NOT NULL, profile TEXT,
+    reason TEXT NOT NULL, PRIMARY KEY (host, run_id));
 CREATE TABLE runs (
     host TEXT NOT NULL, run_id TEXT NOT NULL, profile TEXT, status TEXT NOT NULL,
     superseded INTEGER NOT NULL, started_at TEXT NOT NULL, engine TEXT, engine_version TEXT,
@@ -186,6 +194,23 @@ class Index:
             )
             run.rows = [json.loads(row) for (row,) in query]
 
+    def broken(
+        self, profile: str | None = None, host: str | None = None
+    ) -> list[tuple[str, str, str]]:
+        """(host, run id, why) of each run left out as damaged, of this profile (or of no
+        known profile) and host."""
+        rows = self.conn.execute("SELECT host, run_id, profile, reason FROM broken "
+                                 "ORDER BY host, run_id")  # fmt: skip
+        return [
+            (h, r, why)
+            for h, r, p, why in rows
+            if (profile is None or p in (None, profile)) and (host is None or h == host)
+        ]
+
+    def broken_lines(self, profile: str | None = None, host: str | None = None) -> list[str]:
+        """`gpu01: run R left out: results.jsonl: checksum mismatch` for each damaged run."""
+        return [f"{h}: run {r} left out: {why}" for h, r, why in self.broken(profile, host)]
+
     def manifest(self, run: IndexedRun) -> Manifest:
         """The run's manifest as indexed (for what the summary columns do not hold)."""
         (text,) = self.conn.execute(
@@ -203,7 +228,7 @@ def open_index(archive: Archive, rebuild: bool = False) -> Index:
         _remove(path)
     conn = _open_file(path, notes)
     try:
-        _sync(conn, archive)
+        _sync(conn, archive, full=rebuild)
     except BaseException:
         conn.close()
         raise
@@ -257,42 +282,31 @@ def _fresh(conn: sqlite3.Connection) -> sqlite3.Connection:
     return conn
 
 
-def _stat(path: Path) -> tuple[int, int]:
-    st = path.stat()
-    return st.st_mtime_ns, st.st_size
-
-
-def _listed_runs(archive: Archive) -> dict[str, tuple[str, str, Path, tuple[int, int]]]:
-    """manifest path -> (host, run id, run dir, (mtime, size)) for every run folder; one
-    line (UserError) for a folder without its manifest, none for one removed meanwhile."""
-    found: dict[str, tuple[str, str, Path, tuple[int, int]]] = {}
-    for host, run_dir in archive.run_dirs():
-        manifest = run_dir / store.MANIFEST
+def _stamp(run_dir: Path) -> str:
+    """Size and mtime of each file the index reads of a run (`-` for one absent)."""
+    parts = []
+    for name in READ:
         try:
-            found[str(manifest)] = (host, run_dir.name, run_dir, _stat(manifest))
+            st = (run_dir / name).stat()
+            parts.append(f"{name}:{st.st_mtime_ns}:{st.st_size}")
         except FileNotFoundError:
-            if not run_dir.exists():
-                continue  # removed since it was listed: it is gone, not broken
-            raise UserError(
-                f"{run_dir}: an archived run's folder without its {store.MANIFEST}: restore "
-                f"it, or move the folder out of {archive.root}/ (nothing was indexed)"
-            ) from None
-    return found
+            parts.append(f"{name}:-")
+    return ";".join(parts)
 
 
-def _sync(conn: sqlite3.Connection, archive: Archive) -> None:
+def _file_stamp(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_mtime_ns}:{st.st_size}"
+
+
+def _sync(conn: sqlite3.Connection, archive: Archive, full: bool = False) -> None:
     """Bring the index in line with the run files and sweep states, in one transaction."""
-    found = _listed_runs(archive)
+    found = {str(d): (host, d, _stamp(d)) for host, d in archive.run_dirs()}
     sweeps = {}
     for path in archive.sweep_states():
         with contextlib.suppress(FileNotFoundError):  # removed since it was listed
-            sweeps[str(path)] = _stat(path)
-    known = {
-        path: ((mtime, size), kind)
-        for path, mtime, size, kind in conn.execute(
-            "SELECT path, mtime_ns, size, kind FROM sources"
-        )
-    }
+            sweeps[str(path)] = _file_stamp(path)
+    known = {path: (stamp, kind) for path, stamp, kind in conn.execute("SELECT * FROM sources")}
     changed = [p for p, (*_, st) in found.items() if known.get(p, (None,))[0] != st]
     gone = [p for p, (_, kind) in known.items() if kind == "run" and p not in found]
     sweeps_changed = {p: st for p, st in sweeps.items() if known.get(p, (None,))[0] != st}
@@ -301,48 +315,88 @@ def _sync(conn: sqlite3.Connection, archive: Archive) -> None:
         return
     parsed = []
     for path in changed:
-        host, run_id, run_dir, _ = found[path]
-        try:
-            parsed.append((path, host, run_id, _read_run(run_dir)))
-        except UserError:
-            if run_dir.exists():
-                raise
+        host, run_dir, _ = found[path]
+        read = _read_checked(run_dir, full)
+        if read is None:
             gone.append(path)  # removed between the listing and the read
+        else:
+            parsed.append((path, host, run_dir, read))
     conn.execute("BEGIN IMMEDIATE")
     try:
         for path in gone:
-            host, run_id = Path(path).parent.parent.name, Path(path).parent.name
-            _drop(conn, host, run_id)
+            _drop(conn, Path(path).parent.name, Path(path).name)
             conn.execute("DELETE FROM sources WHERE path = ?", (path,))
-        for path, host, run_id, (manifest, rows) in parsed:
-            _drop(conn, host, run_id)
-            _insert(conn, host, run_id, manifest, rows)
-            conn.execute(
-                "INSERT OR REPLACE INTO sources VALUES (?, ?, ?, 'run')", (path, *found[path][3])
-            )
+        for path, host, run_dir, read in parsed:
+            _drop(conn, host, run_dir.name)
+            if isinstance(read, Broken):
+                conn.execute("INSERT INTO broken VALUES (?, ?, ?, ?)",
+                             (host, run_dir.name, read.profile, read.reason))  # fmt: skip
+            else:
+                _insert(conn, host, run_dir.name, *read)
+            conn.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, 'run')",
+                         (path, found[path][2]))  # fmt: skip
         if sweeps_changed or sweeps_gone:
             _index_cells(conn, archive)
             conn.execute("DELETE FROM sources WHERE kind = 'sweep'")
-            conn.executemany(
-                "INSERT INTO sources VALUES (?, ?, ?, 'sweep')",
-                [(p, *st) for p, st in sweeps.items()],
-            )
+            conn.executemany("INSERT INTO sources VALUES (?, ?, 'sweep')", sweeps.items())
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
 
 
+@dataclass
+class Broken:
+    """A run the index cannot serve: why, in one line, and its profile where known."""
+
+    reason: str
+    profile: str | None = None
+
+
+def _read_checked(run_dir: Path, full: bool) -> tuple[Manifest, list[Row]] | Broken | None:
+    """The run's manifest and rows, or why not: no manifest, a file that does not parse,
+    results.jsonl not the file the manifest's checksum names (every file's with `full`);
+    None for a run removed meanwhile (gone, not broken)."""
+    try:
+        if not (run_dir / store.MANIFEST).exists():
+            raise UserError(f"a run folder without its {store.MANIFEST}")
+        manifest, rows = _read_run(run_dir)
+    except (UserError, OSError, ValueError) as exc:
+        if not run_dir.exists():
+            return None
+        return Broken(_one_line(str(exc).replace(f"{run_dir}/", "")))
+    sums = manifest.files
+    if full:
+        problems = store.verify(run_dir)
+    elif RESULTS in sums:
+        try:
+            data = (run_dir / RESULTS).read_bytes()
+            same = store.sha256(data) == sums[RESULTS]
+            problems = [] if same else [f"{RESULTS}: checksum mismatch"]
+        except FileNotFoundError:
+            problems = [f"{RESULTS}: missing"]
+    else:
+        problems = []
+    if problems:
+        return Broken(f"does not verify: {'; '.join(problems[:3])}", manifest.profile)
+    return manifest, rows
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300]
+
+
 def _read_run(run_dir: Path) -> tuple[Manifest, list[Row]]:
     """A run's manifest and level rows; one line (UserError) naming the file if unreadable."""
     manifest = store.read_manifest(run_dir)
     rows = []
-    if (run_dir / "results.jsonl").exists():
+    if (run_dir / RESULTS).exists():
         rows = [r.to_wire() for r in store.read_results(run_dir)]
     return manifest, rows
 
 
 def _drop(conn: sqlite3.Connection, host: str, run_id: str) -> None:
+    conn.execute("DELETE FROM broken WHERE host = ? AND run_id = ?", (host, run_id))
     conn.execute("DELETE FROM runs WHERE host = ? AND run_id = ?", (host, run_id))
     conn.execute("DELETE FROM levels WHERE host = ? AND run_id = ?", (host, run_id))
 

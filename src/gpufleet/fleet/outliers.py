@@ -2,16 +2,21 @@
 
 Per level, the fleet's figure is the median across hosts and its spread the MAD (scaled
 by 1.4826 to a standard deviation): one bad host moves neither, so it cannot hide by
-dragging the fleet with it, as it would a mean. A host is named when it is off both
+dragging the fleet with it, as it would a mean. A host is off the fleet when it is off both
 significantly (beyond `critical_z(n)` robust deviations of the fleet, and its own 95%
-interval excludes the fleet's median) and materially (its ratio to the median beyond
-`threshold`, 5% by default). With few hosts the MAD is itself uncertain, so the bar rises
-as Student's t does for a spread from n - 1 degrees of freedom (its 99.5% quantile: 5.8
-robust deviations for 4 hosts, 4.0 for 6, 3.5 for 8), never below 3: on a busy CI
-machine four stock rehearsal hosts read 0.98-1.05x at C=1 and one was named at a bar
-of 3. Fewer than `MIN_HOSTS` hosts name nobody: with two, which one is off cannot be
-told. For a named host the fingerprint fields where it differs from the fleet's
-majority are listed, or "no recorded difference".
+interval, widened by run-to-run noise (estimate.with_run_noise), excludes the fleet's
+median) and materially (its ratio to the median beyond `threshold`, 5% by default). With
+few hosts the MAD is itself uncertain, so the bar rises as Student's t does for a spread
+from n - 1 degrees of freedom (its 99.5% quantile: 5.8 robust deviations for 4 hosts, 4.0
+for 6, 3.5 for 8), never below 3. Fewer than `MIN_HOSTS` hosts name nobody.
+
+One round is not enough evidence by itself: on a busy fleet one or two stock hosts read
+12% slow in one round of nine (a shared slow moment). A host off the fleet is named when
+a fingerprint field differs from the fleet's majority, or when its previous round was off
+on the same side too; otherwise it is a suspect ("measure again"), which exits 0. A level
+the client marked late or client-bound (results.jsonl's client_late, client_bound) is not
+judged: its figure says more about the client than the host. Only runs of the majority's
+prompt set and GPU model are compared; the rest are left out by name.
 """
 
 from __future__ import annotations
@@ -21,11 +26,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from gpufleet.errors import UserError
+from gpufleet.fleet import estimate as est
 from gpufleet.fleet.estimate import Estimate, estimate, scaled
-from gpufleet.fleet.index import Index, IndexedRun
+from gpufleet.fleet.index import Index, IndexedRun, Row
 from gpufleet.report import catalogue
 from gpufleet.report.fingerprint import Fact
-from gpufleet.report.stats import with_interval
 
 DEFAULT_THRESHOLD = 0.05
 ROBUST_Z = 3.0  # the least bar, for a large fleet (several hosts and levels are tested)
@@ -41,6 +46,10 @@ MIN_HOSTS = 3
 DEFAULT_METRIC = catalogue.THROUGHPUT
 
 
+CLIENT_MARKS = (("client_late", "the client's timers fired late"),
+                ("client_bound", "the client set the pace"))  # fmt: skip
+
+
 @dataclass
 class HostFigure:
     """One host at one level: its figure, its ratio to the fleet's median, the verdict."""
@@ -50,8 +59,10 @@ class HostFigure:
     ratio: float
     interval: tuple[float, float] | None
     robust_z: float | None  # None: the fleet has no spread at this level
+    off: bool = False  # off the fleet in this round (named or suspect)
     named: bool = False
-    side: str = ""  # slower or faster, when named
+    side: str = ""  # slower or faster, when off
+    unjudged: str | None = None  # why this level is not judged (the client's mark)
 
 
 @dataclass
@@ -64,10 +75,14 @@ class FleetLevel:
 
 @dataclass
 class NamedHost:
+    """A host off the fleet: named (a field differs, or its previous round agrees) or a
+    suspect (this round only)."""
+
     host: str
     levels: list[int]
     worst: HostFigure
     differences: list[tuple[str, Fact, Fact]]  # (field, this host's, the fleet majority's)
+    confirmed_by: str | None = None  # the previous round's run that was off the same way
 
 
 @dataclass
@@ -80,6 +95,8 @@ class FleetView:
     runs: dict[str, list[IndexedRun]]  # host -> the runs its figures come from
     left_out: list[str] = field(default_factory=list)  # "host: why"
     notes: list[str] = field(default_factory=list)
+    suspect: list[NamedHost] = field(default_factory=list)
+    unjudged: list[str] = field(default_factory=list)  # "host at C=10: why"
 
 
 def metric_named(key: str) -> catalogue.Metric:
@@ -100,6 +117,30 @@ def fleet_profiles(index: Index) -> list[str]:
         if run.usable and run.profile:
             hosts.setdefault(run.profile, set()).add(run.host)
     return sorted(p for p, h in hosts.items() if len(h) >= 2)
+
+
+def comparable_runs(runs: list[IndexedRun]) -> tuple[list[IndexedRun], list[str]]:
+    """The runs of the prompt set and GPU model most hosts' newest runs have, and a line
+    for each run left out (history's rule: never compared silently)."""
+    newest = {r.host: r for r in runs if r.usable and r.rows}
+    kinds = Counter((r.prompt_set, r.gpu_model) for r in newest.values())
+    if len(kinds) <= 1:
+        return runs, []
+    (prompts, gpu), count = max(kinds.items(), key=lambda kv: (kv[1], str(kv[0])))
+    kept, left_out = [], []
+    for r in runs:
+        pairs = (("prompt set", r.prompt_set, prompts), ("GPU model", r.gpu_model, gpu))
+        why = [
+            f"another {label} ({mine or 'unrecorded'}; fleet: {common or 'unrecorded'} on "
+            f"{count} of {len(newest)} hosts)"
+            for label, mine, common in pairs
+            if mine != common
+        ]
+        if not why:
+            kept.append(r)
+        elif r.usable and r.rows:
+            left_out.append(f"{r.host}: run {r.run_id}: {'; '.join(why)}")
+    return kept, left_out
 
 
 def host_runs(
@@ -150,8 +191,9 @@ def critical_z(hosts: int) -> float:
 
 
 def _judge(level: FleetLevel, threshold: float, higher_is_better: bool) -> None:
-    bar = critical_z(len(level.hosts))
-    for h in level.hosts:
+    judged = [h for h in level.hosts if h.unjudged is None]
+    bar = critical_z(len(judged))
+    for h in judged:
         off = h.estimate.value - level.median
         if level.spread > 0:
             h.robust_z = off / level.spread
@@ -160,8 +202,8 @@ def _judge(level: FleetLevel, threshold: float, higher_is_better: bool) -> None:
             beyond = off != 0
         excludes = h.interval is None or not (h.interval[0] <= 1.0 <= h.interval[1])
         material = abs(h.ratio - 1.0) >= threshold
-        h.named = len(level.hosts) >= MIN_HOSTS and beyond and excludes and material
-        if h.named:
+        h.off = len(judged) >= MIN_HOSTS and beyond and excludes and material
+        if h.off:
             h.side = "slower" if (h.ratio < 1.0) == higher_is_better else "faster"
 
 
@@ -198,7 +240,66 @@ def fleet_view(
             f"no archived run of profile {profile!r} in {index.archive.root}/ "
             f"(profiles there: {', '.join(index.profiles()) or 'none'})"
         )
-    return view_of(runs, profile, m, threshold, latest)
+    view = view_of(runs, profile, m, threshold, latest)
+    view.left_out += index.broken_lines(profile)
+    return view
+
+
+def _ok_values(rows: list[Row], c: int, key: str) -> list[float]:
+    return [
+        float(v)
+        for r in rows
+        if r[catalogue.CONCURRENCY] == c
+        and r.get(catalogue.STATUS) in (None, "ok")
+        and isinstance(v := r.get(key), int | float)
+    ]
+
+
+def _mark(rows: list[Row], c: int) -> str | None:
+    for r in rows:
+        if r[catalogue.CONCURRENCY] != c:
+            continue
+        for key, meaning in CLIENT_MARKS:
+            if r.get(key):
+                return f"{meaning} ({str(r.get(key))[:120]})"
+    return None
+
+
+def _rounds_by_host(runs: list[IndexedRun]) -> dict[str, list[list[IndexedRun]]]:
+    """Each host's usable runs grouped by round (a sweep cell's repeats together), oldest
+    first."""
+    out: dict[str, dict[tuple[str, str | None], list[IndexedRun]]] = {}
+    for r in runs:
+        if r.usable and r.rows:
+            key = (r.round_id, r.cell) if r.cell else (r.run_id, None)
+            out.setdefault(r.host, {}).setdefault(key, []).append(r)
+    return {h: list(groups.values()) for h, groups in out.items()}
+
+
+def _run_noise(
+    rounds: dict[str, list[list[IndexedRun]]], c: int, key: str
+) -> tuple[dict[str, list[float]], tuple[float, int] | None]:
+    """Each host's figure at `c` per round, oldest first, and the fleet's between-round
+    spread (estimate.between_rounds_sd)."""
+    series: dict[str, list[float]] = {}
+    for host, groups in rounds.items():
+        for g in groups:
+            values = _ok_values([row for r in g for row in r.rows], c, key)
+            if values:
+                series.setdefault(host, []).append(statistics.fmean(values))
+    return series, est.between_rounds_sd(list(series.values()))
+
+
+def _widened(e: Estimate, mine: list[float], fleet: tuple[float, int] | None,
+             across: tuple[float, int]) -> Estimate:  # fmt: skip
+    """`e` with a run-to-run term: the larger of the host's own (its earlier rounds'
+    changes) and the fleet's between-round spread, else the fleet's spread across hosts."""
+    own = est.between_rounds_sd([mine[:-1]]) if len(mine) > 4 else None
+    found = [(sd, dof, src) for x, src in ((own, est.OWN_ROUNDS), (fleet, est.FLEET_ROUNDS))
+             if x for sd, dof in [x]]  # fmt: skip
+    if found:
+        return est.with_run_noise(e, *max(found))
+    return est.with_run_noise(e, *across, est.FLEET_SPREAD)
 
 
 def view_of(
@@ -207,95 +308,82 @@ def view_of(
     m: catalogue.Metric,
     threshold: float = DEFAULT_THRESHOLD,
     latest: bool = False,
+    confirm: bool = True,
 ) -> FleetView:
-    """The fleet view of these runs of one profile (oldest first, with their rows)."""
+    """The fleet view of these runs of one profile (oldest first, with their rows); with
+    `confirm`, a host off the fleet with no differing field is named only when the view
+    of the rounds before agrees (module docstring)."""
+    runs, other_kind = comparable_runs(runs)
     chosen, left_out = host_runs(runs, latest)
-    view = FleetView(profile, m, threshold, [], [], chosen, left_out)
+    view = FleetView(profile, m, threshold, [], [], chosen, left_out + other_kind)
+    rounds = _rounds_by_host(runs)
     concurrencies = sorted(
         {r[catalogue.CONCURRENCY] for rs in chosen.values() for x in rs for r in x.rows}
     )
     for c in concurrencies:
-        figures = []
-        for host, rs in sorted(chosen.items()):
-            e = estimate([r for x in rs for r in x.rows if r[catalogue.CONCURRENCY] == c], m.key)
-            if e is not None and e.value > 0:
-                figures.append((host, e))
-        if not figures:
-            continue
-        values = [e.value for _, e in figures]
-        median = statistics.median(values)
-        spread = MAD_TO_SD * statistics.median(abs(v - median) for v in values)
-        hosts = [HostFigure(h, e, *scaled(e, median), None) for h, e in figures]
-        level = FleetLevel(c, median, spread, hosts)
-        _judge(level, threshold, bool(m.higher_is_better))
-        view.levels.append(level)
+        level = _level(view, c, rounds)
+        if level is not None:
+            view.levels.append(level)
     if len(chosen) < MIN_HOSTS:
         view.notes.append(
             f"{len(chosen)} host(s) of {profile}: at least {MIN_HOSTS} are needed "
             "to tell which one is off (inv compare sets two side by side)"
         )
+    before = _previous(runs, chosen, profile, m, threshold) if confirm else {}
     for host in sorted(chosen):
-        mine = [h for lv in view.levels for h in lv.hosts if h.host == host and h.named]
-        if mine:
-            worst = max(mine, key=lambda h: abs(h.ratio - 1.0))
-            levels = [
-                lv.concurrency for lv in view.levels for h in lv.hosts if h.host == host and h.named
-            ]
-            view.named.append(NamedHost(host, levels, worst, fingerprint_differences(host, chosen)))
+        mine = [h for lv in view.levels for h in lv.hosts if h.host == host and h.off]
+        if not mine:
+            continue
+        worst = max(mine, key=lambda h: abs(h.ratio - 1.0))
+        levels = [lv.concurrency for lv in view.levels for h in lv.hosts if h in mine]
+        found = NamedHost(host, levels, worst, fingerprint_differences(host, chosen))
+        found.confirmed_by = before.get((host, worst.side)) if confirm else None
+        if found.differences or found.confirmed_by or not confirm:
+            view.named.append(found)
+        else:
+            view.suspect.append(found)
+        for h in mine:
+            h.named = found in view.named
     return view
 
 
-def fact_text(value: Fact) -> str:
-    """A fingerprint value in few characters: `700 x8` for eight equal GPUs."""
-    if isinstance(value, tuple):
-        if value and len(set(value)) == 1:
-            return f"{_one(value[0])} x{len(value)}"
-        return ",".join(_one(v) for v in value)
-    return _one(value)
+def _level(view: FleetView, c: int, rounds: dict[str, list[list[IndexedRun]]]) -> FleetLevel | None:
+    key = view.metric.key
+    series, fleet = _run_noise(rounds, c, key)
+    figures = []
+    for host, rs in sorted(view.runs.items()):
+        rows = [r for x in rs for r in x.rows if r[catalogue.CONCURRENCY] == c]
+        e = estimate(rows, key)
+        if e is not None and e.value > 0:
+            figures.append((host, e, _mark(rows, c)))
+    judged = [e.value for _, e, mark in figures if mark is None]
+    if not figures or not judged:
+        return None
+    median = statistics.median(judged)
+    spread = est.MAD_TO_SD * statistics.median(abs(v - median) for v in judged)
+    across = (spread / median, max(1, len(judged) - 1))
+    hosts = []
+    for h, e, mark in figures:
+        e = _widened(e, series.get(h, []), fleet, across)
+        hosts.append(HostFigure(h, e, *scaled(e, median), None, unjudged=mark))
+        if mark:
+            view.unjudged.append(f"{h} at C={c}: not judged: {mark}")
+    level = FleetLevel(c, median, spread, hosts)
+    _judge(level, view.threshold, bool(view.metric.higher_is_better))
+    return level
 
 
-def difference_text(label: str, mine: Fact, common: Fact) -> str:
-    """`power limits (W) 500 x2 (fleet: 700 x2)`; where the GPUs differ one by one,
-    only the ones that differ: `application clocks (MHz) 1600 on GPU 3 (fleet: 1980 x8)`."""
-    if isinstance(mine, tuple) and isinstance(common, tuple) and len(mine) == len(common):
-        odd = [i for i, (a, b) in enumerate(zip(mine, common, strict=True)) if a != b]
-        if len(odd) < len(mine) and len(set(common)) == 1:
-            where = ", ".join(f"{_one(mine[i])} on GPU {i}" for i in odd)
-            return f"{label} {where} (fleet: {fact_text(common)})"
-    return f"{label} {fact_text(mine)} (fleet: {fact_text(common)})"
-
-
-def change_text(label: str, before: Fact, after: Fact) -> str:
-    """`engine version 0.5.22 -> 0.5.23`; per GPU, only the GPUs that changed:
-    `application clocks (MHz) on GPU 3 1980 -> 1600`."""
-    if isinstance(before, tuple) and isinstance(after, tuple) and len(before) == len(after):
-        odd = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
-        if len(odd) < len(before):
-            return "; ".join(f"{label} on GPU {i} {_one(before[i])} -> {_one(after[i])}"
-                             for i in odd)  # fmt: skip
-    return f"{label} {fact_text(before)} -> {fact_text(after)}"
-
-
-def _one(value: object) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return "-" if value is None else str(value)
-
-
-def named_sentence(view: FleetView, named: NamedHost) -> str:
-    """`sim-d is 19.0% slower than the fleet's median at C=1,10 (0.810x [0.808-0.812] at
-    C=10); it differs in: application clocks (MHz) 1600 x8 (fleet: 1980 x8)`."""
-    w = named.worst
-    pct = abs(w.ratio - 1.0) * 100
-    at = ",".join(str(c) for c in named.levels)
-    c = next(lv.concurrency for lv in view.levels if w in lv.hosts)
-    ratio = with_interval(w.ratio, w.interval, places=3, suffix="x")
-    if named.differences:
-        diff = "; ".join(difference_text(*d) for d in named.differences)
-        why = f"it differs from the fleet's majority in: {diff}"
-    else:
-        why = "no recorded fingerprint field differs from the fleet's majority"
-    return (
-        f"{named.host} is {pct:.1f}% {w.side} than the fleet's median "
-        f"{view.metric.label} at C={at} ({ratio} at C={c}); {why}"
-    )
+def _previous(
+    runs: list[IndexedRun],
+    chosen: dict[str, list[IndexedRun]],
+    profile: str,
+    m: catalogue.Metric,
+    threshold: float,
+) -> dict[tuple[str, str], str]:
+    """(host, side) -> the run of each host off the fleet in the rounds before these."""
+    now = {(r.host, r.run_id) for rs in chosen.values() for r in rs}
+    earlier = [r for r in runs if (r.host, r.run_id) not in now]
+    if not earlier:
+        return {}
+    view = view_of(earlier, profile, m, threshold, confirm=False)
+    return {(n.host, n.worst.side): view.runs[n.host][-1].run_id for n in view.named}

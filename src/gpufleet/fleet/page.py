@@ -14,12 +14,15 @@ import json
 from pathlib import Path
 
 from gpufleet.archive import store
-from gpufleet.fleet.outliers import FleetView, fact_text, named_sentence
+from gpufleet.fleet.outliers import FleetView
+from gpufleet.fleet.wording import difference_lines, fact_text, named_sentence
 from gpufleet.report.figures import PALETTE, TEXT_PT, WIDTH_IN, svg
 from gpufleet.report.markdown import md_table
 from gpufleet.report.stats import with_interval
 
 NAMED_MARK = "!"  # after a named host's ratio in the table
+SUSPECT_MARK = "?"  # after a suspect's: off the fleet in this round only
+UNJUDGED_MARK = "~"  # after a level the client marked late or bound: not judged
 
 
 def ratio_cell(figure: object) -> str:
@@ -27,7 +30,11 @@ def ratio_cell(figure: object) -> str:
 
     assert isinstance(figure, HostFigure)
     text = with_interval(figure.ratio, figure.interval, places=3)
-    return text + (f" {NAMED_MARK}" if figure.named else "")
+    if figure.named:
+        return f"{text} {NAMED_MARK}"
+    if figure.off:
+        return f"{text} {SUSPECT_MARK}"
+    return f"{text} {UNJUDGED_MARK}" if figure.unjudged else text
 
 
 def table(view: FleetView) -> tuple[list[str], list[list[str]]]:
@@ -45,14 +52,18 @@ def table(view: FleetView) -> tuple[list[str], list[list[str]]]:
 
 
 def sentences(view: FleetView) -> list[str]:
-    """What the view says: each named host with why, or that none is off."""
-    if view.named:
-        return [named_sentence(view, n) for n in view.named]
-    hosts = len(view.runs)
-    return [
-        f"no host of {hosts} is off the fleet's median {view.metric.label} by "
-        f"{view.threshold:.0%} or more, significantly, at any level"
-    ]
+    """What the view says: each named host with why, or that none is off; each suspect;
+    every host whose fingerprint differs from the majority's; the levels not judged."""
+    said = [named_sentence(view, n) for n in view.named]
+    if not view.named:
+        which = "named off" if view.suspect else "off"
+        said.append(
+            f"no host of {len(view.runs)} is {which} the fleet's median "
+            f"{view.metric.label} by {view.threshold:.0%} or more, significantly, at any level"
+        )
+    said += [named_sentence(view, n) for n in view.suspect]
+    said += [f"differs: {d}" for d in difference_lines(view)]
+    return said + view.unjudged
 
 
 def as_json(views: list[FleetView]) -> str:
@@ -76,7 +87,10 @@ def as_json(views: list[FleetView]) -> str:
                                 "interval": interval_json(h.interval),
                                 "source": h.estimate.source,
                                 "named": h.named,
+                                "suspect": h.off and not h.named,
                                 "side": h.side or None,
+                                "judged": h.unjudged is None,
+                                "not_judged": h.unjudged,
                             }
                             for h in lv.hosts
                         ],
@@ -94,6 +108,8 @@ def as_json(views: list[FleetView]) -> str:
                     }
                     for n in view.named
                 ],
+                "suspect": [{"host": n.host, "levels": n.levels} for n in view.suspect],
+                "differences": difference_lines(view),
                 "runs": {h: [r.run_id for r in rs] for h, rs in sorted(view.runs.items())},
                 "left_out": view.left_out,
                 "notes": view.notes,
@@ -115,7 +131,8 @@ def markdown(view: FleetView) -> str:
         f"# Fleet: {view.profile}",
         "",
         f"{view.metric.label}: each host's ratio to the fleet's median, 95% interval; "
-        f"`{NAMED_MARK}` marks a host named off the fleet.",
+        f"`{NAMED_MARK}` marks a host named off the fleet, `{SUSPECT_MARK}` a suspect (this "
+        f"round only), `{UNJUDGED_MARK}` a level the client marked late or bound (not judged).",
         "",
     ]
     lines += md_table(headers, rows)
