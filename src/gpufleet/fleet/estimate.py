@@ -9,10 +9,11 @@ standard error is the relative spread of the matching per-request figure over th
 root of the requests completed (the catalogue's `spread`). That interval is narrower than run-to-run
 noise (a relaunch, another minute): on a busy fleet two stock hosts read 0.88x with intervals
 of +-6% from their requests alone. So the fleet view widens it by a run-to-run term
-(`with_run_noise`): the host's own earlier rounds where it has three, else the fleet's
-between-round spread (each host's change from one round to the next, robustly pooled),
-else the fleet's spread across hosts in this round (an upper bound: it holds the hosts'
-differences too). It also asks for a material difference (`--threshold`).
+(`with_run_noise`): the larger of the host's own round-to-round changes (where it has five
+earlier rounds) and the fleet's (each host's change from one round to the next, less the
+change the whole fleet made in that round, robustly pooled); with no earlier round, the
+fleet's spread across hosts in this round (an upper bound: it holds the hosts' differences
+too). It also asks for a material difference (`--threshold`).
 """
 
 from __future__ import annotations
@@ -120,16 +121,21 @@ def own_rounds_sd(values: list[float]) -> tuple[float, int] | None:
 
 
 def between_rounds_sd(series: list[list[float]]) -> tuple[float, int] | None:
-    """The fleet's run-to-run relative spread: every host's relative change from one round
-    to the next (`series`, each host's values oldest first), pooled by their median
-    absolute size (a transient slow moment on one host moves it little). A change of two
-    runs has sqrt(2) times one run's spread."""
-    changes = [
-        abs(b - a) / ((a + b) / 2)
-        for values in series
-        for a, b in itertools.pairwise(values)
-        if a > 0 and b > 0
-    ]
-    if len(changes) < MIN_REPEATS_FOR_INTERVAL:
+    """The run-to-run relative spread from round-to-round changes: `series` is each host's
+    values, oldest first, the newest rounds aligned. A change the whole fleet made in the
+    same round (an upgrade, a hot afternoon) is taken out (the hosts' median change at that
+    round, where three or more hosts have it), and the rest pooled by their median absolute
+    size, so a transient slow moment on one host moves it little. A change of two runs has
+    sqrt(2) times one run's spread."""
+    by_step: dict[int, list[float]] = {}
+    for values in series:
+        steps = [math.log(b / a) for a, b in itertools.pairwise(values) if a > 0 and b > 0]
+        for back, change in enumerate(reversed(steps)):
+            by_step.setdefault(back, []).append(change)
+    residuals = []
+    for changes in by_step.values():
+        shared = statistics.median(changes) if len(changes) >= MIN_REPEATS_FOR_INTERVAL else 0.0
+        residuals += [abs(x - shared) for x in changes]
+    if len(residuals) < MIN_REPEATS_FOR_INTERVAL:
         return None
-    return MAD_TO_SD * statistics.median(changes) / math.sqrt(2), len(changes)
+    return MAD_TO_SD * statistics.median(residuals) / math.sqrt(2), len(residuals)

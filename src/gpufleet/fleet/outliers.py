@@ -337,7 +337,8 @@ def view_of(
         worst = max(mine, key=lambda h: abs(h.ratio - 1.0))
         levels = [lv.concurrency for lv in view.levels for h in lv.hosts if h in mine]
         found = NamedHost(host, levels, worst, fingerprint_differences(host, chosen))
-        found.confirmed_by = before.get((host, worst.side)) if confirm else None
+        agree = before.get((host, worst.side), ("", set()))
+        found.confirmed_by = agree[0] if agree[1] & set(levels) else None
         if found.differences or found.confirmed_by or not confirm:
             view.named.append(found)
         else:
@@ -379,11 +380,14 @@ def _previous(
     profile: str,
     m: catalogue.Metric,
     threshold: float,
-) -> dict[tuple[str, str], str]:
-    """(host, side) -> the run of each host off the fleet in the rounds before these."""
+) -> dict[tuple[str, str], tuple[str, set[int]]]:
+    """(host, side) -> the run and levels of each host off the fleet in the rounds before
+    these (a second round confirms a suspect at one of the same levels)."""
     now = {(r.host, r.run_id) for rs in chosen.values() for r in rs}
     earlier = [r for r in runs if (r.host, r.run_id) not in now]
     if not earlier:
         return {}
     view = view_of(earlier, profile, m, threshold, confirm=False)
-    return {(n.host, n.worst.side): view.runs[n.host][-1].run_id for n in view.named}
+    return {
+        (n.host, n.worst.side): (view.runs[n.host][-1].run_id, set(n.levels)) for n in view.named
+    }
