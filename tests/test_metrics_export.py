@@ -65,10 +65,14 @@ def test_the_textfile_passes_promtool_and_its_series_are_bounded(tmp_path):
     text = out_file.read_text()
     series = _series(text, THROUGHPUT)
     assert len(series) == 3 * 2 * 2
-    assert all('run_id="20261106T' in s for s in series)  # the newest run of each
     labels = series[0].split("{", 1)[1].split("}", 1)[0]
     assert {kv.split("=")[0] for kv in labels.split(",")} == {
-        "host", "profile", "engine", "engine_version", "concurrency", "run_id"}  # fmt: skip
+        "host", "profile", "engine", "gpu_model", "concurrency"}  # fmt: skip
+    # what changes every round is in one info series per host and profile
+    info = _series(text, "gpufleet_run_info")
+    assert len(info) == 3 * 2
+    assert all('run_id="20261106T' in s for s in info)  # the newest run of each
+    assert "gpufleet_runs_left_out 0.0" in text
     assert "gpufleet_requests_completed_total{" in text
     assert "gpufleet_time_to_first_token_median_seconds{" in text
     assert _series(text, "gpufleet_fleet_throughput_ratio")
@@ -101,7 +105,36 @@ def _get_json(url: str) -> dict:
         return json.loads(response.read())
 
 
+def _series_held(prom_port: int, since: float) -> tuple[int, int]:
+    """(figure series, info series) Prometheus holds since `since`: every label set it
+    stored, stale ones too (what grows the database), not only those scraped last."""
+    url = f"http://127.0.0.1:{prom_port}/api/v1/series?" + urllib.parse.urlencode(
+        {"match[]": '{__name__=~"gpufleet_.+"}', "start": f"{since:.0f}"}
+    )
+    names = [s["__name__"] for s in _get_json(url)["data"]]
+    info = sum(n == "gpufleet_run_info" for n in names)
+    return len(names) - info, info
+
+
+def _wait_for(prom: subprocess.Popen, server: subprocess.Popen, url: str) -> list:
+    deadline, result = time.monotonic() + 90, []
+    while time.monotonic() < deadline and not result:
+        assert prom.poll() is None, prom.stderr.read()[-2000:] if prom.stderr else ""
+        assert server.poll() is None, server.stderr.read() if server.stderr else ""
+        try:
+            result = _get_json(url)["data"]["result"]
+        except OSError:
+            pass
+        if not result:
+            time.sleep(0.5)
+    return result
+
+
 def test_a_real_prometheus_scrapes_the_figure_compare_prints(tmp_path):
+    """The PromQL figure equals compare's; then two more rounds (new runs, a new engine
+    version) leave the series Prometheus holds as they were after the first: a round
+    replaces values, it adds no series (only the info series, one per host and profile,
+    takes the new run id)."""
     from gpufleet.sim.sshd import free_port
 
     prometheus = _tool("prometheus")
@@ -116,6 +149,7 @@ def test_a_real_prometheus_scrapes_the_figure_compare_prints(tmp_path):
     table = run_cli("compare", "baseline", "eagle3", "--no-plots", "--archive", str(root))
     assert any(line.split()[:2] == ["10", f"{figure:.0f}"] for line in table.stdout.splitlines())
 
+    began = time.time() - 5
     port, prom_port = free_port(), free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "metrics", "--serve", "--port", str(port),
@@ -133,26 +167,32 @@ def test_a_real_prometheus_scrapes_the_figure_compare_prints(tmp_path):
          f"--web.listen-address=127.0.0.1:{prom_port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    query = (f'{THROUGHPUT}{{host="gpu1",profile="baseline",concurrency="10",'
-             'run_id="r-base"}')  # fmt: skip
-    url = f"http://127.0.0.1:{prom_port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    api = f"http://127.0.0.1:{prom_port}/api/v1/query?"
+    query = f'{THROUGHPUT}{{host="gpu1",profile="baseline",concurrency="10"}}'
     try:
-        deadline, result = time.monotonic() + 90, []
-        while time.monotonic() < deadline and not result:
-            assert prom.poll() is None, prom.stderr.read()[-2000:] if prom.stderr else ""
-            assert server.poll() is None, server.stderr.read() if server.stderr else ""
-            try:
-                result = _get_json(url)["data"]["result"]
-            except OSError:
-                pass
-            if not result:
-                time.sleep(0.5)
+        result = _wait_for(prom, server, api + urllib.parse.urlencode({"query": query}))
         assert result, "Prometheus never scraped the figure"
         (sample,) = result
         assert float(sample["value"][1]) == figure
         assert sample["metric"]["job"] == "gpufleet"
+        assert "run_id" not in sample["metric"] and "engine_version" not in sample["metric"]
         targets = _get_json(f"http://127.0.0.1:{prom_port}/api/v1/targets")
         assert targets["data"]["activeTargets"][0]["health"] == "up"
+        held = [_series_held(prom_port, began)]
+        for n in (2, 3):  # two more rounds: new runs of both profiles, a new engine
+            for profile, base in (("baseline", 380.0), ("eagle3", 260.0)):
+                write_run(root, "gpu1", f"r{n}-{profile}", {1: base / 6 + n, 10: base + n},
+                          profile=profile, engine_version=f"0.5.{23 + n}",
+                          started=f"2026-11-0{n}T00:00:00+00:00")  # fmt: skip
+            info = f'gpufleet_run_info{{run_id="r{n}-eagle3"}}'
+            assert _wait_for(prom, server, api + urllib.parse.urlencode({"query": info}))
+            figures = _wait_for(prom, server, api + urllib.parse.urlencode(
+                {"query": query.replace("}", "} == " + repr(380.0 + n))}))  # fmt: skip
+            assert figures, f"round {n}'s figure was never scraped"
+            held.append(_series_held(prom_port, began))
+        print(f"series held after each round (figures, info): {held}")
+        assert [f for f, _ in held] == [held[0][0]] * 3, held
+        assert [i for _, i in held] == [2, 4, 6], held  # one per host and profile a round
     finally:
         for proc in (prom, server):
             proc.terminate()

@@ -166,7 +166,8 @@ class ListedRun:
     def status(self) -> str:
         """`done`, `failed`, `failed (superseded)`, or what is wrong with the manifest."""
         if self.manifest is None:
-            return f"unreadable manifest: {self.problem}"
+            missing = self.problem == f"no {MANIFEST}"
+            return str(self.problem) if missing else f"unreadable manifest: {self.problem}"
         status = str(self.manifest.status)
         return f"{status} (superseded)" if self.manifest.superseded else status
 
@@ -176,10 +177,13 @@ class ListedRun:
 
 
 def list_runs(archive: Archive) -> list[ListedRun]:
+    """Every run folder of the archive, a folder without its manifest too (its problem
+    says so: `inv runs --verify` fails it by name)."""
     runs = []
-    for path in archive.run_manifests(MANIFEST):
-        run_dir = path.parent
-        if run_dir.name.startswith("."):
+    for host_name, run_dir in archive.run_dirs():
+        path = run_dir / MANIFEST
+        if not path.exists():
+            runs.append(ListedRun(run_dir, host_name, run_dir.name, None, f"no {MANIFEST}"))
             continue
         try:
             manifest, problem = read_manifest(run_dir), None
@@ -206,6 +210,8 @@ def required_files(manifest: Manifest) -> tuple[str, ...]:
 def verify(run_dir: Path) -> list[str]:
     """Problems found: missing files, changed files, unlisted files, files the run format
     requires that the manifest lacks. Empty list = intact."""
+    if not (run_dir / MANIFEST).exists():
+        return [f"no {MANIFEST}: restore it, or move the folder out of the archive"]
     try:
         manifest = read_manifest(run_dir)
     except (OSError, ValueError, UserError) as exc:

@@ -173,5 +173,6 @@ def histories(
         for p in [profile] if profile else profiles:
             found = host_history(index, h, p, metric, threshold)
             if found is not None:
+                found.left_out += index.broken_lines(p, h)
                 out.append(found)
     return out

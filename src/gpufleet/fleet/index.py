@@ -208,8 +208,8 @@ class Index:
         ]
 
     def broken_lines(self, profile: str | None = None, host: str | None = None) -> list[str]:
-        """`gpu01: run R left out: results.jsonl: checksum mismatch` for each damaged run."""
-        return [f"{h}: run {r} left out: {why}" for h, r, why in self.broken(profile, host)]
+        """`gpu01: run R: does not verify: results.jsonl: checksum mismatch` for each damaged run."""
+        return [f"{h}: run {r}: {why}" for h, r, why in self.broken(profile, host)]
 
     def manifest(self, run: IndexedRun) -> Manifest:
         """The run's manifest as indexed (for what the summary columns do not hold)."""

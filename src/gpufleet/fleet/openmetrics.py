@@ -4,11 +4,14 @@ collector (`inv metrics --output FILE`) or an endpoint Prometheus scrapes (`--se
 Written with prometheus-client's collector API (its exposition, escaping and atomic
 textfile writer), fed from the fleet index on every scrape. Names follow Prometheus'
 conventions: base units (`_seconds`, `_joules_per_token`), `_total` on counters, the
-`gpufleet_` namespace. Labels are host, profile, engine, engine_version, concurrency and
-run_id, and only each host's newest finished run of each profile is exported, so the
-series of one metric are at most hosts x profiles x levels (`series_bound`) however long
-the archive grows; an older run's series end when a newer run replaces it. A running
-sweep adds its cells by status and an ETA.
+`gpufleet_` namespace. A figure's labels are host, profile, engine, gpu_model and
+concurrency only, and only each host's newest finished run of each profile is exported, so
+a metric has at most hosts x profiles x levels series (`series_bound`), per scrape and in
+the database: a new round replaces the values, not the series. What changes every round
+(run id, engine version) is in one info series per host and profile (`gpufleet_run_info`).
+`gpufleet_runs_left_out` counts the runs no view serves (damaged files, no manifest: the
+index keeps them aside), so a damaged run never fails a scrape. A running sweep adds its
+cells by status and an ETA.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
 NAMESPACE = "gpufleet"
-RUN_LABELS = ("host", "profile", "engine", "engine_version", "concurrency", "run_id")
+RUN_LABELS = ("host", "profile", "engine", "gpu_model", "concurrency")
+INFO_LABELS = ("host", "profile", "run_id", "engine_version")
 
 
 @dataclass(frozen=True)
@@ -86,15 +90,10 @@ def _level_values(run: IndexedRun, key: str, counter: bool) -> Iterator[tuple[in
         yield c, (sum(values) if counter else statistics.fmean(values))
 
 
-def _labels(run: IndexedRun, c: int) -> list[str]:
-    return [
-        run.host,
-        run.profile or "",
-        run.engine or "",
-        run.engine_version or "",
-        str(c),
-        run.run_id,
-    ]
+def _labels(run: IndexedRun, c: int | None = None) -> list[str]:
+    """A figure's labels (RUN_LABELS); without `c`, all but the concurrency."""
+    found = [run.host, run.profile or "", run.engine or "", run.gpu_model or ""]
+    return found if c is None else [*found, str(c)]
 
 
 class ArchiveCollector:
@@ -117,16 +116,13 @@ class ArchiveCollector:
                     for c, value in _level_values(run, ex.key, ex.counter):
                         family.add_metric(_labels(run, c), value * ex.scale)
                 yield family
-            started = GaugeMetricFamily(
-                f"{NAMESPACE}_run_start_timestamp_seconds",
-                "When the run began (Unix time)",
-                labels=("host", "profile", "engine", "engine_version", "run_id"),
+            yield from _run_families(runs)
+            left_out = GaugeMetricFamily(
+                f"{NAMESPACE}_runs_left_out",
+                "Archived runs no view serves: files that do not parse or verify, no manifest",
             )
-            for run in runs:
-                at = _unix(run.started_at)
-                if at is not None:
-                    started.add_metric([*_labels(run, 0)[:4], run.run_id], at)
-            yield started
+            left_out.add_metric([], len(index.broken()))
+            yield left_out
             yield from self._fleet(index, runs)
         yield from sweep_progress(self.archive)
 
@@ -148,7 +144,10 @@ class ArchiveCollector:
         for profile in profiles:
             if len({r.host for r in runs if r.profile == profile}) < 2:
                 continue
-            view = fleet_view(index, profile)
+            try:
+                view = fleet_view(index, profile)
+            except UserError:
+                continue  # its runs went meanwhile: the next scrape has them or not
             for level in view.levels:
                 for h in level.hosts:
                     if self.host is None or h.host == self.host:
@@ -156,6 +155,31 @@ class ArchiveCollector:
                         named.add_metric([h.host, profile, str(level.concurrency)], float(h.named))
         yield ratio
         yield named
+
+
+def _run_families(runs: list[IndexedRun]) -> Iterator[Metric]:
+    """Each exported run's start time (bounded labels) and its info series: run id and
+    engine version, the labels that change every round."""
+    from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+
+    started = GaugeMetricFamily(
+        f"{NAMESPACE}_run_start_timestamp_seconds",
+        "When the newest run of the host and profile began (Unix time)",
+        labels=RUN_LABELS[:-1],
+    )
+    info = InfoMetricFamily(
+        f"{NAMESPACE}_run", "The newest run of the host and profile", labels=INFO_LABELS[:2]
+    )
+    for run in runs:
+        at = _unix(run.started_at)
+        if at is not None:
+            started.add_metric(_labels(run), at)
+        info.add_metric(
+            [run.host, run.profile or ""],
+            {"run_id": run.run_id, "engine_version": run.engine_version or ""},
+        )
+    yield started
+    yield info
 
 
 def _unix(stamp: str | None) -> float | None:
