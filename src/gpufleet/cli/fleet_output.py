@@ -109,11 +109,17 @@ def history_json(found: list[HostHistory]) -> str:
     )
 
 
-def print_history(found: list[HostHistory], fmt: str, notes: list[str]) -> None:
+def print_history(
+    found: list[HostHistory], fmt: str, notes: list[str], damaged: list[str] = ()
+) -> None:
+    """The histories, and the damaged runs no history reads (left out by name)."""
     _notes(notes)
     if fmt == "json":
+        _notes([f"left out: {why}" for why in damaged])
         print(history_json(found))
         return
+    for why in damaged:
+        line(f"left out: {why}")
     if not found:
         line("no archived runs match")
     for h in found:

@@ -120,14 +120,15 @@ def history(c, **given):
     from invoke.exceptions import Exit
 
     from gpufleet.cli.fleet_output import print_history
-    from gpufleet.fleet.history import histories
+    from gpufleet.fleet.history import histories, left_out_elsewhere
     from gpufleet.fleet.index import open_index
 
     o = HISTORY.parse(given)
     with open_index(o.archive) as index:
         found = histories(index, o.host, o.profile, o.metric, o.threshold / 100)
         notes = index.notes
-    print_history(found, o.format, notes)
+        damaged = left_out_elsewhere(index, found, o.host, o.profile)
+    print_history(found, o.format, notes, damaged)
     if o.fail_on_regression is not None:
         drop = o.fail_on_regression / 100
         worse = [

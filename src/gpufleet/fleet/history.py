@@ -176,3 +176,12 @@ def histories(
                 found.left_out += index.broken_lines(p, h)
                 out.append(found)
     return out
+
+
+def left_out_elsewhere(
+    index: Index, found: list[HostHistory], host: str | None, profile: str | None
+) -> list[str]:
+    """The damaged runs (index.broken_lines) of hosts and profiles no history reads: a host
+    whose only run is damaged is still named."""
+    said = {line for h in found for line in h.left_out}
+    return [line for line in index.broken_lines(profile, host) if line not in said]

@@ -208,7 +208,7 @@ class Index:
         ]
 
     def broken_lines(self, profile: str | None = None, host: str | None = None) -> list[str]:
-        """`gpu01: run R: does not verify: results.jsonl: checksum mismatch` for each damaged run."""
+        """`gpu01: run R: does not verify: results.jsonl: checksum mismatch`, one a run."""
         return [f"{h}: run {r}: {why}" for h, r, why in self.broken(profile, host)]
 
     def manifest(self, run: IndexedRun) -> Manifest:
