@@ -102,6 +102,7 @@ def history_json(found: list[HostHistory]) -> str:
                     for f, a, b in h.changes
                 ],
                 "left_out": h.left_out,
+                "fleet_moved": h.fleet_moved,
             }
             for h in found
         ],
@@ -158,5 +159,7 @@ def print_history(
             prose("  changed: " + "; ".join(change_text(f, a, b) for f, a, b in h.changes))
         else:
             line("  changed: nothing recorded in the fingerprint")
+        if h.fleet_moved:
+            prose(f"  {h.fleet_moved} (a shared cause, not this host's alone)")
         for why in h.left_out:
             line(f"  left out: {why}")

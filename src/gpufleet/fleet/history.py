@@ -8,6 +8,9 @@ before the upgrade"), pooled. Per level: the ratio newest / baseline with compar
 statistics (estimate.py) and a verdict; the fingerprint fields that changed between the
 baseline and the newest round are named ("engine version: 0.5.22 -> 0.5.23"). Runs of
 another prompt set or GPU model are never mixed in silently: they are listed as left out.
+When most hosts of a round (three or more) moved the same way at a level, by half the
+threshold or more, each history of that round says so (`fleet_moved`): a shared cause,
+not this host's alone.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class HostHistory:
     levels: list[HistoryLevel]
     changes: list[tuple[str, Fact, Fact]]  # (field, baseline's, newest's)
     left_out: list[str] = field(default_factory=list)
+    fleet_moved: str | None = None  # most hosts of this round moved the same way
 
     def regressions(self, drop: float) -> list[HistoryLevel]:
         """Levels significantly worse by more than `drop` (0.05 = 5%)."""
@@ -169,12 +173,38 @@ def histories(
     one line (UserError)."""
     hosts, profiles = known(index, host, profile)
     out = []
-    for h in [host] if host else hosts:
-        for p in [profile] if profile else profiles:
-            found = host_history(index, h, p, metric, threshold)
+    for p in [profile] if profile else profiles:
+        every = {h: host_history(index, h, p, metric, threshold) for h in hosts}
+        moved = _fleet_moves([f for f in every.values() if f is not None], threshold / 2)
+        for h in [host] if host else hosts:
+            found = every[h]
             if found is not None:
                 found.left_out += index.broken_lines(p, h)
+                found.fleet_moved = moved.get(found.newest[-1].round_id)
                 out.append(found)
+    return out
+
+
+def _fleet_moves(found: list[HostHistory], least: float) -> dict[str, str]:
+    """round id -> what most of its hosts (three or more) did alike at some level: moved
+    by `least` or more the same way (significant or not: together they are)."""
+    rounds: dict[str, list[HostHistory]] = {}
+    for h in found:
+        if h.levels:
+            rounds.setdefault(h.newest[-1].round_id, []).append(h)
+    out = {}
+    for round_id, group in rounds.items():
+        said = []
+        for c in sorted({lv.concurrency for h in group for lv in h.levels}):
+            for verdict, sign in ((Verdict.SLOWER, -1), (Verdict.FASTER, 1)):
+                alike = [lv.change for h in group for lv in h.levels
+                         if lv.concurrency == c and lv.change * sign >= least]  # fmt: skip
+                if len(group) >= 3 and len(alike) * 2 > len(group):
+                    median = sorted(alike)[len(alike) // 2]
+                    said.append(f"C={c}: {len(alike)} of {len(group)} hosts {verdict} "
+                                f"(median {median:+.1%})")  # fmt: skip
+        if said:
+            out[round_id] = "the whole fleet moved in this round: " + "; ".join(said)
     return out
 
 
