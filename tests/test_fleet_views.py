@@ -79,3 +79,35 @@ def test_history_says_when_the_whole_fleet_moved_in_the_same_round(tmp_path):
     _round(alone, 4, hosts=6, shared=True, gpu02={"power_limit_w": 500.0})
     got = run_cli("history", "--host", "gpu02", "--archive", str(alone))
     assert "whole fleet moved" not in got.stdout
+
+
+def test_the_named_hosts_labels_never_overlap_on_the_plot(tmp_path):
+    """Two or three hosts named at similar ratios ("pfd"): every pair of label bounding
+    boxes, as drawn, is apart; a census over fleets with one to four named hosts."""
+    import random
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from fleetdata import fleet_archive
+    from gpufleet.archive.layout import Archive
+    from gpufleet.fleet import outliers, page
+    from gpufleet.fleet.index import open_index
+
+    rng = random.Random(9)
+    for case in range(6):
+        root = tmp_path / f"a{case}"
+        names = rng.sample([f"gpu{i:02d}" for i in range(12)], 1 + case % 4)
+        level = rng.uniform(0.7, 0.85)
+        fleet_archive(root, 12, slow={n: level + rng.uniform(-0.004, 0.004) for n in names})
+        with open_index(Archive(root)) as index:
+            view = outliers.fleet_view(index, "baseline")
+        assert sorted(n.host for n in view.named) == sorted(names)
+        fig, _ = page.draw(view)
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        texts = fig.axes[0].texts
+        assert len(texts) == len(names) * 3
+        boxes = [t.get_window_extent(renderer) for t in texts]
+        clashes = [(texts[i].get_text(), texts[j].get_text())
+                   for i in range(len(boxes)) for j in range(i + 1, len(boxes))
+                   if boxes[i].overlaps(boxes[j])]  # fmt: skip
+        assert clashes == [], (case, clashes)

@@ -148,6 +148,7 @@ def draw(view: FleetView):
     fig = Figure(figsize=(WIDTH_IN, 4.4))
     ax = fig.subplots()
     points: list[str] = []
+    labels = []
     xs = list(range(len(view.levels)))
     ax.axhspan(1 - view.threshold, 1 + view.threshold, color="#DDDDDD", zorder=0)
     ax.axhline(1.0, color="#555555", linewidth=1)
@@ -169,20 +170,45 @@ def draw(view: FleetView):
             group.lines[0].set_gid(f"gpufleet-pt-{len(points)}")
             points.append(f"{h.host} at C={level.concurrency}: {ratio_cell(h)}")
             if h.named:
-                ax.annotate(
-                    h.host,
-                    (x + jitter, h.ratio),
-                    textcoords="offset points",
-                    xytext=(6, -4),
-                    fontsize=TEXT_PT,
-                    color=colour,
+                labels.append(
+                    ax.annotate(
+                        h.host,
+                        (x + jitter, h.ratio),
+                        textcoords="offset points",
+                        xytext=(6, -4),
+                        fontsize=TEXT_PT,
+                        color=colour,
+                    )
                 )
     ax.set_xticks(xs, [f"C={lv.concurrency}" for lv in view.levels], fontsize=TEXT_PT)
     ax.tick_params(axis="y", labelsize=TEXT_PT)
     ax.set_xlim(-0.6, len(xs) - 0.4)
     ax.set_ylabel("ratio to fleet median", fontsize=TEXT_PT)
     ax.set_title(f"{view.profile}: {view.metric.label}", fontsize=TEXT_PT + 1)
+    apart(fig, labels)
     return fig, points
+
+
+def apart(fig, labels: list) -> None:
+    """Move the named hosts' labels apart until no two overlap: two hosts at similar
+    ratios drew their names on top of each other. Each overlap moves the lower label
+    down by the overlap (its offset in points), a bounded number of times."""
+    from itertools import combinations
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    for _ in range(20 * len(labels)):
+        boxes = [label.get_window_extent(renderer) for label in labels]
+        clash = next(((i, j) for i, j in combinations(range(len(labels)), 2)
+                      if boxes[i].overlaps(boxes[j])), None)  # fmt: skip
+        if clash is None:
+            return
+        i, j = clash
+        lower = j if (boxes[j].y0, j) <= (boxes[i].y0, i) else i
+        dy = min(boxes[i].y1, boxes[j].y1) - max(boxes[i].y0, boxes[j].y0) + 1.0
+        x, y = labels[lower].xyann
+        labels[lower].xyann = (x, y - dy * 72.0 / fig.dpi)
 
 
 PAGE = """<!doctype html>
