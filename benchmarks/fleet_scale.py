@@ -100,6 +100,11 @@ def profile(fleet: BenchFleet) -> Path:
 
 
 def row(hosts: int, task: str, m: Measured, base: dict[str, float], failed: str = "") -> None:
+    """One line of figures; for a command that failed with no host to blame (a usage
+    error, a crash), its exit code and no figure: its time measures nothing."""
+    if m.code and not failed:
+        print(f"{hosts:5d}  {task:9s}  FAILED (exit {m.code}): no figure", flush=True)
+        return
     base.setdefault(task, m.wall_s)
     print(
         f"{hosts:5d}  {task:9s}  {m.wall_s:7.2f}  {m.wall_s / base[task]:5.2f}x"

@@ -111,3 +111,29 @@ def test_the_named_hosts_labels_never_overlap_on_the_plot(tmp_path):
                    for i in range(len(boxes)) for j in range(i + 1, len(boxes))
                    if boxes[i].overlaps(boxes[j])]  # fmt: skip
         assert clashes == [], (case, clashes)
+
+
+def test_the_fleet_benchmark_times_only_commands_that_worked(tmp_path):
+    """benchmarks/fleet_index.py timed `inv fleet --no-plots` (a flag gone) and printed a
+    usage error's 0.3 s as a figure: a failed command now prints its error, no figure, and
+    the script exits non-zero; at a small size every command it times works."""
+    import subprocess
+    import sys
+
+    from helpers import REPO
+
+    script = REPO / "benchmarks" / "fleet_index.py"
+    got = subprocess.run([sys.executable, str(script), "--hosts", "4", "--runs", "2"],
+                         capture_output=True, text=True, cwd=REPO, timeout=600)  # fmt: skip
+    assert got.returncode == 0, got.stdout + got.stderr
+    timings = [line for line in got.stdout.splitlines() if line.startswith("inv ")]
+    assert len(timings) == 6 and all(line.endswith(" s") for line in timings), got.stdout
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import fleet_index
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    import pytest
+
+    with pytest.raises(fleet_index.CommandFailed, match=r"exit 2, no figure: .*--no-plots"):
+        fleet_index.timed(["fleet", "--no-plots", "--archive", str(tmp_path)], repeats=1)
