@@ -174,15 +174,20 @@ def histories(
     hosts, profiles = known(index, host, profile)
     out = []
     for p in [profile] if profile else profiles:
-        every = {h: host_history(index, h, p, metric, threshold) for h in hosts}
-        moved = _fleet_moves([f for f in every.values() if f is not None], threshold / 2)
-        for h in [host] if host else hosts:
-            found = every[h]
-            if found is not None:
-                found.left_out += index.broken_lines(p, h)
-                found.fleet_moved = moved.get(found.newest[-1].round_id)
-                out.append(found)
-    return out
+        wanted = [host] if host else hosts
+        asked = {h: host_history(index, h, p, metric, threshold) for h in wanted}
+        mine = [f for f in asked.values() if f is not None]
+        if any(abs(lv.change) >= threshold / 2 for f in mine for lv in f.levels):
+            # did the rest of its round move with it? (read only when it moved)
+            rest = [host_history(index, h, p, metric, threshold) for h in hosts if h not in asked]
+            moved = _fleet_moves(mine + [f for f in rest if f is not None], threshold / 2)
+        else:
+            moved = {}
+        for found in mine:
+            found.left_out += index.broken_lines(p, found.host)
+            found.fleet_moved = moved.get(found.newest[-1].round_id)
+            out.append(found)
+    return sorted(out, key=lambda h: (h.host, h.profile))
 
 
 def _fleet_moves(found: list[HostHistory], least: float) -> dict[str, str]:
