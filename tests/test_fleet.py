@@ -61,6 +61,16 @@ def test_a_slow_host_with_nothing_recorded_different_is_suspect_until_a_second_r
     assert "its previous round (20261101T000000Z-baseline-gpu02) was slower too" in said
 
 
+def test_a_suspect_exits_0_and_says_so_on_stderr(tmp_path):
+    fleet_archive(tmp_path, 6, slow={"gpu02": 0.8}, power_limit_w=700.0)
+    got = run_cli("fleet", "--archive", str(tmp_path))
+    assert got.returncode == 0, got.stderr
+    assert got.stderr.strip() == "gpufleet: suspect, measure again: gpu02"
+    assert "suspect: gpu02 is 2" in unwrap(got.stdout)
+    (row,) = [line for line in got.stdout.splitlines() if line.startswith("gpu02 ")]
+    assert row.endswith("] ?") and row.count(" ? ") == 2, row
+
+
 def test_the_threshold_decides_what_is_material(tmp_path):
     fleet_archive(tmp_path, 8, slow={"gpu03": 0.96}, noise=0.002)
     assert _view(tmp_path).named == []  # 4% off: not material at the default 5%

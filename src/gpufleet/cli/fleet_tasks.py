@@ -109,6 +109,13 @@ def fleet(c, **given):
     named = sorted({n.host for v in views for n in v.named})
     if named:
         raise Exit(f"gpufleet: off the fleet: {', '.join(named)}", code=1)
+    suspect = sorted({n.host for v in views for n in v.suspect})
+    if suspect:  # exit 0: one round is not evidence enough to fail a gate
+        import sys
+
+        from gpufleet.cli.output import line
+
+        line(f"gpufleet: suspect, measure again: {', '.join(suspect)}", sys.stderr)
 
 
 @HISTORY.task()
