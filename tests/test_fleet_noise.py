@@ -139,3 +139,32 @@ def test_the_interval_holds_run_to_run_noise_not_only_the_requests():
         assert h.estimate.source == "fleet rounds"
         requests_only = 0.05 / 200**0.5
         assert h.estimate.rel_se > 3 * requests_only, h.estimate
+
+
+def test_a_ttft_read_high_in_one_round_is_a_suspect_or_not_judged():
+    """`--metric median_ttft_ms` named a stock host 44% slower from one round: now one round
+    makes it a suspect, and a level the client marked late is not judged at all."""
+    ttft = outliers.metric_named("median_ttft_ms")
+
+    def fleet(rnd, high, late):
+        runs = _round(rnd, {})
+        for run in runs:
+            for row in run.rows:
+                row["median_ttft_ms"] = (
+                    50.0
+                    * (1.44 if run.host == high else 1.0)
+                    * (1 + 0.004 * (int(run.host[-2:]) % 3 - 1))
+                )
+                if run.host == high and late:
+                    row["client_late"] = "loop lag p99 52 ms"
+        return runs
+
+    one = outliers.view_of(fleet(0, "gpu04", late=False), "baseline", ttft)
+    assert one.named == [] and [(n.host, n.worst.side) for n in one.suspect] == [
+        ("gpu04", "slower")
+    ]
+    marked = outliers.view_of(fleet(0, "gpu04", late=True), "baseline", ttft)
+    assert marked.named == marked.suspect == [] and len(marked.unjudged) == 3
+    moved = outliers.view_of(fleet(0, "gpu04", False) + fleet(1, "gpu06", False), "baseline",
+                             ttft)  # fmt: skip
+    assert moved.named == [] and [n.host for n in moved.suspect] == ["gpu06"]
