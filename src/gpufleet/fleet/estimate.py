@@ -9,7 +9,7 @@ standard error is the relative spread of the matching per-request figure over th
 root of the requests completed (the catalogue's `spread`). That interval is narrower than run-to-run
 noise (a relaunch, another minute): on a busy fleet two stock hosts read 0.88x with intervals
 of +-6% from their requests alone. So the fleet view widens it by a run-to-run term
-(`with_run_noise`): the larger of the host's own round-to-round changes (where it has five
+(`with_run_noise`): the larger of the host's own round-to-round changes (where it has four
 earlier rounds) and the fleet's (each host's change from one round to the next, less the
 change the whole fleet made in that round, robustly pooled); with no earlier round, the
 fleet's spread across hosts in this round (an upper bound: it holds the hosts' differences
@@ -111,13 +111,6 @@ def with_run_noise(e: Estimate, rel_sd: float, dof: int, source: str) -> Estimat
         return e
     rel = math.sqrt((e.rel_se or 0.0) ** 2 + rel_sd**2 / max(1, e.samples))
     return Estimate(e.value, rel, max(1, dof), e.samples, source)
-
-
-def own_rounds_sd(values: list[float]) -> tuple[float, int] | None:
-    """A host's run-to-run relative spread from its own earlier rounds (three or more)."""
-    if len(values) < MIN_REPEATS_FOR_INTERVAL or statistics.fmean(values) <= 0:
-        return None
-    return statistics.stdev(values) / statistics.fmean(values), len(values) - 1
 
 
 def between_rounds_sd(series: list[list[float]]) -> tuple[float, int] | None:

@@ -294,9 +294,9 @@ def _widened(e: Estimate, mine: list[float], fleet: tuple[float, int] | None,
              across: tuple[float, int]) -> Estimate:  # fmt: skip
     """`e` with a run-to-run term: the larger of the host's own (its earlier rounds'
     changes) and the fleet's between-round spread, else the fleet's spread across hosts."""
-    own = est.between_rounds_sd([mine[:-1]]) if len(mine) > 4 else None
-    found = [(sd, dof, src) for x, src in ((own, est.OWN_ROUNDS), (fleet, est.FLEET_ROUNDS))
-             if x for sd, dof in [x]]  # fmt: skip
+    own = est.between_rounds_sd([mine[:-1]]) if len(mine) > 4 else None  # 4 earlier rounds
+    terms = ((own, est.OWN_ROUNDS), (fleet, est.FLEET_ROUNDS))
+    found = [(term[0], term[1], source) for term, source in terms if term is not None]
     if found:
         return est.with_run_noise(e, *max(found))
     return est.with_run_noise(e, *across, est.FLEET_SPREAD)
