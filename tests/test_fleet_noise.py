@@ -168,3 +168,24 @@ def test_a_ttft_read_high_in_one_round_is_a_suspect_or_not_judged():
     moved = outliers.view_of(fleet(0, "gpu04", False) + fleet(1, "gpu06", False), "baseline",
                              ttft)  # fmt: skip
     assert moved.named == [] and [n.host for n in moved.suspect] == ["gpu06"]
+
+
+def test_a_late_client_on_most_hosts_is_the_fleets_condition_and_judged_together():
+    """On a busy rehearsal machine every host's client is late at every level (seen: lag
+    p99 4-16 ms on all six): the hosts are still alike, so they are judged together and a
+    slow host with a differing field is named; the view says why once per level."""
+    late = {f"gpu{i:02d}": {c: "loop lag p99 6 ms" for c in LEVELS} for i in range(8)}
+    runs = _round(0, {"gpu05": 0.81}, late)
+    runs[5].fingerprint = {"application clocks (MHz)": 1600}
+    for run in runs[:5] + runs[6:]:
+        run.fingerprint = {"application clocks (MHz)": 1980}
+    view = outliers.view_of(runs, "baseline", METRIC)
+    assert [n.host for n in view.named] == ["gpu05"] and view.unjudged == []
+    assert "C=10: the client's timers fired late on 8 of 8 hosts: judged together" in view.notes[1]
+    bound = {h: {10: "cpu 0.97 cores"} for h in list(late)[:5]}
+    for run in (runs := _round(0, {}, {})):
+        for row in run.rows:
+            if run.host in bound and row["max_concurrency"] == 10:
+                row["client_bound"] = "cpu 0.97 cores"
+    view = outliers.view_of(runs, "baseline", METRIC)
+    assert len(view.unjudged) == 5 and all("the client set the pace" in u for u in view.unjudged)

@@ -15,7 +15,8 @@ One round is not enough evidence by itself: on a busy fleet one or two stock hos
 a fingerprint field differs from the fleet's majority, or when its previous round was off
 on the same side too; otherwise it is a suspect ("measure again"), which exits 0. A level
 the client marked late or client-bound (results.jsonl's client_late, client_bound) is not
-judged: its figure says more about the client than the host. Only runs of the majority's
+judged: its figure says more about the client than the host (when most hosts' levels are
+late, that is the fleet's condition, and they are judged together). Only runs of the majority's
 prompt set and GPU model are compared; the rest are left out by name.
 """
 
@@ -255,14 +256,30 @@ def _ok_values(rows: list[Row], c: int, key: str) -> list[float]:
     ]
 
 
-def _mark(rows: list[Row], c: int) -> str | None:
+def _mark(rows: list[Row], c: int) -> tuple[str, str] | None:
+    """(mark, what it says) of the level's first row the client marked, else None."""
     for r in rows:
         if r[catalogue.CONCURRENCY] != c:
             continue
         for key, meaning in CLIENT_MARKS:
             if r.get(key):
-                return f"{meaning} ({str(r.get(key))[:120]})"
+                return key, f"{meaning} ({str(r.get(key))[:120]})"
     return None
+
+
+def _unjudged(view: FleetView, c: int, marks: dict[str, tuple[str, str] | None]) -> dict[str, str]:
+    """host -> why its level is not judged. A late client on a few hosts is a disturbed
+    moment on those hosts; on most of them it is the fleet's condition (a busy rehearsal
+    machine), where the hosts are still alike, so they are judged together, said once.
+    A client-bound level is never judged: its figures are the client's."""
+    late = [h for h, m in marks.items() if m and m[0] == "client_late"]
+    if len(late) * 2 > len(marks):
+        view.notes.append(
+            f"C={c}: the client's timers fired late on {len(late)} of {len(marks)} hosts: "
+            "judged together (the whole fleet's condition, not one host's)"
+        )
+        return {h: m[1] for h, m in marks.items() if m and m[0] != "client_late"}
+    return {h: m[1] for h, m in marks.items() if m}
 
 
 def _rounds_by_host(runs: list[IndexedRun]) -> dict[str, list[list[IndexedRun]]]:
@@ -351,24 +368,25 @@ def view_of(
 def _level(view: FleetView, c: int, rounds: dict[str, list[list[IndexedRun]]]) -> FleetLevel | None:
     key = view.metric.key
     series, fleet = _run_noise(rounds, c, key)
-    figures = []
+    figures, marks = [], {}
     for host, rs in sorted(view.runs.items()):
         rows = [r for x in rs for r in x.rows if r[catalogue.CONCURRENCY] == c]
         e = estimate(rows, key)
         if e is not None and e.value > 0:
-            figures.append((host, e, _mark(rows, c)))
-    judged = [e.value for _, e, mark in figures if mark is None]
-    if not figures or not judged:
+            figures.append((host, e))
+            marks[host] = _mark(rows, c)
+    why = _unjudged(view, c, marks)
+    view.unjudged += [f"{h} at C={c}: not judged: {text}" for h, text in why.items()]
+    judged = [e.value for h, e in figures if h not in why]
+    if not judged:
         return None
     median = statistics.median(judged)
     spread = est.MAD_TO_SD * statistics.median(abs(v - median) for v in judged)
     across = (spread / median, max(1, len(judged) - 1))
     hosts = []
-    for h, e, mark in figures:
+    for h, e in figures:
         e = _widened(e, series.get(h, []), fleet, across)
-        hosts.append(HostFigure(h, e, *scaled(e, median), None, unjudged=mark))
-        if mark:
-            view.unjudged.append(f"{h} at C={c}: not judged: {mark}")
+        hosts.append(HostFigure(h, e, *scaled(e, median), None, unjudged=why.get(h)))
     level = FleetLevel(c, median, spread, hosts)
     _judge(level, view.threshold, bool(view.metric.higher_is_better))
     return level
