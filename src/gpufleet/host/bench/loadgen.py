@@ -43,10 +43,13 @@ class LevelSpec:
     request_timeout: float = 3600.0
     duration: float | None = None
     headers: dict[str, str] | None = None
+    tokenizer: str | None = None  # the model's path: tokens counted where the server did not
 
     def sending(self) -> Sending:
         """What each request of the level is sent with."""
-        return Sending(self.backend, self.model, self.ignore_eos, self.request_timeout)
+        return Sending(
+            self.backend, self.model, self.ignore_eos, self.request_timeout, self.tokenizer
+        )
 
 
 @dataclass(frozen=True)
