@@ -101,6 +101,7 @@ class _StreamTracker:
         self.dialect = DIALECTS[backend]
         sglang = self.dialect.events == "sglang"
         self.seen = Seen(pieces=None if sglang else [], text=self.final_text)
+        self._text = ""  # SGLang's cumulative text so far, where its chunks have no count
         self.on_event = self._sglang_event if sglang else self._openai_event
 
     def spec_verify_ct(self, tokens: int | None = None) -> int | None:
@@ -149,35 +150,62 @@ class _StreamTracker:
         if self.stopped:
             return
         seen = self.seen_tokens
-        total = _completion_tokens(payload) if seen else None
-        count: int | None = total
-        if total is None:  # the first chunk, [DONE], an error, or an unusual layout: parse it all
+        counted = seen and self.seen.pieces is None  # SGLang's way: a count on every chunk
+        count = _completion_tokens(payload) if counted else None
+        new = 0 if count is None else count - seen
+        if count is None:  # the first chunk, [DONE], an error, an unusual layout: parse it all
             if payload == b"[DONE]":
                 self.done = True
                 return
-            chunk = self._parse(payload)
-            error = error_of(chunk)
-            if error or not isinstance(chunk, dict):
-                self._error(error or "not a JSON object")
+            parsed = self._sglang_chunk(payload, seen)
+            if parsed is None:
                 return
-            record = self.record
-            meta = chunk.get("meta_info") or {}
-            count = _int(meta.get("completion_tokens"))
-            total = seen + 1 if count is None else count
-            record.prompt_tokens = int(meta.get("prompt_tokens", record.prompt_tokens))
-            record.cached_tokens = int(meta.get("cached_tokens") or 0)
-            record.rid = meta.get("id", record.rid)
+            count, new = parsed
         self.last_payload = payload
-        if total - seen <= 0:
+        if new <= 0:
             return
         if seen == 0:
             self.record.ttft = now - self.start
         self.seen.arrivals.append(now)
         self.seen.counts.append(count)
-        self.seen.usage = count
-        self.seen_tokens = self.record.completion_tokens = total
+        self.seen.usage = count if count is not None else self.seen.usage
+        self.seen_tokens = self.record.completion_tokens = seen + new
         self.record.chunks += 1
         self.last = now
+
+    def _sglang_chunk(self, payload: bytes, seen: int) -> tuple[int | None, int] | None:
+        """A chunk read whole: (its count, the tokens it adds), None for an error. A stream
+        whose first chunk has no count is read chunk by chunk from its cumulative text: a
+        chunk that adds text carries at least one token, and its piece is kept for the
+        tokenizer; a count after such chunks is their final count."""
+        chunk = self._parse(payload)
+        error = error_of(chunk)
+        if error or not isinstance(chunk, dict):
+            self._error(error or "not a JSON object")
+            return None
+        record = self.record
+        meta = chunk.get("meta_info")
+        meta = meta if isinstance(meta, dict) else {}
+        count = _int(meta.get("completion_tokens"))
+        record.prompt_tokens = int(meta.get("prompt_tokens", record.prompt_tokens))
+        record.cached_tokens = int(meta.get("cached_tokens") or 0)
+        record.rid = meta.get("id", record.rid)
+        if seen == 0 and count is not None:
+            return count, count
+        if seen == 0:
+            self.seen.pieces = []
+        pieces = self.seen.pieces
+        if pieces is None:  # a chunk without a count in a counted stream: one token
+            return count, max(1, (count or 0) - seen)
+        text = chunk.get("text") if isinstance(chunk.get("text"), str) else ""
+        piece = text[len(self._text) :] if text.startswith(self._text) else text
+        self._text = text
+        if count is not None:
+            self.seen.usage = count
+        if not piece:
+            return count, 0
+        pieces.append(piece)
+        return count, max(1, (count or 0) - seen)
 
     def _openai_event(self, payload: bytes, now: float) -> None:
         if payload == b"[DONE]":
