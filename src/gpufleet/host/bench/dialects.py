@@ -74,6 +74,8 @@ def event_error(data: bytes) -> str:
         parsed: Any = json.loads(data)
     except ValueError:
         return _text(data.decode(errors="replace")) or "an error event"
+    if isinstance(parsed, dict) and "error" not in parsed and parsed.get("message"):
+        return _text(parsed["message"])
     return error_of(parsed) or _text(parsed)
 
 

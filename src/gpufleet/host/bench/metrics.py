@@ -226,8 +226,8 @@ def token_counts(ok: list[RequestRecord]) -> Figures:
     lines = [f"{len(said)} of {len(ok)} requests: {said[0]}"] if said else []
     if per_chunk:
         lines.append(
-            f"ITL per chunk in {per_chunk} of {len(ok)} requests: how many tokens each chunk "
-            "carried was not knowable (no per-chunk usage, no tokenizer on the host)"
+            f"ITL per chunk in {per_chunk} of {len(ok)} requests: the tokens each chunk "
+            "carried were not knowable (no consistent per-chunk usage, no tokenizer count)"
         )
     if lines:
         out["token_count_note"] = "; ".join(lines)
