@@ -86,12 +86,13 @@ def _finish(reason: object) -> Finish | None:
     return Finish(_text(reason)) if reason else None
 
 
-def _sglang_finish(chunk: dict[str, Any]) -> Finish | None:
-    return _finish((chunk.get("meta_info") or {}).get("finish_reason"))
+def _sglang_finish(chunk: object) -> Finish | None:
+    meta = chunk.get("meta_info") if isinstance(chunk, dict) else None
+    return _finish(meta.get("finish_reason")) if isinstance(meta, dict) else None
 
 
-def _openai_finish(chunk: dict[str, Any]) -> Finish | None:
-    choices = chunk.get("choices") or []
+def _openai_finish(chunk: object) -> Finish | None:
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
     first = choices[0] if isinstance(choices, list) and choices else None
     return _finish(first.get("finish_reason")) if isinstance(first, dict) else None
 
@@ -113,7 +114,7 @@ class Dialect:
     body: Callable[[Prompt, str, bool, Messages | None], RequestBody]  # prompt, model, ...
     events: str  # how its stream reads: "sglang" (meta_info) or "openai" (choices, usage)
     bench_serving: str  # SGLang bench_serving's --backend for the same requests
-    finish: Callable[[dict[str, Any]], Finish | None]  # a chunk's finish reason
+    finish: Callable[[object], Finish | None]  # a chunk's finish reason (the server's JSON)
 
 
 def _sglang(prompt: Prompt, model: str, ignore_eos: bool, messages: Messages | None) -> RequestBody:
