@@ -51,10 +51,10 @@ class Count:
 
 def _usage_deltas(seen: Seen) -> list[int] | None:
     """The tokens of each chunk by the server's running count, when every chunk carried one."""
-    if not seen.counts or any(c is None for c in seen.counts):
+    counts = seen.counts
+    if not counts or None in counts:
         return None
-    counts = [int(c) for c in seen.counts if c is not None]
-    return [b - a for a, b in zip([0, *counts], counts, strict=False)]
+    return [b - a for a, b in zip([0, *counts], counts, strict=False)]  # type: ignore[operator]
 
 
 def _usage_problem(seen: Seen, max_tokens: int) -> str | None:
@@ -147,7 +147,10 @@ def itl(arrivals: list[float], per_chunk: list[int]) -> list[float]:
     tokens that came `gap` after the one before adds k gaps of gap/k."""
     gaps: list[float] = []
     for before, at, k in zip(arrivals, arrivals[1:], per_chunk[1:], strict=False):
-        gaps.extend([(at - before) / k] * k)
+        if k == 1:
+            gaps.append(at - before)
+        else:
+            gaps.extend([(at - before) / k] * k)
     return gaps
 
 
