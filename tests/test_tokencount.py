@@ -96,3 +96,28 @@ def test_an_event_of_its_own_type_goes_to_the_dialect():
     plain = EventStream(lambda d, t: untyped.append(d))  # no handler: read as data, as before
     plain.feed(body, 0.0)
     assert untyped == [b"a", b'{"message": "x"}', b"b"]
+
+
+def test_tokens_without_text_still_count_where_the_server_counts_every_chunk():
+    """Special tokens after an ignored EOS print nothing: a chunk whose running count grew
+    without text carried tokens (its gap is theirs); a finish or usage-only chunk did not."""
+    import json
+
+    from gpufleet.host.bench.level import RequestRecord
+    from gpufleet.host.bench.sender import _StreamTracker
+
+    record = RequestRecord(0)
+    tracker = _StreamTracker("openai-chat", record, 0.0)
+
+    def chunk(content: str, count: int, finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": {"content": content}, "finish_reason": finish}
+        return json.dumps({"choices": [choice], "usage": {"completion_tokens": count}}).encode()
+
+    for i, (text, count) in enumerate([("a ", 1), ("b ", 2), ("", 3), ("", 4), ("", 4)]):
+        tracker.on_event(chunk(text, count, "length" if i == 4 else None), 0.1 * (i + 1))
+    tracker.on_event(json.dumps({"choices": [], "usage": {"completion_tokens": 4}}).encode(), 0.6)
+    tracker.on_event(b"[DONE]", 0.6)
+    assert tracker.ending() is None
+    tracker.count(4, None)
+    assert (record.completion_tokens, record.token_source, record.token_note) == (4, "usage", None)
+    assert record.itl == pytest.approx([0.1, 0.1, 0.1]) and record.chunks == 4

@@ -233,8 +233,19 @@ class _StreamTracker:
         choices = chunk.get("choices")
         c = choices[0] if isinstance(choices, list) and choices else {}
         c = c if isinstance(c, dict) else {}
-        piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
-        if not piece:  # the role chunk, the finish, or the final usage-only chunk
+        delta = c.get("delta")
+        piece = (
+            c.get("text")
+            if "text" in c
+            else delta.get("content")
+            if isinstance(delta, dict)
+            else None
+        )
+        counts = self.seen.counts
+        if not piece and not (c and count and counts and counts[-1] is not None
+                              and count > counts[-1]):  # fmt: skip
+            # the role chunk, the finish, or the final usage-only chunk; a chunk whose running
+            # count grew without text (special tokens after an ignored EOS) carried tokens
             if count is not None:
                 self.seen_tokens = record.completion_tokens = max(self.seen_tokens, count)
             return
@@ -243,7 +254,7 @@ class _StreamTracker:
         self.seen.arrivals.append(now)
         self.seen.counts.append(count)
         if self.seen.pieces is not None:
-            self.seen.pieces.append(str(piece))
+            self.seen.pieces.append(str(piece or ""))
         # counted as they arrive: the live progress counts tokens of requests in flight
         self.seen_tokens = record.completion_tokens = max(count or 0, self.seen_tokens + 1)
         record.chunks += 1
