@@ -89,8 +89,8 @@ def main() -> int:
         true = habits_app.true_figures(sent)
         true["output_throughput"] = true["total_output_tokens"] / row["duration"]
         cells = " | ".join(f"{_fmt(row[k]):>5} / {_fmt(true[k]):<5}" for k in KEYS)
-        note = row.get("token_count_note") or ""
-        source = f"{row.get('token_count_source', '-')}, {row.get('itl_basis', '-')}"
+        note = row.get("output_tokens_note") or ""
+        source = f"{row.get('output_tokens_source', '-')}, {row.get('itl_basis', '-')}"
         print(
             f"{backend:8} {habit:9} {'yes' if with_tok else 'no':9} | {cells} | {source}"
             f"{': ' + note if note else ''}{'  FAILED: ' + str(failed[:1]) if failed else ''}"

@@ -99,15 +99,15 @@ def test_the_same_token_timing_gives_the_same_figures_whatever_the_habit(levels,
 def test_the_count_names_its_source_and_every_disagreement_is_said(levels, case):
     _, habit, with_tokenizer = case
     run, row, _ = levels[case]
-    sources = {r.token_source for r in run.records}
-    note = row.get("token_count_note") or ""
+    sources = {r.tokens_source for r in run.records}
+    note = row.get("output_tokens_note") or ""
     lying = habit in ("over", "double")
     if habit in ("perchunk", "final", "unadded"):
-        assert sources == {"usage"} and row["token_count_source"] == "usage"
+        assert sources == {"usage"} and row["output_tokens_source"] == "usage"
     elif with_tokenizer:  # none, over, double: the streamed text, by the model's tokenizer
-        assert sources == {"tokenizer"} and row["token_count_source"] == "tokenizer"
+        assert sources == {"tokenizer"} and row["output_tokens_source"] == "tokenizer"
     else:
-        assert sources == {"chunks"} and row["token_count_source"] == "chunks"
+        assert sources == {"chunks"} and row["output_tokens_source"] == "chunks"
         assert "approximation" in note
         assert row["total_output_tokens"] == TOKENS // PER_CHUNK * REQUESTS
     if lying:  # both figures, and the one used is not the larger

@@ -119,5 +119,9 @@ def test_tokens_without_text_still_count_where_the_server_counts_every_chunk():
     tracker.on_event(b"[DONE]", 0.6)
     assert tracker.ending() is None
     tracker.count(4, None)
-    assert (record.completion_tokens, record.token_source, record.token_note) == (4, "usage", None)
+    assert (record.completion_tokens, record.tokens_source, record.tokens_note) == (
+        4,
+        "usage",
+        None,
+    )
     assert record.itl == pytest.approx([0.1, 0.1, 0.1]) and record.chunks == 4

@@ -367,9 +367,9 @@ class ResultRow(Record):
     overloaded: bool | None = None
     # where the output token counts came from (host/bench/tokencount.py): usage, tokenizer
     # or chunks; whether ITL is per token or per chunk; the sources' disagreements
-    token_count_source: str | None = None
+    output_tokens_source: str | None = None
     itl_basis: str | None = None
-    token_count_note: str | None = None
+    output_tokens_note: str | None = None
     # the steady window: full load, ramp-up and drain left out (host/bench/steady.py)
     steady_note: str | None = None  # why a level has no steady window
     steady_duration: F = None

@@ -4,7 +4,7 @@ TTFT: request start to first token. TPOT: (e2e - ttft) / (output_tokens - 1) per
 ITL: per token whatever the server's usage habit: a chunk of k tokens counts as k gaps of
 gap/k (as bench_serving's sglang backend), k from host/bench/tokencount.py; where no k was
 knowable the gaps are per chunk and `itl_basis` says so. Output tokens: the server's count
-where consistent, else the model's tokenizer, else the chunks (`token_count_source`).
+where consistent, else the model's tokenizer, else the chunks (`output_tokens_source`).
 Throughputs divide by the level's wall duration. `concurrency` is bench_serving's: the sum
 of e2e latencies over the duration (mean requests in flight), not the cap (`max_concurrency`).
 Per-request output tok/s = output_tokens / e2e latency (gpufleet's addition); per-request
@@ -32,7 +32,7 @@ DEFINITIONS = (
     "gaps of gap/k (k from the server's per-chunk usage, else the model's tokenizer; else "
     "1, and itl_basis says 'chunk'); output_tokens = the server's usage where consistent "
     "with the stream, else the model's tokenizer on the streamed text, else the chunks "
-    "(token_count_source); per_request_output_tps = output_tokens / e2e. AIPerf's 'ITL' is "
+    "(output_tokens_source); per_request_output_tps = output_tokens / e2e. AIPerf's 'ITL' is "
     "this TPOT; GuideLLM's TPOT includes the first token."
 )
 
@@ -205,7 +205,7 @@ def token_counts(ok: list[RequestRecord]) -> Figures:
     """Where the level's token counts came from (one source, else each with its requests),
     whether its ITL is per token, and one line where the sources disagreed, both figures
     (host/bench/tokencount.py). Absent for records without a source (bench_serving's)."""
-    sources = collections.Counter(r.token_source for r in ok if r.token_source)
+    sources = collections.Counter(r.tokens_source for r in ok if r.tokens_source)
     if not sources:
         return {}
     ranked = sorted(
@@ -216,13 +216,13 @@ def token_counts(ok: list[RequestRecord]) -> Figures:
         ),
     )
     out: Figures = {
-        "token_count_source": ranked[0]
+        "output_tokens_source": ranked[0]
         if len(ranked) == 1
         else ", ".join(f"{s} in {sources[s]} of {len(ok)}" for s in ranked)
     }
     per_chunk = sum(1 for r in ok if r.itl_per_chunk)
     out["itl_basis"] = "token" if not per_chunk else "chunk"
-    said = [r.token_note for r in ok if r.token_note]
+    said = [r.tokens_note for r in ok if r.tokens_note]
     lines = [f"{len(said)} of {len(ok)} requests: {said[0]}"] if said else []
     if per_chunk:
         lines.append(
@@ -230,7 +230,7 @@ def token_counts(ok: list[RequestRecord]) -> Figures:
             "carried were not knowable (no consistent per-chunk usage, no tokenizer count)"
         )
     if lines:
-        out["token_count_note"] = "; ".join(lines)
+        out["output_tokens_note"] = "; ".join(lines)
     return out
 
 

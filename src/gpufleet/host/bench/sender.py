@@ -270,9 +270,9 @@ class _StreamTracker:
         record = self.record
         counted = decide(self.seen, max_tokens, lambda: tokencount.tokenizer(tokenizer))
         record.completion_tokens = counted.tokens
-        record.token_source = counted.source
+        record.tokens_source = counted.source
         record.itl_per_chunk = counted.itl_per_chunk
-        record.token_note = counted.note
+        record.tokens_note = counted.note
         record.itl = tokencount.itl(self.seen.arrivals, counted.per_chunk)
 
 
