@@ -68,3 +68,32 @@ def test_every_dialect_decides_every_ending(ended, case):
             assert (habits_app.ERROR in r.error) == (backend == "sglang")
         else:  # the server's own words, bounded
             assert habits_app.ERROR in r.error and len(r.error) <= 400, r.error
+
+
+def test_an_error_event_stays_typed_however_its_lines_are_framed():
+    """The fast path reads an HTTP chunk that is one `data:` event without the parser: an
+    `event: error` line that came in the chunk before must still type that event."""
+    from gpufleet.host.bench import httpstream
+    from helpers import NoTransport
+
+    body = b'data: {"a": 1}\n\nevent: error\ndata: {"message": "boom"}\n\ndata: [DONE]\n\n'
+
+    async def read(cuts: tuple[int, int]) -> tuple[list[bytes], list[tuple[bytes, bytes]]]:
+        proto = httpstream._StreamProtocol()
+        proto.connection_made(NoTransport())  # type: ignore[arg-type]
+        data, typed = [], []
+        done = proto.send(b"", lambda p, _: data.append(p), lambda k, p, _: typed.append((k, p)))
+        proto.feed(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                   b"transfer-encoding: chunked\r\n\r\n", 0.0)  # fmt: skip
+        a, b = cuts
+        for part in (body[:a], body[a:b], body[b:]):  # HTTP chunks, each read on its own
+            if part:
+                proto.feed(b"%x\r\n%s\r\n" % (len(part), part), 0.0)
+        proto.feed(b"0\r\n\r\n", 0.0)
+        await asyncio.wait_for(done, 1)
+        return data, typed
+
+    for cuts in itertools.combinations(range(1, len(body)), 2):
+        data, typed = asyncio.run(read(cuts))
+        assert data == [b'{"a": 1}', b"[DONE]"], cuts
+        assert typed == [(b"error", b'{"message": "boom"}')], cuts

@@ -43,8 +43,9 @@ class EventStream:
 
     @property
     def idle(self) -> bool:
-        """Between events: nothing pending, so a whole event chunk may skip this parser."""
-        return not self._pending and not self._data
+        """Between events: nothing pending (an `event:` line included, which types the
+        next data), so a whole event chunk may skip this parser."""
+        return not self._pending and not self._data and not self.event_type
 
     def feed(self, data: bytes, now: float) -> None:
         buf = self._pending + data if self._pending else data
