@@ -125,3 +125,12 @@ def test_tokens_without_text_still_count_where_the_server_counts_every_chunk():
         None,
     )
     assert record.itl == pytest.approx([0.1, 0.1, 0.1]) and record.chunks == 4
+
+
+def test_a_tokenizer_count_is_held_to_max_tokens_and_the_chunks():
+    """Text tokenized again can count a little more or less than was generated."""
+    seen = Seen(arrivals=[0.0, 0.1], counts=[None, None], usage=None, pieces=["a b c ", "d e "])
+    assert decide(seen, 4, lambda: _words).tokens == 4  # 5 words, max_tokens 4
+    assert decide(seen, 0, lambda: _words).tokens == 5  # no bound asked
+    glued = Seen(arrivals=[0.0, 0.1, 0.2], counts=[None] * 3, pieces=["ab", "c", "d"])
+    assert decide(glued, 8, lambda: lambda texts: [1] * len(texts)).tokens == 3  # >= chunks

@@ -97,12 +97,13 @@ def decide(seen: Seen, max_tokens: int, counter: Callable[[], Counter | None]) -
         note = _joined(odd, _capacity(usage, seen))
         return Count(usage, USAGE, k or [1] * chunks, k is None, note)
     tokens = _tokenizer_total(seen, counter)
-    if tokens is not None:
+    if tokens is not None:  # text tokenized again may differ a little: held to the bounds
+        tokens = max(min(tokens, max_tokens) if max_tokens > 0 else tokens, chunks)
         k = _per_piece(seen, counter)
         if k is None and tokens == chunks:
             k = [1] * chunks
         note = None if usage is None else f"{problem}; counted {tokens} by the model's tokenizer"
-        return Count(max(tokens, chunks), TOKENIZER, k or [1] * chunks, k is None, note)
+        return Count(tokens, TOKENIZER, k or [1] * chunks, k is None, note)
     if usage is None:
         note = f"{chunks} chunks counted as one token each (an approximation): {problem}, "
         note += "no tokenizer on the host"
