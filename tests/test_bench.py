@@ -290,6 +290,11 @@ def test_client_local_against_a_url(sim_server, tmp_path):
     [run_dir] = list((tmp_path / f"127.0.0.1_{server.port}").iterdir())
     results = json.loads((run_dir / "results.jsonl").read_text().splitlines()[0])
     assert results["completed"] == 4 and results["dataset_name"] == "chat"
+    # issue 79: the count's source, per level and per request (SGLang's own counts here)
+    assert (results["output_tokens_source"], results["itl_basis"]) == ("usage", "token")
+    assert "output_tokens_note" not in results
+    rows = [json.loads(x) for x in (run_dir / "requests-c2.jsonl").read_text().splitlines()]
+    assert {(r["tokens_source"], r["itl_per_chunk"]) for r in rows} == {("usage", False)}
     assert (run_dir / "metrics-c2.jsonl").exists()
     assert "prom_num_running_reqs_max" in results
 

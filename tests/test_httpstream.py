@@ -368,6 +368,7 @@ def test_completion_tokens_are_read_from_any_layout_sglang_sends(layout):
     for total, now in ((1, 0.1), (3, 0.4), (4, 0.5)):
         tracker.on_event(layout % total, now)
     assert tracker.seen_tokens == 4 and record.chunks == 3
+    tracker.count(0, None)  # the gaps are decided at the end (host/bench/tokencount.py)
     assert record.itl == pytest.approx([0.15, 0.15, 0.1])
     expected_verify = 2 if b"spec_verify_ct" in layout else None
     assert tracker.spec_verify_ct() == expected_verify

@@ -5,8 +5,9 @@ the runner's percentiles of a level (host/bench/metrics.py) and the report's int
 those percentiles, resampled request by request (report/resampling.py), read them here, so
 the interval is always around the figure the row carries.
 
-TTFT: request start to first token. TPOT: (e2e - ttft) / (output_tokens - 1). ITL: the
-gaps between chunks, a chunk of k tokens counting as k gaps (the runner has split them).
+TTFT: request start to first token. TPOT: (e2e - ttft) / (output_tokens - 1). ITL: per
+token, a chunk of k tokens counting as k gaps of gap/k (the runner has split them, k from
+host/bench/tokencount.py; a level whose k was not knowable says `itl_basis: chunk`).
 Per-request output tok/s = output_tokens / e2e; decode tok/s = (output_tokens - 1) /
 (e2e - ttft). A request contributes nothing to a series where its figure is undefined.
 """

@@ -365,6 +365,11 @@ class ResultRow(Record):
     completed_request_rate: F = None  # its answers per second over the same window: likewise
     queue_at_last_arrival: int | None = None  # arrived, not yet answered, at the last arrival
     overloaded: bool | None = None
+    # where the output token counts came from (host/bench/tokencount.py): usage, tokenizer
+    # or chunks; whether ITL is per token or per chunk; the sources' disagreements
+    output_tokens_source: str | None = None
+    itl_basis: str | None = None
+    output_tokens_note: str | None = None
     # the steady window: full load, ramp-up and drain left out (host/bench/steady.py)
     steady_note: str | None = None  # why a level has no steady window
     steady_duration: F = None

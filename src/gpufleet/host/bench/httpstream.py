@@ -31,6 +31,8 @@ from gpufleet.host.bench import ssefast
 from gpufleet.host.bench.sse import EventStream
 
 EventHandler = Callable[[bytes, float], None]  # (payload after "data: ", perf_counter time)
+TypedHandler = Callable[[bytes, bytes, float], None]  # (`event:` type, payload, time)
+Handlers = tuple[EventHandler, TypedHandler | None]
 MAX_ERROR_BODY = 64 * 1024
 MAX_LINE = 64 * 1024  # a chunk-size or trailer line; real ones are a few bytes
 MAX_EVENT = 16 * 1024 * 1024  # one chunk or one SSE event; SGLang's are a few KiB
@@ -129,11 +131,12 @@ class _StreamProtocol(asyncio.Protocol):
             self._fail(HTTPStreamError(f"malformed HTTP response: {exc}"))
 
     # -- requests ----------------------------------------------------------------------
-    def send(self, request: bytes, on_event: EventHandler) -> asyncio.Future[Response]:
+    def send(self, request: bytes, on_event: EventHandler,
+             on_typed: TypedHandler | None = None) -> asyncio.Future[Response]:  # fmt: skip
         self._on_event = on_event
         self._response = Response()
         self._buf = b""
-        self._events = EventStream(on_event)
+        self._events = EventStream(on_event, on_typed)
         self._sse_mode = None
         self._body_mode = ""
         self._state = "head"
@@ -408,27 +411,30 @@ class StreamClient:
         return head.encode("latin-1") + data
 
     async def post_stream(
-        self, path: str, body: RequestBody, on_event: EventHandler, timeout: float
-    ) -> Response:
-        """Send; `on_event` gets every SSE `data:` payload as it arrives; returns at the end."""
+        self, path: str, body: RequestBody, on_event: EventHandler, timeout: float,
+        on_typed: TypedHandler | None = None,
+    ) -> Response:  # fmt: skip
+        """Send; `on_event` gets every SSE `data:` payload as it arrives (`on_typed`: events
+        typed other than `message`); returns at the end."""
         request = self._request(path, body)
+        handlers = (on_event, on_typed)
         while self._idle:
             proto = self._idle.pop()
             if proto.closed:
                 continue
             try:
-                return await self._exchange(proto, request, on_event, timeout)
+                return await self._exchange(proto, request, handlers, timeout)
             except HTTPStreamError:
                 if proto.received_any:
                     raise
                 # the server had closed this idle connection: try a fresh one
-        return await self._exchange(await self._connect(), request, on_event, timeout)
+        return await self._exchange(await self._connect(), request, handlers, timeout)
 
     async def _exchange(
-        self, proto: _StreamProtocol, request: bytes, on_event: EventHandler, timeout: float
+        self, proto: _StreamProtocol, request: bytes, handlers: Handlers, timeout: float
     ) -> Response:
         try:
-            response = await asyncio.wait_for(proto.send(request, on_event), timeout)
+            response = await asyncio.wait_for(proto.send(request, *handlers), timeout)
         except BaseException:
             proto.abort()
             raise

@@ -53,6 +53,10 @@ class RequestRecord:
     dispatch_lag: float = 0.0  # from `due` to the send: the client's own delay
     queue_wait: float = 0.0  # open loop under a concurrency cap: arrival to a free slot
     spec_verify_ct: int | None = None  # speculative verify steps, as SGLang reports them
+    # where completion_tokens came from (host/bench/tokencount.py): usage, tokenizer, chunks
+    tokens_source: str | None = None
+    itl_per_chunk: bool = False  # no chunk's token count was knowable: ITL gaps per chunk
+    tokens_note: str | None = None  # the sources disagreed: both figures
 
     @property
     def accept_length(self) -> float | None:

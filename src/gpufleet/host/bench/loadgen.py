@@ -2,8 +2,9 @@
 
 One level = one concurrency cap (a semaphore, like `--max-concurrency`) and an optional
 Poisson request rate (inf = all at once), or a trace's own timestamps. Warm-up requests run
-first and are excluded. Token counts come from the server (`completion_tokens` / `usage`),
-never from chunks: a speculative server sends several tokens per chunk.
+first and are excluded. Token counts come from the server's counts where consistent, else
+the model's tokenizer, and from the chunks only as a marked approximation (tokencount.py):
+a speculative server sends several tokens per chunk.
 
 A prompt is one request (text or token ids), or a multi-turn session: each turn sends the
 whole conversation so far (the shared system prompt, every earlier user message and the
@@ -43,10 +44,13 @@ class LevelSpec:
     request_timeout: float = 3600.0
     duration: float | None = None
     headers: dict[str, str] | None = None
+    tokenizer: str | None = None  # the model's path: tokens counted where the server did not
 
     def sending(self) -> Sending:
         """What each request of the level is sent with."""
-        return Sending(self.backend, self.model, self.ignore_eos, self.request_timeout)
+        return Sending(
+            self.backend, self.model, self.ignore_eos, self.request_timeout, self.tokenizer
+        )
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,10 @@
 """Figures from request records, with SGLang bench_serving's definitions (docs/FACTS.md).
 
 TTFT: request start to first token. TPOT: (e2e - ttft) / (output_tokens - 1) per request.
-ITL: gaps between chunks, a chunk of k tokens counting as k gaps of gap/k (sglang backend).
+ITL: per token whatever the server's usage habit: a chunk of k tokens counts as k gaps of
+gap/k (as bench_serving's sglang backend), k from host/bench/tokencount.py; where no k was
+knowable the gaps are per chunk and `itl_basis` says so. Output tokens: the server's count
+where consistent, else the model's tokenizer, else the chunks (`output_tokens_source`).
 Throughputs divide by the level's wall duration. `concurrency` is bench_serving's: the sum
 of e2e latencies over the duration (mean requests in flight), not the cap (`max_concurrency`).
 Per-request output tok/s = output_tokens / e2e latency (gpufleet's addition); per-request
@@ -11,22 +14,26 @@ token is out (1000 / its TPOT): the crossover uses the first, `inv compare --wid
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import statistics
 from typing import Any
 
 from gpufleet import per_request
-from gpufleet.host.bench import clientcert, steady
+from gpufleet.host.bench import clientcert, steady, tokencount
 from gpufleet.host.bench import slo as slos
 from gpufleet.host.bench.level import LevelRun, RequestRecord
 from gpufleet.records import Figures, TurnFigures
 
 DEFINITIONS = (
     "SGLang bench_serving definitions: TTFT = first token latency; TPOT = (e2e - ttft) / "
-    "(output_tokens - 1); ITL = inter-chunk gap split over the tokens in a chunk; "
-    "per_request_output_tps = output_tokens / e2e. AIPerf's 'ITL' is this TPOT; GuideLLM's "
-    "TPOT includes the first token."
+    "(output_tokens - 1); ITL = per token: the gap before a chunk of k tokens counts as k "
+    "gaps of gap/k (k from the server's per-chunk usage, else the model's tokenizer; else "
+    "1, and itl_basis says 'chunk'); output_tokens = the server's usage where consistent "
+    "with the stream, else the model's tokenizer on the streamed text, else the chunks "
+    "(output_tokens_source); per_request_output_tps = output_tokens / e2e. AIPerf's 'ITL' is "
+    "this TPOT; GuideLLM's TPOT includes the first token."
 )
 
 
@@ -161,6 +168,7 @@ def summarize(
         result["per_turn"] = per_turn(run.records)
     result.update(client_figures(run))
     result.update(acceptance(ok))
+    result.update(token_counts(ok))
     result.update(steady.figures(run, _token_times))
     result.update(slos.goodput(run.records, duration, slo or {}))
     if with_details:
@@ -191,6 +199,39 @@ def acceptance(ok: list[RequestRecord]) -> dict[str, float]:
         "median_request_accept_length": percentile(lengths, 50),
         "p90_request_accept_length": percentile(lengths, 90),
     }
+
+
+def token_counts(ok: list[RequestRecord]) -> Figures:
+    """Where the level's token counts came from (one source, else each with its requests),
+    whether its ITL is per token, and one line where the sources disagreed, both figures
+    (host/bench/tokencount.py). Absent for records without a source (bench_serving's)."""
+    sources = collections.Counter(r.tokens_source for r in ok if r.tokens_source)
+    if not sources:
+        return {}
+    ranked = sorted(
+        sources,
+        key=lambda s: (
+            s not in tokencount.SOURCES,
+            tokencount.SOURCES.index(s) if s in tokencount.SOURCES else 0,
+        ),
+    )
+    out: Figures = {
+        "output_tokens_source": ranked[0]
+        if len(ranked) == 1
+        else ", ".join(f"{s} in {sources[s]} of {len(ok)}" for s in ranked)
+    }
+    per_chunk = sum(1 for r in ok if r.itl_per_chunk)
+    out["itl_basis"] = "token" if not per_chunk else "chunk"
+    said = [r.tokens_note for r in ok if r.tokens_note]
+    lines = [f"{len(said)} of {len(ok)} requests: {said[0]}"] if said else []
+    if per_chunk:
+        lines.append(
+            f"ITL per chunk in {per_chunk} of {len(ok)} requests: the tokens each chunk "
+            "carried were not knowable (no consistent per-chunk usage, no tokenizer count)"
+        )
+    if lines:
+        out["output_tokens_note"] = "; ".join(lines)
+    return out
 
 
 def client_figures(run: LevelRun) -> Figures:

@@ -139,6 +139,7 @@ async def _level(
         seed=plan.seed,
         duration=plan.duration,
         headers=serverkeys.headers(keys),
+        tokenizer=plan.tokenizer,
     )
     flush = (lambda: serverapi.flush_cache(plan.base_url, keys)) if plan.flush_cache else None
     hooks = LevelHooks(on_progress=progress, after_warmup=flush)
@@ -409,6 +410,7 @@ def run_plan(
     writer.json("server_info_before.json", before)
     marks: list[tuple[int | None, str]] = [(log_size(server_state), f"run {plan.run_id} begins")]
     tokenizer = plan.tokenizer or serverapi.tokenizer(before)
+    plan.tokenizer = tokenizer  # the generator counts tokens with it where the server did not
     status, reason = _run_levels(plan, rows, writer, tokenizer, server_state, marks, keys)
     writer.json("server_info_after.json", serverapi.server_info(plan.base_url, keys))
     marks.append((log_size(server_state), f"run {plan.run_id} ends ({status})"))

@@ -1,6 +1,7 @@
 """One request and one multi-turn session against a server, and the warm-up: the payload in
-each engine's dialect, the stream's tracker (tokens counted from the server, never from
-chunks), and the record each request leaves. bench/loadgen.py decides when each is sent.
+each engine's dialect, the stream's tracker (what each chunk carried; the count decided at
+the end from the best consistent source, tokencount.py), and the record each request
+leaves. bench/loadgen.py decides when each is sent.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import re
 import time
 from dataclasses import dataclass
 
-from gpufleet.host.bench.dialects import DIALECTS
+from gpufleet.host.bench import tokencount
+from gpufleet.host.bench.dialects import DIALECTS, Finish, error_of, event_error, outcome
 from gpufleet.host.bench.httpstream import RequestBody, StreamClient
 from gpufleet.host.bench.level import Prompt, RequestRecord
+from gpufleet.host.bench.tokencount import Seen, decide
 
 WARMUP_TOKENS = 16
 
@@ -31,6 +34,7 @@ class Sending:
     model: str = ""
     ignore_eos: bool = True
     timeout: float = 3600.0
+    tokenizer: str | None = None  # the model's, to count tokens the server did not
 
 
 # completion_tokens from an SGLang stream chunk without decoding the cumulative text: the text
@@ -79,26 +83,28 @@ class _StreamTracker:
     """Turns one request's stream events into its record, at the time each event arrived.
 
     `on_event` runs once per streamed chunk inside the protocol's read callback, so the
-    SGLang path is kept lean: after the first chunk, only `completion_tokens` is read.
+    SGLang path is kept lean: after the first chunk, only `completion_tokens` is read. What
+    each chunk carried is kept (`seen`); the count and the gaps are decided at the end
+    (tokencount.py), and how the stream ended by its dialect (dialects.py).
     """
 
-    def __init__(
-        self, backend: str, record: RequestRecord, start: float, keep_text: bool = False
-    ) -> None:
+    def __init__(self, backend: str, record: RequestRecord, start: float) -> None:
         self.record = record
         self.start = start
         self.last = start
-        self.seen_tokens = 0
+        self.seen_tokens = 0  # the running count, for the live progress
         self.stopped = False  # an error event arrived: ignore the rest
-        self.keep_text = keep_text  # a session's next turn needs this answer's text
         self.last_payload = b""
         self.draft_accepted: int | None = None  # llama.cpp's timings.draft_n_accepted
         self.done = False  # the stream's `[DONE]` arrived
-        self.finish_reason = False  # an OpenAI chunk gave its finish_reason
-        sglang = DIALECTS[backend].events == "sglang"
+        self.finish: Finish | None = None  # the finish reason, as the dialect reads it
+        self.dialect = DIALECTS[backend]
+        sglang = self.dialect.events == "sglang"
+        self.seen = Seen(pieces=None if sglang else [], text=self.final_text)
+        self._text = ""  # SGLang's cumulative text so far, where its chunks have no count
         self.on_event = self._sglang_event if sglang else self._openai_event
 
-    def spec_verify_ct(self) -> int | None:
+    def spec_verify_ct(self, tokens: int | None = None) -> int | None:
         """The request's verify steps (None: not speculative): SGLang's count from its last
         chunk; from llama.cpp's server, its tokens less the draft tokens it accepted (each
         step yields the target's one token plus those accepted: 40 tokens with 32 accepted
@@ -107,67 +113,99 @@ class _StreamTracker:
         match = _VERIFY_VALUE.match(self.last_payload, at) if at >= 0 else None
         if match:
             return int(match.group(1))
-        if self.draft_accepted is not None and self.seen_tokens > self.draft_accepted:
-            return self.seen_tokens - self.draft_accepted
+        tokens = self.seen_tokens if tokens is None else tokens
+        if self.draft_accepted is not None and tokens > self.draft_accepted:
+            return tokens - self.draft_accepted
         return None
 
-    def ended_as_the_protocol_says(self) -> bool:
-        """Whether the stream ended the way its engine's protocol ends one: `[DONE]`, or a
-        finish reason (OpenAI's in a choice; SGLang's in the last chunk's meta_info). A
-        stream that stops without either was cut short, however cleanly its TCP closed."""
-        if self.done or self.finish_reason:
-            return True
-        if not self.last_payload:
-            return False
-        try:
-            meta = json.loads(self.last_payload).get("meta_info") or {}
-        except (ValueError, AttributeError):
-            return False
-        return bool(meta.get("finish_reason"))
+    def ending(self) -> str | None:
+        """Why the stream failed the request by how it ended (dialects.outcome), else None.
+        SGLang's finish reason is in its last chunk's meta_info, read once here."""
+        if self.last_payload and self.finish is None:
+            chunk = self._parse(self.last_payload)
+            self.finish = self.dialect.finish(chunk) if isinstance(chunk, dict) else None
+        return outcome(self.done, self.finish, self.seen_tokens)
 
     def final_text(self) -> str:
         """The whole answer (SGLang's chunks carry the cumulative text: parse the last)."""
-        if self.last_payload:
-            try:
-                return str(json.loads(self.last_payload).get("text", ""))
-            except ValueError:
-                return ""
-        return self.record.text
+        if self.seen.pieces is not None:
+            return "".join(self.seen.pieces)
+        chunk = self._parse(self.last_payload) if self.last_payload else None
+        return str(chunk.get("text", "")) if isinstance(chunk, dict) else ""
+
+    def on_typed(self, kind: bytes, payload: bytes, now: float) -> None:
+        """An event of its own type: `event: error` fails the request; others are data."""
+        if kind == b"error":
+            self._error(event_error(payload))
+        else:
+            self.on_event(payload, now)
+
+    def _parse(self, payload: bytes) -> object:
+        try:
+            return json.loads(payload)
+        except ValueError:
+            return payload.decode(errors="replace")
 
     def _sglang_event(self, payload: bytes, now: float) -> None:
         if self.stopped:
             return
         seen = self.seen_tokens
-        total = _completion_tokens(payload) if seen else None
-        if total is None:  # the first chunk, [DONE], an error, or an unusual layout: parse it all
+        counted = seen and self.seen.pieces is None  # SGLang's way: a count on every chunk
+        count = _completion_tokens(payload) if counted else None
+        new = 0 if count is None else count - seen
+        if count is None:  # the first chunk, [DONE], an error, an unusual layout: parse it all
             if payload == b"[DONE]":
                 self.done = True
                 return
-            chunk = json.loads(payload)
-            if "error" in chunk:
-                self._error(chunk["error"])
+            parsed = self._sglang_chunk(payload, seen)
+            if parsed is None:
                 return
-            record = self.record
-            meta = chunk.get("meta_info") or {}
-            total = int(meta.get("completion_tokens", seen + 1))
-            record.prompt_tokens = int(meta.get("prompt_tokens", record.prompt_tokens))
-            record.cached_tokens = int(meta.get("cached_tokens") or 0)
-            record.rid = meta.get("id", record.rid)
+            count, new = parsed
         self.last_payload = payload
-        new = total - seen
         if new <= 0:
             return
-        record = self.record
         if seen == 0:
-            record.ttft = now - self.start
-        elif new == 1:
-            record.itl.append(now - self.last)
-        else:
-            gap = (now - self.last) / new  # k tokens in one chunk = k gaps of 1/k
-            record.itl.extend([gap] * new)
-        self.seen_tokens = record.completion_tokens = total
-        record.chunks += 1
+            self.record.ttft = now - self.start
+        self.seen.arrivals.append(now)
+        self.seen.counts.append(count)
+        self.seen.usage = count if count is not None else self.seen.usage
+        self.seen_tokens = self.record.completion_tokens = seen + new
+        self.record.chunks += 1
         self.last = now
+
+    def _sglang_chunk(self, payload: bytes, seen: int) -> tuple[int | None, int] | None:
+        """A chunk read whole: (its count, the tokens it adds), None for an error. A stream
+        whose first chunk has no count is read chunk by chunk from its cumulative text: a
+        chunk that adds text carries at least one token, and its piece is kept for the
+        tokenizer; a count after such chunks is their final count."""
+        chunk = self._parse(payload)
+        error = error_of(chunk)
+        if error or not isinstance(chunk, dict):
+            self._error(error or "not a JSON object")
+            return None
+        record = self.record
+        meta = chunk.get("meta_info")
+        meta = meta if isinstance(meta, dict) else {}
+        count = _int(meta.get("completion_tokens"))
+        record.prompt_tokens = int(meta.get("prompt_tokens", record.prompt_tokens))
+        record.cached_tokens = int(meta.get("cached_tokens") or 0)
+        record.rid = meta.get("id", record.rid)
+        if seen == 0 and count is not None:
+            return count, count
+        if seen == 0:
+            self.seen.pieces = []
+        pieces = self.seen.pieces
+        if pieces is None:  # a chunk without a count in a counted stream: one token
+            return count, max(1, (count or 0) - seen)
+        text = chunk.get("text") if isinstance(chunk.get("text"), str) else ""
+        piece = text[len(self._text) :] if text.startswith(self._text) else text
+        self._text = text
+        if count is not None:
+            self.seen.usage = count
+        if not piece:
+            return count, 0
+        pieces.append(piece)
+        return count, max(1, (count or 0) - seen)
 
     def _openai_event(self, payload: bytes, now: float) -> None:
         if payload == b"[DONE]":
@@ -175,50 +213,71 @@ class _StreamTracker:
         if self.stopped or self.done:
             return
         record = self.record
-        chunk = json.loads(payload)
-        if "error" in chunk:
-            self._error(chunk["error"])
+        chunk = self._parse(payload)
+        error = error_of(chunk)
+        if error or not isinstance(chunk, dict):
+            self._error(error or "not a JSON object")
             return
         usage = chunk.get("usage")
         timings = chunk.get("timings")  # llama.cpp's server, on its last chunk
         if isinstance(timings, dict) and isinstance(timings.get("draft_n_accepted"), int):
             self.draft_accepted = timings["draft_n_accepted"]
-        seen = self.seen_tokens
-        if usage:
+        count = None
+        if isinstance(usage, dict):
             record.prompt_tokens = int(usage.get("prompt_tokens", 0))
             details = usage.get("prompt_tokens_details") or {}
             record.cached_tokens = int(details.get("cached_tokens") or record.cached_tokens)
-        choices = chunk.get("choices") or []
-        piece = None
-        if choices:
-            c = choices[0]
-            self.finish_reason = self.finish_reason or bool(c.get("finish_reason"))
-            piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
-        if not piece:  # the role chunk, or the final usage-only chunk
-            if usage:
-                self.seen_tokens = max(seen, int(usage.get("completion_tokens", seen)))
-                record.completion_tokens = self.seen_tokens
+            count = _int(usage.get("completion_tokens"))
+            self.seen.usage = count if count is not None else self.seen.usage
+        self.finish = self.dialect.finish(chunk) or self.finish
+        choices = chunk.get("choices")
+        c = choices[0] if isinstance(choices, list) and choices else {}
+        c = c if isinstance(c, dict) else {}
+        delta = c.get("delta")
+        piece = (
+            c.get("text")
+            if "text" in c
+            else delta.get("content")
+            if isinstance(delta, dict)
+            else None
+        )
+        counts = self.seen.counts
+        if not piece and not (c and count and counts and counts[-1] is not None
+                              and count > counts[-1]):  # fmt: skip
+            # the role chunk, the finish, or the final usage-only chunk; a chunk whose running
+            # count grew without text (special tokens after an ignored EOS) carried tokens
+            if count is not None:
+                self.seen_tokens = record.completion_tokens = max(self.seen_tokens, count)
             return
-        # With usage in every chunk (continuous_usage_stats) a chunk of k tokens counts as k
-        # gaps of 1/k, like the sglang backend; a server that omits it gives one per chunk.
-        total = int(usage["completion_tokens"]) if usage else seen + 1
-        new = max(1, total - seen)
         if record.chunks == 0:
             record.ttft = now - self.start
-        else:
-            record.itl.extend([(now - self.last) / new] * new)
-        # counted as they arrive, as the sglang backend does: the live progress counts
-        # tokens of requests in flight (it read 0 tok/s between finished requests)
-        self.seen_tokens = record.completion_tokens = max(total, seen + 1)
-        if self.keep_text:
-            record.text += piece
+        self.seen.arrivals.append(now)
+        self.seen.counts.append(count)
+        if self.seen.pieces is not None:
+            self.seen.pieces.append(str(piece or ""))
+        # counted as they arrive: the live progress counts tokens of requests in flight
+        self.seen_tokens = record.completion_tokens = max(count or 0, self.seen_tokens + 1)
         record.chunks += 1
         self.last = now
 
-    def _error(self, error: object) -> None:
-        """An error event: the server's message (its `error` object's, else the value)."""
-        self.record.error = str(error.get("message", error) if isinstance(error, dict) else error)
+    def _error(self, message: str) -> None:
+        """An error event or object: the server's message; the rest of the stream is ignored."""
+        self.record.error = message
         self.stopped = True
+
+    def count(self, max_tokens: int, tokenizer: str | None) -> None:
+        """The request's token count, its source and its inter-token gaps (tokencount.py)."""
+        record = self.record
+        counted = decide(self.seen, max_tokens, lambda: tokencount.tokenizer(tokenizer))
+        record.completion_tokens = counted.tokens
+        record.tokens_source = counted.source
+        record.itl_per_chunk = counted.itl_per_chunk
+        record.tokens_note = counted.note
+        record.itl = tokencount.itl(self.seen.arrivals, counted.per_chunk)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 async def one_request(
@@ -232,8 +291,8 @@ async def one_request(
     keep_text: bool = False,
     due: float | None = None,
 ) -> None:
-    """Send one request and fill its record: timings from `t0` (the level's start), the
-    tokens the server counted, or the error that ended it."""
+    """Send one request and fill its record: timings from `t0` (the level's start), its
+    tokens from the best consistent source (tokencount.py), or the error that ended it."""
     backend, timeout = sending.backend, sending.timeout
     path, body = _payload(backend, prompt, sending.model, sending.ignore_eos, messages)
     start = time.perf_counter()
@@ -242,9 +301,9 @@ async def one_request(
     record.due = record.start if due is None else min(due, record.start)
     record.dispatch_lag = record.start - record.due
     record.prompt_tokens = prompt.prompt_tokens
-    tracker = _StreamTracker(backend, record, start, keep_text)
+    tracker = _StreamTracker(backend, record, start)
     try:
-        response = await client.post_stream(path, body, tracker.on_event, timeout)
+        response = await client.post_stream(path, body, tracker.on_event, timeout, tracker.on_typed)
     except asyncio.CancelledError:
         record.error = "cancelled"
         raise
@@ -260,18 +319,18 @@ async def one_request(
     if record.error:
         return
     record.e2e = tracker.last - start
-    record.completion_tokens = tracker.seen_tokens
-    record.spec_verify_ct = tracker.spec_verify_ct()
-    record.ok = tracker.seen_tokens > 0
+    if tracker.seen_tokens == 0:
+        body_text = f": {response.text[:200].strip()}" if response.body else ""
+        record.error = "no tokens received" + body_text
+        return
+    record.error = tracker.ending()
+    if record.error:
+        return
+    tracker.count(prompt.output_len, sending.tokenizer)
+    record.spec_verify_ct = tracker.spec_verify_ct(record.completion_tokens)
+    record.ok = True
     if keep_text:
         record.text = tracker.final_text()
-    if not record.ok:
-        record.error = "no tokens received" + (
-            f": {response.text[:200].strip()}" if response.body else ""
-        )
-    elif not tracker.ended_as_the_protocol_says():
-        record.ok = False
-        record.error = f"stream ended early after {tracker.seen_tokens} tokens"
 
 
 class _Conversation:

@@ -4,6 +4,8 @@ CR (a CR that ends a read waits for the next one, which may hold its LF); a blan
 dispatches the event; a line starting with ':' is a comment; `field:value` drops one
 space after the colon when there is one (`data:x` and `data: x` are the same); several
 `data` lines join with LF; `event`, `id` and `retry` are kept; other fields are ignored.
+An event of a type other than `message` (`event: error`) goes to `on_typed` when given, so
+the dialect decides what it means (sender.py); without one it is read as data, as before.
 
 Nearly every read while streaming is one `data: ...` event per HTTP chunk and takes the
 fast path (bench/ssefast.py); this parser takes everything else, so what any engine sends
@@ -24,8 +26,13 @@ class EventStream:
     """One response's event stream, fed as bytes arrive; each event's data goes to
     `on_event(data, at)`."""
 
-    def __init__(self, on_event: Callable[[bytes, float], None] | None) -> None:
+    def __init__(
+        self,
+        on_event: Callable[[bytes, float], None] | None,
+        on_typed: Callable[[bytes, bytes, float], None] | None = None,
+    ) -> None:
         self.on_event = on_event
+        self.on_typed = on_typed  # (event type, data, time) of an event not `message`
         self.events = 0  # dispatched, the fast path's included (httpstream counts those)
         self.event_type = b""
         self.last_id = b""
@@ -36,8 +43,9 @@ class EventStream:
 
     @property
     def idle(self) -> bool:
-        """Between events: nothing pending, so a whole event chunk may skip this parser."""
-        return not self._pending and not self._data
+        """Between events: nothing pending (an `event:` line included, which types the
+        next data), so a whole event chunk may skip this parser."""
+        return not self._pending and not self._data and not self.event_type
 
     def feed(self, data: bytes, now: float) -> None:
         buf = self._pending + data if self._pending else data
@@ -83,9 +91,11 @@ class EventStream:
 
     def _dispatch(self, now: float) -> None:
         data, self._data, self._size = self._data, [], 0
-        self.event_type = b""
+        kind, self.event_type = self.event_type, b""
         if not data:
             return  # the standard: an event without data is not dispatched
         self.events += 1
-        if self.on_event is not None:
+        if kind not in (b"", b"message") and self.on_typed is not None:
+            self.on_typed(kind, b"\n".join(data), now)
+        elif self.on_event is not None:
             self.on_event(b"\n".join(data), now)
