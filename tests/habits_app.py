@@ -196,11 +196,17 @@ async def health(request: Request):
     return PlainTextResponse("ok")
 
 
+async def model_list(request: Request):
+    """The model list SGLang's bench_serving waits for before it sends (benchmarks/)."""
+    return JSONResponse({"object": "list", "data": [{"id": "habits", "object": "model"}]})
+
+
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/generate")
 app = Starlette(
     routes=[
         *(Route("/h/{habit}/{k:int}/{period:int}" + r, serve, methods=["POST"]) for r in ROUTES),
         *(Route("/e/{ending}" + r, serve, methods=["POST"]) for r in ROUTES),
+        Route("/h/{habit}/{k:int}/{period:int}/v1/models", model_list),
         Route("/truth", truth),
         Route("/health", health),
     ]
