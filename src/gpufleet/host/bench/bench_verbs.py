@@ -32,6 +32,7 @@ from gpufleet.host.gpu import facts as gpus
 from gpufleet.host.gpu import nvml as nvmlread
 from gpufleet.host.proc import jobstep
 from gpufleet.host.server import keys as serverkeys
+from gpufleet.host.server import listener
 from gpufleet.host.server.state import all_states, read_state, server_alive, tail
 from gpufleet.kinds import Kind, RunStatus
 from gpufleet.records import BenchPlan, ServerState
@@ -84,6 +85,9 @@ def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
             raise AgentError(
                 f"no running server of {what}{where} (inv launch first)", kind=Kind.NO_SERVER
             )
+        refused = listener.refusal_for(state)  # benched is the server gpufleet launched
+        if refused:
+            raise AgentError(refused, kind=Kind.UNTRUSTED)
         plan.base_url = state.health_url.rsplit("/", 1)[0]
         plan.server_port = state.port
         plan.profile = plan.profile or state.profile

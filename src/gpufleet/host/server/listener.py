@@ -1,0 +1,150 @@
+"""Whose socket listens on a server's port: the server gpufleet launched, or someone else.
+
+Another local user may bind the port of a server that is still loading, answer /health at
+once and be measured in its place, or be sent the server's API key (issue 80). So before
+wait-ready says ready, before a bench starts, before each of its levels and before any
+request that carries the server's key, the one rule here runs: every socket in LISTEN
+state on the port (/proc/net/tcp and tcp6, this network namespace) must be held by the
+launched process tree (the server's PID, its descendants and its process group), found
+by the socket's inode among the tree's descriptors. Otherwise the caller refuses in one
+line naming the port, the foreign PID and its user, and sends nothing. No listener at all
+is no refusal: nothing would be sent to anyone. Standard library only: this module ships.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Iterable, Iterator
+
+from gpufleet.host.agent import bounded
+from gpufleet.host.agent.procstat import all_stats
+from gpufleet.records import ServerState
+
+LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
+TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+
+
+def listening_inodes(port: int, tables: Iterable[str] = TABLES) -> set[str]:
+    """The inodes of the sockets in LISTEN state on `port`, any address (read a line at a
+    time: a busy host's table is large, never held whole)."""
+    found = set()
+    for table in tables:
+        for fields in _rows(table):
+            if len(fields) > 9 and fields[3] == LISTEN and _port(fields[1]) == int(port):
+                found.add(fields[9])
+    return found
+
+
+def _port(local: str) -> int | None:
+    try:
+        return int(local.rsplit(":", 1)[1], 16)
+    except (IndexError, ValueError):
+        return None
+
+
+def _rows(table: str) -> Iterator[list[str]]:
+    try:
+        with open(table, "rb") as fh:
+            fh.readline()  # the header
+            for line in bounded.lines(fh, bounded.PROC_LINE):
+                yield line.decode(errors="replace").split()
+    except OSError:
+        return
+
+
+def tree(pid: int, pgid: int) -> set[int]:
+    """The launched server's processes: its PID, every descendant, its process group."""
+    stats = [s for s in all_stats() if s.running]
+    kids: dict[int, list[int]] = {}
+    for stat in stats:
+        kids.setdefault(stat.ppid, []).append(stat.pid)
+    members = {s.pid for s in stats if s.pgid == pgid} | {pid}
+    frontier = list(members)
+    while frontier:
+        for kid in kids.get(frontier.pop(), []):
+            if kid not in members:
+                members.add(kid)
+                frontier.append(kid)
+    return members
+
+
+def socket_inodes(pid: int) -> set[str] | None:
+    """The socket inodes among a process's descriptors; None where /proc will not say."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return set()
+    except PermissionError:
+        return None
+    out = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(target[8:-1])
+    return out
+
+
+def holder(inodes: set[str], skip: set[int]) -> int | None:
+    """The lowest PID outside `skip` holding one of `inodes`; None where none readable does."""
+    for stat in sorted(all_stats(), key=lambda s: s.pid):
+        if stat.pid not in skip and inodes & (socket_inodes(stat.pid) or set()):
+            return stat.pid
+    return None
+
+
+def _user_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in bounded.lines(fh, bounded.PROC_LINE):
+                if line.startswith(b"Uid:"):
+                    uid = int(line.split()[1])
+                    try:
+                        return f"user {pwd.getpwuid(uid).pw_name}"
+                    except KeyError:
+                        return f"uid {uid}"
+    except (OSError, ValueError, IndexError):
+        pass
+    return "user unknown"
+
+
+def refusal(port: int, pid: int, pgid: int, tables: Iterable[str] = TABLES) -> str | None:
+    """None where every listener on `port` belongs to the tree of `pid` (or nobody
+    listens); else the one line that says whose socket it is, and that nothing was sent."""
+    listening = listening_inodes(port, tables)
+    if not listening:
+        return None
+    ours = tree(pid, pgid)
+    held: set[str] = set()
+    unreadable = []
+    for member in ours:
+        inodes = socket_inodes(member)
+        if inodes is None:
+            unreadable.append(member)
+        else:
+            held |= inodes
+    foreign = listening - held
+    if not foreign:
+        return None
+    who = holder(foreign, ours)
+    if who is not None:
+        whose = f"pid {who} ({_user_of(who)})"
+    elif unreadable:
+        whose = f"a process this agent cannot read (nor the server's pid {min(unreadable)})"
+    else:
+        whose = "a process of another user"
+    return (
+        f"port {port} is listened on by {whose}, not by the server gpufleet launched "
+        f"(pid {pid}): refused, nothing sent to it"
+    )
+
+
+def refusal_for(state: ServerState | None) -> str | None:
+    """`refusal` for a launched server's state (None: no state, a server gpufleet did not
+    launch, benched on purpose with --url: the manifest says so)."""
+    if state is None:
+        return None
+    return refusal(state.port, state.pid, state.pgid)
