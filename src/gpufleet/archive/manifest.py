@@ -53,7 +53,7 @@ def _pick(record: type[R], data: JsonObject) -> R:  # a file as read, unchecked
 LAUNCHED = "launched by gpufleet: its port's listener was checked before each level"
 
 
-def origin(plan: BenchPlan | None, state: JsonObject) -> str | None:  # a state file as read
+def origin(plan: BenchPlan | None, state: object) -> str | None:
     """Who launched the server the run measured: gpufleet (whose listener the runner
     checked, host/server/listener.py), or someone else, benched on purpose with --url."""
     if state:
