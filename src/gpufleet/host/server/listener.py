@@ -147,4 +147,4 @@ def refusal_for(state: ServerState | None) -> str | None:
     launch, benched on purpose with --url: the manifest says so)."""
     if state is None:
         return None
-    return refusal(state.port, state.pid, state.pgid)
+    return refusal(state.port, state.pid, state.pgid or state.pid)
