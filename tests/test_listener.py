@@ -174,6 +174,7 @@ def test_the_runner_sends_no_level_and_no_keyed_request_to_a_foreign_listener(
 ):
     """The runner's own checks (the server's state handed to it says which tree is ours):
     /server_info before and after and every level are refused, the run fails in one line."""
+    from gpufleet.host.agent.procstat import ProcRef
     from gpufleet.host.bench.runner import run_plan
     from gpufleet.records import BenchPlan, Level, ServerState
     from gpufleet.sim.sshd import free_port
@@ -189,7 +190,7 @@ def test_the_runner_sends_no_level_and_no_keyed_request_to_a_foreign_listener(
         state = ServerState(pid=ours.pid, pgid=ours.pid, port=port, log=str(tmp_path / "log"),
                             health_url=f"http://127.0.0.1:{port}/health", profile="p",
                             engine="custom", argv=[], env={}, started_at="now", status="ready",
-                            proc={"pid": ours.pid, "start_ticks": 0})  # fmt: skip
+                            proc=ProcRef.capture(ours.pid).to_wire())  # fmt: skip
         status = run_plan(tmp_path, state, keys={"api-key": CANARY})
         assert status["status"] == "failed"
         assert status["reason"] == (

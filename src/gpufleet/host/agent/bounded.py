@@ -11,11 +11,16 @@ host/ that goes around this module without a stated reason. Standard library onl
 from __future__ import annotations
 
 import os
+import selectors
+import subprocess
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
 HTTP_BODY = 1 << 20  # a server's JSON answer: /server_info, a model list, an error body
-METRICS_PAGE = 8 << 20  # one Prometheus /metrics page (SGLang's is tens of KiB)
+METRICS_PAGE = 4 << 20  # one Prometheus /metrics page (SGLang's is tens of KiB)
+PROGRAM_OUTPUT = 4 << 20  # what an engine's probe prints (--help, --version), each stream
 PROC_FILE = 1 << 20  # one /proc file read whole (cmdline, environ, status)
 PROC_LINE = 4 << 10  # one line of a /proc table (/proc/net/tcp's are 150 bytes)
 LOG_LOOK = 1 << 20  # what a log scanner reads of what the log gained, per look: the newest
@@ -89,3 +94,45 @@ def newest(fh: BinaryIO, start: int, limit: int) -> tuple[bytes, int, int]:
     fh.seek(begin)
     data = take(fh, limit)
     return data, begin + len(data), begin - start
+
+
+@dataclass
+class Output:
+    """What a program printed, each stream at most the bound."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run(argv: list[str], limit: int, timeout: float, **popen: object) -> Output:
+    """Run a program and keep what it prints, each stream at most `limit` bytes: one that
+    prints more is killed (TooLarge), as one that runs past `timeout` is
+    (subprocess.TimeoutExpired). An engine's probe runs as the run_as user: its output is
+    that user's to choose."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # type: ignore[call-overload]
+    fds = (proc.stdout.fileno(), proc.stderr.fileno())  # type: ignore[union-attr]
+    kept: dict[int, list[bytes]] = {fd: [] for fd in fds}
+    sizes = dict.fromkeys(kept, 0)
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel, proc:
+        for stream in (proc.stdout, proc.stderr):
+            sel.register(stream, selectors.EVENT_READ)
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                proc.kill()
+                raise subprocess.TimeoutExpired(argv, timeout)
+            for key, _ in sel.select(min(left, 1.0)):
+                data = os.read(key.fd, CHUNK)
+                if not data:
+                    sel.unregister(key.fileobj)
+                    continue
+                sizes[key.fd] += len(data)
+                if sizes[key.fd] > limit:
+                    proc.kill()
+                    raise TooLarge(f"`{argv[0]}` printed more than {mib(limit)}: stopped, not read")
+                kept[key.fd].append(data)
+        code = proc.wait(max(0.1, deadline - time.monotonic()))
+    out, err = (b"".join(kept[fd]).decode(errors="replace") for fd in fds)
+    return Output(code, out, err)
