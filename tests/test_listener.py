@@ -169,9 +169,7 @@ def test_a_bench_refuses_a_port_another_user_took_and_sends_it_no_key(fleet, eng
         fleet.cli("stop", "--port", str(port), "--hosts", "h0", "--grace", "1")
 
 
-def test_the_runner_sends_no_level_and_no_keyed_request_to_a_foreign_listener(
-    squat, tmp_path
-):
+def test_the_runner_sends_no_level_and_no_keyed_request_to_a_foreign_listener(squat, tmp_path):
     """The runner's own checks (the server's state handed to it says which tree is ours):
     /server_info before and after and every level are refused, the run fails in one line."""
     from gpufleet.host.agent.procstat import ProcRef

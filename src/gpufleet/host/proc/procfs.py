@@ -204,7 +204,7 @@ def _listeners(table: str, family: int) -> Iterator[tuple[str, int, str]]:
     """The LISTEN rows of a /proc/net table, read a line at a time (a busy host's is large)."""
     try:
         with open(table, "rb") as fh:
-            fh.readline()  # the header
+            fh.readline(bounded.PROC_LINE)  # the header
             for line in bounded.lines(fh, bounded.PROC_LINE):
                 fields = line.decode(errors="replace").split()
                 if len(fields) < 10 or fields[3] != LISTEN:

@@ -46,7 +46,7 @@ def _port(local: str) -> int | None:
 def _rows(table: str) -> Iterator[list[str]]:
     try:
         with open(table, "rb") as fh:
-            fh.readline()  # the header
+            fh.readline(bounded.PROC_LINE)  # the header
             for line in bounded.lines(fh, bounded.PROC_LINE):
                 yield line.decode(errors="replace").split()
     except OSError:
