@@ -24,6 +24,7 @@ PROGRAM_OUTPUT = 4 << 20  # what an engine's probe prints (--help, --version), e
 PROC_FILE = 1 << 20  # one /proc file read whole (cmdline, environ, status)
 PROC_LINE = 4 << 10  # one line of a /proc table (/proc/net/tcp's are 150 bytes)
 LOG_LOOK = 1 << 20  # what a log scanner reads of what the log gained, per look: the newest
+RUN_LOOK = 1 << 20  # what a watch reads of a runner's progress.jsonl or status.json, per look
 LOG_LINE = 16 << 10  # one log line as it is followed or tailed; the rest is cut, said so
 CHUNK = 64 << 10
 
@@ -94,6 +95,29 @@ def newest(fh: BinaryIO, start: int, limit: int) -> tuple[bytes, int, int]:
     fh.seek(begin)
     data = take(fh, limit)
     return data, begin + len(data), begin - start
+
+
+def count(fh: BinaryIO, start: int, end: int, needle: bytes) -> int:
+    """How often `needle` occurs between two offsets of a file, read a chunk at a time and
+    its holes skipped (a log's 1 GiB hole is no data to read), never held whole."""
+    fd, found, pos, carry = fh.fileno(), 0, start, b""
+    while pos < end:
+        try:
+            data_at = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError:  # ENXIO: nothing but a hole from here
+            break
+        if data_at > pos:
+            pos, carry = data_at, b""
+            continue
+        os.lseek(fd, pos, os.SEEK_SET)
+        data = os.read(fd, min(CHUNK, end - pos))
+        if not data:
+            break
+        window = carry + data  # a needle across two chunks is found in the second window
+        found += window.count(needle)
+        carry = window[-(len(needle) - 1) :] if len(needle) > 1 else b""
+        pos += len(data)
+    return found
 
 
 @dataclass

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpufleet.host.agent import childenv, ownership, runas, safewrite
+from gpufleet.host.agent import bounded, childenv, ownership, runas, safewrite
 from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.host.agent.protocol import (
     AgentError,
@@ -279,14 +279,15 @@ def _wait_runner_gone(run_dir: Path, within: float = RUNNER_EXIT_S) -> None:
 
 
 def _read_run_file(run_dir: Path, name: str, offset: int = 0) -> bytes | None:
-    """A file the runner writes: in root's run directory, or where the runner ran as the
-    run_as user, in that user's (read without following links: host/bench/userrun.py)."""
+    """At most `bounded.RUN_LOOK` bytes from `offset` of a file the runner writes: in
+    root's run directory, or where the runner ran as the run_as user, in that user's (read
+    without following links: host/bench/userrun.py)."""
     if (run_dir / userrun.MARK).exists():
-        return userrun.read(run_dir, name, offset)
+        return userrun.read(run_dir, name, offset, bounded.RUN_LOOK)
     try:
         with open(run_dir / name, "rb") as fh:
             fh.seek(offset)
-            return fh.read()
+            return bounded.take(fh, bounded.RUN_LOOK)
     except OSError:
         return None
 
@@ -297,6 +298,8 @@ def _emit_progress(run_dir: Path, offset: int) -> int:
     if data is None:
         return offset
     complete = data[: data.rfind(b"\n") + 1]
+    if not complete and len(data) >= bounded.RUN_LOOK:  # a line over the bound: passed over
+        return offset + len(data)
     for line in complete.decode(errors="replace").splitlines():
         try:
             emit_event(json.loads(line))
