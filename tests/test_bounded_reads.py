@@ -161,7 +161,9 @@ COPY_GROWTH = 4 * 20 * MIB + 8 * MIB
 def test_a_log_extended_by_a_1_gib_hole_is_read_to_its_bound(holed_log, reader):
     got = _peak(LOG_READERS[reader], str(holed_log))
     grew = got["peak"] - got["base"]
-    assert grew < (COPY_GROWTH if "copy" in reader else GROWTH), f"{reader}: peak grew {grew / MIB:.0f} MiB ({got['said']})"
+    assert grew < (COPY_GROWTH if "copy" in reader else GROWTH), (
+        f"{reader}: peak grew {grew / MIB:.0f} MiB ({got['said']})"
+    )
     record(f"bounded_log {reader}", {"peak_growth_mib": round(grew / MIB, 1)})
 
 

@@ -88,12 +88,12 @@ def squat() -> Iterator:
     folder.chmod(0o777)
     started: list[subprocess.Popen] = []
 
-    def start(port: int) -> tuple[subprocess.Popen, Path]:
+    def start(port: int, uid: int = NOBODY) -> tuple[subprocess.Popen, Path]:
         seen = folder / "seen.txt"
         seen.touch()
         seen.chmod(0o666)
         proc = subprocess.Popen(
-            ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+            ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
              "/usr/bin/python3", "-c", SQUATTER, str(port), str(seen)],
             stdout=subprocess.PIPE, text=True, cwd="/",
         )  # fmt: skip
@@ -200,6 +200,60 @@ def test_the_runner_sends_no_level_and_no_keyed_request_to_a_foreign_listener(sq
     finally:
         ours.kill()
         ours.wait()
+
+
+CHECK_AS_NOBODY = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from gpufleet.host.server import listener
+from gpufleet.records import ServerState
+print(json.dumps(listener.refusal_for(ServerState.from_wire(json.loads(sys.argv[2])))))
+"""
+
+
+def test_a_runner_as_the_run_as_user_trusts_only_the_sockets_root_checked(squat):
+    """The runner as nobody cannot read root's server's descriptors: root hands it the
+    inodes it found the server's (SOCKETS_ENV); a socket nobody cannot read that is not one
+    of them is "a process of another user" (here daemon's)."""
+    from gpufleet.host.server import listener
+    from gpufleet.records import ServerState
+    from gpufleet.sim.sshd import free_port
+
+    port = free_port()
+    serve = f"import socket, time; s = socket.create_server(('127.0.0.1', {port})); " \
+            "print('up', flush=True); time.sleep(60)"  # fmt: skip
+    server = subprocess.Popen(["/usr/bin/python3", "-c", serve], stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)  # fmt: skip
+    assert server.stdout is not None and server.stdout.readline().strip() == "up"
+    state = ServerState(pid=server.pid, pgid=server.pid, port=port, profile="p", engine="sim",
+                        health_url="", log="", started_at="")  # fmt: skip
+
+    def check_as_nobody(sockets: str) -> str | None:
+        out = subprocess.run(
+            ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+             "/usr/bin/python3", "-c", CHECK_AS_NOBODY, str(Path(listener.__file__).parents[3]),
+             json.dumps(state.to_wire())],
+            capture_output=True, text=True, cwd="/",
+            env={"PATH": "/usr/bin:/bin", listener.SOCKETS_ENV: sockets},
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    try:
+        sockets = listener.sockets_of(state)  # root's view, as bench-start hands it over
+        assert sockets and check_as_nobody(sockets) is None
+        assert "a process of another user" in (check_as_nobody("") or "")  # unreadable
+        server.kill()
+        server.wait()
+        _proc, seen = squat(port, uid=1)  # daemon takes the port
+        assert check_as_nobody(sockets) == (
+            f"port {port} is listened on by a process of another user, not by the server "
+            f"gpufleet launched (pid {server.pid}): refused, nothing sent to it"
+        )
+        assert seen.read_text() == ""
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_the_rule_reads_both_tables_and_the_whole_tree(tmp_path):

@@ -179,6 +179,8 @@ def _spawn_runner_as(
     log_fd = _open_server_log(state)
     if log_fd is not None:
         env[LOG_FD_ENV] = str(log_fd)
+    if state is not None:  # root's server: its descriptors are not the runner's to read
+        env[listener.SOCKETS_ENV] = listener.sockets_of(state)
     held = ownership.held_fd()  # the run owns the host until it ends, task or not
     fds = tuple(fd for fd in (log_fd, held) if fd is not None)
     try:

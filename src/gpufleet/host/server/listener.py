@@ -111,31 +111,35 @@ def _user_of(pid: int) -> str:
     return "user unknown"
 
 
-def refusal(port: int, pid: int, pgid: int, tables: Iterable[str] = TABLES) -> str | None:
+# a runner that runs as the run_as user cannot read the descriptors of a server that runs
+# as root: root checks the listener when it starts the run and hands the runner the
+# inodes it found the server's, in this variable (host/bench/bench_verbs.py)
+SOCKETS_ENV = "GPUFLEET_SERVER_SOCKETS"
+
+
+def _held(pid: int, pgid: int, known: Iterable[str]) -> tuple[set[int], set[str]]:
+    """The tree's processes and the socket inodes they hold (with those known to be theirs)."""
+    ours = tree(pid, pgid)
+    held = set(known)
+    for member in ours:
+        held |= socket_inodes(member) or set()
+    return ours, held
+
+
+def refusal(
+    port: int, pid: int, pgid: int, known: Iterable[str] = (), tables: Iterable[str] = TABLES
+) -> str | None:
     """None where every listener on `port` belongs to the tree of `pid` (or nobody
     listens); else the one line that says whose socket it is, and that nothing was sent."""
     listening = listening_inodes(port, tables)
     if not listening:
         return None
-    ours = tree(pid, pgid)
-    held: set[str] = set()
-    unreadable = []
-    for member in ours:
-        inodes = socket_inodes(member)
-        if inodes is None:
-            unreadable.append(member)
-        else:
-            held |= inodes
+    ours, held = _held(pid, pgid, known)
     foreign = listening - held
     if not foreign:
         return None
     who = holder(foreign, ours)
-    if who is not None:
-        whose = f"pid {who} ({_user_of(who)})"
-    elif unreadable:
-        whose = f"a process this agent cannot read (nor the server's pid {min(unreadable)})"
-    else:
-        whose = "a process of another user"
+    whose = f"pid {who} ({_user_of(who)})" if who is not None else "a process of another user"
     return (
         f"port {port} is listened on by {whose}, not by the server gpufleet launched "
         f"(pid {pid}): refused, nothing sent to it"
@@ -147,4 +151,12 @@ def refusal_for(state: ServerState | None) -> str | None:
     launch, benched on purpose with --url: the manifest says so)."""
     if state is None:
         return None
-    return refusal(state.port, state.pid, state.pgid or state.pid)
+    known = [x for x in os.environ.get(SOCKETS_ENV, "").split(",") if x]
+    return refusal(state.port, state.pid, state.pgid or state.pid, known)
+
+
+def sockets_of(state: ServerState) -> str:
+    """The inodes of the server's own listeners on its port, as SOCKETS_ENV carries them."""
+    listening = listening_inodes(state.port)
+    _, held = _held(state.pid, state.pgid or state.pid, ())
+    return ",".join(sorted(listening & held))
