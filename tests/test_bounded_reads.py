@@ -42,7 +42,7 @@ CHILD = textwrap.dedent(
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     from gpufleet.host.agent import bounded
-    from gpufleet.host.bench import bench_verbs, rundir, serverapi
+    from gpufleet.host.bench import bench_verbs, loadgen, rundir, serverapi
     from gpufleet.host.server import logscan, preflight, probe, state
     from gpufleet.host.proc import procfs
     from gpufleet.records import ServerState
@@ -126,6 +126,64 @@ def _holed(path: Path) -> Path:
     with open(path, "ab") as fh:
         fh.write(b"Traceback (most recent call last)\n")
     return path
+
+
+@pytest.fixture
+def streaming_url() -> Iterator[str]:
+    """A server whose streamed answers count far more tokens than asked: /generate/huge
+    claims 10^9 in its second chunk, /generate/endless 1,000 more in each of 64 MiB of
+    chunks (then ends the stream as SGLang does)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+        b'data: {"text": "x", "meta_info": {"completion_tokens": 1, "prompt_tokens": 1}}\n\n'
+    )
+
+    def event(tokens: int) -> bytes:
+        return b'data: {"text": "x", "meta_info": {"completion_tokens": %d}}\n\n' % tokens
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            huge = b"/huge" in conn.recv(65536)
+            try:
+                conn.sendall(head)
+                if huge:
+                    conn.sendall(event(10**9))
+                else:
+                    for start in range(1, 64 * MIB // 50, 4096):
+                        conn.sendall(b"".join(event(1000 * n) for n in range(start, start + 4096)))
+                conn.sendall(b"data: [DONE]\n\n")
+            except OSError:
+                return
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+
+
+ANSWER = (
+    "[r.error for r in loadgen.run_async(loadgen.run_level(ARG, "
+    "[loadgen.Prompt('hi', output_len=8)], 1, loadgen.LevelSpec(warmup=0))).records]"
+)
+
+
+@pytest.mark.parametrize("route", ["huge", "endless"])
+def test_a_streamed_answer_that_counts_without_end_is_stopped_at_its_bound(streaming_url, route):
+    """The load generator keeps a gap per token: an answer's count is bounded by the tokens
+    asked for (twice, and 1,024 more), or a claim of 10^9 would be 8 GB of gaps."""
+    got = _peak(ANSWER, f"{streaming_url}/{route}")
+    grew = got["peak"] - got["base"]
+    record(f"bounded_answer {route}", {"peak_growth_mib": round(grew / MIB, 1)})
+    assert grew < GROWTH, f"{route}: peak grew {grew / MIB:.0f} MiB ({got['said']})"
+    assert "the answer went past 1040 tokens" in got["said"], got["said"]
 
 
 @pytest.fixture

@@ -26,6 +26,8 @@ PROC_LINE = 4 << 10  # one line of a /proc table (/proc/net/tcp's are 150 bytes)
 LOG_LOOK = 1 << 20  # what a log scanner reads of what the log gained, per look: the newest
 RUN_LOOK = 1 << 20  # what a watch reads of a runner's progress.jsonl or status.json, per look
 LOG_LINE = 16 << 10  # one log line as it is followed or tailed; the rest is cut, said so
+ANSWER_TEXT = 4 << 20  # a streamed answer's text a multi-turn session keeps for its next turn
+ANSWER_SLACK = 1024  # tokens a streamed answer may count beyond twice those it was asked for
 CHUNK = 64 << 10
 
 

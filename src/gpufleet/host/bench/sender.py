@@ -11,6 +11,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from gpufleet.host.agent import bounded
 from gpufleet.host.bench.dialects import DIALECTS
 from gpufleet.host.bench.httpstream import RequestBody, StreamClient
 from gpufleet.host.bench.level import Prompt, RequestRecord
@@ -83,9 +84,13 @@ class _StreamTracker:
     """
 
     def __init__(
-        self, backend: str, record: RequestRecord, start: float, keep_text: bool = False
-    ) -> None:
+        self, backend: str, record: RequestRecord, start: float, keep_text: bool = False,
+        asked: int = 1 << 20,
+    ) -> None:  # fmt: skip
         self.record = record
+        # the tokens an answer may count (its record keeps a gap per token): a server that
+        # counts more, or claims 10^9 in one chunk, is stopped there (host/agent/bounded.py)
+        self.most = 2 * asked + bounded.ANSWER_SLACK
         self.start = start
         self.last = start
         self.seen_tokens = 0
@@ -157,6 +162,9 @@ class _StreamTracker:
         new = total - seen
         if new <= 0:
             return
+        if total > self.most:
+            self._over(total)
+            return
         record = self.record
         if seen == 0:
             record.ttft = now - self.start
@@ -202,6 +210,9 @@ class _StreamTracker:
         # With usage in every chunk (continuous_usage_stats) a chunk of k tokens counts as k
         # gaps of 1/k, like the sglang backend; a server that omits it gives one per chunk.
         total = int(usage["completion_tokens"]) if usage else seen + 1
+        if total > self.most or (self.keep_text and len(record.text) > bounded.ANSWER_TEXT):
+            self._over(total)
+            return
         new = max(1, total - seen)
         if record.chunks == 0:
             record.ttft = now - self.start
@@ -214,6 +225,11 @@ class _StreamTracker:
             record.text += piece
         record.chunks += 1
         self.last = now
+
+    def _over(self, total: int) -> None:
+        text = bounded.mib(bounded.ANSWER_TEXT)
+        self._error(f"the answer went past {self.most} tokens (the server counted {total}) "
+                    f"or {text} of text: the rest was ignored")  # fmt: skip
 
     def _error(self, error: object) -> None:
         """An error event: the server's message (its `error` object's, else the value)."""
@@ -242,7 +258,7 @@ async def one_request(
     record.due = record.start if due is None else min(due, record.start)
     record.dispatch_lag = record.start - record.due
     record.prompt_tokens = prompt.prompt_tokens
-    tracker = _StreamTracker(backend, record, start, keep_text)
+    tracker = _StreamTracker(backend, record, start, keep_text, prompt.output_len)
     try:
         response = await client.post_stream(path, body, tracker.on_event, timeout)
     except asyncio.CancelledError:
