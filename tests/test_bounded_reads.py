@@ -257,6 +257,15 @@ def test_a_probe_that_prints_without_end_is_stopped_at_its_bound():
     record("bounded_probe_output", {"peak_growth_mib": round(grew / MIB, 1)})
 
 
+def test_a_probe_that_closes_its_streams_and_runs_on_ends_at_its_timeout():
+    from gpufleet.host.agent import bounded
+
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        bounded.run(["sh", "-c", "exec >&- 2>&-; sleep 30"], MIB, 1.0)
+    assert time.monotonic() - started < 10  # killed, not waited for
+
+
 def test_a_long_command_line_is_read_to_its_bound():
     from gpufleet.host.agent import bounded
     from gpufleet.host.proc import procfs

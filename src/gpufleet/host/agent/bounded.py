@@ -159,6 +159,10 @@ def run(argv: list[str], limit: int, timeout: float, **popen: object) -> Output:
                     proc.kill()
                     raise TooLarge(f"`{argv[0]}` printed more than {mib(limit)}: stopped, not read")
                 kept[key.fd].append(data)
-        code = proc.wait(max(0.1, deadline - time.monotonic()))
+        try:
+            code = proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:  # its streams closed, it runs on
+            proc.kill()
+            raise
     out, err = (b"".join(kept[fd]).decode(errors="replace") for fd in fds)
     return Output(code, out, err)
