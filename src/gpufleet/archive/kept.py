@@ -140,6 +140,7 @@ class Manifest(Archived):
     gpufleet_version: str | None = None
     command_line: list[str] = field(default_factory=list)
     server: ServerFacts = field(default_factory=ServerFacts)
+    server_origin: str | None = None  # who launched the server measured (manifest.origin)
     resolved_profile: JsonDict | None = None  # control/server/profiles.Profile's
     host_facts: HostFacts = field(default_factory=HostFacts)
     prompt_set: PromptSetRef = field(default_factory=PromptSetRef)

@@ -50,6 +50,20 @@ def _pick(record: type[R], data: JsonObject) -> R:  # a file as read, unchecked
     return record.from_wire({k: v for k, v in data.items() if k in names})
 
 
+LAUNCHED = "launched by gpufleet: its port's listener was checked before each level"
+
+
+def origin(plan: BenchPlan | None, state: object) -> str | None:
+    """Who launched the server the run measured: gpufleet (whose listener the runner
+    checked, host/server/listener.py), or someone else, benched on purpose with --url."""
+    if state:
+        return LAUNCHED
+    if plan and plan.base_url:
+        return (f"launched outside gpufleet, benched on purpose at {plan.base_url} (--url): "
+                "whose server answers there was not checked")  # fmt: skip
+    return None
+
+
 def build(
     host: str, run_id: str, run: FetchedRun, command_line: list[str], version: str
 ) -> Manifest:
@@ -68,6 +82,7 @@ def build(
         command_line=command_line,
         plan=plan,
         server=_pick(ServerFacts, run.server_state),
+        server_origin=origin(plan, run.server_state),
         resolved_profile=run.server_state.get("resolved_profile"),
         host_facts=_pick(HostFacts, run.sysinfo),
         prompt_set=PromptSetRef(

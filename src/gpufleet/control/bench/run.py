@@ -18,8 +18,8 @@ from urllib.parse import urlparse
 from gpufleet import __version__
 from gpufleet.archive import manifest, store
 from gpufleet.archive.layout import profile_label
+from gpufleet.control.bench import intake, workloads
 from gpufleet.control.bench import prompts as prompt_sets
-from gpufleet.control.bench import workloads
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.connect.base import Progress, ResumableCall, Session, host_events
 from gpufleet.control.connect.cancel import SLICE_S, CancelToken
@@ -307,14 +307,17 @@ def fetch(
 ) -> ArchivedRun:
     """Watch a run on the host until it ends, download its files, archive them."""
     answer = watch(session, run_id, progress, cancel)
+    names, refused = intake.fetchable(answer)
     try:
-        files = {
-            f["name"]: session.download(f"{answer['run_dir']}/{f['name']}") for f in answer["files"]
-        }
+        files = {name: intake.download(session, f"{answer['run_dir']}/{name}") for name in names}
     except HostError as exc:  # the run finished and stays on the host: say how to fetch it
         hint = attach_hint(run_id, [session.host])
         raise HostError(f"{exc}; the run finished on {session.host.name} and stays there: "
                         f"fetch it with `{hint}`", exc.kind, exc.tail) from None  # fmt: skip
+    if refused:
+        files[intake.NOT_FETCHED] = f"{refused}\n".encode()
+        if progress:
+            progress(session.host.name, {"warning": refused})
     return archive_run(session.host.name, run_id, files, request, answer)
 
 

@@ -98,7 +98,8 @@ def group_members(pgid: int) -> list[ProcStat]:
 def command_name(pid: int) -> str:
     """What a PID runs now (argv[0]'s base name, else the kernel's comm), for messages."""
     try:
-        argv = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as fh:
+            argv = fh.read(4096).split(b"\0")  # argv[0] is all a message names
         if argv and argv[0]:
             return Path(argv[0].decode(errors="replace")).name
         return Path(f"/proc/{int(pid)}/comm").read_text().strip()

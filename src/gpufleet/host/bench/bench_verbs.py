@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpufleet.host.agent import childenv, ownership, runas, safewrite
+from gpufleet.host.agent import bounded, childenv, ownership, runas, safewrite
 from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.host.agent.protocol import (
     AgentError,
@@ -32,6 +32,7 @@ from gpufleet.host.gpu import facts as gpus
 from gpufleet.host.gpu import nvml as nvmlread
 from gpufleet.host.proc import jobstep
 from gpufleet.host.server import keys as serverkeys
+from gpufleet.host.server import listener
 from gpufleet.host.server.state import all_states, read_state, server_alive, tail
 from gpufleet.kinds import Kind, RunStatus
 from gpufleet.records import BenchPlan, ServerState
@@ -84,6 +85,9 @@ def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
             raise AgentError(
                 f"no running server of {what}{where} (inv launch first)", kind=Kind.NO_SERVER
             )
+        refused = listener.refusal_for(state)  # benched is the server gpufleet launched
+        if refused:
+            raise AgentError(refused, kind=Kind.UNTRUSTED)
         plan.base_url = state.health_url.rsplit("/", 1)[0]
         plan.server_port = state.port
         plan.profile = plan.profile or state.profile
@@ -175,6 +179,8 @@ def _spawn_runner_as(
     log_fd = _open_server_log(state)
     if log_fd is not None:
         env[LOG_FD_ENV] = str(log_fd)
+    if state is not None:  # root's server: its descriptors are not the runner's to read
+        env[listener.SOCKETS_ENV] = listener.sockets_of(state)
     held = ownership.held_fd()  # the run owns the host until it ends, task or not
     fds = tuple(fd for fd in (log_fd, held) if fd is not None)
     try:
@@ -275,14 +281,15 @@ def _wait_runner_gone(run_dir: Path, within: float = RUNNER_EXIT_S) -> None:
 
 
 def _read_run_file(run_dir: Path, name: str, offset: int = 0) -> bytes | None:
-    """A file the runner writes: in root's run directory, or where the runner ran as the
-    run_as user, in that user's (read without following links: host/bench/userrun.py)."""
+    """At most `bounded.RUN_LOOK` bytes from `offset` of a file the runner writes: in
+    root's run directory, or where the runner ran as the run_as user, in that user's (read
+    without following links: host/bench/userrun.py)."""
     if (run_dir / userrun.MARK).exists():
-        return userrun.read(run_dir, name, offset)
+        return userrun.read(run_dir, name, offset, bounded.RUN_LOOK)
     try:
         with open(run_dir / name, "rb") as fh:
             fh.seek(offset)
-            return fh.read()
+            return bounded.take(fh, bounded.RUN_LOOK)
     except OSError:
         return None
 
@@ -293,6 +300,8 @@ def _emit_progress(run_dir: Path, offset: int) -> int:
     if data is None:
         return offset
     complete = data[: data.rfind(b"\n") + 1]
+    if not complete and len(data) >= bounded.RUN_LOOK:  # a line over the bound: passed over
+        return offset + len(data)
     for line in complete.decode(errors="replace").splitlines():
         try:
             emit_event(json.loads(line))

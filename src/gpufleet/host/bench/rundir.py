@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from gpufleet.host.agent import safewrite
+from gpufleet.host.agent import bounded, safewrite
 from gpufleet.host.agent.protocol import ProgressEvent
 from gpufleet.host.agent.redact import scrub
 from gpufleet.records import Figures, Level, ResultRow, ServerState
@@ -96,13 +96,11 @@ def depth_switches(state: ServerState | None, start: int | None, end: int | None
     if not state or start is None or end is None:
         return None
     try:
-        with open_log(state) as fh:
-            fh.seek(start)
-            count = fh.read(max(0, end - start)).count(DEPTH_SWITCH)
+        with open_log(state) as fh:  # the server's: read a chunk at a time (bounded.py)
+            count = bounded.count(fh, start, end, DEPTH_SWITCH)
             if count:
                 return count
-            fh.seek(0)
-            return 0 if ADAPTIVE_READY in fh.read(start) else None
+            return 0 if bounded.count(fh, 0, start, ADAPTIVE_READY) else None
     except OSError:
         return None
 
@@ -121,14 +119,15 @@ def write_server_log(
     if not state:
         return
     try:
-        with open_log(state) as fh:
-            data = fh.read()
+        with open_log(state) as fh:  # the server's: its newest `limit` bytes only
+            start = max(0, os.fstat(fh.fileno()).st_size - limit)
+            fh.seek(start)
+            data = bounded.take(fh, limit)
     except OSError:
         return
-    start = max(0, len(data) - limit)
-    out, pos = [], start
-    for offset, label in sorted((m for m in marks if m[0] is not None), key=lambda m: m[0]):
-        offset = min(max(offset, start), len(data))
+    out, pos = [], 0  # offsets into `data`, which begins at the log's `start`
+    for at, label in sorted((m for m in marks if m[0] is not None), key=lambda m: m[0]):
+        offset = min(max(at - start, 0), len(data))
         out.append(data[pos:offset])
         if out[-1] and not out[-1].endswith(b"\n"):
             out.append(b"\n")

@@ -39,6 +39,7 @@ from gpufleet.host.bench.rundir import (
 from gpufleet.host.bench.spread import auto_procs, run_spread
 from gpufleet.host.gpu.nvml import load_pynvml
 from gpufleet.host.server import keys as serverkeys
+from gpufleet.host.server import listener
 from gpufleet.host.server.state import server_alive
 from gpufleet.records import BenchPlan, Figures, Level, PromptRow, ResultRow, ServerState
 from gpufleet.wire import JsonDict
@@ -326,6 +327,9 @@ def _gpufleet_level(
         return "failed", f"level C={c}: load generator error: {exc!r}", True
     begun = marks[-1][0]
     marks.append((log_size(server_state), f"level C={c} ends"))
+    refused = listener.refusal_for(server_state)  # its /server_info carries the key
+    if refused:
+        return "failed", refused, True
     summary = _summary(plan, run, samples, run.after_warmup, keys)
     if (summary.get("server_info") or {}).get("speculative_adaptive"):
         summary["depth_switches"] = depth_switches(server_state, begun, marks[-1][0])
@@ -355,6 +359,9 @@ def _run_levels(
     status, reason = "done", None
     for level in plan.levels:
         c, n = level.concurrency, level.num_prompts
+        refused = listener.refusal_for(server_state)  # the launched server, or nothing sent
+        if refused:
+            return "failed", refused
         marks.append((log_size(server_state), f"level C={c} begins ({n} prompts)"))
         requests = n
         if plan.engine != "sglang-bench":  # a multi-turn session is several requests
@@ -406,13 +413,13 @@ def run_plan(
         writer.json(name, data)
     if server_state:
         writer.json("server_state.json", server_state.to_wire())
-    before = serverapi.server_info(plan.base_url, keys)
+    before = serverapi.server_info(plan.base_url, keys, server_state)
     writer.json("server_info_before.json", before)
     marks: list[tuple[int | None, str]] = [(log_size(server_state), f"run {plan.run_id} begins")]
     tokenizer = plan.tokenizer or serverapi.tokenizer(before)
     plan.tokenizer = tokenizer  # the generator counts tokens with it where the server did not
     status, reason = _run_levels(plan, rows, writer, tokenizer, server_state, marks, keys)
-    writer.json("server_info_after.json", serverapi.server_info(plan.base_url, keys))
+    writer.json("server_info_after.json", serverapi.server_info(plan.base_url, keys, server_state))
     marks.append((log_size(server_state), f"run {plan.run_id} ends ({status})"))
     write_server_log(writer, server_state, marks, writer.secrets)
     writer.json("definitions.json", {"metrics": DEFINITIONS})

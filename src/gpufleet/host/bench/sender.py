@@ -12,6 +12,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from gpufleet.host.agent import bounded
 from gpufleet.host.bench import tokencount
 from gpufleet.host.bench.dialects import DIALECTS, Finish, error_of, event_error, outcome
 from gpufleet.host.bench.httpstream import RequestBody, StreamClient
@@ -88,8 +89,14 @@ class _StreamTracker:
     (tokencount.py), and how the stream ended by its dialect (dialects.py).
     """
 
-    def __init__(self, backend: str, record: RequestRecord, start: float) -> None:
+    def __init__(
+        self, backend: str, record: RequestRecord, start: float, asked: int = 1 << 20
+    ) -> None:
         self.record = record
+        # the tokens an answer may count (its record keeps a gap per token): a server that
+        # counts more, or claims 10^9 in one chunk, is stopped there (host/agent/bounded.py)
+        self.most = 2 * asked + bounded.ANSWER_SLACK
+        self.text_kept = 0  # characters of the answer's pieces kept, bounded likewise
         self.start = start
         self.last = start
         self.seen_tokens = 0  # the running count, for the live progress
@@ -164,6 +171,9 @@ class _StreamTracker:
         self.last_payload = payload
         if new <= 0:
             return
+        if seen + new > self.most or self.text_kept > bounded.ANSWER_TEXT:
+            self._over(seen + new)
+            return
         if seen == 0:
             self.record.ttft = now - self.start
         self.seen.arrivals.append(now)
@@ -205,6 +215,7 @@ class _StreamTracker:
         if not piece:
             return count, 0
         pieces.append(piece)
+        self.text_kept += len(piece)
         return count, max(1, (count or 0) - seen)
 
     def _openai_event(self, payload: bytes, now: float) -> None:
@@ -249,16 +260,26 @@ class _StreamTracker:
             if count is not None:
                 self.seen_tokens = record.completion_tokens = max(self.seen_tokens, count)
             return
+        total = max(count or 0, self.seen_tokens + 1)
+        if total > self.most or self.text_kept > bounded.ANSWER_TEXT:
+            self._over(total)
+            return
         if record.chunks == 0:
             record.ttft = now - self.start
         self.seen.arrivals.append(now)
         self.seen.counts.append(count)
         if self.seen.pieces is not None:
             self.seen.pieces.append(str(piece or ""))
+            self.text_kept += len(str(piece or ""))
         # counted as they arrive: the live progress counts tokens of requests in flight
         self.seen_tokens = record.completion_tokens = max(count or 0, self.seen_tokens + 1)
         record.chunks += 1
         self.last = now
+
+    def _over(self, total: int) -> None:
+        text = bounded.mib(bounded.ANSWER_TEXT)
+        self._error(f"the answer went past {self.most} tokens (the server counted {total}) "
+                    f"or {text} of text: the rest was ignored")  # fmt: skip
 
     def _error(self, message: str) -> None:
         """An error event or object: the server's message; the rest of the stream is ignored."""
@@ -301,7 +322,7 @@ async def one_request(
     record.due = record.start if due is None else min(due, record.start)
     record.dispatch_lag = record.start - record.due
     record.prompt_tokens = prompt.prompt_tokens
-    tracker = _StreamTracker(backend, record, start)
+    tracker = _StreamTracker(backend, record, start, prompt.output_len)
     try:
         response = await client.post_stream(path, body, tracker.on_event, timeout, tracker.on_typed)
     except asyncio.CancelledError:

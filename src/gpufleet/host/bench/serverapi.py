@@ -1,5 +1,6 @@
 """What the runner asks of the server besides its load: /server_info, /flush_cache and
-/metrics samples, each with the server's key when it has one (host/server/keys.py)."""
+/metrics samples, each with the server's key when it has one (host/server/keys.py).
+Every body is read to a stated bound (host/agent/bounded.py): over it, nothing is kept."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import time
 import urllib.error
 import urllib.request
 
+from gpufleet.host.agent import bounded
 from gpufleet.host.server import keys as serverkeys
+from gpufleet.host.server import listener
+from gpufleet.records import ServerState
 from gpufleet.wire import JsonObject
 
 PROM_KEYS = (
@@ -25,14 +29,19 @@ def _get_json(url: str, keys: dict[str, str]) -> object:
     request = urllib.request.Request(url, headers=serverkeys.headers(keys))
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
-            return json.loads(resp.read())
-    except (OSError, ValueError):
+            return json.loads(bounded.read(resp, bounded.HTTP_BODY, url))
+    except (OSError, ValueError):  # bounded.TooLarge too: an answer over the bound is none
         return None
 
 
-def server_info(base_url: str, keys: dict[str, str]) -> JsonObject | None:  # SGLang's
+def server_info(
+    base_url: str, keys: dict[str, str], server: ServerState | None = None
+) -> JsonObject | None:  # SGLang's
     """SGLang's /server_info (the older name as a fallback), with the server's key; None
-    where neither answers with a JSON object."""
+    where neither answers with a JSON object, or where the port's listener is not the
+    launched `server` (host/server/listener.py: nothing is sent)."""
+    if listener.refusal_for(server):
+        return None
     for path in ("/server_info", "/get_server_info"):
         info = _get_json(base_url + path, keys)
         if isinstance(info, dict) and info:
@@ -78,7 +87,8 @@ def _get_page(url: str, keys: dict[str, str], timeout: float) -> tuple[int, str]
     request = urllib.request.Request(url, headers=serverkeys.headers(keys))
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
-            return resp.status, resp.read().decode(errors="replace")
+            page = bounded.read(resp, bounded.METRICS_PAGE, url)
+            return resp.status, page.decode(errors="replace")
     except urllib.error.HTTPError as exc:
         return exc.code, ""
     except (OSError, ValueError):
@@ -113,7 +123,7 @@ def flush_cache(base_url: str, keys: dict[str, str]) -> bool:
         )
         try:
             with urllib.request.urlopen(request, timeout=30) as resp:
-                return resp.status == 200
+                return resp.status == 200  # the body is never read
         except urllib.error.HTTPError as exc:
             if exc.code != 405:
                 return False

@@ -92,8 +92,8 @@ def _open_file(dir_fd: int, name: str, uid: int) -> int | None:
     return fd
 
 
-def read(run_dir: Path, name: str, offset: int = 0) -> bytes | None:
-    """A file the user's runner wrote (from `offset`), or None."""
+def read(run_dir: Path, name: str, offset: int = 0, limit: int = LIMIT) -> bytes | None:
+    """At most `limit` bytes of a file the user's runner wrote (from `offset`), or None."""
     owner = owner_of(run_dir)
     if owner is None:
         return None
@@ -105,7 +105,7 @@ def read(run_dir: Path, name: str, offset: int = 0) -> bytes | None:
                 return None
             with os.fdopen(fd, "rb") as fh:
                 fh.seek(offset)
-                return fh.read(LIMIT)
+                return fh.read(limit)
     except OSError:
         return None
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
+
+from gpufleet.host.agent import bounded
 
 WRAPPERS = {
     "sh", "bash", "dash", "zsh", "fish", "ksh", "tcsh", "csh", "tmux", "screen", "SCREEN",
@@ -95,7 +96,8 @@ def infrastructure(cmdline: list[str], name: str) -> str | None:
 
 def _read(path: str) -> str | None:
     try:
-        return Path(path).read_text()
+        with open(path, "rb") as fh:
+            return bounded.take(fh, bounded.PROC_FILE).decode(errors="replace")
     except OSError:
         return None
 

@@ -15,8 +15,8 @@ import pwd
 import signal
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 
+from gpufleet.host.agent import bounded
 from gpufleet.host.agent.procstat import ProcStat, all_stats, read_stat
 
 COMM_LENGTH = 15  # the kernel keeps 15 bytes of a process's name (TASK_COMM_LEN - 1)
@@ -35,9 +35,10 @@ class AccessDenied(Exception):
 
 
 def _boot_time() -> float:
-    for line in Path("/proc/stat").read_text().splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
+    with open("/proc/stat", "rb") as fh:
+        for line in bounded.lines(fh, bounded.PROC_LINE):
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
     raise OSError("/proc/stat has no btime")
 
 
@@ -62,7 +63,8 @@ class Process:
 
     def _read(self, name: str) -> bytes:
         try:
-            data = Path(f"/proc/{self.pid}/{name}").read_bytes()
+            with open(f"/proc/{self.pid}/{name}", "rb") as fh:
+                data = bounded.take(fh, bounded.PROC_FILE)  # a longer cmdline: its start
         except FileNotFoundError:
             raise NoSuchProcess(self.pid) from None
         except PermissionError:
@@ -199,16 +201,18 @@ def _address(hex_address: str, family: int) -> str:
 
 
 def _listeners(table: str, family: int) -> Iterator[tuple[str, int, str]]:
+    """The LISTEN rows of a /proc/net table, read a line at a time (a busy host's is large)."""
     try:
-        lines = Path(table).read_text().splitlines()[1:]
+        with open(table, "rb") as fh:
+            fh.readline(bounded.PROC_LINE)  # the header
+            for line in bounded.lines(fh, bounded.PROC_LINE):
+                fields = line.decode(errors="replace").split()
+                if len(fields) < 10 or fields[3] != LISTEN:
+                    continue
+                address, port = fields[1].split(":")
+                yield _address(address, family), int(port, 16), fields[9]
     except OSError:
         return
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 10 or fields[3] != LISTEN:
-            continue
-        address, port = fields[1].split(":")
-        yield _address(address, family), int(port, 16), fields[9]
 
 
 def process_iter() -> Iterator[Process]:

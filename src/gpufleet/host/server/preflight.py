@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.host.agent import childenv, runas, safewrite, simulation
+from gpufleet.host.agent import bounded, childenv, runas, safewrite, simulation
 from gpufleet.host.agent.protocol import AgentError, LaunchArgs
 from gpufleet.host.gpu import health as gpuhealth
 from gpufleet.host.gpu import nvml as nvmlread
@@ -59,10 +59,10 @@ def program_version(
     if not argv:
         return None, ""
     try:
-        out = subprocess.run(  # type: ignore[call-overload]
-            argv, capture_output=True, text=True, timeout=60, env=env,
-            stdin=subprocess.DEVNULL, check=False, **as_user(user),
-        )  # fmt: skip
+        out = bounded.run(argv, bounded.PROGRAM_OUTPUT, 60, env=env,
+                          stdin=subprocess.DEVNULL, **as_user(user))  # fmt: skip
+    except bounded.TooLarge as exc:
+        return None, str(exc)
     except OSError as exc:
         return None, f"cannot run it: {exc.strerror}"
     except subprocess.TimeoutExpired:
@@ -135,15 +135,12 @@ def help_text(
 
 
 def _run_help(argv_head: list[str], env: dict[str, str], user: runas.RunAs | None) -> str:
-    out = subprocess.run(  # type: ignore[call-overload]
-        [*argv_head, "--help"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        **as_user(user),
-    )
+    try:
+        out = bounded.run([*argv_head, "--help"], bounded.PROGRAM_OUTPUT, 300, env=env,
+                          stdin=subprocess.DEVNULL, **as_user(user))  # fmt: skip
+    except bounded.TooLarge as exc:
+        said = f"`{' '.join(argv_head[1:])} --help`: {exc}"
+        raise AgentError(said, kind=Kind.PREFLIGHT) from None
     text = out.stdout + out.stderr
     if out.returncode != 0:
         raise AgentError(

@@ -14,6 +14,8 @@ import http.client
 import socket
 import urllib.parse
 
+from gpufleet.host.agent import bounded
+
 LOADING, STARTING, READY = "loading", "starting", "ready"
 
 
@@ -56,7 +58,7 @@ def get(url: str, timeout: float) -> tuple[int, bytes]:
     try:
         conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
         resp = conn.getresponse()
-        return resp.status, resp.read(BODY_LIMIT)  # a server's answer, bounded: never all
+        return resp.status, bounded.take(resp, BODY_LIMIT)  # a server's answer: never all
     finally:
         conn.close()
 

@@ -12,7 +12,7 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpufleet.host.agent import safewrite
+from gpufleet.host.agent import bounded, safewrite
 from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.records import ServerState
 from gpufleet.wire import WireError
@@ -67,16 +67,16 @@ def server_alive(state: ServerState) -> bool:
 
 def tail(path: str, lines: int = 40, end: int | None = None) -> list[str]:
     """The last `lines` lines of a file, or of its first `end` bytes (reads at most
-    256 KiB)."""
+    256 KiB; each line at most bounded.LOG_LINE characters, the rest cut and said)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
             size = fh.tell() if end is None else min(end, fh.tell())
             fh.seek(max(0, size - 256 * 1024))
-            data = fh.read(size - fh.tell()).decode(errors="replace")
+            data = bounded.take(fh, size - fh.tell()).decode(errors="replace")
     except OSError:
         return []
-    return data.splitlines()[-lines:]
+    return [bounded.cut(line) for line in data.splitlines()[-lines:]]
 
 
 def fresh_log(log: str) -> str:

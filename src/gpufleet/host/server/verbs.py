@@ -40,7 +40,7 @@ from gpufleet.host.agent.redact import (
 )
 from gpufleet.host.proc import jobstep, stepkeeper
 from gpufleet.host.server import keys as serverkeys
-from gpufleet.host.server import live, placement
+from gpufleet.host.server import listener, live, logscan, placement
 from gpufleet.host.server import probe as health
 from gpufleet.host.server.preflight import as_user, launch_env, preflight, run_as_user
 from gpufleet.host.server.state import (
@@ -63,15 +63,6 @@ from gpufleet.readings import (
     WaitReadyAnswer,
 )
 from gpufleet.records import LaunchSpec, ServerState
-
-FATAL_PATTERNS = [
-    ("Traceback (most recent call last)", "Python traceback"),
-    ("Initialization failed", "initialization failed"),
-    ("CUDA out of memory", "CUDA out of memory"),
-    ("OutOfMemoryError", "out of memory"),
-    ("address already in use", "address already in use"),
-    ("[Errno 98]", "address already in use"),
-]
 
 
 # -- launch ---------------------------------------------------------------------------
@@ -232,31 +223,6 @@ def launch(args: LaunchArgs) -> LaunchAnswer:
 
 
 # -- wait until healthy ---------------------------------------------------------------
-class _LogScanner:
-    """Reads what the server log gained since the last look: fatal lines and the last line."""
-
-    def __init__(self, path: str, offset: int) -> None:
-        self.path = path
-        self.offset = offset
-        self.last_line = ""
-
-    def fatal(self) -> str | None:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                chunk = fh.read()
-        except OSError:
-            return None
-        if not chunk:
-            return None
-        self.offset += len(chunk)
-        text = chunk.decode(errors="replace")
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        if lines:
-            self.last_line = lines[-1][-200:]
-        return next((label for needle, label in FATAL_PATTERNS if needle in text), None)
-
-
 def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
     """Poll until /health answers 200 (or, without health, the process runs); stream phases."""
     state = read_state(args.port)
@@ -265,7 +231,7 @@ def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
     remember(process_secrets(state.pid) if server_alive(state) else [])
     started = time.monotonic() - args.elapsed_before_s
     slice_end = time.monotonic() + args.slice_s if args.slice_s else None
-    log = _LogScanner(state.log, state.log_offset)
+    log = logscan.LogScanner(state.log, state.log_offset)
     phase = ""
     last_event = 0.0
     while True:
@@ -275,6 +241,9 @@ def wait_ready(args: WaitReadyArgs) -> WaitReadyAnswer:
             return _failed(state, "crashed", f"{fatal} in the server log")
         if not server_alive(state):
             return _failed(state, "crashed", "the server process exited")
+        foreign = listener.refusal_for(state)  # before any probe: never ready on another's
+        if foreign:
+            return _failed(state, Kind.UNTRUSTED, foreign)
         new_phase = health.probe(state.health_url) if args.health else "running"
         if new_phase in ("ready", "running"):
             state.update(
@@ -435,14 +404,14 @@ def logs(args: LogsArgs) -> LogsAnswer:
         return {"log": state.log, "lines": tail(state.log, args.lines)}
     with open(state.log, "rb") as fh:
         # the tail ends where following begins: a line written in between is not lost
-        fh.seek(0, os.SEEK_END)
-        for line in tail(state.log, args.lines, end=fh.tell()):
+        offset = os.fstat(fh.fileno()).st_size
+        for line in tail(state.log, args.lines, end=offset):
             emit_event({"line": line})
         deadline = time.monotonic() + args.follow_s
         while time.monotonic() < deadline:
-            data = fh.readline()
-            if data:
-                emit_event({"line": data.decode(errors="replace").rstrip("\n")})
-            else:
+            lines, offset = logscan.follow(fh, offset)
+            for line in lines:
+                emit_event({"line": line})
+            if not lines:
                 time.sleep(0.2)
     return {"log": state.log, "lines": []}
