@@ -96,14 +96,22 @@ def repeat_lines(results: list[ResultRow], run_dir: str | None = None) -> list[s
             store.read_level_requests([(Path(run_dir), r) for r in rows]) if run_dir else None
         )
         agg = aggregate(rows, requests)
+        counted = (
+            f"{len(rows)} repeats"
+            if agg.measured == len(rows)
+            else f"{agg.measured} of {len(rows)} repeats measured"
+        )
+        if not agg.measured:
+            out.append(f"C={c}, {counted}: every request failed, nothing to average")
+            continue
         parts = []
         for metric in catalogue.where(catalogue.Place.REPEATS):
-            key = metric.key
-            mean = agg.get(key)
-            interval = agg.ci.get(key)
-            parts.append(f"{metric.label} {with_interval(mean, interval, places=1)}")
+            mean = agg.get(metric.key)
+            if mean is not None:
+                interval = agg.ci.get(metric.key)
+                parts.append(f"{metric.label} {with_interval(mean, interval, places=1)}")
         said = "mean [95% CI]" if agg.ci else "mean (too few repeats for an interval: 3 give one)"
-        out.append(f"C={c}, {len(rows)} repeats, {said}: " + "; ".join(parts))
+        out.append(f"C={c}, {counted}, {said}: " + "; ".join(parts))
     return out
 
 

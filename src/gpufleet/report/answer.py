@@ -141,7 +141,18 @@ def ratios(arms: list[Arm], levels: list[int]) -> list[Ratio]:
 def claims(a: Arm, b: Arm, levels: list[int], found: list[Notice]) -> list[Claim]:
     """The sentence, claim by claim: per-request speed, total throughput (each crossover
     with its interval), the top level's ratio only where it is significant, then what
-    weakens the answer (unequal GPUs, overloaded or client-bound levels, energy)."""
+    weakens the answer (unequal GPUs, overloaded or client-bound levels, energy). Only
+    the levels both arms measured (completed a request at) are compared: an arm that
+    measured nothing gets no direction, only its failure."""
+    levels = [c for c in levels if a.levels[c].measured and b.levels[c].measured]
+    if not levels:
+        failed = [arm.label for arm in (a, b) if not any(v.measured for v in arm.levels.values())]
+        why = (
+            f"{' and '.join(failed)} measured nothing (every request failed)"
+            if failed
+            else "no level where both arms completed a request"
+        )
+        return [Claim(f"nothing to compare: {why}")]
     repeats = any(arm.levels[c].ci for arm in (a, b) for c in levels)
     out = [_per_request(a, b, levels), _total(a, b, levels), _top(a, b, levels)]
     gpu_errors = [n for n in found if n.severity == Severity.ERROR and n.topic == "gpu"]

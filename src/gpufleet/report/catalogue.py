@@ -182,6 +182,21 @@ CATALOGUE: list[Metric] = [
 ]  # fmt: skip
 BY_KEY = {m.key: m for m in CATALOGUE}
 
+SLO_KEYS = ("slo_attainment", "goodput_output_throughput")  # shown at 0 too: the worst outcome
+# figures of what was sent, not of what completed: a level that completed none still has them
+# (its SLO outcome above all: no request met it)
+OF_SENDS = {*SLO_KEYS, OFFERED_RATE, ACHIEVED_RATE, "gpu_power_avg_w"}
+
+
+def from_completions(key: str) -> bool:
+    """A figure measured from completed requests (a speed, a latency, an energy per token),
+    not a count, a status or a figure of the sends: a level (or a repeat) that completed no
+    request has no such figure, and its 0 is never shown, averaged or compared."""
+    metric = BY_KEY.get(key)
+    if metric is None:
+        return key.startswith(("median_", "mean_", "p99_", "p90_", "p95_", "std_", "steady_"))
+    return metric.unit not in ("requests", "") and key not in OF_SENDS
+
 
 @dataclass(frozen=True)
 class PlotSpec:

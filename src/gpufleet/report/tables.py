@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -25,25 +26,33 @@ OPTIONAL = {m.key for m in catalogue.where(catalogue.Place.OPTIONAL)}
 
 
 def _columns(results: Sequence[Figures] | None) -> list[tuple[str, str, str]]:
-    return [
-        col
-        for col in COLUMNS
-        if col[1] not in OPTIONAL or any(r.get(col[1]) for r in results or [])
-    ]
+    return [col for col in COLUMNS if col[1] not in OPTIONAL or _present(results, col[1])]
 
 
-def _measured(key: str) -> bool:
-    """A figure measured from completed requests (a speed, a latency), not a count or a
-    status: a level that completed none has no such figure."""
-    metric = catalogue.BY_KEY.get(key)
-    return metric is not None and metric.unit not in ("requests", "")
+def _present(results: Sequence[Figures] | None, key: str) -> bool:
+    """An optional column is shown where some level has it: an SLO's outcome where any
+    level has one, 0% above all (the worst outcome is never hidden); the others where some
+    level's is more than 0 (a prefix cache that served nothing says nothing)."""
+    found = [r.get(key) for r in results or []]
+    if key in catalogue.SLO_KEYS:
+        return any(v is not None for v in found)
+    return any(found)
+
+
+def status(row: Figures) -> str | None:
+    """A level's status with what marks it: overloaded, no request within the SLO."""
+    value = row.get(catalogue.STATUS)
+    marks = [str(value)] if value is not None else []
+    if row.get("overloaded"):
+        marks.append("overloaded")
+    if row.get("slo_attainment") == 0:
+        marks.append("SLO met by none")
+    return ", ".join(marks) or None
 
 
 def _cell(row: Figures, key: str, fmt: str) -> str:
-    value = row.get(key)
-    if key == catalogue.STATUS and row.get("overloaded"):
-        return "overloaded" if value is None else f"{value}, overloaded"
-    if value is None or (row.get(catalogue.COMPLETED) == 0 and _measured(key)):
+    value = status(row) if key == catalogue.STATUS else row.get(key)
+    if value is None or (row.get(catalogue.COMPLETED) == 0 and catalogue.from_completions(key)):
         return "-"  # a failed level's 0.0 tok/s and 0.0 ms TTFT were never measured
     try:
         return fmt.format(value)
@@ -81,7 +90,7 @@ def overload_note(row: Figures) -> str | None:
     queued = row.get(catalogue.QUEUE_AT_END)
     backlog = f", {queued} waiting for an answer at the last arrival" if queued else ""
     return (
-        f"C={row.get(catalogue.CONCURRENCY)}: overloaded: sent {sent:.2f}{answered} of "
+        f"overloaded: sent {sent:.2f}{answered} of "
         f"{offered:.2f} req/s offered{backlog}; requests queued p50 {(p50 or 0) / 1000:.2f} s, "
         f"p99 {(p99 or 0) / 1000:.2f} s before being sent, so a user waited that plus the "
         "TTFT shown"
@@ -89,22 +98,49 @@ def overload_note(row: Figures) -> str | None:
 
 
 def level_notes(results: Sequence[Figures], steady: bool = True) -> list[str]:
-    """One line per level that was overloaded, whose client was the bottleneck, or
-    (`steady`) that had no steady window (summary.md says so; the terminal stays quiet
-    about short levels)."""
-    notes = []
+    """What marks the levels: overloaded, not judged for overload, client-bound, timers
+    late, no request within the SLO, or (`steady`) no steady window (summary.md says so;
+    the terminal stays quiet about short levels). Each note once (`said_once`), with the
+    levels it holds at and the range of its figures over them and their repeats."""
+    notes: list[tuple[int, str]] = []
     for r in results:
-        level = f"C={r.get(catalogue.CONCURRENCY)}"
-        overloaded = overload_note(r)
-        if overloaded:
-            notes.append(overloaded)
-        if r.get("client_bound"):
-            notes.append(f"{level}: client-bound: {r.get('client_bound')}")
-        if r.get("client_late"):
-            notes.append(f"{level}: client timers late: {r.get('client_late')}")
-        if steady and r.get("steady_note"):
-            notes.append(f"{level}: no steady-state figures: {r.get('steady_note')}")
-    return notes
+        c = int(r.get(catalogue.CONCURRENCY) or 0)
+        said = [
+            overload_note(r),
+            r.get("overload_unjudged") and f"overload not judged: {r.get('overload_unjudged')}",
+            r.get("client_bound") and f"client-bound: {r.get('client_bound')}",
+            r.get("client_late") and f"client timers late: {r.get('client_late')}",
+            r.get("slo_attainment") == 0 and "no request met the SLO: goodput 0",
+            steady and r.get("steady_note") and f"no steady-state figures: {r.get('steady_note')}",
+        ]
+        notes += [(c, text) for text in said if text]
+    return [f"C={levels}: {text}" for levels, text in said_once(notes)]
+
+
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
+
+
+def said_once(notes: list[tuple[int, str]]) -> list[tuple[str, str]]:
+    """Notes that differ only in their figures, said once: (`1,4,16`, the text with each
+    figure that varied given as its range `3.1-7.2`), in the order first said. A late
+    client's note over three repeats of six levels is one line, not eighteen."""
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for c, text in notes:
+        groups.setdefault(_NUMBER.sub("\0", text), []).append((c, text))
+    out = []
+    for template, said in groups.items():
+        columns = zip(*(_NUMBER.findall(text) for _, text in said), strict=True)
+        pieces = template.split("\0")
+        ranges = [_range(list(column)) for column in columns] + [""]
+        text = "".join(piece + figure for piece, figure in zip(pieces, ranges, strict=True))
+        out.append((",".join(str(c) for c in dict.fromkeys(sorted(c for c, _ in said))), text))
+    return out
+
+
+def _range(found: list[str]) -> str:
+    """`7.2` where every note said it, else `3.1-7.2` (as they were printed)."""
+    low, high = min(found, key=float), max(found, key=float)
+    return low if float(low) == float(high) else f"{low}-{high}"
 
 
 def summary_md(manifest: Manifest, results: Sequence[Figures]) -> str:

@@ -181,7 +181,7 @@ def _sglang_bench_level(
     if not alive:
         return "failed", f"the server process exited during level C={c}"
     if checked.failed:
-        return "failed", f"{checked.failed} request(s) failed at C={c} (sglang.bench_serving)"
+        return "failed", f"{REQUESTS_FAILED} (sglang.bench_serving)"
     return "done", None
 
 
@@ -335,9 +335,21 @@ def _gpufleet_level(
     if not alive:
         return "failed", f"the server process exited during level C={c}", True
     if row.failed:
-        first = row.error_messages[:1]
-        return "failed", f"{row.failed} request(s) failed at C={c}: {first}", False
+        return "failed", f"{REQUESTS_FAILED}: first at C={c}: {row.error_messages[:1]}", False
     return "done", None, False
+
+
+REQUESTS_FAILED = "{failed}"  # where a level's failed requests are counted over the run
+
+
+def _failed_count(rows: list[ResultRow]) -> str:
+    """Every failed request of the run, at every level: `24 of 24 requests failed (C=1: 8 of
+    8, C=2: 8 of 8, C=4: 8 of 8)`, never the last level's count alone."""
+    counts = [(r.max_concurrency, int(r.failed or 0), int(r.completed or 0)) for r in rows]
+    failed = sum(f for _, f, _ in counts)
+    sent = failed + sum(done for _, _, done in counts)
+    levels = [f"C={c}: {f} of {f + done}" for c, f, done in counts if f]
+    return f"{failed} of {sent} requests failed ({', '.join(levels)})"
 
 
 def _run_levels(
@@ -352,7 +364,9 @@ def _run_levels(
     """Every level in order, each through its engine; a failed level fails the run, and a
     level that says stop (the server died, the generator failed) ends it."""
     status, reason = "done", None
+    measured: list[ResultRow] = []  # each level's row, for the failed requests' count
     for level in plan.levels:
+        before = writer.last
         c, n = level.concurrency, level.num_prompts
         marks.append((log_size(server_state), f"level C={c} begins ({n} prompts)"))
         requests = n
@@ -371,10 +385,14 @@ def _run_levels(
             level_status, level_reason, stop = _gpufleet_level(
                 plan, level, rows, writer, server_state, marks, keys
             )
+        if writer.last is not before and writer.last is not None:
+            measured.append(writer.last)
         if level_status == "failed":
             status, reason = level_status, level_reason
         if stop:
             break
+    if reason and REQUESTS_FAILED in reason:
+        reason = reason.replace(REQUESTS_FAILED, _failed_count(measured))
     return status, reason
 
 
