@@ -365,6 +365,7 @@ class ResultRow(Record):
     completed_request_rate: F = None  # its answers per second over the same window: likewise
     queue_at_last_arrival: int | None = None  # arrived, not yet answered, at the last arrival
     overloaded: bool | None = None
+    overload_unjudged: str | None = None  # why its answers could not say (a short level)
     # the steady window: full load, ramp-up and drain left out (host/bench/steady.py)
     steady_note: str | None = None  # why a level has no steady window
     steady_duration: F = None

@@ -61,22 +61,23 @@ def report_lost_hosts_at_once(res: Any) -> None:
 
 def print_runs(results: list[Any]) -> None:
     """Each archived run's level table and path (failed runs too: they are archived)."""
+    for res in results:
+        if res.value is not None:
+            print_run(res.value, f"{res.host.name}: ")
+
+
+def print_run(value: Any, prefix: str = "") -> None:
+    """One archived run as both paths print it (the hosts' and `--client local`): its level
+    table, repeat lines, the levels' notes (overloaded, not judged, client-bound, late
+    timers, SLO met by none) and where it is archived."""
     from gpufleet.report.tables import headers, level_notes, rows
 
-    for res in results:
-        value = res.value
-        if value is None:
-            continue
-        table(
-            f"{res.host.name}: {value.run_id} ({value.status})",
-            headers(value.results),
-            rows(value.results),
-        )
-        for text in repeat_lines(value.results, value.path):
-            line(f"{res.host.name}: {text}")
-        for text in level_notes(value.results, steady=False):
-            line(f"{res.host.name}: {text}")
-        line(f"{res.host.name}: archived {value.path}")
+    table(f"{prefix}{value.run_id} ({value.status})", headers(value.results), rows(value.results))
+    for text in repeat_lines(value.results, value.path):
+        line(f"{prefix}{text}")
+    for text in level_notes(value.results, steady=False):
+        line(f"{prefix}{text}")
+    line(f"{prefix}archived {value.path}")
 
 
 def repeat_lines(results: list[ResultRow], run_dir: str | None = None) -> list[str]:

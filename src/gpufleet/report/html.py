@@ -218,7 +218,11 @@ def _open_loop_table(arms: list[Arm]) -> str:
                 f'<td class="num">{_fmt(row.get(k), catalogue.BY_KEY[k].fmt)}</td>'
                 for k in OPEN_LOOP
             ]
-            state = "overloaded" if row.get("overloaded") else "kept up"
+            state = (
+                "overloaded" if row.get("overloaded")
+                else "not judged" if row.get("overload_unjudged")
+                else "kept up"
+            )  # fmt: skip
             cells.append(f'<td class="{"lose" if row.get("overloaded") else ""}">{state}</td>')
             rows.append("<tr>" + "".join(cells) + "</tr>")
     if not rows:

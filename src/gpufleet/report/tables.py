@@ -21,12 +21,16 @@ class Figures(Protocol):
 
 
 COLUMNS = [(m.label, m.key, m.fmt) for m in catalogue.where(catalogue.Place.RUN_TABLE)]
+# the terminal's order: the status beside the level, so the first 100 columns show it
+# (overloaded, failed, SLO met by none); summary.csv keeps the catalogue's order
+_FIRST = (catalogue.CONCURRENCY, catalogue.STATUS)
+SHOWN = sorted(COLUMNS, key=lambda col: [col[1] != key for key in _FIRST])
 # Shown only when some level has them: a prefix cache that served tokens, an SLO given.
 OPTIONAL = {m.key for m in catalogue.where(catalogue.Place.OPTIONAL)}
 
 
 def _columns(results: Sequence[Figures] | None) -> list[tuple[str, str, str]]:
-    return [col for col in COLUMNS if col[1] not in OPTIONAL or _present(results, col[1])]
+    return [col for col in SHOWN if col[1] not in OPTIONAL or _present(results, col[1])]
 
 
 def _present(results: Sequence[Figures] | None, key: str) -> bool:
@@ -45,7 +49,9 @@ def status(row: Figures) -> str | None:
     marks = [str(value)] if value is not None else []
     if row.get("overloaded"):
         marks.append("overloaded")
-    if row.get("slo_attainment") == 0:
+    elif row.get("overload_unjudged"):
+        marks.append("overload not judged")
+    if row.get(catalogue.SLO_MET) == 0:
         marks.append("SLO met by none")
     return ", ".join(marks) or None
 
@@ -110,7 +116,7 @@ def level_notes(results: Sequence[Figures], steady: bool = True) -> list[str]:
             r.get("overload_unjudged") and f"overload not judged: {r.get('overload_unjudged')}",
             r.get("client_bound") and f"client-bound: {r.get('client_bound')}",
             r.get("client_late") and f"client timers late: {r.get('client_late')}",
-            r.get("slo_attainment") == 0 and "no request met the SLO: goodput 0",
+            r.get(catalogue.SLO_MET) == 0 and "no request met the SLO: goodput 0",
             steady and r.get("steady_note") and f"no steady-state figures: {r.get('steady_note')}",
         ]
         notes += [(c, text) for text in said if text]

@@ -387,7 +387,7 @@ def _run_levels(
             )
         if writer.last is not before and writer.last is not None:
             measured.append(writer.last)
-        if level_status == "failed":
+        if level_status == "failed" and (reason is None or stop):  # the first, or the end
             status, reason = level_status, level_reason
         if stop:
             break
