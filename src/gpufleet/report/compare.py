@@ -18,8 +18,8 @@ from gpufleet import engine_facts
 from gpufleet.archive.kept import Manifest
 from gpufleet.report import catalogue
 from gpufleet.report.fingerprint import PER_GPU, differences
+from gpufleet.report.notes import said_once
 from gpufleet.report.stats import LevelFigures, ratio_text
-from gpufleet.report.tables import said_once
 
 
 @dataclass

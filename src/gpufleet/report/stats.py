@@ -24,6 +24,7 @@ import numpy as np
 from gpufleet import per_request
 from gpufleet.records import ResultRow
 from gpufleet.report import catalogue, resampling
+from gpufleet.report.notes import said_once
 from gpufleet.wire import JsonDict
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1-30); beyond, the Cornish-Fisher
@@ -145,9 +146,9 @@ def aggregate(
         values = [r.extra.get(key) for r in _counted(rows, kept, key)]
         if values and _number(values[-1]) and all(_number(v) for v in values):
             extra[key] = statistics.fmean(float(v) for v in values)
-    for mark in ("client_bound", "client_late"):  # any repeat's counts
-        reasons = [str(getattr(r, mark)) for r in rows if getattr(r, mark)]
-        means[mark] = "; ".join(dict.fromkeys(reasons)) or None
+    for mark in ("client_bound", "client_late"):  # any repeat's counts, said once
+        reasons = [(0, str(getattr(r, mark))) for r in rows if getattr(r, mark)]
+        means[mark] = "; ".join(text for _, text in said_once(reasons)) or None
     means[catalogue.COMPLETED] = sum(int(r.completed or 0) for r in rows)
     means[catalogue.FAILED] = sum(int(r.failed or 0) for r in rows)
     row = dataclasses.replace(last, extra=extra, **means)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import csv
 import io
-import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from gpufleet.archive.kept import Manifest
 from gpufleet.report import catalogue
 from gpufleet.report.markdown import md_table
+from gpufleet.report.notes import said_once
 
 
 class Figures(Protocol):
@@ -121,32 +121,6 @@ def level_notes(results: Sequence[Figures], steady: bool = True) -> list[str]:
         ]
         notes += [(c, text) for text in said if text]
     return [f"C={levels}: {text}" for levels, text in said_once(notes)]
-
-
-_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
-
-
-def said_once(notes: list[tuple[int, str]]) -> list[tuple[str, str]]:
-    """Notes that differ only in their figures, said once: (`1,4,16`, the text with each
-    figure that varied given as its range `3.1-7.2`), in the order first said. A late
-    client's note over three repeats of six levels is one line, not eighteen."""
-    groups: dict[str, list[tuple[int, str]]] = {}
-    for c, text in notes:
-        groups.setdefault(_NUMBER.sub("\0", text), []).append((c, text))
-    out = []
-    for template, said in groups.items():
-        columns = zip(*(_NUMBER.findall(text) for _, text in said), strict=True)
-        pieces = template.split("\0")
-        ranges = [_range(list(column)) for column in columns] + [""]
-        text = "".join(piece + figure for piece, figure in zip(pieces, ranges, strict=True))
-        out.append((",".join(str(c) for c in dict.fromkeys(sorted(c for c, _ in said))), text))
-    return out
-
-
-def _range(found: list[str]) -> str:
-    """`7.2` where every note said it, else `3.1-7.2` (as they were printed)."""
-    low, high = min(found, key=float), max(found, key=float)
-    return low if float(low) == float(high) else f"{low}-{high}"
 
 
 def summary_md(manifest: Manifest, results: Sequence[Figures]) -> str:
