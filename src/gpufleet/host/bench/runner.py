@@ -149,6 +149,10 @@ async def _level(
     return run, samples
 
 
+# where a level's reason counts its failed requests: _run_levels counts them over the run
+REQUESTS_FAILED = "{failed requests}"
+
+
 def _sglang_bench_level(
     plan: BenchPlan,
     level: Level,
@@ -339,9 +343,6 @@ def _gpufleet_level(
     return "done", None, False
 
 
-REQUESTS_FAILED = "{failed}"  # where a level's failed requests are counted over the run
-
-
 def _failed_count(rows: list[ResultRow]) -> str:
     """Every failed request of the run, at every level: `24 of 24 requests failed (C=1: 8 of
     8, C=2: 8 of 8, C=4: 8 of 8)`, never the last level's count alone."""
@@ -392,7 +393,7 @@ def _run_levels(
         if stop:
             break
     if reason and REQUESTS_FAILED in reason:
-        reason = reason.replace(REQUESTS_FAILED, _failed_count(measured))
+        reason = reason.replace(REQUESTS_FAILED, _failed_count(measured), 1)
     return status, reason
 
 
