@@ -99,6 +99,8 @@ FIT_JS = r"""JSON.stringify((() => {
           scrolls,
           parts: document.querySelectorAll('svg.plot #gpufleet-legend').length,
           warning: top(document.querySelector('ul.warn, ul.errors')),
+          warnings: document.querySelectorAll('ul.warn li').length,
+          table: top(document.querySelector('table.verdict')),
           plot: top(document.querySelector('svg.plot'))};
 })())"""
 

@@ -216,7 +216,9 @@ def test_no_number_or_word_breaks_in_any_cell_headers_included(tmp_path):
         _run(root, "h0", run_id, "baseline", {c: (t * (1 + i / 10), p) for c, (t, p) in
                                               levels.items()}, overloaded=i == 1,
              offered_request_rate=12.0, achieved_request_rate=3.0,
-             started=f"2026-12-03T06:1{4 + i}:00+00:00")  # fmt: skip
+             started=f"2026-12-03T06:1{4 + i}:00+00:00",
+             client_late=f"event-loop lag p99 {3 + i}.{i} ms (bound 2.5 ms): TTFT and ITL "
+                         f"may read up to {3 + i}.{i} ms high")  # fmt: skip
     out = run_cli("compare", ids[0], ids[1], "--more", ids[2], "--archive", str(root))
     assert out.returncode == 0, out.stderr
     [page] = (root / "compare").glob("*/report.html")
@@ -228,7 +230,12 @@ def test_no_number_or_word_breaks_in_any_cell_headers_included(tmp_path):
         assert fit["page"] <= fit["viewport"], (width, fit)
         assert all(s["hint"] == s["wider"] for s in fit["scrolls"]), (width, fit["scrolls"])
     assert any(s["wider"] for s in seen.fit[390]["scrolls"])
+    # issue 79, bullet 9: a late client at every level of every arm is one line per arm
+    # (it was one per level), so the verdict table stays on the first screen at a desk
+    desk = seen.fit[1300]
+    assert desk["warnings"] == 4 and desk["table"] < 900, desk  # 3 late clients, 1 overload
     from test_reliability import record
 
     record("report_cells_unbroken", {str(w): {"broken": len(f["broken"]), "scrolls": [
-        s["wider"] for s in f["scrolls"]]} for w, f in seen.fit.items()})  # fmt: skip
+        s["wider"] for s in f["scrolls"]], "warnings": f["warnings"], "table_px": f["table"]}
+        for w, f in seen.fit.items()})  # fmt: skip
