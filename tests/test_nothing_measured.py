@@ -19,7 +19,7 @@ from gpufleet.archive.layout import Archive
 from gpufleet.cli.output import repeat_lines
 from gpufleet.per_request import RequestTimes
 from gpufleet.records import ResultRow
-from gpufleet.report import answer, select, tables
+from gpufleet.report import answer, compare, select, tables
 from gpufleet.report.compare import Arm
 from gpufleet.report.stats import aggregate
 from helpers import requests_around, run_cli, unwrap
@@ -137,6 +137,15 @@ def test_an_slo_no_request_met_is_shown_as_0_and_marked():
     met = [ResultRow.from_wire(_row(1, slo_attainment=0.5, goodput_output_throughput=9.0))]
     assert dict(zip(tables.headers(met), tables.rows(met)[0], strict=True))["status"] == "ok"
     assert "SLO met" not in tables.headers([ResultRow.from_wire(_row(1))])  # no SLO given
+    # compare shows the 0% beside the other arm's and names the level
+    none, half = ({c: aggregate([ResultRow.from_wire(_row(c, slo_attainment=share))])
+                   for c in (1, 2)} for share in (0.0, 0.5))  # fmt: skip
+    arms = [Arm(label, [Manifest(f"r-{label}", "h0", "done")], levels)
+            for label, levels in (("met", half), ("missed", none))]  # fmt: skip
+    said = answer.build("h0", arms)
+    assert "missed: no request met the SLO at C=1,2 (goodput 0)" in [n.text for n in said.notices]
+    headers, rows = compare.table(arms)
+    assert [dict(zip(headers, r, strict=True))["missed SLO met"] for r in rows] == ["0.0%"] * 2
 
 
 # -- 6. every clause from a verdict --------------------------------------------------------

@@ -231,6 +231,8 @@ def _arm_load(arm: Arm, levels: list[int]) -> list[Notice]:
                 f"queue wait p50 "
                 f"{row.get(catalogue.QUEUE_WAIT, 0):.0f} ms, p99 "
                 f"{row.get(catalogue.QUEUE_WAIT_P99, 0):.0f} ms before each TTFT"))  # fmt: skip
+        if row.get(catalogue.SLO_MET) == 0:
+            said["load"].append((c, "no request met the SLO at C=@ (goodput 0)"))
         if row.get("overload_unjudged"):
             said["load"].append((c, f"overload not judged at C=@ ({row.get('overload_unjudged')})"))
         if row.get("client_bound"):
