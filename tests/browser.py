@@ -57,7 +57,7 @@ TEXT_SIZES_JS = """JSON.stringify((() => {
 # What fits: the page's width against the viewport, every plot's legend and title box
 # against its figure (more than a pixel outside is clipped), and how far down the first
 # warning or error and the first plot begin.
-FIT_JS = """JSON.stringify((() => {
+FIT_JS = r"""JSON.stringify((() => {
   const top = el => el ? el.getBoundingClientRect().top + scrollY : null;
   const clipped = [];
   for (const svg of document.querySelectorAll('svg.plot')) {
@@ -68,24 +68,39 @@ FIT_JS = """JSON.stringify((() => {
           r.bottom > box.bottom + 1) clipped.push(svg.getAttribute('aria-label') + ': ' + part.id);
     }
   }
-  // a cell of the verdict or open-loop table whose text runs over more than one line
+  // a word or number of any table cell, headers included, split over two lines (closed
+  // <details> left out); and a data cell of the verdict or open-loop table on two lines
+  const lines = range => new Set([...range.getClientRects()].filter(r => r.width > 0)
+                                 .map(r => Math.round(r.top))).size;
   const broken = [];
+  for (const cell of document.querySelectorAll('table th, table td')) {
+    if (cell.closest('details:not([open])')) continue;
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const m of node.textContent.matchAll(/\S+/g)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        if (lines(range) > 1) broken.push(m[0]);
+      }
+    }
+  }
   for (const td of document.querySelectorAll('table.verdict td, table.open td')) {
     const range = document.createRange();
     range.selectNodeContents(td);
-    const lines = new Set([...range.getClientRects()].filter(r => r.width > 0)
-                          .map(r => Math.round(r.top)));
-    if (lines.size > 1) broken.push(td.innerText);
+    if (lines(range) > 1) broken.push(td.innerText);
   }
   const scrolls = [...document.querySelectorAll('div.scroll')].map(s => {
     const h = s.previousElementSibling;
-    return {wider: s.scrollWidth > s.clientWidth + 1,
+    return {wider: s.scrollWidth > s.clientWidth + 1, width: s.scrollWidth, box: s.clientWidth,
             hint: !!(h && h.classList.contains('hint') && !h.hidden)};
   });
   return {viewport: innerWidth, page: document.documentElement.scrollWidth, clipped, broken,
           scrolls,
           parts: document.querySelectorAll('svg.plot #gpufleet-legend').length,
           warning: top(document.querySelector('ul.warn, ul.errors')),
+          warnings: document.querySelectorAll('ul.warn li').length,
+          table: top(document.querySelector('table.verdict')),
           plot: top(document.querySelector('svg.plot'))};
 })())"""
 

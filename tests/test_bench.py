@@ -499,3 +499,36 @@ def test_llama_cpp_acceptance_is_read_from_its_timings():
     assert _accept_length(reported, run) == 3.2
     assert accept_length({"internal_states": []}) is None  # SGLang without a drafter
     assert _accept_length(None, SimpleNamespace(records=[stream({"predicted_n": 40})])) is None
+
+
+def _status_column(stdout: str) -> int:
+    """Where the run table's status column begins (its header line's `status`)."""
+    [header] = [ln for ln in stdout.splitlines() if ln.startswith("concurrency ")]
+    return header.index("status")
+
+
+def test_both_paths_print_the_same_notes_and_the_status_in_the_first_100_columns(
+    fleet, sim_server, tmp_path
+):
+    """Issue 79: `inv bench --client local` printed no overload or client notes at all,
+    and the status sat at column 205 of a 278-column table. Both paths now print one run
+    the same way: the status beside the level, then its notes."""
+    slo = ("--slo", "ttft_ms=0.001")  # no request can meet it: a status mark and a note
+    args = ("--concurrency", "1,2", "--num-prompts", "4", "--output-len", "8", *slo)
+    server = sim_server()
+    local = run_cli("bench", "--client", "local", "--url", server.url, *args,
+                    "--archive", str(tmp_path / "l"))  # fmt: skip
+    assert local.returncode == 0, local.stdout + local.stderr
+    profile = _bench_profile(fleet)
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h0").returncode == 0
+    try:
+        host = fleet.cli("bench", "--profile", str(profile), "--hosts", "h0", *args,
+                         "--archive", str(tmp_path / "h"))  # fmt: skip
+    finally:
+        fleet.cli("stop", "--hosts", "h0")
+    assert host.returncode == 0, host.stdout + host.stderr
+    for out, prefix in ((local.stdout, ""), (host.stdout, "h0: ")):
+        assert f"{prefix}C=1,2: no request met the SLO: goodput 0" in out, out
+        assert _status_column(out) < 100, out
+        rows = [ln for ln in out.splitlines() if ln.startswith(("1 ", "2 "))]
+        assert len(rows) == 2 and all("ok, SLO met by none" in ln[:100] for ln in rows), out

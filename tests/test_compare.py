@@ -15,7 +15,7 @@ from helpers import run_cli, unwrap
 
 
 def _run(root, host, run_id, profile, per_level, status="done", argv=None, prompts="abc",
-         **extra):  # fmt: skip
+         started=None, **extra):  # fmt: skip
     results = [
         {
             **extra,
@@ -39,7 +39,7 @@ def _run(root, host, run_id, profile, per_level, status="done", argv=None, promp
         "host": host,
         "profile": profile,
         "status": status,
-        "started_at": run_id,
+        "started_at": started or run_id,
         "reason": None if status == "done" else "crashed",
         "plan": {"run_id": run_id, "levels": [], "output_len": 256, "backend": "sglang"},
         "prompt_set": {"prompts_sha256": prompts},

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufleet.host.bench.level import RequestRecord
-from gpufleet.host.bench.metrics import open_loop_rates
+from gpufleet.host.bench.overload import open_loop_rates
 
 
 def _level(arrivals: list[float], service_s: float | None, latency) -> list[RequestRecord]:
@@ -64,3 +64,61 @@ def test_a_server_that_keeps_up_is_never_called_overloaded(rate, count, seed, ji
     # on its completions' rate)
     if count >= 200:  # long enough that the window's ends are a small part of it
         assert rates["completed_request_rate"] >= 0.85 * rates["offered_request_rate"], rates
+
+
+# -- issue 79: judged on completions for every level length --------------------------------
+
+
+def _capped(rate: float, count: int, cap: int, service_s: float, seed: int) -> list[RequestRecord]:
+    """Poisson arrivals under a `-c cap` client: each request goes when a slot frees and
+    takes `service_s` +-30%, so the sends fall behind the arrivals."""
+    import heapq
+
+    rng, slots, out = random.Random(seed), [0.0] * cap, []
+    for i, at in enumerate(_poisson(rate, count, seed)):
+        send = max(at, heapq.heappop(slots))
+        e2e = service_s * rng.uniform(0.7, 1.3)
+        heapq.heappush(slots, send + e2e)
+        out.append(RequestRecord(index=i, ok=True, start=send, e2e=e2e, due=send,
+                                 queue_wait=send - at))  # fmt: skip
+    return out
+
+
+def test_completed_never_reads_above_sent():
+    """The host path read `completed req/s` 41.3 above `sent` 38.1: under a `-c` cap the
+    sends stretch past the arrival window the answers were counted over. Here the same
+    shape read 33.20 completed against 31.79 sent; a server cannot answer more than it was
+    sent, so the completed rate is bounded by the sends over every draw."""
+    rates = open_loop_rates(_capped(40.0, 240, 32, 1.0, seed=22))
+    assert rates["completed_request_rate"] <= rates["achieved_request_rate"], rates
+    for seed in range(12):
+        for cap, service in ((8, 0.5), (32, 1.0), (16, 0.2)):
+            found = open_loop_rates(_capped(40.0, 240, cap, service, seed))
+            assert found["completed_request_rate"] <= found["achieved_request_rate"], found
+
+
+def test_a_level_too_short_to_judge_says_so_instead_of_ok():
+    """240 prompts at ~40/s against a server of 58 slots of 2 s (29/s): 6 s of arrivals is
+    shorter than four latencies, so its answers cannot say whether it kept up. It read `ok`
+    with nothing said; now its status and its note say it was not judged, and why."""
+    import heapq
+
+    from gpufleet.report.tables import headers, level_notes, rows
+
+    slots, records = [0.0] * 58, []
+    for i, at in enumerate(_poisson(40.0, 240, 3)):
+        done = max(at, heapq.heappop(slots)) + 2.0
+        heapq.heappush(slots, done)
+        records.append(RequestRecord(index=i, ok=True, start=at, e2e=done - at, due=at))
+    rates = open_loop_rates(records)
+    assert rates["overloaded"] is False and rates["completed_request_rate"] < 31.0, rates
+    assert rates["overload_unjudged"].startswith("shorter than 4 latencies ("), rates
+    level = {**rates, "max_concurrency": 1000, "level_status": "ok", "completed": 240}
+    table = dict(zip(headers([level]), rows([level])[0], strict=True))
+    assert table["status"] == "ok, overload not judged"
+    assert level_notes([level], steady=False) == [
+        f"C=1000: overload not judged: {rates['overload_unjudged']}"
+    ]
+    # a level long enough is judged, and says nothing of it
+    long = open_loop_rates(_level(_poisson(10.0, 400, 4), None, lambda: 0.5))
+    assert "overload_unjudged" not in long and long["overloaded"] is False

@@ -200,3 +200,42 @@ def test_a_level_that_completed_nothing_prints_dashes_not_zeros():
     assert cells["completed"] == "0" and cells["failed"] == "8" and cells["status"] == "failed"
     kept = dict(zip(heads, tables.rows([ok])[0], strict=True))
     assert kept["output tok/s"] == "52.5" and kept["TTFT p50 ms"] == "0.0"  # measured: shown
+
+
+@needs_chromium
+def test_no_number_or_word_breaks_in_any_cell_headers_included(tmp_path):
+    """Issue 79: data cells were fixed, but header cells broke at 1300 px too: arm labels
+    with dates split as `06:1`/`4`, `baseline` as `basel`/`ine`, ratio headers one letter
+    per line. Three runs of one profile compared by run id (labels with their start
+    times), measured in Chromium at 1300 and 390 px: no cell of any table, header or data,
+    runs over two lines; where the table is too wide it scrolls, and says so."""
+    root = tmp_path / "logs"
+    levels = {1: (60.0, 60.0), 8: (380.0, 38.0), 64: (780.0, 12.0)}
+    ids = [f"20261203T0614{i}0Z-baseline" for i in range(3)]
+    for i, run_id in enumerate(ids):
+        _run(root, "h0", run_id, "baseline", {c: (t * (1 + i / 10), p) for c, (t, p) in
+                                              levels.items()}, overloaded=i == 1,
+             offered_request_rate=12.0, achieved_request_rate=3.0,
+             started=f"2026-12-03T06:1{4 + i}:00+00:00",
+             client_late=f"event-loop lag p99 {3 + i}.{i} ms (bound 2.5 ms): TTFT and ITL "
+                         f"may read up to {3 + i}.{i} ms high")  # fmt: skip
+    out = run_cli("compare", ids[0], ids[1], "--more", ids[2], "--archive", str(root))
+    assert out.returncode == 0, out.stderr
+    [page] = (root / "compare").glob("*/report.html")
+    assert "baseline 12-03 06:14" in page.read_text()  # the labels carry the start time
+    seen = visit(page, 1300, 900)
+    assert seen.errors == []
+    for width, fit in seen.fit.items():
+        assert fit["broken"] == [], (width, fit["broken"][:8])
+        assert fit["page"] <= fit["viewport"], (width, fit)
+        assert all(s["hint"] == s["wider"] for s in fit["scrolls"]), (width, fit["scrolls"])
+    assert any(s["wider"] for s in seen.fit[390]["scrolls"])
+    # issue 79, bullet 9: a late client at every level of every arm is one line per arm
+    # (it was one per level), so the verdict table stays on the first screen at a desk
+    desk = seen.fit[1300]
+    assert desk["warnings"] == 4 and desk["table"] < 900, desk  # 3 late clients, 1 overload
+    from test_reliability import record
+
+    record("report_cells_unbroken", {str(w): {"broken": len(f["broken"]), "scrolls": [
+        s["wider"] for s in f["scrolls"]], "warnings": f["warnings"], "table_px": f["table"]}
+        for w, f in seen.fit.items()})  # fmt: skip

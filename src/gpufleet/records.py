@@ -365,6 +365,7 @@ class ResultRow(Record):
     completed_request_rate: F = None  # its answers per second over the same window: likewise
     queue_at_last_arrival: int | None = None  # arrived, not yet answered, at the last arrival
     overloaded: bool | None = None
+    overload_unjudged: str | None = None  # why its answers could not say (a short level)
     # where the output token counts came from (host/bench/tokencount.py): usage, tokenizer
     # or chunks; whether ITL is per token or per chunk; the sources' disagreements
     output_tokens_source: str | None = None

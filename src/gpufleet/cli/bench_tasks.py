@@ -88,27 +88,17 @@ def bench(c, **given):
     """Run the load sweep against the launched server and archive it per host."""
     import re
 
-    from gpufleet.cli.output import (
-        line,
-        print_runs,
-        repeat_lines,
-        report_lost_hosts_at_once,
-        table,
-    )
+    from gpufleet.cli.output import print_run, print_runs, report_lost_hosts_at_once
     from gpufleet.cli.progress import bench_progress
     from gpufleet.control.bench import run as bench_control
     from gpufleet.errors import UserError
-    from gpufleet.report.tables import headers, rows
 
     o = BENCH.parse(given)
     request = BENCH.request(o)
     attach = o.attach
     if o.client == "local":
-        run_id, value = bench_control.bench_local(request, bench_progress())
-        table(f"{run_id} ({value.status})", headers(value.results), rows(value.results))
-        for text in repeat_lines(value.results, value.path):
-            line(text)
-        line(f"archived {value.path}")
+        _, value = bench_control.bench_local(request, bench_progress())
+        print_run(value)
         if not value.done:
             raise Exit(f"gpufleet: run archived as FAILED: {value.reason}", code=1)
         return

@@ -61,22 +61,23 @@ def report_lost_hosts_at_once(res: Any) -> None:
 
 def print_runs(results: list[Any]) -> None:
     """Each archived run's level table and path (failed runs too: they are archived)."""
+    for res in results:
+        if res.value is not None:
+            print_run(res.value, f"{res.host.name}: ")
+
+
+def print_run(value: Any, prefix: str = "") -> None:
+    """One archived run as both paths print it (the hosts' and `--client local`): its level
+    table, repeat lines, the levels' notes (overloaded, not judged, client-bound, late
+    timers, SLO met by none) and where it is archived."""
     from gpufleet.report.tables import headers, level_notes, rows
 
-    for res in results:
-        value = res.value
-        if value is None:
-            continue
-        table(
-            f"{res.host.name}: {value.run_id} ({value.status})",
-            headers(value.results),
-            rows(value.results),
-        )
-        for text in repeat_lines(value.results, value.path):
-            line(f"{res.host.name}: {text}")
-        for text in level_notes(value.results, steady=False):
-            line(f"{res.host.name}: {text}")
-        line(f"{res.host.name}: archived {value.path}")
+    table(f"{prefix}{value.run_id} ({value.status})", headers(value.results), rows(value.results))
+    for text in repeat_lines(value.results, value.path):
+        line(f"{prefix}{text}")
+    for text in level_notes(value.results, steady=False):
+        line(f"{prefix}{text}")
+    line(f"{prefix}archived {value.path}")
 
 
 def repeat_lines(results: list[ResultRow], run_dir: str | None = None) -> list[str]:
@@ -96,14 +97,22 @@ def repeat_lines(results: list[ResultRow], run_dir: str | None = None) -> list[s
             store.read_level_requests([(Path(run_dir), r) for r in rows]) if run_dir else None
         )
         agg = aggregate(rows, requests)
+        counted = (
+            f"{len(rows)} repeats"
+            if agg.measured == len(rows)
+            else f"{agg.measured} of {len(rows)} repeats measured"
+        )
+        if not agg.measured:
+            out.append(f"C={c}, {counted}: every request failed, nothing to average")
+            continue
         parts = []
         for metric in catalogue.where(catalogue.Place.REPEATS):
-            key = metric.key
-            mean = agg.get(key)
-            interval = agg.ci.get(key)
-            parts.append(f"{metric.label} {with_interval(mean, interval, places=1)}")
+            mean = agg.get(metric.key)
+            if mean is not None:
+                interval = agg.ci.get(metric.key)
+                parts.append(f"{metric.label} {with_interval(mean, interval, places=1)}")
         said = "mean [95% CI]" if agg.ci else "mean (too few repeats for an interval: 3 give one)"
-        out.append(f"C={c}, {len(rows)} repeats, {said}: " + "; ".join(parts))
+        out.append(f"C={c}, {counted}, {said}: " + "; ".join(parts))
     return out
 
 

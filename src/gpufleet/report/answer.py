@@ -28,7 +28,7 @@ from gpufleet.report.compare import Notice as Notice
 from gpufleet.report.compare import Severity as Severity
 from gpufleet.report.markdown import md_cell, md_table
 from gpufleet.report.stats import ratio_ci, ratio_text, with_interval
-from gpufleet.report.verdicts import Verdict, by_verdict, levels_text, tested, verdicts
+from gpufleet.report.verdicts import Verdict, by_verdict, levels_text, tested, verdict, verdicts
 from gpufleet.wire import JsonDict
 
 PER_REQUEST = catalogue.PER_REQUEST
@@ -141,7 +141,18 @@ def ratios(arms: list[Arm], levels: list[int]) -> list[Ratio]:
 def claims(a: Arm, b: Arm, levels: list[int], found: list[Notice]) -> list[Claim]:
     """The sentence, claim by claim: per-request speed, total throughput (each crossover
     with its interval), the top level's ratio only where it is significant, then what
-    weakens the answer (unequal GPUs, overloaded or client-bound levels, energy)."""
+    weakens the answer (unequal GPUs, overloaded or client-bound levels, energy). Only
+    the levels both arms measured (completed a request at) are compared: an arm that
+    measured nothing gets no direction, only its failure."""
+    levels = [c for c in levels if a.levels[c].measured and b.levels[c].measured]
+    if not levels:
+        failed = [arm.label for arm in (a, b) if not any(v.measured for v in arm.levels.values())]
+        why = (
+            f"{' and '.join(failed)} measured nothing (every request failed)"
+            if failed
+            else "no level where both arms completed a request"
+        )
+        return [Claim(f"nothing to compare: {why}")]
     repeats = any(arm.levels[c].ci for arm in (a, b) for c in levels)
     out = [_per_request(a, b, levels), _total(a, b, levels), _top(a, b, levels)]
     gpu_errors = [n for n in found if n.severity == Severity.ERROR and n.topic == "gpu"]
@@ -226,10 +237,14 @@ def _figure_claim(
 ) -> tuple[Claim, tuple[Crossing, float | None] | None]:
     """The claim one figure supports, and (for what is added to it) the crossing it
     rests on, its kind and where; None when the claim is by verdicts."""
+    found = verdicts(a, b, levels, key)
+    if not tested(found) and all(figure(a.levels[c], key) == figure(b.levels[c], key)
+                                 for c in levels):  # fmt: skip
+        return Claim(f"the same {words.verdicts[2]} at every level "
+                     f"({levels_text(levels)})"), None  # fmt: skip
     kind, where = crossover_text(a, b, levels, key)
     at = crossover(levels, *[[level_bound(arm, c, key, 0) for c in levels]
                              for arm in (a, b)])[1]  # fmt: skip
-    found = verdicts(a, b, levels, key)
     if tested(found) and not _supported(kind, at, levels, found):
         return _by_verdicts(b, levels, found, words.verdicts, where), None
     return _crossing_claim(kind, where, words.crossing), (kind, at)
@@ -302,6 +317,8 @@ def _top(a: Arm, b: Arm, levels: list[int]) -> Claim:
     ta, tb = figure(ra, TOTAL), figure(rb, TOTAL)
     if not ta or not tb:
         return Claim(f"at C={top} total throughput is missing on one side", level=top)
+    if ta == tb:
+        return Claim(f"equal total throughput at C={top}", significant=False, level=top)
     interval = ratio_ci(ra, rb, TOTAL)
     text = ratio_text(ra, rb, TOTAL)
     if interval is not None and interval[0] <= 1.0 <= interval[1]:
@@ -334,21 +351,29 @@ def _acceptance_at(arm: Arm, levels: list[int], at: float | None) -> str:
 
 def _energy(a: Arm, b: Arm, levels: list[int]) -> Claim | None:
     """Energy, where it changes the verdict: at a level where one side is faster per
-    request but the other spends less energy per token, say so."""
+    request and the other gets more tokens per joule, both by their tests (each interval
+    excludes 1.0). Point estimates alone say nothing here: without repeats, or where either
+    test finds no difference, there is no clause (two identical arms once read "1.11x the
+    tokens per joule" beside a 0.90x [0.71-1.14] n.s. in the same report)."""
     for c in levels:
-        per_a, per_b = figure(a.levels[c], PER_REQUEST), figure(b.levels[c], PER_REQUEST)
-        tpj_a = figure(a.levels[c], catalogue.TOKENS_PER_JOULE)
-        tpj_b = figure(b.levels[c], catalogue.TOKENS_PER_JOULE)
-        if per_a is None or per_b is None or not tpj_a or not tpj_b:
+        speed = verdict(a, b, c, PER_REQUEST)
+        energy = verdict(a, b, c, catalogue.TOKENS_PER_JOULE)
+        decided = (Verdict.BETTER, Verdict.WORSE)
+        if speed not in decided or energy not in decided or speed == energy:
             continue
-        faster, frugal = (b, a) if per_b > per_a else (a, b)
-        ratio = max(tpj_a, tpj_b) / min(tpj_a, tpj_b)
-        if (tpj_b > tpj_a) != (faster is b) and ratio >= 1.05:
-            return Claim(
-                f"but at C={c}, where {faster.label} is faster per request, {frugal.label} "
-                f"gets {ratio:.2f}x the tokens per joule",
-                level=c,
-            )
+        faster, frugal = (b, a) if speed == Verdict.BETTER else (a, b)
+        low, high = ratio_ci(a.levels[c], b.levels[c], catalogue.TOKENS_PER_JOULE) or (1.0, 1.0)
+        point = figure(b.levels[c], catalogue.TOKENS_PER_JOULE) or 0.0
+        point /= figure(a.levels[c], catalogue.TOKENS_PER_JOULE) or 1.0
+        if frugal is a:
+            point, low, high = 1 / point, 1 / high, 1 / low
+        said = with_interval(point, (low, high), suffix="x")
+        return Claim(
+            f"but at C={c}, where {faster.label} is faster per request, {frugal.label} "
+            f"gets {said} the tokens per joule",
+            significant=True,
+            level=c,
+        )
     return None
 
 

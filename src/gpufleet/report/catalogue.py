@@ -182,6 +182,22 @@ CATALOGUE: list[Metric] = [
 ]  # fmt: skip
 BY_KEY = {m.key: m for m in CATALOGUE}
 
+SLO_MET = "slo_attainment"
+SLO_KEYS = (SLO_MET, "goodput_output_throughput")  # shown at 0 too: the worst outcome
+# figures of what was sent, not of what completed: a level that completed none still has them
+# (its SLO outcome above all: no request met it)
+OF_SENDS = {*SLO_KEYS, OFFERED_RATE, ACHIEVED_RATE, "gpu_power_avg_w"}
+
+
+def from_completions(key: str) -> bool:
+    """A figure measured from completed requests (a speed, a latency, an energy per token),
+    not a count, a status or a figure of the sends: a level (or a repeat) that completed no
+    request has no such figure, and its 0 is never shown, averaged or compared."""
+    metric = BY_KEY.get(key)
+    if metric is None:
+        return key.startswith(("median_", "mean_", "p99_", "p90_", "p95_", "std_", "steady_"))
+    return metric.unit not in ("requests", "") and key not in OF_SENDS
+
 
 @dataclass(frozen=True)
 class PlotSpec:
@@ -220,7 +236,7 @@ ARCHIVE_ONLY = re.compile(
     r"|duration|concurrency|request_rate|repeat|seed|output_len|random_\w+|warmup_errors"
     r"|gpu_\w+|energy_\w+|prom_\w+|sglang_\w+|max_\w+|mean_\w+|cached_tokens\w*"
     r"|goodput|goodput_\w+|slo_\w+|cache_\w+|\w+_count|\w+_s"
-    r"|client_\w+|steady_\w+|(mean|std|p90|p95)_queue_wait_ms|overloaded|prompts_salted)$"
+    r"|client_\w+|steady_\w+|(mean|std|p90|p95)_queue_wait_ms|overloaded|overload_unjudged|prompts_salted)$"
 )
 
 

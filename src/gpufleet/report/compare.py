@@ -18,6 +18,7 @@ from gpufleet import engine_facts
 from gpufleet.archive.kept import Manifest
 from gpufleet.report import catalogue
 from gpufleet.report.fingerprint import PER_GPU, differences
+from gpufleet.report.notes import said_once
 from gpufleet.report.stats import LevelFigures, ratio_text
 
 
@@ -200,8 +201,16 @@ def _arm_health(arm: Arm) -> list[Notice]:
 
 
 def _arm_status(arm: Arm) -> list[Notice]:
-    """A run that did not finish."""
+    """A run that did not finish; the levels it measured nothing at (every request failed,
+    in every repeat): named failed, with every failed request counted."""
     out: list[Notice] = []
+    empty = [c for c, level in arm.levels.items() if not level.measured]
+    if empty:
+        failed = sum(int(arm.levels[c].get(catalogue.FAILED) or 0) for c in empty)
+        sent = failed + sum(int(arm.levels[c].get(catalogue.COMPLETED) or 0) for c in empty)
+        out.append(Notice(Severity.ERROR, f"{arm.label}: failed: measured nothing at "
+                          f"C={','.join(map(str, empty))} ({failed} of {sent} requests failed)",
+                          "run"))  # fmt: skip
     if arm.manifest.status != "done":
         out.append(Notice(Severity.ERROR, f"{arm.label}: run {arm.manifest.run_id} is "
                           f"{arm.manifest.status} ({arm.manifest.reason})", "run"))  # fmt: skip
@@ -209,29 +218,32 @@ def _arm_status(arm: Arm) -> list[Notice]:
 
 
 def _arm_load(arm: Arm, levels: list[int]) -> list[Notice]:
-    """Levels where the load was not what it claims: overloaded, client-bound, late
-    timers, an unflushed cache, bursty chunks."""
-    out: list[Notice] = []
+    """Levels where the load was not what it claims: overloaded, not judged, client-bound,
+    late timers, an unflushed cache, bursty chunks. Each note once per arm (said_once),
+    naming its levels and the range of its figures."""
+    said: dict[str, list[tuple[int, str]]] = {"load": [], "client": []}
     for c in levels:
         row = arm.levels[c]
         if row.get("overloaded"):
-            out.append(Notice(
-                Severity.WARNING,
-                f"{arm.label}: overloaded at C={c}: sent "
+            said["load"].append((c, f"overloaded at C=@: sent "
                 f"{row.get(catalogue.ACHIEVED_RATE, 0):.2f} of "
                 f"{row.get(catalogue.OFFERED_RATE, 0):.2f} req/s offered{_answered(row)}, "
                 f"queue wait p50 "
                 f"{row.get(catalogue.QUEUE_WAIT, 0):.0f} ms, p99 "
-                f"{row.get(catalogue.QUEUE_WAIT_P99, 0):.0f} ms before each TTFT",
-                "load",
-            ))  # fmt: skip
-    for c, reason in client_bound(arm, levels):
-        out.append(Notice(Severity.WARNING, f"{arm.label}: client-bound at C={c} ({reason})",
-                          "client"))  # fmt: skip
-    for c in levels:
-        if arm.levels[c].get("client_late"):
-            out.append(Notice(Severity.WARNING, f"{arm.label}: client timers late at C={c} "
-                              f"({arm.levels[c].row.client_late})", "client"))  # fmt: skip
+                f"{row.get(catalogue.QUEUE_WAIT_P99, 0):.0f} ms before each TTFT"))  # fmt: skip
+        if row.get(catalogue.SLO_MET) == 0:
+            said["load"].append((c, "no request met the SLO at C=@ (goodput 0)"))
+        if row.get("overload_unjudged"):
+            said["load"].append((c, f"overload not judged at C=@ ({row.get('overload_unjudged')})"))
+        if row.get("client_bound"):
+            said["client"].append((c, f"client-bound at C=@ ({row.row.client_bound})"))
+        if row.get("client_late"):
+            said["client"].append((c, f"client timers late at C=@ ({row.row.client_late})"))
+    out = [
+        Notice(Severity.WARNING, f"{arm.label}: {text.replace('C=@', f'C={where}')}", topic)
+        for topic, notes in said.items()
+        for where, text in said_once(notes)
+    ]
     unflushed = _unflushed(arm, levels)
     if unflushed:
         out.append(Notice(Severity.WARNING, unflushed, "workload"))

@@ -100,6 +100,12 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
+def _words(text: str) -> str:
+    """A header's words, each kept whole: it wraps between words only, never inside one
+    (`basel`/`ine`) or a number (`06:1`/`4`, or `12-`/`03` at a hyphen)."""
+    return " ".join(f'<span class="w">{_e(word)}</span>' for word in str(text).split())
+
+
 def _fmt(value: Any, fmt: str) -> str:
     if value is None:
         return "-"
@@ -136,10 +142,10 @@ def _verdict_table(arms: list[Arm], said: Answer) -> str:
     top = ['<th rowspan="2">C</th>']
     sub = []
     for name, _, _, _ in VERDICT_METRICS:
-        top.append(f'<th colspan="{span}">{_e(name)}</th>')
-        sub += [f"<th>{_e(a.label)}</th>" for a in arms]
+        top.append(f'<th colspan="{span}">{_words(name)}</th>')
+        sub += [f"<th>{_words(a.label)}</th>" for a in arms]
         sub += [
-            f'<th title="{_e(a.label)} / {_e(ref.label)}">{_e(a.label)} / {_e(ref.label)}</th>'
+            f'<th title="{_e(a.label)} / {_e(ref.label)}">{_words(f"{a.label} / {ref.label}")}</th>'
             for a in arms[1:]
         ]
     rows = []
@@ -218,13 +224,17 @@ def _open_loop_table(arms: list[Arm]) -> str:
                 f'<td class="num">{_fmt(row.get(k), catalogue.BY_KEY[k].fmt)}</td>'
                 for k in OPEN_LOOP
             ]
-            state = "overloaded" if row.get("overloaded") else "kept up"
+            state = (
+                "overloaded" if row.get("overloaded")
+                else "not judged" if row.get("overload_unjudged")
+                else "kept up"
+            )  # fmt: skip
             cells.append(f'<td class="{"lose" if row.get("overloaded") else ""}">{state}</td>')
             rows.append("<tr>" + "".join(cells) + "</tr>")
     if not rows:
         return ""
-    head = "".join(f"<th>{_e(h)}</th>" for h in ["C", "arm", *map(_open_loop_heading, OPEN_LOOP),
-                                                   "load"])  # fmt: skip
+    head = "".join(f"<th>{_words(h)}</th>" for h in ["C", "arm",
+                   *map(_open_loop_heading, OPEN_LOOP), "load"])  # fmt: skip
     return (
         "<h3>Open loop: offered, sent and completed</h3>"
         + _scroll_hint(len(OPEN_LOOP) + 3)
@@ -304,9 +314,13 @@ h3 { font-size: 15px; margin: 16px 0 6px; }
 .scroll { overflow-x: auto; }
 table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 th, td { border: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
-table.verdict th { text-align: center; font-size: 13px; } table.verdict { width: 100%; }
+table.verdict th { text-align: center; font-size: 12px; } table.verdict { width: 100%; }
 td.num { text-align: right; } th small { color: var(--muted); font-weight: normal; }
-table.verdict td, table.open td { white-space: nowrap; }  /* a number never breaks: it scrolls */
+/* a number or a word never breaks, headers included (`basel`/`ine`, `06:1`/`4`): the table
+   scrolls instead; a header wraps between its words only */
+table.verdict :is(th, td), table.open :is(th, td) { overflow-wrap: normal; padding: 4px; }
+table.verdict td { font-size: 14px; }
+table.verdict td, table.open td, th span.w { white-space: nowrap; }
 td.win { background: var(--win); } td.lose { background: var(--lose); }
 .plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 12px; }
 svg.plot { width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; }

@@ -24,6 +24,7 @@ import numpy as np
 from gpufleet import per_request
 from gpufleet.records import ResultRow
 from gpufleet.report import catalogue, resampling
+from gpufleet.report.notes import said_once
 from gpufleet.wire import JsonDict
 
 # Two-sided 95% Student t quantiles by degrees of freedom (1-30); beyond, the Cornish-Fisher
@@ -85,13 +86,18 @@ class LevelFigures:
 
     row: ResultRow
     repeats: int = 1
+    measured: int = 1  # the repeats that completed a request: the means are theirs
     ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     samples: dict[str, list[float]] = field(default_factory=dict)
     # a percentile's resampled statistic (report/resampling.py), for its ratios' intervals
     draws: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def get(self, key: str, default: Any = None) -> Any:
-        """A figure by its results.jsonl name (ResultRow.get), for catalogue-driven code."""
+        """A figure by its results.jsonl name (ResultRow.get), for catalogue-driven code;
+        `default` for a figure measured from completions at a level that completed none
+        (its 0 tok/s and 0 ms were never measured: no table, ratio or sentence uses them)."""
+        if not self.measured and catalogue.from_completions(key):
+            return default
         return self.row.get(key, default)
 
     def to_json(self) -> JsonDict:
@@ -100,8 +106,15 @@ class LevelFigures:
         out = self.row.to_wire()
         if self.repeats > 1:
             out.update(ci={k: list(v) for k, v in self.ci.items()}, samples=self.samples,
-                       repeats=self.repeats)  # fmt: skip
+                       repeats=self.repeats, measured_repeats=self.measured)  # fmt: skip
         return out
+
+
+def measured(row: ResultRow) -> bool:
+    """Whether a level (one repeat) completed any request: one that completed none measured
+    nothing, and its zeros are not figures. An archive without the count is taken as
+    measured, as it always was."""
+    return row.completed != 0
 
 
 def _number(value: Any) -> bool:
@@ -114,28 +127,34 @@ def aggregate(
     """One level's repeats as one record: the mean of every figure all repeats have, the
     marks any repeat raised, the requests summed, intervals for the catalogue's keys.
     `requests`: each repeat's finished requests, in the rows' order, for the percentiles'
-    intervals."""
+    intervals. A repeat that completed no request adds its counts but none of its zeros:
+    the figures measured from completions are the means of the repeats that measured them
+    (`measured` says how many)."""
     if len(rows) == 1:
-        return LevelFigures(rows[0])
+        return LevelFigures(rows[0], measured=int(measured(rows[0])))
+    kept = [i for i, r in enumerate(rows) if measured(r)]
+    if requests is not None and len(requests) == len(rows):
+        requests = [requests[i] for i in kept]
     last = rows[-1]
     means: dict[str, float | str | None] = {}  # field -> the repeats' mean (marks: joined)
     for f in dataclasses.fields(ResultRow):
-        values = [getattr(r, f.name) for r in rows]
-        if f.init and _number(values[-1]) and all(_number(v) for v in values):
+        values = [getattr(r, f.name) for r in _counted(rows, kept, f.name)]
+        if f.init and values and _number(values[-1]) and all(_number(v) for v in values):
             means[f.name] = statistics.fmean(float(v) for v in values)
     extra = dict(last.extra)
-    for key, value in last.extra.items():
-        values = [r.extra.get(key) for r in rows]
-        if _number(value) and all(_number(v) for v in values):
+    for key in last.extra:
+        values = [r.extra.get(key) for r in _counted(rows, kept, key)]
+        if values and _number(values[-1]) and all(_number(v) for v in values):
             extra[key] = statistics.fmean(float(v) for v in values)
-    for mark in ("client_bound", "client_late"):  # any repeat's counts
-        reasons = [str(getattr(r, mark)) for r in rows if getattr(r, mark)]
-        means[mark] = "; ".join(dict.fromkeys(reasons)) or None
+    for mark in ("client_bound", "client_late"):  # any repeat's counts, said once
+        reasons = [(0, str(getattr(r, mark))) for r in rows if getattr(r, mark)]
+        means[mark] = "; ".join(text for _, text in said_once(reasons)) or None
     means[catalogue.COMPLETED] = sum(int(r.completed or 0) for r in rows)
     means[catalogue.FAILED] = sum(int(r.failed or 0) for r in rows)
     row = dataclasses.replace(last, extra=extra, **means)
     row.given = last.given
-    figures = LevelFigures(row, repeats=len(rows))
+    figures = LevelFigures(row, repeats=len(rows), measured=len(kept))
+    rows = [rows[i] for i in kept]
     if len(rows) < MIN_REPEATS_FOR_INTERVAL:
         return figures
     resampled = _percentile_draws(rows, figures.row, requests)
@@ -151,6 +170,14 @@ def aggregate(
             figures.draws[key] = resampled[key]
             figures.ci[key] = resampling.interval(resampled[key], float(figures.row.get(key)))
     return figures
+
+
+def _counted(rows: list[ResultRow], kept: list[int], key: str) -> list[ResultRow]:
+    """The repeats a figure's mean is over: those that measured it (all, for a figure not
+    measured from completions, such as a count or the SLO's share of requests sent)."""
+    if not catalogue.from_completions(key):
+        return rows
+    return [rows[i] for i in kept]
 
 
 def _percentile_draws(

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from gpufleet.archive.kept import Manifest
 from gpufleet.report import catalogue
 from gpufleet.report.markdown import md_table
+from gpufleet.report.notes import said_once
 
 
 class Figures(Protocol):
@@ -20,30 +21,44 @@ class Figures(Protocol):
 
 
 COLUMNS = [(m.label, m.key, m.fmt) for m in catalogue.where(catalogue.Place.RUN_TABLE)]
+# the terminal's order: the status beside the level, so the first 100 columns show it
+# (overloaded, failed, SLO met by none); summary.csv keeps the catalogue's order
+_FIRST = (catalogue.CONCURRENCY, catalogue.STATUS)
+SHOWN = sorted(COLUMNS, key=lambda col: [col[1] != key for key in _FIRST])
 # Shown only when some level has them: a prefix cache that served tokens, an SLO given.
 OPTIONAL = {m.key for m in catalogue.where(catalogue.Place.OPTIONAL)}
 
 
 def _columns(results: Sequence[Figures] | None) -> list[tuple[str, str, str]]:
-    return [
-        col
-        for col in COLUMNS
-        if col[1] not in OPTIONAL or any(r.get(col[1]) for r in results or [])
-    ]
+    return [col for col in SHOWN if col[1] not in OPTIONAL or _present(results, col[1])]
 
 
-def _measured(key: str) -> bool:
-    """A figure measured from completed requests (a speed, a latency), not a count or a
-    status: a level that completed none has no such figure."""
-    metric = catalogue.BY_KEY.get(key)
-    return metric is not None and metric.unit not in ("requests", "")
+def _present(results: Sequence[Figures] | None, key: str) -> bool:
+    """An optional column is shown where some level has it: an SLO's outcome where any
+    level has one, 0% above all (the worst outcome is never hidden); the others where some
+    level's is more than 0 (a prefix cache that served nothing says nothing)."""
+    found = [r.get(key) for r in results or []]
+    if key in catalogue.SLO_KEYS:
+        return any(v is not None for v in found)
+    return any(found)
+
+
+def status(row: Figures) -> str | None:
+    """A level's status with what marks it: overloaded, no request within the SLO."""
+    value = row.get(catalogue.STATUS)
+    marks = [str(value)] if value is not None else []
+    if row.get("overloaded"):
+        marks.append("overloaded")
+    elif row.get("overload_unjudged"):
+        marks.append("overload not judged")
+    if row.get(catalogue.SLO_MET) == 0:
+        marks.append("SLO met by none")
+    return ", ".join(marks) or None
 
 
 def _cell(row: Figures, key: str, fmt: str) -> str:
-    value = row.get(key)
-    if key == catalogue.STATUS and row.get("overloaded"):
-        return "overloaded" if value is None else f"{value}, overloaded"
-    if value is None or (row.get(catalogue.COMPLETED) == 0 and _measured(key)):
+    value = status(row) if key == catalogue.STATUS else row.get(key)
+    if value is None or (row.get(catalogue.COMPLETED) == 0 and catalogue.from_completions(key)):
         return "-"  # a failed level's 0.0 tok/s and 0.0 ms TTFT were never measured
     try:
         return fmt.format(value)
@@ -81,7 +96,7 @@ def overload_note(row: Figures) -> str | None:
     queued = row.get(catalogue.QUEUE_AT_END)
     backlog = f", {queued} waiting for an answer at the last arrival" if queued else ""
     return (
-        f"C={row.get(catalogue.CONCURRENCY)}: overloaded: sent {sent:.2f}{answered} of "
+        f"overloaded: sent {sent:.2f}{answered} of "
         f"{offered:.2f} req/s offered{backlog}; requests queued p50 {(p50 or 0) / 1000:.2f} s, "
         f"p99 {(p99 or 0) / 1000:.2f} s before being sent, so a user waited that plus the "
         "TTFT shown"
@@ -89,22 +104,23 @@ def overload_note(row: Figures) -> str | None:
 
 
 def level_notes(results: Sequence[Figures], steady: bool = True) -> list[str]:
-    """One line per level that was overloaded, whose client was the bottleneck, or
-    (`steady`) that had no steady window (summary.md says so; the terminal stays quiet
-    about short levels)."""
-    notes = []
+    """What marks the levels: overloaded, not judged for overload, client-bound, timers
+    late, no request within the SLO, or (`steady`) no steady window (summary.md says so;
+    the terminal stays quiet about short levels). Each note once (`said_once`), with the
+    levels it holds at and the range of its figures over them and their repeats."""
+    notes: list[tuple[int, str]] = []
     for r in results:
-        level = f"C={r.get(catalogue.CONCURRENCY)}"
-        overloaded = overload_note(r)
-        if overloaded:
-            notes.append(overloaded)
-        if r.get("client_bound"):
-            notes.append(f"{level}: client-bound: {r.get('client_bound')}")
-        if r.get("client_late"):
-            notes.append(f"{level}: client timers late: {r.get('client_late')}")
-        if steady and r.get("steady_note"):
-            notes.append(f"{level}: no steady-state figures: {r.get('steady_note')}")
-    return notes
+        c = int(r.get(catalogue.CONCURRENCY) or 0)
+        said = [
+            overload_note(r),
+            r.get("overload_unjudged") and f"overload not judged: {r.get('overload_unjudged')}",
+            r.get("client_bound") and f"client-bound: {r.get('client_bound')}",
+            r.get("client_late") and f"client timers late: {r.get('client_late')}",
+            r.get(catalogue.SLO_MET) == 0 and "no request met the SLO: goodput 0",
+            steady and r.get("steady_note") and f"no steady-state figures: {r.get('steady_note')}",
+        ]
+        notes += [(c, text) for text in said if text]
+    return [f"C={levels}: {text}" for levels, text in said_once(notes)]
 
 
 def summary_md(manifest: Manifest, results: Sequence[Figures]) -> str:

@@ -24,6 +24,7 @@ from gpufleet import per_request
 from gpufleet.host.bench import clientcert, steady, tokencount
 from gpufleet.host.bench import slo as slos
 from gpufleet.host.bench.level import LevelRun, RequestRecord
+from gpufleet.host.bench.overload import open_loop_rates
 from gpufleet.records import Figures, TurnFigures
 
 DEFINITIONS = (
@@ -260,69 +261,6 @@ def client_figures(run: LevelRun) -> Figures:
         out.update(_stats("queue_wait_ms", [r.queue_wait * 1000 for r in run.records if r.ok]))
         out.update(open_loop_rates(run.records))
     return out
-
-
-# Under this share of the offered rate a level could not take its arrivals as they came: the
-# queue grew for the whole level and its figures describe a backlog, not the offered load.
-OVERLOADED_BELOW = 0.95
-
-
-def open_loop_rates(records: list[RequestRecord]) -> Figures:
-    """An open-loop level's load, per second over one window: arrivals (offered: this
-    level's own, so a short Poisson draw is not mistaken for a shortfall), sends (achieved)
-    and completions, counted over the arrival window shifted by the median latency (a
-    server that keeps up answers each request about that long after it came), with the
-    queue (arrived, not yet answered) when the last request arrived. `overloaded`: the
-    sends or the completions fell behind the arrivals, at any `-c`. Drain is left out: a
-    finite level's last answers would otherwise lower every rate."""
-    live = [r for r in records if not r.skipped and r.start]
-    sent = sorted(r.start for r in live)
-    arrived = sorted(r.due - r.queue_wait for r in live)
-    if len(sent) < 3 or arrived[-1] <= arrived[0] or sent[-1] <= sent[0]:
-        return {}
-    window = arrived[-1] - arrived[0]
-    offered = (len(arrived) - 1) / window
-    achieved = (len(sent) - 1) / (sent[-1] - sent[0])
-    answered = sorted(r.start + r.e2e for r in live if r.e2e > 0)
-    out = {"offered_request_rate": offered, "achieved_request_rate": achieved}
-    if len(answered) >= 3:
-        latencies = sorted(r.start + r.e2e - (r.due - r.queue_wait) for r in live if r.e2e > 0)
-        q1, median, q3 = (
-            statistics.quantiles(latencies, n=4)
-            if len(latencies) > 3
-            else (latencies[0], statistics.median(latencies), latencies[-1])
-        )
-        half = (q3 - q1) / 2  # the window's ends widened by half the latencies' spread
-        first, last = arrived[0] + median - half, arrived[-1] + median + half
-        inside = sum(first <= t <= last for t in answered)
-        out["completed_request_rate"] = max(0, inside - 1) / (window + 2 * half)
-        out["queue_at_last_arrival"] = len(arrived) - sum(t <= arrived[-1] for t in answered)
-        # A server that falls behind answers fewer requests in the window than arrived in it,
-        # or its queue grows through the level; the bounds are a few standard deviations of
-        # the Poisson noise a server that keeps up shows (arrivals ~ sqrt(n), what is in
-        # flight ~ sqrt(rate x latency)), so a short level is not called overloaded by chance.
-        n = len(arrived)
-        expected = min(n, offered * (window + 2 * half) + 1)
-        missed = expected - inside > max(3, 2 * math.sqrt(n))
-        middle = arrived[n // 2]
-        grew = out["queue_at_last_arrival"] - _queue_at(middle, arrived, answered)
-        noise = max(3 * math.sqrt(offered * q1), 3 * math.sqrt(n / 2))
-        # a level shorter than a few latencies (as its first requests saw them, before any
-        # queue) holds mostly its ramp-up and drain: judged by its sends alone
-        in_order = sorted((r for r in live if r.e2e > 0), key=lambda r: r.due - r.queue_wait)
-        by_arrival = [r.start + r.e2e - (r.due - r.queue_wait) for r in in_order]
-        unqueued = statistics.median(by_arrival[: max(3, n // 10)])
-        judged = window >= 4 * unqueued
-        behind = judged and (missed or grew > max(3, (1 - OVERLOADED_BELOW) * n, noise))
-    else:
-        behind = False
-    out["overloaded"] = behind or achieved < OVERLOADED_BELOW * offered
-    return out
-
-
-def _queue_at(t: float, arrived: list[float], answered: list[float]) -> int:
-    """Requests arrived by `t` and not answered by then."""
-    return sum(a <= t for a in arrived) - sum(d <= t for d in answered)
 
 
 def per_turn(records: list[RequestRecord]) -> list[TurnFigures]:

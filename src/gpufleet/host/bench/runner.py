@@ -151,6 +151,10 @@ async def _level(
     return run, samples
 
 
+# where a level's reason counts its failed requests: _run_levels counts them over the run
+REQUESTS_FAILED = "{failed requests}"
+
+
 def _sglang_bench_level(
     plan: BenchPlan,
     level: Level,
@@ -183,7 +187,7 @@ def _sglang_bench_level(
     if not alive:
         return "failed", f"the server process exited during level C={c}"
     if checked.failed:
-        return "failed", f"{checked.failed} request(s) failed at C={c} (sglang.bench_serving)"
+        return "failed", f"{REQUESTS_FAILED} (sglang.bench_serving)"
     return "done", None
 
 
@@ -340,9 +344,18 @@ def _gpufleet_level(
     if not alive:
         return "failed", f"the server process exited during level C={c}", True
     if row.failed:
-        first = row.error_messages[:1]
-        return "failed", f"{row.failed} request(s) failed at C={c}: {first}", False
+        return "failed", f"{REQUESTS_FAILED}: first at C={c}: {row.error_messages[:1]}", False
     return "done", None, False
+
+
+def _failed_count(rows: list[ResultRow]) -> str:
+    """Every failed request of the run, at every level: `24 of 24 requests failed (C=1: 8 of
+    8, C=2: 8 of 8, C=4: 8 of 8)`, never the last level's count alone."""
+    counts = [(r.max_concurrency, int(r.failed or 0), int(r.completed or 0)) for r in rows]
+    failed = sum(f for _, f, _ in counts)
+    sent = failed + sum(done for _, _, done in counts)
+    levels = [f"C={c}: {f} of {f + done}" for c, f, done in counts if f]
+    return f"{failed} of {sent} requests failed ({', '.join(levels)})"
 
 
 def _run_levels(
@@ -357,7 +370,9 @@ def _run_levels(
     """Every level in order, each through its engine; a failed level fails the run, and a
     level that says stop (the server died, the generator failed) ends it."""
     status, reason = "done", None
+    measured: list[ResultRow] = []  # each level's row, for the failed requests' count
     for level in plan.levels:
+        before = writer.last
         c, n = level.concurrency, level.num_prompts
         refused = listener.refusal_for(server_state)  # the launched server, or nothing sent
         if refused:
@@ -379,10 +394,14 @@ def _run_levels(
             level_status, level_reason, stop = _gpufleet_level(
                 plan, level, rows, writer, server_state, marks, keys
             )
-        if level_status == "failed":
+        if writer.last is not before and writer.last is not None:
+            measured.append(writer.last)
+        if level_status == "failed" and (reason is None or stop):  # the first, or the end
             status, reason = level_status, level_reason
         if stop:
             break
+    if reason and REQUESTS_FAILED in reason:
+        reason = reason.replace(REQUESTS_FAILED, _failed_count(measured), 1)
     return status, reason
 
 
