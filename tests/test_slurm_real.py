@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ import yaml
 
 from gpufleet.sim.slurm_cluster import LocalSlurm
 from helpers import (
+    REPO,
     Fleet,
     pid_alive,
     processes_under,
@@ -686,3 +689,60 @@ def test_a_sweep_where_nothing_is_wrong_warns_of_nothing(connection, fleet, clus
         assert int(CLIENT_SELF.search(line)["level"]) in marked, (line, marked)
     assert ": done (state: " in out.stdout, out.stdout[-2000:]
     fleet.cli("stop", "--hosts", "h0,h1")
+
+
+def held_by_the_interrupted_run(fleet: Fleet, archive: Path, sweep: list[str]) -> None:
+    """Issue 81.6 (here and over ssh, test_interrupt.py): a sweep stopped by SIGTERM mid-level
+    leaves its run going on on the host, and that run owns the host until it ends: a second
+    sweep is refused in one line naming the run and the task that left it (never the dead
+    task's pid as if it ran), and the first sweep's resume archives the original run."""
+    proc = fleet.popen(*sweep)
+    said = []
+    for text in proc.stdout:
+        said.append(text)
+        if re.search(r"^h0: C=8: \d+ requests", text):
+            os.kill(proc.pid, 15)  # SIGTERM, as `timeout` or a CI cancel sends it: the CLI only
+            break
+    rest = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, "".join(said) + rest
+    resume = re.search(r"finish the sweep with `([^`]+)`", rest)
+    assert resume, rest
+    state = json.loads(next((archive / "sweeps").glob("*.json")).read_text())
+    [cell] = state["cells"]["held"].values()
+    assert cell["status"] == "benching", cell
+    other = fleet.profile("other", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1})
+    second = fleet.cli("sweep", "--profiles", str(other), "--hosts", "h0", "-c", "1",
+                       "--num-prompts", "4", "--output-len", "8",
+                       "--archive", str(archive.parent / "b"))  # fmt: skip
+    assert second.returncode == 1, second.stdout + second.stderr
+    refused = [ln for ln in second.stdout.splitlines() if "other on h0: FAILED" in ln]
+    assert len(refused) == 1, second.stdout
+    assert f"this host is held by run {cell['run_id']} (C=8, level 1 of 1, since " in refused[0]
+    assert f"left running by `inv sweep` (pid {proc.pid} on " in refused[0], refused[0]
+    assert "in use by" not in refused[0], refused[0]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    out = subprocess.run(["bash", "-c", resume.group(1)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "re-attaching run" in out.stdout, out.stdout
+    results = json.loads((archive / "h0" / cell["run_id"] / "results.jsonl").read_text())
+    assert results["completed"] == 400 and results["failed"] == 0
+
+
+@pytest.mark.slow(minutes=2)
+@pytest.mark.faults
+def test_a_run_left_by_a_sweep_stopped_over_srun_owns_its_node(fleet, cluster, tmp_path):
+    """Before: the runner, a job step, never got the host's lock; the second sweep cleaned
+    the node, killed the first run's server and reported success."""
+    job = cluster.submit("-N1", "-p", "h200")
+    srun_inventory(fleet, job, [cluster.wait_running(job)])
+    profile = fleet.profile("held", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    archive = tmp_path / "a"
+    try:
+        held_by_the_interrupted_run(fleet, archive, [
+            "sweep", "--profiles", str(profile), "--hosts", "h0", "--concurrency", "8",
+            "--num-prompts", "400", "--output-len", "32", "--archive", str(archive),
+        ])  # fmt: skip
+    finally:
+        fleet.cli("stop", "--hosts", "h0")
+        cluster.cancel(job)

@@ -56,6 +56,10 @@ class CellHooks:
 
     drop: Callable[[ArmSpec], str | None] = lambda arm: None
     after: Callable[[ArmSpec, SweepState, bool], None] = lambda arm, state, ran: None
+    # at an interrupt, a benching cell's server is stopped (its run with it) and the cell
+    # runs again at --resume, rather than left to finish detached: a tune's arms are servers
+    # it launched for itself, which nobody else would stop (issue 81.8)
+    stop_on_interrupt: bool = False
 
 
 label = profile_label  # a cell key reads as is; a profile path by its file name
@@ -135,6 +139,7 @@ class _Cell:
         self.cancel = cancel
         self.launch_progress, self.bench_progress = progress
         self.steps = _Steps()
+        self.stop_on_interrupt = False  # CellHooks.stop_on_interrupt
 
     @property
     def entry(self) -> Cell:
@@ -239,7 +244,10 @@ class _Cell:
                 self.session, run_id, self.request, self.bench_progress, self.cancel
             )
         except Cancelled:
-            raise  # the run goes on on the host, and its server with it: --resume fetches
+            if self.stop_on_interrupt:  # the task's own server: stopped, the run with it
+                self.stop_server()
+                self.update(status=CellStatus.INTERRUPTED, steps_s=self.steps.seconds)
+            raise  # else the run goes on on the host, and its server with it: --resume fetches
         except HostError as exc:
             if started and exc.kind in LOST:  # the run is the host's: fetched, never re-run
                 raise HostError(
@@ -282,6 +290,12 @@ class _Cell:
 
 def _archived_result(manifest: Manifest, path: Path) -> benchrun.ArchivedRun:
     return benchrun.ArchivedRun(manifest.run_id, str(path), manifest.status, manifest.reason)
+
+
+def _cell(session: Session, state: SweepState, arm: ArmSpec, setup: SweepSetup) -> _Cell:
+    cell = _Cell(session, state, arm, setup.request, setup.launch, setup.cancel, setup.progress)
+    cell.stop_on_interrupt = setup.hooks.stop_on_interrupt
+    return cell
 
 
 def _pipeline(cell: _Cell) -> benchrun.ArchivedRun:
@@ -400,11 +414,7 @@ def run(state: SweepState, setup: SweepSetup) -> SweepState:
         say(f"[sweep {index + 1}/{len(arms)}] {name} on {', '.join(todo.names)}"
             + _eta(state, len(arms) - index))  # fmt: skip
         started = time.monotonic()
-        results = todo.each(
-            lambda s, arm=arm: _pipeline(
-                _Cell(s, state, arm, setup.request, setup.launch, cancel, setup.progress)
-            )
-        )
+        results = todo.each(lambda s, arm=arm: _pipeline(_cell(s, state, arm, setup)))
         failed = [_record(state, name, res) for res in results]
         state.record.durations_s[name] = round(time.monotonic() - started, 1)
         state.save()
