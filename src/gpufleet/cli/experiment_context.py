@@ -94,7 +94,7 @@ def experiment(
     exp = Experiment(fleet, console, launch, fail_fast, stops_own_servers=own_servers)
 
     def hint() -> str:
-        return resume_hint(fleet, opened[-1].record.hosts if opened else fleet.names, command)
+        return resume_hint(fleet, opened[-1].hosts_left() if opened else fleet.names, command)
 
     with ctrl_c_stops(exp.cancel, hint):
         try:

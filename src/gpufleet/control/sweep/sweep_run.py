@@ -28,7 +28,6 @@ from gpufleet.control.bench import run as benchrun
 from gpufleet.control.connect.base import Session
 from gpufleet.control.connect.cancel import Cancelled, CancelToken
 from gpufleet.control.connect.fleet import Fleet
-from gpufleet.control.inventory.model import Host
 from gpufleet.control.server import lifecycle as server
 from gpufleet.control.server.gpuclean import (
     CleanOptions,
@@ -63,33 +62,6 @@ class CellHooks:
 
 
 label = profile_label  # a cell key reads as is; a profile path by its file name
-
-
-def plan_lines(
-    arms: list[ArmSpec], hosts: list[Host], request: benchrun.BenchRequest, engine: str | None
-) -> list[str]:
-    """What a sweep would do, cell by cell (the first repeat; the others say how many)."""
-    lines = []
-    repeats = max(a.repeat for a in arms)
-    levels = ", ".join(f"C={lv.concurrency} x {lv.num_prompts}" for lv in request.levels())
-    for arm in (a for a in arms if a.repeat == 1):
-        prof = arm.resolved_profile()
-        engines = {spec.engine for _, spec in build_specs(prof, hosts, engine)}
-        lines.append(
-            f"{arm.label} ({'/'.join(sorted(engines))}) on {', '.join(h.name for h in hosts)}:"
-            f" gpu-clean -> launch -> bench [{levels}; {request.output_len} tokens each]"
-            " -> stop -> verify clean"
-        )
-        if arm.overrides or arm.remove:
-            changes = [f"--{k} {v}" for k, v in arm.overrides.items()]
-            changes += [f"without --{k}" for k in arm.remove]
-            lines.append(f"  flags: {', '.join(changes)}")
-        lines += [f"  warning: {w}" for w in prof.warnings()]
-    if repeats > 1:
-        lines.append(
-            f"{repeats} repeats: {len(arms)} cells, interleaved (every cell once, then again)"
-        )
-    return lines
 
 
 class _Steps:
@@ -175,17 +147,12 @@ class _Cell:
                 f"[sweep] {label(self.profile)} on {self.host}: re-attaching run {run_id}"
             )
             try:  # the run went on on the host: re-attach and archive it
-                result = benchrun.fetch(
-                    self.session,
-                    run_id,
-                    self.request,
-                    self.bench_progress,
-                    self.cancel,
-                )
+                result = benchrun.fetch(self.session, run_id, self.request,
+                                        self.bench_progress, self.cancel, RESUME)  # fmt: skip
             except HostError as exc:
                 if exc.kind in LOST:  # still out of reach: the run stays the host's
-                    raise HostError(f"{exc}; run {run_id} stays on the host: --resume "
-                                    "fetches it", kind=Kind.CONNECTION) from None  # fmt: skip
+                    raise HostError(f"{exc} (run {run_id} stays on the host)",
+                                    kind=Kind.CONNECTION) from None  # fmt: skip
                 return None  # not on the host any more: run the cell again
             except UserError:
                 return None
@@ -241,7 +208,7 @@ class _Cell:
             benchrun.start(self.session, self.request, run_id, self.bench_progress)
             started = True
             result = benchrun.fetch(
-                self.session, run_id, self.request, self.bench_progress, self.cancel
+                self.session, run_id, self.request, self.bench_progress, self.cancel, RESUME
             )
         except Cancelled:
             if self.stop_on_interrupt:  # the task's own server: stopped, the run with it
@@ -251,9 +218,8 @@ class _Cell:
         except HostError as exc:
             if started and exc.kind in LOST:  # the run is the host's: fetched, never re-run
                 raise HostError(
-                    f"{exc}; run {run_id} stays on the host, its server with it: --resume "
-                    "fetches it (never measures it again), and this host runs no other cell "
-                    "until then", kind=Kind.CONNECTION,
+                    f"{exc}; run {run_id} stays on the host, and this host runs no other "
+                    "cell until it is fetched", kind=Kind.CONNECTION,
                 ) from None  # fmt: skip
             if exc.kind != Kind.JOB_ENDED:  # ended with its job: nothing to stop, and
                 self.stop_server()  # --resume measures the cell again
@@ -336,6 +302,9 @@ def _record(state: SweepState, name: str, res: Any) -> bool:
 
 
 LOST = (Kind.CONNECTION, Kind.AGENT)  # the control side lost the host, not the run
+# the one recovery a cell's lost run names: the sweep's own resume line (printed at its end),
+# never an `inv bench --attach` beside it that would archive the run a second time (81.7)
+RESUME = "the sweep's --resume fetches it (never measures it again)"
 
 
 def unfetched(cell: Cell, res: Any) -> bool:

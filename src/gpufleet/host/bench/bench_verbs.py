@@ -371,6 +371,9 @@ def bench_watch(args: BenchWatchArgs) -> BenchWatchAnswer:
             }
         time.sleep(0.25)
     offset = _emit_progress(run_dir, offset)
+    # said before the wait for the runner's exit: a job that ends in that wait takes the
+    # answer, and the control side still knows the run finished (fetched, never re-run)
+    emit_event({"phase": "finished", "status": status["status"]})
     _wait_runner_gone(run_dir)
     userrun.take_back(run_dir, remove=True)
     files = [
