@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -746,3 +747,81 @@ def test_a_run_left_by_a_sweep_stopped_over_srun_owns_its_node(fleet, cluster, t
     finally:
         fleet.cli("stop", "--hosts", "h0")
         cluster.cancel(job)
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow(minutes=2)
+@pytest.mark.faults
+@pytest.mark.parametrize("seen", [True, False], ids=["watch-saw-done", "ended-at-once"])
+def test_a_run_finished_when_its_job_ends_is_fetched_by_one_resume_never_measured_again(
+    fleet, cluster, tmp_path, seen
+):
+    """Issue 81.7: the job cancelled once the cell's run wrote `done` on the node, before the
+    sweep had its files. Before, the cell was marked failed with an `inv bench --attach`
+    beside it, and the one --resume measured it again: the finished run (every request)
+    was never fetched. Now the cell stays `benching`, NOT FETCHED names one recovery (the
+    sweep's --resume), and that resume, in a new job on the node, archives the original.
+    Where the job ended before the watch saw `done` (`ended-at-once`), the cell fails with
+    its job, and the resume finds the run finished there and archives it all the same."""
+    job = cluster.submit("-N1", "-p", "h200")
+    node = cluster.wait_running(job)
+    srun_inventory(fleet, job, [node])
+    profile = fleet.profile("finished", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    archive = tmp_path / "a"
+    proc = fleet.popen("sweep", "--profiles", str(profile), "--hosts", "h0", "--concurrency",
+                       "8", "--num-prompts", "200", "--output-len", "32",
+                       "--archive", str(archive))  # fmt: skip
+    said = []
+    for text in proc.stdout:
+        said.append(text)
+        if re.search(r"^h0: C=8: \d+ requests", text):
+            break
+    state = json.loads(next((archive / "sweeps").glob("*.json")).read_text())
+    run_id = state["cells"]["finished"]["h0"]["run_id"]
+    run_dir = fleet.workdir("h0") / "runs" / run_id
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and '"done"' not in _text(run_dir / "status.json"):
+        time.sleep(0.001)
+    runner = json.loads((run_dir / "runner.json").read_text())["pid"]
+    held = seen
+    try:  # the runner held after its `done`: the watch sees it and waits for the runner's exit
+        os.kill(runner, signal.SIGSTOP)
+        time.sleep(1.0 if seen else 0.0)
+    except ProcessLookupError:
+        held = False  # it had exited: the job ends at the fetch, or unseen by the sweep
+    print(f"the runner was held after writing done: {held}")
+    cluster.cancel(job)  # the job ends after the run wrote `done`
+    text = "".join(said) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 1, text
+    assert "--attach" not in text, text  # one recovery, never a second that archives twice
+    cell = json.loads(next((archive / "sweeps").glob("*.json")).read_text())["cells"]
+    if held:  # seen finished: not fetched, the one way to fetch it said
+        unfetched = [ln for ln in text.splitlines() if "finished on h0: NOT FETCHED" in ln]
+        assert len(unfetched) == 1, text
+        assert "the run had finished on h0 before that" in unfetched[0], unfetched[0]
+        assert "the sweep's --resume fetches it" in unfetched[0], unfetched[0]
+        assert cell["finished"]["h0"]["status"] == "benching", cell
+    resume = re.search(r"finish the sweep with `([^`]+)`", text)
+    assert resume, text
+    fresh = cluster.submit("-N1", "-p", "h200", "-w", node)
+    cluster.wait_running(fresh)
+    srun_inventory(fleet, fresh, [node])
+    try:
+        env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+        out = subprocess.run(["bash", "-c", resume.group(1)], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=240)  # fmt: skip
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+        assert re.search(rf"(re-attaching|before it was fetched: fetching) run {run_id}",
+                         out.stdout), out.stdout  # fmt: skip
+        assert [p.name for p in (archive / "h0").iterdir()] == [run_id]  # not measured again
+        results = json.loads((archive / "h0" / run_id / "results.jsonl").read_text())
+        assert results["completed"] == 200 and results["failed"] == 0
+    finally:
+        fleet.cli("stop", "--hosts", "h0")
+        cluster.cancel(fresh)

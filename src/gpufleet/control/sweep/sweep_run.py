@@ -40,7 +40,7 @@ from gpufleet.control.sweep import drain
 from gpufleet.control.sweep.cells import ArmSpec, profile_label
 from gpufleet.control.sweep.sweep_state import Say, SweepState
 from gpufleet.errors import HostError, UserError
-from gpufleet.host.agent.protocol import StopArgs
+from gpufleet.host.agent.protocol import BenchWatchArgs, StopArgs
 from gpufleet.kinds import CellStatus, Kind, RunStatus, SweepStatus
 from gpufleet.records import LaunchSpec
 from gpufleet.report import select
@@ -142,13 +142,15 @@ class _Cell:
             store.mark_superseded(archived, f"re-run by sweep {self.state.sweep_id}")
             return None
         run_id = self.entry.run_id
-        if self.entry.status == CellStatus.BENCHING and run_id:
-            self.state.say(
-                f"[sweep] {label(self.profile)} on {self.host}: re-attaching run {run_id}"
-            )
+        finished = self.entry.status == CellStatus.FAILED and self.finished_there(run_id)
+        if (self.entry.status == CellStatus.BENCHING or finished) and run_id:
+            said = "its run finished there before it was fetched: fetching" if finished else (
+                "re-attaching")  # fmt: skip
+            self.state.say(f"[sweep] {label(self.profile)} on {self.host}: {said} run {run_id}")
+            progress = None if finished else self.bench_progress  # nothing live to replay
             try:  # the run went on on the host: re-attach and archive it
                 result = benchrun.fetch(self.session, run_id, self.request,
-                                        self.bench_progress, self.cancel, RESUME)  # fmt: skip
+                                        progress, self.cancel, RESUME)  # fmt: skip
             except HostError as exc:
                 if exc.kind in LOST:  # still out of reach: the run stays the host's
                     raise HostError(f"{exc} (run {run_id} stays on the host)",
@@ -160,6 +162,17 @@ class _Cell:
             self.stop_server()
             return result
         return None
+
+    def finished_there(self, run_id: str | None) -> bool:
+        """Whether a failed cell's run (never archived) finished on the host after all: its
+        job ended before the sweep had its files, unseen (issue 81.7). Asked quietly, once."""
+        if not run_id or self.archived_dir() is not None:
+            return False
+        try:
+            answer = self.session.call(BenchWatchArgs(run_id=run_id, timeout_s=0.0))
+        except (HostError, UserError):
+            return False
+        return answer["status"] == RunStatus.DONE
 
     # -- a fresh attempt -------------------------------------------------------------
     def run(self) -> benchrun.ArchivedRun:
