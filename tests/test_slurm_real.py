@@ -345,9 +345,9 @@ def test_a_bench_whose_control_step_is_lost_runs_on_and_is_attached(fleet, clust
         assert proc.returncode == 1, rest
         hint = re.search(r"`(inv bench --attach \S+ --hosts h0[^`]*)`", rest)
         assert hint and run_id in hint.group(1), rest
-        args = hint.group(1).split()[1:]  # pasted as printed: it names the inventory
-        assert "--inventory" in args, hint.group(1)
-        out = run_cli(*args, "--archive", str(tmp_path / "a"), timeout=180)
+        args = hint.group(1).split()[1:]  # pasted as printed: it names inventory and archive
+        assert "--inventory" in args and "--archive" in args, hint.group(1)
+        out = run_cli(*args, timeout=180)
         assert out.returncode == 0, out.stdout + out.stderr
         results = json.loads((tmp_path / "a" / "h0" / run_id / "results.jsonl").read_text())
         assert results["completed"] == 400 and results["failed"] == 0
@@ -380,7 +380,7 @@ def test_a_finished_run_whose_download_fails_ends_with_the_attach_that_fetches_i
                          r"`(inv bench --attach \S+ --hosts h0[^`]*)`", rest)  # fmt: skip
         assert hint and run_id in hint.group(1), rest
         cluster.start_controller()
-        out = run_cli(*hint.group(1).split()[1:], "--archive", str(tmp_path / "a"), timeout=180)
+        out = run_cli(*hint.group(1).split()[1:], timeout=180)  # as printed: its archive too
         assert out.returncode == 0, out.stdout + out.stderr
         results = json.loads((tmp_path / "a" / "h0" / run_id / "results.jsonl").read_text())
         assert results["completed"] == 400 and results["failed"] == 0
