@@ -265,7 +265,7 @@ def test_a_run_left_by_a_sweep_stopped_over_ssh_owns_its_host(fleet, tmp_path):
     profile = fleet.profile("held", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
     archive = tmp_path / "a"
     try:
-        held_by_the_interrupted_run(fleet, archive, [
+        held_by_the_interrupted_run(fleet, archive, "ssh", [
             "sweep", "--profiles", str(profile), "--hosts", "h0", "--concurrency", "8",
             "--num-prompts", "400", "--output-len", "32", "--archive", str(archive),
         ])  # fmt: skip
@@ -273,17 +273,19 @@ def test_a_run_left_by_a_sweep_stopped_over_ssh_owns_its_host(fleet, tmp_path):
         fleet.cli("stop", "--hosts", "h0")
 
 
-def _sigterm_at(proc: subprocess.Popen, pattern: str) -> str:
-    """SIGTERM to the CLI alone (as `timeout`, a CI cancel or a scheduler sends it) at the
-    first line matching `pattern`; everything it printed."""
+def _sigterm_at(proc: subprocess.Popen, pattern: str, sig=signal.SIGTERM) -> tuple[str, float]:
+    """`sig` to the CLI alone (SIGTERM as `timeout`, a CI cancel or a scheduler sends it) at
+    the first line matching `pattern`; everything it printed and the seconds it took to exit."""
     output = []
+    sent = time.monotonic()
     for line in proc.stdout:
         output.append(line)
         if re.search(pattern, line):
-            os.kill(proc.pid, signal.SIGTERM)
+            os.kill(proc.pid, sig)
+            sent = time.monotonic()
             break
     output.append(proc.communicate(timeout=120)[0])
-    return "".join(output)
+    return "".join(output), round(time.monotonic() - sent, 1)
 
 
 def _gone_within(fleet, seconds: float) -> list[str]:
@@ -293,8 +295,9 @@ def _gone_within(fleet, seconds: float) -> list[str]:
     return _leftovers(fleet)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_sigterm_during_inv_bench_leaves_the_run_with_an_attach_that_lands_in_its_archive(
-    fleet, tmp_path
+    fleet, tmp_path, sig
 ):
     """Issue 81.7/81.8: SIGTERM took the process down with nothing said; now it is Ctrl-C:
     exit 130 and the `--attach` line, which carries the bench's `--archive` (pasted as
@@ -305,7 +308,7 @@ def test_sigterm_during_inv_bench_leaves_the_run_with_an_attach_that_lands_in_it
     proc = _start(["bench", "--profile", "tbench", "--concurrency", "2", "--num-prompts", "20",
                    "--output-len", "64", "--archive", str(archive),
                    "--inventory", str(fleet.inventory), "--hosts", "h1"])  # fmt: skip
-    text = _sigterm_at(proc, " started against ")
+    text, exit_s = _sigterm_at(proc, " started against ", sig)
     assert proc.returncode == 130, text[-2000:]
     match = re.search(r"fetch it with `([^`]+)`", text)
     assert match and "--archive" in match.group(1), text[-2000:]
@@ -316,6 +319,7 @@ def test_sigterm_during_inv_bench_leaves_the_run_with_an_attach_that_lands_in_it
     [run] = store.list_runs(Archive(archive))
     assert run.status == "done" and run.manifest.levels[0].concurrency == 2
     fleet.cli("stop", "--hosts", "h1")
+    record(f"{sig.name.lower()}_bench", {"exit_s": exit_s, "exit_code": 130})
 
 
 def test_sigterm_during_a_tune_level_stops_its_arm_and_frees_the_host(fleet, tmp_path):
@@ -328,13 +332,16 @@ def test_sigterm_during_a_tune_level_stops_its_arm_and_frees_the_host(fleet, tmp
     proc = _start(["tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1,16",
                    "--num-prompts", "64", "--output-len", "64", "--hosts", "h0",
                    "--archive", str(tmp_path / "a"), "--inventory", str(fleet.inventory)])  # fmt: skip
-    text = _sigterm_at(proc, r"^h0: C=1: \d+ requests")
+    text, exit_s = _sigterm_at(proc, r"^h0: C=1: \d+ requests")
     assert proc.returncode == 130, text[-3000:]
     assert "gpufleet: stopping (SIGTERM): no new cell starts" in text, text[-3000:]
     assert re.search(r"finish the sweep with `inv tune .*--resume`", text), text[-3000:]
+    exited = time.monotonic()
     assert _gone_within(fleet, 30) == []
+    free_s = round(time.monotonic() - exited, 1)
     out = fleet.cli("gpu-clean", "--hosts", "h0")
     assert out.returncode == 0, out.stdout + out.stderr
+    record("sigterm_tune", {"exit_s": exit_s, "exit_code": 130, "host_free_after_s": free_s})
 
 
 def test_sigterm_during_a_rehearsal_level_leaves_it_to_resume(fleet, tmp_path):
@@ -343,12 +350,13 @@ def test_sigterm_during_a_rehearsal_level_leaves_it_to_resume(fleet, tmp_path):
     archive = tmp_path / "a"
     proc = _start(["rehearse", "--inventory", str(fleet.inventory), "--hosts", "h0",
                    "--archive", str(archive)])  # fmt: skip
-    text = _sigterm_at(proc, r"^h0: C=1: \d+ requests")
+    text, exit_s = _sigterm_at(proc, r"^h0: C=1: \d+ requests")
     try:
         assert proc.returncode == 130, text[-3000:]
         assert re.search(r"finish the sweep with `inv rehearse .*--resume`", text), text[-3000:]
         state = json.loads(next((archive / "sweeps").glob("*.json")).read_text())
         assert state["cells"]["baseline"]["h0"]["status"] == "benching", state["cells"]
+        record("sigterm_rehearse", {"exit_s": exit_s, "exit_code": 130})
     finally:
         fleet.cli("stop", "--hosts", "h0")
         _gone_within(fleet, 30)

@@ -32,6 +32,7 @@ from helpers import (
     running_slurm,
     srun_inventory,
 )
+from test_reliability import record
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -692,7 +693,7 @@ def test_a_sweep_where_nothing_is_wrong_warns_of_nothing(connection, fleet, clus
     fleet.cli("stop", "--hosts", "h0,h1")
 
 
-def held_by_the_interrupted_run(fleet: Fleet, archive: Path, sweep: list[str]) -> None:
+def held_by_the_interrupted_run(fleet: Fleet, archive: Path, over: str, sweep: list[str]) -> None:
     """Issue 81.6 (here and over ssh, test_interrupt.py): a sweep stopped by SIGTERM mid-level
     leaves its run going on on the host, and that run owns the host until it ends: a second
     sweep is refused in one line naming the run and the task that left it (never the dead
@@ -702,9 +703,11 @@ def held_by_the_interrupted_run(fleet: Fleet, archive: Path, sweep: list[str]) -
     for text in proc.stdout:
         said.append(text)
         if re.search(r"^h0: C=8: \d+ requests", text):
-            os.kill(proc.pid, 15)  # SIGTERM, as `timeout` or a CI cancel sends it: the CLI only
+            os.kill(proc.pid, signal.SIGTERM)  # as `timeout` or a CI cancel: the CLI only
+            sent = time.monotonic()
             break
     rest = proc.communicate(timeout=120)[0]
+    exit_s = round(time.monotonic() - sent, 1)
     assert proc.returncode == 130, "".join(said) + rest
     resume = re.search(r"finish the sweep with `([^`]+)`", rest)
     assert resume, rest
@@ -728,6 +731,7 @@ def held_by_the_interrupted_run(fleet: Fleet, archive: Path, sweep: list[str]) -
     assert "re-attaching run" in out.stdout, out.stdout
     results = json.loads((archive / "h0" / cell["run_id"] / "results.jsonl").read_text())
     assert results["completed"] == 400 and results["failed"] == 0
+    record(f"sigterm_sweep_run_holds_host_{over}", {"exit_s": exit_s, "second_sweep_exit": 1})
 
 
 @pytest.mark.slow(minutes=2)
@@ -740,7 +744,7 @@ def test_a_run_left_by_a_sweep_stopped_over_srun_owns_its_node(fleet, cluster, t
     profile = fleet.profile("held", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
     archive = tmp_path / "a"
     try:
-        held_by_the_interrupted_run(fleet, archive, [
+        held_by_the_interrupted_run(fleet, archive, "srun", [
             "sweep", "--profiles", str(profile), "--hosts", "h0", "--concurrency", "8",
             "--num-prompts", "400", "--output-len", "32", "--archive", str(archive),
         ])  # fmt: skip
@@ -822,6 +826,8 @@ def test_a_run_finished_when_its_job_ends_is_fetched_by_one_resume_never_measure
         assert [p.name for p in (archive / "h0").iterdir()] == [run_id]  # not measured again
         results = json.loads((archive / "h0" / run_id / "results.jsonl").read_text())
         assert results["completed"] == 200 and results["failed"] == 0
+        record(f"job_ended_after_done_{'seen' if seen else 'at_once'}",
+               {"held": held, "completed": results["completed"], "runs_archived": 1})  # fmt: skip
     finally:
         fleet.cli("stop", "--hosts", "h0")
         cluster.cancel(fresh)
