@@ -93,8 +93,9 @@ def experiment(
     console = Console(line, shown, launch_progress(), bench_progress(), opened.append)
     exp = Experiment(fleet, console, launch, fail_fast, stops_own_servers=own_servers)
 
-    def hint() -> str:
-        return resume_hint(fleet, opened[-1].hosts_left() if opened else fleet.names, command)
+    def hint() -> str:  # the hosts with cells left (a tune between sweeps: all of them)
+        hosts = (opened[-1].hosts_left() or opened[-1].record.hosts) if opened else fleet.names
+        return resume_hint(fleet, hosts, command)
 
     with ctrl_c_stops(exp.cancel, hint):
         try:
