@@ -257,7 +257,7 @@ def attach_hint(run_id: str, hosts: list[Host], archive: Any = None) -> str:
     the inventory and the archive that decide where it lands (issue 81.7: pasted without
     the bench's `--archive`, it archived into the default folder)."""
     names = ",".join(h.name for h in hosts)
-    where = f" --archive {shlex.quote(str(archive))}" if archive is not None else ""
+    where = f" --archive {shlex.quote(os.path.abspath(str(archive)))}" if archive else ""
     return (
         f"inv bench --attach {run_id} --hosts {names}{hosts[0].cli_hint() if hosts else ''}{where}"
     )
