@@ -27,6 +27,7 @@ from gpufleet.host.server.state import server_alive
 from gpufleet.records import ServerState
 from helpers import REPO, run_cli
 from test_reliability import record
+from test_slurm_real import held_by_the_interrupted_run
 
 pytestmark = pytest.mark.slow  # real Ctrl-C at each phase of real sweeps: minutes
 
@@ -180,7 +181,7 @@ def test_ctrl_c_during_inv_bench_prints_a_pasteable_attach(fleet, tmp_path):
     match = re.search(r"fetch it with `([^`]+)`", text)
     assert match and "--inventory" in match.group(1), text[-2000:]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    command = match.group(1) + f" --archive {tmp_path / 'a'}"
+    command = match.group(1)  # as printed: it names the archive too (issue 81.7)
     out = subprocess.run(
         ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
@@ -256,3 +257,109 @@ def test_a_second_ctrl_c_aborts_at_once_and_resume_still_finishes(fleet, tmp_pat
     assert state["status"] == "done"
     assert _leftovers(fleet) == []
     record("ctrl_c_twice", {"exit_s": round(aborted_in, 2)})
+
+
+def test_a_run_left_by_a_sweep_stopped_over_ssh_owns_its_host(fleet, tmp_path):
+    """Issue 81.6 over sshd (test_slurm_real.py: the same over srun): a second sweep is
+    refused in one line naming the run that holds the host, not the stopped sweep's pid."""
+    profile = fleet.profile("held", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    archive = tmp_path / "a"
+    try:
+        held_by_the_interrupted_run(fleet, archive, "ssh", [
+            "sweep", "--profiles", str(profile), "--hosts", "h0", "--concurrency", "8",
+            "--num-prompts", "400", "--output-len", "32", "--archive", str(archive),
+        ])  # fmt: skip
+    finally:
+        fleet.cli("stop", "--hosts", "h0")
+
+
+def _sigterm_at(proc: subprocess.Popen, pattern: str, sig=signal.SIGTERM) -> tuple[str, float]:
+    """`sig` to the CLI alone (SIGTERM as `timeout`, a CI cancel or a scheduler sends it) at
+    the first line matching `pattern`; everything it printed and the seconds it took to exit."""
+    output = []
+    sent = time.monotonic()
+    for line in proc.stdout:
+        output.append(line)
+        if re.search(pattern, line):
+            os.kill(proc.pid, sig)
+            sent = time.monotonic()
+            break
+    output.append(proc.communicate(timeout=120)[0])
+    return "".join(output), round(time.monotonic() - sent, 1)
+
+
+def _gone_within(fleet, seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while _leftovers(fleet) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _leftovers(fleet)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_sigterm_during_inv_bench_leaves_the_run_with_an_attach_that_lands_in_its_archive(
+    fleet, tmp_path, sig
+):
+    """Issue 81.7/81.8: SIGTERM took the process down with nothing said; now it is Ctrl-C:
+    exit 130 and the `--attach` line, which carries the bench's `--archive` (pasted as
+    printed, it archived into the default folder before)."""
+    profile = fleet.profile("tbench", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h1").returncode == 0
+    archive = tmp_path / "my archive"
+    proc = _start(["bench", "--profile", "tbench", "--concurrency", "2", "--num-prompts", "20",
+                   "--output-len", "64", "--archive", str(archive),
+                   "--inventory", str(fleet.inventory), "--hosts", "h1"])  # fmt: skip
+    text, exit_s = _sigterm_at(proc, " started against ", sig)
+    assert proc.returncode == 130, text[-2000:]
+    match = re.search(r"fetch it with `([^`]+)`", text)
+    assert match and "--archive" in match.group(1), text[-2000:]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    out = subprocess.run(["bash", "-c", match.group(1)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    [run] = store.list_runs(Archive(archive))
+    assert run.status == "done" and run.manifest.levels[0].concurrency == 2
+    fleet.cli("stop", "--hosts", "h1")
+    record(f"{sig.name.lower()}_bench", {"exit_s": exit_s, "exit_code": 130})
+
+
+def test_sigterm_during_a_tune_level_stops_its_arm_and_frees_the_host(fleet, tmp_path):
+    """Issue 81.8: a tune killed by SIGTERM mid-level printed nothing, left its server up
+    and the host held by the orphaned level. Now: the stop line, exit 130 with the resume
+    line, the arm's server stopped (its level with it) and the host free."""
+    from helpers import QUICK_SIM, adaptive_flags
+
+    profile = fleet.profile("tterm", tp=1, sim=QUICK_SIM, flags=adaptive_flags(3, running=64))
+    proc = _start(["tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1,16",
+                   "--num-prompts", "64", "--output-len", "64", "--hosts", "h0",
+                   "--archive", str(tmp_path / "a"), "--inventory", str(fleet.inventory)])  # fmt: skip
+    text, exit_s = _sigterm_at(proc, r"^h0: C=1: \d+ requests")
+    assert proc.returncode == 130, text[-3000:]
+    assert "gpufleet: stopping (SIGTERM): no new cell starts" in text, text[-3000:]
+    assert re.search(r"finish the sweep with `inv tune .*--resume`", text), text[-3000:]
+    exited = time.monotonic()
+    assert _gone_within(fleet, 30) == []
+    free_s = round(time.monotonic() - exited, 1)
+    out = fleet.cli("gpu-clean", "--hosts", "h0")
+    assert out.returncode == 0, out.stdout + out.stderr
+    record("sigterm_tune", {"exit_s": exit_s, "exit_code": 130, "host_free_after_s": free_s})
+
+
+def test_sigterm_during_a_rehearsal_level_leaves_it_to_resume(fleet, tmp_path):
+    """Issue 81.8: `inv rehearse` stopped by SIGTERM mid-level ends as at Ctrl-C: exit 130,
+    the level left running detached and the `--resume` line that fetches it."""
+    archive = tmp_path / "a"
+    proc = _start(["rehearse", "--inventory", str(fleet.inventory), "--hosts", "h0",
+                   "--archive", str(archive)])  # fmt: skip
+    text, exit_s = _sigterm_at(proc, r"^h0: C=1: \d+ requests")
+    try:
+        assert proc.returncode == 130, text[-3000:]
+        assert re.search(r"finish the sweep with `inv rehearse .*--resume`", text), text[-3000:]
+        state = json.loads(next((archive / "sweeps").glob("*.json")).read_text())
+        assert state["cells"]["baseline"]["h0"]["status"] == "benching", state["cells"]
+        record("sigterm_rehearse", {"exit_s": exit_s, "exit_code": 130})
+    finally:  # the detached level holds the host until it ends (by design): then stop
+        deadline = time.monotonic() + 240
+        while any("runner" in x for x in _leftovers(fleet)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        fleet.cli("stop", "--hosts", "h0")
+        assert _gone_within(fleet, 30) == []

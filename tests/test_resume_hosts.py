@@ -7,8 +7,6 @@ hosts the inventory still has."""
 from __future__ import annotations
 
 import json
-import re
-import shlex
 
 import yaml
 
@@ -53,10 +51,9 @@ def test_a_resume_without_the_sweeps_hosts_names_them_and_never_says_done(tmp_pa
     [said] = [ln for ln in out.stderr.splitlines() if "did not finish" in ln]
     assert "--hosts n2" not in said and "n3" not in said
     assert f"not reachable from {inventory}: n2 (not in {inventory})" in said
-    command = re.search(r"finish the sweep with `([^`]+)`", said).group(1)
-    assert "--hosts n1 " in command + " "  # what this inventory can reach, as pasted
-    pasted = run_cli(*shlex.split(command)[1:], "--archive", str(root))
-    assert "unknown host" not in pasted.stdout + pasted.stderr
+    # issue 81.7: n1 has nothing left, so no `--resume --hosts n1` is offered (before: a
+    # command that, pasted, had nothing to do); only the host with cells left is named
+    assert "finish the sweep with" not in said and "n1" not in said, said
 
 
 def test_a_resume_with_every_host_done_says_done(tmp_path):

@@ -225,7 +225,10 @@ def test_a_lost_host_is_reported_at_once_with_a_pasteable_attach(fleet, fresh_ss
         assert lost < h1_done, "\n".join(lines)  # said when it happened, not at the end
         assert sum(ln.startswith("flaky: FAILED") for ln in lines) == 1
         hint = lines[lost].split("fetch it with `", 1)[1].split("`", 1)[0]
-        assert hint == (f"inv bench --attach {run_id} --hosts flaky --inventory {fleet.inventory}")
+        assert hint == (
+            f"inv bench --attach {run_id} --hosts flaky --inventory {fleet.inventory}"
+            f" --archive {tmp_path / 'a'}"
+        )  # where it lands: issue 81.7
     finally:
         flaky_sshd.proc = None
         flaky_sshd.start()

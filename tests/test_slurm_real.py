@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +23,7 @@ import yaml
 
 from gpufleet.sim.slurm_cluster import LocalSlurm
 from helpers import (
+    REPO,
     Fleet,
     pid_alive,
     processes_under,
@@ -28,6 +32,7 @@ from helpers import (
     running_slurm,
     srun_inventory,
 )
+from test_reliability import record
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -341,9 +346,9 @@ def test_a_bench_whose_control_step_is_lost_runs_on_and_is_attached(fleet, clust
         assert proc.returncode == 1, rest
         hint = re.search(r"`(inv bench --attach \S+ --hosts h0[^`]*)`", rest)
         assert hint and run_id in hint.group(1), rest
-        args = hint.group(1).split()[1:]  # pasted as printed: it names the inventory
-        assert "--inventory" in args, hint.group(1)
-        out = run_cli(*args, "--archive", str(tmp_path / "a"), timeout=180)
+        args = hint.group(1).split()[1:]  # pasted as printed: it names inventory and archive
+        assert "--inventory" in args and "--archive" in args, hint.group(1)
+        out = run_cli(*args, timeout=180)
         assert out.returncode == 0, out.stdout + out.stderr
         results = json.loads((tmp_path / "a" / "h0" / run_id / "results.jsonl").read_text())
         assert results["completed"] == 400 and results["failed"] == 0
@@ -376,7 +381,7 @@ def test_a_finished_run_whose_download_fails_ends_with_the_attach_that_fetches_i
                          r"`(inv bench --attach \S+ --hosts h0[^`]*)`", rest)  # fmt: skip
         assert hint and run_id in hint.group(1), rest
         cluster.start_controller()
-        out = run_cli(*hint.group(1).split()[1:], "--archive", str(tmp_path / "a"), timeout=180)
+        out = run_cli(*hint.group(1).split()[1:], timeout=180)  # as printed: its archive too
         assert out.returncode == 0, out.stdout + out.stderr
         results = json.loads((tmp_path / "a" / "h0" / run_id / "results.jsonl").read_text())
         assert results["completed"] == 400 and results["failed"] == 0
@@ -686,3 +691,143 @@ def test_a_sweep_where_nothing_is_wrong_warns_of_nothing(connection, fleet, clus
         assert int(CLIENT_SELF.search(line)["level"]) in marked, (line, marked)
     assert ": done (state: " in out.stdout, out.stdout[-2000:]
     fleet.cli("stop", "--hosts", "h0,h1")
+
+
+def held_by_the_interrupted_run(fleet: Fleet, archive: Path, over: str, sweep: list[str]) -> None:
+    """Issue 81.6 (here and over ssh, test_interrupt.py): a sweep stopped by SIGTERM mid-level
+    leaves its run going on on the host, and that run owns the host until it ends: a second
+    sweep is refused in one line naming the run and the task that left it (never the dead
+    task's pid as if it ran), and the first sweep's resume archives the original run."""
+    proc = fleet.popen(*sweep)
+    said = []
+    for text in proc.stdout:
+        said.append(text)
+        if re.search(r"^h0: C=8: \d+ requests", text):
+            os.kill(proc.pid, signal.SIGTERM)  # as `timeout` or a CI cancel: the CLI only
+            sent = time.monotonic()
+            break
+    rest = proc.communicate(timeout=120)[0]
+    exit_s = round(time.monotonic() - sent, 1)
+    assert proc.returncode == 130, "".join(said) + rest
+    resume = re.search(r"finish the sweep with `([^`]+)`", rest)
+    assert resume, rest
+    state = json.loads(next((archive / "sweeps").glob("*.json")).read_text())
+    [cell] = state["cells"]["held"].values()
+    assert cell["status"] == "benching", cell
+    other = fleet.profile("other", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1})
+    second = fleet.cli("sweep", "--profiles", str(other), "--hosts", "h0", "-c", "1",
+                       "--num-prompts", "4", "--output-len", "8",
+                       "--archive", str(archive.parent / "b"))  # fmt: skip
+    assert second.returncode == 1, second.stdout + second.stderr
+    refused = [ln for ln in second.stdout.splitlines() if "other on h0: FAILED" in ln]
+    assert len(refused) == 1, second.stdout
+    assert f"this host is held by run {cell['run_id']} (C=8, level 1 of 1, since " in refused[0]
+    assert f"left running by `inv sweep` (pid {proc.pid} on " in refused[0], refused[0]
+    assert "in use by" not in refused[0], refused[0]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    out = subprocess.run(["bash", "-c", resume.group(1)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "re-attaching run" in out.stdout, out.stdout
+    results = json.loads((archive / "h0" / cell["run_id"] / "results.jsonl").read_text())
+    assert results["completed"] == 400 and results["failed"] == 0
+    record(f"sigterm_sweep_run_holds_host_{over}", {"exit_s": exit_s, "second_sweep_exit": 1})
+
+
+@pytest.mark.slow(minutes=2)
+@pytest.mark.faults
+def test_a_run_left_by_a_sweep_stopped_over_srun_owns_its_node(fleet, cluster, tmp_path):
+    """Before: the runner, a job step, never got the host's lock; the second sweep cleaned
+    the node, killed the first run's server and reported success."""
+    job = cluster.submit("-N1", "-p", "h200")
+    srun_inventory(fleet, job, [cluster.wait_running(job)])
+    profile = fleet.profile("held", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    archive = tmp_path / "a"
+    try:
+        held_by_the_interrupted_run(fleet, archive, "srun", [
+            "sweep", "--profiles", str(profile), "--hosts", "h0", "--concurrency", "8",
+            "--num-prompts", "400", "--output-len", "32", "--archive", str(archive),
+        ])  # fmt: skip
+    finally:
+        fleet.cli("stop", "--hosts", "h0")
+        cluster.cancel(job)
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow(minutes=2)
+@pytest.mark.faults
+@pytest.mark.parametrize("seen", [True, False], ids=["watch-saw-done", "ended-at-once"])
+def test_a_run_finished_when_its_job_ends_is_fetched_by_one_resume_never_measured_again(
+    fleet, cluster, tmp_path, seen
+):
+    """Issue 81.7: the job cancelled once the cell's run wrote `done` on the node, before the
+    sweep had its files. Before, the cell was marked failed with an `inv bench --attach`
+    beside it, and the one --resume measured it again: the finished run (every request)
+    was never fetched. Now the cell stays `benching`, NOT FETCHED names one recovery (the
+    sweep's --resume), and that resume, in a new job on the node, archives the original.
+    Where the job ended before the watch saw `done` (`ended-at-once`), the cell fails with
+    its job, and the resume finds the run finished there and archives it all the same."""
+    job = cluster.submit("-N1", "-p", "h200")
+    node = cluster.wait_running(job)
+    srun_inventory(fleet, job, [node])
+    profile = fleet.profile("finished", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    archive = tmp_path / "a"
+    proc = fleet.popen("sweep", "--profiles", str(profile), "--hosts", "h0", "--concurrency",
+                       "8", "--num-prompts", "200", "--output-len", "32",
+                       "--archive", str(archive))  # fmt: skip
+    said = []
+    for text in proc.stdout:
+        said.append(text)
+        if re.search(r"^h0: C=8: \d+ requests", text):
+            break
+    state = json.loads(next((archive / "sweeps").glob("*.json")).read_text())
+    run_id = state["cells"]["finished"]["h0"]["run_id"]
+    run_dir = fleet.workdir("h0") / "runs" / run_id
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and '"done"' not in _text(run_dir / "status.json"):
+        time.sleep(0.001)
+    runner = json.loads((run_dir / "runner.json").read_text())["pid"]
+    held = seen
+    try:  # the runner held after its `done`: the watch sees it and waits for the runner's exit
+        os.kill(runner, signal.SIGSTOP)
+        time.sleep(1.0 if seen else 0.0)
+    except ProcessLookupError:
+        held = False  # it had exited: the job ends at the fetch, or unseen by the sweep
+    print(f"the runner was held after writing done: {held}")
+    cluster.cancel(job)  # the job ends after the run wrote `done`
+    text = "".join(said) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 1, text
+    assert "--attach" not in text, text  # one recovery, never a second that archives twice
+    cell = json.loads(next((archive / "sweeps").glob("*.json")).read_text())["cells"]
+    if held:  # seen finished: not fetched, the one way to fetch it said
+        unfetched = [ln for ln in text.splitlines() if "finished on h0: NOT FETCHED" in ln]
+        assert len(unfetched) == 1, text
+        assert "the run had finished on h0 before that" in unfetched[0], unfetched[0]
+        assert "the sweep's --resume fetches it" in unfetched[0], unfetched[0]
+        assert cell["finished"]["h0"]["status"] == "benching", cell
+    resume = re.search(r"finish the sweep with `([^`]+)`", text)
+    assert resume, text
+    fresh = cluster.submit("-N1", "-p", "h200", "-w", node)
+    cluster.wait_running(fresh)
+    srun_inventory(fleet, fresh, [node])
+    try:
+        env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+        out = subprocess.run(["bash", "-c", resume.group(1)], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=240)  # fmt: skip
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+        assert re.search(rf"(re-attaching|before it was fetched: fetching) run {run_id}",
+                         out.stdout), out.stdout  # fmt: skip
+        assert [p.name for p in (archive / "h0").iterdir()] == [run_id]  # not measured again
+        results = json.loads((archive / "h0" / run_id / "results.jsonl").read_text())
+        assert results["completed"] == 200 and results["failed"] == 0
+        record(f"job_ended_after_done_{'seen' if seen else 'at_once'}",
+               {"held": held, "completed": results["completed"], "runs_archived": 1})  # fmt: skip
+    finally:
+        fleet.cli("stop", "--hosts", "h0")
+        cluster.cancel(fresh)

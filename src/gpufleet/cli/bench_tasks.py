@@ -118,7 +118,7 @@ def bench(c, **given):
         else:
             results = bench_control.bench(fleet, request, run_id, bench_progress(), now)
     except KeyboardInterrupt:
-        hint = bench_control.attach_hint(run_id, fleet.hosts)
+        hint = bench_control.attach_hint(run_id, fleet.hosts, request.archive)
         raise Exit(
             f"gpufleet: interrupted; the benchmark goes on on the hosts: fetch it with `{hint}`",
             code=130,

@@ -6,8 +6,9 @@ Heavy modules (fabric, paramiko, pydantic, rich) are imported inside functions s
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import invoke
@@ -59,14 +60,42 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         scrubbing.install()  # every byte printed from here on is scrubbed of secrets
         try:
             name = f"inv {fn.__name__.replace('_', '-')}"
-            with sessionpool.for_task(name):  # one connection per host for the whole task
-                return fn(*args, **kwargs)
+            with interrupts_handled_by(None), sessionpool.for_task(name):  # one connection
+                return fn(*args, **kwargs)  # per host for the whole task
         except UserError as exc:
             raise Exit(f"gpufleet: {exc}", code=2) from None
         except KeyboardInterrupt:
             raise Exit("gpufleet: interrupted", code=130) from None
 
     return wrapper
+
+
+# What stops a task: Ctrl-C, and what `timeout`, a CI cancel, systemd or a scheduler's limit
+# send (SIGTERM), or a closed terminal (SIGHUP). Each takes Ctrl-C's path (issue 81.8): a
+# task killed by SIGTERM printed nothing and left its level and its server behind.
+INTERRUPTS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+@contextlib.contextmanager
+def interrupts_handled_by(handler: Callable[[int, Any], None] | None) -> Iterator[None]:
+    """Every interrupting signal handled as Ctrl-C is, in this one place: by `handler`, or
+    (None) by Python's own Ctrl-C handler, which raises KeyboardInterrupt; the previous
+    handlers come back after. Outside the main thread (nothing to install) a no-op."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    numbers = [getattr(signal, name) for name in INTERRUPTS if hasattr(signal, name)]
+    previous = {num: signal.getsignal(num) for num in numbers}
+    for num in numbers:
+        signal.signal(num, handler or signal.default_int_handler)
+    try:
+        yield
+    finally:
+        for num, old in previous.items():
+            signal.signal(num, old if old is not None else signal.SIG_DFL)
 
 
 def finish(results: Any, with_tail: bool = False, report: bool = True) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from invoke.exceptions import Exit
 
-from gpufleet.cli.common import select_hosts
+from gpufleet.cli.common import interrupts_handled_by, select_hosts
 from gpufleet.cli.compare_tasks import show_compare
 
 LEFT_OUT = ("resume", "dry_run", "hosts", "inventory")  # the resume line sets these
@@ -48,8 +48,9 @@ def resume_hint(fleet: Any, hosts: list[str], command: Callable[[str, list[str]]
 
 @contextlib.contextmanager
 def ctrl_c_stops(cancel: Any, hint: Callable[[], str]) -> Iterator[None]:
-    """First Ctrl-C: nothing new starts, the cells in flight stop cleanly (see sweep.py).
-    Second Ctrl-C: exit at once; what runs on the hosts goes on and --resume finishes it."""
+    """First Ctrl-C (or SIGTERM, SIGHUP: cli/common.py INTERRUPTS): nothing new starts, the
+    cells in flight stop cleanly (see sweep.py). Second: exit at once; what runs on the
+    hosts goes on and --resume finishes it."""
     import os
     import signal
     import sys
@@ -57,28 +58,31 @@ def ctrl_c_stops(cancel: Any, hint: Callable[[], str]) -> Iterator[None]:
     from gpufleet.cli.output import line
 
     def on_sigint(signum: int, frame: Any) -> None:
+        said = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
         if not cancel.requested:
             cancel.request()
-            line("gpufleet: stopping: no new cell starts, cells in flight stop cleanly "
+            line(f"gpufleet: stopping{said}: no new cell starts, cells in flight stop cleanly "
                  "(Ctrl-C again to abort now)", sys.stderr)  # fmt: skip
             return
-        line(f"gpufleet: aborted; {hint()}", sys.stderr)
+        line(f"gpufleet: aborted{said}; {hint()}", sys.stderr)
         os._exit(130)
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
+    with interrupts_handled_by(on_sigint):
         yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
 def experiment(
-    o: Any, command: Callable[[str, list[str]], str], launch: Any, fail_fast: bool = False
+    o: Any,
+    command: Callable[[str, list[str]], str],
+    launch: Any,
+    fail_fast: bool = False,
+    own_servers: bool = False,
 ) -> Iterator[Any]:
     """The Experiment a task's sweeps run in, on the hosts its options select, printing
     through the CLI; a sweep left unfinished exits 130 (interrupted) or 1 (failed cells),
-    with the line that finishes it."""
+    with the line that finishes it. `own_servers`: an interrupt stops the servers the
+    cells launched (inv tune's arms) rather than leave their runs to finish detached."""
     from gpufleet.cli.output import line
     from gpufleet.cli.progress import bench_progress, launch_progress
     from gpufleet.control.sweep.experiment import Console, Experiment, SweepUnfinished
@@ -87,10 +91,11 @@ def experiment(
     opened: list[Any] = []
     shown = lambda data, out_dir: show_compare(data, "table", out_dir)  # noqa: E731
     console = Console(line, shown, launch_progress(), bench_progress(), opened.append)
-    exp = Experiment(fleet, console, launch, fail_fast)
+    exp = Experiment(fleet, console, launch, fail_fast, stops_own_servers=own_servers)
 
-    def hint() -> str:
-        return resume_hint(fleet, opened[-1].record.hosts if opened else fleet.names, command)
+    def hint() -> str:  # the hosts with cells left (a tune between sweeps: all of them)
+        hosts = (opened[-1].hosts_left() or opened[-1].record.hosts) if opened else fleet.names
+        return resume_hint(fleet, hosts, command)
 
     with ctrl_c_stops(exp.cancel, hint):
         try:

@@ -62,9 +62,8 @@ def sweep(c, **given):
     from gpufleet.cli.common import select_hosts
     from gpufleet.cli.output import line
     from gpufleet.control.server.host_options import LaunchOptions
-    from gpufleet.control.sweep import sweep_run as sweeps
     from gpufleet.control.sweep import sweep_state as sweep_state
-    from gpufleet.control.sweep.cells import expand, parse_grid
+    from gpufleet.control.sweep.cells import expand, parse_grid, plan_lines
 
     o = SWEEP.parse(given)
     request = SWEEP.request(o)
@@ -72,7 +71,7 @@ def sweep(c, **given):
     arms = expand(profiles, parse_grid(o.grid), o.repeat)
     sweep_state.check_arms(profiles, arms)  # a bad profile or flag fails before anything starts
     if o.dry_run:
-        for text in sweeps.plan_lines(arms, select_hosts(o).hosts, request, o.engine):
+        for text in plan_lines(arms, select_hosts(o).hosts, request, o.engine):
             line(text)
         line("dry run: nothing started")
         return

@@ -49,7 +49,7 @@ def tune(c, **given):
     request = TUNE.request(o)
     command = resume_command(["inv", "tune"], TUNE.given(o, LEFT_OUT))
     launch = LaunchOptions(engine=o.engine, allow_unhealthy=o.allow_unhealthy)
-    with experiment(o, command, launch) as exp:
+    with experiment(o, command, launch, own_servers=True) as exp:  # its arms: its own
         ask = tunerun.TuneAsk(
             o.profile, o.depths, o.min_request_speed, o.name, o.verify, o.resume, o.budget
         )

@@ -11,7 +11,8 @@ import sys
 from dataclasses import dataclass, field
 
 from gpufleet.archive.layout import Archive
-from gpufleet.records import BenchPlan, Level
+from gpufleet.errors import UserError
+from gpufleet.records import BenchPlan, Level, PromptRow
 from gpufleet.wire import JsonDict, JsonObject
 
 MAX_PROMPTS = 100_000  # as --num-prompts allows
@@ -93,3 +94,23 @@ def default_num_prompts(concurrency: int, duration: float | None) -> int:
     if duration:
         return min(max(100, 200 * concurrency), MAX_PROMPTS)
     return min(max(10, 4 * concurrency), MAX_PROMPTS)
+
+
+def check_combination(request: BenchRequest, rows: list[PromptRow], label: str) -> None:
+    """Refuse what a backend or engine cannot send, before any host is touched."""
+    if request.engine == "sglang-bench":
+        if any(row.prompt is None for row in rows):
+            raise UserError(f"--engine sglang-bench: prompt set {label} needs --engine gpufleet")
+        if request.duration:
+            raise UserError(
+                "--engine sglang-bench: bench_serving has no --duration; give --num-prompts"
+            )
+        if request.client_procs != 1:
+            raise UserError(
+                "--engine sglang-bench: bench_serving is one process; --client-procs needs "
+                "--engine gpufleet"
+            )
+    if request.backend == "openai-chat" and any(row.input_ids is not None for row in rows):
+        raise UserError(
+            f"--backend openai-chat: {label} sends token ids; use --backend sglang or openai"
+        )

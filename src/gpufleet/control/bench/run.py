@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -20,7 +21,7 @@ from gpufleet.archive import manifest, store
 from gpufleet.archive.layout import profile_label
 from gpufleet.control.bench import intake, workloads
 from gpufleet.control.bench import prompts as prompt_sets
-from gpufleet.control.bench.request import BenchRequest
+from gpufleet.control.bench.request import BenchRequest, check_combination
 from gpufleet.control.connect.base import Progress, ResumableCall, Session, host_events
 from gpufleet.control.connect.cancel import SLICE_S, CancelToken
 from gpufleet.control.connect.fanout import FleetResult, HostResult
@@ -159,26 +160,6 @@ def _digest(rows: list[PromptRow]) -> str:
     return prompt_sets.digest([json.dumps(row.to_wire(), sort_keys=True) for row in rows])
 
 
-def _check_combination(request: BenchRequest, rows: list[PromptRow], label: str) -> None:
-    """Refuse what a backend or engine cannot send, before any host is touched."""
-    if request.engine == "sglang-bench":
-        if any(row.prompt is None for row in rows):
-            raise UserError(f"--engine sglang-bench: prompt set {label} needs --engine gpufleet")
-        if request.duration:
-            raise UserError(
-                "--engine sglang-bench: bench_serving has no --duration; give --num-prompts"
-            )
-        if request.client_procs != 1:
-            raise UserError(
-                "--engine sglang-bench: bench_serving is one process; --client-procs needs "
-                "--engine gpufleet"
-            )
-    if request.backend == "openai-chat" and any(row.input_ids is not None for row in rows):
-        raise UserError(
-            f"--backend openai-chat: {label} sends token ids; use --backend sglang or openai"
-        )
-
-
 def _engine_of(profile: str | None) -> Any:
     """The adapter of the profile's engine, where the profile can be read here."""
     from gpufleet.control.server.profiles import load_profile
@@ -210,7 +191,7 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
     if request.backend not in BACKENDS:
         raise UserError(f"--backend {request.backend!r}: expected one of {', '.join(BACKENDS)}")
     label, set_digest, rows, levels, extra = _rows(request)
-    _check_combination(request, rows, label)
+    check_combination(request, rows, label)
     if request.repeat > 1:  # rounds, not back to back: a slow drift spreads over every level
         levels = [replace(lv, repeat=r) for r in range(1, request.repeat + 1) for lv in levels]
     plan = BenchPlan(
@@ -271,19 +252,36 @@ def archive_run(
     )
 
 
-def attach_hint(run_id: str, hosts: list[Host]) -> str:
-    """The command that fetches a run still going on on these hosts, pasteable as is."""
+def attach_hint(run_id: str, hosts: list[Host], archive: Any = None) -> str:
+    """The command that fetches a run still going on on these hosts, pasteable as is: with
+    the inventory and the archive that decide where it lands (issue 81.7: pasted without
+    the bench's `--archive`, it archived into the default folder)."""
     names = ",".join(h.name for h in hosts)
-    return f"inv bench --attach {run_id} --hosts {names}{hosts[0].cli_hint() if hosts else ''}"
+    where = f" --archive {shlex.quote(os.path.abspath(str(archive)))}" if archive else ""
+    return (
+        f"inv bench --attach {run_id} --hosts {names}{hosts[0].cli_hint() if hosts else ''}{where}"
+    )
 
 
 def watch(
-    session: Session, run_id: str, progress: Progress | None, cancel: CancelToken | None = None
+    session: Session,
+    run_id: str,
+    progress: Progress | None,
+    cancel: CancelToken | None = None,
+    resume: str | None = None,
 ) -> BenchWatchAnswer:
     """Stream a run's progress until it ends. With a cancel token, watch in slices and raise
-    Cancelled when a stop is asked: the run goes on on the host, to be fetched later."""
+    Cancelled when a stop is asked: the run goes on on the host, to be fetched later.
+    `resume`: how to fetch it after a lost connection (default: `inv bench --attach`)."""
     name = session.host.name
-    on_event = host_events(name, progress)
+    shown = host_events(name, progress)
+    ended: list[str] = []  # how the host saw the run end, before any answer came back
+
+    def on_event(event: Any) -> None:
+        if event.get("phase") == "finished":
+            ended.append(str(event.get("status")))
+        if shown is not None:
+            shown(event)
 
     args = BenchWatchArgs(run_id=run_id)
     if cancel is not None:
@@ -293,9 +291,22 @@ def watch(
         args.offset = answer.get("offset", args.offset)
         return answer["status"] == RunStatus.WATCHING
 
-    call = ResumableCall("watching the benchmark",
-                         f"fetch it with `{attach_hint(run_id, [session.host])}`")  # fmt: skip
-    return session.call_in_slices(args, on_event, call, cancel, carry_on)
+    how = resume or f"fetch it with `{attach_hint(run_id, [session.host])}`"
+    call = ResumableCall("watching the benchmark", how)
+    try:
+        return session.call_in_slices(args, on_event, call, cancel, carry_on)
+    except HostError as exc:
+        raise finished_not_fetched(exc, name, RunStatus.DONE in ended, how) from None
+
+
+def finished_not_fetched(exc: HostError, host: str, finished: bool, resume: str) -> HostError:
+    """A job that ended once its run had finished on the node (the watch saw `done`) took
+    only the way to fetch it, not the run: said as not fetched (a sweep keeps the cell
+    `benching`), with the one way to fetch it; any other error as it was (issue 81.7)."""
+    if exc.kind != Kind.JOB_ENDED or not finished:
+        return exc
+    return HostError(f"{exc}; the run had finished on {host} before that and stays there: "
+                     f"{resume}", kind=Kind.CONNECTION)  # fmt: skip
 
 
 def fetch(
@@ -304,16 +315,21 @@ def fetch(
     request: BenchRequest,
     progress: Progress | None,
     cancel: CancelToken | None = None,
+    resume: str | None = None,
 ) -> ArchivedRun:
-    """Watch a run on the host until it ends, download its files, archive them."""
-    answer = watch(session, run_id, progress, cancel)
+    """Watch a run on the host until it ends, download its files, archive them. `resume`:
+    the one way to fetch it that a lost connection names (a sweep's: its --resume)."""
+    resume = resume or f"fetch it with `{attach_hint(run_id, [session.host], request.archive)}`"
+    answer = watch(session, run_id, progress, cancel, resume)
     names, refused = intake.fetchable(answer)
     try:
         files = {name: intake.download(session, f"{answer['run_dir']}/{name}") for name in names}
     except HostError as exc:  # the run finished and stays on the host: say how to fetch it
-        hint = attach_hint(run_id, [session.host])
+        done = answer["status"] == RunStatus.DONE
+        if exc.kind == Kind.JOB_ENDED and done:
+            raise finished_not_fetched(exc, session.host.name, done, resume) from None
         raise HostError(f"{exc}; the run finished on {session.host.name} and stays there: "
-                        f"fetch it with `{hint}`", exc.kind, exc.tail) from None  # fmt: skip
+                        f"{resume}", exc.kind, exc.tail) from None  # fmt: skip
     if refused:
         files[intake.NOT_FETCHED] = f"{refused}\n".encode()
         if progress:

@@ -17,7 +17,9 @@ from typing import Any
 
 from gpufleet.archive.kept import ArmFields
 from gpufleet.archive.layout import profile_label
-from gpufleet.control.server.profiles import FLAG_NAME, Profile, load_profile
+from gpufleet.control.bench.request import BenchRequest
+from gpufleet.control.inventory.model import Host
+from gpufleet.control.server.profiles import FLAG_NAME, Profile, build_specs, load_profile
 from gpufleet.errors import UserError
 from gpufleet.records import FlagValue
 
@@ -150,3 +152,30 @@ def expand(profiles: list[str], grid: list[tuple[str, list[str]]], repeat: int) 
                 label = profile_label(profile) + (f"[{suffix}]" if suffix else "")
                 arms.append(ArmSpec(profile, overrides, r, label))
     return arms
+
+
+def plan_lines(
+    arms: list[ArmSpec], hosts: list[Host], request: BenchRequest, engine: str | None
+) -> list[str]:
+    """What a sweep would do, cell by cell (the first repeat; the others say how many)."""
+    lines = []
+    repeats = max(a.repeat for a in arms)
+    levels = ", ".join(f"C={lv.concurrency} x {lv.num_prompts}" for lv in request.levels())
+    for arm in (a for a in arms if a.repeat == 1):
+        prof = arm.resolved_profile()
+        engines = {spec.engine for _, spec in build_specs(prof, hosts, engine)}
+        lines.append(
+            f"{arm.label} ({'/'.join(sorted(engines))}) on {', '.join(h.name for h in hosts)}:"
+            f" gpu-clean -> launch -> bench [{levels}; {request.output_len} tokens each]"
+            " -> stop -> verify clean"
+        )
+        if arm.overrides or arm.remove:
+            changes = [f"--{k} {v}" for k, v in arm.overrides.items()]
+            changes += [f"without --{k}" for k in arm.remove]
+            lines.append(f"  flags: {', '.join(changes)}")
+        lines += [f"  warning: {w}" for w in prof.warnings()]
+    if repeats > 1:
+        lines.append(
+            f"{repeats} repeats: {len(arms)} cells, interleaved (every cell once, then again)"
+        )
+    return lines

@@ -9,7 +9,7 @@ CLI turns it into an exit code and a pasteable `--resume` line.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ class Experiment:
     launch: LaunchOptions = field(default_factory=LaunchOptions)
     fail_fast: bool = False
     cancel: CancelToken = field(default_factory=CancelToken)
+    stops_own_servers: bool = False  # an interrupt stops the cells' servers (inv tune's)
 
     def sweep(
         self,
@@ -88,7 +89,8 @@ class Experiment:
         setup = sweeps.SweepSetup(
             sweep_state.hosts_of(state, self.fleet), request, self.launch, self.console.line,
             self.fail_fast, (self.console.launch_progress, self.console.bench_progress),
-            self.cancel, hooks or sweeps.CellHooks(),
+            self.cancel, replace(hooks or sweeps.CellHooks(),
+                                 stop_on_interrupt=self.stops_own_servers),
         )  # fmt: skip
         state = sweeps.run(state, setup)
         data = sweeps.report_input(state, root)

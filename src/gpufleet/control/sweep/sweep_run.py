@@ -28,7 +28,6 @@ from gpufleet.control.bench import run as benchrun
 from gpufleet.control.connect.base import Session
 from gpufleet.control.connect.cancel import Cancelled, CancelToken
 from gpufleet.control.connect.fleet import Fleet
-from gpufleet.control.inventory.model import Host
 from gpufleet.control.server import lifecycle as server
 from gpufleet.control.server.gpuclean import (
     CleanOptions,
@@ -41,7 +40,7 @@ from gpufleet.control.sweep import drain
 from gpufleet.control.sweep.cells import ArmSpec, profile_label
 from gpufleet.control.sweep.sweep_state import Say, SweepState
 from gpufleet.errors import HostError, UserError
-from gpufleet.host.agent.protocol import StopArgs
+from gpufleet.host.agent.protocol import BenchWatchArgs, StopArgs
 from gpufleet.kinds import CellStatus, Kind, RunStatus, SweepStatus
 from gpufleet.records import LaunchSpec
 from gpufleet.report import select
@@ -56,36 +55,13 @@ class CellHooks:
 
     drop: Callable[[ArmSpec], str | None] = lambda arm: None
     after: Callable[[ArmSpec, SweepState, bool], None] = lambda arm, state, ran: None
+    # at an interrupt, a benching cell's server is stopped (its run with it) and the cell
+    # runs again at --resume, rather than left to finish detached: a tune's arms are servers
+    # it launched for itself, which nobody else would stop (issue 81.8)
+    stop_on_interrupt: bool = False
 
 
 label = profile_label  # a cell key reads as is; a profile path by its file name
-
-
-def plan_lines(
-    arms: list[ArmSpec], hosts: list[Host], request: benchrun.BenchRequest, engine: str | None
-) -> list[str]:
-    """What a sweep would do, cell by cell (the first repeat; the others say how many)."""
-    lines = []
-    repeats = max(a.repeat for a in arms)
-    levels = ", ".join(f"C={lv.concurrency} x {lv.num_prompts}" for lv in request.levels())
-    for arm in (a for a in arms if a.repeat == 1):
-        prof = arm.resolved_profile()
-        engines = {spec.engine for _, spec in build_specs(prof, hosts, engine)}
-        lines.append(
-            f"{arm.label} ({'/'.join(sorted(engines))}) on {', '.join(h.name for h in hosts)}:"
-            f" gpu-clean -> launch -> bench [{levels}; {request.output_len} tokens each]"
-            " -> stop -> verify clean"
-        )
-        if arm.overrides or arm.remove:
-            changes = [f"--{k} {v}" for k, v in arm.overrides.items()]
-            changes += [f"without --{k}" for k in arm.remove]
-            lines.append(f"  flags: {', '.join(changes)}")
-        lines += [f"  warning: {w}" for w in prof.warnings()]
-    if repeats > 1:
-        lines.append(
-            f"{repeats} repeats: {len(arms)} cells, interleaved (every cell once, then again)"
-        )
-    return lines
 
 
 class _Steps:
@@ -135,6 +111,7 @@ class _Cell:
         self.cancel = cancel
         self.launch_progress, self.bench_progress = progress
         self.steps = _Steps()
+        self.stop_on_interrupt = False  # CellHooks.stop_on_interrupt
 
     @property
     def entry(self) -> Cell:
@@ -165,22 +142,19 @@ class _Cell:
             store.mark_superseded(archived, f"re-run by sweep {self.state.sweep_id}")
             return None
         run_id = self.entry.run_id
-        if self.entry.status == CellStatus.BENCHING and run_id:
-            self.state.say(
-                f"[sweep] {label(self.profile)} on {self.host}: re-attaching run {run_id}"
-            )
+        finished = self.entry.status == CellStatus.FAILED and self.finished_there(run_id)
+        if (self.entry.status == CellStatus.BENCHING or finished) and run_id:
+            said = "its run finished there before it was fetched: fetching" if finished else (
+                "re-attaching")  # fmt: skip
+            self.state.say(f"[sweep] {label(self.profile)} on {self.host}: {said} run {run_id}")
+            progress = None if finished else self.bench_progress  # nothing live to replay
             try:  # the run went on on the host: re-attach and archive it
-                result = benchrun.fetch(
-                    self.session,
-                    run_id,
-                    self.request,
-                    self.bench_progress,
-                    self.cancel,
-                )
+                result = benchrun.fetch(self.session, run_id, self.request,
+                                        progress, self.cancel, RESUME)  # fmt: skip
             except HostError as exc:
                 if exc.kind in LOST:  # still out of reach: the run stays the host's
-                    raise HostError(f"{exc}; run {run_id} stays on the host: --resume "
-                                    "fetches it", kind=Kind.CONNECTION) from None  # fmt: skip
+                    raise HostError(f"{exc} (run {run_id} stays on the host)",
+                                    kind=Kind.CONNECTION) from None  # fmt: skip
                 return None  # not on the host any more: run the cell again
             except UserError:
                 return None
@@ -188,6 +162,17 @@ class _Cell:
             self.stop_server()
             return result
         return None
+
+    def finished_there(self, run_id: str | None) -> bool:
+        """Whether a failed cell's run (never archived) finished on the host after all: its
+        job ended before the sweep had its files, unseen (issue 81.7). Asked quietly, once."""
+        if not run_id or self.archived_dir() is not None:
+            return False
+        try:
+            answer = self.session.call(BenchWatchArgs(run_id=run_id, timeout_s=0.0))
+        except (HostError, UserError):
+            return False
+        return answer["status"] == RunStatus.DONE
 
     # -- a fresh attempt -------------------------------------------------------------
     def run(self) -> benchrun.ArchivedRun:
@@ -236,16 +221,18 @@ class _Cell:
             benchrun.start(self.session, self.request, run_id, self.bench_progress)
             started = True
             result = benchrun.fetch(
-                self.session, run_id, self.request, self.bench_progress, self.cancel
+                self.session, run_id, self.request, self.bench_progress, self.cancel, RESUME
             )
         except Cancelled:
-            raise  # the run goes on on the host, and its server with it: --resume fetches
+            if self.stop_on_interrupt:  # the task's own server: stopped, the run with it
+                self.stop_server()
+                self.update(status=CellStatus.INTERRUPTED, steps_s=self.steps.seconds)
+            raise  # else the run goes on on the host, and its server with it: --resume fetches
         except HostError as exc:
             if started and exc.kind in LOST:  # the run is the host's: fetched, never re-run
                 raise HostError(
-                    f"{exc}; run {run_id} stays on the host, its server with it: --resume "
-                    "fetches it (never measures it again), and this host runs no other cell "
-                    "until then", kind=Kind.CONNECTION,
+                    f"{exc}; run {run_id} stays on the host, and this host runs no other "
+                    "cell until it is fetched", kind=Kind.CONNECTION,
                 ) from None  # fmt: skip
             if exc.kind != Kind.JOB_ENDED:  # ended with its job: nothing to stop, and
                 self.stop_server()  # --resume measures the cell again
@@ -282,6 +269,12 @@ class _Cell:
 
 def _archived_result(manifest: Manifest, path: Path) -> benchrun.ArchivedRun:
     return benchrun.ArchivedRun(manifest.run_id, str(path), manifest.status, manifest.reason)
+
+
+def _cell(session: Session, state: SweepState, arm: ArmSpec, setup: SweepSetup) -> _Cell:
+    cell = _Cell(session, state, arm, setup.request, setup.launch, setup.cancel, setup.progress)
+    cell.stop_on_interrupt = setup.hooks.stop_on_interrupt
+    return cell
 
 
 def _pipeline(cell: _Cell) -> benchrun.ArchivedRun:
@@ -322,6 +315,9 @@ def _record(state: SweepState, name: str, res: Any) -> bool:
 
 
 LOST = (Kind.CONNECTION, Kind.AGENT)  # the control side lost the host, not the run
+# the one recovery a cell's lost run names: the sweep's own resume line (printed at its end),
+# never an `inv bench --attach` beside it that would archive the run a second time (81.7)
+RESUME = "the sweep's --resume fetches it (never measures it again)"
 
 
 def unfetched(cell: Cell, res: Any) -> bool:
@@ -400,11 +396,7 @@ def run(state: SweepState, setup: SweepSetup) -> SweepState:
         say(f"[sweep {index + 1}/{len(arms)}] {name} on {', '.join(todo.names)}"
             + _eta(state, len(arms) - index))  # fmt: skip
         started = time.monotonic()
-        results = todo.each(
-            lambda s, arm=arm: _pipeline(
-                _Cell(s, state, arm, setup.request, setup.launch, cancel, setup.progress)
-            )
-        )
+        results = todo.each(lambda s, arm=arm: _pipeline(_cell(s, state, arm, setup)))
         failed = [_record(state, name, res) for res in results]
         state.record.durations_s[name] = round(time.monotonic() - started, 1)
         state.save()

@@ -19,6 +19,7 @@ from gpufleet.control.connect.fleet import Fleet
 from gpufleet.control.inventory.model import Host
 from gpufleet.control.sweep.cells import ArmSpec, profile_label
 from gpufleet.errors import UserError
+from gpufleet.kinds import CellStatus
 
 Say = Callable[[str], None]
 
@@ -104,6 +105,16 @@ class SweepState:
     def cell(self, profile: str, host: str) -> Cell:
         """One cell's state on one host."""
         return self.record.cells[profile][host]
+
+    def hosts_left(self) -> list[str]:
+        """The sweep's hosts with a cell not done (nor dropped): the only ones a resume
+        line may name (issue 81.7: after a resume on another node set, the closing line
+        offered a --resume for a host with nothing left)."""
+        over = (CellStatus.DONE, CellStatus.DROPPED)
+        keys = [a.key for a in self.arms()]
+        return [h for h in self.record.hosts
+                if any(self.record.cells[k][h].status not in over for k in keys
+                       if h in self.record.cells.get(k, {}))]  # fmt: skip
 
     def update(self, profile: str, host: str, **fields: Any) -> None:
         """Set a cell's fields by name (an unknown name is a bug: AttributeError)."""

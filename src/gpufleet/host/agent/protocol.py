@@ -342,7 +342,7 @@ class ProgressEvent(TypedDict, total=False):
     optional because each kind carries its own (cli/progress.py prints them all)."""
 
     # wait-ready, and the control plane's start of a launch or bench run
-    phase: str  # loading | ready | running | started; a bench level's start | end
+    phase: str  # loading | ready | running | started; a bench level's start | end; finished
     elapsed_s: float
     last_line: str | None  # the server log's last line
     pid: int
@@ -364,6 +364,7 @@ class ProgressEvent(TypedDict, total=False):
     completed: int
     failed: int
     output_throughput: float
+    status: str  # finished: how the run ended (done | failed), before the watch answers
 
 
 class Hello(TypedDict):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 from gpufleet.host.agent import bounded, childenv, ownership, runas, safewrite
 from gpufleet.host.agent.procstat import ProcRef
@@ -43,6 +44,7 @@ RUNS = Path("runs")
 # taken back into the archive)
 HANDED_STATE = ".server.json"
 HANDED_KEYS = ".keys.json"
+OWNER_SOCKET = ".owner.sock"  # where a runner in a job step takes the host's lock
 
 
 def _run_dir(run_id: str) -> Path:
@@ -126,17 +128,7 @@ def _spawn_runner(run_dir: Path, args: BenchRunArgs, step: jobstep.JobStep | Non
     argv = [sys.executable, "-I", agent, BenchRunArgs.VERB]
     with safewrite.open_append(run_dir / "runner.log") as log:
         if step is not None:
-            wire = run_dir / "runner-args.json"
-            safewrite.write_atomic(wire, args.to_wire())
-            env = jobstep.srun_env(childenv.child_env())
-            try:
-                pid = jobstep.spawn(
-                    step, argv, env, log, run_dir / "runner.log", run_dir / "runner.pid", wire
-                )
-            except jobstep.StepNotStarted as exc:
-                said = " | ".join(tail(str(run_dir / "runner.log"), 3))
-                raise AgentError(f"bench runner: {exc}: {said}", kind=Kind.RUN_FAILED) from None
-            return ProcRef.capture(pid) or ProcRef(pid, -1)
+            return _spawn_step(run_dir, args, step, argv, log)
         held = ownership.held_fd()  # the run owns the host until it ends, task or not
         proc = subprocess.Popen(
             argv,
@@ -152,6 +144,29 @@ def _spawn_runner(run_dir: Path, args: BenchRunArgs, step: jobstep.JobStep | Non
     proc.stdin.write(args.to_wire().encode())
     proc.stdin.close()
     return ProcRef.capture(proc.pid) or ProcRef(proc.pid, -1)
+
+
+def _spawn_step(
+    run_dir: Path, args: BenchRunArgs, step: jobstep.JobStep, argv: list[str], log: IO[bytes]
+) -> ProcRef:
+    """The runner as a step of the job, handed the host's lock over a socket in its run
+    directory before bench-start answers (no child of the agent inherits it: issue 81.6)."""
+    wire = run_dir / "runner-args.json"
+    safewrite.write_atomic(wire, args.to_wire())
+    env = jobstep.srun_env(childenv.child_env())
+    listener = ownership.hand_over(run_dir / OWNER_SOCKET)
+    try:
+        pid = jobstep.spawn(
+            step, argv, env, log, run_dir / "runner.log", run_dir / "runner.pid", wire
+        )
+    except jobstep.StepNotStarted as exc:
+        if listener is not None:
+            ownership.give(listener, run_dir / OWNER_SOCKET, within=0)  # closed, removed
+        said = " | ".join(tail(str(run_dir / "runner.log"), 3))
+        raise AgentError(f"bench runner: {exc}: {said}", kind=Kind.RUN_FAILED) from None
+    if listener is not None:
+        ownership.give(listener, run_dir / OWNER_SOCKET)
+    return ProcRef.capture(pid) or ProcRef(pid, -1)
 
 
 def _state_of(plan: BenchPlan) -> ServerState | None:
@@ -236,6 +251,7 @@ def bench_run(args: BenchRunArgs) -> RunStatusFile:
     from gpufleet.host.bench.runner import run_plan
 
     run_dir = _run_dir(args.run_id)
+    ownership.take_over(run_dir / OWNER_SOCKET)  # a job step's runner: the host is the run's
     plan = BenchPlan.from_wire(json.loads((run_dir / "plan.json").read_text()), "plan.json")
     if (run_dir / HANDED_KEYS).exists():  # run as the run_as user: handed its inputs
         handed = run_dir / HANDED_STATE
@@ -364,6 +380,9 @@ def bench_watch(args: BenchWatchArgs) -> BenchWatchAnswer:
             }
         time.sleep(0.25)
     offset = _emit_progress(run_dir, offset)
+    # said before the wait for the runner's exit: a job that ends in that wait takes the
+    # answer, and the control side still knows the run finished (fetched, never re-run)
+    emit_event({"phase": "finished", "status": status["status"]})
     _wait_runner_gone(run_dir)
     userrun.take_back(run_dir, remove=True)
     files = [
