@@ -65,14 +65,14 @@ def test_the_census_reads_what_a_message_says():
 
 def test_messages_name_the_algorithms_the_facts_name():
     from gpufleet import engine_facts
-    from gpufleet.cli.tasks import ns
+    from gpufleet.cli.tune_tasks import TUNE
     from gpufleet.control.server import engines
 
     assert engine_facts.named(engine_facts.ADAPTIVE_ALGORITHMS) == "EAGLE or EAGLE3"
     said = engines.ENGINES["sglang"].refuses({"speculative-adaptive": True,
                                               "speculative-algorithm": "NGRAM"})  # fmt: skip
     assert said and "speculative-algorithm EAGLE or EAGLE3 (got NGRAM)" in said
-    assert "SGLang EAGLE/EAGLE3" in ns["tune"].help["profile"]
+    assert "SGLang EAGLE/EAGLE3" in TUNE.options["profile"].help
 
 
 def test_the_sglang_family_is_the_adapters_that_run_sglangs_rules():
