@@ -122,10 +122,11 @@ class Host(BaseModel):
             raise ValueError("settings: unknown key")
         entry = connections.CONNECTIONS.get(str(data.get("connection", "ssh")))
         own = set(entry.settings.model_fields) if entry else set()
-        others = connections.declared_fields() - own - set(cls.model_fields)
         fields = {k: v for k, v in data.items() if k in own}
-        data = {k: v for k, v in data.items() if k not in others and not (
-            k in own and k not in cls.model_fields)}  # fmt: skip
+        # the connection's own keys live in its settings alone; another connection's are
+        # not this host's (a default for hosts reached otherwise)
+        gone = connections.declared_fields() - set(cls.model_fields)
+        data = {k: v for k, v in data.items() if k not in gone}
         if entry is not None:
             data["settings"] = fields
         return data
