@@ -9,13 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from gpufleet.sim import provider as rehearsal
 from gpufleet.sim.sshd import LoopbackSshd, keygen, release_ports, sshd_path
-from helpers import TEST_DEADLINE, Fleet, SimServer, running_slurm
+from helpers import TEST_DEADLINE, Fleet, SimServer, launched_under, running_slurm, stop_launched
 
 # tests that run the agent's code in this process start it as the zipapp does: with the
 # rehearsal engine plugged into its seam (host/agent/simulation.py)
@@ -108,12 +109,38 @@ def slurm_cluster():
 
 @pytest.fixture
 def fleet(tmp_path, sshd_hosts, ssh_keys, host_python) -> Fleet:
+    """The fleet over the session's sshd hosts; whatever its test launched on them (servers,
+    runs, agents, a CLI in the background) is stopped after it, pass or fail."""
     fleet = Fleet(tmp_path, sshd_hosts, ssh_keys, host_python)
     yield fleet
     for pid in fleet.held:  # a held process's children outlive the test's proc.kill()
         with contextlib.suppress(OSError):  # gone; and never a pid reused by another program
             if b"gpufleet.sim.hold" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 os.kill(pid, signal.SIGKILL)
+    stop_launched(fleet.root)  # the hosts' workdirs and the inventory are under it
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _suite_home(tmp_path_factory):
+    """The suite's own HOME, under its temporary folder: the rehearsal inventory's
+    `~/.gpufleet/rehearsal`, the agent build cache and every `~` a CLI the tests start
+    expands are never the user's (a test ran gpu-clean on the user's own rehearsal host,
+    where another checkout had left a server). At the session's end, once every fixture
+    has stopped what it started, a process still running under the folder fails it."""
+    base = tmp_path_factory.getbasetemp()
+    home = base / "home"
+    home.mkdir(exist_ok=True)
+    before = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    yield home
+    if before is not None:
+        os.environ["HOME"] = before
+    deadline = time.monotonic() + 10  # what a fixture just stopped may still be exiting
+    while launched_under(base) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = stop_launched(base, grace=2)
+    if left:
+        pytest.fail("the session left processes running (stopped now):\n" + "\n".join(left))
 
 
 @pytest.fixture

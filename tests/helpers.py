@@ -381,6 +381,50 @@ def processes_under(folder: Path) -> list[str]:
     return found
 
 
+def _own_line() -> set[int]:
+    """This process and its ancestors: a folder on pytest's own command line is not a
+    process the tests left."""
+    own, pid = set(), os.getpid()
+    while pid > 1 and pid not in own:
+        own.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+    return own
+
+
+def launched_under(folder: Path) -> list[str]:
+    """processes_under(folder) less pytest's own line and Slurm's daemons (a session's
+    cluster, stopped by its fixture): what the tests started there."""
+    own = _own_line()
+    found = []
+    for entry in processes_under(folder):
+        pid, _, cmdline = entry.partition(" ")
+        if int(pid) not in own and not cmdline.startswith(("slurmstepd", "slurmd", "slurmctld")):
+            found.append(entry)
+    return found
+
+
+def stop_launched(folder: Path, grace: float = 5.0) -> list[str]:
+    """Stop what the tests launched under `folder` (servers, agents, CLIs, holders): SIGTERM,
+    then SIGKILL to what still runs after `grace` seconds; what was running."""
+    found = launched_under(folder)
+    for entry in found:
+        with contextlib.suppress(OSError):
+            os.kill(int(entry.split()[0]), signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while found and time.monotonic() < deadline:
+        if not any(pid_alive(int(e.split()[0])) for e in found):
+            break
+        time.sleep(0.1)
+    for entry in launched_under(folder):
+        with contextlib.suppress(OSError):
+            os.kill(int(entry.split()[0]), signal.SIGKILL)
+    return found
+
+
 QUICK_SIM = {"load-seconds": 0.2, "warmup-seconds": 0.1}  # a rehearsal server up in ~0.3 s
 
 

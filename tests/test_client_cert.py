@@ -14,14 +14,6 @@ from gpufleet.host.bench.loadgen import LevelSpec, Prompt, run_async, run_level
 from gpufleet.host.bench.metrics import summarize
 from helpers import REPO, level
 
-LEVEL = """
-import json, sys
-from gpufleet.host.bench.loadgen import LevelHooks, LevelSpec, Prompt, run_async, run_level
-from gpufleet.host.bench.metrics import summarize
-run = run_async(run_level(sys.argv[1], [Prompt("hello " * 20, output_len=48)] * 16, 4))
-print(json.dumps({k: v for k, v in summarize(run, "sglang").items() if k.startswith("client") or k.endswith("throughput")}))
-"""
-
 
 @pytest.mark.exclusive  # judges the machine's own load: runs alone
 def test_a_client_that_kept_up_is_not_marked(sim_server):
@@ -33,40 +25,79 @@ def test_a_client_that_kept_up_is_not_marked(sim_server):
     assert 0 <= row["client_dispatch_lag_p50_ms"] <= row["client_dispatch_lag_p99_ms"] < 5
 
 
+# A level that lasts a fixed time, not a fixed amount of work: starved, the client gets
+# about 1.5% of a core, so 16 requests could take minutes (one hit the 300 s timeout beside
+# other work; 39 s alone). Imports first: it says "ready", waits for "go", sends for
+# STARVED_S seconds, says "sent" (its starvation can end) and prints its figures.
+STARVED_S = 3.0
+TIMED_LEVEL = """
+import json, sys
+from gpufleet.host.bench.loadgen import LevelSpec, Prompt, run_async, run_level
+from gpufleet.host.bench.metrics import summarize
+print("ready", flush=True)
+sys.stdin.readline()
+spec = LevelSpec(duration=float(sys.argv[2]))
+run = run_async(run_level(sys.argv[1], [Prompt("hello " * 20, output_len=48)] * 1_000, 4, spec))
+print("sent", flush=True)
+print(json.dumps({k: v for k, v in summarize(run, "sglang").items() if k.startswith("client") or k.endswith("throughput")}))
+"""
+
+
+def _timed_level(url: str, prefix: list[str], starve: list[str] | None = None) -> dict:
+    """TIMED_LEVEL under `prefix` (taskset, nice), with `starve` (a busy loop) running only
+    from "go" to "sent": the client's imports and summary are not starved, its level is."""
+    client = subprocess.Popen(
+        [*prefix, sys.executable, "-c", TIMED_LEVEL, url, str(STARVED_S)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO, env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    hog = None
+    try:
+        assert client.stdout.readline() == "ready\n", client.stderr.read()
+        hog = subprocess.Popen(starve) if starve else None
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        assert client.stdout.readline() == "sent\n", client.stderr.read()
+        if hog:
+            hog.kill()
+            hog.wait()
+        client.stdin.close()
+        out = client.stdout.read()  # not communicate(): it would skip what readline buffered
+        client.wait(timeout=120)
+    finally:
+        if hog and hog.poll() is None:
+            hog.kill()
+            hog.wait()
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    assert client.returncode == 0, client.stderr.read()
+    return json.loads(out)
+
+
 @pytest.mark.exclusive  # judges the machine's own load: runs alone
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+@pytest.mark.timeout(180)  # a few STARVED_S levels and their drains, whatever shares the core
 def test_a_starved_client_is_marked_late_and_one_beside_it_is_judged_by_its_own_lag(sim_server):
     """The mark fires when its condition holds and says nothing it did not measure: a client
     on a core it shares with a busy loop at nice 19 is late; the same level on another
     core, measured in the same test as the reference, has a lower lag and is marked exactly
-    when that lag crosses the bound (on a busy machine it may: then it was late too)."""
+    when that lag crosses the bound (on a busy machine it may: then it was late too). Each
+    level sends for STARVED_S seconds: the test's time is bounded by the starvation it
+    measures, not by how much CPU a starved client gets."""
     from gpufleet.host.bench import clientcert
 
     server = sim_server()
-    reference = subprocess.run(
-        ["taskset", "-c", "1", sys.executable, "-c", LEVEL, server.url],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
-    assert reference.returncode == 0, reference.stderr
-    free = json.loads(reference.stdout)
+    free = _timed_level(server.url, ["taskset", "-c", "1"])
     assert (free["client_late"] is None) == (
         free["client_loop_lag_p99_ms"] <= clientcert.LOOP_LAG_BOUND_MS
     ), free
     # a busy loop and the client on one core, the client at the lowest priority: it gets
     # about 1.5% of that core while the server, elsewhere, is ready for it
-    hog = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while 1: pass"])
-    try:
-        out = subprocess.run(
-            ["taskset", "-c", "0", "nice", "-n", "19", sys.executable, "-c", LEVEL, server.url],
-            capture_output=True, text=True, timeout=300, cwd=REPO,
-            env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
-        )  # fmt: skip
-    finally:
-        hog.kill()
-        hog.wait()
-    assert out.returncode == 0, out.stderr
-    row = json.loads(out.stdout)
+    row = _timed_level(
+        server.url, ["taskset", "-c", "0", "nice", "-n", "19"],
+        starve=["taskset", "-c", "0", sys.executable, "-c", "while 1: pass"],
+    )  # fmt: skip
     assert row["client_late"], row
     assert "event-loop lag p99" in row["client_late"]
     assert row["client_loop_lag_p99_ms"] > max(clientcert.LOOP_LAG_BOUND_MS,

@@ -161,7 +161,12 @@ def test_ctrl_c_at_each_phase_then_one_resume_finishes(fleet, tmp_path, phase):
 
 
 def test_ctrl_c_during_inv_bench_prints_a_pasteable_attach(fleet, tmp_path):
-    profile = fleet.profile("ibench", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    # the level is held open by the rehearsal (no token while the file exists): Ctrl-C
+    # always finds it running, where a short level raced it and could end first (exit 0)
+    hold = tmp_path / "hold"
+    hold.touch()
+    sim = {"load-seconds": 0.3, "warmup-seconds": 0.1, "hold-while": str(hold)}
+    profile = fleet.profile("ibench", tp=1, sim=sim)
     assert fleet.cli("launch", "--profile", str(profile), "--hosts", "h1").returncode == 0
     args = [
         "bench", "--profile", "ibench", "--concurrency", "2", "--num-prompts", "20",
@@ -172,14 +177,13 @@ def test_ctrl_c_during_inv_bench_prints_a_pasteable_attach(fleet, tmp_path):
     output = []
     for line in proc.stdout:
         output.append(line)
-        # the earliest line of a started run: a loaded machine can deliver the level's start
-        # and end together, after which Ctrl-C finds nothing left to interrupt
         if " started against " in line:
             os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=60) == 130, "".join(output)[-2000:]
     text = "".join(output)
     match = re.search(r"fetch it with `([^`]+)`", text)
     assert match and "--inventory" in match.group(1), text[-2000:]
+    hold.unlink()  # the run goes on on the host: let it finish, then fetch it as printed
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     command = match.group(1)  # as printed: it names the archive too (issue 81.7)
     out = subprocess.run(
@@ -227,6 +231,15 @@ def test_resume_reruns_a_failed_archived_cell_and_compare_picks_the_success(flee
 
 def test_a_second_ctrl_c_aborts_at_once_and_resume_still_finishes(fleet, tmp_path):
     playbooks = _profiles(fleet)
+    # both hosts' levels are held open by the rehearsal (no token while the file exists):
+    # the first Ctrl-C finds both cells benching, and the sweep then waits on their watch
+    # slices, so the second lands while it still runs (a short level could end between)
+    hold = tmp_path / "hold"
+    hold.touch()
+    for name in ("ia", "ib"):
+        data = yaml.safe_load((playbooks / f"{name}.yaml").read_text())
+        data["sim"]["hold-while"] = str(hold)
+        (playbooks / f"{name}.yaml").write_text(yaml.safe_dump(data))
     archive = tmp_path / "a"
     args = [
         "sweep", "--profiles", f"{playbooks}/ia.yaml,{playbooks}/ib.yaml",
@@ -235,11 +248,14 @@ def test_a_second_ctrl_c_aborts_at_once_and_resume_still_finishes(fleet, tmp_pat
     ]  # fmt: skip
     proc = _start(args)
     output = []
+    benching: set[str] = set()
     for line in proc.stdout:
         output.append(line)
-        if re.search(r"^h0: C=1: \d+ requests", line):
-            os.killpg(proc.pid, signal.SIGINT)
-            time.sleep(0.3)
+        if (started := re.search(r"^(h[01]): C=1: \d+ requests", line)) is not None:
+            benching.add(started.group(1))
+            if benching == {"h0", "h1"}:
+                os.killpg(proc.pid, signal.SIGINT)
+        if line.startswith("gpufleet: stopping:"):  # the first press taken: press again
             sent = time.monotonic()
             os.killpg(proc.pid, signal.SIGINT)  # the impatient second press
             break
@@ -248,6 +264,7 @@ def test_a_second_ctrl_c_aborts_at_once_and_resume_still_finishes(fleet, tmp_pat
     text = "".join(output)
     assert proc.returncode == 130 and aborted_in < 5, (aborted_in, text[-2000:])
     command = re.search(r"aborted; finish the sweep with `([^`]+)`", text).group(1)
+    hold.unlink()  # the held runs go on on the hosts: let them finish for the resume
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     out = subprocess.run(
         ["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300

@@ -437,3 +437,20 @@ def test_per_request_acceptance_counts_every_verify_step_as_sglang_does(sim_serv
     server = _adaptive_server(sim_server, tmp_path, {"1": [0], "16": [3]},
                               "--sim-decode-base-ms", "1", "--sim-decode-per-req-ms", "0")  # fmt: skip
     assert 0.95 < _accept_per_request(server, "What is a thread?", n=3) < 1.1
+
+
+def test_hold_while_keeps_every_request_waiting_until_the_file_goes(sim_server, tmp_path):
+    """`--sim-hold-while FILE`: the level a test interrupts is held open at a known state
+    (no token while FILE exists), not raced; removing FILE lets it finish."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    server = sim_server("--sim-hold-while", str(hold))
+    body = {"text": "x", "sampling_params": {"max_new_tokens": 5, "ignore_eos": True}}
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(post, server.url + "/generate", body)
+        time.sleep(1.0)  # 200 decode steps' worth at the rehearsal's pace
+        assert not reply.done()
+        assert server.proc.poll() is None
+        hold.unlink()
+        status, raw = reply.result(timeout=30)
+    assert status == 200 and json.loads(raw)["meta_info"]["completion_tokens"] == 5

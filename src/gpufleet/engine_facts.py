@@ -15,6 +15,24 @@ CAPPED_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "STANDALONE"})
 SPEC_DEFAULT_MAX_RUNNING = 48
 # the algorithms SGLang's adaptive speculation supports (others run static, with a log line)
 ADAPTIVE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3"})
+# SGLang's switch that skips the draft extend after a depth-0 batch (inv tune measures it;
+# the rehearsal engine models it)
+SKIP_ZERO_STEP_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
+# the engine adapters that are SGLang (the rehearsal engine runs SGLang's flags as it does):
+# SGLang's slot rule and words apply to their servers
+SGLANG_ENGINES = frozenset({"sglang", "sim"})
+
+
+def is_sglang(engine: str | None) -> bool:
+    """Whether a server of this engine is SGLang's (None: a run archived before the engine
+    was recorded, when every server was)."""
+    return engine is None or engine in SGLANG_ENGINES
+
+
+def named(algorithms: frozenset[str], joiner: str = " or ") -> str:
+    """Algorithm names for a message, from the facts above: `EAGLE or EAGLE3`."""
+    names = sorted(algorithms)
+    return joiner.join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 def default_max_running(algorithm: object) -> int | None:

@@ -107,10 +107,7 @@ def hosts(c, **given):
     inv = load_inventory(HOSTS.parse(given).inventory)
     rows = []
     for h in inv.hosts.values():
-        target = {
-            "local": "local",
-            "srun": f"srun: job {h.slurm_job} on {h.address}",
-        }.get(h.connection, f"{h.user or ''}@{h.address}:{h.port or 22}")
+        target = h.settings.describe() if h.settings else h.connection  # the connection says
         groups = ",".join(g for g, m in inv.groups.items() if h.name in inv._expand(g, ()))
         gpus = f"{h.gpus.count if h.gpus.count is not None else '?'}"
         rows.append([h.name, target, gpus + (" (sim)" if h.gpus.simulated else ""), groups])

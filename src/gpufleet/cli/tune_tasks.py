@@ -9,12 +9,14 @@ from gpufleet.cli.common_options import experiment_options, positive_float, posi
 from gpufleet.cli.experiment_context import LEFT_OUT, experiment, resume_command
 from gpufleet.cli.options import Option, OptionSet
 from gpufleet.control.bench.request import BenchRequest
+from gpufleet.engine_facts import ADAPTIVE_ALGORITHMS, named
 
 TUNE_LADDER = [1, 2, 4, 8, 16, 32, 64]  # tune's default load ladder
 
 TUNE = OptionSet(
     BenchRequest,
-    profile=Option("a drafting profile to tune: SGLang EAGLE/EAGLE3 (e.g. eagle3-adaptive) or "
+    profile=Option(f"a drafting profile to tune: SGLang {named(ADAPTIVE_ALGORITHMS, '/')} "
+                   "(e.g. eagle3-adaptive) or "
                    "llama.cpp with a draft model", required=True,
                    to_request=False, short="p"),
     depths=Option("static draft depths to measure besides 0 (topk 1)", depths,

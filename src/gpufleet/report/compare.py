@@ -269,7 +269,7 @@ def _arm_queue(arm: Arm, levels: list[int]) -> list[Notice]:
     if not over:
         return []
     argv = arm.manifest.server.argv or []
-    sglang = arm.manifest.server.engine in (None, "sglang", "sim")
+    sglang = engine_facts.is_sglang(arm.manifest.server.engine)
     why = (
         f"SGLang's silent cap of {cap} for speculative decoding"
         if sglang and cap == engine_facts.SPEC_DEFAULT_MAX_RUNNING

@@ -240,6 +240,7 @@ async def serve(launcher: Launcher) -> int:
         cache=None if a.disable_radix_cache else PrefixCache(a.sim_cache_tokens),
         adaptive=_adaptive(a),
     )  # fmt: skip
+    engine.hold_while = a.sim_hold_while
     state = ServerState(engine, a)
     app = web.Application(middlewares=[auth.middleware(a.api_key, a.admin_api_key)])
     app.add_routes(Api(state).routes())

@@ -113,6 +113,10 @@ SIM_FLAGS: list[tuple[str, ArgKeywords]] = [
         "type": int, "default": 400_000,
         "help": "prefix (radix) cache capacity in tokens (default 400000; 0: no cache)",
     }),
+    ("--sim-hold-while", {
+        "help": "no request gets a token while this file exists: a test holds a level open "
+                "at a state it can interrupt, then removes the file to let it finish",
+    }),
     ("--sim-seed", {"type": int, "default": 0}),
     ("--sim-trace-keep", {"type": int, "default": 4096,
                           "help": "requests whose token emission times /sim/trace keeps"}),

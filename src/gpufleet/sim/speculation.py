@@ -97,7 +97,7 @@ def accept_length(steps: int, topk: int = 1, rate: float = ACCEPT_P) -> float:
     return sum(a**i for i in range(steps + 1))
 
 
-SKIP_ZERO_STEP_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
+SKIP_ZERO_STEP_ENV = engine_facts.SKIP_ZERO_STEP_ENV
 
 
 def zero_step_costs_ms(
@@ -293,7 +293,8 @@ def adaptive_refusal(args: Any) -> str | None:
     """Why SGLang would run this server with static speculation instead (it logs and falls
     back), or None."""
     if args.speculative_algorithm not in engine_facts.ADAPTIVE_ALGORITHMS:
-        return f"speculative_algorithm={args.speculative_algorithm} (only EAGLE/EAGLE3)"
+        only = engine_facts.named(engine_facts.ADAPTIVE_ALGORITHMS, "/")
+        return f"speculative_algorithm={args.speculative_algorithm} (only {only})"
     if args.speculative_eagle_topk not in (None, 1):
         return f"speculative_eagle_topk={args.speculative_eagle_topk} (only topk=1)"
     if (args.dp_size or 1) > 1 and getattr(args, "enable_dp_attention", False):

@@ -11,6 +11,7 @@ at C=64; EAGLE-3 ~80 tok/s at C=1 and ~350 tok/s total at C=64.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections import deque
@@ -108,6 +109,8 @@ class SimRequest:
 
 class Engine:
     """The scheduler loop. Tokens go to each request's queue as (count, wall_time) pairs."""
+
+    hold_while: str | None = None  # a file: while it exists, no step runs (--sim-hold-while)
 
     def __init__(
         self,
@@ -218,6 +221,9 @@ class Engine:
             new_tokens = self._admit()
             if not self.running:
                 continue
+            while self.hold_while is not None and os.path.exists(self.hold_while):
+                await asyncio.sleep(0.05)
+                next_at = loop.time()
             if self.on_batch:
                 self.on_batch(len(self.running))
             if self.adaptive is not None:

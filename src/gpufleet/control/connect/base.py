@@ -283,9 +283,8 @@ class Session:
         gpus = self.host.gpus
         if args.expected_gpus is None:
             args.expected_gpus = gpus.count
-        settings = connections.settings_of(self.host)
-        if isinstance(settings, connections.SrunSettings):
-            args.slurm_job, args.slurm_node = settings.job, settings.node
+        for name, value in connections.settings_of(self.host).verb_fields().items():
+            setattr(args, name, value)  # the connection's own (srun: its job step)
         if gpus.simulated:
             args.sim = {
                 "state_dir": "sim-gpus",

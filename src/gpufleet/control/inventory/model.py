@@ -11,9 +11,17 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gpufleet.archive.layout import DEFAULT_ROOT, RESERVED
 from gpufleet.control.inventory import connections, yamlconfig
@@ -77,17 +85,15 @@ class GpuSpec(BaseModel):
 
 
 class Host(BaseModel):
-    """One GPU host as the control plane sees it."""
+    """One GPU host as the control plane sees it: the fields every host has here, and its
+    connection's own (`settings`, declared by the connection: control/inventory/connections.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str
     address: str = "localhost"
-    port: int | None = Field(default=None, ge=1, le=65535)
-    user: str | None = None
-    identity_file: str | None = None
     # how the host is reached: a name in control/inventory/connections.CONNECTIONS, whose
-    # settings class reads and checks the fields it uses (srun: `slurm_job`, no SSH)
+    # settings model declares and checks the fields it reads (ssh: port, user, keys...)
     connection: str = "ssh"
     slurm_job: str | None = Field(default=None, pattern=r"^\d+(_\d+)?$")
     # a Slurm node (set for every host a `slurm:` node list makes, however the inventory
@@ -100,11 +106,45 @@ class Host(BaseModel):
     run_as: str | None = Field(default=None, pattern=r"^[a-z_][a-z0-9_.-]{0,31}\$?$")
     workdir: str = "~/.gpufleet"
     gpus: GpuSpec = Field(default_factory=GpuSpec)
-    host_key_policy: Literal["strict", "accept-new"] = "strict"
-    known_hosts: str | None = None
-    connect_timeout: float = Field(default=10.0, gt=0)
-    proxy_jump: str | None = None  # "[user@]bastion[:port]", as ssh -J (keys checked too)
     vars: JsonObject = Field(default_factory=dict)  # the user's own, never read by gpufleet
+    settings: connections.Settings | None = None  # last: read by the connection's model
+
+    @model_validator(mode="before")
+    @classmethod
+    def _connection_fields(cls, data: Any) -> Any:
+        """Hand the host's connection the fields it declares (`settings`); drop those only
+        another connection declares (defaults shared by hosts reached differently); leave
+        any other key to be refused as unknown."""
+        if not isinstance(data, dict) or isinstance(data.get("settings"), connections.Settings):
+            return data
+        data = dict(data)
+        if "settings" in data:
+            raise ValueError("settings: unknown key")
+        entry = connections.CONNECTIONS.get(str(data.get("connection", "ssh")))
+        own = set(entry.settings.model_fields) if entry else set()
+        fields = {k: v for k, v in data.items() if k in own}
+        # the connection's own keys live in its settings alone; another connection's are
+        # not this host's (a default for hosts reached otherwise)
+        gone = connections.declared_fields() - set(cls.model_fields)
+        data = {k: v for k, v in data.items() if k not in gone}
+        if entry is not None:
+            data["settings"] = fields
+        return data
+
+    @field_validator("settings", mode="before")
+    @classmethod
+    def _by_its_connection(cls, value: Any, info: ValidationInfo) -> Any:
+        entry = connections.CONNECTIONS.get(info.data.get("connection", ""))
+        if entry is None or isinstance(value, connections.Settings):
+            return value
+        return entry.settings.model_validate(value)
+
+    def __getattr__(self, name: str) -> Any:
+        """A connection's own field reads as the host's (`host.port` of an SSH host)."""
+        settings = self.__dict__.get("settings")
+        if settings is not None and name in type(settings).model_fields:
+            return getattr(settings, name)
+        return super().__getattr__(name)  # type: ignore[misc]
 
     @field_validator("name")
     @classmethod
@@ -124,15 +164,11 @@ class Host(BaseModel):
     @field_validator("connection")
     @classmethod
     def _known_connection(cls, value: str) -> str:
-        if value not in connections.NAMES:
-            named = ", ".join(repr(n) for n in connections.NAMES[:-1])
-            raise ValueError(f"Input should be {named} or {connections.NAMES[-1]!r}")
+        there = connections.names()
+        if value not in there:
+            named = ", ".join(repr(n) for n in there[:-1])
+            raise ValueError(f"Input should be {named} or {there[-1]!r}")
         return value
-
-    @model_validator(mode="after")
-    def _connection_settings(self) -> Host:
-        connections.settings_of(self)  # the connection's own check (srun: a job)
-        return self
 
     @field_validator("python", "workdir", "address")
     @classmethod

@@ -78,7 +78,9 @@ def merged(base: JsonObject, override: JsonObject) -> JsonObject:  # YAML, unval
 def describe_validation_error(source: str, exc: ValidationError, prefix: str = "") -> str:
     """One line for the first problem: `file: key.path: what was expected (got X)`."""
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+    # a connection's own fields (model.Host.settings) are the host's as written
+    parts = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
+    loc = ".".join(parts[1:] if parts[:1] == ["settings"] else parts)
     key = ".".join(p for p in (prefix, loc) if p) or "(top level)"
     got = err.get("input")
     message = err["msg"].removeprefix("Value error, ")

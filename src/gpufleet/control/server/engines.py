@@ -39,6 +39,8 @@ class Rename:
     why: str
 
 
+ADAPTIVE = engine_facts.named(engine_facts.ADAPTIVE_ALGORITHMS)  # "EAGLE or EAGLE3", said
+
 # SGLang's, checked against the real --help of the releases in tests/fixtures/sglang-help/
 SGLANG_RENAMES = (
     Rename("--cuda-graph-max-bs", ("--cuda-graph-max-bs-decode",), True,
@@ -146,7 +148,7 @@ def _sglang_refuses(flags: Flags) -> str | None:
     problems = []
     algorithm = _sglang_drafts(flags)
     if algorithm not in engine_facts.ADAPTIVE_ALGORITHMS:
-        problems.append(f"needs speculative-algorithm EAGLE or EAGLE3 (got {algorithm})")
+        problems.append(f"needs speculative-algorithm {ADAPTIVE} (got {algorithm})")
     topk = flags.get("speculative-eagle-topk")
     if topk not in (None, 1, "1"):
         problems.append(f"needs speculative-eagle-topk 1 (got {topk})")
@@ -175,7 +177,7 @@ SGLANG_SPEC_FLAGS = (
 def _sglang_untunable(flags: Flags) -> str | None:
     algorithm = _sglang_drafts(flags)
     if algorithm not in engine_facts.ADAPTIVE_ALGORITHMS:
-        return (f"inv tune needs speculative-algorithm EAGLE or EAGLE3 (got {algorithm}); "
+        return (f"inv tune needs speculative-algorithm {ADAPTIVE} (got {algorithm}); "
                 "adaptive speculation supports only those")  # fmt: skip
     if flags.get("enable-dp-attention"):
         return "adaptive speculation does not support DP attention"

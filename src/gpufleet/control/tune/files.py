@@ -17,7 +17,7 @@ from gpufleet.archive import store
 from gpufleet.control.server.engines import engine
 from gpufleet.control.server.profiles import PLAYBOOKS, load_profile
 from gpufleet.control.sweep.cells import profile_label
-from gpufleet.engine_facts import capture_sizes
+from gpufleet.engine_facts import SKIP_ZERO_STEP_ENV, capture_sizes
 
 
 class TuneResult(Protocol):
@@ -28,7 +28,7 @@ class TuneResult(Protocol):
     skip_extend: bool
 
 
-SKIP_ENV = {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}
+SKIP_ENV = {SKIP_ZERO_STEP_ENV: "1"}
 DEPTH0_TABLE = {"1": {"candidate_steps": [0]}}
 
 

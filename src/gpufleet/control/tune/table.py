@@ -53,7 +53,7 @@ from gpufleet.control.tune.levels import (
     measured_cells,
     near_best,
 )
-from gpufleet.engine_facts import AdaptiveSlot, first_batch, padded
+from gpufleet.engine_facts import SKIP_ZERO_STEP_ENV, AdaptiveSlot, first_batch, padded
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
 from gpufleet.records import ResultRow
@@ -335,7 +335,7 @@ def _zero_step_notes(
         )
     if any(ch.depth == 0 and ch.concurrency in skipped for ch in choices):
         notes.append(
-            "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 is set: it measured better where depth "
+            f"{SKIP_ZERO_STEP_ENV}=1 is set: it measured better where depth "
             "0 applies; its cost is at the next upshift, whose first draft step starts from a "
             "zeroed draft state and accepts nothing (SGLang's _stub_skipped_draft_extend)"
         )

@@ -5,7 +5,9 @@ JSON line on the agent's **stdin** (never in argv: `/proc/PID/cmdline` is readab
 every user of the host, and a launch spec carries the server's environment). The agent
 reads that line, checks every field against the declared types (`from_wire`) and hands
 the verb a typed object. Answers go back on stdout as JSON lines: progress events, then
-one final line (`emit_result` / `emit_error`); their shapes are the `*Answer` TypedDicts.
+one final line (`emit_result` / `emit_error`). A verb's `ANSWER` names its answer's record
+(readings.py), which the control plane checks with `from_wire`; the answers read as plain
+JSON are the `*Answer` TypedDicts below.
 
 Standard library only: this module ships in the zipapp.
 """
