@@ -9,18 +9,16 @@ ceil(n / C) x output_len steps. The pace (seconds fixed, seconds a round) is fit
 cells this tune has finished, or before the first launch to this profile's archived tune
 cells; with neither, the first cell sets it.
 
-The verification is planned first (issue 63): the tuned server beside the best static
-server of every level, every server launched twice, interleaved, so each level has an
-interval. It is never dropped; a budget that cannot hold it beside the measurement a
-table needs (plain, depth 0, the shallowest drafting depth) is refused up front with the
-least budget that can, where a pace is known (`--no-verify` leaves the verification out).
-What `--budget` drops, least informative first (a unit goes whole):
-1. the bursts (the verification's open-loop replay), then the load step: extra verdicts on
-   a table the verification already judges level by level; ties that decide the table
-   make room for themselves by dropping these (`cannot_afford`);
+The verification is planned first (issue 63) and never dropped; nor is a depth the user
+asked for unless `--budget-may-drop depths` (issue 83). A budget that cannot hold what is
+never dropped is refused before the first launch where a pace is known, else the tune stops
+as soon as its first cell gives one (control/tune/limit.py); no cell starts that the budget
+cannot hold. What `--budget` drops, least informative first (a unit goes whole):
+1. the bursts, then the load step (extra verdicts on a table the verification judges level
+   by level; ties that decide the table make room by dropping these: `cannot_afford`);
 2. depth 0 with SGLang's skip variable (depth 0 is still measured as SGLang runs it);
-3. drafting depths, deepest first; once a deeper depth measured below the one before it
-   at every level, all deeper ones go first (a longer draft then only adds cost).
+3. with `--budget-may-drop depths`, drafting depths, deepest first (once a depth measured
+   below the one before it at every level, all deeper ones first).
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ from gpufleet.control.sweep.sweep_state import SweepState
 from gpufleet.control.tune import levels
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune.drops import DropUnit, depth_of, drop_order, falling_depth
+from gpufleet.control.tune.limit import BudgetStop, Shortage, line, minutes
 from gpufleet.control.tune.stages import BURST, MEASURE, STAGE_NAMES, STEP, VERIFY, VERIFY_REPEATS
 from gpufleet.control.tune.step import BURST_CYCLES, QUIET_S, step_request
 from gpufleet.errors import UserError
@@ -132,6 +131,7 @@ class TuneArms:
     checks: list[ArmSpec]
     verify: bool = True
     switches: bool = True
+    may_drop_depths: bool = False  # --budget-may-drop depths (issue 83)
 
 
 def plan_cells(arms: TuneArms, request: BenchRequest) -> list[PlannedCell]:
@@ -189,7 +189,9 @@ class TimeKeeper:
     dropped: dict[tuple[str, str], str] = field(default_factory=dict)  # -> why
     measured: dict[int, dict[int, float]] = field(default_factory=dict)  # depth -> C -> tok/s
     notes: list[str] = field(default_factory=list)
-    warned_floor: bool = False
+    verify: bool = True
+    may_drop_depths: bool = False  # whether --budget may drop depths the user asked for
+    launched: int = 0  # cells this call ran (not those a resumed run found done)
 
     @classmethod
     def for_tune(
@@ -200,28 +202,41 @@ class TimeKeeper:
         """The clock of a tune about to start; `finished`: (stage, arm key) of the cells an
         interrupted run of it already did (`--resume`), left out of what remains."""
         cells = plan_cells(arms, request)
-        clock = cls(arms.measure, arms.checks, cells, budget_s, say, pace, done=set(finished or ()))
-        least = clock.least_s()
-        if budget_s is not None and least is not None and least > budget_s and clock.pace:
-            what = "the measurement and its verification" if arms.verify else "the measurement"
-            raise UserError(
-                f"--budget {budget_s:g}: {what} need ~{_minutes(least)} at the pace of "
-                f"{clock.pace.basis}; give --budget {math.ceil(least)} or more"
-                + (", or --no-verify to write the table unverified" if arms.verify else "")
-            )
+        clock = cls(arms.measure, arms.checks, cells, budget_s, say, pace,
+                    done=set(finished or ()), verify=arms.verify,
+                    may_drop_depths=arms.may_drop_depths)  # fmt: skip
+        clock.check_limit()  # refused before the first launch where a pace says it
         for text in clock.opening_lines():
             say(text)
         clock.fit_budget()
         return clock
 
-    def least_s(self) -> float | None:
-        """The seconds of what no budget drops (plain, depth 0, the shallowest drafting
-        depth, the verification), those still to run; None without a pace."""
+    def least_s(self, may_drop_depths: bool | None = None) -> float | None:
+        """The seconds of what no budget drops (plain, depth 0, every depth asked for
+        unless the user let the budget drop them, else the shallowest, the verification),
+        those still to run, after what is spent; None without a pace."""
         if self.pace is None:
             return None
-        droppable = {k for unit in self.units() for k in unit.keys}
+        droppable = {k for unit in self.units(may_drop_depths) for k in unit.keys}
         kept = [c for c in self.remaining() if (c.stage, c.key) not in droppable]
         return self.elapsed_s() + sum(self.pace.cell_s(c) for c in kept)
+
+    def check_limit(self, starting: bool = False) -> None:
+        """A budget is a limit (issue 83): where what the tune must still run does not fit
+        (or the budget is spent with cells left, or a cell `starting`), stop now with the
+        one line naming the least budget that holds it (BudgetStop; before the first
+        launch, a refusal)."""
+        least = self.least_s()
+        if self.budget_s is None or least is None or self.pace is None:
+            return
+        if not (starting or self.remaining()):
+            return
+        spent = self.elapsed_s()
+        if least <= self.budget_s and spent < self.budget_s:
+            return
+        other = None if self.may_drop_depths else self.least_s(may_drop_depths=True)
+        raise BudgetStop(line(Shortage(self.budget_s, least, self.pace.basis, self.verify,
+                                       other, self.launched, spent)))  # fmt: skip
 
     def remaining(self) -> list[PlannedCell]:
         """The planned cells not yet done or dropped."""
@@ -255,12 +270,13 @@ class TimeKeeper:
                     "this profile to go by)"]  # fmt: skip
         return [f"{head}; estimate ~{_minutes(left)} (the pace of {self.pace.basis})"]
 
-    def units(self) -> list[DropUnit]:
+    def units(self, may_drop_depths: bool | None = None) -> list[DropUnit]:
         """What can be dropped to fit the budget, least informative first; a drafting
-        depth goes with the verification launches planned beside it (a depth not measured
-        is never the best static)."""
+        depth (only where the user allowed it) goes with the verification launches planned
+        beside it (a depth not measured is never the best static)."""
         checked = [(s, [c.key for c in self.cells if c.stage == s]) for s in (BURST, STEP, VERIFY)]
-        units = drop_order(self.measure, checked, falling_depth(self.measured))
+        depths = self.may_drop_depths if may_drop_depths is None else may_drop_depths
+        units = drop_order(self.measure, checked, falling_depth(self.measured), depths)
         beside: dict[str, tuple[tuple[str, str], ...]] = {}
         for c in self.cells:
             if c.stage == VERIFY:
@@ -273,7 +289,8 @@ class TimeKeeper:
 
     def fit_budget(self) -> None:
         """Drop units, least informative first, until the estimate fits the budget (a unit
-        with a cell already run is kept whole)."""
+        with a cell already run is kept whole); where even that does not fit, check_limit
+        stops the tune."""
         if self.budget_s is None or self.pace is None:
             return
         for unit in self.units():
@@ -282,14 +299,6 @@ class TimeKeeper:
             if any(k in self.done for k in unit.keys):
                 continue
             self._drop(unit, unit.why)
-        total = self.elapsed_s() + (self.left_s() or 0.0)
-        if total > self.budget_s and not self.warned_floor:
-            self.warned_floor = True
-            self.say(
-                f"tune: --budget {self.budget_s:g}: what is left still needs ~{_minutes(total)} "
-                f"in all (over by ~{total - self.budget_s:.0f}s); plain, depth 0, the "
-                "shallowest drafting depth and the verification are never dropped"
-            )
 
     def finished(
         self, stage: str, arm: ArmSpec, steps: dict[str, float],
@@ -301,6 +310,7 @@ class TimeKeeper:
         if key in self.done:
             return
         self.done.add(key)
+        self.launched += said
         planned = next((c for c in self.cells if (c.stage, c.key) == key), None)
         if planned is not None and steps:
             self.samples.append((steps, planned.rounds))
@@ -311,6 +321,7 @@ class TimeKeeper:
         fitted = fit_pace(self.samples, f"{len(self.samples)} cells of this tune")
         self.pace = fitted or self.pace
         self.fit_budget()
+        self.check_limit()  # the first cell of a fresh archive sets the pace: stop at once
         left = self.left_s()
         if said and left is not None and self.pace is not None and self.remaining():
             budget = f" of --budget {self.budget_s:g}s" if self.budget_s is not None else ""
@@ -408,11 +419,16 @@ class TimeKeeper:
                 }  # fmt: skip
             self.finished(stage, arm, steps, figures, said=ran)
 
-        return CellHooks(drop=lambda arm: self.dropped.get((stage, arm.key)), after=after)
+        def drop(arm: ArmSpec) -> str | None:
+            why = self.dropped.get((stage, arm.key))
+            if why is None:
+                self.check_limit(starting=True)  # never start a cell the budget cannot hold
+            return why
+
+        return CellHooks(drop=drop, after=after)
 
 
-def _minutes(seconds: float) -> str:
-    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f} min"
+_minutes = minutes
 
 
 def has_state(root: Archive, profiles: list[str], arms: list[ArmSpec], kind: str) -> bool:

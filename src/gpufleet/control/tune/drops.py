@@ -31,12 +31,15 @@ def depth_of(arm: ArmSpec) -> int | None:
 
 def drop_order(
     measure: list[ArmSpec], stages: Iterable[tuple[str, list[str]]],
-    falling_from: int | None = None,
+    falling_from: int | None = None, depths: bool = True,
 ) -> list[DropUnit]:  # fmt: skip
     """The units `--budget` may drop, least informative first (the module's list; the
     verification is not among them).
     `falling_from`: the first depth that measured below the depth before it at every
-    level, if any (the depths deeper than it go before the others)."""
+    level, if any (the depths deeper than it go before the others). `depths`: whether
+    the user let the budget drop drafting depths they asked for (`--budget-may-drop
+    depths`, issue 83); without it every requested depth is measured or the tune is
+    refused."""
     by_stage = dict(stages)
     units = []
     for stage, why in (
@@ -55,6 +58,8 @@ def drop_order(
         for a in skip
     ]  # fmt: skip
     drafting = sorted((d, a) for a in measure if (d := depth_of(a)) is not None)
+    if not depths:
+        return units
     keep = drafting[:1]  # the shallowest drafting depth: the table needs one
     deepest_first = sorted(drafting[1:], key=lambda da: -da[0])
     if falling_from is not None:

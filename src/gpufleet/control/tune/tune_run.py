@@ -94,6 +94,7 @@ class TuneAsk:
     verify: bool = True
     resume: bool = False
     budget_s: float | None = None
+    may_drop_depths: bool = False  # --budget-may-drop depths
 
 
 def run(
@@ -112,7 +113,8 @@ def run(
     checks = tuneverify.verification_arms(profile, tuned)
     switches = tunecells.drafting_of(load_profile(profile)).adaptive
     clock = tunebudget.TimeKeeper.for_tune(
-        tunebudget.TuneArms(arms, checks, verify, switches), request, ask.budget_s,
+        tunebudget.TuneArms(arms, checks, verify, switches, ask.may_drop_depths), request,
+        ask.budget_s,
         experiment.console.line, tunebudget.archived_pace(root, profile),
         _finished_cells(root, profile, tuned, arms, checks) if resume else set(),
     )  # fmt: skip
