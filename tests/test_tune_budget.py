@@ -370,6 +370,7 @@ def test_a_budget_is_a_limit_on_a_fresh_archive(fleet, tmp_path):
     began = time.monotonic()
     again = fleet.cli(*argv, "--budget", "1", timeout=300)
     print(f"with the archived pace: refused in {time.monotonic() - began:.1f}s")
+    print(again.stderr.strip())
     assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
     [said] = [line for line in again.stderr.splitlines() if "--budget 1:" in line]
     assert "stopped" not in said and "the measurement and its verification need" in said
