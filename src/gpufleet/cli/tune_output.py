@@ -85,3 +85,5 @@ def print_verdicts(outcome: Any) -> None:
         short = below_goal(v.rows)
         if short:
             line(f"tune: {v.host}: {short}")
+    if outcome.fallback is not None:  # and what the tune did about it (issue 83.3)
+        line(f"tune: {outcome.fallback.why}")

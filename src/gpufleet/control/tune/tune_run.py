@@ -27,6 +27,7 @@ from gpufleet.control.sweep.experiment import Experiment
 from gpufleet.control.sweep.sweep_state import SweepState
 from gpufleet.control.tune import budget as tunebudget
 from gpufleet.control.tune import depth_cells as tunecells
+from gpufleet.control.tune import fallback as tunefallback
 from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import fixed as tunefixed
 from gpufleet.control.tune import mend as tunemend
@@ -78,6 +79,7 @@ class TuneOutcome:
     record_path: Path
     verdicts: list[Verdict] = field(default_factory=list)
     steps: list[StepVerdict] = field(default_factory=list)
+    fallback: tunefallback.Decision | None = None  # a table below the goal against a static
 
 
 @dataclass(frozen=True)
@@ -137,11 +139,13 @@ def run(
     _verify(profile, tuned, checks, request, resume, experiment, outcome, clock)
     if result.fixed_depth is None:  # SGLang's table: a level below the goal is mended
         _mend(profile, checks, request, resume, experiment, outcome, clock)
+        _fall_back(profile, checks, outcome, experiment, result)
     save_record(record, record_path)
     tunefiles.note_verification(
         outcome.profile_path, {v.host: v.sentence for v in outcome.verdicts}
     )
-    if result.fixed_depth is None:  # the step and bursts judge depth switching: none here
+    static = outcome.fallback is not None and outcome.fallback.fall_back
+    if result.fixed_depth is None and not static:  # they judge depth switching: none here
         _load_step(profile, tuned, checks, request, resume, experiment, outcome, clock)
     record.notes = result.notes + [n for n in clock.notes if n not in result.notes]
     save_record(record, record_path)
@@ -283,6 +287,20 @@ def _mend(
         outcome.record.table = outcome.result.table
         outcome.record.ranges = outcome.result.ranges
         outcome.record.choices = [dataclasses.asdict(ch) for ch in outcome.result.choices]
+
+
+def _fall_back(
+    profile: str, checks: list[ArmSpec], outcome: TuneOutcome, experiment: Experiment,
+    result: tuning.TuneResult,
+) -> None:  # fmt: skip
+    """A table still below the goal after the mend, against the best single static
+    (control/tune/fallback.py): said, noted, and the profile written as that static where
+    it kept more at its worst level."""
+    outcome.fallback = tunefallback.settle(profile, checks, outcome)
+    if outcome.fallback is not None:
+        if outcome.fallback.why not in result.notes:
+            result.notes.append(outcome.fallback.why)
+        experiment.console.line(f"tune: {outcome.fallback.why}")
 
 
 def _first_per_level(found: Any) -> list[tunemend.Finding]:
