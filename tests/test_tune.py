@@ -4,6 +4,7 @@ tuned profile and its file shipped to the host, SGLang's adaptive depth in rehea
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -309,18 +310,20 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     out = fleet.cli(
         "tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1,16",
         "--num-prompts", "16", "--output-len", "32", "--hosts", "h0", "--archive", str(archive),
-        timeout=600,
+        "--shape-rounds", "1", timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     # the verification launches each check twice, interleaved (issue 53); the best static
     # depths join it once the measurement names them, and ties add their rounds
+    # the load shapes run every static depth beside the checks (issue 83.1), one round
+    # each here (--shape-rounds 1: the headline's interval is test_tune_headline.py's)
     assert (
-        "tune: 18 launches (4 measurement, 8 verification, 3 load step, 3 bursts); the first "
+        "tune: 20 launches (4 measurement, 8 verification, 4 load step, 4 bursts); the first "
         "cell sets the time estimate" in out.stdout
     )
     states = [json.loads(p.read_text()) for p in (archive / "sweeps").glob("*.json")]
     launches = sum(len(state["cells"]) for state in states)
-    assert launches >= 16 + 2  # the best static depth at C=1 (depth 1), twice
+    assert launches >= 18 + 2  # the best static depth at C=1 (depth 1), twice
     # the estimate follows every cell after the first, down to the last
     assert out.stdout.count(" cells left, ~") >= 11, out.stdout
     assert "tune: 1 cell left, ~" in out.stdout
@@ -395,6 +398,17 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     assert "Bursts of 16:" in step["sentence"]
     assert "load step C=1 -> 16 -> 1: tspec-tuned keeps" in out.stdout
     assert "depth switches" in step["sentence"]
+    # one headline per shape against every static run on it, the best one named; one round
+    # each gives no interval, so no direction is claimed (issue 83.1)
+    assert [h.split(" the tuned server")[0] for h in step["headline"]] == [
+        "over the load step 1 -> 16 -> 1", "over the bursts"]  # fmt: skip
+    assert all("of the best single static, tspec" in h and "(untested)" in h
+               and "no direction is claimed" in h for h in step["headline"])  # fmt: skip
+    assert f"Headline: {step['headline'][0]}" in sentence
+    # what it spent beside what it gained (issue 83.5): the last line and the record
+    [spent] = [n for n in record["notes"] if n.startswith("the tune spent ")]
+    assert re.match(r"the tune spent \d+ launches and \d+(\.\d)?(s| min) to gain: h0, ", spent)
+    assert unwrap(out.stdout).rstrip().endswith(spent.removeprefix("the tune "))
     # the table travelled: the tuned run's manifest records it, the server read it
     tuned_runs = [
         p for p in (archive / "h0").iterdir()
@@ -413,7 +427,7 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     again = fleet.cli(
         "tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1,16",
         "--num-prompts", "16", "--output-len", "32", "--hosts", "h0", "--archive", str(archive),
-        "--resume", timeout=600,
+        "--shape-rounds", "1", "--resume", timeout=600,
     )  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     # every cell of every sweep the tune ran
@@ -628,8 +642,6 @@ def test_the_docs_show_tuned_tables_only_in_the_form_sglang_reads():
     """Issue 37.7: the README showed `{"1": [2], ...}`, a shorthand SGLang 0.5.23 rejects
     (docs/FACTS.md: `AttributeError: 'list' object has no attribute 'get'`). A key whose
     value is a bare list may appear only where the docs show that rejection."""
-    import re
-
     shorthand = re.compile(r'\{"\d+": \[')
     found = [
         f"{path.relative_to(REPO)}:{n}: {line.strip()[:100]}"

@@ -8,6 +8,7 @@ import json
 import math
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -65,9 +66,10 @@ def test_the_plan_counts_every_launch_and_the_estimate_waits_for_a_pace(spec):
     assert (
         stages.count(MEASURE) == 3 + 4 and stages.count(VERIFY) == (3 + 4) * 2
     )  # and the shallowest depth beside
-    assert stages.count(STEP) == 3 and stages.count(BURST) == 3
+    # the load shapes: plain, static, tuned and each depth, three rounds each (issue 83.1)
+    assert stages.count(STEP) == (3 + 4) * 3 and stages.count(BURST) == (3 + 4) * 3
     assert lines == [
-        "tune: 27 launches (7 measurement, 14 verification, 3 load step, 3 bursts); the first "
+        "tune: 63 launches (7 measurement, 14 verification, 21 load step, 21 bursts); the first "
         "cell sets the time estimate (no archived tune of this profile to go by)"
     ]
     unverified, _ = _clock(spec, verify=False)
@@ -95,7 +97,7 @@ def test_the_pace_is_fitted_to_the_cells_that_finished(spec):
     clock.finished(MEASURE, first, {"clean": 1, "launch": 8, "bench": rounds * 0.02, "stop": 1})
     clock.finished(MEASURE, second, {"clean": 1, "launch": 12, "bench": rounds * 0.04, "stop": 1})
     assert clock.pace.fixed_s == 12.0 and clock.pace.round_s == pytest.approx(0.03)
-    assert lines[-1].startswith("tune: 25 cells left, ~")
+    assert lines[-1].startswith("tune: 61 cells left, ~")
     assert "12s a launch + 30.0 ms a decode round" in lines[-1]
 
 
@@ -176,7 +178,7 @@ def test_a_unit_with_a_cell_already_run_is_kept_whole(spec):
 def test_a_resumed_tune_leaves_out_what_its_earlier_run_finished(spec):
     done = {(MEASURE, a.key) for a in tunecells.depth_arms(spec, [1, 2, 3, 5])}
     clock, lines = _clock(spec, pace=Pace(10.0, 0.01, "a test"), finished=done)
-    assert len(clock.remaining()) == 20
+    assert len(clock.remaining()) == 14 + 2 * 21
     assert "7 done by the run it resumes" in lines[0]
 
 
@@ -216,10 +218,10 @@ def test_an_interrupted_cell_is_not_counted_done(spec, tmp_path):
                                     "h1": Cell(status="interrupted")}})  # fmt: skip
     after = clock.hooks(MEASURE, Archive.at(tmp_path)).after
     after(arm, SweepState(tmp_path / "s.json", record), True)
-    assert (MEASURE, arm.key) not in clock.done and len(clock.remaining()) == 27
+    assert (MEASURE, arm.key) not in clock.done and len(clock.remaining()) == 63
     record.cells[arm.key]["h1"] = Cell(status="done", steps_s={"bench": 2.0})
     after(arm, SweepState(tmp_path / "s.json", record), True)
-    assert (MEASURE, arm.key) in clock.done and len(clock.remaining()) == 26
+    assert (MEASURE, arm.key) in clock.done and len(clock.remaining()) == 62
 
 
 def test_ties_make_room_by_dropping_what_ranks_below_them(spec):
@@ -396,3 +398,33 @@ def test_a_budget_is_a_limit_on_a_fresh_archive(fleet, tmp_path):
     [record_path] = (archive / "tunes").glob("*.json")
     record = json.loads(record_path.read_text())
     assert list(record["verify"]) == ["h0"]
+
+
+def test_the_users_trace_is_planned_as_a_shape_and_dropped_after_the_load_step(spec):
+    """Issue 83.2: --verify-trace replays the user's trace against every server of the
+    shapes, in rounds; the clock plans it at the trace's span (mooncake-sample: 43.5 s) and
+    --budget drops it after the bursts and the load step, before any depth; a trace inv
+    bench would refuse is one line before the first launch."""
+    from gpufleet.control.tune import shapes
+    from helpers import REPO
+
+    request = BenchRequest([1, 8], num_prompts=16, output_len=32)
+    sample = str(REPO / "playbooks/traces/mooncake-sample.jsonl")
+    rounds, span = shapes.replay_cost(sample, request)
+    lines = Path(sample).read_text().splitlines()
+    longest = max(json.loads(line)["output_length"] for line in lines)
+    assert rounds == longest and span == pytest.approx(43.487)
+    arms = tunecells.depth_arms(spec, [1, 2])
+    checks = tuneverify.verification_arms(spec, tunefiles.tuned_reference(spec, None))
+    plan = tunebudget.plan_cells(TuneArms(arms, checks, replay=(rounds, span)), request)
+    traced = [c for c in plan if c.stage == tunebudget.TRACE]
+    assert len(traced) == (3 + 2) * 3 and all(c.floor_s == span for c in traced)
+    pace = Pace(10.0, 0.01, "a test")
+    clock = TimeKeeper.for_tune(TuneArms(arms, checks, replay=(rounds, span), may_drop_depths=True),
+                                request, None, [].append, pace)  # fmt: skip
+    order = [u.what for u in clock.units()]
+    assert order[:3] == ["bursts", "load step", "trace replay"]
+    with pytest.raises(UserError, match=r"^--trace .*: no requests in it$"):
+        empty = spec.replace("spec.yaml", "empty.jsonl")
+        Path(empty).write_text("")
+        shapes.replay_cost(empty, request)

@@ -36,6 +36,13 @@ TUNE = OptionSet(
                            "lets it drop depths you asked for, deepest first (without it, a "
                            "budget that cannot measure every depth is refused)",
                            choice("depths"), default=None, to_request=False),
+    shape_rounds=Option("runs of each server on the load step and the bursts, interleaved: "
+                        "3 or more give the headline figure its 95% interval",
+                        positive_int, default=3, most=20, to_request=False),
+    verify_trace=Option("replay this trace (Mooncake JSONL, as inv bench --trace reads, at "
+                        "--trace-speedup) against the tuned server and every static in the "
+                        "verification, interleaved, for its own headline figure",
+                        default=None, to_request=False),
 ) | experiment_options().replace(
     "concurrency", help="the load ladder", default=TUNE_LADDER
 )  # fmt: skip
@@ -63,6 +70,8 @@ def tune(c, **given):
             o.resume,
             o.budget,
             o.budget_may_drop == "depths",
+            o.shape_rounds,
+            o.verify_trace,
         )
         outcome = tunerun.run(ask, request, exp, print_choice)
     print_verdicts(outcome)

@@ -24,13 +24,11 @@ cannot hold. What `--budget` drops, least informative first (a unit goes whole):
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpufleet.archive.kept import SweepRecord
 from gpufleet.archive.layout import Archive
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.sweep.cells import ArmSpec, interleaved
@@ -40,85 +38,26 @@ from gpufleet.control.tune import levels
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune.drops import DropUnit, depth_of, drop_order, falling_depth
 from gpufleet.control.tune.limit import BudgetStop, Shortage, line, minutes
-from gpufleet.control.tune.stages import BURST, MEASURE, STAGE_NAMES, STEP, VERIFY, VERIFY_REPEATS
+from gpufleet.control.tune.pace import (  # noqa: F401  (the clock's API: tests and callers)
+    FIXED_STEPS,
+    Pace,
+    PlannedCell,
+    archived_pace,
+    decode_rounds,
+    fit_pace,
+)
+from gpufleet.control.tune.stages import (
+    BURST,
+    MEASURE,
+    STAGE_NAMES,
+    STEP,
+    TRACE,
+    VERIFY,
+    VERIFY_REPEATS,
+)
 from gpufleet.control.tune.step import BURST_CYCLES, QUIET_S, step_request
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
-
-FIXED_STEPS = ("clean", "launch", "stop")
-
-
-def decode_rounds(request: BenchRequest) -> float:
-    """Decode steps a closed-loop request's benchmark implies: per level, ceil(n / C)
-    requests in a row, `output_len` tokens each (warm-up included), times the repeats."""
-    per_level = sum(
-        (math.ceil(level.num_prompts / level.concurrency) + request.warmup) * request.output_len
-        for level in request.levels()
-    )
-    return per_level * (1 if request.fixed_levels else request.repeat)
-
-
-@dataclass(frozen=True)
-class PlannedCell:
-    """A cell the tune plans to run: its stage, key and label, and its decode rounds (what its
-    time is estimated from)."""
-
-    stage: str  # the sweep's kind (MEASURE, VERIFY, STEP, BURST)
-    key: str  # the arm's key in that sweep
-    label: str
-    rounds: float
-    floor_s: float = 0.0
-
-
-@dataclass
-class Pace:
-    """Seconds a cell costs: `fixed_s` + max(its wall floor, `round_s` x its rounds)."""
-
-    fixed_s: float
-    round_s: float
-    basis: str
-
-    def cell_s(self, cell: PlannedCell) -> float:
-        """A cell's estimated seconds: the fixed cost of a launch plus its rounds at the fitted
-        pace."""
-        return self.fixed_s + max(cell.floor_s, self.round_s * cell.rounds)
-
-
-def fit_pace(samples: list[tuple[dict[str, float], float]], basis: str) -> Pace | None:
-    """The pace from finished cells: (steps_s, rounds) each; None without one that has its
-    steps recorded."""
-    usable = [(steps, rounds) for steps, rounds in samples if "bench" in steps and rounds > 0]
-    if not usable:
-        return None
-    fixed = statistics.median(sum(s.get(k, 0.0) for k in FIXED_STEPS) for s, _ in usable)
-    round_s = sum(s["bench"] for s, _ in usable) / sum(r for _, r in usable)
-    return Pace(fixed, round_s, basis)
-
-
-def archived_pace(archive: Archive, profile: str, newest: int = 3) -> Pace | None:
-    """The pace of this profile's last `newest` archived tune sweeps (their requests say
-    each cell's rounds; each arm's slowest host counts, as the hosts run at once)."""
-    samples: list[tuple[dict[str, float], float]] = []
-    records = 0
-    for path in reversed(archive.sweep_states()):
-        if records >= newest:
-            break
-        try:
-            record = SweepRecord.load(path)
-        except UserError:
-            continue
-        if record.profiles[:1] != [profile] or not record.kind.startswith(MEASURE):
-            continue
-        if record.request is None:
-            continue
-        request = BenchRequest.from_json(record.request, archive)
-        records += 1
-        for cells in record.cells.values():
-            done = [c.steps_s for c in cells.values() if c.status == CellStatus.DONE]
-            if done:
-                slowest = max(done, key=lambda s: sum(s.values()))
-                samples.append((slowest, decode_rounds(request)))
-    return fit_pace(samples, f"{len(samples)} archived tune cells of {profile}")
 
 
 @dataclass(frozen=True)
@@ -132,6 +71,8 @@ class TuneArms:
     verify: bool = True
     switches: bool = True
     may_drop_depths: bool = False  # --budget-may-drop depths (issue 83)
+    rounds: int = 3  # each server's runs of the load step and the bursts (issue 83.1)
+    replay: tuple[float, float] | None = None  # --verify-trace: its decode rounds, its span
 
 
 def plan_cells(arms: TuneArms, request: BenchRequest) -> list[PlannedCell]:
@@ -145,11 +86,15 @@ def plan_cells(arms: TuneArms, request: BenchRequest) -> list[PlannedCell]:
         # one reserved up front (the shallowest), the rest as the measurement names them
         repeated = interleaved(checks + verify_depths(measure, {}), VERIFY_REPEATS)
         stages.append((VERIFY, repeated, decode_rounds(request), 0.0))
-    if verify and switches:
+    if verify and switches:  # the shapes run every static depth too, in rounds
+        statics = [a for a in measure if depth_of(a) is not None]
+        shape = interleaved([*checks, *statics], arms.rounds)
         stages += [
-            (STEP, checks, decode_rounds(step_request(request)), 0.0),
-            (BURST, checks, BURST_CYCLES * request.output_len, BURST_CYCLES * 2 * QUIET_S),
+            (STEP, shape, decode_rounds(step_request(request)), 0.0),
+            (BURST, shape, BURST_CYCLES * request.output_len, BURST_CYCLES * 2 * QUIET_S),
         ]
+        if arms.replay is not None:
+            stages.append((TRACE, shape, *arms.replay))
     return [
         PlannedCell(stage, arm.key, arm.label, rounds, floor)
         for stage, arms, rounds, floor in stages
@@ -274,12 +219,13 @@ class TimeKeeper:
         """What can be dropped to fit the budget, least informative first; a drafting
         depth (only where the user allowed it) goes with the verification launches planned
         beside it (a depth not measured is never the best static)."""
-        checked = [(s, [c.key for c in self.cells if c.stage == s]) for s in (BURST, STEP, VERIFY)]
+        checked = [(s, [c.key for c in self.cells if c.stage == s])
+                   for s in (BURST, STEP, TRACE, VERIFY)]  # fmt: skip
         depths = self.may_drop_depths if may_drop_depths is None else may_drop_depths
         units = drop_order(self.measure, checked, falling_depth(self.measured), depths)
         beside: dict[str, tuple[tuple[str, str], ...]] = {}
         for c in self.cells:
-            if c.stage == VERIFY:
+            if c.stage in (VERIFY, STEP, BURST, TRACE):
                 beside[c.label] = (*beside.get(c.label, ()), (VERIFY, c.key))
         return [
             dataclasses.replace(u, keys=u.keys + beside.get(u.keys[0][1], ()))
@@ -369,10 +315,12 @@ class TimeKeeper:
         self.cells = [c for c in self.cells if c.stage != stage or c.key in running
                       or (c.stage, c.key) in self.done]  # fmt: skip
         planned = {(c.stage, c.key) for c in self.cells}
+        like = next((c for c in self.cells if c.stage == stage), None)  # a stage's cells cost alike
         for arm in arms:
             if (stage, arm.key) in planned:
                 continue
-            self.cells.append(PlannedCell(stage, arm.key, arm.label, decode_rounds(request)))
+            rounds, floor = (like.rounds, like.floor_s) if like else (decode_rounds(request), 0.0)
+            self.cells.append(PlannedCell(stage, arm.key, arm.label, rounds, floor))
             if dropped:
                 self.dropped[(stage, arm.key)] = "its stage was dropped"
         self.fit_budget()
@@ -386,7 +334,7 @@ class TimeKeeper:
             return ""
         rounds = decode_rounds(request)
         cost = sum(self.pace.cell_s(PlannedCell(stage, a.key, a.label, rounds)) for a in arms)
-        below = [u for u in self.units() if u.keys[0][0] in (BURST, STEP)]
+        below = [u for u in self.units() if u.keys[0][0] in (BURST, STEP, TRACE)]
         for unit in [None, *below]:
             if unit is not None:
                 self._drop(unit, f"to measure ties again: {unit.why}")

@@ -1,5 +1,6 @@
 """What `--budget` may drop from a tune, least informative first (budget.py's module
-docstring has the order and why): the bursts, the load step, depth 0's skip variant, then
+docstring has the order and why): the bursts, the load step, the replay of the user's
+trace, depth 0's skip variant, then
 drafting depths, deepest first, or every depth past one that measured below the depth
 before it at every level. The verification is never among them."""
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.control.tune import depth_cells as tunecells
-from gpufleet.control.tune.stages import BURST, MEASURE, STAGE_NAMES, STEP
+from gpufleet.control.tune.stages import BURST, MEASURE, STAGE_NAMES, STEP, TRACE
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ def drop_order(
                 "verification judges level by level"),
         (STEP, "the load step: an extra verdict on a table the verification judges level "
                "by level"),
+        (TRACE, "the replay of your trace: an extra verdict on a table the verification "
+                "judges level by level"),
     ):  # fmt: skip
         if by_stage.get(stage):
             keys = tuple((stage, key) for key in by_stage[stage])

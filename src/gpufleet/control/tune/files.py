@@ -116,15 +116,13 @@ def write_static(profile: str, name: str | None, arm: Any, why: str) -> Path:
     variables, and `why` in its header."""
     _, profile_path = output_paths(profile, name)
     base = profile_label(profile)
-    data: dict[str, Any] = {
+    data = {
         "description": f"{base} as {arm.label}, the static server inv tune verified best",
         "extends": base,
         "flags": {**{flag: False for flag in arm.remove}, **arm.overrides},
+        **({"files": dict(arm.files)} if arm.files else {}),
+        **({"env": dict(arm.env)} if arm.env else {}),
     }
-    if arm.files:
-        data["files"] = dict(arm.files)
-    if arm.env:
-        data["env"] = dict(arm.env)
     said = textwrap.wrap(why, 96, break_on_hyphens=False, break_long_words=False)
     header = "".join(f"# {line}\n" for line in ["Written by `inv tune`:", *said])
     store.make_dirs(profile_path.parent)
