@@ -307,10 +307,16 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     by_port = yaml.safe_load(bystander.read_text())["port"]
     assert fleet.cli("launch", "--profile", str(bystander), "--hosts", "h0").returncode == 0
     by_state = json.loads((fleet.workdir("h0") / "servers" / f"{by_port}.json").read_text())
+    # the user's traffic (issue 83.2): four requests half a second apart, then four at once
+    trace = tmp_path / "mine.jsonl"
+    arrivals = [0, 500, 1000, 1500, 2000, 2000, 2000, 2000]
+    trace.write_text("".join(json.dumps({"timestamp": t, "input_length": 64, "output_length": 32,
+                                         "hash_ids": [i]}) + "\n"
+                             for i, t in enumerate(arrivals)))  # fmt: skip
     out = fleet.cli(
         "tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1,16",
         "--num-prompts", "16", "--output-len", "32", "--hosts", "h0", "--archive", str(archive),
-        "--shape-rounds", "1", timeout=600,
+        "--shape-rounds", "1", "--verify-trace", str(trace), timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     # the verification launches each check twice, interleaved (issue 53); the best static
@@ -318,12 +324,13 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     # the load shapes run every static depth beside the checks (issue 83.1), one round
     # each here (--shape-rounds 1: the headline's interval is test_tune_headline.py's)
     assert (
-        "tune: 20 launches (4 measurement, 8 verification, 4 load step, 4 bursts); the first "
+        "tune: 24 launches (4 measurement, 8 verification, 4 load step, 4 bursts, 4 trace "
+        "replay); the first "
         "cell sets the time estimate" in out.stdout
     )
     states = [json.loads(p.read_text()) for p in (archive / "sweeps").glob("*.json")]
     launches = sum(len(state["cells"]) for state in states)
-    assert launches >= 18 + 2  # the best static depth at C=1 (depth 1), twice
+    assert launches >= 22 + 2  # the best static depth at C=1 (depth 1), twice
     # the estimate follows every cell after the first, down to the last
     assert out.stdout.count(" cells left, ~") >= 11, out.stdout
     assert "tune: 1 cell left, ~" in out.stdout
@@ -401,7 +408,7 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     # one headline per shape against every static run on it, the best one named; one round
     # each gives no interval, so no direction is claimed (issue 83.1)
     assert [h.split(" the tuned server")[0] for h in step["headline"]] == [
-        "over the load step 1 -> 16 -> 1", "over the bursts"]  # fmt: skip
+        "over the load step 1 -> 16 -> 1", "over the bursts", "over your trace mine.jsonl"]  # fmt: skip
     assert all("of the best single static, tspec" in h and "(untested)" in h
                and "no direction is claimed" in h for h in step["headline"])  # fmt: skip
     assert f"Headline: {step['headline'][0]}" in sentence
@@ -414,10 +421,11 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
         p for p in (archive / "h0").iterdir()
         if json.loads((p / "manifest.json").read_text())["profile"] == "tspec-tuned"
     ]  # fmt: skip
-    # the ladder (twice, interleaved), the load step, the bursts, and a mend's two launches
+    # the ladder (twice, interleaved), the load step, the bursts, the user's trace, and a
+    # mend's two launches
     measured_again = sum("measured again beside it" in m or "beside it, no better" in m
                          for m in mends)  # fmt: skip
-    assert len(tuned_runs) == 4 + (2 if measured_again else 0)
+    assert len(tuned_runs) == 5 + (2 if measured_again else 0)
     manifest = json.loads((tuned_runs[0] / "manifest.json").read_text())
     files = manifest["resolved_profile"]["files"]
     assert files["adaptive-config"]["sha256"] and files["adaptive-config"]["stored_as"]
@@ -427,7 +435,7 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     again = fleet.cli(
         "tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1,16",
         "--num-prompts", "16", "--output-len", "32", "--hosts", "h0", "--archive", str(archive),
-        "--shape-rounds", "1", "--resume", timeout=600,
+        "--shape-rounds", "1", "--verify-trace", str(trace), "--resume", timeout=600,
     )  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     # every cell of every sweep the tune ran
