@@ -79,3 +79,20 @@ def test_a_round_is_the_shapes_tokens_over_its_time_and_its_requests_weighted_sp
                       median_per_request_output_tps=30.0)]  # fmt: skip
     assert hl.round_of(rows) == hl.Round(150.0, 35.0)
     assert hl.round_of([ResultRow(1, 0, 0, 0.0, duration=0.0)]) is None
+
+
+def test_the_closing_line_says_what_the_tune_spent_beside_what_it_gained():
+    """Issue 83.5: launches and wall time, then per host and shape the headline's ratio
+    against the best single static; with no shape run, it says there is no such figure."""
+    from gpufleet.control.tune.shapes import StepVerdict, spent_text
+
+    rng = random.Random(5)
+    rounds = {"p[plain]": _rounds(rng, 3, 100.0, 10.0, 0.01),
+              "p-tuned": _rounds(rng, 3, 107.0, 10.0, 0.01)}  # fmt: skip
+    found = hl.headline("the bursts", rounds, "p-tuned")
+    step = StepVerdict("h0", [], "", [found])
+    said = spent_text(34, 372.0, [step])
+    assert said == (f"spent 34 launches and 6.2 min to gain: h0, the bursts: "
+                    f"{found.tokens['p[plain]'].text()} of p[plain]'s output tokens a second")  # fmt: skip
+    assert spent_text(1, 9.0, []) == ("spent 1 launch and 9s; no load shape ran to say what it "
+                                      "gained over the best single static")  # fmt: skip
