@@ -1,8 +1,9 @@
 """`inv tune`'s time: an estimate before the first launch, updated as cells finish, and
 `--budget SECONDS`, which drops the least informative cells to fit and says which.
 
-A tune is 3 + len(depths) measurement launches, then 3 each for the verification, the load
-step and the bursts. A cell (one launch on every host at once) costs a fixed part (clean,
+A tune is 3 + len(depths) measurement launches, then two for each server of the
+verification, and `rounds` for each server of the load step, the bursts and the user's
+trace (no drafting, static speculation, the tuned server and each static depth). A cell (one launch on every host at once) costs a fixed part (clean,
 launch, stop) and its benchmark, which is about proportional to its decode rounds: a
 closed-loop level of n requests at concurrency C, each `output_len` tokens, decodes
 ceil(n / C) x output_len steps. The pace (seconds fixed, seconds a round) is fitted to the
@@ -14,8 +15,9 @@ asked for unless `--budget-may-drop depths` (issue 83). A budget that cannot hol
 never dropped is refused before the first launch where a pace is known, else the tune stops
 as soon as its first cell gives one (control/tune/limit.py); no cell starts that the budget
 cannot hold. What `--budget` drops, least informative first (a unit goes whole):
-1. the bursts, then the load step (extra verdicts on a table the verification judges level
-   by level; ties that decide the table make room by dropping these: `cannot_afford`);
+1. the bursts, the load step, then the replay of the user's trace (extra verdicts on a table
+   the verification judges level by level; ties that decide the table make room by dropping
+   these: `cannot_afford`);
 2. depth 0 with SGLang's skip variable (depth 0 is still measured as SGLang runs it);
 3. with `--budget-may-drop depths`, drafting depths, deepest first (once a depth measured
    below the one before it at every level, all deeper ones first).
