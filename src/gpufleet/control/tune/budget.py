@@ -3,11 +3,12 @@
 
 A tune is 3 + len(depths) measurement launches, then two for each server of the
 verification, and `rounds` for each server of the load step, the bursts and the user's
-trace (no drafting, static speculation, the tuned server and each static depth). A cell (one launch on every host at once) costs a fixed part (clean,
-launch, stop) and its benchmark, which is about proportional to its decode rounds: a
-closed-loop level of n requests at concurrency C, each `output_len` tokens, decodes
-ceil(n / C) x output_len steps. The pace (seconds fixed, seconds a round) is fitted to the
-cells this tune has finished, or before the first launch to this profile's archived tune
+trace (no drafting, static speculation, the tuned server and each static depth). A cell
+(one launch on every host at once) costs a fixed part (clean, launch, stop) and its
+benchmark, which is about proportional to its decode rounds: a closed-loop level of n
+requests at concurrency C, each `output_len` tokens, decodes ceil(n / C) x output_len
+steps. The pace (seconds fixed, seconds a round) is fitted to the cells this tune has
+finished, or before the first launch to this profile's archived tune
 cells; with neither, the first cell sets it.
 
 The verification is planned first (issue 63) and never dropped; nor is a depth the user
