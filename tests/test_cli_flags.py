@@ -107,7 +107,8 @@ def test_every_option_of_an_experiment_survives_the_resume_line():
                "engine": "sim", "allow_unhealthy": True, "fail_fast": True,
                "grid": ["speculative-num-steps=1,3"], "repeat": "2", "forks": "3",
                "depths": "2,4", "min_request_speed": "20", "name": "fast", "budget": "900",
-               "backend": "openai", "random_vocab": "512",
+               "backend": "openai", "random_vocab": "512", "budget_may_drop": "depths",
+               "shape_rounds": "2", "verify_trace": "mine.jsonl",
                "verify": False, "profile": "eagle3", "profiles": "a,b", "baseline": "a"}  # fmt: skip
     for name, options, base in (("sweep", SWEEP, {"profiles": "a", "concurrency": "1"}),
                                 ("tune", TUNE, {"profile": "e"})):  # fmt: skip

@@ -307,21 +307,30 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     by_port = yaml.safe_load(bystander.read_text())["port"]
     assert fleet.cli("launch", "--profile", str(bystander), "--hosts", "h0").returncode == 0
     by_state = json.loads((fleet.workdir("h0") / "servers" / f"{by_port}.json").read_text())
+    # the user's traffic (issue 83.2): four requests half a second apart, then four at once
+    trace = tmp_path / "mine.jsonl"
+    arrivals = [0, 500, 1000, 1500, 2000, 2000, 2000, 2000]
+    trace.write_text("".join(json.dumps({"timestamp": t, "input_length": 64, "output_length": 32,
+                                         "hash_ids": [i]}) + "\n"
+                             for i, t in enumerate(arrivals)))  # fmt: skip
     out = fleet.cli(
         "tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1,16",
         "--num-prompts", "16", "--output-len", "32", "--hosts", "h0", "--archive", str(archive),
-        timeout=600,
+        "--shape-rounds", "1", "--verify-trace", str(trace), timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     # the verification launches each check twice, interleaved (issue 53); the best static
     # depths join it once the measurement names them, and ties add their rounds
+    # the load shapes run every static depth beside the checks (issue 83.1), one round
+    # each here (--shape-rounds 1: the headline's interval is test_tune_headline.py's)
     assert (
-        "tune: 18 launches (4 measurement, 8 verification, 3 load step, 3 bursts); the first "
+        "tune: 24 launches (4 measurement, 8 verification, 4 load step, 4 bursts, 4 trace "
+        "replay); the first "
         "cell sets the time estimate" in out.stdout
     )
     states = [json.loads(p.read_text()) for p in (archive / "sweeps").glob("*.json")]
     launches = sum(len(state["cells"]) for state in states)
-    assert launches >= 16 + 2  # the best static depth at C=1 (depth 1), twice
+    assert launches >= 22 + 2  # the best static depth at C=1 (depth 1), twice
     # the estimate follows every cell after the first, down to the last
     assert out.stdout.count(" cells left, ~") >= 11, out.stdout
     assert "tune: 1 cell left, ~" in out.stdout
@@ -396,15 +405,27 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     assert "Bursts of 16:" in step["sentence"]
     assert "load step C=1 -> 16 -> 1: tspec-tuned keeps" in out.stdout
     assert "depth switches" in step["sentence"]
+    # one headline per shape against every static run on it, the best one named; one round
+    # each gives no interval, so no direction is claimed (issue 83.1)
+    assert [h.split(" the tuned server")[0] for h in step["headline"]] == [
+        "over the load step 1 -> 16 -> 1", "over the bursts", "over your trace mine.jsonl"]  # fmt: skip
+    assert all("of the best single static, tspec" in h and "(untested)" in h
+               and "no direction is claimed" in h for h in step["headline"])  # fmt: skip
+    assert f"Headline: {step['headline'][0]}" in sentence
+    # what it spent beside what it gained (issue 83.5): the last line and the record
+    [spent] = [n for n in record["notes"] if n.startswith("the tune spent ")]
+    assert re.match(r"the tune spent \d+ launches and \d+(\.\d)?(s| min) to gain: h0, ", spent)
+    assert unwrap(out.stdout).rstrip().endswith(spent.removeprefix("the tune "))
     # the table travelled: the tuned run's manifest records it, the server read it
     tuned_runs = [
         p for p in (archive / "h0").iterdir()
         if json.loads((p / "manifest.json").read_text())["profile"] == "tspec-tuned"
     ]  # fmt: skip
-    # the ladder (twice, interleaved), the load step, the bursts, and a mend's two launches
+    # the ladder (twice, interleaved), the load step, the bursts, the user's trace, and a
+    # mend's two launches
     measured_again = sum("measured again beside it" in m or "beside it, no better" in m
                          for m in mends)  # fmt: skip
-    assert len(tuned_runs) == 4 + (2 if measured_again else 0)
+    assert len(tuned_runs) == 5 + (2 if measured_again else 0)
     manifest = json.loads((tuned_runs[0] / "manifest.json").read_text())
     files = manifest["resolved_profile"]["files"]
     assert files["adaptive-config"]["sha256"] and files["adaptive-config"]["stored_as"]
@@ -414,7 +435,7 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     again = fleet.cli(
         "tune", "--profile", str(profile), "--depths", "1", "--concurrency", "1,16",
         "--num-prompts", "16", "--output-len", "32", "--hosts", "h0", "--archive", str(archive),
-        "--resume", timeout=600,
+        "--shape-rounds", "1", "--verify-trace", str(trace), "--resume", timeout=600,
     )  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     # every cell of every sweep the tune ran
@@ -422,53 +443,6 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     assert " left, ~" not in again.stdout
     assert len(list((archive / "h0").iterdir())) == runs_before
     assert '{"1": {"candidate_steps": [1]}, "4": {"candidate_steps": [0]}}' in again.stdout
-
-
-def test_a_tune_over_its_budget_drops_the_least_informative_cells(fleet, tmp_path):
-    """--budget 1 on a tune of depths 1 and 2: the first cell (plain) sets the pace, then
-    the bursts, load step, skip variant and depth 2 are dropped, each said; plain, depth 0,
-    depth 1 and the verification run (issue 63: planned first, never dropped), the table is
-    written and its notes say what was left out; the sweep reads done, its dropped cells
-    marked so. A second tune of the profile has its pace from the first: --budget 1 is
-    refused before any launch, with the least budget that holds the table and its
-    verification."""
-    profile = fleet.profile(
-        "bspec", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1},
-        flags={"speculative-algorithm": "EAGLE3", "speculative-num-steps": 3,
-               "speculative-eagle-topk": 1, "speculative-num-draft-tokens": 4},
-    )  # fmt: skip
-    archive = tmp_path / "a"
-    argv = [
-        "tune", "--profile", str(profile), "--depths", "1,2", "--concurrency", "1,4",
-        "--num-prompts", "8", "--output-len", "16", "--hosts", "h0", "--archive", str(archive),
-        "--budget", "1",
-    ]  # fmt: skip
-    out = fleet.cli(*argv, timeout=600)
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    dropped = [line.split("dropped ")[1].split(" (")[0]
-               for line in out.stdout.splitlines() if "tune: --budget: dropped" in line]  # fmt: skip
-    assert dropped == ["bursts", "load step", "bspec[depth=0,skip]", "bspec[depth=2]"], out.stdout
-    assert "still needs" in out.stdout and "the verification are never dropped" in out.stdout
-    [record_path] = (archive / "tunes").glob("*.json")
-    record = json.loads(record_path.read_text())
-    assert sorted(record["measured"]) == ["0", "1", "plain"]
-    assert list(record["verify"]) == ["h0"] and record["step"] == {}
-    assert sum("--budget: dropped" in n for n in record["notes"]) == 4
-    state = json.loads((archive / "sweeps" / f"{record['tune_id']}.json").read_text())
-    assert state["status"] == "done"
-    statuses = {key: cells["h0"]["status"] for key, cells in state["cells"].items()}
-    assert statuses == {"bspec[plain]": "done", "bspec[depth=0]": "done",
-                        "bspec[depth=0,skip]": "dropped", "bspec[depth=1]": "done",
-                        "bspec[depth=2]": "dropped"}  # fmt: skip
-    assert (profile.parent / "bspec-tuned.yaml").exists()
-    launched = len(list((archive / "h0").iterdir()))
-    again = fleet.cli(*argv, timeout=300)
-    assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
-    [said] = [line for line in again.stderr.splitlines() if "--budget 1:" in line]
-    print(said)
-    assert "the measurement and its verification need" in said and "--no-verify" in said
-    assert re.search(r"give --budget \d+ or more", said), said
-    assert len(list((archive / "h0").iterdir())) == launched  # nothing ran
 
 
 def test_a_tuned_profile_starts_at_a_depth_sglang_accepts(tmp_path, monkeypatch):
@@ -581,6 +555,9 @@ def test_tune_takes_repeat_and_refuses_a_bad_one_in_one_line():
     out = run_cli("tune", "--profile", "eagle3-adaptive", "--repeat", "0")
     assert out.returncode == 2 and "--repeat" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    out = run_cli("tune", "--profile", "eagle3-adaptive", "--budget-may-drop", "levels")
+    assert out.returncode == 2 and "--budget-may-drop 'levels': expected depths" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
 
 
 def test_the_load_step_holds_each_phase_against_its_own_better_static():
@@ -673,8 +650,6 @@ def test_the_docs_show_tuned_tables_only_in_the_form_sglang_reads():
     """Issue 37.7: the README showed `{"1": [2], ...}`, a shorthand SGLang 0.5.23 rejects
     (docs/FACTS.md: `AttributeError: 'list' object has no attribute 'get'`). A key whose
     value is a bare list may appear only where the docs show that rejection."""
-    import re
-
     shorthand = re.compile(r'\{"\d+": \[')
     found = [
         f"{path.relative_to(REPO)}:{n}: {line.strip()[:100]}"

@@ -4,7 +4,11 @@ three a table needs."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import time
+from pathlib import Path
 
 import pytest
 
@@ -29,13 +33,19 @@ def spec(tmp_path):
     return str(path)
 
 
-def _clock(spec, budget=None, pace=None, depths=(1, 2, 3, 5), verify=True, finished=None):
+def _clock(spec, budget=None, pace=None, depths=(1, 2, 3, 5), verify=True, finished=None,
+           may_drop=False):  # fmt: skip
     lines: list[str] = []
     request = BenchRequest([1, 8], num_prompts=16, output_len=32)
     arms = tunecells.depth_arms(spec, list(depths))
     checks = tuneverify.verification_arms(spec, tunefiles.tuned_reference(spec, None))
     clock = TimeKeeper.for_tune(
-        TuneArms(arms, checks, verify), request, budget, lines.append, pace, finished
+        TuneArms(arms, checks, verify, may_drop_depths=may_drop),
+        request,
+        budget,
+        lines.append,
+        pace,
+        finished,
     )
     return clock, lines
 
@@ -56,9 +66,10 @@ def test_the_plan_counts_every_launch_and_the_estimate_waits_for_a_pace(spec):
     assert (
         stages.count(MEASURE) == 3 + 4 and stages.count(VERIFY) == (3 + 4) * 2
     )  # and the shallowest depth beside
-    assert stages.count(STEP) == 3 and stages.count(BURST) == 3
+    # the load shapes: plain, static, tuned and each depth, three rounds each (issue 83.1)
+    assert stages.count(STEP) == (3 + 4) * 3 and stages.count(BURST) == (3 + 4) * 3
     assert lines == [
-        "tune: 27 launches (7 measurement, 14 verification, 3 load step, 3 bursts); the first "
+        "tune: 63 launches (7 measurement, 14 verification, 21 load step, 21 bursts); the first "
         "cell sets the time estimate (no archived tune of this profile to go by)"
     ]
     unverified, _ = _clock(spec, verify=False)
@@ -86,18 +97,18 @@ def test_the_pace_is_fitted_to_the_cells_that_finished(spec):
     clock.finished(MEASURE, first, {"clean": 1, "launch": 8, "bench": rounds * 0.02, "stop": 1})
     clock.finished(MEASURE, second, {"clean": 1, "launch": 12, "bench": rounds * 0.04, "stop": 1})
     assert clock.pace.fixed_s == 12.0 and clock.pace.round_s == pytest.approx(0.03)
-    assert lines[-1].startswith("tune: 25 cells left, ~")
+    assert lines[-1].startswith("tune: 61 cells left, ~")
     assert "12s a launch + 30.0 ms a decode round" in lines[-1]
 
 
 def test_budget_drops_least_informative_first_and_never_the_table_or_its_verification(spec):
-    """With a budget that holds only what no budget drops: bursts, load step, the skip
-    variant, depths 5, 3, 2 (deepest first), each said; plain, depth 0, depth 1 and the
-    whole verification (each server twice, so every level has an interval) stay (issue 63:
-    the verification is planned first, never dropped)."""
+    """With --budget-may-drop depths and a budget that holds only what no budget drops:
+    bursts, load step, the skip variant, depths 5, 3, 2 (deepest first), each said; plain,
+    depth 0, depth 1 and the whole verification (each server twice, so every level has an
+    interval) stay (issue 63: the verification is planned first, never dropped)."""
     pace = Pace(10.0, 0.01, "a test")
-    least = _clock(spec, pace=pace)[0].least_s()
-    clock, lines = _clock(spec, budget=least + 1, pace=pace)
+    least = _clock(spec, pace=pace, may_drop=True)[0].least_s()
+    clock, lines = _clock(spec, budget=least + 1, pace=pace, may_drop=True)
     said = [line for line in lines if "--budget: dropped" in line]
     assert [s.split("dropped ")[1].split(" (")[0] for s in said] == [
         "bursts", "load step", "spec[depth=0,skip]", "spec[depth=5]", "spec[depth=3]",
@@ -122,7 +133,9 @@ def test_a_budget_that_cannot_hold_the_table_and_its_verification_is_refused_up_
         _clock(spec, budget=least - 1, pace=pace)
     said = str(refused.value)
     assert said.startswith(f"--budget {least - 1:g}: the measurement and its verification need")
-    assert f"give --budget {math.ceil(least)} or more, or --no-verify" in said
+    assert f"give --budget {math.ceil(least)} or more, or --budget " in said
+    assert said.endswith("with --budget-may-drop depths (the deepest depths asked for left "
+                         "out), or --no-verify to write the table unverified")  # fmt: skip
     unverified = _clock(spec, pace=pace, verify=False)[0].least_s()
     assert unverified < least
     _clock(spec, budget=unverified + 1, pace=pace, verify=False)  # fits without it
@@ -145,7 +158,7 @@ def test_budget_drops_only_what_it_must(spec):
 def test_a_depth_that_fell_below_the_one_before_sends_deeper_ones_first(spec):
     """Depth 3 measured below depth 2 at every level: depth 5 goes before depth 2 would
     (plain deepest-first would drop 5 then 3); with 2 below 1 too, 3 and 2 follow."""
-    clock, _ = _clock(spec)
+    clock, _ = _clock(spec, may_drop=True)
     clock.measured = {1: {1: 100, 8: 400}, 2: {1: 120, 8: 420}, 3: {1: 110, 8: 380}}
     order = [u.what for u in clock.units() if u.keys[0][0] == MEASURE]
     assert order[1:3] == ["spec[depth=5]", "spec[depth=3]"]
@@ -165,7 +178,7 @@ def test_a_unit_with_a_cell_already_run_is_kept_whole(spec):
 def test_a_resumed_tune_leaves_out_what_its_earlier_run_finished(spec):
     done = {(MEASURE, a.key) for a in tunecells.depth_arms(spec, [1, 2, 3, 5])}
     clock, lines = _clock(spec, pace=Pace(10.0, 0.01, "a test"), finished=done)
-    assert len(clock.remaining()) == 20
+    assert len(clock.remaining()) == 14 + 2 * 21
     assert "7 done by the run it resumes" in lines[0]
 
 
@@ -205,10 +218,10 @@ def test_an_interrupted_cell_is_not_counted_done(spec, tmp_path):
                                     "h1": Cell(status="interrupted")}})  # fmt: skip
     after = clock.hooks(MEASURE, Archive.at(tmp_path)).after
     after(arm, SweepState(tmp_path / "s.json", record), True)
-    assert (MEASURE, arm.key) not in clock.done and len(clock.remaining()) == 27
+    assert (MEASURE, arm.key) not in clock.done and len(clock.remaining()) == 63
     record.cells[arm.key]["h1"] = Cell(status="done", steps_s={"bench": 2.0})
     after(arm, SweepState(tmp_path / "s.json", record), True)
-    assert (MEASURE, arm.key) in clock.done and len(clock.remaining()) == 26
+    assert (MEASURE, arm.key) in clock.done and len(clock.remaining()) == 62
 
 
 def test_ties_make_room_by_dropping_what_ranks_below_them(spec):
@@ -262,3 +275,156 @@ def test_the_verifications_static_depths_are_planned_as_the_measurement_names_th
     beside = tuneverify.beside_arms(spec, clock.checks, {}, tunebudget.VERIFY_REPEATS)
     clock.plan_more(VERIFY, beside, BenchRequest([1, 8], num_prompts=16, output_len=32))
     assert verify() == sorted(a.key for a in beside)
+
+
+def test_a_budget_drops_a_requested_depth_only_where_the_user_allowed_it(spec):
+    """Issue 83.3: at --budget 560 the lent machine's tune dropped depths 4, 3 and 2 that
+    the user asked for. Now without --budget-may-drop depths the least budget holds every
+    depth asked for and their verification: a budget between the two least budgets is
+    refused, naming both, and one that holds every depth drops only the extra verdicts."""
+    pace = Pace(10.0, 0.01, "a test")
+    strict = _clock(spec, pace=pace)[0].least_s()
+    lenient = _clock(spec, pace=pace, may_drop=True)[0].least_s()
+    assert lenient < strict
+    between = (strict + lenient) / 2
+    with pytest.raises(UserError) as refused:
+        _clock(spec, budget=between, pace=pace)
+    said = str(refused.value)
+    assert f"give --budget {math.ceil(strict)} or more" in said
+    assert f"or --budget {math.ceil(lenient)} with --budget-may-drop depths" in said
+    allowed, _ = _clock(spec, budget=between, pace=pace, may_drop=True)
+    assert any(k[0] == MEASURE for k in allowed.dropped)  # the user let it drop depths
+    kept, _ = _clock(spec, budget=strict + 1, pace=pace)
+    assert {k[0] for k in kept.dropped} <= {BURST, STEP, MEASURE}
+    assert {c.label for c in kept.remaining() if c.stage == MEASURE} >= {
+        "spec[depth=1]", "spec[depth=2]", "spec[depth=3]", "spec[depth=5]"}  # fmt: skip
+
+
+def _steps(clock, seconds_a_round):
+    rounds = clock.cells[0].rounds
+    return {"clean": 1, "launch": 8, "bench": rounds * seconds_a_round, "stop": 1}
+
+
+def test_without_a_pace_the_first_cell_sets_it_and_a_budget_too_small_stops_at_once(spec):
+    """Issue 83.4: without an archived pace, --budget 60 measured a first cell, said "over
+    by ~514 s" and kept going past 300 s. Now the first cell's pace decides: where what the
+    tune must still run cannot fit, it stops at once (one line naming the least budget and
+    that the cell is kept); where it fits, the rest is fitted and no cell starts the budget
+    cannot hold."""
+    clock, _ = _clock(spec, budget=60)  # a fresh archive: no pace, nothing refused
+    assert clock.pace is None and not clock.dropped
+    with pytest.raises(tunebudget.BudgetStop) as stopped:
+        clock.finished(MEASURE, clock.measure[0], _steps(clock, 0.01), said=True)
+    said = str(stopped.value)
+    assert said.startswith("--budget 60: stopped after 1 launch (")
+    assert "give --budget " in said and "the next call has their pace" in said
+    assert "\n" not in said
+    roomy, _ = _clock(spec, budget=10_000)
+    roomy.finished(MEASURE, roomy.measure[0], _steps(roomy, 0.01), said=True)
+    hooks = roomy.hooks(MEASURE, Archive.at("/nonexistent"))
+    assert hooks.drop(roomy.measure[1]) is None  # fits: the next cell runs
+    roomy.started -= 10_000  # the budget is spent (a slower machine than the pace said)
+    with pytest.raises(tunebudget.BudgetStop):
+        hooks.drop(roomy.measure[1])  # no cell starts once the budget cannot hold it
+
+
+def _least(said: str) -> tuple[int, int]:
+    """The least budget a refusal names, and the least with --budget-may-drop depths."""
+    strict = re.search(r"give --budget (\d+) or more", said)
+    lenient = re.search(r"or --budget (\d+) with --budget-may-drop depths", said)
+    assert strict and lenient, said
+    return int(strict.group(1)), int(lenient.group(1))
+
+
+def test_a_budget_is_a_limit_on_a_fresh_archive(fleet, tmp_path):
+    """Issue 83.4 on the rehearsal engine, depths 1 and 2 at C=1 and 4. A fresh archive
+    (no pace), --budget 1: the first cell (plain) sets the pace and the tune stops at
+    once, exit 2, one line naming the least budgets; that cell stays archived. The second
+    call has its pace and is refused before any launch. A third, with the least budget
+    that allows dropping depths and --budget-may-drop depths, fits: it drops the extra
+    verdicts, the skip variant and depth 2 as it must, each said, and ends within its
+    budget plus one cell (or stops with the line, never later)."""
+    profile = fleet.profile(
+        "bspec", tp=1, sim={"load-seconds": 0.2, "warmup-seconds": 0.1},
+        flags={"speculative-algorithm": "EAGLE3", "speculative-num-steps": 3,
+               "speculative-eagle-topk": 1, "speculative-num-draft-tokens": 4},
+    )  # fmt: skip
+    archive = tmp_path / "a"
+    argv = [
+        "tune", "--profile", str(profile), "--depths", "1,2", "--concurrency", "1,4",
+        "--num-prompts", "8", "--output-len", "16", "--hosts", "h0", "--archive", str(archive),
+    ]  # fmt: skip
+    began = time.monotonic()
+    first = fleet.cli(*argv, "--budget", "1", timeout=600)
+    first_s = time.monotonic() - began
+    assert first.returncode == 2, first.stdout[-4000:] + first.stderr[-2000:]
+    [said] = [line for line in first.stderr.splitlines() if "--budget 1:" in line]
+    assert "--budget 1: stopped after 1 launch (" in said and "next call has their pace" in said
+    [state_path] = (archive / "sweeps").glob("*.json")
+    state = json.loads(state_path.read_text())
+    ran = {key: cells["h0"]["status"] for key, cells in state["cells"].items()
+           if cells.get("h0", {}).get("status") == "done"}  # fmt: skip
+    assert ran == {"bspec[plain]": "done"}  # one cell, then the stop
+    assert not (archive / "tunes").exists() and not (profile.parent / "bspec-tuned.yaml").exists()
+    cell_s = state["durations_s"]["bspec[plain]"]
+    print(f"fresh archive, --budget 1: stopped after {first_s:.1f}s (its one cell {cell_s}s)")
+    launched = len(list((archive / "h0").iterdir()))
+    began = time.monotonic()
+    again = fleet.cli(*argv, "--budget", "1", timeout=300)
+    print(f"with the archived pace: refused in {time.monotonic() - began:.1f}s")
+    print(again.stderr.strip())
+    assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
+    [said] = [line for line in again.stderr.splitlines() if "--budget 1:" in line]
+    assert "stopped" not in said and "the measurement and its verification need" in said
+    assert len(list((archive / "h0").iterdir())) == launched  # nothing ran
+    strict, lenient = _least(said)
+    assert lenient < strict
+    began = time.monotonic()
+    fits = fleet.cli(*argv, "--budget", str(lenient), "--budget-may-drop", "depths", timeout=600)
+    fits_s = time.monotonic() - began
+    states = [json.loads(p.read_text()) for p in (archive / "sweeps").glob("*.json")]
+    longest = max(d for s in states for d in s.get("durations_s", {}).values())
+    print(f"--budget {lenient} --budget-may-drop depths: exit {fits.returncode} after "
+          f"{fits_s:.1f}s (longest cell {longest}s)")  # fmt: skip
+    assert fits_s <= lenient + longest + 15, (fits_s, lenient, longest)  # 15 s: start-up
+    if fits.returncode == 2:  # a busy machine ran slower than the pace: stopped, said
+        assert re.search(rf"--budget {lenient}: stopped after \d+ launch", fits.stderr)
+        return
+    assert fits.returncode == 0, fits.stdout[-4000:] + fits.stderr[-2000:]
+    dropped = [line.split("dropped ")[1].split(" (")[0]
+               for line in fits.stdout.splitlines() if "tune: --budget: dropped" in line]  # fmt: skip
+    order = ["bursts", "load step", "bspec[depth=0,skip]", "bspec[depth=2]"]
+    assert dropped == order[: len(dropped)], fits.stdout
+    [record_path] = (archive / "tunes").glob("*.json")
+    record = json.loads(record_path.read_text())
+    assert list(record["verify"]) == ["h0"]
+
+
+def test_the_users_trace_is_planned_as_a_shape_and_dropped_after_the_load_step(spec):
+    """Issue 83.2: --verify-trace replays the user's trace against every server of the
+    shapes, in rounds; the clock plans it at the trace's span (mooncake-sample: 43.5 s) and
+    --budget drops it after the bursts and the load step, before any depth; a trace inv
+    bench would refuse is one line before the first launch."""
+    from gpufleet.control.tune import shapes
+    from helpers import REPO
+
+    request = BenchRequest([1, 8], num_prompts=16, output_len=32)
+    sample = str(REPO / "playbooks/traces/mooncake-sample.jsonl")
+    rounds, span = shapes.replay_cost(sample, request)
+    lines = Path(sample).read_text().splitlines()
+    longest = max(json.loads(line)["output_length"] for line in lines)
+    assert rounds == longest and span == pytest.approx(43.487)
+    arms = tunecells.depth_arms(spec, [1, 2])
+    checks = tuneverify.verification_arms(spec, tunefiles.tuned_reference(spec, None))
+    plan = tunebudget.plan_cells(TuneArms(arms, checks, replay=(rounds, span)), request)
+    traced = [c for c in plan if c.stage == tunebudget.TRACE]
+    assert len(traced) == (3 + 2) * 3 and all(c.floor_s == span for c in traced)
+    pace = Pace(10.0, 0.01, "a test")
+    clock = TimeKeeper.for_tune(TuneArms(arms, checks, replay=(rounds, span), may_drop_depths=True),
+                                request, None, [].append, pace)  # fmt: skip
+    order = [u.what for u in clock.units()]
+    assert order[:3] == ["bursts", "load step", "trace replay"]
+    with pytest.raises(UserError, match=r"^--trace .*: no requests in it$"):
+        empty = spec.replace("spec.yaml", "empty.jsonl")
+        Path(empty).write_text("")
+        shapes.replay_cost(empty, request)

@@ -127,4 +127,6 @@ def test_the_clock_plans_no_load_step_nor_bursts_for_one_depth_per_launch(tmp_pa
     assert {c.stage for c in clock.cells} == {tunebudget.MEASURE, tunebudget.VERIFY}
     assert said[0].startswith("tune: 13 launches (3 measurement, 10 verification);")
     adaptive = tunebudget.plan_cells(tunebudget.TuneArms(arms, checks), request)
-    assert len(adaptive) == 19  # SGLang's: the load step and the bursts too
+    # SGLang's: the load step and the bursts too, each server (plain, static, tuned, depths
+    # 1 and 3) in three rounds (issue 83.1)
+    assert len(adaptive) == 13 + 2 * (3 + 2) * 3

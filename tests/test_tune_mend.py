@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import mend
@@ -180,6 +181,13 @@ def test_a_tune_says_why_a_level_fell_short_in_its_sentence_record_and_note(flee
     tuned = profile.parent / "tree-tuned.yaml"
     assert tunefiles.verification_notes(tuned) == {"h0": sentence}
     assert record["table"] == {"1": {"candidate_steps": [1]}}  # nothing a table could mend
+    # issue 83.3: that table, below the goal where the tree was not, is not written as the
+    # tuned profile: the tree is, and the last lines say why
+    written = yaml.safe_load(tuned.read_text())  # the tree: the profile, adaptive flags off
+    assert written["extends"] == "tree" and written["flags"] == {
+        "speculative-adaptive": False, "speculative-adaptive-config": False}  # fmt: skip
+    assert "the tuned profile is written as tree-static" in unwrap(out.stdout)
+    assert any(n.endswith("the tuned profile is written as tree-static") for n in record["notes"])
 
 
 @pytest.mark.slow(minutes=2)

@@ -85,3 +85,7 @@ def print_verdicts(outcome: Any) -> None:
         short = below_goal(v.rows)
         if short:
             line(f"tune: {v.host}: {short}")
+    if outcome.fallback is not None:  # and what the tune did about it (issue 83.3)
+        line(f"tune: {outcome.fallback.why}")
+    if outcome.spent:  # what it cost beside what it gained (issue 83.5)
+        line(f"tune: {outcome.spent}")

@@ -4,7 +4,7 @@ drafting and static speculation (control/tune/tune_run.py)."""
 
 from __future__ import annotations
 
-from gpufleet.cli.args import depths, nonzero
+from gpufleet.cli.args import choice, depths, nonzero
 from gpufleet.cli.common_options import experiment_options, positive_float, positive_int
 from gpufleet.cli.experiment_context import LEFT_OUT, experiment, resume_command
 from gpufleet.cli.options import Option, OptionSet
@@ -34,6 +34,17 @@ TUNE = OptionSet(
                   "(bursts, load step, depth 0's skip variant, deep depths; each said)",
                   nonzero(positive_float), default=None, to_request=False, most=30 * 86400,
                   expected="seconds, such as 1800"),
+    budget_may_drop=Option("what --budget may leave out besides the extra verdicts: 'depths' "
+                           "lets it drop depths you asked for, deepest first (without it, a "
+                           "budget that cannot measure every depth is refused)",
+                           choice("depths"), default=None, to_request=False),
+    shape_rounds=Option("runs of each server on the load step and the bursts, interleaved: "
+                        "3 or more give the headline figure its 95% interval",
+                        positive_int, default=3, most=20, to_request=False),
+    verify_trace=Option("replay this trace (Mooncake JSONL, as inv bench --trace reads, at "
+                        "--trace-speedup) against the tuned server and every static in the "
+                        "verification, interleaved, for its own headline figure",
+                        default=None, to_request=False),
 ) | experiment_options().replace(
     "concurrency", help="the load ladder", default=TUNE_LADDER
 )  # fmt: skip
@@ -53,7 +64,16 @@ def tune(c, **given):
     launch = LaunchOptions(engine=o.engine, allow_unhealthy=o.allow_unhealthy)
     with experiment(o, command, launch, own_servers=True) as exp:  # its arms: its own
         ask = tunerun.TuneAsk(
-            o.profile, o.depths, o.min_request_speed, o.name, o.verify, o.resume, o.budget
+            o.profile,
+            o.depths,
+            o.min_request_speed,
+            o.name,
+            o.verify,
+            o.resume,
+            o.budget,
+            o.budget_may_drop == "depths",
+            o.shape_rounds,
+            o.verify_trace,
         )
         outcome = tunerun.run(ask, request, exp, print_choice)
     print_verdicts(outcome)

@@ -1,38 +1,37 @@
 """`inv tune`'s time: an estimate before the first launch, updated as cells finish, and
 `--budget SECONDS`, which drops the least informative cells to fit and says which.
 
-A tune is 3 + len(depths) measurement launches, then 3 each for the verification, the load
-step and the bursts. A cell (one launch on every host at once) costs a fixed part (clean,
-launch, stop) and its benchmark, which is about proportional to its decode rounds: a
-closed-loop level of n requests at concurrency C, each `output_len` tokens, decodes
-ceil(n / C) x output_len steps. The pace (seconds fixed, seconds a round) is fitted to the
-cells this tune has finished, or before the first launch to this profile's archived tune
+A tune is 3 + len(depths) measurement launches, then two for each server of the
+verification, and `rounds` for each server of the load step, the bursts and the user's
+trace (no drafting, static speculation, the tuned server and each static depth). A cell
+(one launch on every host at once) costs a fixed part (clean, launch, stop) and its
+benchmark, which is about proportional to its decode rounds: a closed-loop level of n
+requests at concurrency C, each `output_len` tokens, decodes ceil(n / C) x output_len
+steps. The pace (seconds fixed, seconds a round) is fitted to the cells this tune has
+finished, or before the first launch to this profile's archived tune
 cells; with neither, the first cell sets it.
 
-The verification is planned first (issue 63): the tuned server beside the best static
-server of every level, every server launched twice, interleaved, so each level has an
-interval. It is never dropped; a budget that cannot hold it beside the measurement a
-table needs (plain, depth 0, the shallowest drafting depth) is refused up front with the
-least budget that can, where a pace is known (`--no-verify` leaves the verification out).
-What `--budget` drops, least informative first (a unit goes whole):
-1. the bursts (the verification's open-loop replay), then the load step: extra verdicts on
-   a table the verification already judges level by level; ties that decide the table
-   make room for themselves by dropping these (`cannot_afford`);
+The verification is planned first (issue 63) and never dropped; nor is a depth the user
+asked for unless `--budget-may-drop depths` (issue 83). A budget that cannot hold what is
+never dropped is refused before the first launch where a pace is known, else the tune stops
+as soon as its first cell gives one (control/tune/limit.py); no cell starts that the budget
+cannot hold. What `--budget` drops, least informative first (a unit goes whole):
+1. the bursts, the load step, then the replay of the user's trace (extra verdicts on a table
+   the verification judges level by level; ties that decide the table make room by dropping
+   these: `cannot_afford`);
 2. depth 0 with SGLang's skip variable (depth 0 is still measured as SGLang runs it);
-3. drafting depths, deepest first; once a deeper depth measured below the one before it
-   at every level, all deeper ones go first (a longer draft then only adds cost).
+3. with `--budget-may-drop depths`, drafting depths, deepest first (once a depth measured
+   below the one before it at every level, all deeper ones first).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpufleet.archive.kept import SweepRecord
 from gpufleet.archive.layout import Archive
 from gpufleet.control.bench.request import BenchRequest
 from gpufleet.control.sweep.cells import ArmSpec, interleaved
@@ -41,85 +40,27 @@ from gpufleet.control.sweep.sweep_state import SweepState
 from gpufleet.control.tune import levels
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune.drops import DropUnit, depth_of, drop_order, falling_depth
-from gpufleet.control.tune.stages import BURST, MEASURE, STAGE_NAMES, STEP, VERIFY, VERIFY_REPEATS
+from gpufleet.control.tune.limit import BudgetStop, Shortage, line, minutes
+from gpufleet.control.tune.pace import (  # noqa: F401  (the clock's API: tests and callers)
+    FIXED_STEPS,
+    Pace,
+    PlannedCell,
+    archived_pace,
+    decode_rounds,
+    fit_pace,
+)
+from gpufleet.control.tune.stages import (
+    BURST,
+    MEASURE,
+    STAGE_NAMES,
+    STEP,
+    TRACE,
+    VERIFY,
+    VERIFY_REPEATS,
+)
 from gpufleet.control.tune.step import BURST_CYCLES, QUIET_S, step_request
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
-
-FIXED_STEPS = ("clean", "launch", "stop")
-
-
-def decode_rounds(request: BenchRequest) -> float:
-    """Decode steps a closed-loop request's benchmark implies: per level, ceil(n / C)
-    requests in a row, `output_len` tokens each (warm-up included), times the repeats."""
-    per_level = sum(
-        (math.ceil(level.num_prompts / level.concurrency) + request.warmup) * request.output_len
-        for level in request.levels()
-    )
-    return per_level * (1 if request.fixed_levels else request.repeat)
-
-
-@dataclass(frozen=True)
-class PlannedCell:
-    """A cell the tune plans to run: its stage, key and label, and its decode rounds (what its
-    time is estimated from)."""
-
-    stage: str  # the sweep's kind (MEASURE, VERIFY, STEP, BURST)
-    key: str  # the arm's key in that sweep
-    label: str
-    rounds: float
-    floor_s: float = 0.0
-
-
-@dataclass
-class Pace:
-    """Seconds a cell costs: `fixed_s` + max(its wall floor, `round_s` x its rounds)."""
-
-    fixed_s: float
-    round_s: float
-    basis: str
-
-    def cell_s(self, cell: PlannedCell) -> float:
-        """A cell's estimated seconds: the fixed cost of a launch plus its rounds at the fitted
-        pace."""
-        return self.fixed_s + max(cell.floor_s, self.round_s * cell.rounds)
-
-
-def fit_pace(samples: list[tuple[dict[str, float], float]], basis: str) -> Pace | None:
-    """The pace from finished cells: (steps_s, rounds) each; None without one that has its
-    steps recorded."""
-    usable = [(steps, rounds) for steps, rounds in samples if "bench" in steps and rounds > 0]
-    if not usable:
-        return None
-    fixed = statistics.median(sum(s.get(k, 0.0) for k in FIXED_STEPS) for s, _ in usable)
-    round_s = sum(s["bench"] for s, _ in usable) / sum(r for _, r in usable)
-    return Pace(fixed, round_s, basis)
-
-
-def archived_pace(archive: Archive, profile: str, newest: int = 3) -> Pace | None:
-    """The pace of this profile's last `newest` archived tune sweeps (their requests say
-    each cell's rounds; each arm's slowest host counts, as the hosts run at once)."""
-    samples: list[tuple[dict[str, float], float]] = []
-    records = 0
-    for path in reversed(archive.sweep_states()):
-        if records >= newest:
-            break
-        try:
-            record = SweepRecord.load(path)
-        except UserError:
-            continue
-        if record.profiles[:1] != [profile] or not record.kind.startswith(MEASURE):
-            continue
-        if record.request is None:
-            continue
-        request = BenchRequest.from_json(record.request, archive)
-        records += 1
-        for cells in record.cells.values():
-            done = [c.steps_s for c in cells.values() if c.status == CellStatus.DONE]
-            if done:
-                slowest = max(done, key=lambda s: sum(s.values()))
-                samples.append((slowest, decode_rounds(request)))
-    return fit_pace(samples, f"{len(samples)} archived tune cells of {profile}")
 
 
 @dataclass(frozen=True)
@@ -132,6 +73,9 @@ class TuneArms:
     checks: list[ArmSpec]
     verify: bool = True
     switches: bool = True
+    may_drop_depths: bool = False  # --budget-may-drop depths (issue 83)
+    rounds: int = 3  # each server's runs of the load step and the bursts (issue 83.1)
+    replay: tuple[float, float] | None = None  # --verify-trace: its decode rounds, its span
 
 
 def plan_cells(arms: TuneArms, request: BenchRequest) -> list[PlannedCell]:
@@ -145,11 +89,15 @@ def plan_cells(arms: TuneArms, request: BenchRequest) -> list[PlannedCell]:
         # one reserved up front (the shallowest), the rest as the measurement names them
         repeated = interleaved(checks + verify_depths(measure, {}), VERIFY_REPEATS)
         stages.append((VERIFY, repeated, decode_rounds(request), 0.0))
-    if verify and switches:
+    if verify and switches:  # the shapes run every static depth too, in rounds
+        statics = [a for a in measure if depth_of(a) is not None]
+        shape = interleaved([*checks, *statics], arms.rounds)
         stages += [
-            (STEP, checks, decode_rounds(step_request(request)), 0.0),
-            (BURST, checks, BURST_CYCLES * request.output_len, BURST_CYCLES * 2 * QUIET_S),
+            (STEP, shape, decode_rounds(step_request(request)), 0.0),
+            (BURST, shape, BURST_CYCLES * request.output_len, BURST_CYCLES * 2 * QUIET_S),
         ]
+        if arms.replay is not None:
+            stages.append((TRACE, shape, *arms.replay))
     return [
         PlannedCell(stage, arm.key, arm.label, rounds, floor)
         for stage, arms, rounds, floor in stages
@@ -189,7 +137,9 @@ class TimeKeeper:
     dropped: dict[tuple[str, str], str] = field(default_factory=dict)  # -> why
     measured: dict[int, dict[int, float]] = field(default_factory=dict)  # depth -> C -> tok/s
     notes: list[str] = field(default_factory=list)
-    warned_floor: bool = False
+    verify: bool = True
+    may_drop_depths: bool = False  # whether --budget may drop depths the user asked for
+    launched: int = 0  # cells this call ran (not those a resumed run found done)
 
     @classmethod
     def for_tune(
@@ -200,28 +150,41 @@ class TimeKeeper:
         """The clock of a tune about to start; `finished`: (stage, arm key) of the cells an
         interrupted run of it already did (`--resume`), left out of what remains."""
         cells = plan_cells(arms, request)
-        clock = cls(arms.measure, arms.checks, cells, budget_s, say, pace, done=set(finished or ()))
-        least = clock.least_s()
-        if budget_s is not None and least is not None and least > budget_s and clock.pace:
-            what = "the measurement and its verification" if arms.verify else "the measurement"
-            raise UserError(
-                f"--budget {budget_s:g}: {what} need ~{_minutes(least)} at the pace of "
-                f"{clock.pace.basis}; give --budget {math.ceil(least)} or more"
-                + (", or --no-verify to write the table unverified" if arms.verify else "")
-            )
+        clock = cls(arms.measure, arms.checks, cells, budget_s, say, pace,
+                    done=set(finished or ()), verify=arms.verify,
+                    may_drop_depths=arms.may_drop_depths)  # fmt: skip
+        clock.check_limit()  # refused before the first launch where a pace says it
         for text in clock.opening_lines():
             say(text)
         clock.fit_budget()
         return clock
 
-    def least_s(self) -> float | None:
-        """The seconds of what no budget drops (plain, depth 0, the shallowest drafting
-        depth, the verification), those still to run; None without a pace."""
+    def least_s(self, may_drop_depths: bool | None = None) -> float | None:
+        """The seconds of what no budget drops (plain, depth 0, every depth asked for
+        unless the user let the budget drop them, else the shallowest, the verification),
+        those still to run, after what is spent; None without a pace."""
         if self.pace is None:
             return None
-        droppable = {k for unit in self.units() for k in unit.keys}
+        droppable = {k for unit in self.units(may_drop_depths) for k in unit.keys}
         kept = [c for c in self.remaining() if (c.stage, c.key) not in droppable]
         return self.elapsed_s() + sum(self.pace.cell_s(c) for c in kept)
+
+    def check_limit(self, starting: bool = False) -> None:
+        """A budget is a limit (issue 83): where what the tune must still run does not fit
+        (or the budget is spent with cells left, or a cell `starting`), stop now with the
+        one line naming the least budget that holds it (BudgetStop; before the first
+        launch, a refusal)."""
+        least = self.least_s()
+        if self.budget_s is None or least is None or self.pace is None:
+            return
+        if not (starting or self.remaining()):
+            return
+        spent = self.elapsed_s()
+        if least <= self.budget_s and spent < self.budget_s:
+            return
+        other = None if self.may_drop_depths else self.least_s(may_drop_depths=True)
+        raise BudgetStop(line(Shortage(self.budget_s, least, self.pace.basis, self.verify,
+                                       other, self.launched, spent)))  # fmt: skip
 
     def remaining(self) -> list[PlannedCell]:
         """The planned cells not yet done or dropped."""
@@ -255,15 +218,17 @@ class TimeKeeper:
                     "this profile to go by)"]  # fmt: skip
         return [f"{head}; estimate ~{_minutes(left)} (the pace of {self.pace.basis})"]
 
-    def units(self) -> list[DropUnit]:
+    def units(self, may_drop_depths: bool | None = None) -> list[DropUnit]:
         """What can be dropped to fit the budget, least informative first; a drafting
-        depth goes with the verification launches planned beside it (a depth not measured
-        is never the best static)."""
-        checked = [(s, [c.key for c in self.cells if c.stage == s]) for s in (BURST, STEP, VERIFY)]
-        units = drop_order(self.measure, checked, falling_depth(self.measured))
+        depth (only where the user allowed it) goes with the verification launches planned
+        beside it (a depth not measured is never the best static)."""
+        checked = [(s, [c.key for c in self.cells if c.stage == s])
+                   for s in (BURST, STEP, TRACE, VERIFY)]  # fmt: skip
+        depths = self.may_drop_depths if may_drop_depths is None else may_drop_depths
+        units = drop_order(self.measure, checked, falling_depth(self.measured), depths)
         beside: dict[str, tuple[tuple[str, str], ...]] = {}
         for c in self.cells:
-            if c.stage == VERIFY:
+            if c.stage in (VERIFY, STEP, BURST, TRACE):
                 beside[c.label] = (*beside.get(c.label, ()), (VERIFY, c.key))
         return [
             dataclasses.replace(u, keys=u.keys + beside.get(u.keys[0][1], ()))
@@ -273,7 +238,8 @@ class TimeKeeper:
 
     def fit_budget(self) -> None:
         """Drop units, least informative first, until the estimate fits the budget (a unit
-        with a cell already run is kept whole)."""
+        with a cell already run is kept whole); where even that does not fit, check_limit
+        stops the tune."""
         if self.budget_s is None or self.pace is None:
             return
         for unit in self.units():
@@ -282,14 +248,6 @@ class TimeKeeper:
             if any(k in self.done for k in unit.keys):
                 continue
             self._drop(unit, unit.why)
-        total = self.elapsed_s() + (self.left_s() or 0.0)
-        if total > self.budget_s and not self.warned_floor:
-            self.warned_floor = True
-            self.say(
-                f"tune: --budget {self.budget_s:g}: what is left still needs ~{_minutes(total)} "
-                f"in all (over by ~{total - self.budget_s:.0f}s); plain, depth 0, the "
-                "shallowest drafting depth and the verification are never dropped"
-            )
 
     def finished(
         self, stage: str, arm: ArmSpec, steps: dict[str, float],
@@ -301,6 +259,7 @@ class TimeKeeper:
         if key in self.done:
             return
         self.done.add(key)
+        self.launched += said
         planned = next((c for c in self.cells if (c.stage, c.key) == key), None)
         if planned is not None and steps:
             self.samples.append((steps, planned.rounds))
@@ -311,6 +270,7 @@ class TimeKeeper:
         fitted = fit_pace(self.samples, f"{len(self.samples)} cells of this tune")
         self.pace = fitted or self.pace
         self.fit_budget()
+        self.check_limit()  # the first cell of a fresh archive sets the pace: stop at once
         left = self.left_s()
         if said and left is not None and self.pace is not None and self.remaining():
             budget = f" of --budget {self.budget_s:g}s" if self.budget_s is not None else ""
@@ -358,10 +318,12 @@ class TimeKeeper:
         self.cells = [c for c in self.cells if c.stage != stage or c.key in running
                       or (c.stage, c.key) in self.done]  # fmt: skip
         planned = {(c.stage, c.key) for c in self.cells}
+        like = next((c for c in self.cells if c.stage == stage), None)  # a stage's cells cost alike
         for arm in arms:
             if (stage, arm.key) in planned:
                 continue
-            self.cells.append(PlannedCell(stage, arm.key, arm.label, decode_rounds(request)))
+            rounds, floor = (like.rounds, like.floor_s) if like else (decode_rounds(request), 0.0)
+            self.cells.append(PlannedCell(stage, arm.key, arm.label, rounds, floor))
             if dropped:
                 self.dropped[(stage, arm.key)] = "its stage was dropped"
         self.fit_budget()
@@ -375,7 +337,7 @@ class TimeKeeper:
             return ""
         rounds = decode_rounds(request)
         cost = sum(self.pace.cell_s(PlannedCell(stage, a.key, a.label, rounds)) for a in arms)
-        below = [u for u in self.units() if u.keys[0][0] in (BURST, STEP)]
+        below = [u for u in self.units() if u.keys[0][0] in (BURST, STEP, TRACE)]
         for unit in [None, *below]:
             if unit is not None:
                 self._drop(unit, f"to measure ties again: {unit.why}")
@@ -408,11 +370,16 @@ class TimeKeeper:
                 }  # fmt: skip
             self.finished(stage, arm, steps, figures, said=ran)
 
-        return CellHooks(drop=lambda arm: self.dropped.get((stage, arm.key)), after=after)
+        def drop(arm: ArmSpec) -> str | None:
+            why = self.dropped.get((stage, arm.key))
+            if why is None:
+                self.check_limit(starting=True)  # never start a cell the budget cannot hold
+            return why
+
+        return CellHooks(drop=drop, after=after)
 
 
-def _minutes(seconds: float) -> str:
-    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f} min"
+_minutes = minutes
 
 
 def has_state(root: Archive, profiles: list[str], arms: list[ArmSpec], kind: str) -> bool:

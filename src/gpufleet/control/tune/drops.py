@@ -1,5 +1,6 @@
 """What `--budget` may drop from a tune, least informative first (budget.py's module
-docstring has the order and why): the bursts, the load step, depth 0's skip variant, then
+docstring has the order and why): the bursts, the load step, the replay of the user's
+trace, depth 0's skip variant, then
 drafting depths, deepest first, or every depth past one that measured below the depth
 before it at every level. The verification is never among them."""
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.control.tune import depth_cells as tunecells
-from gpufleet.control.tune.stages import BURST, MEASURE, STAGE_NAMES, STEP
+from gpufleet.control.tune.stages import BURST, MEASURE, STAGE_NAMES, STEP, TRACE
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,15 @@ def depth_of(arm: ArmSpec) -> int | None:
 
 def drop_order(
     measure: list[ArmSpec], stages: Iterable[tuple[str, list[str]]],
-    falling_from: int | None = None,
+    falling_from: int | None = None, depths: bool = True,
 ) -> list[DropUnit]:  # fmt: skip
     """The units `--budget` may drop, least informative first (the module's list; the
     verification is not among them).
     `falling_from`: the first depth that measured below the depth before it at every
-    level, if any (the depths deeper than it go before the others)."""
+    level, if any (the depths deeper than it go before the others). `depths`: whether
+    the user let the budget drop drafting depths they asked for (`--budget-may-drop
+    depths`, issue 83); without it every requested depth is measured or the tune is
+    refused."""
     by_stage = dict(stages)
     units = []
     for stage, why in (
@@ -44,6 +48,8 @@ def drop_order(
                 "verification judges level by level"),
         (STEP, "the load step: an extra verdict on a table the verification judges level "
                "by level"),
+        (TRACE, "the replay of your trace: an extra verdict on a table the verification "
+                "judges level by level"),
     ):  # fmt: skip
         if by_stage.get(stage):
             keys = tuple((stage, key) for key in by_stage[stage])
@@ -55,6 +61,8 @@ def drop_order(
         for a in skip
     ]  # fmt: skip
     drafting = sorted((d, a) for a in measure if (d := depth_of(a)) is not None)
+    if not depths:
+        return units
     keep = drafting[:1]  # the shallowest drafting depth: the table needs one
     deepest_first = sorted(drafting[1:], key=lambda da: -da[0])
     if falling_from is not None:

@@ -9,7 +9,7 @@ import json
 import textwrap
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import yaml
 
@@ -104,6 +104,27 @@ def write_fixed(
         "flags": dict(flags),
     }
     header = "".join(f"# {line}\n" for line in ["Written by `inv tune`:", *ranges])
+    store.make_dirs(profile_path.parent)
+    _write_text(profile_path, header + yaml.safe_dump(data, sort_keys=False))
+    return profile_path
+
+
+def write_static(profile: str, name: str | None, arm: Any, why: str) -> Path:
+    """The tuned profile written as one static server the verification measured (issue
+    83.3: its table fell below the goal where this server did not): the profile with that
+    server's flags (a flag it drops set to false, which a launch leaves out), files and
+    variables, and `why` in its header."""
+    _, profile_path = output_paths(profile, name)
+    base = profile_label(profile)
+    data = {
+        "description": f"{base} as {arm.label}, the static server inv tune verified best",
+        "extends": base,
+        "flags": {**{flag: False for flag in arm.remove}, **arm.overrides},
+        **({"files": dict(arm.files)} if arm.files else {}),
+        **({"env": dict(arm.env)} if arm.env else {}),
+    }
+    said = textwrap.wrap(why, 96, break_on_hyphens=False, break_long_words=False)
+    header = "".join(f"# {line}\n" for line in ["Written by `inv tune`:", *said])
     store.make_dirs(profile_path.parent)
     _write_text(profile_path, header + yaml.safe_dump(data, sort_keys=False))
     return profile_path

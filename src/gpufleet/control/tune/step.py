@@ -49,14 +49,24 @@ def step_request(request: BenchRequest) -> BenchRequest:
 def step_rows(
     arms: list[ArmSpec], state: SweepRecord, archive: Archive
 ) -> dict[str, dict[str, list[ResultRow]]]:
-    """host -> arm label -> the step's result rows in the order they ran (its phases)."""
-    out: dict[str, dict[str, list[ResultRow]]] = {}
+    """host -> arm label -> the step's result rows in the order they ran (its phases), of
+    each server's first round."""
+    rounds = shape_rounds(arms, state, archive)
+    return {host: {label: runs[0] for label, runs in by.items()} for host, by in rounds.items()}
+
+
+def shape_rounds(
+    arms: list[ArmSpec], state: SweepRecord, archive: Archive
+) -> dict[str, dict[str, list[list[ResultRow]]]]:
+    """host -> arm label -> each finished round's result rows (its phases), rounds in the
+    order they ran."""
+    out: dict[str, dict[str, list[list[ResultRow]]]] = {}
     for arm in arms:
         for host, cell in state.cells[arm.key].items():
             if cell.status != CellStatus.DONE:
                 continue
             rows = store.read_results(archive.run_dir(host, str(cell.run_id)))
-            out.setdefault(host, {})[arm.label] = list(rows)
+            out.setdefault(host, {}).setdefault(arm.label, []).append(list(rows))
     return out
 
 
@@ -133,16 +143,22 @@ def burst_trace(path: Path, high: int, output_len: int) -> Path:
 
 
 def burst_request(request: BenchRequest, trace: Path) -> BenchRequest:
-    """The tune's request replaying the burst trace, its concurrency capped at the ladder's
-    highest level, each arrival carrying one of the tune's own prompts (a trace's token ids
-    would judge a coding-tuned table on what an engine reads as chat)."""
+    """The tune's request replaying the burst trace (written to `trace`)."""
+    return replay_request(request, burst_trace(trace, max(request.concurrency),
+                                               request.output_len), 1.0)  # fmt: skip
+
+
+def replay_request(request: BenchRequest, trace: Path, speedup: float) -> BenchRequest:
+    """The tune's request replaying a trace's arrivals (the bursts, or the user's own
+    `--verify-trace`), its concurrency capped at the ladder's highest level, each arrival
+    carrying one of the tune's own prompts (a trace's token ids would judge a coding-tuned
+    table on what an engine reads as chat)."""
     high = max(request.concurrency)
     own = None if request.trace or request.prompts == "random-ids" else request.prompts
     return replace(
         request, concurrency=[high], repeat=1, fixed_levels=None, num_prompts=None,
-        trace=str(burst_trace(trace, high, request.output_len)), trace_speedup=1.0,
-        prompts=str(trace), trace_prompts=own, workload=None, request_rate=None,
-        duration=None,
+        trace=str(trace), trace_speedup=speedup, prompts=str(trace), trace_prompts=own,
+        workload=None, request_rate=None, duration=None,
     )  # fmt: skip
 
 

@@ -27,14 +27,14 @@ from gpufleet.control.sweep.experiment import Experiment
 from gpufleet.control.sweep.sweep_state import SweepState
 from gpufleet.control.tune import budget as tunebudget
 from gpufleet.control.tune import depth_cells as tunecells
+from gpufleet.control.tune import fallback as tunefallback
 from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import fixed as tunefixed
 from gpufleet.control.tune import mend as tunemend
-from gpufleet.control.tune import step as tunestep
+from gpufleet.control.tune import shapes as tuneshapes
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune import ties as tunetie
 from gpufleet.control.tune import verify as tuneverify
-from gpufleet.control.tune.goal import share_text
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
 from gpufleet.report import select
@@ -58,16 +58,6 @@ class Verdict:
 
 
 @dataclass
-class StepVerdict:
-    """One host's load step: the tuned server through low, high and low load again, and its
-    sentence."""
-
-    host: str
-    phases: list[tunestep.StepPhase]
-    sentence: str
-
-
-@dataclass
 class TuneOutcome:
     """Everything a tune produced: the table, the files written, the record and the verdicts."""
 
@@ -77,7 +67,9 @@ class TuneOutcome:
     record: TuneRecord
     record_path: Path
     verdicts: list[Verdict] = field(default_factory=list)
-    steps: list[StepVerdict] = field(default_factory=list)
+    steps: list[tuneshapes.StepVerdict] = field(default_factory=list)
+    fallback: tunefallback.Decision | None = None  # a table below the goal against a static
+    spent: str = ""  # what the tune spent beside what it gained (its closing line)
 
 
 @dataclass(frozen=True)
@@ -94,6 +86,9 @@ class TuneAsk:
     verify: bool = True
     resume: bool = False
     budget_s: float | None = None
+    may_drop_depths: bool = False  # --budget-may-drop depths
+    shape_rounds: int = tuneshapes.SHAPE_ROUNDS  # each server's runs of the step and bursts
+    verify_trace: str | None = None  # the user's trace, replayed in the verification
 
 
 def run(
@@ -112,7 +107,10 @@ def run(
     checks = tuneverify.verification_arms(profile, tuned)
     switches = tunecells.drafting_of(load_profile(profile)).adaptive
     clock = tunebudget.TimeKeeper.for_tune(
-        tunebudget.TuneArms(arms, checks, verify, switches), request, ask.budget_s,
+        tunebudget.TuneArms(arms, checks, verify, switches, ask.may_drop_depths,
+                            ask.shape_rounds, tuneshapes.replay_cost(ask.verify_trace, request)),
+        request,
+        ask.budget_s,
         experiment.console.line, tunebudget.archived_pace(root, profile),
         _finished_cells(root, profile, tuned, arms, checks) if resume else set(),
     )  # fmt: skip
@@ -131,17 +129,25 @@ def run(
         on_chosen(outcome)
     # a fixed depth 0 is the plain server, just measured: nothing new to verify
     if not verify or clock.stage_dropped(tunebudget.VERIFY) or result.fixed_depth == 0:
+        outcome.spent = tuneshapes.spent_text(clock.launched, clock.elapsed_s(), [])
         return outcome
     _verify(profile, tuned, checks, request, resume, experiment, outcome, clock)
     if result.fixed_depth is None:  # SGLang's table: a level below the goal is mended
         _mend(profile, checks, request, resume, experiment, outcome, clock)
+        _fall_back(profile, checks, outcome, experiment, result)
     save_record(record, record_path)
     tunefiles.note_verification(
         outcome.profile_path, {v.host: v.sentence for v in outcome.verdicts}
     )
-    if result.fixed_depth is None:  # the step and bursts judge depth switching: none here
-        _load_step(profile, tuned, checks, request, resume, experiment, outcome, clock)
+    static = outcome.fallback is not None and outcome.fallback.fall_back
+    if result.fixed_depth is None and not static:  # they judge depth switching: none here
+        shapes = tuneshapes.ShapeRun(profile, tuned, checks, arms, request, resume,
+                                     ask.shape_rounds, ask.verify_trace)  # fmt: skip
+        tuneshapes.run_shapes(shapes, experiment, outcome, clock)
+        tuneshapes.note_headlines(outcome)
+    outcome.spent = tuneshapes.spent_text(clock.launched, clock.elapsed_s(), outcome.steps)
     record.notes = result.notes + [n for n in clock.notes if n not in result.notes]
+    record.notes.append(f"the tune {outcome.spent}")
     save_record(record, record_path)
     return outcome
 
@@ -283,6 +289,20 @@ def _mend(
         outcome.record.choices = [dataclasses.asdict(ch) for ch in outcome.result.choices]
 
 
+def _fall_back(
+    profile: str, checks: list[ArmSpec], outcome: TuneOutcome, experiment: Experiment,
+    result: tuning.TuneResult,
+) -> None:  # fmt: skip
+    """A table still below the goal after the mend, against the best single static
+    (control/tune/fallback.py): said, noted, and the profile written as that static where
+    it kept more at its worst level."""
+    outcome.fallback = tunefallback.settle(profile, checks, outcome)
+    if outcome.fallback is not None:
+        if outcome.fallback.why not in result.notes:
+            result.notes.append(outcome.fallback.why)
+        experiment.console.line(f"tune: {outcome.fallback.why}")
+
+
 def _first_per_level(found: Any) -> list[tunemend.Finding]:
     """One finding per level (the first host's), in level order."""
     by_level: dict[int, tunemend.Finding] = {}
@@ -349,56 +369,6 @@ def _kept(outcome: TuneOutcome, host: str, f: tunemend.Finding) -> float:
     return row.kept_best if row is not None and row.kept_best is not None else f.kept
 
 
-def _load_step(
-    profile: str,
-    tuned: str,
-    checks: list[ArmSpec],
-    request: BenchRequest,
-    resume: bool,
-    experiment: Experiment,
-    outcome: TuneOutcome,
-    clock: tunebudget.TimeKeeper,
-) -> None:
-    """The verification's load step (low -> high -> low in one run per server) and bursty
-    trace: per phase, the tuned server against that phase's better static, and its depth
-    switches. A stage `--budget` dropped is not run (the record's notes say so)."""
-    root = request.archive
-    profiles = [profile, tuned]
-    if clock.stage_dropped(tunebudget.STEP):
-        return  # the bursts went before it
-    again = resume and tunebudget.has_state(root, profiles, checks, "tune-step")
-    step = tunestep.step_request(request)
-    step_hooks = clock.hooks(tunebudget.STEP, root)
-    stepped = experiment.sweep(profiles, checks, "tune-step", again, step, step_hooks)
-    bursts: dict[str, dict[str, list[Any]]] = {}
-    burst_id = None
-    if not clock.stage_dropped(tunebudget.BURST):
-        trace = root.tune_burst_trace(outcome.record.tune_id)
-        again = resume and tunebudget.has_state(root, profiles, checks, "tune-burst")
-        bursty = tunestep.burst_request(request, trace)
-        burst_hooks = clock.hooks(tunebudget.BURST, root)
-        burst = experiment.sweep(profiles, checks, "tune-burst", again, bursty, burst_hooks)
-        bursts, burst_id = tunestep.step_rows(checks, burst.record, root), burst.sweep_id
-    labels = [arm.label for arm in checks]
-    for host, by_arm in tunestep.step_rows(checks, stepped.record, root).items():
-        phases, sentence = tunestep.step_verdict(by_arm, labels)
-        spike = tunestep.burst_verdict(bursts.get(host, {}), labels)
-        if spike is not None:
-            phases.append(spike)
-            switches = "-" if spike.switches is None else spike.switches
-            sentence += (
-                f" Bursts of {spike.concurrency}: {share_text(spike.kept)} of the better static's "
-                f"per-request speed, {switches} depth switches."
-            )
-        outcome.steps.append(StepVerdict(host, phases, sentence))
-        outcome.record.step[host] = {
-            "sweep_id": stepped.sweep_id,
-            "burst_sweep_id": burst_id,
-            "phases": [dataclasses.asdict(p) for p in phases],
-            "sentence": sentence,
-        }
-
-
 def _finished_cells(
     root: Archive, profile: str, tuned: str, arms: list[ArmSpec], checks: list[ArmSpec]
 ) -> set[tuple[str, str]]:
@@ -407,10 +377,9 @@ def _finished_cells(
     later = [kind for kind in tunebudget.STAGE_NAMES if kind != tunebudget.MEASURE]
     Stage = tuple[str, list[str], list[ArmSpec] | None]
     stages: list[Stage] = [(tunebudget.MEASURE, [profile], arms)]
-    # the verification's cells depend on what was measured (its best static depths): its
-    # latest sweep of these profiles, whatever cells it had
-    stages += [(kind, [profile, tuned], None if kind == tunebudget.VERIFY else checks)
-               for kind in later]  # fmt: skip
+    # the verification's and the shapes' cells depend on what was measured (its static
+    # depths): each stage's latest sweep of these profiles, whatever cells it had
+    stages += [(kind, [profile, tuned], None) for kind in later]
     done = set()
     for kind, profiles, kind_arms in stages:
         try:

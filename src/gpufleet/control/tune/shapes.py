@@ -1,0 +1,178 @@
+"""The verification's load shapes (the load step and the bursts, control/tune/step.py) as
+`inv tune` runs them: the tuned server beside no drafting, the profile's own static
+speculation and every static depth the tune measured, `rounds` times each, interleaved;
+per phase the tuned server against its better static (from the first round), and per
+shape the headline (control/tune/headline.py: its output tokens a second and per-request
+speed against every static, with a 95% interval from the rounds; issue 83.1)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpufleet.control.bench.request import BenchRequest
+from gpufleet.control.bench.workloads import load_trace
+from gpufleet.control.sweep.cells import ArmSpec, interleaved
+from gpufleet.control.sweep.experiment import Experiment
+from gpufleet.control.tune import budget as tunebudget
+from gpufleet.control.tune import files as tunefiles
+from gpufleet.control.tune import headline as hl
+from gpufleet.control.tune import step as tunestep
+from gpufleet.control.tune.drops import depth_of
+from gpufleet.control.tune.goal import share_text
+from gpufleet.control.tune.limit import minutes
+
+SHAPE_ROUNDS = 3  # each server's runs of a shape: Student's t needs three for an interval
+
+
+@dataclass
+class StepVerdict:
+    """One host's load step: the tuned server through low, high and low load again, and its
+    sentence; and each shape's headline against every static run on it."""
+
+    host: str
+    phases: list[tunestep.StepPhase]
+    sentence: str
+    headlines: list[hl.Headline] = dataclasses.field(default_factory=list)
+
+
+def shape_arms(checks: list[ArmSpec], depths: list[ArmSpec], rounds: int) -> list[ArmSpec]:
+    """The servers a shape runs: the checks (no drafting, static speculation, the tuned
+    server) and each static drafting depth, `rounds` times, interleaved."""
+    statics = [a for a in depths if depth_of(a) is not None]
+    return interleaved([*checks, *statics], rounds)
+
+
+def step_text(request: BenchRequest) -> str:
+    """The load step as the headline names it (`the load step 1 -> 64 -> 1`)."""
+    low, high = min(request.concurrency), max(request.concurrency)
+    return f"the load step {low} -> {high} -> {low}"
+
+
+@dataclass(frozen=True)
+class ShapeRun:
+    """What the shapes run: the profile and the tuned one, the checks (no drafting, static
+    speculation, the tuned server), the measurement's arms (its static depths join), the
+    tune's request, whether resuming, each server's rounds, and the user's trace
+    (`--verify-trace`, None: none)."""
+
+    profile: str
+    tuned: str
+    checks: list[ArmSpec]
+    depths: list[ArmSpec]
+    request: BenchRequest
+    resume: bool = False
+    rounds: int = SHAPE_ROUNDS
+    trace: str | None = None
+
+
+def replay_cost(trace: str | None, request: BenchRequest) -> tuple[float, float] | None:
+    """The user's trace as the clock plans it: its longest output (decode rounds: the
+    requests decode side by side) and its span in seconds at `--trace-speedup`; a trace
+    inv bench would refuse is refused here, before the first launch, in one line."""
+    if trace is None:
+        return None
+    rows = load_trace(trace, request.trace_speedup)
+    return float(max(r.output_len or 0 for r in rows)), max(r.at or 0.0 for r in rows)
+
+
+def run_shapes(run: ShapeRun, experiment: Experiment, outcome: Any,
+               clock: tunebudget.TimeKeeper) -> None:  # fmt: skip
+    """The load step (low -> high -> low in one run per server), the bursty trace and the
+    user's trace: per phase, the tuned server against that phase's better static, its depth
+    switches, and each shape's headline. A stage `--budget` dropped is not run (the notes
+    say so)."""
+    request = run.request
+    if clock.stage_dropped(tunebudget.STEP):
+        return  # the bursts went before it
+    measured = outcome.result.measured  # a depth --budget dropped is not run here either
+    arms = shape_arms(run.checks, [a for a in run.depths if depth_of(a) in measured], run.rounds)
+    step = tunestep.step_request(request)
+    stepped = _shape(run, arms, tunebudget.STEP, step, experiment, clock)
+    bursts: dict[str, dict[str, list[list[Any]]]] = {}
+    traced: dict[str, dict[str, list[list[Any]]]] = {}
+    burst_id = None
+    if not clock.stage_dropped(tunebudget.BURST):
+        trace = request.archive.tune_burst_trace(outcome.record.tune_id)
+        burst = _shape(run, arms, tunebudget.BURST, tunestep.burst_request(request, trace),
+                       experiment, clock)  # fmt: skip
+        bursts, burst_id = (
+            tunestep.shape_rounds(arms, burst.record, request.archive),
+            burst.sweep_id,
+        )
+    if run.trace is not None and not clock.stage_dropped(tunebudget.TRACE):
+        replay = tunestep.replay_request(request, Path(run.trace), request.trace_speedup)
+        replayed = _shape(run, arms, tunebudget.TRACE, replay, experiment, clock)
+        traced = tunestep.shape_rounds(arms, replayed.record, request.archive)
+    labels = [arm.label for arm in run.checks]
+    names = (step_text(request), "the bursts", f"your trace {Path(run.trace or '').name}")
+    for host, by_label in tunestep.shape_rounds(arms, stepped.record, request.archive).items():
+        first = {label: runs[0] for label, runs in by_label.items()}
+        phases, sentence = tunestep.step_verdict(first, labels)
+        burst_runs = bursts.get(host, {})
+        spike = tunestep.burst_verdict({k: v[0] for k, v in burst_runs.items()}, labels)
+        if spike is not None:
+            phases.append(spike)
+            switches = "-" if spike.switches is None else spike.switches
+            sentence += (
+                f" Bursts of {spike.concurrency}: {share_text(spike.kept)} of the better static's "
+                f"per-request speed, {switches} depth switches."
+            )
+        shapes = zip(names, (by_label, burst_runs, traced.get(host, {})), strict=True)
+        heads = [h for name, runs in shapes if (h := _headline(name, runs, labels[2])) is not None]
+        outcome.steps.append(StepVerdict(host, phases, sentence, heads))
+        outcome.record.step[host] = {
+            "sweep_id": stepped.sweep_id,
+            "burst_sweep_id": burst_id,
+            "phases": [dataclasses.asdict(p) for p in phases],
+            "sentence": sentence,
+            "headline": [h.sentence for h in heads],
+        }
+
+
+def _shape(run: ShapeRun, arms: list[ArmSpec], kind: str, request: BenchRequest,
+           experiment: Experiment, clock: tunebudget.TimeKeeper) -> Any:  # fmt: skip
+    """One shape's sweep: planned with the clock, resumed where an earlier run got to it."""
+    profiles = [run.profile, run.tuned]
+    clock.plan_more(kind, arms, request)
+    again = run.resume and tunebudget.has_state(request.archive, profiles, arms, kind)
+    return experiment.sweep(profiles, arms, kind, again, request,
+                            clock.hooks(kind, request.archive))  # fmt: skip
+
+
+def _headline(shape: str, runs: dict[str, list[list[Any]]], tuned: str) -> hl.Headline | None:
+    """A shape's headline from each server's runs (label -> its rounds' result rows)."""
+    rounds = {label: [r for rows in each if (r := hl.round_of(rows)) is not None]
+              for label, each in runs.items()}  # fmt: skip
+    return hl.headline(shape, rounds, tuned)
+
+
+def note_headlines(outcome: Any) -> None:
+    """Each host's headlines end its verification sentence, so the terminal, the record and
+    the tuned profile's header say them alike (the profile's note is written again)."""
+    for st in outcome.steps:
+        if not st.headlines:
+            continue
+        v = next((v for v in outcome.verdicts if v.host == st.host), None)
+        if v is None:
+            continue
+        v.sentence += " Headline: " + "; ".join(h.sentence for h in st.headlines) + "."
+        outcome.record.verify[v.host]["sentence"] = v.sentence
+    if any(st.headlines for st in outcome.steps):
+        tunefiles.note_verification(
+            outcome.profile_path, {v.host: v.sentence for v in outcome.verdicts}
+        )
+
+
+def spent_text(launches: int, seconds: float, steps: list[StepVerdict]) -> str:
+    """What the tune spent beside what it gained (issue 83.5): its launches and wall time,
+    and per host and shape the tuned server's output tokens a second against the best
+    single static (or why there is no such figure)."""
+    spent = f"spent {launches} launch{'es' * (launches != 1)} and {minutes(seconds)}"
+    gains = [f"{st.host}, {h.shape}: {h.tokens[h.best].text()} of {h.best}'s output tokens a "
+             "second" for st in steps for h in st.headlines]  # fmt: skip
+    if not gains:
+        return f"{spent}; no load shape ran to say what it gained over the best single static"
+    return f"{spent} to gain: " + "; ".join(gains)

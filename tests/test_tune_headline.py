@@ -1,0 +1,98 @@
+"""Issue 83.1: one headline per load shape, the tuned server against every static run on it,
+with a 95% interval from the interleaved rounds and compare's verdict rules (no direction
+without a significant test): a property test on synthetic rounds (control/tune/headline.py)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpufleet.control.tune import headline as hl
+from gpufleet.records import ResultRow
+from gpufleet.report.verdicts import Verdict
+
+
+def _rounds(rng: random.Random, n: int, tokens: float, speed: float, noise: float):
+    return [hl.Round(tokens * math.exp(rng.gauss(0, noise)), speed * math.exp(rng.gauss(0, noise)))
+            for _ in range(n)]  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 8), true_ratio=st.floats(0.7, 1.4), noise=st.floats(0.001, 0.1),
+    seed=st.integers(0, 2**32 - 1),
+)  # fmt: skip
+def test_the_interval_holds_the_ratio_and_the_verdict_follows_the_interval(
+    n, true_ratio, noise, seed
+):
+    """Whatever the rounds: the ratio lies inside its interval; BETTER only where the interval
+    is above 1.0, WORSE only below, SAME where it holds 1.0; fewer than three rounds give no
+    interval and no direction, and the sentence says so."""
+    rng = random.Random(seed)
+    statics = {"p[plain]": _rounds(rng, n, 100.0, 10.0, noise),
+               "p[depth=2]": _rounds(rng, n, 110.0, 12.0, noise)}  # fmt: skip
+    tuned = _rounds(rng, n, 110.0 * true_ratio, 12.0 * true_ratio, noise)
+    found = hl.headline("the load step 1 -> 64 -> 1", {**statics, "p-tuned": tuned}, "p-tuned")
+    assert found is not None and found.rounds == n
+    for r in [*found.tokens.values(), *found.speed.values()]:
+        if n < 3:
+            assert r.interval is None and r.verdict == Verdict.UNTESTED
+            continue
+        low, high = r.interval
+        assert low <= r.value <= high
+        expected = Verdict.BETTER if low > 1 else Verdict.WORSE if high < 1 else Verdict.SAME
+        assert r.verdict == expected
+        assert r.text().endswith(" n.s.") == (expected == Verdict.SAME)
+    means = {k: sum(x.tokens_per_s for x in v) / n for k, v in statics.items()}
+    assert found.best == max(means, key=means.get)
+    assert found.sentence.startswith(
+        f"over the load step 1 -> 64 -> 1 the tuned server delivered {found.tokens[found.best].text()}"
+        f" the output tokens a second of the best single static, {found.best}, and"
+    )
+    assert ("no direction is claimed" in found.sentence) == (n < 3)
+
+
+def test_the_interval_covers_the_true_ratio_about_95_percent_of_the_time():
+    """Five rounds of each server, 2% noise a round, true ratio 1.05: over 400 seeded
+    shapes the interval holds 1.05 in at least 90% (95% nominal), and calls a difference
+    where there is none (true ratio 1.0) in at most 10%."""
+    rng = random.Random(83)
+
+    def once(true_ratio: float) -> hl.Ratio:
+        static = [r.tokens_per_s for r in _rounds(rng, 5, 100.0, 1.0, 0.02)]
+        tuned = [r.tokens_per_s for r in _rounds(rng, 5, 100.0 * true_ratio, 1.0, 0.02)]
+        return hl.ratio(static, tuned)
+
+    covered = sum(r.interval[0] <= 1.05 <= r.interval[1] for r in (once(1.05) for _ in range(400)))
+    assert covered >= 360, covered
+    false = sum(once(1.0).verdict != Verdict.SAME for _ in range(400))
+    assert false <= 40, false
+
+
+def test_a_round_is_the_shapes_tokens_over_its_time_and_its_requests_weighted_speed():
+    rows = [ResultRow(max_concurrency=4, failed=0, output_throughput=0.0, duration=10.0, total_output_tokens=1000, completed=10,
+                      median_per_request_output_tps=50.0),
+            ResultRow(max_concurrency=64, failed=0, output_throughput=0.0, duration=30.0, total_output_tokens=5000, completed=30,
+                      median_per_request_output_tps=30.0)]  # fmt: skip
+    assert hl.round_of(rows) == hl.Round(150.0, 35.0)
+    assert hl.round_of([ResultRow(1, 0, 0, 0.0, duration=0.0)]) is None
+
+
+def test_the_closing_line_says_what_the_tune_spent_beside_what_it_gained():
+    """Issue 83.5: launches and wall time, then per host and shape the headline's ratio
+    against the best single static; with no shape run, it says there is no such figure."""
+    from gpufleet.control.tune.shapes import StepVerdict, spent_text
+
+    rng = random.Random(5)
+    rounds = {"p[plain]": _rounds(rng, 3, 100.0, 10.0, 0.01),
+              "p-tuned": _rounds(rng, 3, 107.0, 10.0, 0.01)}  # fmt: skip
+    found = hl.headline("the bursts", rounds, "p-tuned")
+    step = StepVerdict("h0", [], "", [found])
+    said = spent_text(34, 372.0, [step])
+    assert said == (f"spent 34 launches and 6.2 min to gain: h0, the bursts: "
+                    f"{found.tokens['p[plain]'].text()} of p[plain]'s output tokens a second")  # fmt: skip
+    assert spent_text(1, 9.0, []) == ("spent 1 launch and 9s; no load shape ran to say what it "
+                                      "gained over the best single static")  # fmt: skip
