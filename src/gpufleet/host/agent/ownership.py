@@ -26,13 +26,14 @@ import os
 import socket
 from pathlib import Path
 
-from gpufleet.host.agent import safewrite
+from gpufleet.host.agent import bounded, safewrite
 from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.host.agent.protocol import AgentError, Owner
 from gpufleet.kinds import Kind
 
 LOCK = "owner.lock"
 RECORD = "owner.json"
+RECORD_BYTES = 64 << 10  # a runner.json the run's user may have written: a few hundred bytes
 
 _held: int | None = None  # the lock's descriptor, open for this agent's life
 _owner: Owner | None = None
@@ -105,8 +106,8 @@ def runs_holding(runs: Path = Path("runs")) -> list[str]:
     since T)`): what holds the host once the task that started them is gone."""
     found = []
     for record in sorted(runs.glob("*/runner.json")) if runs.is_dir() else []:
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            if ProcRef.from_wire(json.loads(record.read_text())).alive():
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # TooLarge too
+            if ProcRef.from_wire(json.loads(bounded.read_file(record, RECORD_BYTES))).alive():
                 found.append(record.parent.name + _where(record.parent))
     return found
 
@@ -114,10 +115,10 @@ def runs_holding(runs: Path = Path("runs")) -> list[str]:
 def _where(run_dir: Path) -> str:
     """` (C=8, level 2 of 3, since T)` from the run's plan and progress, or nothing."""
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
-        levels = json.loads((run_dir / "plan.json").read_text())["levels"]
+        levels = json.loads(bounded.read_file(run_dir / "plan.json", bounded.RUN_LOOK))["levels"]
         with open(run_dir / "progress.jsonl", "rb") as fh:
             fh.seek(max(0, os.fstat(fh.fileno()).st_size - 65536))
-            lines = fh.read().decode(errors="replace").splitlines()
+            lines = bounded.take(fh, 65536).decode(errors="replace").splitlines()
         starts = [e for e in map(_event, lines) if e and e.get("phase") == "start"]
         last = starts[-1]
         level = int(last["level"])
