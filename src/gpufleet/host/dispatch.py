@@ -15,6 +15,7 @@ import traceback
 from typing import TextIO
 
 from gpufleet.host.agent import ownership
+from gpufleet.host.agent.heartbeat import Heartbeat
 from gpufleet.host.agent.protocol import (
     KEEPER,
     MARK,
@@ -89,7 +90,8 @@ def serve(stdin: TextIO, limit: int = MAX_LINE) -> int:
         if verb not in VERBS:
             emit_error(f"serve: unknown verb {verb!r}", Kind.BAD_INPUT)
             continue
-        run_verb(verb, io.StringIO(rest + "\n"))
+        with Heartbeat(MARK):  # the control plane's silence limit tells quiet from hung
+            run_verb(verb, io.StringIO(rest + "\n"))
     return 0
 
 
