@@ -23,6 +23,7 @@ from gpufleet.host.agent.protocol import (
     AgentError,
     Hello,
     emit_error,
+    emit_event,
     emit_result,
     read_args,
     write_line,
@@ -42,8 +43,10 @@ def run_verb(verb: str, stream: TextIO) -> int:
         args = read_args(verb, stream)
         if args.sim:
             nvml.activate_simulation(args.sim, args.host or "sim")
-        if args.changes_host():
-            ownership.claim(args.owner)  # one task at a time changes this host
+        if args.changes_host():  # one task at a time changes this host; a gpu-clean
+            took = ownership.claim(args.owner, take_over=verb == "clean")  # ends a stopped one
+            if took:
+                emit_event({"warning": took})
         emit_result(VERBS[verb](args))
         return 0
     except AgentError as exc:

@@ -48,6 +48,7 @@ class LineParser:
         self.unreadable: str | None = None  # a line of ours that is not JSON: the answer is lost
 
     def write(self, text: str) -> int:
+        """Take agent output; each complete line is parsed as it arrives."""
         self.buffer += text
         while "\n" in self.buffer:
             line, self.buffer = self.buffer.split("\n", 1)
@@ -55,9 +56,10 @@ class LineParser:
         return len(text)
 
     def flush(self) -> None:
-        pass
+        """Nothing is buffered but an incomplete line (a file-like sink's method)."""
 
     def close(self) -> None:
+        """The output ended: a last line without its newline is parsed too."""
         if self.buffer:
             self._line(self.buffer)
             self.buffer = ""

@@ -262,7 +262,7 @@ class Session:
     ) -> Any:
         """Run one agent verb; return its result or raise HostError with the agent's message."""
         agent = self._serving_agent()
-        sink = LineParser(on_event)
+        sink = LineParser(on_event or self._said_once)  # no listener: warnings said once
         try:
             agent.send(f"{args.VERB} {self.with_host(args).to_wire()}")
         except (OSError, EOFError):
@@ -341,6 +341,11 @@ class Session:
             if not carry_on(answer):
                 return answer
             cancel.check(call.doing)  # type: ignore[union-attr]
+
+    def _said_once(self, event: ProgressEvent) -> None:
+        """A warning of a verb nobody listens to (a gpu-clean's take-over), said once."""
+        if "warning" in event:
+            self.warnings.add(str(event["warning"]))
 
     def _unanswered(self, verb: str, unreadable: str | None) -> str:
         """The one line for a verb whose answer cannot come: unreadable, or nothing at all

@@ -4,12 +4,15 @@ The control plane reads a verb's answer with a limit on silence (SILENT_S), not 
 verb's length: `logs --follow` on a quiet log may say nothing for hours, and an agent a
 user stopped (SIGSTOP), a hung host or a lost network said nothing forever while `inv
 logs` waited. So while a serving agent runs a verb, a thread writes a heartbeat line
-whenever nothing else was written for HEARTBEAT_S. Standard library only: this module ships.
+whenever nothing else was written for HEARTBEAT_S; where that write fails, the task's
+connection is gone and the agent ends (a quiet verb, `bench-watch` on a stopped run, held
+the host for a task that no longer was). Standard library only: this module ships.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -52,4 +55,7 @@ class Heartbeat:
     def _beat(self) -> None:
         while not self.done.wait(self.every / 4):
             if time.monotonic() - _last_write[0] >= self.every and not self.done.is_set():
-                write(self.line)
+                try:
+                    write(self.line)
+                except OSError:  # the task's connection is gone: nothing to answer, and
+                    os._exit(0)  # what the agent holds (the host: ownership.py) is let go
