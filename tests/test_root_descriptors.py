@@ -39,6 +39,13 @@ def _descriptors(pid: int) -> dict[str, str]:
     return out
 
 
+def _alive_as(pid: int, uid: int) -> bool:
+    try:
+        return _uid_of(pid) == uid
+    except (OSError, StopIteration):
+        return False
+
+
 def _holders_of(lock: Path) -> list[int]:
     """The processes with `lock` open."""
     found = []
@@ -73,11 +80,17 @@ def test_a_stopped_run_as_runner_holds_nothing_of_roots_and_gpu_clean_takes_over
         assert _uid_of(runner) == NOBODY
         state_file = json.loads(next((workdir / "servers").glob("*.json")).read_text())
         handed = {str(Path(state_file["log"]).resolve()), str(state.parent / "runner.log")}
-        fds = _descriptors(runner)
-        roots = {fd: target for fd, target in fds.items() if target.startswith("/")
-                 and os.path.exists(target) and os.stat(target).st_uid == 0
-                 and target not in ("/dev/null",)}  # fmt: skip
-        assert set(roots.values()) <= handed, roots  # owner.lock above all
+        # the runner and every child it started (its client processes, its sampler)
+        theirs = [int(p.name) for p in Path("/proc").iterdir()
+                  if p.name.isdigit() and _alive_as(int(p.name), NOBODY)]  # fmt: skip
+        assert runner in theirs
+        for pid in theirs:
+            roots = {target for target in _descriptors(pid).values()
+                     if target.startswith("/") and target != "/dev/null"
+                     and os.path.exists(target) and os.stat(target).st_uid == 0}  # fmt: skip
+            assert roots <= handed, (pid, roots)  # owner.lock above all
+        environ = Path(f"/proc/{runner}/environ").read_bytes().split(b"\0")
+        assert not [v for v in environ if v.startswith(b"GPUFLEET_LOGIN")], "root's login"
         holders = _holders_of(lock)
         assert runner not in holders and holders, holders
         assert all(_uid_of(pid) == 0 for pid in holders), holders
