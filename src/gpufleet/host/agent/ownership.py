@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from gpufleet.host.agent import safewrite
 from gpufleet.host.agent.procstat import ProcRef, read_stat
@@ -42,9 +42,32 @@ RECORD = "owner.json"
 STOPPED = ("T", "t")  # /proc/PID/stat states: stopped by a signal, or by a tracer
 HANDOVER_S = 2.0  # how long a claim waits for a keeper whose runner has just ended
 
+
+class ProcWire(TypedDict):
+    """A process on this host as owner.json names it (procstat.ProcRef's wire form)."""
+
+    pid: int
+    start_ticks: int
+
+
+class RunnerWire(ProcWire):
+    """A bench runner that runs as another user, and that user."""
+
+    user: str
+
+
+class Holding(Owner, total=False):
+    """owner.json: the task that holds the host (its Owner), when it claimed it, the
+    process of root's that holds the lock here, and the bench runner it holds it for."""
+
+    claimed: str
+    holder: ProcWire | None
+    runner: RunnerWire
+
+
 _held: int | None = None  # the lock's descriptor, open for this agent's life
 _owner: Owner | None = None
-_record: dict[str, Any] = {}  # what owner.json says of this agent's hold
+_record: Holding = {}  # type: ignore[typeddict-item]  # filled by claim
 
 
 def claim(owner: Owner | None, take_over: bool = False) -> str | None:
@@ -94,7 +117,7 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def holder_now() -> dict[str, Any] | None:
+def holder_now() -> Holding | None:
     """What owner.json says of the task that holds (or last held) the host: its Owner,
     when it claimed the host, its holder here and its bench runner, if any."""
     with contextlib.suppress(OSError, ValueError, AgentError):
@@ -105,14 +128,14 @@ def holder_now() -> dict[str, Any] | None:
     return None
 
 
-def _who(holder: dict[str, Any]) -> str:
+def _who(holder: Holding) -> str:
     where = f" on {holder['control']}" if holder.get("control") else ""
     since = holder.get("claimed") or holder.get("since")
     since = f", since {since}" if since else ""
     return f"`{holder.get('task')}` (pid {holder.get('pid')}{where}{since})"
 
 
-def busy_line(holder: dict[str, Any] | None) -> str:
+def busy_line(holder: Holding | None) -> str:
     """The refusal: who holds the host, and that it is freed when that task ends."""
     if holder is None:
         return "this host is in use by another gpufleet task; it is freed when that task ends"
@@ -132,7 +155,7 @@ def _ref(data: Any) -> ProcRef | None:
         return None
 
 
-def _stopped(holder: dict[str, Any]) -> str | None:
+def _stopped(holder: Holding) -> str | None:
     """Why the holder cannot be waited for: its process here, or its run's runner, is
     stopped (SIGSTOP, a tracer); None while both run."""
     for key, what in (("holder", "its holder"), ("runner", "its bench runner")):
@@ -144,13 +167,13 @@ def _stopped(holder: dict[str, Any]) -> str | None:
     return None
 
 
-def _runner_ended(holder: dict[str, Any] | None) -> bool:
+def _runner_ended(holder: Holding | None) -> bool:
     """The holder's run is over (its keeper is about to let go): worth a moment's wait."""
     ref = _ref((holder or {}).get("runner"))
     return ref is not None and not ref.alive()
 
 
-def _end_holder(holder: dict[str, Any]) -> bool:
+def _end_holder(holder: Holding) -> bool:
     """SIGKILL the root process that holds the lock for a stopped owner (a keeper, or a
     stopped agent of root's): only the very process recorded, and only root's."""
     ref = _ref(holder.get("holder"))
