@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from gpufleet.sim.sshd import LoopbackSshd
+from gpufleet.terminal import CONTROL as TERMINAL_CONTROL
 
 if TYPE_CHECKING:
     from gpufleet.sim.slurm_cluster import LocalSlurm
@@ -186,6 +187,10 @@ def run_cli(
             f"`gpufleet {' '.join(args)}` still ran after {timeout:.0f} s; its output, "
             f"then its threads:\n{stdout[-3000:]}\n{stderr[-6000:]}"
         ) from None
+    raw = TERMINAL_CONTROL.findall(stdout + stderr)
+    if raw:  # issue 80.4: every byte a task prints passes the terminal filter
+        raise AssertionError(f"`gpufleet {' '.join(args)}` printed control characters "
+                             f"{sorted(set(raw))!r}: something bypasses cli/scrubbing.py")  # fmt: skip
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 

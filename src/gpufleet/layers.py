@@ -16,7 +16,7 @@ from __future__ import annotations
 SHIPPED_BASE = (
     "__init__", "kinds", "wire", "records", "readings", "engine_facts", "per_request",
 )  # fmt: skip
-BASE = (*SHIPPED_BASE, "errors", "layers")  # layers: the zip ships its SHIPPED_BASE
+BASE = (*SHIPPED_BASE, "errors", "layers", "terminal")  # layers: the zip ships its SHIPPED_BASE
 
 # package -> the packages it may import besides its own and the base, lowest layers first
 LAYERS: dict[str, tuple[str, ...]] = {

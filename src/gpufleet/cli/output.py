@@ -37,12 +37,14 @@ def table(
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=title or None, title_justify="left")
+        from gpufleet.cli.scrubbing import for_terminal, raw
+
+        t = Table(title=for_terminal(title) or None, title_justify="left")
         for h in headers:
-            t.add_column(str(h))
-        for row in rows:
-            t.add_row(*(str(c) for c in row))
-        Console(file=stream).print(t)
+            t.add_column(for_terminal(str(h)))
+        for row in rows:  # rich's styling goes beside the filter, the cells through it
+            t.add_row(*(for_terminal(str(c)) for c in row))
+        Console(file=raw(stream), markup=False).print(t)
     else:
         print(_plain(title, headers, rows), file=stream)
 

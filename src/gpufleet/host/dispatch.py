@@ -15,6 +15,7 @@ import traceback
 from typing import TextIO
 
 from gpufleet.host.agent import ownership
+from gpufleet.host.agent.heartbeat import Heartbeat
 from gpufleet.host.agent.protocol import (
     KEEPER,
     MARK,
@@ -22,6 +23,7 @@ from gpufleet.host.agent.protocol import (
     AgentError,
     Hello,
     emit_error,
+    emit_event,
     emit_result,
     read_args,
     write_line,
@@ -41,8 +43,10 @@ def run_verb(verb: str, stream: TextIO) -> int:
         args = read_args(verb, stream)
         if args.sim:
             nvml.activate_simulation(args.sim, args.host or "sim")
-        if args.changes_host():
-            ownership.claim(args.owner)  # one task at a time changes this host
+        if args.changes_host():  # one task at a time changes this host; a gpu-clean
+            took = ownership.claim(args.owner, take_over=verb == "clean")  # ends a stopped one
+            if took:
+                emit_event({"warning": took})
         emit_result(VERBS[verb](args))
         return 0
     except AgentError as exc:
@@ -89,7 +93,8 @@ def serve(stdin: TextIO, limit: int = MAX_LINE) -> int:
         if verb not in VERBS:
             emit_error(f"serve: unknown verb {verb!r}", Kind.BAD_INPUT)
             continue
-        run_verb(verb, io.StringIO(rest + "\n"))
+        with Heartbeat(MARK):  # the control plane's silence limit tells quiet from hung
+            run_verb(verb, io.StringIO(rest + "\n"))
     return 0
 
 

@@ -24,6 +24,7 @@ from gpufleet.archive.kept import Manifest
 from gpufleet.report import answer, catalogue, figures
 from gpufleet.report.answer import Answer
 from gpufleet.report.compare import Arm, common_levels
+from gpufleet.terminal import shown
 
 VERDICT_METRICS = [  # (heading, key, format, higher is better): from the catalogue
     (m.label, m.key, m.fmt, bool(m.higher_is_better))
@@ -97,7 +98,7 @@ def _finite(value: Any) -> Any:
 
 
 def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    return html.escape(shown(str(value)), quote=True)  # control characters written out
 
 
 def _words(text: str) -> str:

@@ -20,6 +20,7 @@ from gpufleet.report import html
 from gpufleet.report.compare import Arm
 from gpufleet.report.html import Failure, ReportInput
 from gpufleet.report.stats import MIN_REPEATS_FOR_INTERVAL, LevelFigures, aggregate
+from gpufleet.terminal import shown
 
 
 def load_arm(label: str, run_dirs: list[Path]) -> Arm:
@@ -279,5 +280,6 @@ def write_summary(data: ReportInput, out_dir: Path) -> Path:
     answers = [answer.build(host, arms) for host, arms in data.per_host.items()]
     tables = {host: table(arms, wide=True) for host, arms in data.per_host.items()}
     target = out_dir / "summary.md"
-    store.write_private_file(target, answer.to_markdown(data.title, answers, tables).encode())
+    text = shown(answer.to_markdown(data.title, answers, tables))  # as the terminal escapes
+    store.write_private_file(target, text.encode())
     return target

@@ -40,6 +40,7 @@ from gpufleet.host.bench.dialects import NAMES as BACKENDS
 from gpufleet.kinds import Kind, RunStatus
 from gpufleet.records import BenchPlan, Level, PromptRow, RandomLengths, ResultRow
 from gpufleet.report.tables import summary_csv, summary_md
+from gpufleet.terminal import shown
 
 CONTROL_FILES = {"runner.json"}
 
@@ -242,7 +243,7 @@ def archive_run(
     record = manifest.build(host, run_id, run, command_line, __version__)
     kept = {k: v for k, v in files.items() if k not in CONTROL_FILES}
     kept["summary.csv"] = summary_csv(run.results).encode()
-    kept["summary.md"] = summary_md(record, run.results).encode()
+    kept["summary.md"] = shown(summary_md(record, run.results)).encode()  # as on a terminal
     path = store.write_run(request.archive, host, run_id, kept, record)
     tail = []
     if run.status["status"] != RunStatus.DONE and "server.log" in kept:

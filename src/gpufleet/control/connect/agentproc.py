@@ -10,13 +10,18 @@ Invoke's runner polls every 10 ms in three threads per command.
 from __future__ import annotations
 
 import codecs
+import json
 import time
 from collections.abc import Callable
 from typing import Protocol
 
+from gpufleet.host.agent import heartbeat
+from gpufleet.host.agent.protocol import MARK, FinalLine, Hello, ProgressEvent
+
 FINAL = "final"  # the condition the caller waited for holds
 EOF = "eof"  # the agent closed its output (exited, or the connection is gone)
 TIMEOUT = "timeout"
+SILENT = "silent"  # nothing at all came for the silence limit (not even a heartbeat)
 CHUNK = 65536
 WAKE_S = 5.0  # re-check a silent SSH transport this often (a dead peer sends nothing)
 
@@ -26,6 +31,61 @@ class Sink(Protocol):
 
     def write(self, text: str) -> int:
         """Take some text; return how much was taken."""
+
+
+EventHandler = Callable[[ProgressEvent], None]
+
+
+class LineParser:
+    """A file-like sink that splits agent stdout into JSON lines as they arrive."""
+
+    def __init__(self, on_event: EventHandler | None) -> None:
+        self.on_event = on_event
+        self.buffer = ""
+        self.final: FinalLine | None = None
+        self.hello: Hello | None = None  # a serving agent's first line
+        self.other: list[str] = []
+        self.unreadable: str | None = None  # a line of ours that is not JSON: the answer is lost
+
+    def write(self, text: str) -> int:
+        """Take agent output; each complete line is parsed as it arrives."""
+        self.buffer += text
+        while "\n" in self.buffer:
+            line, self.buffer = self.buffer.split("\n", 1)
+            self._line(line)
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing is buffered but an incomplete line (a file-like sink's method)."""
+
+    def close(self) -> None:
+        """The output ended: a last line without its newline is parsed too."""
+        if self.buffer:
+            self._line(self.buffer)
+            self.buffer = ""
+
+    def _line(self, line: str) -> None:
+        line = line.strip()
+        if not line:
+            return
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            if MARK in line and self.unreadable is None:
+                self.unreadable = line
+            self.other.append(line)
+            return
+        if not isinstance(obj, dict) or obj.get(MARK) != 1:
+            self.other.append(line)
+        elif heartbeat.ALIVE in obj:
+            pass  # the agent is busy in the verb, and alive
+        elif "event" in obj:
+            if self.on_event:
+                self.on_event(obj["event"])
+        elif "hello" in obj:
+            self.hello = obj["hello"]
+        else:
+            self.final = obj
 
 
 class AgentProcess:
@@ -69,17 +129,29 @@ class AgentProcess:
         """Up to CHUNK bytes of stdout (b"" at EOF), or None when nothing came in time."""
         raise NotImplementedError
 
-    def pump(self, sink: Sink, deadline: float | None, until: Callable[[], bool]) -> str:
-        """Feed stdout to `sink` until `until()` holds, the output ends, or the deadline."""
+    def pump(
+        self,
+        sink: Sink,
+        deadline: float | None,
+        until: Callable[[], bool],
+        silent_s: float | None = None,
+    ) -> str:
+        """Feed stdout to `sink` until `until()` holds, the output ends, the deadline, or
+        nothing at all came for `silent_s` (a serving agent's heartbeat says it is alive)."""
+        heard = time.monotonic()
         while not until():
-            wait = WAKE_S if deadline is None else min(WAKE_S, deadline - time.monotonic())
+            now = time.monotonic()
+            quiet = None if silent_s is None else heard + silent_s
+            ends = [t for t in (deadline, quiet) if t is not None]
+            wait = min([WAKE_S, *(t - now for t in ends)])
             if wait <= 0:
-                return TIMEOUT
+                return TIMEOUT if deadline is not None and now >= deadline else SILENT
             data = self._read(wait)
             if data is None:
                 if self.lost:
                     return EOF
                 continue
+            heard = time.monotonic()
             if not data:
                 sink.write(self._decoder.decode(b"", final=True))
                 return EOF

@@ -11,7 +11,6 @@ on the agent's stdin, one line per verb, to the one agent a session keeps runnin
 
 from __future__ import annotations
 
-import json
 import shlex
 import threading
 import time
@@ -26,19 +25,21 @@ from gpufleet.control.connect import taskid
 from gpufleet.control.connect.agentproc import (
     EOF,
     FINAL,
+    SILENT,
     TIMEOUT,
     AgentProcess,
+    EventHandler,
+    LineParser,
 )
 from gpufleet.control.connect.cancel import CancelToken
 from gpufleet.control.inventory import connections
 from gpufleet.control.inventory.model import Host
 from gpufleet.errors import HostError
-from gpufleet.host.agent import loginenv
-from gpufleet.host.agent.protocol import MARK, SERVE, FinalLine, Hello, ProgressEvent, VerbArgs
+from gpufleet.host.agent import heartbeat, loginenv
+from gpufleet.host.agent.protocol import SERVE, ProgressEvent, VerbArgs
 from gpufleet.kinds import Kind
 from gpufleet.wire import WireError
 
-EventHandler = Callable[[ProgressEvent], None]
 Progress = Callable[[str, ProgressEvent], None]  # (host name, event): a per-host printer
 
 
@@ -47,51 +48,6 @@ def host_events(host_name: str, progress: Progress | None) -> EventHandler | Non
     if progress is None:
         return None
     return lambda event: progress(host_name, event)
-
-
-class _LineParser:
-    """A file-like sink that splits agent stdout into JSON lines as they arrive."""
-
-    def __init__(self, on_event: EventHandler | None) -> None:
-        self.on_event = on_event
-        self.buffer = ""
-        self.final: FinalLine | None = None
-        self.hello: Hello | None = None  # a serving agent's first line
-        self.other: list[str] = []
-
-    def write(self, text: str) -> int:
-        self.buffer += text
-        while "\n" in self.buffer:
-            line, self.buffer = self.buffer.split("\n", 1)
-            self._line(line)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self.buffer:
-            self._line(self.buffer)
-            self.buffer = ""
-
-    def _line(self, line: str) -> None:
-        line = line.strip()
-        if not line:
-            return
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            self.other.append(line)
-            return
-        if not isinstance(obj, dict) or obj.get(MARK) != 1:
-            self.other.append(line)
-        elif "event" in obj:
-            if self.on_event:
-                self.on_event(obj["event"])
-        elif "hello" in obj:
-            self.hello = obj["hello"]
-        else:
-            self.final = obj
 
 
 MISSING = bootstrap.MISSING
@@ -233,7 +189,7 @@ class Session:
         for _attempt in range(2):
             agent = self._start(script)
             self.agent_starts += 1
-            sink = _LineParser(None)
+            sink = LineParser(None)
             deadline = time.monotonic() + START_TIMEOUT_S
             outcome = agent.pump(sink, deadline, lambda sink=sink: sink.hello is not None)
             if sink.hello is not None:
@@ -305,20 +261,25 @@ class Session:
     ) -> Any:
         """Run one agent verb; return its result or raise HostError with the agent's message."""
         agent = self._serving_agent()
-        sink = _LineParser(on_event)
+        sink = LineParser(on_event or self._said_once)  # no listener: warnings said once
         try:
             agent.send(f"{args.VERB} {self.with_host(args).to_wire()}")
         except (OSError, EOFError):
             pass  # the agent is gone: said below, from what it left
         deadline = None if timeout is None else time.monotonic() + timeout
-        outcome = agent.pump(sink, deadline, lambda: sink.final is not None)
-        if outcome != FINAL:
+        done = lambda: sink.final is not None or sink.unreadable is not None  # noqa: E731
+        outcome = agent.pump(sink, deadline, done, heartbeat.SILENT_S)
+        if outcome != FINAL or sink.final is None:
             self._agent = None  # a fresh agent for the next call
-            if outcome == TIMEOUT:
+            if outcome != EOF:
                 agent.kill()
+            if outcome == TIMEOUT:
                 raise HostError(
-                    f"agent did not finish (timed out after {timeout:g}s)", kind=Kind.AGENT
+                    f"agent did not finish `{args.VERB}` (timed out after {timeout:g}s)",
+                    kind=Kind.AGENT,
                 )
+            if outcome in (SILENT, FINAL):
+                raise HostError(self._unanswered(args.VERB, sink.unreadable), kind=Kind.AGENT)
             self._fail_lost(agent)
             code, err = agent.exit_code(), agent.stderr_text()
             raise self._agent_lost(self._explain_failure(code, err, sink.other))
@@ -379,6 +340,22 @@ class Session:
             if not carry_on(answer):
                 return answer
             cancel.check(call.doing)  # type: ignore[union-attr]
+
+    def _said_once(self, event: ProgressEvent) -> None:
+        """A warning of a verb nobody listens to (a gpu-clean's take-over), said once."""
+        if "warning" in event:
+            self.warnings.add(str(event["warning"]))
+
+    def _unanswered(self, verb: str, unreadable: str | None) -> str:
+        """The one line for a verb whose answer cannot come: unreadable, or nothing at all
+        (not even the agent's heartbeat) for the silence limit."""
+        if unreadable is not None:
+            shown = unreadable[:120].encode("unicode_escape").decode("ascii")
+            return f"the agent's answer to `{verb}` is unreadable ({shown!r})"
+        return (
+            f"no word from the agent in `{verb}` for "
+            f"{heartbeat.SILENT_S:g}s (stopped, hung, or the host is unreachable)"
+        )
 
     def owner_ended(self) -> str | None:
         """Why nothing the agent started can still run on the host (its owner ended), or

@@ -25,6 +25,13 @@ KEEP_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "HF_", "HUGGING_FACE_", "SG
                  "GPUFLEET_", "OMP_", "TOKENIZERS_", "TORCH_", "TORCHINDUCTOR_", "TRITON_",
                  "FLASHINFER_", "MASTER_", "GLOO_", "UCX_", "NVSHMEM_")  # fmt: skip
 ANNOUNCED = ("PYTHON", "LD_", "PERL5", "RUBY", "NODE_", "BASH_ENV", "GCONV_PATH")
+# the login session's own (sshd's, the shell's, a Slurm step's): never a server's setting,
+# so not worth a word when they are not passed
+SESSION = {"PWD", "OLDPWD", "SHLVL", "_", "MAIL", "MOTD_SHOWN", "DBUS_SESSION_BUS_ADDRESS",
+           "LS_COLORS", "HOSTNAME", "HOSTTYPE", "OSTYPE", "MACHTYPE", "LESSOPEN",
+           "LESSCLOSE"}  # fmt: skip
+SESSION_PREFIXES = ("SSH_", "XDG_", "SLURM_", "SLURMD_", "BASH_FUNC_")
+ZONEINFO = "/usr/share/zoneinfo"  # where the C library reads a relative TZ (TZDIR is unset)
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -50,12 +57,24 @@ def _paths_in(value: str) -> list[str]:
     return out
 
 
-def untrusted_paths(value: str) -> list[str]:
+def _tz_paths(value: str) -> list[str]:
+    """The file a TZ value makes the C library read: `:/path` or `/path` itself, and a
+    relative name (`Europe/Paris`, `:Etc/UTC`) under the zoneinfo folder, never under the
+    directory the server starts in; a POSIX rule (`CET-1CEST`) reads none."""
+    name = value.removeprefix(":")
+    if name.startswith("/"):
+        return [name]
+    if not name or (not value.startswith(":") and "/" not in name):
+        return []
+    return [os.path.normpath(os.path.join(ZONEINFO, name))]
+
+
+def untrusted_paths(value: str, name: str = "") -> list[str]:
     """The one-line reasons the paths a value names fail the trust rule (a missing path
-    passes only where no other user could create it)."""
+    passes only where no other user could create it); TZ's as the C library reads it."""
     uid = os.geteuid()
     out = []
-    for path in _paths_in(value):
+    for path in _tz_paths(value) if name == "TZ" else _paths_in(value):
         reason = trust.trusted(path, uid, trust.ANY)
         if reason:
             out.append(reason)
@@ -84,14 +103,22 @@ def login_env(source: dict[str, str] | None = None) -> tuple[dict[str, str], lis
         if name == "PATH":
             env[name] = _trusted_path(value)
         elif name in KEEP or name.startswith(KEEP_PREFIXES):
-            if untrusted_paths(value):
+            if untrusted_paths(value, name):
                 dropped.append(name)
             else:
                 env[name] = value
-        elif name.startswith(ANNOUNCED):
-            dropped.append(name)
+        elif name.startswith(ANNOUNCED) or not _session(name):
+            dropped.append(name)  # said in the dry run, with why (dropped_note)
     env.setdefault("PATH", SAFE_PATH)
     return env, sorted(dropped)
+
+
+def _session(name: str) -> bool:
+    return name in SESSION or name.startswith(SESSION_PREFIXES)
+
+
+def _loads_code(name: str) -> bool:
+    return name in loginenv.LOADER_VARIABLES or name.startswith(ANNOUNCED)
 
 
 def child_env(explicit: dict[str, str] | None = None) -> dict[str, str]:
@@ -109,7 +136,7 @@ def refusals(explicit: dict[str, str]) -> list[str]:
     """Why a profile's own variables cannot be given to a root process, one line each."""
     out = []
     for name, value in explicit.items():
-        out += [f"env {name}: {reason}" for reason in untrusted_paths(str(value))]
+        out += [f"env {name}: {reason}" for reason in untrusted_paths(str(value), name)]
     return out
 
 
@@ -120,16 +147,26 @@ def dropped_names() -> tuple[list[str], list[str]]:
     launch fails and in its dry run)."""
     source, unset = loginenv.login_environment()
     _, dropped = login_env(source)
-    unsafe = sorted({n for n in dropped if n in source and untrusted_paths(source[n])})
+    unsafe = sorted({n for n in dropped if n in source and untrusted_paths(source[n], n)})
     return unsafe, sorted({*unset, *dropped} - set(unsafe))
 
 
 def dropped_note(names: list[str], why: str = "") -> str | None:
-    """One line naming variables not passed to the server, and how to pass them."""
+    """One line naming variables not passed to the server, each kind with why, and how to
+    pass them (issue 80.6: TZ and CUDA_INJECTION64_PATH went unsaid)."""
     if not names:
         return None
+    if why:
+        said = f"{', '.join(names)}{why}"
+    else:
+        kinds = (
+            ([n for n in names if _loads_code(n)], " (they load code or steer the loader)"),
+            ([n for n in names if not _loads_code(n)], " (not on the allow-list: "
+             "host/agent/childenv.py)"),
+        )  # fmt: skip
+        said = "; ".join(f"{', '.join(group)}{because}" for group, because in kinds if group)
     return (
-        f"not passed to the server from the login environment: {', '.join(names)}{why} "
+        f"not passed to the server from the login environment: {said} "
         "(set them under the profile's env: to pass them; their paths are judged)"
     )
 

@@ -5,12 +5,18 @@ other's loading server. Now every verb that changes the host (a launch, a bench,
 gpu-clean, a stop: `VerbArgs.changes_host`) first takes an exclusive `flock` on the lock
 file and keeps it open for the agent's life. The lock is the agent's open file, so it ends
 when the agent does, and the agent ends when its task's connection does (the task's end,
-Ctrl-C, a crash, a lost network): nothing expires, nothing is left to clean up. A bench
-runner started detached inherits it (`held_fd`), so a run that outlives its task still
-owns the host until it ends. A second task's verb that would change the host is refused in
-one line naming the owner (`owner.json`); reading (status, logs, `--attach`) never asks.
-Sessions of one task share its identity, so a task's second connection is not refused by
-its first. A runner started as a Slurm job step is no child of the agent: it is handed the
+Ctrl-C, a crash, a lost network): nothing expires, nothing is left to clean up. A second
+task's verb that would change the host is refused in one line naming the owner
+(`owner.json`: the task, its holder on this host, since when); reading (status, logs,
+`--attach`) never asks. Sessions of one task share its identity, so a task's second
+connection is not refused by its first.
+
+A bench run outlives its task and owns the host until it ends. A runner of root's inherits
+the lock (`held_fd`); a runner that runs as the run_as user never holds anything of root's
+(issue 80.5: that user stopping its runner kept the host "in use" for root's gpu-clean):
+root keeps the lock in a keeper of its own (`keep_for`) that ends with the runner. A
+gpu-clean takes the host over, in one line, from an owner whose holder or runner is
+stopped. A runner started as a Slurm job step is no child of the agent: it is handed the
 lock's descriptor over a Unix socket in its run directory (`hand_over`/`take_over`), so it
 owns the host on srun as over SSH (issue 81.6). Once the task's agent is gone, the refusal
 names the run that holds the host now, never the task's dead pid as if it ran (81.8).
@@ -23,68 +29,138 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, TypedDict
 
 from gpufleet.host.agent import bounded, safewrite
-from gpufleet.host.agent.procstat import ProcRef
+from gpufleet.host.agent.procstat import ProcRef, read_stat
 from gpufleet.host.agent.protocol import AgentError, Owner
 from gpufleet.kinds import Kind
 
 LOCK = "owner.lock"
 RECORD = "owner.json"
 RECORD_BYTES = 64 << 10  # a runner.json the run's user may have written: a few hundred bytes
+STOPPED = ("T", "t")  # /proc/PID/stat states: stopped by a signal, or by a tracer
+HANDOVER_S = 2.0  # how long a claim waits for a keeper whose runner has just ended
+
+
+class ProcWire(TypedDict):
+    """A process on this host as owner.json names it (procstat.ProcRef's wire form)."""
+
+    pid: int
+    start_ticks: int
+
+
+class RunnerWire(ProcWire):
+    """A bench runner that runs as another user, and that user."""
+
+    user: str
+
+
+class Holding(Owner, total=False):
+    """owner.json: the task that holds the host (its Owner), when it claimed it, its agent
+    here (whether the task still runs), the process of root's that holds the lock here, and
+    the bench runner it holds it for."""
+
+    claimed: str
+    agent: ProcWire | None
+    holder: ProcWire | None
+    runner: RunnerWire
+
 
 _held: int | None = None  # the lock's descriptor, open for this agent's life
 _owner: Owner | None = None
+_record: Holding = {}  # type: ignore[typeddict-item]  # filled by claim
 
 
-def claim(owner: Owner | None) -> None:
+def claim(owner: Owner | None, take_over: bool = False) -> str | None:
     """Hold the host for `owner`'s task (a no-op where this agent already does, or where
-    the holder is the same task's other session); AgentError (IN_USE) naming the holder."""
+    the holder is the same task's other session); AgentError (IN_USE) naming the holder.
+    With `take_over` (gpu-clean), an owner whose holder or runner is stopped is ended and
+    the host taken: the line saying so is returned."""
     global _held, _owner
     if _held is not None:
-        return
+        return None
     me: Owner = owner or {"id": f"agent {os.getpid()}", "task": "an agent call",
                           "control": "", "pid": os.getpid(), "since": ""}  # fmt: skip
     fd = safewrite.open_lock(LOCK)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    said = None
+    if not _lock(fd, 0.0):
         holder = holder_now()
         if holder is not None and holder.get("id") == me["id"]:
-            return  # this task's other session holds it
-        raise AgentError(busy_line(holder), kind=Kind.IN_USE) from None
+            os.close(fd)
+            return None  # this task's other session holds it
+        why = _stopped(holder) if take_over and holder is not None else None
+        if why is not None and _end_holder(holder):
+            said = f"took over this host from {_who(holder)}: {why}"
+        if not _lock(fd, HANDOVER_S if said or _runner_ended(holder) else 0.0):
+            os.close(fd)
+            raise AgentError(busy_line(holder), kind=Kind.IN_USE)
     _held, _owner = fd, me
-    agent = ProcRef.capture(os.getpid())  # whether the task still holds it, for busy_line
-    safewrite.write_atomic(RECORD, json.dumps({**me, "agent": agent and agent.to_wire()}))
+    me_here = ProcRef.capture(os.getpid())
+    _record.clear()
+    here = me_here.to_wire() if me_here else None
+    _record.update({**me, "claimed": _now(), "agent": here, "holder": here})
+    safewrite.write_atomic(RECORD, json.dumps(_record))
+    return said
 
 
-def holder_now() -> Owner | None:
-    """What owner.json says of the task that holds (or last held) the host."""
+def _lock(fd: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def holder_now() -> Holding | None:
+    """What owner.json says of the task that holds (or last held) the host: its Owner,
+    when it claimed the host, its holder here and its bench runner, if any."""
     with contextlib.suppress(OSError, ValueError, AgentError):
         data = safewrite.read_own(RECORD)
         if data:
-            return json.loads(data)
+            found = json.loads(data)
+            return found if isinstance(found, dict) else None
     return None
 
 
-def busy_line(holder: Owner | None) -> str:
+def _who(holder: Holding) -> str:
+    where = f" on {holder['control']}" if holder.get("control") else ""
+    since = holder.get("claimed") or holder.get("since")
+    since = f", since {since}" if since else ""
+    return f"`{holder.get('task')}` (pid {holder.get('pid')}{where}{since})"
+
+
+def busy_line(holder: Holding | None) -> str:
     """The refusal: who holds the host now, and until when: the task while its agent lives,
     else the runs it left running (the lock is theirs), each freed when it ends."""
     if holder is None:
         return "this host is in use by another gpufleet task; it is freed when that task ends"
-    where = f" on {holder['control']}" if holder.get("control") else ""
-    since = f", since {holder['since']}" if holder.get("since") else ""
-    task = f"`{holder['task']}` (pid {holder['pid']}{where}{since})"
+    task = _who(holder)
+    runner = holder.get("runner")
+    run = (f"; its bench run goes on (runner pid {runner['pid']} as {runner['user']})"
+           if isinstance(runner, dict) else "")  # fmt: skip
     agent = holder.get("agent")
     if not isinstance(agent, dict) or _alive(agent):
-        return (f"this host is in use by {task}; it is freed when that task ends (or is "
+        return (f"this host is in use by {task}{run}; it is freed when that task ends (or is "
                 "interrupted there): run this after it")  # fmt: skip
     runs = runs_holding()
     if not runs:
-        return (f"this host is held by a process {task} left running, which has ended; "
+        return (f"this host is held by a process {task} left running{run}, which has ended; "
                 "it is freed when that process ends: run this after it")  # fmt: skip
     first = runs[0].split(" ", 1)[0]
     return (
@@ -94,11 +170,95 @@ def busy_line(holder: Owner | None) -> str:
     )
 
 
-def _alive(wire: dict[str, int]) -> bool:
+def _alive(wire: Any) -> bool:
     try:
         return ProcRef.from_wire(wire).alive()
     except (KeyError, TypeError, ValueError):
         return True  # a record it cannot judge: say what it says
+
+
+def _ref(data: Any) -> ProcRef | None:
+    try:
+        return ProcRef.from_wire(data) if isinstance(data, dict) else None
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def _stopped(holder: Holding) -> str | None:
+    """Why the holder cannot be waited for: its process here, or its run's runner, is
+    stopped (SIGSTOP, a tracer); None while both run."""
+    for key, what in (("holder", "its holder"), ("runner", "its bench runner")):
+        ref = _ref(holder.get(key))
+        stat = read_stat(ref.pid) if ref else None
+        if ref and stat and stat.start_ticks == ref.start_ticks and stat.state in STOPPED:
+            user = holder[key].get("user")
+            return f"{what} (pid {ref.pid}{f' as {user}' if user else ''}) is stopped"
+    return None
+
+
+def _runner_ended(holder: Holding | None) -> bool:
+    """The holder's run is over (its keeper is about to let go): worth a moment's wait."""
+    ref = _ref((holder or {}).get("runner"))
+    return ref is not None and not ref.alive()
+
+
+def _end_holder(holder: Holding) -> bool:
+    """SIGKILL the root process that holds the lock for a stopped owner (a keeper, or a
+    stopped agent of root's): only the very process recorded, and only root's."""
+    ref = _ref(holder.get("holder"))
+    if ref is None or not ref.alive():
+        return False
+    try:
+        if os.stat(f"/proc/{ref.pid}").st_uid != os.geteuid():
+            return False
+        os.kill(ref.pid, signal.SIGKILL)
+    except OSError:
+        return False
+    return True
+
+
+def held_fd() -> int | None:
+    """The lock's descriptor, for a detached child of root's that must own the host after
+    this agent ends (root's bench runner); None where this agent holds nothing. Never for
+    a child that runs as another user: `keep_for`."""
+    return _held
+
+
+# root's keeper of the lock for a runner of another user's: it holds only the lock's
+# descriptor and ends when the runner does (by PID and start time: never a reused PID)
+_KEEPER = """# gpufleet-owner-keeper
+import sys, time
+pid, start = int(sys.argv[1]), sys.argv[2]
+def same():
+    try:
+        raw = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    fields = raw[raw.rindex(")") + 2:].split()
+    return fields[0] not in ("Z", "X") and fields[19] == start
+while same():
+    time.sleep(0.2)
+"""
+
+
+def keep_for(runner: ProcRef, user: str) -> None:
+    """Hold the host for `runner` (a bench runner running as `user`) until it ends, in a
+    keeper process of root's: the runner inherits nothing of root's lock, so stopping it
+    holds the host for no one (a gpu-clean takes over, `claim`)."""
+    if _held is None:
+        return
+    keeper = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _KEEPER, str(runner.pid), str(runner.start_ticks)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        close_fds=True, pass_fds=(_held,), start_new_session=True, cwd="/",
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+    )  # fmt: skip
+    ref = ProcRef.capture(keeper.pid)
+    _record.update({
+        "holder": ref.to_wire() if ref else None,
+        "runner": {**runner.to_wire(), "user": user},
+    })  # fmt: skip
+    safewrite.write_atomic(RECORD, json.dumps(_record))
 
 
 def runs_holding(runs: Path = Path("runs")) -> list[str]:
@@ -134,13 +294,7 @@ def _event(line: str) -> dict | None:
     return event if isinstance(event, dict) else None
 
 
-def held_fd() -> int | None:
-    """The lock's descriptor, for a detached child that must own the host after this
-    agent ends (the bench runner); None where this agent holds nothing."""
-    return _held
-
-
-HANDOVER_S = 30.0  # how long bench-start waits for a job step's runner to take the lock
+STEP_HANDOVER_S = 30.0  # how long bench-start waits for a job step's runner to take the lock
 
 
 def hand_over(path: Path) -> socket.socket | None:
@@ -155,7 +309,7 @@ def hand_over(path: Path) -> socket.socket | None:
     return listener
 
 
-def give(listener: socket.socket, path: Path, within: float = HANDOVER_S) -> bool:
+def give(listener: socket.socket, path: Path, within: float = STEP_HANDOVER_S) -> bool:
     """Send the lock's descriptor to the first caller (the runner) within `within` seconds;
     whether it was taken. The socket is closed and removed either way."""
     try:
@@ -186,7 +340,7 @@ def take_over(path: Path) -> bool:
         return False
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(HANDOVER_S)
+            conn.settimeout(STEP_HANDOVER_S)
             conn.connect(str(path))
             _, fds, _, _ = socket.recv_fds(conn, 1, 1)
             if not fds:

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypedDict
 
-from gpufleet.host.agent.redact import scrub_known
+from gpufleet.host.agent import heartbeat
+from gpufleet.host.agent.redact import scrub_known_tree
 from gpufleet.kinds import Kind
 from gpufleet.readings import (
     CleanAnswer,
@@ -398,9 +398,10 @@ def read_args(verb: str, stream: typing.TextIO) -> VerbArgs:
 
 def write_line(obj: JsonDict) -> None:
     """One JSON line to the control plane, scrubbed like the archive: the values of the
-    servers' keys and secret-looking ones (a crash tail echoing `api_key='...'`) hidden."""
-    sys.stdout.write(scrub_known(json.dumps(obj, default=str)) + "\n")
-    sys.stdout.flush()
+    servers' keys and secret-looking ones (a crash tail echoing `api_key='...'`) hidden,
+    in the answer's strings before it is serialised (no value can break the line)."""
+    line = json.dumps(scrub_known_tree(obj)) + "\n"
+    heartbeat.write(line)
 
 
 def emit_event(event: ProgressEvent) -> None:

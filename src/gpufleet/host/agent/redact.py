@@ -68,6 +68,47 @@ def scrub_known(text: str) -> str:
     return scrub(text, sorted(_KNOWN, key=len, reverse=True))
 
 
+def scrub_known_tree(value: Any) -> Any:
+    """`scrub_tree` with every remembered secret value (what the agent answers with)."""
+    return scrub_tree(value, sorted(_KNOWN, key=len, reverse=True))
+
+
+def scrub_tree(value: Any, secrets: list[str]) -> Any:
+    """`value` (JSON-able: dicts, lists, strings, numbers) with secrets hidden in its
+    strings, never in the text it serialises to: a secret's value is another user's to
+    choose (a run_as server's environment), and `": "` replaced in serialised JSON made
+    every line the agent sent unreadable. Also hidden: the value under a secret-looking
+    key (`{"api_key": ...}`) and the word after a secret flag in a list (`["--api-key",
+    ...]`), which the serialised text's patterns used to find. Keys are kept: a message's
+    shape is gpufleet's, not a value's. Other objects become their str(), scrubbed."""
+    if isinstance(value, str):
+        return scrub(value, secrets)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, dict):
+        return {
+            k: REDACTED if _secret_entry(k, v) else scrub_tree(v, secrets) for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        out: list[Any] = []
+        flag = False  # the previous word was a secret flag: this one is its value
+        for item in value:
+            out.append(REDACTED if flag and isinstance(item, str) else scrub_tree(item, secrets))
+            flag = isinstance(item, str) and "=" not in item and is_secret_flag(item)
+        return out
+    return scrub(str(value), secrets)
+
+
+def _secret_entry(key: Any, value: Any) -> bool:
+    """A dict entry whose string value is a secret by its key's name (`api_key`, `HF_TOKEN`)."""
+    return (
+        isinstance(key, str)
+        and isinstance(value, str)
+        and is_secret_name(key)
+        and not NOT_SECRET.match(value)
+    )
+
+
 def secrets_in(value: Any, secret_names: Iterable[str] = ()) -> list[str]:
     """Secret values inside nested config (a profile, inventory vars): the values of
     secret-looking or declared names, and passwords in URLs."""

@@ -196,17 +196,19 @@ def _spawn_runner_as(
         env[LOG_FD_ENV] = str(log_fd)
     if state is not None:  # root's server: its descriptors are not the runner's to read
         env[listener.SOCKETS_ENV] = listener.sockets_of(state)
-    held = ownership.held_fd()  # the run owns the host until it ends, task or not
-    fds = tuple(fd for fd in (log_fd, held) if fd is not None)
+    fds = () if log_fd is None else (log_fd,)  # never root's lock: ownership.keep_for
     try:
         proc = _start_as(user, home, env, run_dir, fds)
     finally:
         if log_fd is not None:
             os.close(log_fd)
+    runner = ProcRef.capture(proc.pid)
+    if runner is not None:  # the run owns the host until it ends, task or not
+        ownership.keep_for(runner, user.name)
     assert proc.stdin is not None
     proc.stdin.write(args.to_wire().encode())
     proc.stdin.close()
-    return ProcRef.capture(proc.pid) or ProcRef(proc.pid, -1)
+    return runner or ProcRef(proc.pid, -1)
 
 
 def _start_as(

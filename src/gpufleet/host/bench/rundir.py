@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from gpufleet.host.agent import bounded, safewrite
 from gpufleet.host.agent.protocol import ProgressEvent
-from gpufleet.host.agent.redact import scrub
+from gpufleet.host.agent.redact import scrub, scrub_tree
 from gpufleet.records import Figures, Level, ResultRow, ServerState
 
 
@@ -33,13 +33,13 @@ class RunWriter:
         self.last: ResultRow | None = None  # the previous level's row (--client-procs auto)
 
     def json(self, name: str, data: Any) -> None:
-        text = scrub(json.dumps(data, indent=2, default=str), self.secrets)
+        text = json.dumps(scrub_tree(data, self.secrets), indent=2)  # values, not the text
         safewrite.write_atomic(self.dir / name, text)
 
     def lines(self, name: str, rows: Sequence[object]) -> None:  # each a JSON line
         with safewrite.open_append(self.dir / name, text=True) as fh:
             for row in rows:
-                fh.write(scrub(json.dumps(row, default=str), self.secrets) + "\n")
+                fh.write(json.dumps(scrub_tree(row, self.secrets)) + "\n")
 
     def result(self, row: Figures, level: Level) -> ResultRow:
         """Append one level's row to results.jsonl, checked against its declared type: a
