@@ -360,11 +360,11 @@ def test_oversized_chunk_and_endless_size_line_are_refused():
     ],
 )
 def test_completion_tokens_are_read_from_any_layout_sglang_sends(layout):
+    from gpufleet.host.bench.dialects import DIALECTS
     from gpufleet.host.bench.level import RequestRecord
-    from gpufleet.host.bench.sender import _StreamTracker
 
     record = RequestRecord(0)
-    tracker = _StreamTracker("sglang", record, 0.0)
+    tracker = DIALECTS["sglang"].reader(record, 0.0)
     for total, now in ((1, 0.1), (3, 0.4), (4, 0.5)):
         tracker.on_event(layout % total, now)
     assert tracker.seen_tokens == 4 and record.chunks == 3
