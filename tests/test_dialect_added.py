@@ -169,3 +169,24 @@ def test_the_sender_asks_the_entry_never_the_dialect_name():
             if isinstance(node, ast.Constant) and node.value in names:
                 spelled.append(f"{name}:{node.lineno}")
     assert spelled == []
+
+
+def test_the_bench_clients_are_one_registry():
+    """`--engine gpufleet|sglang-bench` was spelled in the task, the request's refusals, the
+    plan's check and the runner; now each reads host/bench/clients.py's entries (the
+    sglang-bench module names its own rows)."""
+    from gpufleet.cli.bench_tasks import BENCH
+    from gpufleet.host.bench.clients import CLIENTS
+
+    spelled = []
+    for path in sorted((REPO / "src" / "gpufleet").rglob("*.py")):
+        if path.name in ("clients.py", "sglang_bench.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value == "sglang-bench":
+                spelled.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert spelled == []
+    refusal = BENCH.parse
+    with pytest.raises(Exception, match="expected gpufleet or sglang-bench"):
+        refusal({"engine": "other", "concurrency": ["1"]})
+    assert set(CLIENTS) == {"gpufleet", "sglang-bench"}

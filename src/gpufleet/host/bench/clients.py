@@ -36,7 +36,6 @@ CLIENTS: dict[str, BenchClient] = {
         ),
     )
 }
-DEFAULT = "gpufleet"  # records.BenchPlan.engine
 NAMES = tuple(CLIENTS)
 HELP = " or ".join(f"{c.name} ({c.help})" for c in CLIENTS.values())
 
