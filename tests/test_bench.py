@@ -463,12 +463,12 @@ def test_llama_cpp_acceptance_is_read_from_its_timings():
     accepted drafts, so 40 tokens with 32 accepted are 8 steps of 5."""
     import json as jsonlib
 
+    from gpufleet.host.bench.dialects import DIALECTS
     from gpufleet.host.bench.level import RequestRecord
-    from gpufleet.host.bench.sender import _StreamTracker
 
     def stream(final_timings):
         record = RequestRecord(0)
-        tracker = _StreamTracker("openai", record, 0.0)
+        tracker = DIALECTS["openai"].reader(record, 0.0)
         for i in range(40):
             tracker.on_event(jsonlib.dumps({"choices": [{"text": "x"}]}).encode(), 0.01 * i)
         final = {"choices": [{"text": ""}], "timings": final_timings}

@@ -127,7 +127,7 @@ def test_every_engine_a_profile_may_name_has_an_adapter():
     with pytest.raises(pydantic.ValidationError) as refused:
         Profile(name="p", model_path="/m", engine="tgi")
     assert all(f"'{name}'" in str(refused.value) for name in engines.NAMES)
-    help_text = request_options().options["backend"].help
+    help_text = request_options().help()["backend"]  # the field's help and its default
     assert all(name in help_text for name in engines.NAMES)
 
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufleet.host.bench import httpstream
+from gpufleet.host.bench import httpparse, httpstream
 from gpufleet.host.bench.loadgen import LevelSpec, Prompt, run_async, run_level
 from gpufleet.host.server import probe as healthprobe
 from gpufleet.sim.sshd import free_port
@@ -175,7 +175,7 @@ def test_any_segmentation_yields_the_same_events(cuts, sep, chunk_size):
         ours, theirs = socket.socketpair()
         theirs.setblocking(False)
         loop = asyncio.get_running_loop()
-        _, proto = await loop.create_connection(httpstream._StreamProtocol, sock=ours)
+        _, proto = await loop.create_connection(httpparse.StreamProtocol, sock=ours)
         events: list[bytes] = []
         done = proto.send(b"POST / HTTP/1.1\r\n\r\n", lambda p, t: events.append(p))
         for piece in pieces:
@@ -218,7 +218,7 @@ def test_reads_of_whole_chunks_yield_every_event_once(per_chunk, per_read, sep, 
             at += count
 
     async def scenario() -> list[bytes]:
-        proto = httpstream._StreamProtocol()
+        proto = httpparse.StreamProtocol()
         proto.connection_made(NoTransport())  # type: ignore[arg-type]
         got: list[bytes] = []
         done = proto.send(b"", lambda payload, _: got.append(payload))
@@ -236,12 +236,12 @@ def test_garbage_instead_of_http_is_an_error_not_a_hang():
     async def scenario() -> str:
         ours, theirs = socket.socketpair()
         loop = asyncio.get_running_loop()
-        _, proto = await loop.create_connection(httpstream._StreamProtocol, sock=ours)
+        _, proto = await loop.create_connection(httpparse.StreamProtocol, sock=ours)
         done = proto.send(b"GET / HTTP/1.1\r\n\r\n", lambda p, t: None)
         theirs.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
         try:
             await asyncio.wait_for(done, 5)
-        except httpstream.HTTPStreamError as exc:
+        except httpparse.HTTPStreamError as exc:
             return str(exc)
         finally:
             theirs.close()
@@ -309,7 +309,7 @@ def _feed_raw(raw_parts: list[bytes]) -> str:
         ours, theirs = socket.socketpair()
         theirs.setblocking(False)
         loop = asyncio.get_running_loop()
-        _, proto = await loop.create_connection(httpstream._StreamProtocol, sock=ours)
+        _, proto = await loop.create_connection(httpparse.StreamProtocol, sock=ours)
         done = proto.send(b"POST / HTTP/1.1\r\n\r\n", lambda p, t: None)
         try:
             for part in raw_parts:
@@ -320,7 +320,7 @@ def _feed_raw(raw_parts: list[bytes]) -> str:
                 except OSError:  # the client gave up on this connection: it said why
                     break
             await asyncio.wait_for(done, 10)
-        except httpstream.HTTPStreamError as exc:
+        except httpparse.HTTPStreamError as exc:
             return str(exc)
         finally:
             proto.abort()
@@ -360,11 +360,11 @@ def test_oversized_chunk_and_endless_size_line_are_refused():
     ],
 )
 def test_completion_tokens_are_read_from_any_layout_sglang_sends(layout):
+    from gpufleet.host.bench.dialects import DIALECTS
     from gpufleet.host.bench.level import RequestRecord
-    from gpufleet.host.bench.sender import _StreamTracker
 
     record = RequestRecord(0)
-    tracker = _StreamTracker("sglang", record, 0.0)
+    tracker = DIALECTS["sglang"].reader(record, 0.0)
     for total, now in ((1, 0.1), (3, 0.4), (4, 0.5)):
         tracker.on_event(layout % total, now)
     assert tracker.seen_tokens == 4 and record.chunks == 3

@@ -12,7 +12,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufleet.host.bench import httpstream
+from gpufleet.host.bench import httpparse
 from gpufleet.host.bench.sse import EventStream
 from helpers import NoTransport
 
@@ -62,7 +62,7 @@ def _response(body: bytes) -> tuple[list[bytes], BaseException | None]:
     """The events gpufleet's HTTP client reads from one chunked event-stream response."""
 
     async def scenario() -> tuple[list[bytes], BaseException | None]:
-        proto = httpstream._StreamProtocol()
+        proto = httpparse.StreamProtocol()
         proto.connection_made(NoTransport())  # type: ignore[arg-type]
         got: list[bytes] = []
         done = proto.send(b"", lambda payload, _: got.append(payload))
@@ -71,7 +71,7 @@ def _response(body: bytes) -> tuple[list[bytes], BaseException | None]:
         proto.feed(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body), 0.0)
         try:
             await asyncio.wait_for(done, 1)
-        except httpstream.HTTPStreamError as exc:
+        except httpparse.HTTPStreamError as exc:
             return got, exc
         return got, None
 

@@ -73,13 +73,13 @@ def test_every_dialect_decides_every_ending(ended, case):
 def test_an_error_event_stays_typed_however_its_lines_are_framed():
     """The fast path reads an HTTP chunk that is one `data:` event without the parser: an
     `event: error` line that came in the chunk before must still type that event."""
-    from gpufleet.host.bench import httpstream
+    from gpufleet.host.bench import httpparse
     from helpers import NoTransport
 
     body = b'data: {"a": 1}\n\nevent: error\ndata: {"message": "boom"}\n\ndata: [DONE]\n\n'
 
     async def read(cuts: tuple[int, int]) -> tuple[list[bytes], list[tuple[bytes, bytes]]]:
-        proto = httpstream._StreamProtocol()
+        proto = httpparse.StreamProtocol()
         proto.connection_made(NoTransport())  # type: ignore[arg-type]
         data, typed = [], []
         done = proto.send(b"", lambda p, _: data.append(p), lambda k, p, _: typed.append((k, p)))

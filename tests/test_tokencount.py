@@ -103,11 +103,11 @@ def test_tokens_without_text_still_count_where_the_server_counts_every_chunk():
     without text carried tokens (its gap is theirs); a finish or usage-only chunk did not."""
     import json
 
+    from gpufleet.host.bench.dialects import DIALECTS
     from gpufleet.host.bench.level import RequestRecord
-    from gpufleet.host.bench.sender import _StreamTracker
 
     record = RequestRecord(0)
-    tracker = _StreamTracker("openai-chat", record, 0.0)
+    tracker = DIALECTS["openai-chat"].reader(record, 0.0)
 
     def chunk(content: str, count: int, finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": {"content": content}, "finish_reason": finish}

@@ -172,3 +172,22 @@ def check(value: Any, hint: Any, where: str) -> Any:
     if not ok:
         raise WireError(f"{where}: {value!r} is not {getattr(hint, '__name__', hint)}")
     return value
+
+
+T = typing.TypeVar("T")
+
+
+def carried(target: type[T], *sources: Any, **own: Any) -> T:
+    """A `target` (a dataclass) built from what each source declares under the same names (a
+    dataclass's fields or a pydantic model's; a later source wins), `own` added or
+    replacing: a value built from others in one place, so a field both declare is carried
+    without a line of its own (control/bench/run.py builds the plan from the request)."""
+    names = {f.name for f in dataclasses.fields(target)}  # type: ignore[arg-type]
+    shared = [
+        (name, getattr(source, name))
+        for source in sources
+        for name in getattr(type(source), "model_fields", None)
+        or [f.name for f in dataclasses.fields(source)]
+        if name in names
+    ]
+    return target(**(dict(shared) | own))

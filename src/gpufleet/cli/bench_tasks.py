@@ -18,6 +18,7 @@ from gpufleet.cli.common_options import (
 )
 from gpufleet.cli.options import Option, OptionSet, Rule, switch
 from gpufleet.control.bench.request import BenchRequest
+from gpufleet.host.bench.clients import NAMES as BENCH_CLIENTS
 
 FIND_MAX_LIMIT = {"concurrency": 1024, "request-rate": 1000}  # highest load --find-max tries
 
@@ -32,26 +33,19 @@ BENCH = (
         Rule(lambda o: o.api_key_env and o.client != "local",
              "--api-key-env is for --client local (on the hosts the key is read from the "
              "launched server)"),
-        profile=Option("bench the running server of this profile (default: the one running)",
-                       short="p"),
-        port=Option("bench the server on this port", nonzero(count), most=PORT_MAX),
-        warmup=Option("warm-up requests per level, excluded from figures", count, most=1000),
+        profile=Option(short="p"),
+        port=Option(check=nonzero(count), most=PORT_MAX),
+        warmup=Option(check=count, most=1000),
         client=Option("host (the generator runs on the GPU host) or local",
                       choice("host", "local"), default="host", to_request=False),
-        url=Option("server URL for --client local"),
-        api_key_env=Option("--client local: name of the environment variable holding the "
-                           "server's API key (sent as Authorization: Bearer; never printed or "
-                           "archived)"),
+        url=Option(),
+        api_key_env=Option(),
         attach=Option("re-attach to RUN_ID on the hosts and fetch it", default=None,
                       to_request=False),
-        engine=Option("gpufleet or sglang-bench: SGLang's own bench_serving on the host",
-                      choice("gpufleet", "sglang-bench")),
-        tokenizer=Option("tokenizer path for --engine sglang-bench",
-                         default_text="the served model"),
-        telemetry_interval=Option("seconds between GPU power/utilisation samples (0: off)",
-                                  interval, field="telemetry_interval_s", most=60),
-        output_details=Option("add bench_serving's per-request arrays (ttfts, itls, ...) to "
-                              "results", flag_default=False, default=False),
+        engine=Option(check=choice(*BENCH_CLIENTS)),
+        tokenizer=Option(default_text="the served model"),
+        telemetry_interval=Option(check=interval, field="telemetry_interval_s", most=60),
+        output_details=Option(flag_default=False, default=False),
         find_max=switch("search the highest load that holds --slo (each probe archived)"),
         by=Option("--find-max searches concurrency (--concurrency = where to start) or "
                   "request-rate", choice(*FIND_MAX_LIMIT), default="concurrency",

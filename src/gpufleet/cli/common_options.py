@@ -1,6 +1,6 @@
 """The option groups several tasks share (hosts and inventory, the archive, a benchmark
 request, an experiment's), declared once; each task's module declares its own set from
-them (the mechanism is cli/options.py). A request's defaults are its type's own:
+them (the mechanism is cli/options.py). A request's help and defaults are its type's own:
 BenchRequest (control/bench/request.py), CleanOptions, LaunchOptions, and the stop and logs
 verbs' arguments (host/agent/protocol.py).
 
@@ -73,50 +73,30 @@ def request_options() -> OptionSet:
     """The options of a benchmark request, shared by bench, sweep and tune."""
     return OptionSet(
         BenchRequest,
-        backend=Option("sglang (/generate), openai (/v1/completions), openai-chat (any "
-                       f"OpenAI-compatible server); default: the profile's engine's "
-                       f"({engine_backends()})", choice(*BACKENDS)),
-        concurrency=Option("levels, comma separated and/or repeated (e.g. 1,10,64)", levels,
-                           iterable=True, short="c", most=100_000),
-        num_prompts=Option("requests per level", nonzero(count), default_text="max(10, 4 x C)",
-                           most=100_000),
-        duration=Option("seconds per level instead of a request count",
-                        nonzero(positive_float), most=7 * DAY),
-        request_rate=Option("Poisson arrivals per second (default: all at once, capped by C)",
-                            nonzero(positive_float), most=1_000_000,
+        backend=Option(default_text=f"the profile's engine's ({engine_backends()})",
+                       check=choice(*BACKENDS)),
+        concurrency=Option(check=levels, iterable=True, short="c", most=100_000),
+        num_prompts=Option(check=nonzero(count), default_text="max(10, 4 x C)", most=100_000),
+        duration=Option(check=nonzero(positive_float), most=7 * DAY),
+        request_rate=Option(check=nonzero(positive_float), most=1_000_000,
                             expected="a rate in requests per second, such as 4"),
-        output_len=Option("output tokens per request, ignore_eos on", positive_int,
-                          most=1_000_000),
-        prompts=Option("coding, chat, random (words), random-ids (token-exact), a JSONL file "
-                       "or a ShareGPT JSON file"),
-        seed=Option("prompt order seed (same seed = same prompts for every profile)", count,
-                    most=2**32 - 1),
-        workload=Option("single, multiturn[:turns=N] (sessions; C counts sessions), "
-                        "shared-prefix[:groups=G,per_group=P,prefix_len=L,question_len=Q]",
-                        workload_spec),
-        trace=Option("replay a Mooncake-format JSONL trace at its timestamps "
-                     "(e.g. playbooks/traces/mooncake-sample.jsonl)"),
-        trace_speedup=Option("replay the trace this many times faster", positive_float,
-                             most=10_000, expected="a factor, such as 2"),
-        random_input_len=Option("prompt length: words for --prompts random, tokens for "
-                                "random-ids", positive_int, most=1_000_000),
-        random_output_len=Option("random-ids: output tokens", positive_int,
-                                 default_text="--output-len", most=1_000_000),
-        random_vocab=Option("token ids are drawn below this (random-ids, shared-prefix, "
-                            "traces): the model's vocabulary size when it is under 30000",
-                            positive_int, most=10_000_000,
+        output_len=Option(check=positive_int, most=1_000_000),
+        prompts=Option(),
+        seed=Option(check=count, most=2**32 - 1),
+        workload=Option(check=workload_spec),
+        trace=Option(),
+        trace_speedup=Option(check=positive_float, most=10_000, expected="a factor, such as 2"),
+        random_input_len=Option(check=positive_int, most=1_000_000),
+        random_output_len=Option(check=positive_int, default_text="--output-len",
+                                 most=1_000_000),
+        random_vocab=Option(check=positive_int, most=10_000_000,
                             expected="a vocabulary size, such as 512"),
-        random_range_ratio=Option("random-ids: lengths uniform in [len x ratio, len]",
-                                  positive_float, default_text="1: exact", most=1,
+        random_range_ratio=Option(check=positive_float, default_text="1: exact", most=1,
                                   expected="a ratio above 0 and at most 1, such as 0.5"),
-        slo=Option("per-request SLO, e.g. ttft_ms=500,tpot_ms=50,e2e_ms=20000: goodput and "
-                   "attainment", slo_spec, default=None),
-        flush=Option("flush the server's prefix cache before each level (--no-flush keeps it)",
-                     field="flush_cache", flag_default=True, default=True, default_text="on"),
-        repeat=Option("run the levels N times, in rounds, for 95% confidence intervals",
-                      positive_int, most=100),
-        client_procs=Option("load generator processes per level on the host (N), or auto: "
-                            "from the last level's CPU per token", client_procs, most=1024),
+        slo=Option(check=slo_spec, default=None),
+        flush=Option(field="flush_cache", flag_default=True, default=True, default_text="on"),
+        repeat=Option(check=positive_int, most=100),
+        client_procs=Option(check=client_procs, most=1024),
         archive=archive_option(),
     )  # fmt: skip
 

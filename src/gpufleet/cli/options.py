@@ -8,7 +8,9 @@ flags, the one-line error a bad value or a bad combination gets, and the parsed 
 one typed value (`parse`), checked before any host is touched.
 
 To add an option to a task: one Option in the set its task is built from (declared beside
-the task, in cli/*_tasks.py); nothing else. tests/test_structure.py fails when a task reads an
+the task, in cli/*_tasks.py); nothing else. An option that sets a request field takes its
+help and default from that field (BenchRequest declares them: `request.option`), so the
+Option adds only how a value is checked. tests/test_structure.py fails when a task reads an
 option any other way.
 """
 
@@ -36,7 +38,7 @@ def as_given(value: Any, arg: Arg) -> Any:
 
 @dataclass(frozen=True)
 class Option:
-    help: str
+    help: str = ""  # "": the request field's own (its metadata's `help`, control/bench/request.py)
     check: Check = as_given
     field: str | None = None  # the request field it sets (same name when None)
     default: Any = FROM_REQUEST
@@ -115,6 +117,15 @@ class OptionSet:
     def flag(self, name: str) -> str:
         return "--" + name.replace("_", "-")
 
+    def help_of(self, name: str) -> str:
+        """An option's help: its own, else the request field's it sets (declared once, there)."""
+        option = self.options[name]
+        field = self._fields.get(option.field or name)
+        text = option.help or (field.metadata.get("help", "") if field else "")
+        if not text:
+            raise TypeError(f"option {name}: no help, and no request field declares one")
+        return text
+
     def help(self) -> dict[str, str]:
         out = {}
         for name, option in self.options.items():
@@ -123,7 +134,7 @@ class OptionSet:
                 default = ",".join(map(str, default))
             unset = default is None or default is False or default == "" or default == []
             said = "" if unset else f" (default {default})"
-            out[name.replace("_", "-")] = option.help + said
+            out[name.replace("_", "-")] = self.help_of(name) + said
         return out
 
     def signature(self) -> inspect.Signature:

@@ -36,11 +36,13 @@ from gpufleet.host.agent.protocol import (
     StatusArgs,
 )
 from gpufleet.host.agent.redact import redact_argv, redact_tree, remember
+from gpufleet.host.bench.clients import CLIENTS
 from gpufleet.host.bench.dialects import NAMES as BACKENDS
 from gpufleet.kinds import Kind, RunStatus
 from gpufleet.records import BenchPlan, Level, PromptRow, RandomLengths, ResultRow
 from gpufleet.report.tables import summary_csv, summary_md
 from gpufleet.terminal import shown
+from gpufleet.wire import carried
 
 CONTROL_FILES = {"runner.json"}
 
@@ -183,8 +185,8 @@ def engine_backend(profile: str | None) -> str:
 def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
     """The plan a host runs (levels, prompts, engine dialect, cache flush) and the prompt rows it
     uploads, from the request; bad combinations are one UserError."""
-    if request.engine not in ("gpufleet", "sglang-bench"):
-        raise UserError(f"--engine {request.engine!r}: expected gpufleet or sglang-bench")
+    if request.engine not in CLIENTS:
+        raise UserError(f"--engine {request.engine!r}: expected {' or '.join(CLIENTS)}")
     # the engine the caller resolved (a sweep cell), else the profile's, read once
     adapter = engines.ENGINES.get(request.server_engine or "") or _engine_of(request.profile)
     if request.backend is None:
@@ -195,28 +197,16 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
     check_combination(request, rows, label)
     if request.repeat > 1:  # rounds, not back to back: a slow drift spreads over every level
         levels = [replace(lv, repeat=r) for r in range(1, request.repeat + 1) for lv in levels]
-    plan = BenchPlan(
+    plan = carried(  # every field the plan shares with the request is the request's
+        BenchPlan,
+        request,
         run_id=run_id,
         levels=levels,
         profile=profile_label(request.profile) if request.profile else None,
-        port=request.port,
         base_url=request.url.rstrip("/") if request.url else None,
-        backend=request.backend,
-        engine=request.engine,
-        tokenizer=request.tokenizer,
-        output_len=request.output_len,
-        request_rate=request.request_rate,
-        duration=request.duration,
-        warmup=request.warmup,
-        client_procs=request.client_procs,
-        seed=request.seed,
-        metrics=request.metrics,
-        telemetry_interval_s=request.telemetry_interval_s,
         metric_names=engines.gauge_names(adapter.name if adapter else None),
-        flush_cache=request.flush_cache,
         salt_prompts=request.flush_cache and adapter is not None and not adapter.flushes_cache,
         slo=dict(request.slo or {}),
-        output_details=request.output_details,
         prompt_set=label,
         workload=workloads.parse_workload(request.workload).label if not request.trace else "trace",
         prompt_set_sha256=set_digest,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from gpufleet.control.server import engines
 from gpufleet.errors import UserError
 from gpufleet.host.agent.protocol import CleanArgs
+from gpufleet.wire import carried
 
 
 @dataclass
@@ -39,17 +40,11 @@ class CleanOptions:
 
     def agent_args(self) -> CleanArgs:
         """The verb's arguments, with every engine's patterns by default and who clears XIDs."""
-        return CleanArgs(
-            dry_run=self.dry_run,
-            all_users=self.all_users,
-            all_tenants=self.all_tenants,
-            timeout_s=self.timeout_s,
-            grace_s=self.grace_s,
-            tolerance_mib=self.tolerance_mib,
+        return carried(
+            CleanArgs,
+            self,
             patterns=self.patterns or engines.process_patterns(),
-            include_running=self.include_running,
             clear_xids=self.clear_xids or None,
-            clear_reason=self.clear_reason,
             cleared_by=_operator() if self.clear_xids else "",
         )
 

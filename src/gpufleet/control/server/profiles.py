@@ -23,7 +23,7 @@ from gpufleet.control.server import engines
 from gpufleet.errors import UserError
 from gpufleet.host.agent.redact import redact_env, redact_flags, redact_tree, remember, secrets_in
 from gpufleet.records import HEALTH_TIMEOUT_S, FlagValue, LaunchSpec
-from gpufleet.wire import JsonObject
+from gpufleet.wire import JsonObject, carried
 
 PLAYBOOKS = Path("playbooks")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # no '/', no leading '.'
@@ -390,38 +390,29 @@ def _spec_for(
     resolved["files"] = recorded
     models = engines.model_files(engine, profile.model_path, profile.flags, argv)
     probes = engines.probes(engine, argv, _probe_settings(profile))
-    return LaunchSpec(
+    # the profile's fields and the probes' that the spec declares too are theirs
+    return carried(
+        LaunchSpec,
+        profile,
+        probes,
         profile=profile.name,
         engine=engine,
         argv=argv,
         files=files,
         env=env,
-        host=profile.host,
         port=port,
         health_host=health_host,
-        health_path=profile.health_path,
-        model_path=profile.model_path,
         check_model_path=profile.check_model_path and engine != "sim",
         gpus=gpus,
         log=_log_path(profile, port, stamp, host),
-        health_timeout=profile.health_timeout,
         node_rank=rank,
-        nnodes=profile.nnodes,
         warnings=profile.warnings(),
         resolved_profile=resolved,
-        secret_env=profile.secret_env,
-        version_argv=probes.version_argv,
-        help_argv=probes.help_argv,
-        flags_from=probes.flags_from,
-        version=probes.version,
-        version_missing=probes.version_missing,
         renames=list(probes.renames),
-        takes_config=probes.takes_config,
         slots=engines.engine(engine).slots(profile.flags),
         needs_gpu=uses_gpu,
         gpus_pinned=profile.gpus is not None,
         gpus_every=every,
-        share_gpus=profile.share_gpus,
         model_paths=models.paths if profile.check_model_path and engine != "sim" else [],
         model_code=models.runs_code,
         model_paths_known=models.known,

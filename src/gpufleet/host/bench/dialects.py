@@ -1,110 +1,26 @@
 """The HTTP dialects the load generator speaks, one registry (as vLLM's
-`ASYNC_REQUEST_FUNCS`): each names its route, builds its request body, says how its
-stream's events are read, and which backend SGLang's own bench_serving calls it. A new
-OpenAI-compatible engine is an adapter whose default dialect is one of these; a new
-dialect is one entry here (kinds of stream events: sender._StreamTracker).
+`ASYNC_REQUEST_FUNCS`): each entry is its whole request function: its route, its request
+body, the reader of its stream (streamread.py) and which backend SGLang's own
+bench_serving calls it. A new OpenAI-compatible engine is an adapter whose default dialect
+is one of these; an engine with its own stream format is one entry (`register`) whose
+reader is a StreamReader subclass: the sender asks the entry, never its name
+(tests/test_dialect_added.py adds one at run time).
 
-How a stream ends is decided here too, for every dialect alike (ENDINGS lists every way;
-tests/test_stream_endings.py runs each dialect against each): an error event or object
-fails the request whatever follows it, a finish reason that says the server aborted
-fails it, `[DONE]` or a finish reason ends it, and a stream that stops with neither was
-cut short.
+How a stream ends is decided alike for every dialect (streamend.py, ENDINGS: every way;
+tests/test_stream_endings.py runs each registered dialect against each).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from gpufleet.host.bench.httpstream import RequestBody
 from gpufleet.host.bench.level import Prompt
+from gpufleet.host.bench.streamend import ENDINGS as ENDINGS  # every way a stream ends
+from gpufleet.host.bench.streamread import OpenAIStream, SglangStream, StreamReader
 
 Messages = list[dict[str, str]]  # an OpenAI chat conversation (a multi-turn session's)
-
-
-MAX_MESSAGE = 300  # characters of a server's error message kept (it is untrusted)
-
-# Every way a stream can end, and what the request becomes.
-ENDINGS: dict[str, str] = {
-    "done": "ok",  # the tokens, then `data: [DONE]`
-    "finish_reason": "ok",  # a finish reason (length, stop), then the response ends
-    "error_event": "failed",  # `event: error`, its data the message, even if [DONE] follows
-    "error_object": "failed",  # data {"error": ...} (SGLang's /generate, vLLM), then [DONE]
-    "error_response": "failed",  # data {"object": "error", "message": ...} (SGLang's OpenAI)
-    "abort": "failed",  # a finish reason that says the server ended it (SGLang's abort)
-    "cut": "failed",  # neither [DONE] nor a finish reason: the stream was cut short
-    "not_json": "failed",  # a data event that is not JSON
-}
-ABORTED = frozenset({"abort", "error", "cancelled"})
-
-
-@dataclass(frozen=True)
-class Finish:
-    """A finish reason as a stream gave it: its word and, for an abort, the server's message."""
-
-    reason: str
-    message: str = ""
-
-    @property
-    def aborted(self) -> bool:
-        return self.reason.lower() in ABORTED
-
-
-def _text(value: object) -> str:
-    return str(value)[:MAX_MESSAGE]
-
-
-def error_of(chunk: object) -> str | None:
-    """The server's message when a data event is an error (any dialect); else None."""
-    if not isinstance(chunk, dict):
-        return f"a data event that is not a JSON object: {_text(chunk)}"
-    if "error" in chunk:
-        error = chunk["error"]
-        return _text(error.get("message", error) if isinstance(error, dict) else error)
-    if chunk.get("object") == "error":
-        return _text(chunk.get("message") or chunk)
-    return None
-
-
-def event_error(data: bytes) -> str:
-    """The message of an `event: error` event: its JSON's, else its text."""
-    try:
-        parsed: Any = json.loads(data)
-    except ValueError:
-        return _text(data.decode(errors="replace")) or "an error event"
-    if isinstance(parsed, dict) and "error" not in parsed and parsed.get("message"):
-        return _text(parsed["message"])
-    return error_of(parsed) or _text(parsed)
-
-
-def _finish(reason: object) -> Finish | None:
-    if isinstance(reason, dict):  # SGLang: {"type": "length", ...} or {"type": "abort", ...}
-        word = reason.get("type")
-        return Finish(_text(word), _text(reason.get("message") or "")) if word else None
-    return Finish(_text(reason)) if reason else None
-
-
-def _sglang_finish(chunk: object) -> Finish | None:
-    meta = chunk.get("meta_info") if isinstance(chunk, dict) else None
-    return _finish(meta.get("finish_reason")) if isinstance(meta, dict) else None
-
-
-def _openai_finish(chunk: object) -> Finish | None:
-    choices = chunk.get("choices") if isinstance(chunk, dict) else None
-    first = choices[0] if isinstance(choices, list) and choices else None
-    return _finish(first.get("finish_reason")) if isinstance(first, dict) else None
-
-
-def outcome(done: bool, finish: Finish | None, tokens: int) -> str | None:
-    """How a stream that sent no error ended the request: None (ok), else why it failed."""
-    if finish is not None and finish.aborted:
-        said = f": {finish.message}" if finish.message else ""
-        return f"the server ended the request ({finish.reason}){said}"
-    if done or finish is not None:
-        return None
-    return f"stream ended early after {tokens} tokens"
 
 
 @dataclass(frozen=True)
@@ -112,9 +28,8 @@ class Dialect:
     name: str  # what --backend says
     route: str
     body: Callable[[Prompt, str, bool, Messages | None], RequestBody]  # prompt, model, ...
-    events: str  # how its stream reads: "sglang" (meta_info) or "openai" (choices, usage)
-    bench_serving: str  # SGLang bench_serving's --backend for the same requests
-    finish: Callable[[object], Finish | None]  # a chunk's finish reason (the server's JSON)
+    reader: type[StreamReader]  # reads its stream into the request's record
+    bench_serving: str = ""  # SGLang bench_serving's --backend for the same requests
 
 
 def _sglang(prompt: Prompt, model: str, ignore_eos: bool, messages: Messages | None) -> RequestBody:
@@ -159,16 +74,16 @@ def _openai_chat(
 DIALECTS: dict[str, Dialect] = {
     d.name: d
     for d in (
-        Dialect("sglang", "/generate", _sglang, "sglang", "sglang", _sglang_finish),
-        Dialect("openai", "/v1/completions", _openai, "openai", "sglang-oai", _openai_finish),
-        Dialect(
-            "openai-chat",
-            "/v1/chat/completions",
-            _openai_chat,
-            "openai",
-            "sglang-oai-chat",
-            _openai_finish,
-        ),
+        Dialect("sglang", "/generate", _sglang, SglangStream, "sglang"),
+        Dialect("openai", "/v1/completions", _openai, OpenAIStream, "sglang-oai"),
+        Dialect("openai-chat", "/v1/chat/completions", _openai_chat, OpenAIStream,
+                "sglang-oai-chat"),
     )
-}
-NAMES = tuple(DIALECTS)
+}  # fmt: skip
+NAMES = tuple(DIALECTS)  # --backend's choices as the control machine builds them
+
+
+def register(dialect: Dialect) -> None:
+    """One more dialect, for the load generator in this process (its --backend choices
+    are NAMES, fixed when the tasks are built)."""
+    DIALECTS[dialect.name] = dialect

@@ -26,6 +26,8 @@ from gpufleet.host.bench.clientcert import ClientClock
 from gpufleet.host.bench.httpstream import StreamClient
 from gpufleet.host.bench.level import LevelRun, Prompt, RequestRecord, Tally
 from gpufleet.host.bench.sender import Sending, one_request, run_session, warm_up
+from gpufleet.records import BenchPlan as PLAN  # the defaults a plan declares
+from gpufleet.wire import carried
 
 
 @dataclass(frozen=True)
@@ -35,12 +37,12 @@ class LevelSpec:
     time limit and the headers (the server's API key). Plain values, so the spread's child
     processes receive it whole (host/bench/spread.py)."""
 
-    backend: str = "sglang"
+    backend: str = PLAN.backend
     request_rate: float = float("inf")
-    warmup: int = 1
-    model: str = ""
-    ignore_eos: bool = True
-    seed: int = 0
+    warmup: int = PLAN.warmup
+    model: str = PLAN.model
+    ignore_eos: bool = PLAN.ignore_eos
+    seed: int = PLAN.seed
     request_timeout: float = 3600.0
     duration: float | None = None
     headers: dict[str, str] | None = None
@@ -48,9 +50,7 @@ class LevelSpec:
 
     def sending(self) -> Sending:
         """What each request of the level is sent with."""
-        return Sending(
-            self.backend, self.model, self.ignore_eos, self.request_timeout, self.tokenizer
-        )
+        return carried(Sending, self, timeout=self.request_timeout)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from gpufleet.host.agent.protocol import RunStatusFile
 from gpufleet.host.agent.redact import process_secrets
 from gpufleet.host.bench import serverapi, telemetry
 from gpufleet.host.bench import slo as slos
+from gpufleet.host.bench.clients import CLIENTS
 from gpufleet.host.bench.level import Prompt, RequestRecord, Tally, salted
 from gpufleet.host.bench.loadgen import LevelHooks, LevelSpec, run_async, run_level
 from gpufleet.host.bench.metrics import DEFINITIONS, summarize
@@ -42,7 +43,7 @@ from gpufleet.host.server import keys as serverkeys
 from gpufleet.host.server import listener
 from gpufleet.host.server.state import server_alive
 from gpufleet.records import BenchPlan, Figures, Level, PromptRow, ResultRow, ServerState
-from gpufleet.wire import JsonDict
+from gpufleet.wire import JsonDict, carried
 
 RATE_WINDOW_S = 3.0  # the live tok/s: tokens over about this many seconds
 
@@ -131,16 +132,11 @@ async def _level(
             serverapi.sample_metrics(plan.metrics_url, samples, stop, keys, plan.metric_names)
         )
     generate = run_level if procs == 1 else functools.partial(run_spread, procs)
-    spec = LevelSpec(
-        backend=plan.backend,
+    spec = carried(  # the plan's fields the level sends with, by name
+        LevelSpec,
+        plan,
         request_rate=plan.request_rate or float("inf"),
-        warmup=plan.warmup,
-        model=plan.model,
-        ignore_eos=plan.ignore_eos,
-        seed=plan.seed,
-        duration=plan.duration,
         headers=serverkeys.headers(keys),
-        tokenizer=plan.tokenizer,
     )
     flush = (lambda: serverapi.flush_cache(plan.base_url, keys)) if plan.flush_cache else None
     hooks = LevelHooks(on_progress=progress, after_warmup=flush)
@@ -379,11 +375,12 @@ def _run_levels(
             return "failed", refused
         marks.append((log_size(server_state), f"level C={c} begins ({n} prompts)"))
         requests = n
-        if plan.engine != "sglang-bench":  # a multi-turn session is several requests
+        client = CLIENTS[plan.engine]
+        if client.sessions:  # a multi-turn session is several requests
             requests = sum(_prompt(plan, row).requests for row in rows[:n])
         start = {"level": c, "phase": "start", "total": requests, "at": now_iso()}
         writer.event({**start, "sessions": n} if requests != n else start)
-        if plan.engine == "sglang-bench":
+        if client.external:  # SGLang's bench_serving, a program per level
             texts = [row.prompt or "" for row in rows]
             level_status, level_reason = _sglang_bench_level(
                 plan, level, texts, writer, tokenizer, server_state, keys
