@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -96,3 +97,42 @@ def test_the_closing_line_says_what_the_tune_spent_beside_what_it_gained():
                     f"{found.tokens['p[plain]'].text()} of p[plain]'s output tokens a second")  # fmt: skip
     assert spent_text(1, 9.0, []) == ("spent 1 launch and 9s; no load shape ran to say what it "
                                       "gained over the best single static")  # fmt: skip
+
+
+def test_inv_report_and_summary_md_show_a_tunes_headline_escaped(tmp_path):
+    """Issue 83.1: the headline reached the terminal, the record and the profile's header,
+    not `inv report`. A report on any of the tune's sweeps (here its load step) now gives
+    each host's headline, the record's sentence word for word: escaped in report.html,
+    inert in summary.md (a label from the archive is untrusted); any other sweep, none."""
+    import html as htmllib
+
+    from gpufleet.archive.kept import SweepRecord, TuneRecord
+    from gpufleet.archive.layout import Archive
+    from gpufleet.report import select
+
+    archive = Archive.at(tmp_path / "logs")
+    hostile = "p<script>alert(1)</script>[depth=2](javascript:x)*"
+    rng = random.Random(7)
+    found = hl.headline("the load step 1 -> 64 -> 1",
+                        {hostile: _rounds(rng, 3, 100.0, 10.0, 0.01),
+                         "p-tuned": _rounds(rng, 3, 105.0, 10.0, 0.01)}, "p-tuned")  # fmt: skip
+    record = TuneRecord("t1-tune", "p", [0, 2], [1, 64], None, "", {}, [], {}, [], [], "", "", 0,
+                        step={"h0": {"sweep_id": "t3-step", "sentence": "",
+                                     "headline": [found.sentence]}})  # fmt: skip
+    for sweep_id in ("t3-step", "other"):
+        path = archive.sweep_state(sweep_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(SweepRecord(sweep_id, ["p"], ["h0"], [1], {}, kind="tune-step").to_json())
+    archive.tune_record("t1-tune").parent.mkdir(parents=True)
+    archive.tune_record("t1-tune").write_text(record.to_json())
+    data = select.report_for_sweep(archive, archive.sweep_state("t3-step"))
+    assert data.headlines == {"h0": [found.sentence]}
+    page = select.write_report(data, tmp_path / "out").read_text()
+    assert htmllib.escape(found.sentence) in page and "<script>alert" not in page
+    summary = select.write_summary(data, tmp_path / "out").read_text()
+    [said] = [line for line in summary.splitlines() if line.startswith("- **h0:**")]
+    assert not re.search(r"(?<!\\)[<>\[\]*]", said.removeprefix("- **h0:**"))  # each escaped
+    assert said.replace("\\", "") == f"- **h0:** {found.sentence}"  # the words, unchanged
+    other = select.report_for_sweep(archive, archive.sweep_state("other"))
+    assert other.headlines == {}
+    assert "headline" not in select.write_summary(other, tmp_path / "o").read_text()

@@ -93,7 +93,7 @@ def run_shapes(run: ShapeRun, experiment: Experiment, outcome: Any,
     stepped = _shape(run, arms, tunebudget.STEP, step, experiment, clock)
     bursts: dict[str, dict[str, list[list[Any]]]] = {}
     traced: dict[str, dict[str, list[list[Any]]]] = {}
-    burst_id = None
+    burst_id = trace_id = None
     if not clock.stage_dropped(tunebudget.BURST):
         trace = request.archive.tune_burst_trace(outcome.record.tune_id)
         burst = _shape(run, arms, tunebudget.BURST, tunestep.burst_request(request, trace),
@@ -106,6 +106,7 @@ def run_shapes(run: ShapeRun, experiment: Experiment, outcome: Any,
         replay = tunestep.replay_request(request, Path(run.trace), request.trace_speedup)
         replayed = _shape(run, arms, tunebudget.TRACE, replay, experiment, clock)
         traced = tunestep.shape_rounds(arms, replayed.record, request.archive)
+        trace_id = replayed.sweep_id
     labels = [arm.label for arm in run.checks]
     names = (step_text(request), "the bursts", f"your trace {Path(run.trace or '').name}")
     for host, by_label in tunestep.shape_rounds(arms, stepped.record, request.archive).items():
@@ -126,6 +127,7 @@ def run_shapes(run: ShapeRun, experiment: Experiment, outcome: Any,
         outcome.record.step[host] = {
             "sweep_id": stepped.sweep_id,
             "burst_sweep_id": burst_id,
+            "trace_sweep_id": trace_id,
             "phases": [dataclasses.asdict(p) for p in phases],
             "sentence": sentence,
             "headline": [h.sentence for h in heads],
