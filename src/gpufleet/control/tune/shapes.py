@@ -146,7 +146,8 @@ def _shape(run: ShapeRun, arms: list[ArmSpec], kind: str, request: BenchRequest,
 
 def _headline(shape: str, runs: dict[str, list[list[Any]]], tuned: str) -> hl.Headline | None:
     """A shape's headline from each server's runs (label -> its rounds' result rows)."""
-    rounds = {label: [r for rows in each if (r := hl.round_of(rows)) is not None]
+    phases = max((len(rows) for each in runs.values() for rows in each), default=0)
+    rounds = {label: [r for rows in each if (r := hl.round_of(rows, phases)) is not None]
               for label, each in runs.items()}  # fmt: skip
     return hl.headline(shape, rounds, tuned)
 
@@ -174,7 +175,7 @@ def spent_text(launches: int, seconds: float, steps: list[StepVerdict]) -> str:
     single static (or why there is no such figure)."""
     spent = f"spent {launches} launch{'es' * (launches != 1)} and {minutes(seconds)}"
     gains = [f"{st.host}, {h.shape}: {h.tokens[h.best].text()} of {h.best}'s output tokens a "
-             "second" for st in steps for h in st.headlines]  # fmt: skip
+             "second" for st in steps for h in st.headlines if h.best]  # fmt: skip
     if not gains:
         return f"{spent}; no load shape ran to say what it gained over the best single static"
     return f"{spent} to gain: " + "; ".join(gains)
