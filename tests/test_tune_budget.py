@@ -428,3 +428,35 @@ def test_the_users_trace_is_planned_as_a_shape_and_dropped_after_the_load_step(s
         empty = spec.replace("spec.yaml", "empty.jsonl")
         Path(empty).write_text("")
         shapes.replay_cost(empty, request)
+
+
+def test_an_archived_pace_counts_only_these_hosts_cells_that_served_this_model(tmp_path, spec):
+    """Adversarial (issue 83.4): the profile's archived tune ran on another host (10x
+    slower) and, after the profile was edited, on another model. Before, both set the pace
+    (a budget that fits here refused by another machine's pace); now only this tune's hosts'
+    cells that served this profile's model count, and with none there is no pace."""
+    from gpufleet.archive.kept import Manifest
+    from gpufleet.archive.store import MANIFEST
+
+    archive = Archive.at(tmp_path / "logs")
+    request = BenchRequest([1, 8], num_prompts=16, output_len=32, archive=archive)
+    rounds = tunebudget.decode_rounds(request)
+    cells = {}
+    for host, model, slow in (("h0", "/m", 1), ("far", "/m", 10), ("h1", "/other", 10)):
+        run_id = f"run-{host}"
+        run_dir = archive.run_dir(host, run_id)
+        run_dir.mkdir(parents=True)
+        manifest = Manifest(run_id, host, "done", resolved_profile={"model_path": model})
+        (run_dir / MANIFEST).write_text(manifest.to_json())
+        cells[host] = Cell(status="done", run_id=run_id, steps_s={
+            "clean": 1, "launch": 5 * slow, "bench": rounds * 0.01 * slow, "stop": 1})  # fmt: skip
+    record = SweepRecord("1-a-tune", [spec], list(cells), [1, 8], {"x": cells}, kind="tune",
+                         request=request.to_json())  # fmt: skip
+    archive.sweep_state("1-a-tune").parent.mkdir(parents=True, exist_ok=True)
+    archive.sweep_state("1-a-tune").write_text(record.to_json())
+    anywhere = tunebudget.archived_pace(archive, spec)
+    assert anywhere.round_s == pytest.approx(0.1)  # the slowest host: another machine's
+    here = tunebudget.archived_pace(archive, spec, hosts=["h0", "h1"], model="/m")
+    assert here.fixed_s == 7 and here.round_s == pytest.approx(0.01)
+    assert tunebudget.archived_pace(archive, spec, hosts=["new"], model="/m") is None
+    assert tunebudget.archived_pace(archive, spec, hosts=["h1"], model="/m") is None

@@ -111,7 +111,9 @@ def run(
                             ask.shape_rounds, tuneshapes.replay_cost(ask.verify_trace, request)),
         request,
         ask.budget_s,
-        experiment.console.line, tunebudget.archived_pace(root, profile),
+        experiment.console.line,
+        tunebudget.archived_pace(root, profile, hosts=experiment.fleet.names,
+                                 model=load_profile(profile).model_path),
         _finished_cells(root, profile, tuned, arms, checks) if resume else set(),
     )  # fmt: skip
     measure_hooks = clock.hooks(tunebudget.MEASURE, root)
