@@ -88,8 +88,9 @@ def archived_pace(archive: Archive, profile: str, newest: int = 3, hosts: list[s
         request = BenchRequest.from_json(record.request, archive)
         found = len(samples)
         for cells in record.cells.values():
-            done = [c.steps_s for h, c in cells.items() if c.status == CellStatus.DONE
-                    and (hosts is None or h in hosts) and _served(archive, h, c, model)]  # fmt: skip
+            here = {h: c for h, c in cells.items() if hosts is None or h in hosts}
+            done = [c.steps_s for h, c in here.items()
+                    if c.status == CellStatus.DONE and _served(archive, h, c, model)]  # fmt: skip
             if done:
                 slowest = max(done, key=lambda s: sum(s.values()))
                 samples.append((slowest, decode_rounds(request)))
