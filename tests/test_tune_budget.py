@@ -424,7 +424,7 @@ def test_the_users_trace_is_planned_as_a_shape_and_dropped_after_the_load_step(s
                                 request, None, [].append, pace)  # fmt: skip
     order = [u.what for u in clock.units()]
     assert order[:3] == ["bursts", "load step", "trace replay"]
-    with pytest.raises(UserError, match=r"^--trace .*: no requests in it$"):
+    with pytest.raises(UserError, match=r"^--verify-trace .*: no requests in it$"):
         empty = spec.replace("spec.yaml", "empty.jsonl")
         Path(empty).write_text("")
         shapes.replay_cost(empty, request)
@@ -460,3 +460,37 @@ def test_an_archived_pace_counts_only_these_hosts_cells_that_served_this_model(t
     assert here.fixed_s == 7 and here.round_s == pytest.approx(0.01)
     assert tunebudget.archived_pace(archive, spec, hosts=["new"], model="/m") is None
     assert tunebudget.archived_pace(archive, spec, hosts=["h1"], model="/m") is None
+
+
+def test_the_users_trace_adversarial_one_arrival_a_damaged_line_a_span_past_the_budget(
+    spec, tmp_path
+):
+    """Adversarial (issue 83.2): a trace of one arrival plans one request's decode and no
+    span; a damaged line is one line naming --verify-trace (inv bench's reader said
+    `--trace`, a flag the tune has not) and the line; --no-verify would have replayed
+    nothing without a word, now refused; a trace whose span alone exceeds the budget is
+    dropped, said, and never refuses a budget that holds the rest."""
+    from gpufleet.control.tune import shapes
+
+    request = BenchRequest([1, 8], num_prompts=16, output_len=32)
+    entry = {"timestamp": 5, "input_length": 10, "output_length": 20, "hash_ids": [1]}
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(entry) + "\n")
+    assert shapes.replay_cost(str(one), request) == (20.0, 0.0)
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text(json.dumps(entry) + '\n{"timestamp": 10, "input_len\n')
+    with pytest.raises(UserError, match=rf"^--verify-trace {damaged}:2: not valid JSON; "):
+        shapes.replay_cost(str(damaged), request)
+    with pytest.raises(UserError, match=r"which --no-verify leaves out; drop one of them$"):
+        shapes.replay_cost(str(one), request, verify=False)
+    with pytest.raises(UserError, match=r"drafts one depth for every load"):
+        shapes.replay_cost(str(one), request, switches=False)
+    arms = tunecells.depth_arms(spec, [1])
+    checks = tuneverify.verification_arms(spec, tunefiles.tuned_reference(spec, None))
+    pace = Pace(10.0, 0.01, "a test")
+    long_trace = TuneArms(arms, checks, replay=(20.0, 86_400.0))
+    least = TimeKeeper.for_tune(long_trace, request, None, [].append, pace).least_s()
+    lines: list[str] = []
+    clock = TimeKeeper.for_tune(long_trace, request, least + 1, lines.append, pace)
+    assert clock.stage_dropped(tunebudget.TRACE) and clock.elapsed_s() + clock.left_s() <= least + 1
+    assert any("dropped trace replay" in line for line in lines), lines

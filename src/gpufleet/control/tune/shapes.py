@@ -23,6 +23,7 @@ from gpufleet.control.tune import step as tunestep
 from gpufleet.control.tune.drops import depth_of
 from gpufleet.control.tune.goal import share_text
 from gpufleet.control.tune.limit import minutes
+from gpufleet.errors import UserError
 
 SHAPE_ROUNDS = 3  # each server's runs of a shape: Student's t needs three for an interval
 
@@ -68,13 +69,25 @@ class ShapeRun:
     trace: str | None = None
 
 
-def replay_cost(trace: str | None, request: BenchRequest) -> tuple[float, float] | None:
+def replay_cost(trace: str | None, request: BenchRequest, verify: bool = True,
+                switches: bool = True) -> tuple[float, float] | None:  # fmt: skip
     """The user's trace as the clock plans it: its longest output (decode rounds: the
-    requests decode side by side) and its span in seconds at `--trace-speedup`; a trace
-    inv bench would refuse is refused here, before the first launch, in one line."""
+    requests decode side by side) and its span in seconds at `--trace-speedup`. A trace inv
+    bench would refuse, or one the tune would not replay (`--no-verify`; an engine with one
+    depth for every load, which runs no load shape), is one line before the first launch,
+    naming --verify-trace."""
     if trace is None:
         return None
-    rows = load_trace(trace, request.trace_speedup)
+    if not verify:
+        raise UserError(f"--verify-trace {trace}: the trace is replayed in the verification, "
+                        "which --no-verify leaves out; drop one of them")  # fmt: skip
+    if not switches:
+        raise UserError(f"--verify-trace {trace}: this profile drafts one depth for every "
+                        "load, so the tune runs no load shape to replay it in")  # fmt: skip
+    try:
+        rows = load_trace(trace, request.trace_speedup)
+    except UserError as exc:  # inv bench's reader names its own flag
+        raise UserError("--verify-" + str(exc).removeprefix("--")) from None
     return float(max(r.output_len or 0 for r in rows)), max(r.at or 0.0 for r in rows)
 
 

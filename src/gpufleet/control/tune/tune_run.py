@@ -108,7 +108,8 @@ def run(
     switches = tunecells.drafting_of(load_profile(profile)).adaptive
     clock = tunebudget.TimeKeeper.for_tune(
         tunebudget.TuneArms(arms, checks, verify, switches, ask.may_drop_depths,
-                            ask.shape_rounds, tuneshapes.replay_cost(ask.verify_trace, request)),
+                            ask.shape_rounds,
+                            tuneshapes.replay_cost(ask.verify_trace, request, verify, switches)),
         request,
         ask.budget_s,
         experiment.console.line,
