@@ -494,3 +494,25 @@ def test_the_users_trace_adversarial_one_arrival_a_damaged_line_a_span_past_the_
     clock = TimeKeeper.for_tune(long_trace, request, least + 1, lines.append, pace)
     assert clock.stage_dropped(tunebudget.TRACE) and clock.elapsed_s() + clock.left_s() <= least + 1
     assert any("dropped trace replay" in line for line in lines), lines
+
+
+def test_on_a_fresh_archive_failed_cells_never_run_past_the_budget(spec, tmp_path):
+    """Adversarial (issue 83.4): on a fresh archive the first cell sets the pace, but a cell
+    that fails sets none. Before, with every cell failing (a model that never loads: each
+    waits its health timeout), no pace ever came and every planned cell started however far
+    past --budget; now, once a cell has run and the budget is spent, none starts: one line."""
+    from gpufleet.control.sweep.sweep_state import SweepState
+
+    clock, _ = _clock(spec, budget=30)
+    hooks = clock.hooks(MEASURE, Archive.at(tmp_path))
+    first, second = clock.measure[:2]
+    assert hooks.drop(first) is None  # the first cell always runs: it would set the pace
+    record = SweepRecord("s", [spec], ["h0"], [1, 8],
+                         {first.key: {"h0": Cell(status="failed", error="health timeout")}})  # fmt: skip
+    hooks.after(first, SweepState(tmp_path / "s.json", record), True)
+    assert clock.pace is None and hooks.drop(second) is None  # inside the budget: runs
+    clock.started -= 31  # the failed cell took the budget
+    with pytest.raises(tunebudget.BudgetStop) as stopped:
+        hooks.drop(second)
+    assert str(stopped.value).startswith("--budget 30: stopped after 1 launch (")
+    assert "no cell has finished to give a pace" in str(stopped.value)

@@ -259,7 +259,7 @@ def tune_headlines(archive: Archive, sweep_id: str) -> dict[str, list[str]]:
     """host -> the headline sentences (issue 83.1) of the tune this sweep belongs to (its
     measurement, verification or a load shape), as its record keeps them; empty for a sweep
     no tune record names."""
-    for path in sorted((archive.root / "tunes").glob("*.json")):
+    for path in archive.tune_records():
         try:
             record = TuneRecord.load(path)
         except UserError:
