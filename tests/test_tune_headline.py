@@ -4,6 +4,7 @@ without a significant test): a property test on synthetic rounds (control/tune/h
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import re
@@ -157,6 +158,8 @@ def test_a_round_with_a_failed_or_missing_phase_is_no_round_and_nothing_measured
     short = [_phase(1, 8), _phase(64, 64)]
     assert hl.round_of(broken) is None and hl.round_of(short, 3) is None
     assert hl.round_of([_phase(64, 60, failed=4)]) is None
+    no_speed = dataclasses.replace(_phase(1, 8), median_per_request_output_tps=None)
+    assert hl.round_of([no_speed]) is None  # was a speed of 0: a ZeroDivisionError in ratio
     runs = {"p[plain]": [whole] * 3, "p[depth=2]": [whole] * 3, "p-tuned": [broken, short]}
     found = _headline("the load step 1 -> 64 -> 1", runs, "p-tuned")
     assert found is not None and not found.best and not found.tokens

@@ -40,8 +40,8 @@ def round_of(rows: list[ResultRow], phases: int | None = None) -> Round | None:
     weights = [(float(r.median_per_request_output_tps or 0.0), int(r.completed or 0))
                for r in rows]  # fmt: skip
     done = sum(n for _, n in weights)
-    if seconds <= 0 or tokens <= 0 or not done:
-        return None
+    if seconds <= 0 or tokens <= 0 or not done or any(speed <= 0 for speed, _ in weights):
+        return None  # a phase without a per-request speed is not measured (no 0 to divide by)
     return Round(tokens / seconds, sum(s * n for s, n in weights) / done)
 
 
