@@ -67,9 +67,10 @@ def decide(verdicts: list[Any]) -> Decision | None:
     label = max(statics, key=lambda k: statics[k])
     static_worst, table_worst = statics[label], min(table)
     why = (f"the table was below the goal after the mend ({'; '.join(short)}), so it is not "
-           f"the tuned profile: that is written as {label}, the best single static, keeping "
+           f"the tuned profile; the best single static, {label}, keeps "
            f"{share_text(static_worst)} of each level's best static at its worst level "
-           f"against the table's {share_text(table_worst)}")  # fmt: skip
+           f"against the table's {share_text(table_worst)}: the tuned profile is written as "
+           f"{label}")  # fmt: skip
     return Decision(True, label, static_worst, table_worst, why)
 
 
