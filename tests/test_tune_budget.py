@@ -516,3 +516,26 @@ def test_on_a_fresh_archive_failed_cells_never_run_past_the_budget(spec, tmp_pat
         hooks.drop(second)
     assert str(stopped.value).startswith("--budget 30: stopped after 1 launch (")
     assert "no cell has finished to give a pace" in str(stopped.value)
+
+
+def test_damaged_step_seconds_never_make_a_pace_and_bad_budgets_are_one_line():
+    """Adversarial (issue 83.4): an archived cell's steps are untrusted. A negative bench
+    made the pace negative (any budget fitted); 1e308 made it infinite, and the refusal's
+    least budget (math.ceil of infinity) a traceback; NaN compared false everywhere. Such
+    a cell gives no pace. And --budget 0, -5, nan, 1e12 and a bad --budget-may-drop are
+    each one line."""
+    from gpufleet.cli.tune_tasks import TUNE
+
+    good = {"clean": 1.0, "launch": 8.0, "bench": 2.0, "stop": 1.0}
+    for damage in (-50.0, 1e308, float("nan"), float("inf")):
+        assert tunebudget.fit_pace([({**good, "bench": damage}, 100.0)], "x") is None
+        mixed = tunebudget.fit_pace([({**good, "launch": damage}, 100.0), (good, 100.0)], "x")
+        assert mixed.fixed_s == 10.0 and mixed.round_s == pytest.approx(0.02)
+    for flag, value, said in (("budget", "0", "expected a positive number"),
+                              ("budget", "-5", "expected a positive number"),
+                              ("budget", "nan", "expected a positive number"),
+                              ("budget", "1e12", "at most 2.592e+06"),
+                              ("budget_may_drop", "depth", "expected depths")):  # fmt: skip
+        with pytest.raises(UserError) as refused:
+            TUNE.parse({"profile": "p", flag: value})
+        assert said in str(refused.value) and "\n" not in str(refused.value)

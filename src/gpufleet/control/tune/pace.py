@@ -58,12 +58,22 @@ class Pace:
 def fit_pace(samples: list[tuple[dict[str, float], float]], basis: str) -> Pace | None:
     """The pace from finished cells: (steps_s, rounds) each; None without one that has its
     steps recorded."""
-    usable = [(steps, rounds) for steps, rounds in samples if "bench" in steps and rounds > 0]
+    usable = [(steps, rounds) for steps, rounds in samples
+              if "bench" in steps and rounds > 0 and _sane(steps)]  # fmt: skip
     if not usable:
         return None
     fixed = statistics.median(sum(s.get(k, 0.0) for k in FIXED_STEPS) for s, _ in usable)
     round_s = sum(s["bench"] for s, _ in usable) / sum(r for _, r in usable)
     return Pace(fixed, round_s, basis)
+
+
+MOST_STEP_S = 30 * 86400.0  # a step's seconds past this (or negative, or not a number) are damage
+
+
+def _sane(steps: dict[str, float]) -> bool:
+    """Whether a cell's step seconds can be a pace (the archive is untrusted: a negative,
+    infinite or NaN figure would make a budget's least seconds negative or infinite)."""
+    return all(isinstance(v, int | float) and 0.0 <= v <= MOST_STEP_S for v in steps.values())
 
 
 def archived_pace(archive: Archive, profile: str, newest: int = 3, hosts: list[str] | None = None,
