@@ -424,7 +424,118 @@ def test_the_users_trace_is_planned_as_a_shape_and_dropped_after_the_load_step(s
                                 request, None, [].append, pace)  # fmt: skip
     order = [u.what for u in clock.units()]
     assert order[:3] == ["bursts", "load step", "trace replay"]
-    with pytest.raises(UserError, match=r"^--trace .*: no requests in it$"):
+    with pytest.raises(UserError, match=r"^--verify-trace .*: no requests in it$"):
         empty = spec.replace("spec.yaml", "empty.jsonl")
         Path(empty).write_text("")
         shapes.replay_cost(empty, request)
+
+
+def test_an_archived_pace_counts_only_these_hosts_cells_that_served_this_model(tmp_path, spec):
+    """Adversarial (issue 83.4): the profile's archived tune ran on another host (10x
+    slower) and, after the profile was edited, on another model. Before, both set the pace
+    (a budget that fits here refused by another machine's pace); now only this tune's hosts'
+    cells that served this profile's model count, and with none there is no pace."""
+    from gpufleet.archive.kept import Manifest
+    from gpufleet.archive.store import MANIFEST
+
+    archive = Archive.at(tmp_path / "logs")
+    request = BenchRequest([1, 8], num_prompts=16, output_len=32, archive=archive)
+    rounds = tunebudget.decode_rounds(request)
+    cells = {}
+    for host, model, slow in (("h0", "/m", 1), ("far", "/m", 10), ("h1", "/other", 10)):
+        run_id = f"run-{host}"
+        run_dir = archive.run_dir(host, run_id)
+        run_dir.mkdir(parents=True)
+        manifest = Manifest(run_id, host, "done", resolved_profile={"model_path": model})
+        (run_dir / MANIFEST).write_text(manifest.to_json())
+        cells[host] = Cell(status="done", run_id=run_id, steps_s={
+            "clean": 1, "launch": 5 * slow, "bench": rounds * 0.01 * slow, "stop": 1})  # fmt: skip
+    record = SweepRecord("1-a-tune", [spec], list(cells), [1, 8], {"x": cells}, kind="tune",
+                         request=request.to_json())  # fmt: skip
+    archive.sweep_state("1-a-tune").parent.mkdir(parents=True, exist_ok=True)
+    archive.sweep_state("1-a-tune").write_text(record.to_json())
+    anywhere = tunebudget.archived_pace(archive, spec)
+    assert anywhere.round_s == pytest.approx(0.1)  # the slowest host: another machine's
+    here = tunebudget.archived_pace(archive, spec, hosts=["h0", "h1"], model="/m")
+    assert here.fixed_s == 7 and here.round_s == pytest.approx(0.01)
+    assert tunebudget.archived_pace(archive, spec, hosts=["new"], model="/m") is None
+    assert tunebudget.archived_pace(archive, spec, hosts=["h1"], model="/m") is None
+
+
+def test_the_users_trace_adversarial_one_arrival_a_damaged_line_a_span_past_the_budget(
+    spec, tmp_path
+):
+    """Adversarial (issue 83.2): a trace of one arrival plans one request's decode and no
+    span; a damaged line is one line naming --verify-trace (inv bench's reader said
+    `--trace`, a flag the tune has not) and the line; --no-verify would have replayed
+    nothing without a word, now refused; a trace whose span alone exceeds the budget is
+    dropped, said, and never refuses a budget that holds the rest."""
+    from gpufleet.control.tune import shapes
+
+    request = BenchRequest([1, 8], num_prompts=16, output_len=32)
+    entry = {"timestamp": 5, "input_length": 10, "output_length": 20, "hash_ids": [1]}
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps(entry) + "\n")
+    assert shapes.replay_cost(str(one), request) == (20.0, 0.0)
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text(json.dumps(entry) + '\n{"timestamp": 10, "input_len\n')
+    with pytest.raises(UserError, match=rf"^--verify-trace {damaged}:2: not valid JSON; "):
+        shapes.replay_cost(str(damaged), request)
+    with pytest.raises(UserError, match=r"which --no-verify leaves out; drop one of them$"):
+        shapes.replay_cost(str(one), request, verify=False)
+    with pytest.raises(UserError, match=r"drafts one depth for every load"):
+        shapes.replay_cost(str(one), request, switches=False)
+    arms = tunecells.depth_arms(spec, [1])
+    checks = tuneverify.verification_arms(spec, tunefiles.tuned_reference(spec, None))
+    pace = Pace(10.0, 0.01, "a test")
+    long_trace = TuneArms(arms, checks, replay=(20.0, 86_400.0))
+    least = TimeKeeper.for_tune(long_trace, request, None, [].append, pace).least_s()
+    lines: list[str] = []
+    clock = TimeKeeper.for_tune(long_trace, request, least + 1, lines.append, pace)
+    assert clock.stage_dropped(tunebudget.TRACE) and clock.elapsed_s() + clock.left_s() <= least + 1
+    assert any("dropped trace replay" in line for line in lines), lines
+
+
+def test_on_a_fresh_archive_failed_cells_never_run_past_the_budget(spec, tmp_path):
+    """Adversarial (issue 83.4): on a fresh archive the first cell sets the pace, but a cell
+    that fails sets none. Before, with every cell failing (a model that never loads: each
+    waits its health timeout), no pace ever came and every planned cell started however far
+    past --budget; now, once a cell has run and the budget is spent, none starts: one line."""
+    from gpufleet.control.sweep.sweep_state import SweepState
+
+    clock, _ = _clock(spec, budget=30)
+    hooks = clock.hooks(MEASURE, Archive.at(tmp_path))
+    first, second = clock.measure[:2]
+    assert hooks.drop(first) is None  # the first cell always runs: it would set the pace
+    record = SweepRecord("s", [spec], ["h0"], [1, 8],
+                         {first.key: {"h0": Cell(status="failed", error="health timeout")}})  # fmt: skip
+    hooks.after(first, SweepState(tmp_path / "s.json", record), True)
+    assert clock.pace is None and hooks.drop(second) is None  # inside the budget: runs
+    clock.started -= 31  # the failed cell took the budget
+    with pytest.raises(tunebudget.BudgetStop) as stopped:
+        hooks.drop(second)
+    assert str(stopped.value).startswith("--budget 30: stopped after 1 launch (")
+    assert "no cell has finished to give a pace" in str(stopped.value)
+
+
+def test_damaged_step_seconds_never_make_a_pace_and_bad_budgets_are_one_line():
+    """Adversarial (issue 83.4): an archived cell's steps are untrusted. A negative bench
+    made the pace negative (any budget fitted); 1e308 made it infinite, and the refusal's
+    least budget (math.ceil of infinity) a traceback; NaN compared false everywhere. Such
+    a cell gives no pace. And --budget 0, -5, nan, 1e12 and a bad --budget-may-drop are
+    each one line."""
+    from gpufleet.cli.tune_tasks import TUNE
+
+    good = {"clean": 1.0, "launch": 8.0, "bench": 2.0, "stop": 1.0}
+    for damage in (-50.0, 1e308, float("nan"), float("inf")):
+        assert tunebudget.fit_pace([({**good, "bench": damage}, 100.0)], "x") is None
+        mixed = tunebudget.fit_pace([({**good, "launch": damage}, 100.0), (good, 100.0)], "x")
+        assert mixed.fixed_s == 10.0 and mixed.round_s == pytest.approx(0.02)
+    for flag, value, said in (("budget", "0", "expected a positive number"),
+                              ("budget", "-5", "expected a positive number"),
+                              ("budget", "nan", "expected a positive number"),
+                              ("budget", "1e12", "at most 2.592e+06"),
+                              ("budget_may_drop", "depth", "expected depths")):  # fmt: skip
+        with pytest.raises(UserError) as refused:
+            TUNE.parse({"profile": "p", flag: value})
+        assert said in str(refused.value) and "\n" not in str(refused.value)

@@ -47,14 +47,24 @@ def test_a_table_below_the_goal_where_a_static_kept_more_gives_way_to_it():
     assert decision is not None and decision.fall_back and decision.static == "p-static"
     assert decision.static_worst == 1.0 and round(decision.table_worst, 3) == 0.829
     assert decision.why.startswith("the table was below the goal after the mend (h0 C=1: ")
+    assert "so it is not the tuned profile; the best single static, p-static, keeps 100% " in (
+        decision.why
+    )
     assert decision.why.endswith("the tuned profile is written as p-static")
 
 
-def test_a_table_below_the_goal_but_ahead_of_every_static_stays_and_says_so():
+def test_a_table_below_the_goal_is_never_the_tuned_profile_even_ahead_of_every_static():
+    """Issue 83.3's words: where the mend cannot bring a table to the goal, the profile is
+    written as the best static configuration. Before, a table below the goal that kept more
+    at its worst level than any single static stayed the tuned profile; now the best static
+    (by its worst share) is written, both shares said."""
     decision = fallback.decide([_verdict(**BETTER_THAN_ANY)])
-    assert decision is not None and not decision.fall_back
-    assert "the table stays though below the goal (h0 C=1: 94% of p-static" in decision.why
-    assert "no single static as much (the best, p[depth=1], 70%)" in decision.why
+    assert decision is not None and decision.fall_back and decision.static == "p[depth=1]"
+    assert decision.why.startswith("the table was below the goal after the mend (h0 C=1: 94% "
+                                   "of p-static")  # fmt: skip
+    assert decision.why.endswith("keeps 70% of each level's best static at its worst level "
+                                 "against the table's 94%: the tuned profile is written as "
+                                 "p[depth=1]")  # fmt: skip
 
 
 def test_a_table_at_the_goal_is_left_alone():
@@ -62,20 +72,40 @@ def test_a_table_at_the_goal_is_left_alone():
     assert fallback.decide([_verdict(**at_goal)]) is None
 
 
-def test_the_profile_written_is_the_static_server_with_the_reason(tmp_path):
-    """The written profile launches what the verification launched as p-static: the
-    profile without its adaptive flags; its header says why; the note of the verification
-    still follows (the sentence is about the table it measured)."""
+def _written(tmp_path, figures):
+    """A tune's files as written (the table, depth 1 then none) and its verification."""
     profile = tmp_path / "p.yaml"
     profile.write_text(yaml.safe_dump({"model_path": "/m", "flags": adaptive_flags(3)}))
     choices = [Choice(1, 1, "measured"), Choice(64, 0, "measured")]
     table, ranges = table_and_ranges(choices, [1, 2, 4, 8, 16, 32, 64])
     result = TuneResult(table, choices, ranges, measured={
-        PLAIN: {c: {"output_throughput": 1.0, "per_request": 1.0} for c in LEVELS}})  # fmt: skip
+        PLAIN: {c: {"output_throughput": 1.0, "per_request": 1.0} for c in LEVELS},
+        1: {1: {"output_throughput": 2.0, "per_request": 2.0}}})  # fmt: skip
     config, written = tunefiles.write_outputs(str(profile), result, None)
     checks = tuneverify.verification_arms(str(profile), str(written))
     outcome = TuneOutcome(result, config, written, None, tmp_path / "r.json",  # type: ignore[arg-type]
-                          [_verdict(**BELOW)])  # fmt: skip
+                          [_verdict(**figures)])  # fmt: skip
+    return profile, checks, outcome
+
+
+def test_a_table_ahead_of_every_static_is_written_as_the_best_static_its_file_kept(tmp_path):
+    """The table kept 94% at its worst level, no static more than 70%: the tuned profile is
+    still the static (the issue's rule), and the words say where the table's file stays."""
+    profile, checks, outcome = _written(tmp_path, BETTER_THAN_ANY)
+    decision = fallback.settle(str(profile), checks, outcome)
+    assert decision is not None and decision.static == "p[depth=1]"
+    assert decision.why.endswith(f"; the table stays in {outcome.config_path} for a launch by hand")
+    tuned = load_profile(str(outcome.profile_path))
+    assert not tuned.flags.get("speculative-adaptive") and outcome.config_path.is_file()
+    assert tuned.flags["speculative-num-steps"] == 1
+
+
+def test_the_profile_written_is_the_static_server_with_the_reason(tmp_path):
+    """The written profile launches what the verification launched as p-static: the
+    profile without its adaptive flags; its header says why; the note of the verification
+    still follows (the sentence is about the table it measured)."""
+    profile, checks, outcome = _written(tmp_path, BELOW)
+    result, written = outcome.result, outcome.profile_path
     before = written.read_text()
     assert "speculative-adaptive-config" in before
     decision = fallback.settle(str(profile), checks, outcome)

@@ -4,8 +4,10 @@ without a significant test): a property test on synthetic rounds (control/tune/h
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
+import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -96,3 +98,82 @@ def test_the_closing_line_says_what_the_tune_spent_beside_what_it_gained():
                     f"{found.tokens['p[plain]'].text()} of p[plain]'s output tokens a second")  # fmt: skip
     assert spent_text(1, 9.0, []) == ("spent 1 launch and 9s; no load shape ran to say what it "
                                       "gained over the best single static")  # fmt: skip
+
+
+def test_inv_report_and_summary_md_show_a_tunes_headline_escaped(tmp_path):
+    """Issue 83.1: the headline reached the terminal, the record and the profile's header,
+    not `inv report`. A report on any of the tune's sweeps (here its load step) now gives
+    each host's headline, the record's sentence word for word: escaped in report.html,
+    inert in summary.md (a label from the archive is untrusted); any other sweep, none."""
+    import html as htmllib
+
+    from gpufleet.archive.kept import SweepRecord, TuneRecord
+    from gpufleet.archive.layout import Archive
+    from gpufleet.report import select
+
+    archive = Archive.at(tmp_path / "logs")
+    hostile = "p<script>alert(1)</script>[depth=2](javascript:x)*"
+    rng = random.Random(7)
+    found = hl.headline("the load step 1 -> 64 -> 1",
+                        {hostile: _rounds(rng, 3, 100.0, 10.0, 0.01),
+                         "p-tuned": _rounds(rng, 3, 105.0, 10.0, 0.01)}, "p-tuned")  # fmt: skip
+    record = TuneRecord("t1-tune", "p", [0, 2], [1, 64], None, "", {}, [], {}, [], [], "", "", 0,
+                        step={"h0": {"sweep_id": "t3-step", "sentence": "",
+                                     "headline": [found.sentence]}})  # fmt: skip
+    for sweep_id in ("t3-step", "other"):
+        path = archive.sweep_state(sweep_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(SweepRecord(sweep_id, ["p"], ["h0"], [1], {}, kind="tune-step").to_json())
+    archive.tune_record("t1-tune").parent.mkdir(parents=True)
+    archive.tune_record("t1-tune").write_text(record.to_json())
+    data = select.report_for_sweep(archive, archive.sweep_state("t3-step"))
+    assert data.headlines == {"h0": [found.sentence]}
+    page = select.write_report(data, tmp_path / "out").read_text()
+    assert htmllib.escape(found.sentence) in page and "<script>alert" not in page
+    summary = select.write_summary(data, tmp_path / "out").read_text()
+    [said] = [line for line in summary.splitlines() if line.startswith("- **h0:**")]
+    assert not re.search(r"(?<!\\)[<>\[\]*]", said.removeprefix("- **h0:**"))  # each escaped
+    assert said.replace("\\", "") == f"- **h0:** {found.sentence}"  # the words, unchanged
+    other = select.report_for_sweep(archive, archive.sweep_state("other"))
+    assert other.headlines == {}
+    assert "headline" not in select.write_summary(other, tmp_path / "o").read_text()
+
+
+def _phase(c: int, completed: int, failed: int = 0, tokens: int = 1000) -> ResultRow:
+    return ResultRow(max_concurrency=c, failed=failed, output_throughput=0.0, duration=10.0,
+                     total_output_tokens=tokens, completed=completed,
+                     median_per_request_output_tps=20.0)  # fmt: skip
+
+
+def test_a_round_with_a_failed_or_missing_phase_is_no_round_and_nothing_measured_gives_no_ratio():
+    """Adversarial (issue 83.1): the tuned server failed at one level of the load step.
+    Before, its other phases made a round and a ratio against whole rounds of the statics
+    (1,500 tokens in 30 s against 2,500: '0.60x', a loss nobody measured). Now a round with a failed
+    or missing phase is none; with no whole round of the tuned server (or of any static)
+    the shape's headline says there is no figure, and the closing line claims no gain."""
+    from gpufleet.control.tune.shapes import StepVerdict, _headline, spent_text
+
+    whole = [_phase(1, 8), _phase(64, 64), _phase(1, 8, tokens=500)]
+    broken = [_phase(1, 8), _phase(64, 0, failed=64), _phase(1, 8, tokens=500)]
+    short = [_phase(1, 8), _phase(64, 64)]
+    assert hl.round_of(broken) is None and hl.round_of(short, 3) is None
+    assert hl.round_of([_phase(64, 60, failed=4)]) is None
+    no_speed = dataclasses.replace(_phase(1, 8), median_per_request_output_tps=None)
+    assert hl.round_of([no_speed]) is None  # was a speed of 0: a ZeroDivisionError in ratio
+    runs = {"p[plain]": [whole] * 3, "p[depth=2]": [whole] * 3, "p-tuned": [broken, short]}
+    found = _headline("the load step 1 -> 64 -> 1", runs, "p-tuned")
+    assert found is not None and not found.best and not found.tokens
+    assert found.sentence == ("over the load step 1 -> 64 -> 1 no figure: the tuned server ran "
+                              "a whole round without failed requests, so nothing is compared")  # fmt: skip
+    none_static = _headline("the bursts", {"p[plain]": [broken], "p-tuned": [whole]}, "p-tuned")
+    assert none_static is not None and "no figure: no static server ran" in none_static.sentence
+    assert _headline("the bursts", {}, "p-tuned") is None  # not run at all: no headline
+    said = spent_text(9, 60.0, [StepVerdict("h0", [], "", [found, none_static])])
+    assert said.endswith("no load shape ran to say what it gained over the best single static")
+    one_failed = _headline("the bursts", {"p[plain]": [whole], "p[depth=2]": [broken],
+                                          "p-tuned": [whole]}, "p-tuned")  # fmt: skip
+    assert one_failed.best == "p[plain]" and "p[depth=2]" not in one_failed.tokens
+    assert one_failed.sentence.endswith(
+        "(p[depth=2]: no whole round without failed requests, not compared)"
+    )
+    assert "(untested)" in one_failed.sentence  # one round: no interval, no direction

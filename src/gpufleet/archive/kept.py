@@ -234,6 +234,7 @@ class TuneCheck(TypedDict):
     shortfalls: NotRequired[list[str]]  # verify: levels the tuned server fell short at
     phases: NotRequired[list[JsonDict]]  # step: control/tune/step.Phase's
     burst_sweep_id: NotRequired[str | None]  # step
+    trace_sweep_id: NotRequired[str | None]  # step: the replay of --verify-trace
     headline: NotRequired[list[str]]  # step: each shape's headline (control/tune/headline.py)
 
 

@@ -81,6 +81,10 @@ class Archive:
     def tune_record(self, sweep_id: str) -> Path:
         return self.root / "tunes" / f"{sweep_id}.json"
 
+    def tune_records(self) -> list[Path]:
+        """Every tune's record, oldest first."""
+        return sorted((self.root / "tunes").glob("*.json"))
+
     def tune_burst_trace(self, sweep_id: str) -> Path:
         return self.root / "tunes" / f"{sweep_id}.burst.jsonl"
 

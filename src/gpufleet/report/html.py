@@ -50,6 +50,7 @@ class ReportInput:
     run_dirs: dict[str, Path] = field(default_factory=dict)  # run id -> its directory
     checksums: dict[str, str] = field(default_factory=dict)  # run id -> ok, or the problems
     plots: dict[str, list[str]] | None = None  # host -> inline SVGs already drawn (with PNGs)
+    headlines: dict[str, list[str]] = field(default_factory=dict)  # a tune's: host -> sentences
 
 
 def render(data: ReportInput, out_dir: Path) -> str:
@@ -57,6 +58,8 @@ def render(data: ReportInput, out_dir: Path) -> str:
     body = [f"<h1>{_e(data.title)}</h1>"]
     answers = {host: answer.build(host, arms) for host, arms in data.per_host.items()}
     body.append(_answers(answers))
+    if data.headlines:
+        body.append(_headlines(data.headlines))
     if data.failures:
         body.append(_failures(data.failures))
     for host, arms in data.per_host.items():
@@ -131,6 +134,13 @@ def _answers(answers: dict[str, Answer]) -> str:
             labels = ", ".join(said.labels)
             items.append(f"<li><b>{_e(host)}</b>: {_e(labels)} (nothing to compare with){box}</li>")
     return f'<section class="answer"><h2>The answer</h2><ul>{"".join(items)}</ul></section>'
+
+
+def _headlines(headlines: dict[str, list[str]]) -> str:
+    """A tune's headline per load shape (issue 83.1), the record's sentences word for word."""
+    items = "".join(f"<li><b>{_e(host)}</b>: {_e(text)}</li>"
+                    for host, said in headlines.items() for text in said)  # fmt: skip
+    return f'<section class="headline"><h2>The tune\'s headline</h2><ul>{items}</ul></section>'
 
 
 def _verdict_table(arms: list[Arm], said: Answer) -> str:

@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 from gpufleet.archive import store
-from gpufleet.archive.kept import FindMaxRecord, SweepRecord
+from gpufleet.archive.kept import FindMaxRecord, SweepRecord, TuneRecord
 from gpufleet.archive.layout import Archive, profile_label
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus, RunStatus
@@ -246,6 +246,7 @@ def report_for_sweep(archive: Archive, state_path: Path) -> ReportInput:
                 by_host.setdefault(host, []).append(cell.run_id)
     per_host = from_run_ids(archive, finished) if finished else {}
     data = _report_input(f"sweep {state.sweep_id}", per_host, archive)
+    data.headlines = tune_headlines(archive, state.sweep_id)
     for profile, cells in state.cells.items():
         for host, cell in cells.items():
             if cell.status != CellStatus.DONE and cell.error:
@@ -253,6 +254,26 @@ def report_for_sweep(archive: Archive, state_path: Path) -> ReportInput:
                 tail = _log_tail(run_dir) if cell.run_id else []
                 data.failures.append(Failure(host, profile_label(profile), cell.error, tail))
     return data
+
+
+def tune_headlines(archive: Archive, sweep_id: str) -> dict[str, list[str]]:
+    """host -> the headline sentences (issue 83.1) of the tune this sweep belongs to (its
+    measurement, verification or a load shape), as its record keeps them; empty for a sweep
+    no tune record names."""
+    for path in archive.tune_records():
+        try:
+            record = TuneRecord.load(path)
+        except UserError:
+            continue
+        checks = [*record.verify.values(), *record.step.values()]
+        ids = {record.tune_id, *(c.get(k) for c in checks for k in _SHAPE_IDS)}
+        if sweep_id in ids:
+            return {host: [str(t) for t in check.get("headline", [])]
+                    for host, check in record.step.items() if check.get("headline")}  # fmt: skip
+    return {}
+
+
+_SHAPE_IDS = ("sweep_id", "burst_sweep_id", "trace_sweep_id")
 
 
 def find_max_answers(archive: Archive, host: str, labels: list[str]) -> dict[str, FindMaxRecord]:
@@ -272,6 +293,15 @@ def write_report(data: ReportInput, out_dir: Path) -> Path:
     return target
 
 
+def _md(text: str) -> str:
+    """Free text from a record as Markdown shows it: on one line, no control character, raw
+    HTML, link or emphasis."""
+    from gpufleet.report.markdown import md_cell
+
+    shown = "".join(ch for ch in str(text) if ch.isprintable() or ch in "\n\t")
+    return md_cell("".join("\\" + ch if ch in "\\`*_[]<>&!#" else ch for ch in shown))
+
+
 def write_summary(data: ReportInput, out_dir: Path) -> Path:
     """`out_dir/summary.md`: the same answers as the terminal and report.html, in Markdown."""
     from gpufleet.report import answer
@@ -280,6 +310,11 @@ def write_summary(data: ReportInput, out_dir: Path) -> Path:
     answers = [answer.build(host, arms) for host, arms in data.per_host.items()]
     tables = {host: table(arms, wide=True) for host, arms in data.per_host.items()}
     target = out_dir / "summary.md"
-    text = shown(answer.to_markdown(data.title, answers, tables))  # as the terminal escapes
+    text = answer.to_markdown(data.title, answers, tables)
+    if data.headlines:  # a tune's sweep: its headline per load shape, as the record says it
+        said = [f"- **{_md(host)}:** {_md(line)}" for host, lines in data.headlines.items()
+                for line in lines]  # fmt: skip
+        text += "\n".join(["## The tune's headline", "", *said, ""])
+    text = shown(text)  # control characters escaped as the terminal escapes them
     store.write_private_file(target, text.encode())
     return target

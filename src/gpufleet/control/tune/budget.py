@@ -40,7 +40,7 @@ from gpufleet.control.sweep.sweep_state import SweepState
 from gpufleet.control.tune import levels
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune.drops import DropUnit, depth_of, drop_order, falling_depth
-from gpufleet.control.tune.limit import BudgetStop, Shortage, line, minutes
+from gpufleet.control.tune.limit import BudgetStop, Shortage, line, minutes, unpaced_line
 from gpufleet.control.tune.pace import (  # noqa: F401  (the clock's API: tests and callers)
     FIXED_STEPS,
     Pace,
@@ -140,6 +140,7 @@ class TimeKeeper:
     verify: bool = True
     may_drop_depths: bool = False  # whether --budget may drop depths the user asked for
     launched: int = 0  # cells this call ran (not those a resumed run found done)
+    tried: int = 0  # cells this call started, failed ones too
 
     @classmethod
     def for_tune(
@@ -175,7 +176,12 @@ class TimeKeeper:
         one line naming the least budget that holds it (BudgetStop; before the first
         launch, a refusal)."""
         least = self.least_s()
-        if self.budget_s is None or least is None or self.pace is None:
+        if self.budget_s is None:
+            return
+        if least is None or self.pace is None:  # no cell finished: the first sets the pace,
+            # and once one has failed, none starts past the budget (no pace to plan by)
+            if starting and self.tried and self.elapsed_s() >= self.budget_s:
+                raise BudgetStop(unpaced_line(self.budget_s, self.tried, self.elapsed_s()))
             return
         if not (starting or self.remaining()):
             return
@@ -357,6 +363,7 @@ class TimeKeeper:
         host's steps; a measured drafting depth's objective by level)."""
 
         def after(arm: ArmSpec, state: SweepState, ran: bool) -> None:
+            self.tried += ran
             cells = list(state.record.cells[arm.key].values())
             if not cells or any(c.status != CellStatus.DONE for c in cells):
                 return  # failed or interrupted: not done, and --resume runs it again

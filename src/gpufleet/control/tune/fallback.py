@@ -1,12 +1,15 @@
-"""A table its own verification puts below the goal is not written as the tuned profile when
-a single static server did better (issue 83.3). Once the mend has had its turn, where a
-level is still below the goal, the verification's figures decide between the table and the
-best single static configuration measured beside it (no drafting, the profile's own static
-speculation, each static depth), by the share of each level's best static each keeps at
-its worst level on any host: the better one is written, and the tune says why."""
+"""A table its own verification puts below the goal is never written as the tuned profile
+(issue 83.3: "where it cannot be mended, the profile is written as the best static
+configuration and the tune says why"). Once the mend has had its turn, where a level is
+still below the goal on any host, the tuned profile is written as the best single static
+configuration measured beside it (no drafting, the profile's own static speculation, each
+static depth), the one keeping the most of each level's best static at its worst level on
+any host; the words give both worst shares, and where the table kept more than that static
+they say so and leave the table's file where it is, for a launch by hand."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +58,7 @@ def table_worst_share(rows: list[VerdictRow]) -> float | None:
 
 def decide(verdicts: list[Any]) -> Decision | None:
     """None where the table reached the goal at every level on every host (or was never
-    judged); else the table against the best single static, by their worst shares."""
+    judged); else the best single static (by its worst share) to be written instead."""
     short = [f"{v.host} {s}" for v in verdicts for s in shortfalls(v.rows)]
     table = [w for v in verdicts if (w := table_worst_share(v.rows)) is not None]
     statics = static_worst_shares(verdicts)
@@ -63,25 +66,26 @@ def decide(verdicts: list[Any]) -> Decision | None:
         return None
     label = max(statics, key=lambda k: statics[k])
     static_worst, table_worst = statics[label], min(table)
-    if static_worst >= table_worst:
-        why = (f"the table was below the goal after the mend ({'; '.join(short)}), and {label} "
-               f"keeps {share_text(static_worst)} of each level's best static at its worst "
-               f"level against the table's {share_text(table_worst)}: the tuned profile is "
-               f"written as {label}")  # fmt: skip
-        return Decision(True, label, static_worst, table_worst, why)
-    why = (f"the table stays though below the goal ({'; '.join(short)}): it keeps "
-           f"{share_text(table_worst)} of each level's best static at its worst level, no "
-           f"single static as much (the best, {label}, {share_text(static_worst)})")  # fmt: skip
-    return Decision(False, label, static_worst, table_worst, why)
+    why = (f"the table was below the goal after the mend ({'; '.join(short)}), so it is not "
+           f"the tuned profile; the best single static, {label}, keeps "
+           f"{share_text(static_worst)} of each level's best static at its worst level "
+           f"against the table's {share_text(table_worst)}: the tuned profile is written as "
+           f"{label}")  # fmt: skip
+    return Decision(True, label, static_worst, table_worst, why)
 
 
 def settle(profile: str, checks: list[Any], outcome: Any) -> Decision | None:
-    """Decide (`decide`), and where the best single static wins, write the tuned profile as
-    that server (the arm the verification launched under its label); the decision's words
-    join the tune's notes either way."""
+    """Decide (`decide`), and write the tuned profile as the best single static (the arm the
+    verification launched under its label); where the table kept more at its worst level,
+    the words say where its file stays. The decision's words join the tune's notes."""
     decision = decide(outcome.verdicts)
     if decision is None:
         return None
+    if decision.table_worst > decision.static_worst and outcome.config_path is not None:
+        decision = dataclasses.replace(
+            decision,
+            why=(f"{decision.why}; the table stays in {outcome.config_path} for a launch by hand"),
+        )
     outcome.result.notes.append(decision.why)
     if decision.fall_back:
         arms = beside_arms(profile, checks, outcome.result.measured, 1)

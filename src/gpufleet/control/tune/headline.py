@@ -27,15 +27,21 @@ class Round:
     per_request_tps: float
 
 
-def round_of(rows: list[ResultRow]) -> Round | None:
-    """A run of a shape from its result rows (its phases); None without figures."""
+def round_of(rows: list[ResultRow], phases: int | None = None) -> Round | None:
+    """A run of a shape from its result rows (its phases); None without figures, and None
+    for a round short of the shape's `phases` or with a phase that failed requests or
+    completed none: a part of a shape is not the shape, so it never gives a ratio."""
+    if phases is not None and len(rows) != phases:
+        return None
+    if any(int(r.failed or 0) or not int(r.completed or 0) for r in rows):
+        return None
     seconds = sum(float(r.duration or 0.0) for r in rows)
     tokens = sum(float(r.total_output_tokens or 0) for r in rows)
     weights = [(float(r.median_per_request_output_tps or 0.0), int(r.completed or 0))
                for r in rows]  # fmt: skip
     done = sum(n for _, n in weights)
-    if seconds <= 0 or tokens <= 0 or not done:
-        return None
+    if seconds <= 0 or tokens <= 0 or not done or any(speed <= 0 for speed, _ in weights):
+        return None  # a phase without a per-request speed is not measured (no 0 to divide by)
     return Round(tokens / seconds, sum(s * n for s, n in weights) / done)
 
 
@@ -90,19 +96,29 @@ class Headline:
 
 
 def headline(shape: str, rounds: dict[str, list[Round]], tuned: str) -> Headline | None:
-    """The headline of a shape from each server's rounds (label -> its rounds, the tuned
-    server's under `tuned`); None without the tuned server and one static."""
+    """The headline of a shape from each server's rounds (label -> its whole rounds, the
+    tuned server's under `tuned`); None where no server ran the shape. Where the tuned
+    server or every static has no whole round, the headline has no figure (`best` empty)
+    and its sentence says so: nothing measured never gives a ratio."""
+    if not rounds:
+        return None
     statics = {k: v for k, v in rounds.items() if k != tuned and v}
     mine = rounds.get(tuned) or []
     if not mine or not statics:
-        return None
+        who = "the tuned server" if not mine else "no static server"
+        return Headline(shape, "", {}, {}, 0, f"over {shape} no figure: {who} ran a whole "
+                        "round without failed requests, so nothing is compared")  # fmt: skip
     tokens = {k: ratio([r.tokens_per_s for r in v], [r.tokens_per_s for r in mine])
               for k, v in statics.items()}  # fmt: skip
     speed = {k: ratio([r.per_request_tps for r in v], [r.per_request_tps for r in mine])
              for k, v in statics.items()}  # fmt: skip
     best = max(statics, key=lambda k: statistics.fmean(r.tokens_per_s for r in statics[k]))
     n = min(len(v) for v in (*statics.values(), mine))
-    return Headline(shape, best, tokens, speed, n, _sentence(shape, best, tokens, speed, n))
+    text = _sentence(shape, best, tokens, speed, n)
+    unmeasured = sorted(k for k, v in rounds.items() if k != tuned and not v)
+    if unmeasured:
+        text += f" ({', '.join(unmeasured)}: no whole round without failed requests, not compared)"
+    return Headline(shape, best, tokens, speed, n, text)
 
 
 def _sentence(shape: str, best: str, tokens: dict[str, Ratio], speed: dict[str, Ratio],

@@ -54,3 +54,11 @@ def line(s: Shortage) -> str:
     if s.launches:
         text += "; the cells run are archived, so the next call has their pace"
     return text
+
+
+def unpaced_line(budget_s: float, launches: int, spent_s: float) -> str:
+    """The line for a budget spent before any cell finished (each failed): no pace to name
+    a least budget by, so it says what happened and what to look at."""
+    return (f"--budget {budget_s:g}: stopped after {launches} launch{'es' * (launches != 1)} "
+            f"({minutes(spent_s)} spent): the budget is spent and no cell has finished to give "
+            "a pace (each failed: see its error above)")  # fmt: skip

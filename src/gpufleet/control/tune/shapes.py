@@ -23,6 +23,7 @@ from gpufleet.control.tune import step as tunestep
 from gpufleet.control.tune.drops import depth_of
 from gpufleet.control.tune.goal import share_text
 from gpufleet.control.tune.limit import minutes
+from gpufleet.errors import UserError
 
 SHAPE_ROUNDS = 3  # each server's runs of a shape: Student's t needs three for an interval
 
@@ -68,13 +69,25 @@ class ShapeRun:
     trace: str | None = None
 
 
-def replay_cost(trace: str | None, request: BenchRequest) -> tuple[float, float] | None:
+def replay_cost(trace: str | None, request: BenchRequest, verify: bool = True,
+                switches: bool = True) -> tuple[float, float] | None:  # fmt: skip
     """The user's trace as the clock plans it: its longest output (decode rounds: the
-    requests decode side by side) and its span in seconds at `--trace-speedup`; a trace
-    inv bench would refuse is refused here, before the first launch, in one line."""
+    requests decode side by side) and its span in seconds at `--trace-speedup`. A trace inv
+    bench would refuse, or one the tune would not replay (`--no-verify`; an engine with one
+    depth for every load, which runs no load shape), is one line before the first launch,
+    naming --verify-trace."""
     if trace is None:
         return None
-    rows = load_trace(trace, request.trace_speedup)
+    if not verify:
+        raise UserError(f"--verify-trace {trace}: the trace is replayed in the verification, "
+                        "which --no-verify leaves out; drop one of them")  # fmt: skip
+    if not switches:
+        raise UserError(f"--verify-trace {trace}: this profile drafts one depth for every "
+                        "load, so the tune runs no load shape to replay it in")  # fmt: skip
+    try:
+        rows = load_trace(trace, request.trace_speedup)
+    except UserError as exc:  # inv bench's reader names its own flag
+        raise UserError("--verify-" + str(exc).removeprefix("--")) from None
     return float(max(r.output_len or 0 for r in rows)), max(r.at or 0.0 for r in rows)
 
 
@@ -93,7 +106,7 @@ def run_shapes(run: ShapeRun, experiment: Experiment, outcome: Any,
     stepped = _shape(run, arms, tunebudget.STEP, step, experiment, clock)
     bursts: dict[str, dict[str, list[list[Any]]]] = {}
     traced: dict[str, dict[str, list[list[Any]]]] = {}
-    burst_id = None
+    burst_id = trace_id = None
     if not clock.stage_dropped(tunebudget.BURST):
         trace = request.archive.tune_burst_trace(outcome.record.tune_id)
         burst = _shape(run, arms, tunebudget.BURST, tunestep.burst_request(request, trace),
@@ -106,6 +119,7 @@ def run_shapes(run: ShapeRun, experiment: Experiment, outcome: Any,
         replay = tunestep.replay_request(request, Path(run.trace), request.trace_speedup)
         replayed = _shape(run, arms, tunebudget.TRACE, replay, experiment, clock)
         traced = tunestep.shape_rounds(arms, replayed.record, request.archive)
+        trace_id = replayed.sweep_id
     labels = [arm.label for arm in run.checks]
     names = (step_text(request), "the bursts", f"your trace {Path(run.trace or '').name}")
     for host, by_label in tunestep.shape_rounds(arms, stepped.record, request.archive).items():
@@ -126,6 +140,7 @@ def run_shapes(run: ShapeRun, experiment: Experiment, outcome: Any,
         outcome.record.step[host] = {
             "sweep_id": stepped.sweep_id,
             "burst_sweep_id": burst_id,
+            "trace_sweep_id": trace_id,
             "phases": [dataclasses.asdict(p) for p in phases],
             "sentence": sentence,
             "headline": [h.sentence for h in heads],
@@ -144,7 +159,8 @@ def _shape(run: ShapeRun, arms: list[ArmSpec], kind: str, request: BenchRequest,
 
 def _headline(shape: str, runs: dict[str, list[list[Any]]], tuned: str) -> hl.Headline | None:
     """A shape's headline from each server's runs (label -> its rounds' result rows)."""
-    rounds = {label: [r for rows in each if (r := hl.round_of(rows)) is not None]
+    phases = max((len(rows) for each in runs.values() for rows in each), default=0)
+    rounds = {label: [r for rows in each if (r := hl.round_of(rows, phases)) is not None]
               for label, each in runs.items()}  # fmt: skip
     return hl.headline(shape, rounds, tuned)
 
@@ -172,7 +188,7 @@ def spent_text(launches: int, seconds: float, steps: list[StepVerdict]) -> str:
     single static (or why there is no such figure)."""
     spent = f"spent {launches} launch{'es' * (launches != 1)} and {minutes(seconds)}"
     gains = [f"{st.host}, {h.shape}: {h.tokens[h.best].text()} of {h.best}'s output tokens a "
-             "second" for st in steps for h in st.headlines]  # fmt: skip
+             "second" for st in steps for h in st.headlines if h.best]  # fmt: skip
     if not gains:
         return f"{spent}; no load shape ran to say what it gained over the best single static"
     return f"{spent} to gain: " + "; ".join(gains)

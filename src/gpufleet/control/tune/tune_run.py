@@ -106,12 +106,13 @@ def run(
     tuned = tunefiles.tuned_reference(profile, name)
     checks = tuneverify.verification_arms(profile, tuned)
     switches = tunecells.drafting_of(load_profile(profile)).adaptive
+    replay = tuneshapes.replay_cost(ask.verify_trace, request, verify, switches)
+    pace = tunebudget.archived_pace(root, profile, 3, experiment.fleet.names,
+                                    load_profile(profile).model_path)  # fmt: skip
     clock = tunebudget.TimeKeeper.for_tune(
         tunebudget.TuneArms(arms, checks, verify, switches, ask.may_drop_depths,
-                            ask.shape_rounds, tuneshapes.replay_cost(ask.verify_trace, request)),
-        request,
-        ask.budget_s,
-        experiment.console.line, tunebudget.archived_pace(root, profile),
+                            ask.shape_rounds, replay),
+        request, ask.budget_s, experiment.console.line, pace,
         _finished_cells(root, profile, tuned, arms, checks) if resume else set(),
     )  # fmt: skip
     measure_hooks = clock.hooks(tunebudget.MEASURE, root)
