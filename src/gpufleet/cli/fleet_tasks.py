@@ -99,6 +99,7 @@ def fleet(c, **given):
             raise UserError(
                 f"no profile was run on two or more hosts in {o.archive}/ "
                 "(inv fleet sets hosts of one profile side by side)"
+                + outliers.damaged_said(index.broken_lines())
             )
         views = [
             outliers.fleet_view(index, p, o.metric, o.threshold / 100, o.latest) for p in profiles

@@ -26,6 +26,7 @@ from gpufleet.fleet.outliers import (
     DEFAULT_METRIC,
     DEFAULT_THRESHOLD,
     client_mark,
+    damaged_said,
     metric_named,
     ok_values,
     rounds_by_host,
@@ -268,6 +269,7 @@ def known(index: Index, host: str | None, profile: str | None) -> tuple[list[str
         raise UserError(
             f"--host {host!r}: no archived run of that host in "
             f"{index.archive.root}/ (hosts there: {', '.join(hosts) or 'none'})"
+            + damaged_said(index.broken_lines(None, host))
         )
     if profile is not None and profile not in profiles:
         raise UserError(

@@ -224,6 +224,10 @@ def open_index(archive: Archive, rebuild: bool = False) -> Index:
     """The archive's index, brought up to date with its run files (module docstring)."""
     notes: list[str] = []
     path = archive.index_path
+    if not archive.root.is_dir():  # a mistyped --archive makes no folder
+        notes.append(f"no archive at {archive.root}/ (nothing archived there yet)")
+        conn = _fresh(sqlite3.connect(":memory:", isolation_level=None))
+        return Index(conn, archive, notes)
     if rebuild:
         _remove(path)
     conn = _open_file(path, notes)
@@ -358,8 +362,13 @@ def _read_checked(run_dir: Path, full: bool) -> tuple[Manifest, list[Row]] | Bro
     results.jsonl not the file the manifest's checksum names (every file's with `full`);
     None for a run removed meanwhile (gone, not broken)."""
     try:
+        link = store.link_problem(run_dir)
+        if link:
+            raise UserError(link)
         if not (run_dir / store.MANIFEST).exists():
             raise UserError(f"a run folder without its {store.MANIFEST}")
+        for name in READ:
+            _check_file(run_dir / name)
         manifest, rows = _read_run(run_dir)
     except (UserError, OSError, ValueError) as exc:
         if not run_dir.exists():
@@ -382,17 +391,50 @@ def _read_checked(run_dir: Path, full: bool) -> tuple[Manifest, list[Row]] | Bro
     return manifest, rows
 
 
+READ_MOST = 64 << 20  # bytes of a manifest or results.jsonl: a run's are kilobytes
+
+
+def _check_file(path: Path) -> None:
+    """One line (UserError) for a file the index must not read: a link or a device (it
+    reads another file, or never ends), or one larger than READ_MOST."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise UserError(f"{path.name}: not a regular file (a link or a device): not read")
+    if path.exists() and (size := path.stat().st_size) > READ_MOST:
+        raise UserError(f"{path.name}: {size} bytes, more than a run's {READ_MOST} at most")
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())[:300]
 
 
 def _read_run(run_dir: Path) -> tuple[Manifest, list[Row]]:
-    """A run's manifest and level rows; one line (UserError) naming the file if unreadable."""
+    """A run's manifest and level rows; one line (UserError) naming the file if unreadable
+    or holding a figure no measurement gives (figure_problem)."""
     manifest = store.read_manifest(run_dir)
     rows = []
     if (run_dir / RESULTS).exists():
         rows = [r.to_wire() for r in store.read_results(run_dir)]
+    for n, row in enumerate(rows, 1):
+        problem = figure_problem(row)
+        if problem:
+            raise UserError(f"{RESULTS}:{n}: {problem}")
     return manifest, rows
+
+
+FIGURE_MOST = 1e12  # beyond any figure a level gives (tok/s, ms, requests, joules)
+_FIGURES = frozenset(catalogue.BY_KEY) | {catalogue.COMPLETED, catalogue.FAILED}
+
+
+def figure_problem(row: Row) -> str | None:
+    """Why a row's figure cannot be a measurement (NaN, infinite, negative, beyond
+    FIGURE_MOST), else None: such a figure would move a median or hide a host silently."""
+    for key in sorted(_FIGURES & row.keys()):
+        value = row[key]  # type: ignore[literal-required]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if not (0 <= value <= FIGURE_MOST):  # NaN fails both comparisons
+            return f"{key} is {value!r} (expected a finite figure from 0 to {FIGURE_MOST:.0e})"
+    return None
 
 
 def _drop(conn: sqlite3.Connection, host: str, run_id: str) -> None:

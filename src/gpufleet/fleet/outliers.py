@@ -240,10 +240,20 @@ def fleet_view(
         raise UserError(
             f"no archived run of profile {profile!r} in {index.archive.root}/ "
             f"(profiles there: {', '.join(index.profiles()) or 'none'})"
+            + damaged_said(index.broken_lines(profile))
         )
     view = view_of(runs, profile, m, threshold, latest)
     view.left_out += index.broken_lines(profile)
     return view
+
+
+def damaged_said(broken: list[str]) -> str:
+    """`; 2 run(s) left out as damaged: gpu00: run R: why; ...`, or nothing: a view with
+    nothing left to show says why when damage took it."""
+    if not broken:
+        return ""
+    more = f"; and {len(broken) - 3} more (inv runs --verify)" if len(broken) > 3 else ""
+    return f"; {len(broken)} run(s) left out as damaged: {'; '.join(broken[:3])}{more}"
 
 
 def ok_values(rows: list[Row], c: int, key: str) -> list[float]:
@@ -375,6 +385,11 @@ def _level(view: FleetView, c: int, rounds: dict[str, list[list[IndexedRun]]]) -
         if e is not None and e.value > 0:
             figures.append((host, e))
             marks[host] = client_mark(rows, c)
+        elif rows:  # a "-" in the table says why in words
+            failed = [str(r.get(catalogue.STATUS)) for r in rows
+                      if r.get(catalogue.STATUS) not in (None, "ok")]  # fmt: skip
+            why = f"the level {failed[0]}" if failed else f"no {view.metric.label} above 0"
+            view.unjudged.append(f"{host} at C={c}: not judged: {why}")
     why = _unjudged(view, c, marks)
     view.unjudged += [f"{h} at C={c}: not judged: {text}" for h, text in why.items()]
     judged = [e.value for h, e in figures if h not in why]
