@@ -127,6 +127,12 @@ def test_metrics_serve_keeps_serving_when_a_run_is_damaged_meanwhile(tmp_path):
         text = scrape()
         assert "gpufleet_runs_left_out 1.0" in text
         assert 'host="gpu02"' in text and 'host="gpu03"' not in text
+        # the index itself damaged inside (it opens, its rows do not read): answered 500
+        for damage in ("UPDATE runs SET fingerprint = '{bad' WHERE host = 'gpu01'",
+                       "DROP TABLE levels"):  # fmt: skip
+            _damage_index(root, damage)
+            text = scrape()
+            assert "gpufleet_runs_left_out 1.0" in text and 'host="gpu01"' in text
     finally:
         server.terminate()
         try:
@@ -239,3 +245,33 @@ def test_a_symlinked_run_or_host_folder_is_not_served_as_this_hosts(tmp_path):
     assert verify.returncode == 1
     assert verify.stdout.count("a symbolic link (to ") == 2, verify.stdout
     assert "results.jsonl: not a regular file" in verify.stdout
+
+
+def _damage_index(root, sql: str) -> None:
+    import sqlite3
+
+    conn = sqlite3.connect(root / "index" / "runs.sqlite3")
+    conn.execute(sql)
+    conn.commit()
+    conn.close()
+
+
+def test_an_index_damaged_inside_is_rebuilt_not_a_traceback(tmp_path):
+    """An index file that opens but whose rows do not read (not JSON, a table gone): fleet
+    and history exited 1 with a traceback; now the index is rebuilt from the run files,
+    with a note, and the views answer."""
+    root = tmp_path / "logs"
+    fleet_archive(root, 4, slow={"gpu01": 0.8})
+    for sql in ("UPDATE levels SET row = '[1' WHERE host = 'gpu02'", "DROP TABLE runs"):
+        assert run_cli("runs", "--reindex", "--archive", str(root)).returncode == 0
+        _damage_index(root, sql)
+        got = run_cli("fleet", "--archive", str(root))
+        assert got.returncode == 1 and "Traceback" not in got.stderr, got.stderr
+        assert "gpu01 is 2" in unwrap(got.stdout)
+        assert (
+            "its contents do not read" in got.stderr and "rebuilt from the run files" in got.stderr
+        )
+        _damage_index(root, sql)
+        got = run_cli("history", "--archive", str(root))
+        assert got.returncode == 0 and "Traceback" not in got.stderr, got.stderr
+        assert "gpu02 baseline: newest" in got.stdout

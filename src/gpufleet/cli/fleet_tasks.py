@@ -90,10 +90,11 @@ def fleet(c, **given):
     from gpufleet.cli.fleet_output import print_fleet
     from gpufleet.errors import UserError
     from gpufleet.fleet import outliers, page
-    from gpufleet.fleet.index import open_index
+    from gpufleet.fleet.index import reading
 
     o = FLEET.parse(given)
-    with open_index(o.archive) as index:
+
+    def read(index):
         profiles = [o.profile] if o.profile else outliers.fleet_profiles(index)
         if not profiles:
             raise UserError(
@@ -101,10 +102,11 @@ def fleet(c, **given):
                 "(inv fleet sets hosts of one profile side by side)"
                 + outliers.damaged_said(index.broken_lines())
             )
-        views = [
+        return [
             outliers.fleet_view(index, p, o.metric, o.threshold / 100, o.latest) for p in profiles
         ]
-        notes = index.notes
+
+    views, notes = reading(o.archive, read)
     pages = {v.profile: page.write(v, o.archive.fleet_dir(v.profile), plots=False) for v in views}
     print_fleet(views, o.format, notes, pages)
     named = sorted({n.host for v in views for n in v.named})
@@ -129,13 +131,15 @@ def history(c, **given):
 
     from gpufleet.cli.fleet_output import print_history
     from gpufleet.fleet.history import histories, left_out_elsewhere
-    from gpufleet.fleet.index import open_index
+    from gpufleet.fleet.index import reading
 
     o = HISTORY.parse(given)
-    with open_index(o.archive) as index:
+
+    def read(index):
         found = histories(index, o.host, o.profile, o.metric, o.threshold / 100)
-        notes = index.notes
-        damaged = left_out_elsewhere(index, found, o.host, o.profile)
+        return found, left_out_elsewhere(index, found, o.host, o.profile)
+
+    (found, damaged), notes = reading(o.archive, read)
     print_history(found, o.format, notes, damaged)
     if o.fail_on_regression is not None:
         drop = o.fail_on_regression / 100
@@ -166,10 +170,10 @@ def metrics(c, **given):
     o = METRICS.parse(given)
     if o.host or o.profile:
         from gpufleet.fleet.history import known
-        from gpufleet.fleet.index import open_index
+        from gpufleet.fleet.index import reading
 
-        with open_index(o.archive) as index:
-            known(index, o.host, o.profile)  # one line for a name the archive lacks
+        reading(o.archive, lambda index: known(index, o.host, o.profile))  # one line for a
+        # name the archive lacks
     if o.output:
         samples = openmetrics.write_file(o.archive, Path(o.output), o.profile, o.host)
         line(f"metrics: {o.output} ({samples} samples)")

@@ -21,9 +21,10 @@ import contextlib
 import json
 import os
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 from gpufleet.archive import store
 from gpufleet.archive.kept import Manifest
@@ -37,6 +38,7 @@ SCHEMA = 2
 RESULTS = "results.jsonl"
 READ = (store.MANIFEST, RESULTS)  # the files the index reads of each run, tracked
 PROMPT_SET = "prompt set"  # the fingerprint entry the index adds: name and sha256 prefix
+T = TypeVar("T")
 
 _TABLES = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -237,6 +239,28 @@ def open_index(archive: Archive, rebuild: bool = False) -> Index:
         conn.close()
         raise
     return Index(conn, archive, notes)
+
+
+# what an index whose file opens but whose contents do not read raises: a row that is not
+# JSON, a table gone, a page torn (the file is gpufleet's own, but a disk or a hand can
+# damage it); "database is locked" is another process writing, not damage
+DAMAGE = (sqlite3.DatabaseError, ValueError, KeyError, TypeError, IndexError)
+
+
+def reading(archive: Archive, read: Callable[[Index], T]) -> tuple[T, list[str]]:
+    """`read(index)` and the opening's notes. An index whose contents do not read is
+    rebuilt from the run files and read again, with a note: a damaged index never stops a
+    view or fails a scrape (what the run files hold is still the answer)."""
+    try:
+        with open_index(archive) as index:
+            return read(index), index.notes
+    except DAMAGE as exc:
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            raise
+        why = _one_line(f"{archive.index_path}: its contents do not read "
+                        f"({type(exc).__name__}: {exc}); rebuilt from the run files")  # fmt: skip
+    with open_index(archive, rebuild=True) as index:
+        return read(index), [why, *index.notes]
 
 
 def _open_file(path: Path, notes: list[str]) -> sqlite3.Connection:

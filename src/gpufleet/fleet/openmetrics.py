@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from gpufleet.archive.kept import SweepRecord
 from gpufleet.archive.layout import Archive
 from gpufleet.errors import UserError
-from gpufleet.fleet.index import Index, IndexedRun, open_index
+from gpufleet.fleet.index import Index, IndexedRun, reading
 from gpufleet.fleet.outliers import fleet_view
 from gpufleet.kinds import CellStatus, SweepStatus
 from gpufleet.report import catalogue
@@ -106,26 +106,29 @@ class ArchiveCollector:
         self.archive, self.profile, self.host = archive, profile, host
 
     def collect(self) -> Iterator[Metric]:
+        families, _ = reading(self.archive, lambda index: list(self._families(index)))
+        yield from families
+        yield from sweep_progress(self.archive)
+
+    def _families(self, index: Index) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        with open_index(self.archive) as index:
-            runs = newest_runs(index, self.profile, self.host)
-            for ex in EXPORTED:
-                kind = CounterMetricFamily if ex.counter else GaugeMetricFamily
-                family = kind(f"{NAMESPACE}_{ex.name}", ex.help, labels=RUN_LABELS)
-                for run in runs:
-                    for c, value in _level_values(run, ex.key, ex.counter):
-                        family.add_metric(_labels(run, c), value * ex.scale)
-                yield family
-            yield from _run_families(runs)
-            left_out = GaugeMetricFamily(
-                f"{NAMESPACE}_runs_left_out",
-                "Archived runs no view serves: files that do not parse or verify, no manifest",
-            )
-            left_out.add_metric([], len(index.broken()))
-            yield left_out
-            yield from self._fleet(index, runs)
-        yield from sweep_progress(self.archive)
+        runs = newest_runs(index, self.profile, self.host)
+        for ex in EXPORTED:
+            kind = CounterMetricFamily if ex.counter else GaugeMetricFamily
+            family = kind(f"{NAMESPACE}_{ex.name}", ex.help, labels=RUN_LABELS)
+            for run in runs:
+                for c, value in _level_values(run, ex.key, ex.counter):
+                    family.add_metric(_labels(run, c), value * ex.scale)
+            yield family
+        yield from _run_families(runs)
+        left_out = GaugeMetricFamily(
+            f"{NAMESPACE}_runs_left_out",
+            "Archived runs no view serves: files that do not parse or verify, no manifest",
+        )
+        left_out.add_metric([], len(index.broken()))
+        yield left_out
+        yield from self._fleet(index, runs)
 
     def _fleet(self, index: Index, runs: list[IndexedRun]) -> Iterator[Metric]:
         """Each host's ratio to its fleet and what `inv fleet` says of it per level: named
