@@ -24,19 +24,18 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 from gpufleet.archive import store
 from gpufleet.archive.kept import Manifest
 from gpufleet.archive.layout import Archive
 from gpufleet.errors import UserError
+from gpufleet.fleet.runfiles import READ, Broken, Row, one_line, read_checked
 from gpufleet.kinds import RunStatus
 from gpufleet.report import catalogue
 from gpufleet.report.fingerprint import Fact, fingerprint
 
 SCHEMA = 2
-RESULTS = "results.jsonl"
-READ = (store.MANIFEST, RESULTS)  # the files the index reads of each run, tracked
 PROMPT_SET = "prompt set"  # the fingerprint entry the index adds: name and sha256 prefix
 T = TypeVar("T")
 
@@ -58,20 +57,6 @@ CREATE INDEX levels_by_run ON levels (host, run_id);
 CREATE TABLE cells (host TEXT NOT NULL, run_id TEXT NOT NULL, sweep_id TEXT NOT NULL,
     label TEXT NOT NULL, PRIMARY KEY (host, run_id));
 """
-
-
-class Row(TypedDict, total=False):
-    """One results.jsonl line as its runner wrote it (records.ResultRow's wire form, a shape
-    the host's runner owns): kept as JSON, not parsed into a ResultRow, because a full
-    parse costs 0.28 ms a row and `inv history` reads 20,000. The keys read by name are
-    declared; the figures are read by their catalogue key (report/catalogue.py)."""
-
-    max_concurrency: int
-    repeat: int
-    level_status: str | None
-    completed: int
-    failed: int
-    output_throughput: float
 
 
 @dataclass
@@ -257,7 +242,7 @@ def reading(archive: Archive, read: Callable[[Index], T]) -> tuple[T, list[str]]
     except DAMAGE as exc:
         if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
             raise
-        why = _one_line(f"{archive.index_path}: its contents do not read "
+        why = one_line(f"{archive.index_path}: its contents do not read "
                         f"({type(exc).__name__}: {exc}); rebuilt from the run files")  # fmt: skip
     with open_index(archive, rebuild=True) as index:
         return read(index), [why, *index.notes]
@@ -344,7 +329,7 @@ def _sync(conn: sqlite3.Connection, archive: Archive, full: bool = False) -> Non
     parsed = []
     for path in changed:
         host, run_dir, _ = found[path]
-        read = _read_checked(run_dir, full)
+        read = read_checked(run_dir, full)
         if read is None:
             gone.append(path)  # removed between the listing and the read
         else:
@@ -371,94 +356,6 @@ def _sync(conn: sqlite3.Connection, archive: Archive, full: bool = False) -> Non
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-
-
-@dataclass
-class Broken:
-    """A run the index cannot serve: why, in one line, and its profile where known."""
-
-    reason: str
-    profile: str | None = None
-
-
-def _read_checked(run_dir: Path, full: bool) -> tuple[Manifest, list[Row]] | Broken | None:
-    """The run's manifest and rows, or why not: no manifest, a file that does not parse,
-    results.jsonl not the file the manifest's checksum names (every file's with `full`);
-    None for a run removed meanwhile (gone, not broken)."""
-    try:
-        link = store.link_problem(run_dir)
-        if link:
-            raise UserError(link)
-        if not (run_dir / store.MANIFEST).exists():
-            raise UserError(f"a run folder without its {store.MANIFEST}")
-        for name in READ:
-            _check_file(run_dir / name)
-        manifest, rows = _read_run(run_dir)
-    except (UserError, OSError, ValueError) as exc:
-        if not run_dir.exists():
-            return None
-        return Broken(_one_line(str(exc).replace(f"{run_dir}/", "")))
-    sums = manifest.files
-    if full:
-        problems = store.verify(run_dir)
-    elif RESULTS in sums:
-        try:
-            data = (run_dir / RESULTS).read_bytes()
-            same = store.sha256(data) == sums[RESULTS]
-            problems = [] if same else [f"{RESULTS}: checksum mismatch"]
-        except FileNotFoundError:
-            problems = [f"{RESULTS}: missing"]
-    else:
-        problems = []
-    if problems:
-        return Broken(f"does not verify: {'; '.join(problems[:3])}", manifest.profile)
-    return manifest, rows
-
-
-READ_MOST = 64 << 20  # bytes of a manifest or results.jsonl: a run's are kilobytes
-
-
-def _check_file(path: Path) -> None:
-    """One line (UserError) for a file the index must not read: a link or a device (it
-    reads another file, or never ends), or one larger than READ_MOST."""
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise UserError(f"{path.name}: not a regular file (a link or a device): not read")
-    if path.exists() and (size := path.stat().st_size) > READ_MOST:
-        raise UserError(f"{path.name}: {size} bytes, more than a run's {READ_MOST} at most")
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())[:300]
-
-
-def _read_run(run_dir: Path) -> tuple[Manifest, list[Row]]:
-    """A run's manifest and level rows; one line (UserError) naming the file if unreadable
-    or holding a figure no measurement gives (figure_problem)."""
-    manifest = store.read_manifest(run_dir)
-    rows = []
-    if (run_dir / RESULTS).exists():
-        rows = [r.to_wire() for r in store.read_results(run_dir)]
-    for n, row in enumerate(rows, 1):
-        problem = figure_problem(row)
-        if problem:
-            raise UserError(f"{RESULTS}:{n}: {problem}")
-    return manifest, rows
-
-
-FIGURE_MOST = 1e12  # beyond any figure a level gives (tok/s, ms, requests, joules)
-_FIGURES = frozenset(catalogue.BY_KEY) | {catalogue.COMPLETED, catalogue.FAILED}
-
-
-def figure_problem(row: Row) -> str | None:
-    """Why a row's figure cannot be a measurement (NaN, infinite, negative, beyond
-    FIGURE_MOST), else None: such a figure would move a median or hide a host silently."""
-    for key in sorted(_FIGURES & row.keys()):
-        value = row[key]  # type: ignore[literal-required]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            continue
-        if not (0 <= value <= FIGURE_MOST):  # NaN fails both comparisons
-            return f"{key} is {value!r} (expected a finite figure from 0 to {FIGURE_MOST:.0e})"
-    return None
 
 
 def _drop(conn: sqlite3.Connection, host: str, run_id: str) -> None:
