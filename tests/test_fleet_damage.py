@@ -275,3 +275,28 @@ def test_an_index_damaged_inside_is_rebuilt_not_a_traceback(tmp_path):
         got = run_cli("history", "--archive", str(root))
         assert got.returncode == 0 and "Traceback" not in got.stderr, got.stderr
         assert "gpu02 baseline: newest" in got.stdout
+
+
+def test_a_control_character_from_the_archive_never_reaches_the_terminal(tmp_path):
+    """A host folder named with an escape sequence or a newline, and a manifest whose
+    engine version holds one, reached the table, the sentences, summary.md and the exit
+    line raw (the terminal obeyed them); now each run is left out, its name escaped."""
+    from fleetdata import write_run
+
+    root = tmp_path / "logs"
+    fleet_archive(root, 4)
+    write_run(root, "red\x1b[31mX", "20261101T000000Z-baseline-red", {1: 48.0, 10: 300.0})
+    write_run(root, "nl\nx", "20261101T000000Z-baseline-nl", {1: 48.0, 10: 300.0})
+    write_run(root, "gpu09", "20261101T000000Z-baseline-gpu09", {1: 48.0, 10: 300.0},
+              engine_version="0.5.23\x1b[2J")  # fmt: skip
+    for args in (["fleet"], ["fleet", "--format", "md"], ["history"]):
+        got = run_cli(*args, "--archive", str(root))
+        assert got.returncode == 0, got.stderr
+        assert "\x1b" not in got.stdout + got.stderr and "nl\nx" not in got.stdout
+        assert "left out: red\\x1b[31mX: run 20261101T000000Z-baseline-red: its folder name " \
+               "holds a control character: not read" in got.stdout  # fmt: skip
+        assert "left out: nl\\nx: run " in got.stdout
+        assert "gpu09: run 20261101T000000Z-baseline-gpu09: manifest.json: engine version " \
+               "holds a control character (0.5.23\\x1b[2J): not read" in got.stdout  # fmt: skip
+    summary = (root / "compare" / "fleet-baseline" / "summary.md").read_text()
+    assert "\x1b" not in summary and "nl\nx" not in summary

@@ -329,23 +329,23 @@ def _sync(conn: sqlite3.Connection, archive: Archive, full: bool = False) -> Non
     parsed = []
     for path in changed:
         host, run_dir, _ = found[path]
-        read = read_checked(run_dir, full)
+        read = _read_printable(run_dir, full)
         if read is None:
             gone.append(path)  # removed between the listing and the read
         else:
-            parsed.append((path, host, run_dir, read))
+            parsed.append((path, shown(host), shown(run_dir.name), read))
     conn.execute("BEGIN IMMEDIATE")
     try:
         for path in gone:
-            _drop(conn, Path(path).parent.name, Path(path).name)
+            _drop(conn, shown(Path(path).parent.name), shown(Path(path).name))
             conn.execute("DELETE FROM sources WHERE path = ?", (path,))
-        for path, host, run_dir, read in parsed:
-            _drop(conn, host, run_dir.name)
+        for path, host, run_id, read in parsed:
+            _drop(conn, host, run_id)
             if isinstance(read, Broken):
                 conn.execute("INSERT INTO broken VALUES (?, ?, ?, ?)",
-                             (host, run_dir.name, read.profile, read.reason))  # fmt: skip
+                             (host, run_id, read.profile, read.reason))  # fmt: skip
             else:
-                _insert(conn, host, run_dir.name, *read)
+                _insert(conn, host, run_id, *read)
             conn.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, 'run')",
                          (path, found[path][2]))  # fmt: skip
         if sweeps_changed or sweeps_gone:
@@ -356,6 +356,33 @@ def _sync(conn: sqlite3.Connection, archive: Archive, full: bool = False) -> Non
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def shown(name: str) -> str:
+    """A folder name as the index keys it and every view prints it: control characters
+    escaped (an archive's folder named with an escape sequence or a newline would drive
+    the terminal, or split a line of summary.md)."""
+    return name if name.isprintable() else name.encode("unicode_escape").decode("ascii")
+
+
+def _read_printable(run_dir: Path, full: bool) -> tuple[Manifest, list[Row]] | Broken | None:
+    """read_checked, and a run whose folder names or printed manifest fields (profile,
+    engine, start, every fingerprint value) hold a control character refused by name."""
+    names = (run_dir.parent.name, run_dir.name)
+    if any(shown(n) != n for n in names):
+        return Broken("its folder name holds a control character: not read")
+    read = read_checked(run_dir, full)
+    if not isinstance(read, tuple):
+        return read
+    m = read[0]
+    texts = {"profile": m.profile, "engine": m.server.engine, "started_at": m.started_at,
+             "run_id": m.run_id, "host": m.host, **run_fingerprint(m)}  # fmt: skip
+    for label, value in texts.items():
+        for text in value if isinstance(value, tuple) else (value,):
+            if isinstance(text, str) and shown(text) != text:
+                return Broken(f"manifest.json: {label} holds a control character "
+                              f"({shown(text)[:80]}): not read")  # fmt: skip
+    return read
 
 
 def _drop(conn: sqlite3.Connection, host: str, run_id: str) -> None:
