@@ -114,3 +114,22 @@ def test_a_level_the_client_marked_late_is_not_judged():
         not found["gpu03"].regressions(0.05)
         or {lv.concurrency for lv in found["gpu03"].regressions(0.05)} == set()
     )
+
+
+def test_the_gate_passes_a_suspect_says_so_and_fails_once_a_second_round_agrees(tmp_path):
+    from fleetdata import fleet_archive
+    from helpers import run_cli
+
+    for day in (1, 2, 3):
+        fleet_archive(tmp_path, 6, day=day, seed=day, noise=0.005)
+    fleet_archive(tmp_path, 6, day=4, seed=4, noise=0.005, slow={"gpu02": 0.85},
+                  power_limit_w=700.0)  # fmt: skip
+    gate = ("history", "--fail-on-regression", "5", "--archive", str(tmp_path))
+    got = run_cli(*gate)
+    assert got.returncode == 0, got.stderr
+    assert got.stderr.startswith("gpufleet: suspect, measure again: gpu02 baseline C=1 -1")
+    assert "suspect slower (-1" in got.stdout
+    fleet_archive(tmp_path, 6, day=5, seed=5, noise=0.005, slow={"gpu02": 0.85},
+                  power_limit_w=700.0)  # fmt: skip
+    got = run_cli(*gate)
+    assert got.returncode == 1 and "slower by more than 5%: gpu02 baseline C=1 -1" in got.stderr

@@ -141,6 +141,14 @@ def history(c, **given):
 
     (found, damaged), notes = reading(o.archive, read)
     print_history(found, o.format, notes, damaged)
+    suspect = [f"{h.host} {h.profile} C={lv.concurrency} {lv.change:+.1%}" for h in found
+               for lv in h.suspects()]  # fmt: skip
+    if suspect:  # one round is not evidence enough to fail a gate: said, exit 0
+        import sys
+
+        from gpufleet.cli.output import line
+
+        line(f"gpufleet: suspect, measure again: {'; '.join(suspect)}", sys.stderr)
     if o.fail_on_regression is not None:
         drop = o.fail_on_regression / 100
         worse = [

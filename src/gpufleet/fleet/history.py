@@ -72,6 +72,10 @@ class HostHistory:
     left_out: list[str] = field(default_factory=list)
     fleet_moved: str | None = None  # most hosts of this round moved the same way
 
+    def suspects(self) -> list[HistoryLevel]:
+        """Levels off in the newest round only, nothing recorded changed (measure again)."""
+        return [lv for lv in self.levels if lv.verdict.startswith(Verdict.SUSPECT)]
+
     def regressions(self, drop: float) -> list[HistoryLevel]:
         """Levels significantly worse by more than `drop` (0.05 = 5%)."""
         return [lv for lv in self.levels if lv.verdict == Verdict.SLOWER and -lv.change > drop]
