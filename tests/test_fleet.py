@@ -345,7 +345,7 @@ def test_a_run_removed_while_the_index_reads_is_gone_not_broken(tmp_path, monkey
     manifest; the next open agrees with the files."""
     import shutil
 
-    from gpufleet.fleet import index as fleet_index
+    from gpufleet.fleet import runfiles
 
     fleet_archive(tmp_path, 3)
     victim = tmp_path / "gpu01"
@@ -359,14 +359,14 @@ def test_a_run_removed_while_the_index_reads_is_gone_not_broken(tmp_path, monkey
 
         monkeypatch.setattr(Archive, "run_dirs", run_dirs)
     else:
-        read = fleet_index._read_run
+        read = runfiles._read_run
 
         def read_run(run_dir):
             if run_dir.parent == victim:
                 shutil.rmtree(victim, ignore_errors=True)
             return read(run_dir)
 
-        monkeypatch.setattr(fleet_index, "_read_run", read_run)
+        monkeypatch.setattr(runfiles, "_read_run", read_run)
     with open_index(Archive(tmp_path)) as index:
         assert index.hosts() == ["gpu00", "gpu02"]
     monkeypatch.undo()

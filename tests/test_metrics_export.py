@@ -201,3 +201,34 @@ def test_a_real_prometheus_scrapes_the_figure_compare_prints(tmp_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def test_a_suspect_host_is_exported_with_bounded_labels(tmp_path):
+    """A host off the fleet in one round with nothing recorded differing is `inv fleet`'s
+    suspect: the exposition says so (gpufleet_fleet_suspect 1 at its levels, 0 elsewhere),
+    with the figures' bounded labels; a second round that agrees names it instead."""
+    from fleetdata import fleet_archive
+
+    root = tmp_path / "logs"
+    fleet_archive(root, 6, slow={"gpu02": 0.8}, power_limit_w=700.0)
+    out_file = tmp_path / "gpufleet.prom"
+    got = run_cli("metrics", "--output", str(out_file), "--archive", str(root))
+    assert got.returncode == 0, got.stderr
+    text = out_file.read_text()
+    check = subprocess.run([_tool("promtool"), "check", "metrics"], input=text,
+                           capture_output=True, text=True)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    series = _series(text, "gpufleet_fleet_suspect")
+    assert len(series) == 6 * 3
+    up = [s for s in series if s.endswith(" 1.0")]
+    assert len(up) == 3 and all('host="gpu02"' in s for s in up), up
+    labels = up[0].split("{", 1)[1].split("}", 1)[0]
+    assert {kv.split("=")[0] for kv in labels.split(",")} == {
+        "host", "profile", "engine", "gpu_model", "concurrency"}  # fmt: skip
+    assert 'gpu_model="NVIDIA H200"' in up[0] and 'engine="sglang"' in up[0]
+    fleet_archive(root, 6, slow={"gpu02": 0.8}, power_limit_w=700.0, day=2, seed=1)
+    got = run_cli("metrics", "--output", str(out_file), "--archive", str(root))
+    text = out_file.read_text()
+    assert not [s for s in _series(text, "gpufleet_fleet_suspect") if s.endswith(" 1.0")]
+    named = [s for s in _series(text, "gpufleet_fleet_outlier") if s.endswith(" 1.0")]
+    assert len(named) == 3 and all('host="gpu02"' in s for s in named)

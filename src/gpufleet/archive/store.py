@@ -210,6 +210,9 @@ def required_files(manifest: Manifest) -> tuple[str, ...]:
 def verify(run_dir: Path) -> list[str]:
     """Problems found: missing files, changed files, unlisted files, files the run format
     requires that the manifest lacks. Empty list = intact."""
+    link = link_problem(run_dir)
+    if link:
+        return [link]
     if not (run_dir / MANIFEST).exists():
         return [f"no {MANIFEST}: restore it, or move the folder out of the archive"]
     try:
@@ -224,14 +227,37 @@ def verify(run_dir: Path) -> list[str]:
     ]
     for name, digest in listed.items():
         path = run_dir / name
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             problems.append(f"{name}: missing")
-        elif sha256(path.read_bytes()) != digest:
+        elif path.is_symlink() or not path.is_file():
+            problems.append(f"{name}: not a regular file (a link or a device): not read")
+        elif file_sha256(path) != digest:
             problems.append(f"{name}: checksum mismatch")
     for path in run_dir.iterdir():
         if path.name not in listed and path.name != MANIFEST:
             problems.append(f"{path.name}: not in the manifest")
     return problems
+
+
+def link_problem(run_dir: Path) -> str | None:
+    """Why a folder listed as a run is not one of this archive's: it, or its host's folder,
+    is a symbolic link, which would serve another folder's files (another host's run, any
+    file) under this host's name. None for a real folder."""
+    for path in (run_dir, run_dir.parent):
+        if path.is_symlink():
+            target = os.readlink(path)[:200]
+            return (f"{path.name}: a symbolic link (to {target}), not a folder of this archive: "
+                    "not read; move the run in instead")  # fmt: skip
+    return None
+
+
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read in 1 MiB pieces (a run's request logs can be large)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def mark_superseded(run_dir: Path, note: str) -> None:

@@ -94,6 +94,7 @@ def history_json(found: list[HostHistory]) -> str:
                         "interval": interval_json(lv.interval),
                         "verdict": lv.verdict,
                         "change": lv.change,
+                        "note": lv.note,
                     }
                     for lv in h.levels
                 ],
@@ -155,6 +156,9 @@ def print_history(
             ],
             rows,
         )
+        for lv in h.levels:
+            if lv.note:
+                prose(f"  C={lv.concurrency}: {lv.note}")
         if h.changes:
             prose("  changed: " + "; ".join(change_text(f, a, b) for f, a, b in h.changes))
         else:

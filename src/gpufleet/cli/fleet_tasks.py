@@ -90,20 +90,23 @@ def fleet(c, **given):
     from gpufleet.cli.fleet_output import print_fleet
     from gpufleet.errors import UserError
     from gpufleet.fleet import outliers, page
-    from gpufleet.fleet.index import open_index
+    from gpufleet.fleet.index import reading
 
     o = FLEET.parse(given)
-    with open_index(o.archive) as index:
+
+    def read(index):
         profiles = [o.profile] if o.profile else outliers.fleet_profiles(index)
         if not profiles:
             raise UserError(
                 f"no profile was run on two or more hosts in {o.archive}/ "
                 "(inv fleet sets hosts of one profile side by side)"
+                + outliers.damaged_said(index.broken_lines())
             )
-        views = [
+        return [
             outliers.fleet_view(index, p, o.metric, o.threshold / 100, o.latest) for p in profiles
         ]
-        notes = index.notes
+
+    views, notes = reading(o.archive, read)
     pages = {v.profile: page.write(v, o.archive.fleet_dir(v.profile), plots=False) for v in views}
     print_fleet(views, o.format, notes, pages)
     named = sorted({n.host for v in views for n in v.named})
@@ -128,14 +131,24 @@ def history(c, **given):
 
     from gpufleet.cli.fleet_output import print_history
     from gpufleet.fleet.history import histories, left_out_elsewhere
-    from gpufleet.fleet.index import open_index
+    from gpufleet.fleet.index import reading
 
     o = HISTORY.parse(given)
-    with open_index(o.archive) as index:
+
+    def read(index):
         found = histories(index, o.host, o.profile, o.metric, o.threshold / 100)
-        notes = index.notes
-        damaged = left_out_elsewhere(index, found, o.host, o.profile)
+        return found, left_out_elsewhere(index, found, o.host, o.profile)
+
+    (found, damaged), notes = reading(o.archive, read)
     print_history(found, o.format, notes, damaged)
+    suspect = [f"{h.host} {h.profile} C={lv.concurrency} {lv.change:+.1%}" for h in found
+               for lv in h.suspects()]  # fmt: skip
+    if suspect:  # one round is not evidence enough to fail a gate: said, exit 0
+        import sys
+
+        from gpufleet.cli.output import line
+
+        line(f"gpufleet: suspect, measure again: {'; '.join(suspect)}", sys.stderr)
     if o.fail_on_regression is not None:
         drop = o.fail_on_regression / 100
         worse = [
@@ -165,10 +178,10 @@ def metrics(c, **given):
     o = METRICS.parse(given)
     if o.host or o.profile:
         from gpufleet.fleet.history import known
-        from gpufleet.fleet.index import open_index
+        from gpufleet.fleet.index import reading
 
-        with open_index(o.archive) as index:
-            known(index, o.host, o.profile)  # one line for a name the archive lacks
+        reading(o.archive, lambda index: known(index, o.host, o.profile))  # one line for a
+        # name the archive lacks
     if o.output:
         samples = openmetrics.write_file(o.archive, Path(o.output), o.profile, o.host)
         line(f"metrics: {o.output} ({samples} samples)")

@@ -15,12 +15,23 @@ not this host's alone.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from gpufleet.errors import UserError
+from gpufleet.fleet import estimate as est
 from gpufleet.fleet.estimate import Estimate, estimate, ratio
-from gpufleet.fleet.index import PROMPT_SET, Index, IndexedRun
-from gpufleet.fleet.outliers import DEFAULT_METRIC, DEFAULT_THRESHOLD, metric_named
+from gpufleet.fleet.index import PROMPT_SET, Index, IndexedRun, Row
+from gpufleet.fleet.outliers import (
+    DEFAULT_METRIC,
+    DEFAULT_THRESHOLD,
+    client_mark,
+    damaged_said,
+    metric_named,
+    ok_values,
+    rounds_by_host,
+    run_noise,
+)
 from gpufleet.report import catalogue
 from gpufleet.report.fingerprint import Fact
 
@@ -30,6 +41,11 @@ class Verdict:
     SLOWER = "slower"
     SAME = "no difference"
     UNKNOWN = "no interval"
+    SUSPECT = "suspect"  # "suspect slower": one round, nothing recorded changed
+    UNJUDGED = "not judged"  # the client marked the newest round's level late or bound
+
+
+OWN_ROUNDS = 4  # baseline rounds that give a host's own run-to-run spread (three changes)
 
 
 @dataclass
@@ -41,6 +57,7 @@ class HistoryLevel:
     interval: tuple[float, float] | None
     verdict: str
     change: float  # signed, better is positive: +0.03 = 3% better
+    note: str | None = None  # why no verdict: the client's mark, no run-to-run spread
 
 
 @dataclass
@@ -54,6 +71,10 @@ class HostHistory:
     changes: list[tuple[str, Fact, Fact]]  # (field, baseline's, newest's)
     left_out: list[str] = field(default_factory=list)
     fleet_moved: str | None = None  # most hosts of this round moved the same way
+
+    def suspects(self) -> list[HistoryLevel]:
+        """Levels off in the newest round only, nothing recorded changed (measure again)."""
+        return [lv for lv in self.levels if lv.verdict.startswith(Verdict.SUSPECT)]
 
     def regressions(self, drop: float) -> list[HistoryLevel]:
         """Levels significantly worse by more than `drop` (0.05 = 5%)."""
@@ -101,19 +122,50 @@ def _verdict(
     return (Verdict.FASTER if change > 0 else Verdict.SLOWER), change
 
 
+class FleetNoise:
+    """The fleet's between-round spread at each level (estimate.between_rounds_sd), from
+    every host's rounds of one profile of the asked run's prompt set and GPU model: read
+    once for all the histories of a profile."""
+
+    def __init__(self, runs: list[IndexedRun]) -> None:
+        self.runs = [r for r in runs if r.usable and r.rows]
+        self.found: dict[tuple, tuple[float, int] | None] = {}
+
+    def at(self, newest: IndexedRun, c: int, key: str) -> tuple[float, int] | None:
+        kind = (newest.prompt_set, newest.gpu_model, c, key)
+        if kind not in self.found:
+            same = [r for r in self.runs if (r.prompt_set, r.gpu_model) == kind[:2]]
+            self.found[kind] = run_noise(rounds_by_host(same), c, key)[1]
+        return self.found[kind]
+
+
 def host_history(
     index: Index,
     host: str,
     profile: str,
     metric: str = DEFAULT_METRIC,
     threshold: float = DEFAULT_THRESHOLD,
+    noise: FleetNoise | None = None,
 ) -> HostHistory | None:
     """The newest round of `profile` on `host` against its baseline; None with fewer than
     two comparable rounds."""
-    m = metric_named(metric)
     runs = [r for r in index.runs(profile=profile, host=host) if r.usable and r.rows]
     if not runs:
         return None
+    if noise is None:
+        noise = FleetNoise(index.runs(profile=profile))
+    return history_of(runs, profile, metric_named(metric), threshold, noise)
+
+
+def history_of(
+    runs: list[IndexedRun],
+    profile: str,
+    m: catalogue.Metric,
+    threshold: float,
+    noise: FleetNoise,
+) -> HostHistory:
+    """One host's usable runs (oldest first) as a history (host_history)."""
+    host = runs[-1].host
     rounds = _rounds(runs)
     newest = rounds[-1]
     left_out, earlier = [], []
@@ -126,23 +178,91 @@ def host_history(
     if not earlier:
         return HostHistory(host, profile, m, newest, [], [], [], left_out)
     settled = earlier[-1][-1].fingerprint
-    baseline = [r for g in earlier for r in g if r.fingerprint == settled]
+    same = ([r for r in g if r.fingerprint == settled] for g in earlier)
+    baseline_rounds = [g for g in same if g]
+    baseline = [r for g in baseline_rounds for r in g]
     levels = []
     concurrencies = sorted({row[catalogue.CONCURRENCY] for r in newest for row in r.rows})
     for c in concurrencies:
-        after = estimate(
-            [row for r in newest for row in r.rows if row[catalogue.CONCURRENCY] == c], m.key
-        )
-        before = estimate(
-            [row for r in baseline for row in r.rows if row[catalogue.CONCURRENCY] == c], m.key
-        )
-        if after is None or before is None or before.value <= 0:
-            continue
-        value, interval = ratio(before, after)
-        verdict, change = _verdict(value, interval, threshold, bool(m.higher_is_better))
-        levels.append(HistoryLevel(c, before, after, value, interval, verdict, change))
+        changed = bool(changed_fields(baseline[-1], newest[-1]))
+        level = _level(newest, baseline_rounds, c, m, threshold, noise, changed)
+        if level is not None:
+            levels.append(level)
     changes = changed_fields(baseline[-1], newest[-1])
     return HostHistory(host, profile, m, newest, baseline, levels, changes, left_out)
+
+
+def _rows_at(runs: list[IndexedRun], c: int) -> list[Row]:
+    return [row for r in runs for row in r.rows if row[catalogue.CONCURRENCY] == c]
+
+
+def _level(
+    newest: list[IndexedRun],
+    baseline_rounds: list[list[IndexedRun]],
+    c: int,
+    m: catalogue.Metric,
+    threshold: float,
+    noise: FleetNoise,
+    changed: bool,
+) -> HistoryLevel | None:
+    """One level's verdict on the fleet view's evidence rule. A change with no recorded
+    fingerprint field behind it is named only when the round before agrees (off the same
+    way against the rounds before it, which then form the baseline); in one round alone it
+    is a suspect ("measure again"), which --fail-on-regression does not count."""
+    previous = None
+    if len(baseline_rounds) >= 2:
+        previous = _compare(baseline_rounds[-1], baseline_rounds[:-1], c, m, threshold, noise)
+    confirmed = previous is not None and previous.verdict in (Verdict.SLOWER, Verdict.FASTER)
+    pool = baseline_rounds[:-1] if confirmed else baseline_rounds
+    level = _compare(newest, pool, c, m, threshold, noise)
+    if level is None or level.verdict not in (Verdict.SLOWER, Verdict.FASTER) or changed:
+        return level
+    if confirmed and previous is not None and previous.verdict == level.verdict:
+        level.note = (f"its previous round ({baseline_rounds[-1][-1].run_id}) was "
+                      f"{level.verdict} too ({previous.change:+.1%})")  # fmt: skip
+        return level
+    level.note = ("off in this round only and nothing recorded changed: measure again "
+                  "(named when a second round agrees)")  # fmt: skip
+    level.verdict = f"{Verdict.SUSPECT} {level.verdict}"
+    return level
+
+
+def _compare(
+    newest: list[IndexedRun],
+    baseline_rounds: list[list[IndexedRun]],
+    c: int,
+    m: catalogue.Metric,
+    threshold: float,
+    noise: FleetNoise,
+) -> HistoryLevel | None:
+    """`newest` against the pooled `baseline_rounds` at `c`: both figures widened by the
+    run-to-run term (the larger of this host's own between-round spread, from four
+    baseline rounds, and the fleet's); a level the client marked late or bound in the
+    newest round is not judged; with no run-to-run term at all, a figure from its requests
+    alone gets no interval (its spread is narrower than a relaunch's)."""
+    after = estimate(_rows_at(newest, c), m.key)
+    before = estimate([row for g in baseline_rounds for row in _rows_at(g, c)], m.key)
+    if after is None or before is None or before.value <= 0 or after.value <= 0:
+        return None
+    series = [
+        statistics.fmean(v) for g in baseline_rounds if (v := ok_values(_rows_at(g, c), c, m.key))
+    ]
+    own = est.between_rounds_sd([series]) if len(series) >= OWN_ROUNDS else None
+    terms = [(t[0], t[1], source) for t, source in ((own, est.OWN_ROUNDS),
+             (noise.at(newest[-1], c, m.key), est.FLEET_ROUNDS)) if t is not None]  # fmt: skip
+    if terms:
+        before, after = (est.with_run_noise(e, *max(terms)) for e in (before, after))
+    value, interval = ratio(before, after)
+    mark = client_mark(_rows_at(newest, c), c)
+    verdict, change = _verdict(value, interval, threshold, bool(m.higher_is_better))
+    note = None
+    if mark is not None:
+        verdict, note = Verdict.UNJUDGED, f"not judged: {mark[1]}"
+    elif "requests" in (before.source, after.source):
+        interval, verdict = None, Verdict.UNKNOWN
+        note = (f"no run-to-run spread to judge by (fewer than {OWN_ROUNDS} baseline rounds, "
+                "no other host's rounds): --repeat 3 gives one")  # fmt: skip
+    return HistoryLevel(c, before, after, value, interval, verdict, change, note)
 
 
 def known(index: Index, host: str | None, profile: str | None) -> tuple[list[str], list[str]]:
@@ -153,6 +273,7 @@ def known(index: Index, host: str | None, profile: str | None) -> tuple[list[str
         raise UserError(
             f"--host {host!r}: no archived run of that host in "
             f"{index.archive.root}/ (hosts there: {', '.join(hosts) or 'none'})"
+            + damaged_said(index.broken_lines(None, host))
         )
     if profile is not None and profile not in profiles:
         raise UserError(
@@ -175,11 +296,13 @@ def histories(
     out = []
     for p in [profile] if profile else profiles:
         wanted = [host] if host else hosts
-        asked = {h: host_history(index, h, p, metric, threshold) for h in wanted}
+        noise = FleetNoise(index.runs(profile=p))
+        asked = {h: host_history(index, h, p, metric, threshold, noise) for h in wanted}
         mine = [f for f in asked.values() if f is not None]
         if any(abs(lv.change) >= threshold / 2 for f in mine for lv in f.levels):
             # did the rest of its round move with it? (read only when it moved)
-            rest = [host_history(index, h, p, metric, threshold) for h in hosts if h not in asked]
+            rest = [host_history(index, h, p, metric, threshold, noise)
+                    for h in hosts if h not in asked]  # fmt: skip
             moved = _fleet_moves(mine + [f for f in rest if f is not None], threshold / 2)
         else:
             moved = {}

@@ -21,22 +21,23 @@ import contextlib
 import json
 import os
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypeVar
 
 from gpufleet.archive import store
 from gpufleet.archive.kept import Manifest
 from gpufleet.archive.layout import Archive
 from gpufleet.errors import UserError
+from gpufleet.fleet.runfiles import READ, Broken, Row, one_line, read_checked
 from gpufleet.kinds import RunStatus
 from gpufleet.report import catalogue
 from gpufleet.report.fingerprint import Fact, fingerprint
 
 SCHEMA = 2
-RESULTS = "results.jsonl"
-READ = (store.MANIFEST, RESULTS)  # the files the index reads of each run, tracked
 PROMPT_SET = "prompt set"  # the fingerprint entry the index adds: name and sha256 prefix
+T = TypeVar("T")
 
 _TABLES = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -56,20 +57,6 @@ CREATE INDEX levels_by_run ON levels (host, run_id);
 CREATE TABLE cells (host TEXT NOT NULL, run_id TEXT NOT NULL, sweep_id TEXT NOT NULL,
     label TEXT NOT NULL, PRIMARY KEY (host, run_id));
 """
-
-
-class Row(TypedDict, total=False):
-    """One results.jsonl line as its runner wrote it (records.ResultRow's wire form, a shape
-    the host's runner owns): kept as JSON, not parsed into a ResultRow, because a full
-    parse costs 0.28 ms a row and `inv history` reads 20,000. The keys read by name are
-    declared; the figures are read by their catalogue key (report/catalogue.py)."""
-
-    max_concurrency: int
-    repeat: int
-    level_status: str | None
-    completed: int
-    failed: int
-    output_throughput: float
 
 
 @dataclass
@@ -224,6 +211,10 @@ def open_index(archive: Archive, rebuild: bool = False) -> Index:
     """The archive's index, brought up to date with its run files (module docstring)."""
     notes: list[str] = []
     path = archive.index_path
+    if not archive.root.is_dir():  # a mistyped --archive makes no folder
+        notes.append(f"no archive at {archive.root}/ (nothing archived there yet)")
+        conn = _fresh(sqlite3.connect(":memory:", isolation_level=None))
+        return Index(conn, archive, notes)
     if rebuild:
         _remove(path)
     conn = _open_file(path, notes)
@@ -233,6 +224,28 @@ def open_index(archive: Archive, rebuild: bool = False) -> Index:
         conn.close()
         raise
     return Index(conn, archive, notes)
+
+
+# what an index whose file opens but whose contents do not read raises: a row that is not
+# JSON, a table gone, a page torn (the file is gpufleet's own, but a disk or a hand can
+# damage it); "database is locked" is another process writing, not damage
+DAMAGE = (sqlite3.DatabaseError, ValueError, KeyError, TypeError, IndexError)
+
+
+def reading(archive: Archive, read: Callable[[Index], T]) -> tuple[T, list[str]]:
+    """`read(index)` and the opening's notes. An index whose contents do not read is
+    rebuilt from the run files and read again, with a note: a damaged index never stops a
+    view or fails a scrape (what the run files hold is still the answer)."""
+    try:
+        with open_index(archive) as index:
+            return read(index), index.notes
+    except DAMAGE as exc:
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            raise
+        why = one_line(f"{archive.index_path}: its contents do not read "
+                        f"({type(exc).__name__}: {exc}); rebuilt from the run files")  # fmt: skip
+    with open_index(archive, rebuild=True) as index:
+        return read(index), [why, *index.notes]
 
 
 def _open_file(path: Path, notes: list[str]) -> sqlite3.Connection:
@@ -316,23 +329,23 @@ def _sync(conn: sqlite3.Connection, archive: Archive, full: bool = False) -> Non
     parsed = []
     for path in changed:
         host, run_dir, _ = found[path]
-        read = _read_checked(run_dir, full)
+        read = _read_printable(run_dir, full)
         if read is None:
             gone.append(path)  # removed between the listing and the read
         else:
-            parsed.append((path, host, run_dir, read))
+            parsed.append((path, shown(host), shown(run_dir.name), read))
     conn.execute("BEGIN IMMEDIATE")
     try:
         for path in gone:
-            _drop(conn, Path(path).parent.name, Path(path).name)
+            _drop(conn, shown(Path(path).parent.name), shown(Path(path).name))
             conn.execute("DELETE FROM sources WHERE path = ?", (path,))
-        for path, host, run_dir, read in parsed:
-            _drop(conn, host, run_dir.name)
+        for path, host, run_id, read in parsed:
+            _drop(conn, host, run_id)
             if isinstance(read, Broken):
                 conn.execute("INSERT INTO broken VALUES (?, ?, ?, ?)",
-                             (host, run_dir.name, read.profile, read.reason))  # fmt: skip
+                             (host, run_id, read.profile, read.reason))  # fmt: skip
             else:
-                _insert(conn, host, run_dir.name, *read)
+                _insert(conn, host, run_id, *read)
             conn.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, 'run')",
                          (path, found[path][2]))  # fmt: skip
         if sweeps_changed or sweeps_gone:
@@ -345,54 +358,31 @@ def _sync(conn: sqlite3.Connection, archive: Archive, full: bool = False) -> Non
         raise
 
 
-@dataclass
-class Broken:
-    """A run the index cannot serve: why, in one line, and its profile where known."""
-
-    reason: str
-    profile: str | None = None
-
-
-def _read_checked(run_dir: Path, full: bool) -> tuple[Manifest, list[Row]] | Broken | None:
-    """The run's manifest and rows, or why not: no manifest, a file that does not parse,
-    results.jsonl not the file the manifest's checksum names (every file's with `full`);
-    None for a run removed meanwhile (gone, not broken)."""
-    try:
-        if not (run_dir / store.MANIFEST).exists():
-            raise UserError(f"a run folder without its {store.MANIFEST}")
-        manifest, rows = _read_run(run_dir)
-    except (UserError, OSError, ValueError) as exc:
-        if not run_dir.exists():
-            return None
-        return Broken(_one_line(str(exc).replace(f"{run_dir}/", "")))
-    sums = manifest.files
-    if full:
-        problems = store.verify(run_dir)
-    elif RESULTS in sums:
-        try:
-            data = (run_dir / RESULTS).read_bytes()
-            same = store.sha256(data) == sums[RESULTS]
-            problems = [] if same else [f"{RESULTS}: checksum mismatch"]
-        except FileNotFoundError:
-            problems = [f"{RESULTS}: missing"]
-    else:
-        problems = []
-    if problems:
-        return Broken(f"does not verify: {'; '.join(problems[:3])}", manifest.profile)
-    return manifest, rows
+def shown(name: str) -> str:
+    """A folder name as the index keys it and every view prints it: control characters
+    escaped (an archive's folder named with an escape sequence or a newline would drive
+    the terminal, or split a line of summary.md)."""
+    return name if name.isprintable() else name.encode("unicode_escape").decode("ascii")
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())[:300]
-
-
-def _read_run(run_dir: Path) -> tuple[Manifest, list[Row]]:
-    """A run's manifest and level rows; one line (UserError) naming the file if unreadable."""
-    manifest = store.read_manifest(run_dir)
-    rows = []
-    if (run_dir / RESULTS).exists():
-        rows = [r.to_wire() for r in store.read_results(run_dir)]
-    return manifest, rows
+def _read_printable(run_dir: Path, full: bool) -> tuple[Manifest, list[Row]] | Broken | None:
+    """read_checked, and a run whose folder names or printed manifest fields (profile,
+    engine, start, every fingerprint value) hold a control character refused by name."""
+    names = (run_dir.parent.name, run_dir.name)
+    if any(shown(n) != n for n in names):
+        return Broken("its folder name holds a control character: not read")
+    read = read_checked(run_dir, full)
+    if not isinstance(read, tuple):
+        return read
+    m = read[0]
+    texts = {"profile": m.profile, "engine": m.server.engine, "started_at": m.started_at,
+             "run_id": m.run_id, "host": m.host, **run_fingerprint(m)}  # fmt: skip
+    for label, value in texts.items():
+        for text in value if isinstance(value, tuple) else (value,):
+            if isinstance(text, str) and shown(text) != text:
+                return Broken(f"manifest.json: {label} holds a control character "
+                              f"({shown(text)[:80]}): not read")  # fmt: skip
+    return read
 
 
 def _drop(conn: sqlite3.Connection, host: str, run_id: str) -> None:

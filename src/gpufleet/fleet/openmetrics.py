@@ -11,7 +11,8 @@ the database: a new round replaces the values, not the series. What changes ever
 (run id, engine version) is in one info series per host and profile (`gpufleet_run_info`).
 `gpufleet_runs_left_out` counts the runs no view serves (damaged files, no manifest: the
 index keeps them aside), so a damaged run never fails a scrape. A running sweep adds its
-cells by status and an ETA.
+cells by status and an ETA. `gpufleet_fleet_suspect` is `inv fleet`'s suspect (off the
+fleet in one round only, nothing recorded differs), with the figures' bounded labels.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING
 from gpufleet.archive.kept import SweepRecord
 from gpufleet.archive.layout import Archive
 from gpufleet.errors import UserError
-from gpufleet.fleet.index import Index, IndexedRun, open_index
+from gpufleet.fleet.index import Index, IndexedRun, reading
 from gpufleet.fleet.outliers import fleet_view
 from gpufleet.kinds import CellStatus, SweepStatus
 from gpufleet.report import catalogue
@@ -105,28 +106,33 @@ class ArchiveCollector:
         self.archive, self.profile, self.host = archive, profile, host
 
     def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        with open_index(self.archive) as index:
-            runs = newest_runs(index, self.profile, self.host)
-            for ex in EXPORTED:
-                kind = CounterMetricFamily if ex.counter else GaugeMetricFamily
-                family = kind(f"{NAMESPACE}_{ex.name}", ex.help, labels=RUN_LABELS)
-                for run in runs:
-                    for c, value in _level_values(run, ex.key, ex.counter):
-                        family.add_metric(_labels(run, c), value * ex.scale)
-                yield family
-            yield from _run_families(runs)
-            left_out = GaugeMetricFamily(
-                f"{NAMESPACE}_runs_left_out",
-                "Archived runs no view serves: files that do not parse or verify, no manifest",
-            )
-            left_out.add_metric([], len(index.broken()))
-            yield left_out
-            yield from self._fleet(index, runs)
+        families, _ = reading(self.archive, lambda index: list(self._families(index)))
+        yield from families
         yield from sweep_progress(self.archive)
 
+    def _families(self, index: Index) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        runs = newest_runs(index, self.profile, self.host)
+        for ex in EXPORTED:
+            kind = CounterMetricFamily if ex.counter else GaugeMetricFamily
+            family = kind(f"{NAMESPACE}_{ex.name}", ex.help, labels=RUN_LABELS)
+            for run in runs:
+                for c, value in _level_values(run, ex.key, ex.counter):
+                    family.add_metric(_labels(run, c), value * ex.scale)
+            yield family
+        yield from _run_families(runs)
+        left_out = GaugeMetricFamily(
+            f"{NAMESPACE}_runs_left_out",
+            "Archived runs no view serves: files that do not parse or verify, no manifest",
+        )
+        left_out.add_metric([], len(index.broken()))
+        yield left_out
+        yield from self._fleet(index, runs)
+
     def _fleet(self, index: Index, runs: list[IndexedRun]) -> Iterator[Metric]:
+        """Each host's ratio to its fleet and what `inv fleet` says of it per level: named
+        off the fleet, or a suspect (off in this round only, nothing recorded differs)."""
         from prometheus_client.core import GaugeMetricFamily
 
         labels = ("host", "profile", "concurrency")
@@ -140,6 +146,12 @@ class ArchiveCollector:
             "1 where inv fleet names the host off the fleet at that level",
             labels=labels,
         )
+        suspect = GaugeMetricFamily(
+            f"{NAMESPACE}_fleet_suspect",
+            "1 where inv fleet finds the host off the fleet in this round only, with no "
+            "fingerprint field differing (suspect: measure again)",
+            labels=RUN_LABELS,
+        )
         profiles = sorted({r.profile for r in runs if r.profile})
         for profile in profiles:
             if len({r.host for r in runs if r.profile == profile}) < 2:
@@ -150,11 +162,17 @@ class ArchiveCollector:
                 continue  # its runs went meanwhile: the next scrape has them or not
             for level in view.levels:
                 for h in level.hosts:
-                    if self.host is None or h.host == self.host:
-                        ratio.add_metric([h.host, profile, str(level.concurrency)], h.ratio)
-                        named.add_metric([h.host, profile, str(level.concurrency)], float(h.named))
+                    if self.host is not None and h.host != self.host:
+                        continue
+                    at = [h.host, profile, str(level.concurrency)]
+                    ratio.add_metric(at, h.ratio)
+                    named.add_metric(at, float(h.named))
+                    run = view.runs[h.host][-1]  # each figure's host has its runs
+                    off = float(h.off and not h.named)
+                    suspect.add_metric(_labels(run, level.concurrency), off)
         yield ratio
         yield named
+        yield suspect
 
 
 def _run_families(runs: list[IndexedRun]) -> Iterator[Metric]:

@@ -240,13 +240,23 @@ def fleet_view(
         raise UserError(
             f"no archived run of profile {profile!r} in {index.archive.root}/ "
             f"(profiles there: {', '.join(index.profiles()) or 'none'})"
+            + damaged_said(index.broken_lines(profile))
         )
     view = view_of(runs, profile, m, threshold, latest)
     view.left_out += index.broken_lines(profile)
     return view
 
 
-def _ok_values(rows: list[Row], c: int, key: str) -> list[float]:
+def damaged_said(broken: list[str]) -> str:
+    """`; 2 run(s) left out as damaged: gpu00: run R: why; ...`, or nothing: a view with
+    nothing left to show says why when damage took it."""
+    if not broken:
+        return ""
+    more = f"; and {len(broken) - 3} more (inv runs --verify)" if len(broken) > 3 else ""
+    return f"; {len(broken)} run(s) left out as damaged: {'; '.join(broken[:3])}{more}"
+
+
+def ok_values(rows: list[Row], c: int, key: str) -> list[float]:
     return [
         float(v)
         for r in rows
@@ -256,7 +266,7 @@ def _ok_values(rows: list[Row], c: int, key: str) -> list[float]:
     ]
 
 
-def _mark(rows: list[Row], c: int) -> tuple[str, str] | None:
+def client_mark(rows: list[Row], c: int) -> tuple[str, str] | None:
     """(mark, what it says) of the level's first row the client marked, else None."""
     for r in rows:
         if r[catalogue.CONCURRENCY] != c:
@@ -282,7 +292,7 @@ def _unjudged(view: FleetView, c: int, marks: dict[str, tuple[str, str] | None])
     return {h: m[1] for h, m in marks.items() if m}
 
 
-def _rounds_by_host(runs: list[IndexedRun]) -> dict[str, list[list[IndexedRun]]]:
+def rounds_by_host(runs: list[IndexedRun]) -> dict[str, list[list[IndexedRun]]]:
     """Each host's usable runs grouped by round (a sweep cell's repeats together), oldest
     first."""
     out: dict[str, dict[tuple[str, str | None], list[IndexedRun]]] = {}
@@ -293,7 +303,7 @@ def _rounds_by_host(runs: list[IndexedRun]) -> dict[str, list[list[IndexedRun]]]
     return {h: list(groups.values()) for h, groups in out.items()}
 
 
-def _run_noise(
+def run_noise(
     rounds: dict[str, list[list[IndexedRun]]], c: int, key: str
 ) -> tuple[dict[str, list[float]], tuple[float, int] | None]:
     """Each host's figure at `c` per round, oldest first, and the fleet's between-round
@@ -301,7 +311,7 @@ def _run_noise(
     series: dict[str, list[float]] = {}
     for host, groups in rounds.items():
         for g in groups:
-            values = _ok_values([row for r in g for row in r.rows], c, key)
+            values = ok_values([row for r in g for row in r.rows], c, key)
             if values:
                 series.setdefault(host, []).append(statistics.fmean(values))
     return series, est.between_rounds_sd(list(series.values()))
@@ -333,7 +343,7 @@ def view_of(
     runs, other_kind = comparable_runs(runs)
     chosen, left_out = host_runs(runs, latest)
     view = FleetView(profile, m, threshold, [], [], chosen, left_out + other_kind)
-    rounds = _rounds_by_host(runs)
+    rounds = rounds_by_host(runs)
     concurrencies = sorted(
         {r[catalogue.CONCURRENCY] for rs in chosen.values() for x in rs for r in x.rows}
     )
@@ -367,14 +377,19 @@ def view_of(
 
 def _level(view: FleetView, c: int, rounds: dict[str, list[list[IndexedRun]]]) -> FleetLevel | None:
     key = view.metric.key
-    series, fleet = _run_noise(rounds, c, key)
+    series, fleet = run_noise(rounds, c, key)
     figures, marks = [], {}
     for host, rs in sorted(view.runs.items()):
         rows = [r for x in rs for r in x.rows if r[catalogue.CONCURRENCY] == c]
         e = estimate(rows, key)
         if e is not None and e.value > 0:
             figures.append((host, e))
-            marks[host] = _mark(rows, c)
+            marks[host] = client_mark(rows, c)
+        elif rows:  # a "-" in the table says why in words
+            failed = [str(r.get(catalogue.STATUS)) for r in rows
+                      if r.get(catalogue.STATUS) not in (None, "ok")]  # fmt: skip
+            why = f"the level {failed[0]}" if failed else f"no {view.metric.label} above 0"
+            view.unjudged.append(f"{host} at C={c}: not judged: {why}")
     why = _unjudged(view, c, marks)
     view.unjudged += [f"{h} at C={c}: not judged: {text}" for h, text in why.items()]
     judged = [e.value for h, e in figures if h not in why]
