@@ -15,8 +15,13 @@ from collections import Counter
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpufleet"
-# a shape not declared: dict[str, Any] and its alias wire.JsonObject, counted together
-ANY_DICT = re.compile(r"dict\[str,\s*(?:Any|object)\]|\bJsonObject\b(?!\s*[:=]\s*typing)")
+# a shape not declared: dict[str, Any], dict[str, object], its alias wire.JsonObject,
+# dict[Any, ...] and Mapping[str, object], counted together (issue 82.3 widened it from the
+# first three); a bare `dict` annotation counts too (BARE_DICT, read from the ast)
+ANY_DICT = re.compile(
+    r"dict\[str,\s*(?:Any|object)\]|dict\[Any,|Mapping\[str,\s*(?:Any|object)\]"
+    r"|\bJsonObject\b(?!\s*[:=]\s*typing)"
+)
 IMPORT = re.compile(r"\s*(from|import)\s|\s+\w+,$|\s+JsonObject,?$")  # import lines
 OPTION_READ = re.compile(r"\bo\[\"\w+\"\]")
 
@@ -35,7 +40,33 @@ def any_dicts() -> Counter[str]:
     for path in modules():
         lines = [line for line in path.read_text().splitlines() if not IMPORT.match(line)]
         counts[package_of(path)] += sum(len(ANY_DICT.findall(line)) for line in lines)
+        counts[package_of(path)] += len(bare_dicts(path))
     return counts
+
+
+def _annotations(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            every = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+            yield from (x.annotation for x in every if x is not None and x.annotation)
+            if node.returns is not None:
+                yield node.returns
+        elif isinstance(node, ast.AnnAssign):
+            yield node.annotation
+
+
+def bare_dicts(path: Path) -> list[int]:
+    """The lines of `path` whose annotation names `dict` with no key or value type."""
+    found = []
+    for annotation in _annotations(ast.parse(path.read_text())):
+        subscripted = {id(n.value) for n in ast.walk(annotation) if isinstance(n, ast.Subscript)}
+        found += [
+            n.lineno
+            for n in ast.walk(annotation)
+            if isinstance(n, ast.Name) and n.id == "dict" and id(n) not in subscripted
+        ]
+    return found
 
 
 def option_reads() -> int:
@@ -131,7 +162,8 @@ def control_calls_into_cli() -> list[str]:
 
 def main() -> int:
     dicts = any_dicts()
-    print(f"undeclared shapes (dict[str, Any], JsonObject, dict[str, object]): {sum(dicts.values())} "
+    print(f"undeclared shapes (dict[str, Any|object], JsonObject, dict[Any, ...], "
+          f"Mapping[str, object], bare dict): {sum(dicts.values())} "
           f"({', '.join(f'{k} {v}' for k, v in dicts.most_common() if v)})")  # fmt: skip
     print(f'option reads o["..."] in cli/: {option_reads()}')
     long = long_functions()

@@ -11,6 +11,7 @@ import yaml
 from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import fixed as tunefixed
+from gpufleet.control.tune.measurement import Measurement
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow
 
@@ -54,13 +55,13 @@ def test_a_profile_tune_cannot_set_the_depth_of_is_one_line(tmp_path):
         tunecells.depth_arms(vllm, [1])
 
 
-def _rows(table: dict) -> dict:
-    return {
+def _rows(table: dict) -> Measurement:
+    return Measurement({
         d: {c: [ResultRow(c, 40, 0, tput, median_per_request_output_tps=tput / c,
                           p10_per_request_output_tps=tput / c * 0.9)]
             for c, tput in levels.items()}
         for d, levels in table.items()
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def test_one_depth_for_every_load_is_the_one_that_costs_least_where_it_costs_most():

@@ -35,6 +35,7 @@ from gpufleet.control.tune import shapes as tuneshapes
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune import ties as tunetie
 from gpufleet.control.tune import verify as tuneverify
+from gpufleet.control.tune.measurement import Measurement
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
 from gpufleet.report import select
@@ -153,7 +154,7 @@ def run(
 
 
 def _settle_ties(
-    profile: str, rows: dict[Any, Any], floor: float | None, request: BenchRequest,
+    profile: str, rows: Measurement, floor: float | None, request: BenchRequest,
     experiment: Experiment, clock: tunebudget.TimeKeeper, resume: bool,
 ) -> tuple[dict[int, tuning.Retest], list[str]]:  # fmt: skip
     """On SGLang's table, the ties measured again (control/tune/ties.py); an engine with
@@ -165,7 +166,7 @@ def _settle_ties(
 
 
 def _choose_and_write(
-    profile: str, name: str | None, floor: float | None, rows: dict[Any, Any],
+    profile: str, name: str | None, floor: float | None, rows: Measurement,
     retests: dict[int, tuning.Retest],
 ) -> tuple[tuning.TuneResult, tuple[Path | None, Path]]:  # fmt: skip
     """The choice from the measured cells, and the files that ship it: SGLang's adaptive
