@@ -18,7 +18,7 @@ table); this module chooses the table from the user's own measurements:
    per request. At one closed-loop level every request shares the batch, so this is also
    the per-request speed the verification judges. A tie within the best cell's measured
    noise goes to the shallowest depth: its repeats' spread (MAD / median), or with one run
-   the standard error of its per-request speeds (module `_noise`), never a fixed margin;
+   the standard error of its per-request speeds (`levels.run_noise`), never a fixed margin;
 3. the table: a key where each run of equal choices begins, one candidate each (a single
    candidate is a fixed depth; SGLang's EMA only moves between several). A range begins
    halfway (geometric mean) between the last level of the run below and the first of its
