@@ -101,6 +101,31 @@ def long_signatures(limit: int = 8) -> list[tuple[str, int]]:
     return sorted(out, key=lambda item: -item[1])
 
 
+def positional_tails(wide: int = 6, first: int = 4) -> list[tuple[str, int]]:
+    """Functions of `wide` or more parameters that take more than the `first` few
+    positionally (self/cls not counted): past those a call names what it passes, so a
+    reordered or added parameter cannot shift a value into the wrong one (issue 82.8). A
+    function with *args takes the rest keyword-only already."""
+    out = []
+    for path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                positional = [x.arg for x in a.posonlyargs + a.args if x.arg not in ("self", "cls")]
+                count = len(positional) + len(a.kwonlyargs) + (a.kwarg is not None)
+                if a.vararg is None and count >= wide and len(positional) > first:
+                    out.append(
+                        (f"{path.relative_to(SRC)}:{node.lineno} {node.name}", len(positional))
+                    )
+    return sorted(out)
+
+
+def widest_function() -> tuple[str, int]:
+    """The function with the most parameters (self/cls not counted), and how many."""
+    found = long_signatures(limit=0)
+    return found[0] if found else ("", 0)
+
+
 ARCHIVE_PATHS = re.compile(
     r"Layout\(|Archive\((?!\))|\.root\s*/|Path\([\"']logs|/\s*[\"'](sweeps|tunes|findmax|"
     r"compare|health)[\"']"
@@ -178,6 +203,13 @@ def main() -> int:
     print(f"modules over 450 lines: {len(big)}")
     for name, length in big:
         print(f"  {name}: {length}")
+    largest = long_modules(limit=0)[0]
+    print(f"largest module: {largest[0]} {largest[1]} lines")
+    print("widest function: {} ({} parameters)".format(*widest_function()))
+    tails = positional_tails()
+    print(f"functions of 6+ parameters taking more than 4 positionally: {len(tails)}")
+    for name, count in tails:
+        print(f"  {name}: {count}")
     print(f"public names of control/ without a docstring: {len(undocumented_in_control())}")
     builders = archive_path_builders()
     print(f"modules outside archive/ building archive paths: {len(builders)}")

@@ -124,7 +124,7 @@ def test_the_clock_plans_no_load_step_nor_bursts_for_one_depth_per_launch(tmp_pa
     request = BenchRequest(concurrency=[1, 4], num_prompts=8, output_len=32)
     said: list[str] = []
     no_switching = tunebudget.TuneArms(arms, checks, verify=True, switches=False)
-    clock = tunebudget.TimeKeeper.for_tune(no_switching, request, None, said.append, None)
+    clock = tunebudget.TimeKeeper.for_tune(no_switching, request, None, said.append, pace=None)
     assert {c.stage for c in clock.cells} == {tunebudget.MEASURE, tunebudget.VERIFY}
     assert said[0].startswith("tune: 13 launches (3 measurement, 10 verification);")
     adaptive = tunebudget.plan_cells(tunebudget.TuneArms(arms, checks), request)

@@ -241,7 +241,7 @@ def fleet_view(
             f"no archived run of profile {profile!r} in {index.archive.root}/ "
             f"(profiles there: {', '.join(index.profiles()) or 'none'})"
         )
-    view = view_of(runs, profile, m, threshold, latest)
+    view = view_of(runs, profile, m, threshold, latest=latest)
     view.left_out += index.broken_lines(profile)
     return view
 
@@ -324,6 +324,7 @@ def view_of(
     profile: str,
     m: catalogue.Metric,
     threshold: float = DEFAULT_THRESHOLD,
+    *,
     latest: bool = False,
     confirm: bool = True,
 ) -> FleetView:

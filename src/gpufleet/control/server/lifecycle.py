@@ -45,6 +45,7 @@ def wait_on(
     port: int,
     timeout_s: float | None,
     progress: Progress | None,
+    *,
     cancel: CancelToken | None = None,
     node_rank: int = 0,
     dropped: list[str] | None = None,
@@ -122,7 +123,13 @@ def launch_on(
         )
     timeout = options.timeout_s or spec.health_timeout
     wait = wait_on(
-        session, spec.port, timeout, progress, cancel, spec.node_rank, started.dropped_env
+        session,
+        spec.port,
+        timeout,
+        progress,
+        cancel=cancel,
+        node_rank=spec.node_rank,
+        dropped=started.dropped_env,
     )
     return Launched(wait.state or started.state, wait.elapsed_s, started.warnings)
 

@@ -144,7 +144,7 @@ class TimeKeeper:
     @classmethod
     def for_tune(
         cls, arms: TuneArms, request: BenchRequest, budget_s: float | None,
-        say: Callable[[str], None], pace: Pace | None,
+        say: Callable[[str], None], *, pace: Pace | None,
         finished: set[tuple[str, str]] | None = None,
     ) -> TimeKeeper:  # fmt: skip
         """The clock of a tune about to start; `finished`: (stage, arm key) of the cells an

@@ -84,7 +84,7 @@ def _median(rows: list[ResultRow]) -> float:
 
 def settle(
     profile: str, rows: Measurement, floor: float | None,
-    sizes: list[int] | None, request: BenchRequest, experiment: Experiment,
+    sizes: list[int] | None, *, request: BenchRequest, experiment: Experiment,
     clock: tunebudget.TimeKeeper, resume: bool,
 ) -> tuple[dict[int, tuning.Retest], list[str]]:  # fmt: skip
     """Measure the ties again, round by round, while any is open and the budget allows;
@@ -110,6 +110,8 @@ def settle(
         )
         root = request.archive
         again = resume and tunebudget.has_state(root, [profile], arms, kind)
-        state = experiment.sweep([profile], arms, kind, again, tied, clock.hooks(kind, root))
+        state = experiment.sweep(
+            [profile], arms, kind, again, request=tied, hooks=clock.hooks(kind, root)
+        )
         retests = add_round(retests, ties, tuning.rows_by_depth(arms, state.record, root))
     return retests, notes

@@ -94,11 +94,11 @@ def verdict(arms: list[Any], measured: Cells | None = None) -> tuple[list[Verdic
     and the one-sentence answer, both bars said, and every level below GOAL named."""
     base, static, tuned, *statics = arms
     levels = sorted(set(base.levels) & set(static.levels) & set(tuned.levels))
-    rows = [_row(c, base, static, tuned, statics, measured) for c in levels]
+    rows = [_row(c, base, static, tuned, statics=statics, measured=measured) for c in levels]
     return rows, _sentence(tuned.label, rows)
 
 
-def _row(c: int, base: Any, static: Any, tuned: Any, statics: list[Any],
+def _row(c: int, base: Any, static: Any, tuned: Any, *, statics: list[Any],
          measured: Cells | None) -> VerdictRow:  # fmt: skip
     """One level of the verification."""
     arms = [base, static, tuned]
