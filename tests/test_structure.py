@@ -298,17 +298,16 @@ def test_module_names_name_their_room():
     assert [n for n, count in names.items() if count > 1] == []
 
 
-def test_where_to_add_says_how_many_files_each_addition_touches():
+def test_where_to_add_names_files_that_exist():
     """Issue 66: docs/ARCHITECTURE.md's "Where to add" says how many files adding an engine,
-    a connection, a metric and a task touches, names them, and each named file exists (a
-    `<name>` part stands for the new module). The counts are what the registries allow:
-    test_connection_registry.py adds a connection in 2, the engine census keeps engine
-    facts to engines.py, the README test holds the task table."""
+    a connection, a metric and a task touches and names them; each named file exists (a
+    `<name>` part stands for the new module). How many, and which, is what
+    tests/test_where_to_add.py touched doing it (issue 82.2: this test compared the counts
+    with a dict written here, which could not see the metric's third file)."""
     import re
 
     text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
     section = text[text.index("## Where to add") :]
-    stated = {}
     for kind in ("a task", "an engine", "a connection", "a metric"):
         bullet = section[section.index(f"- **{kind}**") :]
         bullet = bullet[: bullet.index("\n- **", 3)]
@@ -320,8 +319,6 @@ def test_where_to_add_says_how_many_files_each_addition_touches():
             if "<" not in name:
                 base = REPO if name == "README.md" else REPO / "src" / "gpufleet"
                 assert (base / name).exists(), (kind, name)
-        stated[kind] = int(found.group(1))
-    assert stated == {"a task": 3, "an engine": 1, "a connection": 2, "a metric": 2}
 
 
 def test_only_the_archive_names_the_logs_folder():
