@@ -87,9 +87,11 @@ class SweepCell:
 
     @property
     def entry(self) -> Cell:
+        """This cell's entry in the sweep state."""
         return self.state.cell(self.profile, self.host)
 
     def update(self, **fields: Any) -> None:
+        """Save fields of this cell's entry."""
         self.state.update(self.profile, self.host, **fields)
 
     def phase(self, status: CellStatus) -> None:
@@ -98,6 +100,7 @@ class SweepCell:
         self.state.say(f"[sweep] {label(self.profile)} on {self.host}: {status}")
 
     def archived_dir(self) -> Path | None:
+        """The run this cell archived already, if its manifest is there."""
         run_id = self.entry.run_id
         path = self.request.archive.run_dir(self.host, str(run_id))
         return path if run_id and (path / "manifest.json").exists() else None
@@ -148,6 +151,8 @@ class SweepCell:
 
     # -- a fresh attempt -------------------------------------------------------------
     def run(self) -> benchrun.ArchivedRun:
+        """A fresh attempt: clean, launch, bench, stop (a stop asked between steps ends it
+        cleanly)."""
         self.cancel.check("starting the cell")
         self.update(run_id=None, path=None, error=None)
         self.phase(CellStatus.CLEANING)
@@ -178,6 +183,7 @@ class SweepCell:
         return spec
 
     def launch(self) -> None:
+        """Launch this cell's server and wait until it serves."""
         launched = server.launch_on(
             self.session, self.spec, self.launch_options, self.launch_progress, self.cancel
         )
@@ -186,6 +192,7 @@ class SweepCell:
                 self.state.as_root.add(self.host)
 
     def bench(self) -> benchrun.ArchivedRun:
+        """Start the benchmark, fetch and archive it, then stop the server."""
         run_id = benchrun.make_run_id(self.request, [self.host])
         self.update(status=CellStatus.BENCHING, run_id=run_id, steps_s=self.steps.seconds)
         started = False
@@ -240,6 +247,7 @@ class SweepCell:
 
 
 def archived_result(manifest: Manifest, path: Path) -> benchrun.ArchivedRun:
+    """An archived run as the sweep records it."""
     return benchrun.ArchivedRun(manifest.run_id, str(path), manifest.status, manifest.reason)
 
 
