@@ -365,8 +365,8 @@ class TimeKeeper:
             if stage == MEASURE and depth_of(arm) is not None:
                 rows = tuning.rows_by_depth([arm], state.record, archive)
                 figures = {
-                    c: statistics.median(levels.objective(r)[0] for r in level)
-                    for by_c in rows.values() for c, level in by_c.items()
+                    c: statistics.median(levels.objective(r)[0] for r in rows.at(key, c))
+                    for key in rows for c in rows.levels(key)
                 }  # fmt: skip
             self.finished(stage, arm, steps, figures, said=ran)
 
