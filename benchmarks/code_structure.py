@@ -15,8 +15,13 @@ from collections import Counter
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpufleet"
-# a shape not declared: dict[str, Any] and its alias wire.JsonObject, counted together
-ANY_DICT = re.compile(r"dict\[str,\s*(?:Any|object)\]|\bJsonObject\b(?!\s*[:=]\s*typing)")
+# a shape not declared: dict[str, Any], dict[str, object], its alias wire.JsonObject,
+# dict[Any, ...] and Mapping[str, object], counted together (issue 82.3 widened it from the
+# first three); a bare `dict` annotation counts too (BARE_DICT, read from the ast)
+ANY_DICT = re.compile(
+    r"dict\[str,\s*(?:Any|object)\]|dict\[Any,|Mapping\[str,\s*(?:Any|object)\]"
+    r"|\bJsonObject\b(?!\s*[:=]\s*typing)"
+)
 IMPORT = re.compile(r"\s*(from|import)\s|\s+\w+,$|\s+JsonObject,?$")  # import lines
 OPTION_READ = re.compile(r"\bo\[\"\w+\"\]")
 
@@ -35,7 +40,33 @@ def any_dicts() -> Counter[str]:
     for path in modules():
         lines = [line for line in path.read_text().splitlines() if not IMPORT.match(line)]
         counts[package_of(path)] += sum(len(ANY_DICT.findall(line)) for line in lines)
+        counts[package_of(path)] += len(bare_dicts(path))
     return counts
+
+
+def _annotations(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            every = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+            yield from (x.annotation for x in every if x is not None and x.annotation)
+            if node.returns is not None:
+                yield node.returns
+        elif isinstance(node, ast.AnnAssign):
+            yield node.annotation
+
+
+def bare_dicts(path: Path) -> list[int]:
+    """The lines of `path` whose annotation names `dict` with no key or value type."""
+    found = []
+    for annotation in _annotations(ast.parse(path.read_text())):
+        subscripted = {id(n.value) for n in ast.walk(annotation) if isinstance(n, ast.Subscript)}
+        found += [
+            n.lineno
+            for n in ast.walk(annotation)
+            if isinstance(n, ast.Name) and n.id == "dict" and id(n) not in subscripted
+        ]
+    return found
 
 
 def option_reads() -> int:
@@ -68,6 +99,31 @@ def long_signatures(limit: int = 8) -> list[tuple[str, int]]:
                 if count > limit:
                     out.append((f"{path.relative_to(SRC)}:{node.lineno} {node.name}", count))
     return sorted(out, key=lambda item: -item[1])
+
+
+def positional_tails(wide: int = 6, first: int = 4) -> list[tuple[str, int]]:
+    """Functions of `wide` or more parameters that take more than the `first` few
+    positionally (self/cls not counted): past those a call names what it passes, so a
+    reordered or added parameter cannot shift a value into the wrong one (issue 82.8). A
+    function with *args takes the rest keyword-only already."""
+    out = []
+    for path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                positional = [x.arg for x in a.posonlyargs + a.args if x.arg not in ("self", "cls")]
+                count = len(positional) + len(a.kwonlyargs) + (a.kwarg is not None)
+                if a.vararg is None and count >= wide and len(positional) > first:
+                    out.append(
+                        (f"{path.relative_to(SRC)}:{node.lineno} {node.name}", len(positional))
+                    )
+    return sorted(out)
+
+
+def widest_function() -> tuple[str, int]:
+    """The function with the most parameters (self/cls not counted), and how many."""
+    found = long_signatures(limit=0)
+    return found[0] if found else ("", 0)
 
 
 ARCHIVE_PATHS = re.compile(
@@ -131,7 +187,8 @@ def control_calls_into_cli() -> list[str]:
 
 def main() -> int:
     dicts = any_dicts()
-    print(f"undeclared shapes (dict[str, Any], JsonObject, dict[str, object]): {sum(dicts.values())} "
+    print(f"undeclared shapes (dict[str, Any|object], JsonObject, dict[Any, ...], "
+          f"Mapping[str, object], bare dict): {sum(dicts.values())} "
           f"({', '.join(f'{k} {v}' for k, v in dicts.most_common() if v)})")  # fmt: skip
     print(f'option reads o["..."] in cli/: {option_reads()}')
     long = long_functions()
@@ -146,6 +203,13 @@ def main() -> int:
     print(f"modules over 450 lines: {len(big)}")
     for name, length in big:
         print(f"  {name}: {length}")
+    largest = long_modules(limit=0)[0]
+    print(f"largest module: {largest[0]} {largest[1]} lines")
+    print("widest function: {} ({} parameters)".format(*widest_function()))
+    tails = positional_tails()
+    print(f"functions of 6+ parameters taking more than 4 positionally: {len(tails)}")
+    for name, count in tails:
+        print(f"  {name}: {count}")
     print(f"public names of control/ without a docstring: {len(undocumented_in_control())}")
     builders = archive_path_builders()
     print(f"modules outside archive/ building archive paths: {len(builders)}")

@@ -222,7 +222,7 @@ def test_a_grid_or_tune_cell_benches_in_its_own_engines_dialect(tmp_path, monkey
     from gpufleet.control.bench.run import build_plan
     from gpufleet.control.server.host_options import LaunchOptions
     from gpufleet.control.sweep.cells import ArmSpec
-    from gpufleet.control.sweep.sweep_run import cell_request
+    from gpufleet.control.sweep.sweep_cell import cell_request
 
     (tmp_path / "playbooks").mkdir()
     (tmp_path / "playbooks" / "llama.yaml").write_text(yaml.safe_dump({

@@ -192,9 +192,9 @@ def test_resume_runs_the_request_the_sweep_was_started_with(tmp_path, monkeypatc
     arms = expand(["baseline"], [], 1)
     first = BenchRequest([2, 8], num_prompts=6, output_len=8, slo={"ttft_ms": 500.0},
                          seed=3, archive=archive)  # fmt: skip
-    state = exp.sweep(["baseline"], arms, "sweep", False, first)
+    state = exp.sweep(["baseline"], arms, "sweep", False, request=first)
     assert state.record.request["num_prompts"] == 6
-    exp.sweep(["baseline"], arms, "sweep", True, BenchRequest([64], archive=archive))
+    exp.sweep(["baseline"], arms, "sweep", True, request=BenchRequest([64], archive=archive))
     assert [r.concurrency for r in benched] == [[2, 8], [2, 8]]
     kept = benched[1]
     assert (kept.num_prompts, kept.output_len, kept.slo, kept.seed) == (6, 8, first.slo, 3)

@@ -38,7 +38,7 @@ def test_the_keeper_starts_what_is_asked_as_its_child_and_a_second_keeper_defers
     log, pid_file = tmp_path / "out.log", tmp_path / "child.pid"
     env = {"PATH": os.environ["PATH"], "SAID": "from the request"}
     pid = stepkeeper.request(JOB, ["sh", "-c", 'echo "$SAID"; exec sleep 30'], env, log,
-                             pid_file, None)  # fmt: skip
+                             pid_file=pid_file, stdin_file=None)  # fmt: skip
     assert Path(f"/proc/{pid}/stat").read_text().split()[3] == str(keeper.pid)  # its parent
     deadline = time.monotonic() + 10
     while "from the request" not in log.read_text() and time.monotonic() < deadline:
@@ -63,7 +63,7 @@ def test_a_request_that_is_a_link_or_not_a_program_is_refused_and_the_keeper_run
     os.symlink(planted, folder / "0-planted.request")
     with pytest.raises(RuntimeError, match="No such file"):
         stepkeeper.request(JOB, ["/nonexistent/program"], {}, tmp_path / "l.log",
-                           tmp_path / "n.pid", None)  # fmt: skip
+                           pid_file=tmp_path / "n.pid", stdin_file=None)  # fmt: skip
     assert not (folder / "0-planted.request").exists(), "removed unread"
     assert not marker.exists()
     assert keeper.poll() is None and pid_alive(keeper.pid)

@@ -12,17 +12,20 @@ import yaml
 from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import files as tunefiles
 from gpufleet.control.tune import table as tune
+from gpufleet.control.tune.measurement import Measurement
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow
 from gpufleet.sim.speculation import AdaptiveDepth, accept_length, step_costs_ms
 from helpers import QUICK_SIM, REPO, adaptive_flags, pid_alive, unwrap
 
 
-def _rows(table: dict[int, dict[int, tuple]], p10_share: float = 0.8, completed: int = 40) -> dict:
+def _rows(
+    table: dict[int, dict[int, tuple]], p10_share: float = 0.8, completed: int = 40
+) -> Measurement:
     """depth -> C -> (throughput, per-request[, steady throughput]) as one run's result
     rows; its requests' p10 speed at `p10_share` of the median, so over 40 requests the
     run's own noise is 0.2 / 1.28 / sqrt(40) = 2.5%."""
-    return {
+    return Measurement({
         d: {
             c: [ResultRow(c, completed, 0, figures[0], median_per_request_output_tps=figures[1],
                           p10_per_request_output_tps=figures[1] * p10_share,
@@ -30,7 +33,7 @@ def _rows(table: dict[int, dict[int, tuple]], p10_share: float = 0.8, completed:
             for c, figures in levels.items()
         }
         for d, levels in table.items()
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def test_the_table_follows_the_measurements():
@@ -174,13 +177,13 @@ def test_repeats_choose_by_median_minus_spread_and_reject_noisy_or_failed_cells(
         return [ResultRow(8, 10, failed, v, median_per_request_output_tps=v / 8,
                           p10_per_request_output_tps=v / 8 * 0.99) for v in values]  # fmt: skip
 
-    result = tune.choose({
+    result = tune.choose(Measurement({
         0: {8: rows([300, 302])},
         1: {8: rows([322, 322, 323])},
         2: {8: rows([400, 410], failed=3)},  # the best figure, 6 failed over 2 repeats: out
         3: {8: rows([330, 350, 340])},  # +-10: score 330; depth 1 is within that noise
         5: {8: rows([300, 420, 360])},  # +-60 on 360: 17% spread, rejected
-    })  # fmt: skip
+    }))  # fmt: skip
     [choice] = result.choices
     assert choice.depth == 1
     assert "shallowest depth within 2.9% (the best cell's measured noise)" in choice.why

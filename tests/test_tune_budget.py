@@ -44,8 +44,8 @@ def _clock(spec, budget=None, pace=None, depths=(1, 2, 3, 5), verify=True, finis
         request,
         budget,
         lines.append,
-        pace,
-        finished,
+        pace=pace,
+        finished=finished,
     )
     return clock, lines
 
@@ -421,7 +421,7 @@ def test_the_users_trace_is_planned_as_a_shape_and_dropped_after_the_load_step(s
     assert len(traced) == (3 + 2) * 3 and all(c.floor_s == span for c in traced)
     pace = Pace(10.0, 0.01, "a test")
     clock = TimeKeeper.for_tune(TuneArms(arms, checks, replay=(rounds, span), may_drop_depths=True),
-                                request, None, [].append, pace)  # fmt: skip
+                                request, None, [].append, pace=pace)  # fmt: skip
     order = [u.what for u in clock.units()]
     assert order[:3] == ["bursts", "load step", "trace replay"]
     with pytest.raises(UserError, match=r"^--verify-trace .*: no requests in it$"):

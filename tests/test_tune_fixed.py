@@ -11,6 +11,7 @@ import yaml
 from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import fixed as tunefixed
+from gpufleet.control.tune.measurement import Measurement
 from gpufleet.errors import UserError
 from gpufleet.records import ResultRow
 
@@ -54,13 +55,13 @@ def test_a_profile_tune_cannot_set_the_depth_of_is_one_line(tmp_path):
         tunecells.depth_arms(vllm, [1])
 
 
-def _rows(table: dict) -> dict:
-    return {
+def _rows(table: dict) -> Measurement:
+    return Measurement({
         d: {c: [ResultRow(c, 40, 0, tput, median_per_request_output_tps=tput / c,
                           p10_per_request_output_tps=tput / c * 0.9)]
             for c, tput in levels.items()}
         for d, levels in table.items()
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def test_one_depth_for_every_load_is_the_one_that_costs_least_where_it_costs_most():
@@ -123,7 +124,7 @@ def test_the_clock_plans_no_load_step_nor_bursts_for_one_depth_per_launch(tmp_pa
     request = BenchRequest(concurrency=[1, 4], num_prompts=8, output_len=32)
     said: list[str] = []
     no_switching = tunebudget.TuneArms(arms, checks, verify=True, switches=False)
-    clock = tunebudget.TimeKeeper.for_tune(no_switching, request, None, said.append, None)
+    clock = tunebudget.TimeKeeper.for_tune(no_switching, request, None, said.append, pace=None)
     assert {c.stage for c in clock.cells} == {tunebudget.MEASURE, tunebudget.VERIFY}
     assert said[0].startswith("tune: 13 launches (3 measurement, 10 verification);")
     adaptive = tunebudget.plan_cells(tunebudget.TuneArms(arms, checks), request)

@@ -234,7 +234,7 @@ def test_a_mend_is_measured_beside_its_static_server_and_kept_only_where_better(
     experiment = Experiment(hosts, Console(said.append, lambda data, path: None))
     arms = tunecells.depth_arms(spec, [1])
     clock = tunebudget.TimeKeeper.for_tune(tunebudget.TuneArms(arms, checks), request, None,
-                                           said.append, None)  # fmt: skip
+                                           said.append, pace=None)  # fmt: skip
     at_8 = next(ch for ch in choices if ch.concurrency == 8)
     other = 1 if at_8.depth != 1 else 0
     static = "mendme[depth=1]" if other == 1 else "mendme[plain]"
@@ -244,8 +244,8 @@ def test_a_mend_is_measured_beside_its_static_server_and_kept_only_where_better(
         row = _row(8, kept, static)
         outcome = tune_run.TuneOutcome(result, config, tuned_yaml, record, record_path,
                                        [tune_run.Verdict("h0", [], [row], "s")])  # fmt: skip
-        return tune_run._measure_mend(spec, checks, request, False, experiment, outcome,
-                                      clock, [finding])  # fmt: skip
+        return tune_run._measure_mend(spec, checks, request, False, experiment=experiment, outcome=outcome,
+                                      clock=clock, to_mend=[finding])  # fmt: skip
 
     shares, kept = mend_at_8(5.0)  # no server keeps 5x: measured, and put back
     assert not kept and set(shares["h0"]) == {8}, shares

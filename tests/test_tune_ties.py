@@ -18,6 +18,7 @@ from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import table as tune
 from gpufleet.control.tune import ties, verify
+from gpufleet.control.tune.measurement import Measurement
 from gpufleet.records import ResultRow
 
 SPEC = (
@@ -26,15 +27,17 @@ SPEC = (
 )
 
 
-def _rows(table: dict[int, dict[int, tuple]], p10_share: float = 0.8, completed: int = 40) -> dict:
+def _rows(
+    table: dict[int, dict[int, tuple]], p10_share: float = 0.8, completed: int = 40
+) -> Measurement:
     """depth -> C -> (throughput, per-request) as one run's rows (noise 2.5% at 40 requests
     with p10 at 0.8 of the median)."""
-    return {
+    return Measurement({
         d: {c: [ResultRow(c, completed, 0, f[0], median_per_request_output_tps=f[1],
                           p10_per_request_output_tps=f[1] * p10_share)]
             for c, f in levels.items()}
         for d, levels in table.items()
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 # depth 4 best at every level; at C=2 depth 3 is 1.6% behind (inside 2.5% noise)
@@ -64,7 +67,7 @@ def test_a_tie_is_listed_for_measuring_and_a_retest_settles_it_either_way():
     assert (tie.concurrency, tie.shallow, tie.deep) == (2, 1, 4)
     # measured again with 8x the requests: the noise falls to ~0.9%, depth 4 stands ahead
     again = _rows(flat, completed=320)
-    deeper = tune.choose(_rows(flat), retests={2: tune.Retest({1: again[1][2], 4: again[4][2]},
+    deeper = tune.choose(_rows(flat), retests={2: tune.Retest({1: again.at(1, 2), 4: again.at(4, 2)},
                                                               320, 1)})  # fmt: skip
     assert deeper.choices[0].depth == 4 and deeper.ties == []
     assert "measured again, interleaved (1 round(s), 320 requests per depth)" in (
@@ -72,7 +75,7 @@ def test_a_tie_is_listed_for_measuring_and_a_retest_settles_it_either_way():
     )
     # the retest finds them equal: the tie survives, the shallower keeps it, still open
     same = _rows({1: {2: (175, 87.5)}, 4: {2: (175.5, 87.7)}}, completed=320)
-    kept = tune.choose(_rows(flat), retests={2: tune.Retest({1: same[1][2], 4: same[4][2]},
+    kept = tune.choose(_rows(flat), retests={2: tune.Retest({1: same.at(1, 2), 4: same.at(4, 2)},
                                                             320, 1)})  # fmt: skip
     assert kept.choices[0].depth == 1 and len(kept.ties) == 1
     assert "still within the noise: the shallower" in kept.choices[0].why
@@ -176,7 +179,7 @@ def test_a_tie_at_depth_0_is_measured_again_at_its_better_variant(tmp_path):
     assert "spec[depth=0,skip]" in keys and "spec[depth=0]" in keys
     rows = {d: {64: [ResultRow(64, 512, 0, tput)]} for d, tput in
             ((0, 665.0), (tunecells.SKIP, 733.0), (4, 763.0))}  # fmt: skip
-    [retest] = ties.add_round({}, [tie], rows).values()
+    [retest] = ties.add_round({}, [tie], Measurement(rows)).values()
     assert retest.rows[0] == rows[tunecells.SKIP][64] and retest.rows[4] == rows[4][64]
     assert retest.requests == 512 and retest.rounds == 1
 

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from gpufleet.wire import JsonValue
+
 
 class Timed(Protocol):
     """What the figures need of a finished request (host/bench/level.RequestRecord)."""
@@ -38,7 +40,7 @@ class RequestTimes:
     completion_tokens: int
 
     @classmethod
-    def of(cls, fields: Mapping[str, object], from_due: bool) -> RequestTimes:
+    def of(cls, fields: Mapping[str, JsonValue], from_due: bool) -> RequestTimes:
         """From an archived record; with `from_due` (an open-loop level) its latencies count
         from when it was due, as the runner counted them (its dispatch lag is latency the
         user would see)."""
@@ -54,7 +56,7 @@ class RequestTimes:
         )
 
 
-def _number(fields: Mapping[str, object], key: str) -> float:
+def _number(fields: Mapping[str, JsonValue], key: str) -> float:
     value = fields.get(key)
     return float(value) if isinstance(value, int | float) else 0.0
 

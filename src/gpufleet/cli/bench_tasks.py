@@ -130,7 +130,13 @@ def _find_max(request, fleet, o):
 
     limit = o.max_load or FIND_MAX_LIMIT[o.by]
     results = findmax.find_max(
-        fleet, request, o.by, o.target, limit, o.max_probes, bench_progress()
+        fleet,
+        request,
+        o.by,
+        o.target,
+        limit=limit,
+        max_probes=o.max_probes,
+        progress=bench_progress(),
     )
     for res in results:
         if res.ok and res.value:

@@ -78,7 +78,7 @@ def sweep(c, **given):
     command = resume_command(["inv", "sweep"], SWEEP.given(o, LEFT_OUT))
     launch = LaunchOptions(engine=o.engine, allow_unhealthy=o.allow_unhealthy)
     with experiment(o, command, launch, o.fail_fast) as exp:
-        exp.sweep(profiles, arms, "sweep", o.resume, request)
+        exp.sweep(profiles, arms, "sweep", o.resume, request=request)
 
 
 REHEARSAL_REPEATS = 3  # every figure of the rehearsal comes with its interval
@@ -107,5 +107,5 @@ def rehearse(c, **given):
     profiles = ["baseline", "eagle3"]
     arms = expand(profiles, [], REHEARSAL_REPEATS)  # interleaved: baseline, eagle3, again
     with experiment(o, command, LaunchOptions(engine="sim")) as exp:
-        exp.sweep(profiles, arms, "sweep", o.resume, request)
+        exp.sweep(profiles, arms, "sweep", o.resume, request=request)
     line(f"rehearsal finished in {time.monotonic() - start:.0f}s")

@@ -242,7 +242,7 @@ def fleet_view(
             f"(profiles there: {', '.join(index.profiles()) or 'none'})"
             + damaged_said(index.broken_lines(profile))
         )
-    view = view_of(runs, profile, m, threshold, latest)
+    view = view_of(runs, profile, m, threshold, latest=latest)
     view.left_out += index.broken_lines(profile)
     return view
 
@@ -334,6 +334,7 @@ def view_of(
     profile: str,
     m: catalogue.Metric,
     threshold: float = DEFAULT_THRESHOLD,
+    *,
     latest: bool = False,
     confirm: bool = True,
 ) -> FleetView:

@@ -2,7 +2,7 @@
 
 To add a verb: declare its arguments dataclass (and answer) in protocol.py and list it in
 CONTRACT, write the function in the module of its world (gpu/facts, clean, server/verbs,
-bench/bench_verbs), register it here, and call it from the control plane with
+server/running, bench/bench_verbs), register it here, and call it from the control plane with
 `session.call(TheArgs(...))`.
 """
 
@@ -15,6 +15,7 @@ from gpufleet.host import clean as gpuclean
 from gpufleet.host.agent.protocol import CONTRACT, StatusArgs
 from gpufleet.host.bench import bench_verbs as bench
 from gpufleet.host.gpu import facts as gpus
+from gpufleet.host.server import running
 from gpufleet.host.server import verbs as lifecycle
 from gpufleet.readings import StatusAnswer
 
@@ -23,9 +24,9 @@ def status(args: StatusArgs) -> StatusAnswer:
     """Read-only: GPUs, their processes, stale-looking processes and gpufleet's servers (or,
     `servers_only`, the servers alone: what `inv bench` asks to name a run)."""
     if args.servers_only:
-        return StatusAnswer(gpus=[], servers=lifecycle.servers())
+        return StatusAnswer(gpus=[], servers=running.servers())
     snap, stale = gpuclean.stale_processes(args)
-    return StatusAnswer(gpus=snap, stale=stale, servers=lifecycle.servers())
+    return StatusAnswer(gpus=snap, stale=stale, servers=running.servers())
 
 
 VERBS: dict[str, Callable[[Any], Any]] = {
@@ -35,8 +36,8 @@ VERBS: dict[str, Callable[[Any], Any]] = {
     "status": status,
     "launch": lifecycle.launch,
     "wait-ready": lifecycle.wait_ready,
-    "stop": lifecycle.stop,
-    "logs": lifecycle.logs,
+    "stop": running.stop,
+    "logs": running.logs,
     "bench-start": bench.bench_start,
     "bench-run": bench.bench_run,
     "bench-watch": bench.bench_watch,

@@ -102,7 +102,7 @@ def draw(host: str, arms: list[Arm], spec: catalogue.PlotSpec) -> tuple[Any, lis
             ax.plot(xs, shown, linestyle=style, linewidth=2, color=colour, label=label,
                     marker=marker, markersize=7,
                     markerfacecolor=colour if index == 0 else "white")  # fmt: skip
-            _error_bars(ax, arm, xs, key, shown, colour)
+            _error_bars(ax, arm, xs, key, ys=shown, colour=colour)
             for c, y in zip(xs, shown, strict=True):
                 ci = arm.levels[c].ci.get(key)
                 shown_ci = (max(0.0, ci[0]), ci[1]) if ci else None
@@ -136,7 +136,9 @@ def draw(host: str, arms: list[Arm], spec: catalogue.PlotSpec) -> tuple[Any, lis
     return fig, points
 
 
-def _error_bars(ax: Any, arm: Arm, xs: list[int], key: str, ys: list[float], colour: str) -> None:
+def _error_bars(
+    ax: Any, arm: Arm, xs: list[int], key: str, *, ys: list[float], colour: str
+) -> None:
     """With repeats, each point's 95% interval, clipped at zero (no figure here is negative)."""
     intervals = [arm.levels[c].ci.get(key) for c in xs]
     if not all(intervals):

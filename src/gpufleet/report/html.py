@@ -274,7 +274,11 @@ def _provenance(data: ReportInput, out_dir: Path) -> str:
         for arm in arms:
             for m in arm.manifests:
                 run_dir = data.run_dirs.get(m.run_id)
-                rows.append(_run_card(host, arm.label, m, run_dir, data.checksums, out_dir))
+                rows.append(
+                    _run_card(
+                        host, arm.label, m, run_dir, checksums=data.checksums, out_dir=out_dir
+                    )
+                )
     return '<section class="prov"><h2>Provenance and raw files</h2>' + "".join(rows) + "</section>"
 
 
@@ -283,6 +287,7 @@ def _run_card(
     label: str,
     m: Manifest,
     run_dir: Path | None,
+    *,
     checksums: dict[str, str],
     out_dir: Path,
 ) -> str:

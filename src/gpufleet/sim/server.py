@@ -147,8 +147,8 @@ def _model(args: Any, steps: int | None = None) -> TimingModel:
             args.speculative_eagle_topk,
             tokens,
             parse_accept_rates(args.sim_accept_rate),
-            args.sim_draft_cost,
-            args.sim_draft_base_cost,
+            draft_scale=args.sim_draft_cost,
+            base_scale=args.sim_draft_base_cost,
         )
         if depth == 0:  # an EAGLE server at depth 0 is not plain decoding (speculation.py)
             skip = os.environ.get(SKIP_ZERO_STEP_ENV, "").lower() in ("1", "true")
@@ -235,7 +235,7 @@ async def serve(launcher: Launcher) -> int:
 
     meter = _meter(a)
     engine = Engine(
-        _model(a), a.max_running_requests, a.sim_zero_cost, a.sim_seed, on_batch,
+        _model(a), a.max_running_requests, a.sim_zero_cost, a.sim_seed, on_batch=on_batch,
         on_step=meter.step if meter else None,
         cache=None if a.disable_radix_cache else PrefixCache(a.sim_cache_tokens),
         adaptive=_adaptive(a),

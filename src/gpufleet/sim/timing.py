@@ -57,6 +57,7 @@ class TimingModel:
         topk: int | None = None,
         draft_tokens: int | None = None,
         rates: dict[str, float] | None = None,
+        *,
         draft_scale: float = 1.0,
         base_scale: float | None = None,
     ) -> TimingModel:
@@ -118,6 +119,7 @@ class Engine:
         max_running: int,
         zero_cost: bool = False,
         seed: int = 0,
+        *,
         on_batch: Callable[[int], None] | None = None,
         on_step: Callable[[float, int, bool], None] | None = None,
         cache: PrefixCache | None = None,

@@ -132,6 +132,7 @@ def find_max(
     request: benchrun.BenchRequest,
     by: str,
     target: float,
+    *,
     limit: float,
     max_probes: int,
     progress: Any = None,

@@ -116,7 +116,7 @@ def _own_config() -> Config:
 def open_connection(host: SshSettings, attempts: int = 8) -> Connection:
     """A connected Fabric Connection with strict host keys on every hop, retried on transient
     errors only; a failure is one HostError naming the cause."""
-    connect_kwargs: dict = {
+    connect_kwargs: dict[str, float | bool | list[str]] = {  # Paramiko's connect keywords
         "banner_timeout": max(host.connect_timeout, 15.0),
         "auth_timeout": max(host.connect_timeout, 15.0),
         "allow_agent": True,

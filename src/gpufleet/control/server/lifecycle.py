@@ -14,7 +14,7 @@ from gpufleet.control.server.profiles import Profile, build_specs
 from gpufleet.errors import HostError
 from gpufleet.host.agent import runas
 from gpufleet.host.agent.childenv import dropped_note
-from gpufleet.host.agent.protocol import LaunchArgs, LogsArgs, StopArgs, WaitReadyArgs
+from gpufleet.host.agent.protocol import LaunchArgs, LogsAnswer, LogsArgs, StopArgs, WaitReadyArgs
 from gpufleet.kinds import Kind
 from gpufleet.readings import LaunchAnswer, StopAnswer, WaitReadyAnswer
 from gpufleet.records import HEALTH_TIMEOUT_S, LaunchSpec, ServerState
@@ -45,6 +45,7 @@ def wait_on(
     port: int,
     timeout_s: float | None,
     progress: Progress | None,
+    *,
     cancel: CancelToken | None = None,
     node_rank: int = 0,
     dropped: list[str] | None = None,
@@ -122,7 +123,13 @@ def launch_on(
         )
     timeout = options.timeout_s or spec.health_timeout
     wait = wait_on(
-        session, spec.port, timeout, progress, cancel, spec.node_rank, started.dropped_env
+        session,
+        spec.port,
+        timeout,
+        progress,
+        cancel=cancel,
+        node_rank=spec.node_rank,
+        dropped=started.dropped_env,
     )
     return Launched(wait.state or started.state, wait.elapsed_s, started.warnings)
 
@@ -205,7 +212,7 @@ def stop(fleet: Fleet, args: StopArgs) -> FleetResult[StopAnswer]:
     return fleet.each(one)
 
 
-def logs(fleet: Fleet, args: LogsArgs, progress: Progress | None = None) -> FleetResult[dict]:
+def logs(fleet: Fleet, args: LogsArgs, progress: Progress | None = None) -> FleetResult[LogsAnswer]:
     """The server log's tail on every host (`args.follow`: new lines as events, until
     Ctrl-C)."""
     return fleet.each(lambda s: s.call(args, on_event=host_events(s.host.name, progress)))

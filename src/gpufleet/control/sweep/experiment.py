@@ -67,6 +67,7 @@ class Experiment:
         arms: list[ArmSpec],
         kind: str,
         resume: bool,
+        *,
         request: BenchRequest,
         hooks: sweeps.CellHooks | None = None,
     ) -> sweep_state.SweepState:
@@ -75,7 +76,8 @@ class Experiment:
         sweep_state.check_arms(profiles, arms)  # a bad profile or flag fails before anything starts
         root = request.archive
         state = sweep_state.open_state(
-            root, profiles, self.fleet.hosts, request.concurrency, resume, arms, kind, request,
+            root, profiles, self.fleet.hosts, request.concurrency,
+            resume=resume, arms=arms, kind=kind, request=request,
         )  # fmt: skip
         self.console.opened(state)
         if resume:

@@ -41,6 +41,7 @@ class SweepState:
         profiles: list[str],
         hosts: list[str],
         levels: list[int],
+        *,
         arms: list[ArmSpec] | None = None,
         kind: str = "sweep",
         request: BenchRequest | None = None,
@@ -141,6 +142,7 @@ def open_state(
     profiles: list[str],
     hosts: list[Host],
     levels: list[int],
+    *,
     resume: bool,
     arms: list[ArmSpec] | None = None,
     kind: str = "sweep",
@@ -150,7 +152,7 @@ def open_state(
     if resume:
         return SweepState.latest(archive, profiles, arms, kind)
     names = [h.name for h in hosts]
-    return SweepState.new(archive, profiles, names, levels, arms, kind, request)
+    return SweepState.new(archive, profiles, names, levels, arms=arms, kind=kind, request=request)
 
 
 def hosts_of(state: SweepState, selected: Fleet) -> Fleet:

@@ -145,7 +145,7 @@ class TimeKeeper:
     @classmethod
     def for_tune(
         cls, arms: TuneArms, request: BenchRequest, budget_s: float | None,
-        say: Callable[[str], None], pace: Pace | None,
+        say: Callable[[str], None], *, pace: Pace | None,
         finished: set[tuple[str, str]] | None = None,
     ) -> TimeKeeper:  # fmt: skip
         """The clock of a tune about to start; `finished`: (stage, arm key) of the cells an
@@ -372,8 +372,8 @@ class TimeKeeper:
             if stage == MEASURE and depth_of(arm) is not None:
                 rows = tuning.rows_by_depth([arm], state.record, archive)
                 figures = {
-                    c: statistics.median(levels.objective(r)[0] for r in level)
-                    for by_c in rows.values() for c, level in by_c.items()
+                    c: statistics.median(levels.objective(r)[0] for r in rows.at(key, c))
+                    for key in rows for c in rows.levels(key)
                 }  # fmt: skip
             self.finished(stage, arm, steps, figures, said=ran)
 

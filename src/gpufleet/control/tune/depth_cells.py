@@ -4,12 +4,12 @@ sweep cells, named so a cell's depth reads back from its label (`draft[depth=2]`
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from gpufleet.control.server import engines
 from gpufleet.control.server.profiles import Profile, load_profile
 from gpufleet.control.sweep.cells import ArmSpec, profile_label
 from gpufleet.control.tune.files import SKIP_ENV, depth0_config, relative_to_cwd
+from gpufleet.control.tune.levels import ArmKey, Cells
 from gpufleet.errors import UserError
 
 PLAIN = "plain"  # the profile without speculation: what depth 0 is compared with
@@ -90,7 +90,7 @@ def arm_depth(arm: ArmSpec) -> int | str | None:
     return SKIP if found.group(2) else int(found.group(1))
 
 
-def measured_columns(measured: dict[Any, Any]) -> list[tuple[Any, str]]:
+def measured_columns(measured: Cells) -> list[tuple[ArmKey, str]]:
     """The measured table's columns in reading order: plain, depth 0 (and its skip
     variant), then the drafting depths."""
     depths = sorted(k for k in measured if isinstance(k, int))

@@ -15,6 +15,7 @@ import yaml
 
 from gpufleet.archive import store
 from gpufleet.control.server.engines import engine
+from gpufleet.control.server.flagvalues import Flags
 from gpufleet.control.server.profiles import PLAYBOOKS, load_profile
 from gpufleet.control.sweep.cells import profile_label
 from gpufleet.engine_facts import SKIP_ZERO_STEP_ENV, capture_sizes
@@ -91,9 +92,7 @@ def write_outputs(profile: str, result: TuneResult, name: str | None) -> tuple[P
     return config_path, profile_path
 
 
-def write_fixed(
-    profile: str, name: str | None, flags: Mapping[str, object], ranges: list[str]
-) -> Path:
+def write_fixed(profile: str, name: str | None, flags: Flags, ranges: list[str]) -> Path:
     """The tuned profile of an engine with one draft depth for every load: the profile with
     that depth's flags (a flag set to false is dropped), no table."""
     _, profile_path = output_paths(profile, name)

@@ -8,25 +8,21 @@ the shallower depth (less drafting work for the same result)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from gpufleet.control.server.engines import Drafting, Flags
 from gpufleet.control.tune.depth_cells import PLAIN
 from gpufleet.control.tune.goal import share_text
-from gpufleet.control.tune.levels import choose_level, measured_cells
+from gpufleet.control.tune.levels import choose_level
+from gpufleet.control.tune.measurement import Measurement
 from gpufleet.control.tune.table import Choice, TuneResult
 from gpufleet.errors import UserError
-from gpufleet.records import ResultRow
 from gpufleet.report import catalogue
 
 TIE = 0.01  # depths whose worst share is within this of the best's: the shallowest wins
 
 
-def choose_fixed(
-    per_depth: dict[Any, dict[int, list[ResultRow]]], min_request_speed: float | None = None
-) -> TuneResult:
+def choose_fixed(per_depth: Measurement, min_request_speed: float | None = None) -> TuneResult:
     """The one depth from measurements: depth (or PLAIN, as 0) -> concurrency -> rows."""
-    measured = measured_cells({(0 if k == PLAIN else k): v for k, v in per_depth.items()})
+    measured = per_depth.renamed(PLAIN, 0).cells()
     ladder = sorted(set.intersection(*(set(levels) for levels in measured.values())))
     if not ladder:
         raise UserError("inv tune: the depths share no measured concurrency level")

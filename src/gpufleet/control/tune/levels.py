@@ -8,14 +8,16 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TypeAlias, TypedDict
 
 from gpufleet.records import ResultRow
-from gpufleet.report import catalogue
+
+ArmKey: TypeAlias = int | str  # a tune's arm: a depth, or PLAIN / SKIP (control/tune/depth_cells)
 
 
 class Cell(TypedDict, total=False):
-    """One depth at one concurrency, over its hosts and repeats (see measured_cells)."""
+    """One depth at one concurrency, over its hosts and repeats (see
+    control/tune/measurement.Measurement.cells)."""
 
     output_throughput: float  # median of the objective: steady-window output tok/s
     basis: str  # "steady window", or "whole level" where a run had no steady window
@@ -27,10 +29,13 @@ class Cell(TypedDict, total=False):
     rejected: str  # why the cell may not be chosen (absent: it may)
 
 
+Cells: TypeAlias = dict[ArmKey, dict[int, Cell]]  # arm -> level -> its figures
+
 SPREAD_BOUND = 0.10  # a cell whose repeats spread more than this (MAD / median) is rejected
 
 
-def _mad(values: list[float]) -> float:
+def mad(values: list[float]) -> float:
+    """The median absolute deviation: a cell's spread over its repeats."""
     middle = statistics.median(values)
     return statistics.median(abs(v - middle) for v in values)
 
@@ -43,7 +48,7 @@ def objective(row: ResultRow) -> tuple[float, str]:
     return float(row.output_throughput or 0.0), "whole level"
 
 
-def _noise(row: ResultRow) -> float:
+def run_noise(row: ResultRow) -> float:
     """One run's relative standard error on its level figure: the spread of its requests'
     speeds (median - p10 is 1.28 sigma) over the root of their number. A closed-loop
     level's throughput is its slots times the mean request speed, so it carries that error."""
@@ -51,41 +56,6 @@ def _noise(row: ResultRow) -> float:
     if not (median and p10 is not None and row.completed):
         return 0.0
     return max(0.0, median - p10) / 1.2816 / median / math.sqrt(row.completed)
-
-
-def measured_cells(per_depth: dict[Any, dict[int, list[ResultRow]]]) -> dict:
-    """depth -> C -> the cell's figures over its hosts and repeats: medians of the
-    objective, the spread (median absolute deviation), the relative noise (the larger of
-    the spread and the runs' own standard error), `score` = median - MAD (a noisy cell
-    pays for its noise), and `rejected` (why, or absent): failed requests, or a spread
-    above SPREAD_BOUND."""
-    out: dict[Any, dict[int, Cell]] = {}
-    for depth, levels in per_depth.items():
-        for c, rows in levels.items():
-            judged = [objective(r) for r in rows]
-            tput = [figure for figure, _ in judged]
-            middle, mad = statistics.median(tput), _mad(tput)
-            within = statistics.median(_noise(r) for r in rows) / math.sqrt(len(rows))
-            cell: Cell = {
-                catalogue.THROUGHPUT: middle,
-                "basis": "steady window"
-                if all(b == "steady window" for _, b in judged)
-                else "whole level",
-                "per_request": statistics.median(
-                    r.median_per_request_output_tps or 0.0 for r in rows
-                ),
-                "mad": mad,
-                "noise": max(mad / middle if middle else 0.0, within),
-                "score": middle - mad,
-                "runs": len(rows),
-            }
-            failed = sum(r.failed for r in rows)
-            if failed:
-                cell["rejected"] = f"{failed} failed request(s)"
-            elif middle and mad / middle > SPREAD_BOUND:
-                cell["rejected"] = f"spread {mad / middle:.0%} (bound {SPREAD_BOUND:.0%})"
-            out.setdefault(depth, {})[c] = cell
-    return out
 
 
 @dataclass

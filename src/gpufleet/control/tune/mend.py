@@ -103,7 +103,7 @@ def _level_below_range(result: tuning.TuneResult, c: int) -> int | None:
 
 
 def diagnose(rows: list[VerdictRow], tuned: Any, result: tuning.TuneResult,
-             sizes: list[int] | None, floor: float | None = None,
+             sizes: list[int] | None, *, floor: float | None = None,
              own_static: int | None = None) -> list[Finding]:  # fmt: skip
     """Each verified level below the goal, with its cause and mend (the module's order).
     `tuned`: the tuned server's arm in the verification (its levels' depth switches);
@@ -117,12 +117,14 @@ def diagnose(rows: list[VerdictRow], tuned: Any, result: tuning.TuneResult,
         choice = _choice_at(result, row.concurrency)
         if choice is None:
             continue
-        found.append(_finding(row, choice, tuned, result, sizes, floor, own_static))
+        found.append(
+            _finding(row, choice, tuned, result, sizes=sizes, floor=floor, own_static=own_static)
+        )
     return found
 
 
 def _finding(row: VerdictRow, choice: tuning.Choice, tuned: Any, result: tuning.TuneResult,
-             sizes: list[int] | None, floor: float | None,
+             *, sizes: list[int] | None, floor: float | None,
              own_static: int | None) -> Finding:  # fmt: skip
     c, label = row.concurrency, row.best_static or ""
     finding = Finding(c, row.kept_best or 0.0, label, "")

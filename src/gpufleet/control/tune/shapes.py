@@ -103,21 +103,21 @@ def run_shapes(run: ShapeRun, experiment: Experiment, outcome: Any,
     measured = outcome.result.measured  # a depth --budget dropped is not run here either
     arms = shape_arms(run.checks, [a for a in run.depths if depth_of(a) in measured], run.rounds)
     step = tunestep.step_request(request)
-    stepped = _shape(run, arms, tunebudget.STEP, step, experiment, clock)
+    stepped = _shape(run, arms, tunebudget.STEP, step, experiment=experiment, clock=clock)
     bursts: dict[str, dict[str, list[list[Any]]]] = {}
     traced: dict[str, dict[str, list[list[Any]]]] = {}
     burst_id = trace_id = None
     if not clock.stage_dropped(tunebudget.BURST):
         trace = request.archive.tune_burst_trace(outcome.record.tune_id)
         burst = _shape(run, arms, tunebudget.BURST, tunestep.burst_request(request, trace),
-                       experiment, clock)  # fmt: skip
+                       experiment=experiment, clock=clock)  # fmt: skip
         bursts, burst_id = (
             tunestep.shape_rounds(arms, burst.record, request.archive),
             burst.sweep_id,
         )
     if run.trace is not None and not clock.stage_dropped(tunebudget.TRACE):
         replay = tunestep.replay_request(request, Path(run.trace), request.trace_speedup)
-        replayed = _shape(run, arms, tunebudget.TRACE, replay, experiment, clock)
+        replayed = _shape(run, arms, tunebudget.TRACE, replay, experiment=experiment, clock=clock)
         traced = tunestep.shape_rounds(arms, replayed.record, request.archive)
         trace_id = replayed.sweep_id
     labels = [arm.label for arm in run.checks]
@@ -148,13 +148,13 @@ def run_shapes(run: ShapeRun, experiment: Experiment, outcome: Any,
 
 
 def _shape(run: ShapeRun, arms: list[ArmSpec], kind: str, request: BenchRequest,
-           experiment: Experiment, clock: tunebudget.TimeKeeper) -> Any:  # fmt: skip
+           *, experiment: Experiment, clock: tunebudget.TimeKeeper) -> Any:  # fmt: skip
     """One shape's sweep: planned with the clock, resumed where an earlier run got to it."""
     profiles = [run.profile, run.tuned]
     clock.plan_more(kind, arms, request)
     again = run.resume and tunebudget.has_state(request.archive, profiles, arms, kind)
-    return experiment.sweep(profiles, arms, kind, again, request,
-                            clock.hooks(kind, request.archive))  # fmt: skip
+    return experiment.sweep(profiles, arms, kind, again, request=request,
+                            hooks=clock.hooks(kind, request.archive))  # fmt: skip
 
 
 def _headline(shape: str, runs: dict[str, list[list[Any]]], tuned: str) -> hl.Headline | None:

@@ -18,7 +18,7 @@ table); this module chooses the table from the user's own measurements:
    per request. At one closed-loop level every request shares the batch, so this is also
    the per-request speed the verification judges. A tie within the best cell's measured
    noise goes to the shallowest depth: its repeats' spread (MAD / median), or with one run
-   the standard error of its per-request speeds (module `_noise`), never a fixed margin;
+   the standard error of its per-request speeds (`levels.run_noise`), never a fixed margin;
 3. the table: a key where each run of equal choices begins, one candidate each (a single
    candidate is a fixed depth; SGLang's EMA only moves between several). A range begins
    halfway (geometric mean) between the last level of the run below and the first of its
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpufleet.archive import store
 from gpufleet.archive.kept import SweepRecord
@@ -47,12 +46,13 @@ from gpufleet.control.sweep.cells import ArmSpec
 from gpufleet.control.tune.depth_cells import PLAIN, SKIP, arm_depth
 from gpufleet.control.tune.levels import (
     Cell,
+    Cells,
     Tie,
     choose_level,
     level_tie,
-    measured_cells,
     near_best,
 )
+from gpufleet.control.tune.measurement import Measurement
 from gpufleet.engine_facts import SKIP_ZERO_STEP_ENV, AdaptiveSlot, first_batch, padded
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
@@ -78,7 +78,7 @@ class TuneResult:
     choices: list[Choice]
     ranges: list[str]  # one line of reasoning per key
     notes: list[str] = field(default_factory=list)
-    measured: dict[Any, dict[int, dict[str, float]]] = field(default_factory=dict)
+    measured: Cells = field(default_factory=dict)
     skip_extend: bool = False  # the tuned server sets SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND
     fixed_depth: int | None = None  # an engine with one depth for every load: it (no table)
     ties: list[Tie] = field(default_factory=list)  # what measuring again could still settle
@@ -95,7 +95,7 @@ class Retest:
 
 
 def choose(
-    per_depth: dict[Any, dict[int, list[ResultRow]]],
+    per_depth: Measurement,
     min_request_speed: float | None = None,
     sizes: list[int] | None = None,
     retests: dict[int, Retest] | None = None,
@@ -114,8 +114,8 @@ def choose(
     `sizes` are the server's CUDA-graph capture sizes: SGLang pads a decode batch to the
     next captured size before it picks a key, so keys are padded sizes and each range says
     the batches it really covers (a key of 16 applies from batch 15)."""
-    extra = measured_cells({k: v for k, v in per_depth.items() if k in (PLAIN, SKIP)})
-    raw = measured_cells({k: v for k, v in per_depth.items() if k not in (PLAIN, SKIP)})
+    extra = per_depth.only((PLAIN, SKIP)).cells()
+    raw = per_depth.without((PLAIN, SKIP)).cells()
     measured = {d: dict(levels) for d, levels in raw.items()}  # depth 0 at its better variant
     skipped = _skip_wins(measured, extra.get(SKIP))
     ladder = sorted(set.intersection(*(set(levels) for levels in measured.values())))
@@ -152,7 +152,7 @@ def _settle(
 ) -> tuple[int, str, Tie | None]:
     """A tie's depth from its retest: the better one where they now differ by more than the
     noise, else still a tie (returned, judged on the retest's figures)."""
-    figures = measured_cells({d: {tie.concurrency: rows} for d, rows in retest.rows.items()})
+    figures = Measurement({d: {tie.concurrency: rows} for d, rows in retest.rows.items()}).cells()
     cells = {d: levels[tie.concurrency] for d, levels in figures.items()}
     again = level_tie(tie.concurrency, cells, min_request_speed)
     best, _, _ = choose_level(cells, min_request_speed)
@@ -171,7 +171,7 @@ def _settle(
 
 
 def _follow_physics(
-    choices: list[Choice], ties: dict[int, Tie], measured: dict, floor: float | None
+    choices: list[Choice], ties: dict[int, Tie], measured: Cells, floor: float | None
 ) -> list[str]:
     """Deeper speculation pays less as the batch grows: a level that cannot tell its depth
     from the deeper one more load chose (within the noise) takes that deeper one, as the
@@ -194,7 +194,7 @@ def _follow_physics(
             for i in range(1, len(choices)) if choices[i].depth > choices[i - 1].depth]  # fmt: skip
 
 
-def _rise_note(choices: list[Choice], i: int, measured: dict, floor: float | None) -> str:
+def _rise_note(choices: list[Choice], i: int, measured: Cells, floor: float | None) -> str:
     """Why level i drafts deeper than the one below: the figures that ruled the lower
     level's depth out, here or at the first level above that measured it so."""
     prev, ch = choices[i - 1], choices[i]
@@ -294,9 +294,7 @@ def range_starts(
     return starts
 
 
-def _skip_wins(
-    measured: dict[Any, dict[int, dict[str, float]]], skip: dict[int, dict[str, float]] | None
-) -> set[int]:
+def _skip_wins(measured: Cells, skip: dict[int, Cell] | None) -> set[int]:
     """Levels where depth 0 with the skip variable measured better by more than the pinned
     cell's noise: depth 0 counts at the skip's figures there (the variable is measured,
     never assumed)."""
@@ -315,8 +313,8 @@ def _skip_wins(
 
 def _zero_step_notes(
     choices: list[Choice],
-    measured: dict[Any, dict[int, dict[str, float]]],
-    extra: dict[Any, dict[int, dict[str, float]]],
+    measured: Cells,
+    extra: Cells,
     skipped: set[int],
 ) -> list[str]:
     """What depth 0 costs on this EAGLE server against a plain one, where depth 0 was
@@ -342,16 +340,14 @@ def _zero_step_notes(
     return notes
 
 
-def rows_by_depth(
-    arms: list[ArmSpec], state: SweepRecord, archive: Archive
-) -> dict[Any, dict[int, list[ResultRow]]]:
+def rows_by_depth(arms: list[ArmSpec], state: SweepRecord, archive: Archive) -> Measurement:
     """The finished cells' result rows: depth (or PLAIN, SKIP) -> concurrency -> rows."""
-    out: dict[Any, dict[int, list[ResultRow]]] = {}
+    out = Measurement()
     for arm in arms:
         depth = arm_depth(arm)
         for host, cell in state.cells[arm.key].items():
             if cell.status != CellStatus.DONE:
                 continue
             for row in store.read_results(archive.run_dir(host, str(cell.run_id))):
-                out.setdefault(depth, {}).setdefault(row.max_concurrency, []).append(row)
+                out.add(depth, row)
     return out

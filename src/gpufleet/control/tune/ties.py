@@ -21,6 +21,7 @@ from gpufleet.control.tune import budget as tunebudget
 from gpufleet.control.tune import depth_cells as tunecells
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune.levels import Tie, objective
+from gpufleet.control.tune.measurement import Measurement
 from gpufleet.records import ResultRow
 
 TIE_ROUNDS = 2  # each round launches each tied depth twice, interleaved
@@ -58,14 +59,14 @@ def levels_request(request: BenchRequest, concurrency: list[int], factor: int) -
 
 
 def add_round(
-    retests: dict[int, tuning.Retest], ties: list[Tie], rows: dict[Any, dict[int, list[ResultRow]]]
+    retests: dict[int, tuning.Retest], ties: list[Tie], rows: Measurement
 ) -> dict[int, tuning.Retest]:
     """The retests with one more round's rows: per tie, its two depths' rows at its level."""
     out = dict(retests)
     for t in ties:
         c = t.concurrency
-        new = {d: rows.get(d, {}).get(c, []) for d in (t.shallow, t.deep)}
-        skip = rows.get(tunecells.SKIP, {}).get(c, [])
+        new = {d: rows.at(d, c) for d in (t.shallow, t.deep)}
+        skip = rows.at(tunecells.SKIP, c)
         if 0 in new and skip and (not new[0] or _median(skip) > _median(new[0])):
             new[0] = skip  # depth 0 with the skip variable measured better: as choose counts it
         if not all(new.values()):
@@ -82,8 +83,8 @@ def _median(rows: list[ResultRow]) -> float:
 
 
 def settle(
-    profile: str, rows: dict[Any, dict[int, list[ResultRow]]], floor: float | None,
-    sizes: list[int] | None, request: BenchRequest, experiment: Experiment,
+    profile: str, rows: Measurement, floor: float | None,
+    sizes: list[int] | None, *, request: BenchRequest, experiment: Experiment,
     clock: tunebudget.TimeKeeper, resume: bool,
 ) -> tuple[dict[int, tuning.Retest], list[str]]:  # fmt: skip
     """Measure the ties again, round by round, while any is open and the budget allows;
@@ -109,6 +110,8 @@ def settle(
         )
         root = request.archive
         again = resume and tunebudget.has_state(root, [profile], arms, kind)
-        state = experiment.sweep([profile], arms, kind, again, tied, clock.hooks(kind, root))
+        state = experiment.sweep(
+            [profile], arms, kind, again, request=tied, hooks=clock.hooks(kind, root)
+        )
         retests = add_round(retests, ties, tuning.rows_by_depth(arms, state.record, root))
     return retests, notes

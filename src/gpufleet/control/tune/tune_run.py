@@ -35,6 +35,7 @@ from gpufleet.control.tune import shapes as tuneshapes
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune import ties as tunetie
 from gpufleet.control.tune import verify as tuneverify
+from gpufleet.control.tune.measurement import Measurement
 from gpufleet.errors import UserError
 from gpufleet.kinds import CellStatus
 from gpufleet.report import select
@@ -112,29 +113,31 @@ def run(
     clock = tunebudget.TimeKeeper.for_tune(
         tunebudget.TuneArms(arms, checks, verify, switches, ask.may_drop_depths,
                             ask.shape_rounds, replay),
-        request, ask.budget_s, experiment.console.line, pace,
-        _finished_cells(root, profile, tuned, arms, checks) if resume else set(),
+        request, ask.budget_s, experiment.console.line, pace=pace,
+        finished=_finished_cells(root, profile, tuned, arms, checks) if resume else set(),
     )  # fmt: skip
-    measure_hooks = clock.hooks(tunebudget.MEASURE, root)
-    state = experiment.sweep([profile], arms, "tune", resume, request, measure_hooks)
+    hooks = clock.hooks(tunebudget.MEASURE, root)
+    state = experiment.sweep([profile], arms, "tune", resume, request=request, hooks=hooks)
     rows = tuning.rows_by_depth(arms, state.record, root)
-    retests, tie_notes = _settle_ties(profile, rows, floor, request, experiment, clock, resume)
+    retests, tie_notes = _settle_ties(profile, rows, floor, request, experiment=experiment,
+                                      clock=clock, resume=resume)  # fmt: skip
     result, outputs = _choose_and_write(profile, name, floor, rows, retests)
-    config_path, profile_path = outputs
     result.notes += tie_notes + clock.notes
-    record = _new_record(profile, ask.depths, request, floor, state, result, outputs)
+    record = _new_record(profile, ask.depths, request, floor,
+                         state=state, result=result, outputs=outputs)  # fmt: skip
     record_path = root.tune_record(record.tune_id)
     save_record(record, record_path)
-    outcome = TuneOutcome(result, config_path, profile_path, record, record_path)
+    outcome = TuneOutcome(result, *outputs, record, record_path)
     if on_chosen is not None:
         on_chosen(outcome)
     # a fixed depth 0 is the plain server, just measured: nothing new to verify
     if not verify or clock.stage_dropped(tunebudget.VERIFY) or result.fixed_depth == 0:
         outcome.spent = tuneshapes.spent_text(clock.launched, clock.elapsed_s(), [])
         return outcome
-    _verify(profile, tuned, checks, request, resume, experiment, outcome, clock)
+    _verify(profile, tuned, checks, request, resume=resume, experiment=experiment,
+            outcome=outcome, clock=clock)  # fmt: skip
     if result.fixed_depth is None:  # SGLang's table: a level below the goal is mended
-        _mend(profile, checks, request, resume, experiment, outcome, clock)
+        _mend(profile, checks, request, resume, experiment=experiment, outcome=outcome, clock=clock)
         _fall_back(profile, checks, outcome, experiment, result)
     save_record(record, record_path)
     tunefiles.note_verification(
@@ -154,19 +157,20 @@ def run(
 
 
 def _settle_ties(
-    profile: str, rows: dict[Any, Any], floor: float | None, request: BenchRequest,
-    experiment: Experiment, clock: tunebudget.TimeKeeper, resume: bool,
+    profile: str, rows: Measurement, floor: float | None, request: BenchRequest,
+    *, experiment: Experiment, clock: tunebudget.TimeKeeper, resume: bool,
 ) -> tuple[dict[int, tuning.Retest], list[str]]:  # fmt: skip
     """On SGLang's table, the ties measured again (control/tune/ties.py); an engine with
     one depth for every load chooses by its worst level instead."""
     if not tunecells.drafting_of(load_profile(profile)).adaptive:
         return {}, []
     sizes = tunefiles.profile_capture_sizes(profile)
-    return tunetie.settle(profile, rows, floor, sizes, request, experiment, clock, resume)
+    return tunetie.settle(profile, rows, floor, sizes, request=request, experiment=experiment,
+                          clock=clock, resume=resume)  # fmt: skip
 
 
 def _choose_and_write(
-    profile: str, name: str | None, floor: float | None, rows: dict[Any, Any],
+    profile: str, name: str | None, floor: float | None, rows: Measurement,
     retests: dict[int, tuning.Retest],
 ) -> tuple[tuning.TuneResult, tuple[Path | None, Path]]:  # fmt: skip
     """The choice from the measured cells, and the files that ship it: SGLang's adaptive
@@ -187,6 +191,7 @@ def _new_record(
     depths: list[int],
     request: BenchRequest,
     floor: float | None,
+    *,
     state: SweepState,
     result: tuning.TuneResult,
     outputs: tuple[Path | None, Path],
@@ -212,7 +217,7 @@ def _new_record(
 
 
 def _verify(
-    profile: str, tuned: str, checks: list[ArmSpec], request: BenchRequest, resume: bool,
+    profile: str, tuned: str, checks: list[ArmSpec], request: BenchRequest, *, resume: bool,
     experiment: Experiment, outcome: TuneOutcome, clock: tunebudget.TimeKeeper,
 ) -> None:  # fmt: skip
     """The tuned server beside no drafting, static speculation and the best static depth
@@ -223,8 +228,8 @@ def _verify(
     clock.plan_more(tunebudget.VERIFY, beside, request)
     again = resume and tunebudget.has_state(root, [profile, tuned], beside, "tune-verify")
     check = experiment.sweep(
-        [profile, tuned], beside, "tune-verify", again, request,
-        clock.hooks(tunebudget.VERIFY, root),
+        [profile, tuned], beside, "tune-verify", again, request=request,
+        hooks=clock.hooks(tunebudget.VERIFY, root),
     )  # fmt: skip
     data = select.report_for_sweep(root, check.path)
     for host, host_arms in data.per_host.items():
@@ -243,7 +248,7 @@ MEND = "tune-mend"  # the sweep that measures a mended table again
 
 def _mend(
     profile: str, checks: list[ArmSpec], request: BenchRequest, resume: bool,
-    experiment: Experiment, outcome: TuneOutcome, clock: tunebudget.TimeKeeper,
+    *, experiment: Experiment, outcome: TuneOutcome, clock: tunebudget.TimeKeeper,
 ) -> None:  # fmt: skip
     """Each level below the goal explained (control/tune/mend.py); where a table can mend
     it, the mended table is written, launched again beside the static server it fell short
@@ -255,8 +260,8 @@ def _mend(
     own_static = tunecells.static_chain_depth(load_profile(profile))
     findings = {
         v.host: tunemend.diagnose(v.rows, v.arms[2] if len(v.arms) > 2 else None,
-                                  outcome.result, sizes, outcome.record.min_request_speed,
-                                  own_static)
+                                  outcome.result, sizes, floor=outcome.record.min_request_speed,
+                                  own_static=own_static)
         for v in outcome.verdicts
     }  # fmt: skip
     if not any(findings.values()):
@@ -265,8 +270,8 @@ def _mend(
     again: dict[str, dict[int, float]] = {}
     kept = False
     if to_mend:
-        again, kept = _measure_mend(profile, checks, request, resume, experiment,
-                                    outcome, clock, to_mend)  # fmt: skip
+        again, kept = _measure_mend(profile, checks, request, resume, experiment=experiment,
+                                    outcome=outcome, clock=clock, to_mend=to_mend)  # fmt: skip
     for v in outcome.verdicts:
         texts = []
         for f in findings[v.host]:
@@ -314,7 +319,7 @@ def _first_per_level(found: Any) -> list[tunemend.Finding]:
 
 def _measure_mend(
     profile: str, checks: list[ArmSpec], request: BenchRequest, resume: bool,
-    experiment: Experiment, outcome: TuneOutcome, clock: tunebudget.TimeKeeper,
+    *, experiment: Experiment, outcome: TuneOutcome, clock: tunebudget.TimeKeeper,
     to_mend: list[tunemend.Finding],
 ) -> tuple[dict[str, dict[int, float]], bool]:  # fmt: skip
     """The mended table (the tuned server is the checks' third) written and measured beside
@@ -347,8 +352,8 @@ def _measure_mend(
     experiment.console.line(f"tune: mending ({len(arms)} launches, interleaved): {where}")
     root = request.archive
     again_ok = resume and tunebudget.has_state(root, [profile, tuned], arms, MEND)
-    state = experiment.sweep([profile, tuned], arms, MEND, again_ok, mend_request,
-                             clock.hooks(MEND, root))  # fmt: skip
+    state = experiment.sweep([profile, tuned], arms, MEND, again_ok, request=mend_request,
+                             hooks=clock.hooks(MEND, root))  # fmt: skip
     data = select.report_for_sweep(root, state.path)
     shares = tunemend.shares(data.per_host, to_mend, profile_label_of(tuned))
     hosts = [v.host for v in outcome.verdicts]

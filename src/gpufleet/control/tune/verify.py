@@ -20,7 +20,7 @@ from gpufleet.control.tune.depth_cells import (
     plain_arm,
 )
 from gpufleet.control.tune.goal import GOAL, goal_text, share_text
-from gpufleet.control.tune.levels import objective
+from gpufleet.control.tune.levels import ArmKey, Cells, objective
 from gpufleet.report import catalogue
 
 
@@ -52,11 +52,11 @@ class VerdictRow:
     kept_best: float | None = None  # the tuned server's objective / that
 
 
-def _cell_name(key: Any) -> str:
+def _cell_name(key: ArmKey) -> str:
     return {PLAIN: "plain", SKIP: "depth 0 (skip)"}.get(key, f"depth {key}")
 
 
-def best_static(measured: dict[Any, dict[int, Any]], c: int) -> tuple[str, float] | None:
+def best_static(measured: Cells, c: int) -> tuple[str, float] | None:
     """The best cell the tune measured at level c that it could have kept (not rejected):
     its name and objective figure."""
     key = _best_key(measured, c)
@@ -65,7 +65,7 @@ def best_static(measured: dict[Any, dict[int, Any]], c: int) -> tuple[str, float
     return _cell_name(key), float(measured[key][c][catalogue.THROUGHPUT])
 
 
-def beside_arms(profile: str, checks: list[ArmSpec], measured: dict[Any, dict[int, Any]],
+def beside_arms(profile: str, checks: list[ArmSpec], measured: Cells,
                 repeats: int = 2) -> list[ArmSpec]:  # fmt: skip
     """The verification's cells: the checks, and the static depth the tune measured best
     at each level (where the checks lack it), all launched `repeats` times, interleaved, so
@@ -79,16 +79,14 @@ def beside_arms(profile: str, checks: list[ArmSpec], measured: dict[Any, dict[in
     return interleaved(arms, repeats)
 
 
-def _best_key(measured: dict[Any, dict[int, Any]], c: int) -> Any:
+def _best_key(measured: Cells, c: int) -> ArmKey | None:
     """The key of the best cell measured at level c, a rejected one only if all are."""
     cells = {k: levels[c] for k, levels in measured.items() if c in levels}
     usable = {k: cell for k, cell in cells.items() if not cell.get("rejected")} or cells
     return max(usable, key=lambda k: usable[k][catalogue.THROUGHPUT]) if usable else None
 
 
-def verdict(
-    arms: list[Any], measured: dict[Any, dict[int, Any]] | None = None
-) -> tuple[list[VerdictRow], str]:
+def verdict(arms: list[Any], measured: Cells | None = None) -> tuple[list[VerdictRow], str]:
     """Per level: the tuned server against the better of no drafting and static
     speculation, on the figure where that one wins (per-request speed for speculation,
     total throughput for no drafting), and against the best static server measured beside
@@ -96,12 +94,12 @@ def verdict(
     and the one-sentence answer, both bars said, and every level below GOAL named."""
     base, static, tuned, *statics = arms
     levels = sorted(set(base.levels) & set(static.levels) & set(tuned.levels))
-    rows = [_row(c, base, static, tuned, statics, measured) for c in levels]
+    rows = [_row(c, base, static, tuned, statics=statics, measured=measured) for c in levels]
     return rows, _sentence(tuned.label, rows)
 
 
-def _row(c: int, base: Any, static: Any, tuned: Any, statics: list[Any],
-         measured: dict[Any, dict[int, Any]] | None) -> VerdictRow:  # fmt: skip
+def _row(c: int, base: Any, static: Any, tuned: Any, *, statics: list[Any],
+         measured: Cells | None) -> VerdictRow:  # fmt: skip
     """One level of the verification."""
     arms = [base, static, tuned]
     per = {a.label: float(a.levels[c].row.median_per_request_output_tps or 0) for a in arms}

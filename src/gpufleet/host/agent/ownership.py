@@ -42,6 +42,7 @@ from gpufleet.host.agent import bounded, safewrite
 from gpufleet.host.agent.procstat import ProcRef, read_stat
 from gpufleet.host.agent.protocol import AgentError, Owner
 from gpufleet.kinds import Kind
+from gpufleet.wire import JsonDict
 
 LOCK = "owner.lock"
 RECORD = "owner.json"
@@ -286,7 +287,7 @@ def _where(run_dir: Path) -> str:
     return ""
 
 
-def _event(line: str) -> dict | None:
+def _event(line: str) -> JsonDict | None:
     try:
         event = json.loads(line)
     except ValueError:

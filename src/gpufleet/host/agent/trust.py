@@ -62,7 +62,7 @@ def _owner(what: str, path: str, candidate: str, st: os.stat_result, uid: int) -
     )  # fmt: skip
 
 
-def _final(what: str, path: str, real: str, st: os.stat_result, uid: int, kind: str) -> None:
+def _final(what: str, path: str, real: str, st: os.stat_result, *, uid: int, kind: str) -> None:
     """The entry the path ends on, judged as what it must be."""
     shown = describe(real, st)
     if kind in (DIRECTORY, WORKDIR) and not stat.S_ISDIR(st.st_mode):
@@ -121,6 +121,7 @@ def judge(
     uid: int,
     kind: str = FILE,
     what: str = "path",
+    *,
     fs: object = None,
     create: bool = False,
 ) -> str:
@@ -166,7 +167,7 @@ def judge(
     # `..` ends on a directory it only crossed as an ancestor)
     st = fs.lstat(current)
     if kind != ANY or others_can_write(st) or st.st_uid not in (0, uid):
-        _final(what, path, current, st, uid, kind if kind != ANY else "")
+        _final(what, path, current, st, uid=uid, kind=kind if kind != ANY else "")
     return current
 
 

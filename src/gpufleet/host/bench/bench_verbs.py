@@ -157,7 +157,13 @@ def _spawn_step(
     listener = ownership.hand_over(run_dir / OWNER_SOCKET)
     try:
         pid = jobstep.spawn(
-            step, argv, env, log, run_dir / "runner.log", run_dir / "runner.pid", wire
+            step,
+            argv,
+            env,
+            log,
+            log=run_dir / "runner.log",
+            pid_file=run_dir / "runner.pid",
+            stdin_file=wire,
         )
     except jobstep.StepNotStarted as exc:
         if listener is not None:

@@ -116,13 +116,9 @@ class _LiveProgress:
 
 
 async def _level(
-    plan: BenchPlan,
-    prompts: list[Prompt],
-    level: Level,
-    writer: RunWriter,
-    keys: dict[str, str],
-    procs: int = 1,
-) -> tuple[Any, list[serverapi.MetricSample]]:
+    plan: BenchPlan, prompts: list[Prompt], level: Level, writer: RunWriter,
+    *, keys: dict[str, str], procs: int = 1,
+) -> tuple[Any, list[serverapi.MetricSample]]:  # fmt: skip
     progress = _LiveProgress(plan, prompts, level.concurrency, writer)
     samples: list[serverapi.MetricSample] = []
     stop = asyncio.Event()
@@ -152,14 +148,9 @@ REQUESTS_FAILED = "{failed requests}"
 
 
 def _sglang_bench_level(
-    plan: BenchPlan,
-    level: Level,
-    texts: list[str],
-    writer: RunWriter,
-    tokenizer: str | None,
-    server_state: ServerState | None,
-    keys: dict[str, str],
-) -> tuple[str, str | None]:
+    plan: BenchPlan, level: Level, texts: list[str], writer: RunWriter,
+    *, tokenizer: str | None, server_state: ServerState | None, keys: dict[str, str],
+) -> tuple[str, str | None]:  # fmt: skip
     """One level through SGLang's own bench_serving; same results schema."""
     from gpufleet.host.bench import sglang_bench
 
@@ -167,7 +158,8 @@ def _sglang_bench_level(
     gauge = _telemetry(plan, server_state, writer, level)
     try:
         with gauge or contextlib.nullcontext():
-            row = sglang_bench.run_level(plan, level, texts, writer.dir, tokenizer, keys)
+            row = sglang_bench.run_level(plan, level, texts, writer.dir,
+                                         tokenizer=tokenizer, keys=keys)  # fmt: skip
     except (RuntimeError, OSError, ValueError) as exc:
         return "failed", f"level C={c}: {exc}"
     records = sglang_bench.requests(row)
@@ -305,14 +297,9 @@ def _level_tail(
 
 
 def _gpufleet_level(
-    plan: BenchPlan,
-    level: Level,
-    rows: list[PromptRow],
-    writer: RunWriter,
-    server_state: ServerState | None,
-    marks: list[tuple[int | None, str]],
-    keys: dict[str, str],
-) -> tuple[str, str | None, bool]:
+    plan: BenchPlan, level: Level, rows: list[PromptRow], writer: RunWriter,
+    *, server_state: ServerState | None, marks: list[tuple[int | None, str]], keys: dict[str, str],
+) -> tuple[str, str | None, bool]:  # fmt: skip
     """Run one level with gpufleet's generator and write its files: (status, reason, stop)."""
     c = level.concurrency
     prompts = [_prompt(plan, row) for row in rows[: level.num_prompts]]
@@ -322,7 +309,7 @@ def _gpufleet_level(
     try:
         with gauge or contextlib.nullcontext():
             procs = client_procs(plan, level, writer.last)
-            run, samples = run_async(_level(plan, prompts, level, writer, keys, procs))
+            run, samples = run_async(_level(plan, prompts, level, writer, keys=keys, procs=procs))
     except Exception as exc:  # the generator itself failed: keep what we know
         return "failed", f"level C={c}: load generator error: {exc!r}", True
     begun = marks[-1][0]
@@ -359,6 +346,7 @@ def _run_levels(
     rows: list[PromptRow],
     writer: RunWriter,
     tokenizer: str | None,  # bench_serving's: the plan's, else the served model's
+    *,
     server_state: ServerState | None,
     marks: list[tuple[int | None, str]],
     keys: dict[str, str],
@@ -383,13 +371,14 @@ def _run_levels(
         if client.external:  # SGLang's bench_serving, a program per level
             texts = [row.prompt or "" for row in rows]
             level_status, level_reason = _sglang_bench_level(
-                plan, level, texts, writer, tokenizer, server_state, keys
-            )
+                plan, level, texts, writer,
+                tokenizer=tokenizer, server_state=server_state, keys=keys,
+            )  # fmt: skip
             marks.append((log_size(server_state), f"level C={c} ends"))
             stop = level_status == "failed"
         else:
             level_status, level_reason, stop = _gpufleet_level(
-                plan, level, rows, writer, server_state, marks, keys
+                plan, level, rows, writer, server_state=server_state, marks=marks, keys=keys
             )
         if writer.last is not before and writer.last is not None:
             measured.append(writer.last)
@@ -434,7 +423,8 @@ def run_plan(
     marks: list[tuple[int | None, str]] = [(log_size(server_state), f"run {plan.run_id} begins")]
     tokenizer = plan.tokenizer or serverapi.tokenizer(before)
     plan.tokenizer = tokenizer  # the generator counts tokens with it where the server did not
-    status, reason = _run_levels(plan, rows, writer, tokenizer, server_state, marks, keys)
+    status, reason = _run_levels(plan, rows, writer, tokenizer,
+                                 server_state=server_state, marks=marks, keys=keys)  # fmt: skip
     writer.json("server_info_after.json", serverapi.server_info(plan.base_url, keys, server_state))
     marks.append((log_size(server_state), f"run {plan.run_id} ends ({status})"))
     write_server_log(writer, server_state, marks, writer.secrets)

@@ -133,6 +133,7 @@ def run_level(
     level: Level,
     texts: list[str],
     run_dir: Path,
+    *,
     tokenizer: str | None,
     keys: dict[str, str] | None = None,
 ) -> Figures:

@@ -194,6 +194,7 @@ async def run_spread(
     base_url: str,
     prompts: list[Prompt],
     concurrency: int,
+    *,
     spec: LevelSpec = DEFAULT_SPEC,
     hooks: LevelHooks = NO_HOOKS,
 ) -> LevelRun:

@@ -81,6 +81,7 @@ def spawn(
     program: list[str],
     env: dict[str, str],
     out: IO[bytes],
+    *,
     log: Path,
     pid_file: Path,
     stdin_file: Path | None = None,
@@ -93,8 +94,8 @@ def spawn(
     its parent is init, not this agent, whose own step may end first."""
     if stepkeeper.running(step.job) is not None:
         try:
-            return stepkeeper.request(step.job, program, env, log, pid_file,
-                                      stdin_file, timeout)  # fmt: skip
+            return stepkeeper.request(step.job, program, env, log, pid_file=pid_file,
+                                      stdin_file=stdin_file, timeout=timeout)  # fmt: skip
         except RuntimeError as exc:
             raise StepNotStarted(str(exc)) from None
     pid_file.unlink(missing_ok=True)

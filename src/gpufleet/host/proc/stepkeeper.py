@@ -69,7 +69,7 @@ class Request(TypedDict):
 
 
 def request(
-    job: str, program: list[str], env: dict[str, str], log: Path, pid_file: Path,
+    job: str, program: list[str], env: dict[str, str], log: Path, *, pid_file: Path,
     stdin_file: Path | None, timeout: float = START_TIMEOUT_S,
 ) -> int:  # fmt: skip
     """Have the job's keeper start `program`; its PID once it runs. RuntimeError, with the

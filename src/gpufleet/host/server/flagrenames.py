@@ -23,7 +23,7 @@ def deprecated(flag: str, help_text: str) -> bool:
 
 
 def apply(
-    argv: list[str], head: int, known: set[str], help_text: str, engine: str,
+    argv: list[str], head: int, known: set[str], help_text: str, *, engine: str,
     renames: list[RenameSpec],
 ) -> tuple[list[str], list[str]]:  # fmt: skip
     """argv with the engine's renames (engines.Rename as JSON) applied where this host

@@ -162,7 +162,9 @@ def check_flags_against(
 ) -> FlagCheck:
     """Every `--flag` in argv must be one this --help lists, after the engine's renames."""
     known = set(re.findall(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_-]*)", help_text))
-    renamed, notes = flagrenames.apply(argv, head, known, help_text, engine, renames or [])
+    renamed, notes = flagrenames.apply(
+        argv, head, known, help_text, engine=engine, renames=renames or []
+    )
     check = FlagCheck(argv=renamed, renames=notes)
     errors, warnings = check.errors, check.warnings
     for word in renamed[head:]:

@@ -1,4 +1,5 @@
-"""Server lifecycle on the host: detached launch, wait-ready, stop, list, logs.
+"""Server lifecycle on the host: detached launch and wait-ready (stop, list and logs, the
+verbs on a server already launched: host/server/running.py).
 
 State lives in `<workdir>/servers/<port>.json` (host/server/state.py); `<port>.lock` makes
 concurrent launches on one port exclusive. The server runs in its own session (setsid):
@@ -14,20 +15,15 @@ import dataclasses
 import fcntl
 import json
 import os
-import signal
 import subprocess
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 from gpufleet.host.agent import runas, safewrite
-from gpufleet.host.agent.procstat import ProcRef, command_name, group_members
+from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.host.agent.protocol import (
     AgentError,
     LaunchArgs,
-    LogsAnswer,
-    LogsArgs,
-    StopArgs,
     WaitReadyArgs,
     emit_event,
 )
@@ -38,28 +34,24 @@ from gpufleet.host.agent.redact import (
     remember,
     secret_values,
 )
-from gpufleet.host.proc import jobstep, stepkeeper
+from gpufleet.host.proc import jobstep
 from gpufleet.host.server import keys as serverkeys
-from gpufleet.host.server import listener, live, logscan, placement
+from gpufleet.host.server import listener, logscan, placement
 from gpufleet.host.server import probe as health
 from gpufleet.host.server.preflight import as_user, launch_env, preflight, run_as_user
+from gpufleet.host.server.running import stop_server
 from gpufleet.host.server.state import (
     SERVERS,
-    all_states,
     fresh_log,
     now_iso,
     read_state,
     server_alive,
-    server_ref,
     tail,
     write_state,
 )
 from gpufleet.kinds import Kind, ServerStatus
 from gpufleet.readings import (
     LaunchAnswer,
-    ServerSummary,
-    StopAnswer,
-    StoppedServer,
     WaitReadyAnswer,
 )
 from gpufleet.records import LaunchSpec, ServerState
@@ -92,7 +84,9 @@ def _spawn(spec: LaunchSpec, step: jobstep.JobStep | None, user: runas.RunAs | N
         if step is not None:
             env = jobstep.srun_env(launch_env(spec))
             try:
-                return jobstep.spawn(step, spec.argv, env, out, log, SERVERS / f"{spec.port}.pid")
+                return jobstep.spawn(
+                    step, spec.argv, env, out, log=log, pid_file=SERVERS / f"{spec.port}.pid"
+                )
             except jobstep.StepNotStarted as exc:
                 raise AgentError(f"{exc}: {' | '.join(tail(str(log), 3))}",
                                  kind=Kind.CRASHED) from None  # fmt: skip
@@ -272,146 +266,3 @@ def _failed(state: ServerState, status: str, reason: str) -> WaitReadyAnswer:
     state.update(status=ServerStatus.FAILED, failure=reason, failed_at=now_iso())
     write_state(state)
     return WaitReadyAnswer(False, status, reason=reason, tail=tail(state.log), state=state)
-
-
-# -- stop, list, logs -----------------------------------------------------------------
-class StaleState(Exception):
-    """The state file's process group now belongs to someone else: nothing may be signalled."""
-
-
-def _group_is_ours(state: ServerState) -> bool:
-    """Whether the saved process group still runs what gpufleet launched.
-
-    True while the leader is our process, or while the leader is gone but its group lives
-    on (the kernel hands out no PID that a live group still uses as its id: the members are
-    our server's orphans). False when the group is empty. StaleState when the PID now
-    belongs to another process.
-    """
-    ref = server_ref(state)
-    if ref is None:
-        return False
-    if ref.alive():
-        return True
-    if ref.reused():
-        raise StaleState(
-            f"server state for port {state.port} is stale: pid {ref.pid} is now "
-            f"`{command_name(ref.pid)}`; state cleared, nothing killed"
-        )
-    return bool(group_members(state.pgid))
-
-
-def _signal_group(pgid: int, sig: signal.Signals, wait_s: float) -> bool:
-    """Signal the group; wait until no member runs. True if it emptied in time."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
-    deadline = time.monotonic() + wait_s
-    while group_members(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not group_members(pgid)
-
-
-def stop_server(state: ServerState, grace_s: float) -> str:
-    """SIGTERM the server's group, SIGKILL after the grace; which signal ended it.
-
-    Raises StaleState (after marking the state file) when the PID was reused.
-    """
-    try:
-        ours = _group_is_ours(state)
-    except StaleState:
-        state.update(
-            status=ServerStatus.STALE, stopped_at=now_iso(), stop_signal="none (stale state)"
-        )
-        write_state(state)
-        raise
-    signal_used = "none (already gone)"
-    if ours:
-        signal_used = "SIGTERM"
-        if not _signal_group(state.pgid, signal.SIGTERM, grace_s):
-            signal_used = "SIGKILL"
-            _signal_group(state.pgid, signal.SIGKILL, 5)
-    state.update(status=ServerStatus.STOPPED, stopped_at=now_iso(), stop_signal=signal_used)
-    write_state(state)
-    return signal_used
-
-
-def stop(args: StopArgs) -> StopAnswer:
-    states = [s for s in all_states() if args.profile in (None, s.profile)]
-    if args.port is not None:
-        states = [s for s in states if s.port == args.port]
-    stopped = []
-    refused = []
-    used_gpus: set[int] = set()
-    for state in states:
-        if state.status in (ServerStatus.STOPPED, ServerStatus.STALE):
-            continue
-        try:
-            how = stop_server(state, args.grace_s)
-        except StaleState as exc:
-            refused.append(str(exc))
-            continue
-        stopped.append(StoppedServer(state.port, state.profile, state.pid, how))
-        used_gpus.update(state.gpus)
-    verify = None
-    if used_gpus and args.verify:
-        verify = live.verify_freed(sorted(used_gpus), args.timeout_s)
-    return StopAnswer(stopped=stopped, refused=refused, verify=verify)
-
-
-def _why_job_ended(state: ServerState) -> str | None:
-    """Slurm's own line for the step that held the server: in the server's log (a step of
-    its own), else in the stderr of the job's step keeper that started it."""
-    keeper = stepkeeper.error_file(str(state.slurm_job))
-    return jobstep.why_ended(tail(state.log, 20)) or jobstep.why_ended(tail(str(keeper), 20))
-
-
-def servers() -> list[ServerSummary]:
-    """gpufleet's servers on this host that have not been stopped, with health and uptime."""
-    out = []
-    up = (ServerStatus.STARTING, ServerStatus.READY, ServerStatus.RUNNING)
-    for state in all_states():
-        alive = server_alive(state)
-        if state.status in (ServerStatus.STOPPED, ServerStatus.STALE) and not alive:
-            continue
-        uptime = None
-        if alive:
-            started = datetime.fromisoformat(state.started_at.replace("Z", "+00:00"))
-            uptime = round((datetime.now(UTC) - started).total_seconds(), 1)
-        dead = not alive and state.status in up  # it was up; its process is gone
-        ended = _why_job_ended(state) if dead and state.slurm_job else None
-        out.append(
-            ServerSummary(
-                profile=state.profile, pid=state.pid, port=state.port,
-                status=ServerStatus.DEAD if dead else state.status,
-                started_at=state.started_at, engine=state.engine, log=state.log, alive=alive,
-                health=health.probe(state.health_url) if alive else "down",
-                engine_version=state.engine_version, uptime_s=uptime, ended=ended,
-            )
-        )  # fmt: skip
-    return out
-
-
-def logs(args: LogsArgs) -> LogsAnswer:
-    states = all_states()
-    if args.port is not None:
-        states = [s for s in states if s.port == args.port]
-    if args.profile:
-        states = [s for s in states if s.profile == args.profile]
-    if not states:
-        raise AgentError("no server launched by gpufleet matches", kind=Kind.NO_SERVER)
-    state = max(states, key=lambda s: s.started_at)
-    remember(process_secrets(state.pid) if server_alive(state) else [])
-    if not args.follow:
-        return {"log": state.log, "lines": tail(state.log, args.lines)}
-    with open(state.log, "rb") as fh:
-        # the tail ends where following begins: a line written in between is not lost
-        offset = os.fstat(fh.fileno()).st_size
-        for line in tail(state.log, args.lines, end=offset):
-            emit_event({"line": line})
-        deadline = time.monotonic() + args.follow_s
-        while time.monotonic() < deadline:
-            lines, offset = logscan.follow(fh, offset)
-            for line in lines:
-                emit_event({"line": line})
-            if not lines:
-                time.sleep(0.2)
-    return {"log": state.log, "lines": []}
