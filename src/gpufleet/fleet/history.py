@@ -144,6 +144,7 @@ def host_history(
     host: str,
     profile: str,
     metric: str = DEFAULT_METRIC,
+    *,
     threshold: float = DEFAULT_THRESHOLD,
     noise: FleetNoise | None = None,
 ) -> HostHistory | None:
@@ -185,7 +186,9 @@ def history_of(
     concurrencies = sorted({row[catalogue.CONCURRENCY] for r in newest for row in r.rows})
     for c in concurrencies:
         changed = bool(changed_fields(baseline[-1], newest[-1]))
-        level = _level(newest, baseline_rounds, c, m, threshold, noise, changed)
+        level = _level(
+            newest, baseline_rounds, c, m, threshold=threshold, noise=noise, changed=changed
+        )
         if level is not None:
             levels.append(level)
     changes = changed_fields(baseline[-1], newest[-1])
@@ -201,6 +204,7 @@ def _level(
     baseline_rounds: list[list[IndexedRun]],
     c: int,
     m: catalogue.Metric,
+    *,
     threshold: float,
     noise: FleetNoise,
     changed: bool,
@@ -211,10 +215,12 @@ def _level(
     is a suspect ("measure again"), which --fail-on-regression does not count."""
     previous = None
     if len(baseline_rounds) >= 2:
-        previous = _compare(baseline_rounds[-1], baseline_rounds[:-1], c, m, threshold, noise)
+        previous = _compare(
+            baseline_rounds[-1], baseline_rounds[:-1], c, m, threshold=threshold, noise=noise
+        )
     confirmed = previous is not None and previous.verdict in (Verdict.SLOWER, Verdict.FASTER)
     pool = baseline_rounds[:-1] if confirmed else baseline_rounds
-    level = _compare(newest, pool, c, m, threshold, noise)
+    level = _compare(newest, pool, c, m, threshold=threshold, noise=noise)
     if level is None or level.verdict not in (Verdict.SLOWER, Verdict.FASTER) or changed:
         return level
     if confirmed and previous is not None and previous.verdict == level.verdict:
@@ -232,6 +238,7 @@ def _compare(
     baseline_rounds: list[list[IndexedRun]],
     c: int,
     m: catalogue.Metric,
+    *,
     threshold: float,
     noise: FleetNoise,
 ) -> HistoryLevel | None:
@@ -297,11 +304,13 @@ def histories(
     for p in [profile] if profile else profiles:
         wanted = [host] if host else hosts
         noise = FleetNoise(index.runs(profile=p))
-        asked = {h: host_history(index, h, p, metric, threshold, noise) for h in wanted}
+        asked = {
+            h: host_history(index, h, p, metric, threshold=threshold, noise=noise) for h in wanted
+        }
         mine = [f for f in asked.values() if f is not None]
         if any(abs(lv.change) >= threshold / 2 for f in mine for lv in f.levels):
             # did the rest of its round move with it? (read only when it moved)
-            rest = [host_history(index, h, p, metric, threshold, noise)
+            rest = [host_history(index, h, p, metric, threshold=threshold, noise=noise)
                     for h in hosts if h not in asked]  # fmt: skip
             moved = _fleet_moves(mine + [f for f in rest if f is not None], threshold / 2)
         else:

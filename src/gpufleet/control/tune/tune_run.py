@@ -92,6 +92,26 @@ class TuneAsk:
     verify_trace: str | None = None  # the user's trace, replayed in the verification
 
 
+def _clock(
+    ask: TuneAsk, request: BenchRequest, experiment: Experiment, arms: list[ArmSpec], *,
+    checks: list[ArmSpec], tuned: str,
+) -> tunebudget.TimeKeeper:  # fmt: skip
+    """The tune's clock: what it plans (measurement, verification, shapes, the user's
+    trace), the pace of this profile's archived cells on these hosts and model, and the
+    cells an interrupted run already did (`--resume`)."""
+    profile, verify, root = ask.profile, ask.verify, request.archive
+    switches = tunecells.drafting_of(load_profile(profile)).adaptive
+    replay = tuneshapes.replay_cost(ask.verify_trace, request, verify, switches)
+    pace = tunebudget.archived_pace(root, profile, 3, experiment.fleet.names,
+                                    load_profile(profile).model_path)  # fmt: skip
+    return tunebudget.TimeKeeper.for_tune(
+        tunebudget.TuneArms(arms, checks, verify, switches, ask.may_drop_depths,
+                            ask.shape_rounds, replay),
+        request, ask.budget_s, experiment.console.line, pace=pace,
+        finished=_finished_cells(root, profile, tuned, arms, checks) if ask.resume else set(),
+    )  # fmt: skip
+
+
 def run(
     ask: TuneAsk,
     request: BenchRequest,
@@ -106,16 +126,7 @@ def run(
     arms = tunecells.depth_arms(profile, ask.depths)
     tuned = tunefiles.tuned_reference(profile, name)
     checks = tuneverify.verification_arms(profile, tuned)
-    switches = tunecells.drafting_of(load_profile(profile)).adaptive
-    replay = tuneshapes.replay_cost(ask.verify_trace, request, verify, switches)
-    pace = tunebudget.archived_pace(root, profile, 3, experiment.fleet.names,
-                                    load_profile(profile).model_path)  # fmt: skip
-    clock = tunebudget.TimeKeeper.for_tune(
-        tunebudget.TuneArms(arms, checks, verify, switches, ask.may_drop_depths,
-                            ask.shape_rounds, replay),
-        request, ask.budget_s, experiment.console.line, pace=pace,
-        finished=_finished_cells(root, profile, tuned, arms, checks) if resume else set(),
-    )  # fmt: skip
+    clock = _clock(ask, request, experiment, arms, checks=checks, tuned=tuned)
     hooks = clock.hooks(tunebudget.MEASURE, root)
     state = experiment.sweep([profile], arms, "tune", resume, request=request, hooks=hooks)
     rows = tuning.rows_by_depth(arms, state.record, root)
