@@ -131,3 +131,14 @@ def test_where_k_is_not_knowable_the_figures_say_per_chunk(levels, case):
     if habit in ("final", "unadded"):  # the server's final count: TPOT and tok/s still true
         for key in ("median_tpot_ms", "output_throughput"):
             assert row[key] == pytest.approx(true[key], rel=0.01)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_name)
+def test_the_busiest_second_counts_tokens_where_they_arrived(levels, case):
+    """bench_serving's max_output_tokens_per_s follows the ITL's assignment: per chunk, the
+    count is shared over the chunks. Before: per chunk, a request's 160 tokens less its 39
+    gaps were put at its first chunk: 363+ tokens in the first second for 150 sent."""
+    _, row, true = levels[case]
+    chunks_a_second = 1000 / PERIOD_MS + 1  # a whole second holds 12 or 13 chunks
+    tokens = true["total_output_tokens"] / REQUESTS / (TOKENS // PER_CHUNK)  # a chunk's
+    assert row["max_output_tokens_per_s"] <= REQUESTS * tokens * chunks_a_second
