@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpufleet.host.agent import bounded
@@ -109,7 +110,21 @@ class _StreamTracker:
         sglang = self.dialect.events == "sglang"
         self.seen = Seen(pieces=None if sglang else [], text=self.final_text)
         self._text = ""  # SGLang's cumulative text so far, where its chunks have no count
-        self.on_event = self._sglang_event if sglang else self._openai_event
+        self.on_event = self._guarded(self._sglang_event if sglang else self._openai_event)
+
+    def _guarded(self, handler: Callable[[bytes, float], None]) -> Callable[[bytes, float], None]:
+        """The chunk handler, with a chunk it could not read (a hostile server's shapes the
+        parsers did not foresee) failing the request, said, instead of raising in the read
+        callback, where it left the request waiting for its timeout."""
+
+        def on_event(payload: bytes, now: float) -> None:
+            try:
+                handler(payload, now)
+            except (ValueError, TypeError, AttributeError, KeyError, IndexError) as e:
+                self._error(f"a chunk gpufleet could not read ({type(e).__name__}): "
+                            f"{payload[:120].decode(errors='replace')}")  # fmt: skip
+
+        return on_event
 
     def spec_verify_ct(self, tokens: int | None = None) -> int | None:
         """The request's verify steps (None: not speculative): SGLang's count from its last
@@ -197,8 +212,8 @@ class _StreamTracker:
         meta = chunk.get("meta_info")
         meta = meta if isinstance(meta, dict) else {}
         count = _int(meta.get("completion_tokens"))
-        record.prompt_tokens = int(meta.get("prompt_tokens", record.prompt_tokens))
-        record.cached_tokens = int(meta.get("cached_tokens") or 0)
+        record.prompt_tokens = _count(meta.get("prompt_tokens"), record.prompt_tokens)
+        record.cached_tokens = _count(meta.get("cached_tokens"), 0)
         record.rid = meta.get("id", record.rid)
         if seen == 0 and count is not None:
             return count, count
@@ -235,9 +250,10 @@ class _StreamTracker:
             self.draft_accepted = timings["draft_n_accepted"]
         count = None
         if isinstance(usage, dict):
-            record.prompt_tokens = int(usage.get("prompt_tokens", 0))
-            details = usage.get("prompt_tokens_details") or {}
-            record.cached_tokens = int(details.get("cached_tokens") or record.cached_tokens)
+            record.prompt_tokens = _count(usage.get("prompt_tokens"), 0)
+            details = usage.get("prompt_tokens_details")
+            details = details if isinstance(details, dict) else {}
+            record.cached_tokens = _count(details.get("cached_tokens"), record.cached_tokens)
             count = _int(usage.get("completion_tokens"))
             self.seen.usage = count if count is not None else self.seen.usage
         self.finish = self.dialect.finish(chunk) or self.finish
@@ -286,6 +302,22 @@ class _StreamTracker:
         self.record.error = message
         self.stopped = True
 
+    def conclude(self, max_tokens: int, tokenizer: str | None, body: str = "") -> None:
+        """The request's outcome once its stream ended: failed where no chunk carried a
+        token (a usage alone, however large, is no answer: its TTFT was never measured, and
+        it read ok with TTFT 0), or where its ending failed it; else its count."""
+        record = self.record
+        if not self.seen.arrivals:
+            counted = f" (the server counted {self.seen_tokens})" if self.seen_tokens else ""
+            record.error = "no tokens received" + counted + (f": {body}" if body else "")
+            return
+        record.error = self.ending()
+        if record.error:
+            return
+        self.count(max_tokens, tokenizer)
+        record.spec_verify_ct = self.spec_verify_ct(record.completion_tokens)
+        record.ok = True
+
     def count(self, max_tokens: int, tokenizer: str | None) -> None:
         """The request's token count, its source and its inter-token gaps (tokencount.py)."""
         record = self.record
@@ -299,6 +331,14 @@ class _StreamTracker:
 
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _count(value: object, otherwise: int) -> int:
+    """A count the server reported, where it is one (a whole number, not negative); else
+    `otherwise`: a null, a string or a list from a hostile server is no crash in the read
+    callback (that left the request waiting for its timeout)."""
+    found = _int(value)
+    return found if found is not None and found >= 0 else otherwise
 
 
 async def one_request(
@@ -340,17 +380,9 @@ async def one_request(
     if record.error:
         return
     record.e2e = tracker.last - start
-    if tracker.seen_tokens == 0:
-        body_text = f": {response.text[:200].strip()}" if response.body else ""
-        record.error = "no tokens received" + body_text
-        return
-    record.error = tracker.ending()
-    if record.error:
-        return
-    tracker.count(prompt.output_len, sending.tokenizer)
-    record.spec_verify_ct = tracker.spec_verify_ct(record.completion_tokens)
-    record.ok = True
-    if keep_text:
+    tracker.conclude(prompt.output_len, sending.tokenizer,
+                     response.text[:200].strip() if response.body else "")  # fmt: skip
+    if keep_text and record.ok:
         record.text = tracker.final_text()
 
 
