@@ -153,8 +153,12 @@ def aggregate(
         means[mark] = "; ".join(text for _, text in said_once(reasons)) or None
     sources = dict.fromkeys(r.output_tokens_source for r in rows if r.output_tokens_source)
     means["output_tokens_source"] = " / ".join(sources) or None
-    if any(r.itl_basis == "chunk" for r in rows):
-        means["itl_basis"] = "chunk"
+    bases = [r.itl_basis for r in rows if r.itl_basis]
+    means["itl_basis"] = "chunk" if "chunk" in bases else bases[0] if bases else None
+    # a level failed where any repeat did (a failed request's level is failed), not as the
+    # last repeat alone says: a failed first repeat read ok, a failed last one failed
+    statuses = [r.level_status for r in rows]
+    means[catalogue.STATUS] = "failed" if "failed" in statuses else last.level_status
     means[catalogue.COMPLETED] = sum(int(r.completed or 0) for r in rows)
     means[catalogue.FAILED] = sum(int(r.failed or 0) for r in rows)
     row = dataclasses.replace(last, extra=extra, **means)
