@@ -234,7 +234,8 @@ def token_counts(ok: list[RequestRecord]) -> Figures:
     if per_chunk:
         lines.append(
             f"ITL per chunk in {per_chunk} of {len(ok)} requests: the tokens each chunk "
-            "carried were not knowable (no consistent per-chunk usage, no tokenizer count)"
+            "carried were not knowable (no consistent per-chunk usage, no tokenizer count of "
+            "each chunk's text)"
         )
     if lines:
         out["output_tokens_note"] = "; ".join(lines)
