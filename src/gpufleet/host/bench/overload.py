@@ -31,17 +31,12 @@ def open_loop_rates(records: list[RequestRecord]) -> Figures:
     live = [r for r in records if not r.skipped and r.start]
     sent = sorted(r.start for r in live)
     arrived = sorted(r.due - r.queue_wait for r in live)
-    if not live:
-        return {}
     if len(sent) < 3 or arrived[-1] <= arrived[0] or sent[-1] <= sent[0]:
-        # said, not silent: a level of 2 requests (or all sent at once) read `ok`
-        span = arrived[-1] - arrived[0]
-        return {"overload_unjudged": f"{len(sent)} sent over {span:.2f} s: too few to judge"}
+        return _too_few(sent, arrived)
     window = arrived[-1] - arrived[0]
     offered = (len(arrived) - 1) / window
     achieved = (len(sent) - 1) / (sent[-1] - sent[0])
-    # completed: answered ok (a stream cut or aborted after its tokens has an e2e too, and
-    # a server aborting every request read as one keeping up)
+    # answered ok: a cut or aborted stream has an e2e too (all aborted read as keeping up)
     done = [r for r in live if r.ok and r.e2e > 0]
     answered = sorted(r.start + r.e2e for r in done)
     out = {"offered_request_rate": offered, "achieved_request_rate": achieved}
@@ -85,6 +80,14 @@ def open_loop_rates(records: list[RequestRecord]) -> Figures:
     if out["overloaded"]:
         out.pop("overload_unjudged", None)  # its sends alone said it
     return out
+
+
+def _too_few(sent: list[float], arrived: list[float]) -> Figures:
+    """A level of under 3 sends (or all sent at once): said, not silent (it read `ok`)."""
+    if not sent:
+        return {}
+    span = arrived[-1] - arrived[0]
+    return {"overload_unjudged": f"{len(sent)} sent over {span:.2f} s: too few to judge"}
 
 
 def _unjudged(window: float, unqueued: float) -> str:
