@@ -157,8 +157,8 @@ def aggregate(
     means["itl_basis"] = "chunk" if "chunk" in bases else bases[0] if bases else None
     # a level failed where any repeat did (a failed request's level is failed), not as the
     # last repeat alone says: a failed first repeat read ok, a failed last one failed
-    statuses = [r.level_status for r in rows]
-    means[catalogue.STATUS] = "failed" if "failed" in statuses else last.level_status
+    worse = [r.level_status for r in rows if r.level_status not in (None, "ok")]
+    means[catalogue.STATUS] = worse[0] if worse else last.level_status
     means[catalogue.COMPLETED] = sum(int(r.completed or 0) for r in rows)
     means[catalogue.FAILED] = sum(int(r.failed or 0) for r in rows)
     row = dataclasses.replace(last, extra=extra, **means)
