@@ -232,3 +232,22 @@ def test_a_suspect_host_is_exported_with_bounded_labels(tmp_path):
     assert not [s for s in _series(text, "gpufleet_fleet_suspect") if s.endswith(" 1.0")]
     named = [s for s in _series(text, "gpufleet_fleet_outlier") if s.endswith(" 1.0")]
     assert len(named) == 3 and all('host="gpu02"' in s for s in named)
+
+
+def test_a_failed_level_exports_its_failed_requests(tmp_path):
+    """Issue 79, adversarial pass: a level is `failed` where any request failed, and only
+    `ok` levels were exported, so gpufleet_requests_failed_total never read above 0: the
+    worst outcome vanished from the exposition. Counts now count every level; its figures
+    stay those of levels that did not fail."""
+    root = tmp_path / "logs"
+    write_run(root, "gpu1", "20261101T000000Z-baseline-gpu1", {1: 60.0, 10: 380.0},
+              overrides={10: {"completed": 37, "failed": 3, "level_status": "failed"}})  # fmt: skip
+    out_file = tmp_path / "gpufleet.prom"
+    got = run_cli("metrics", "--output", str(out_file), "--archive", str(root))
+    assert got.returncode == 0, got.stderr
+    text = out_file.read_text()
+    failed = {s.split('concurrency="')[1].split('"')[0]: s.rsplit(" ", 1)[1]
+              for s in _series(text, "gpufleet_requests_failed_total")}  # fmt: skip
+    assert failed == {"1": "0.0", "10": "3.0"}, failed
+    assert 'concurrency="10"' in " ".join(_series(text, "gpufleet_requests_completed_total"))
+    assert 'concurrency="10"' not in " ".join(_series(text, THROUGHPUT))

@@ -122,3 +122,23 @@ def test_a_level_too_short_to_judge_says_so_instead_of_ok():
     # a level long enough is judged, and says nothing of it
     long = open_loop_rates(_level(_poisson(10.0, 400, 4), None, lambda: 0.5))
     assert "overload_unjudged" not in long and long["overloaded"] is False
+
+
+def test_a_server_that_aborts_every_request_completes_none():
+    """Adversarial pass (issue 79.7): a stream cut or aborted after its tokens has an e2e,
+    and was counted as completed: a server aborting every request read as keeping up
+    (completed 10.0 req/s of 10.0 offered). Completed is answered ok."""
+    level = _level(_poisson(10.0, 200, seed=3), None, lambda: 0.3)
+    for r in level:
+        r.ok, r.error = False, "the stream ended with finish_reason abort"
+    rates = open_loop_rates(level)
+    assert rates.get("completed_request_rate", 0.0) == 0.0, rates
+    assert "too few to judge" in rates["overload_unjudged"]
+
+
+def test_a_level_too_small_to_judge_says_so():
+    """Two requests (or all sent at once) gave no figures and no word: the level read ok."""
+    for arrivals in ([0.1, 0.6], [0.1, 0.1, 0.1, 0.1]):
+        rates = open_loop_rates(_level(arrivals, None, lambda: 0.3))
+        assert "too few to judge" in rates["overload_unjudged"], rates
+    assert open_loop_rates([]) == {}

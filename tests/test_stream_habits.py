@@ -40,6 +40,9 @@ UNKNOWABLE = [  # no tokenizer: the chunks, or the final count with per-chunk IT
     ("openai", "over", False),
     ("openai-chat", "double", False),
     ("sglang", "none", False),
+    # SGLang's counted chunks are read for their count alone (its lean path): a tokenizer
+    # counts the answer, not each chunk, so the ITL is per chunk and said so
+    ("sglang", "double", True),
 ]
 CASES = KNOWABLE + UNKNOWABLE
 
@@ -131,3 +134,23 @@ def test_where_k_is_not_knowable_the_figures_say_per_chunk(levels, case):
     if habit in ("final", "unadded"):  # the server's final count: TPOT and tok/s still true
         for key in ("median_tpot_ms", "output_throughput"):
             assert row[key] == pytest.approx(true[key], rel=0.01)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_name)
+def test_the_busiest_second_counts_tokens_where_they_arrived(levels, case):
+    """bench_serving's max_output_tokens_per_s follows the ITL's assignment: per chunk, the
+    count is shared over the chunks. Before: per chunk, a request's 160 tokens less its 39
+    gaps were put at its first chunk: 363+ tokens in the first second for 150 sent."""
+    _, row, true = levels[case]
+    chunks_a_second = 1000 / PERIOD_MS + 1  # a whole second holds 12 or 13 chunks
+    tokens = true["total_output_tokens"] / REQUESTS / (TOKENS // PER_CHUNK)  # a chunk's
+    assert row["max_output_tokens_per_s"] <= REQUESTS * tokens * chunks_a_second
+
+
+def test_a_per_chunk_itl_beside_a_tokenizer_does_not_say_there_was_none(levels):
+    """SGLang's lying per-chunk counts with the model's tokenizer on the host: the count is
+    the tokenizer's, each chunk's k is not; the note said "no tokenizer count" (there was
+    one, of the whole answer)."""
+    _, row, _ = levels[("sglang", "double", True)]
+    assert row["output_tokens_source"] == "tokenizer" and row["itl_basis"] == "chunk"
+    assert "no tokenizer count of each chunk's text" in row["output_tokens_note"]

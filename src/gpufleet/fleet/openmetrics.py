@@ -81,11 +81,14 @@ def series_bound(runs: list[IndexedRun]) -> int:
 
 
 def _level_values(run: IndexedRun, key: str, counter: bool) -> Iterator[tuple[int, float]]:
-    """(concurrency, the mean of its repeats' values; their sum for a count)."""
+    """(concurrency, the mean of its repeats' values; their sum for a count). A count sums
+    every repeat, a failed one too: a level is failed where a request failed, so counting
+    only `ok` levels' never exported a failed request (requests_failed read 0 at worst)."""
     by_c: dict[int, list[float]] = {}
     for row in run.rows:
         value = row.get(key)
-        if row.get(catalogue.STATUS) in (None, "ok") and isinstance(value, int | float):
+        counted = counter or row.get(catalogue.STATUS) in (None, "ok")
+        if counted and isinstance(value, int | float):
             by_c.setdefault(row[catalogue.CONCURRENCY], []).append(float(value))
     for c, values in sorted(by_c.items()):
         yield c, (sum(values) if counter else statistics.fmean(values))

@@ -112,12 +112,30 @@ class Answer:
 def build(host: str, arms: list[Arm]) -> Answer:
     """The answer for one host's arms (the first is the reference)."""
     levels = common_levels(arms)
-    answer = Answer(host, [a.label for a in arms], levels, notices=notices(arms, levels))
+    found = notices(arms, levels) + itl_bases(arms, levels)
+    answer = Answer(host, [a.label for a in arms], levels, notices=found)
     answer.ratios = ratios(arms, levels)
     if len(arms) > 1 and levels:
         answer.claims = claims(arms[0], arms[1], levels, answer.notices)
         answer.others = [claims(arms[0], arm, levels, answer.notices) for arm in arms[2:]]
     return answer
+
+
+def itl_bases(arms: list[Arm], levels: list[int]) -> list[Notice]:
+    """Levels where one arm's ITL is per chunk (no chunk's tokens knowable) and the
+    first's per token, or the other way: a 4-token chunk reads 4x the gap, so the ITL
+    ratio there compares two definitions."""
+    out = []
+    for arm in arms[1:]:
+        pair = [(a.label, {c for c in levels if a.levels[c].get("itl_basis") == "chunk"})
+                for a in (arms[0], arm)]  # fmt: skip
+        split = sorted(pair[0][1] ^ pair[1][1])
+        if split:
+            (one, _), (other, _) = sorted(pair, key=lambda p: split[0] not in p[1])
+            out.append(Notice(Severity.WARNING, f"ITL per chunk in {one}, per token in "
+                              f"{other} at C={','.join(map(str, split))}: the ITL ratio "
+                              "there compares two definitions", "tokens"))  # fmt: skip
+    return out
 
 
 def ratios(arms: list[Arm], levels: list[int]) -> list[Ratio]:
@@ -173,6 +191,9 @@ def claims(a: Arm, b: Arm, levels: list[int], found: list[Notice]) -> list[Claim
             f"the client was the bottleneck at C={','.join(map(str, bound))}: figures there, "
             "and any crossover they place, measure the load generator as much as the server"
         ))  # fmt: skip
+    approximated = _approximated(a, b, levels)
+    if approximated:
+        out.append(approximated)
     energy = _energy(a, b, levels)
     if energy:
         out.append(energy)
@@ -347,6 +368,22 @@ def _acceptance_at(arm: Arm, levels: list[int], at: float | None) -> str:
         return ""
     spread = f", p10-p90 {p10:.2f}-{p90:.2f}" if p10 is not None and p90 is not None else ""
     return f"{arm.label}'s per-request acceptance at C={c}: p50 {p50:.2f} tokens a step{spread}"
+
+
+def _approximated(a: Arm, b: Arm, levels: list[int]) -> Claim | None:
+    """Arms whose token counts are the chunks' (the server gave no consistent count, the
+    host no tokenizer): a chunk of k tokens counted as one puts their tok/s and TPOT off
+    by k, so a direction may be the counting's, not the servers'."""
+    where = []
+    for arm in (a, b):
+        found = [c for c in levels if "chunks" in str(arm.levels[c].get("output_tokens_source"))]
+        if found:
+            where.append(f"{arm.label} at C={','.join(map(str, found))}")
+    if not where:
+        return None
+    return Claim(f"but {' and '.join(where)} counted the chunks, not the tokens (an "
+                 "approximation): tok/s and TPOT there may be off by the tokens a chunk "
+                 "carried")  # fmt: skip
 
 
 def _energy(a: Arm, b: Arm, levels: list[int]) -> Claim | None:

@@ -20,6 +20,7 @@ from gpufleet.report import catalogue
 from gpufleet.report.fingerprint import PER_GPU, differences
 from gpufleet.report.notes import said_once
 from gpufleet.report.stats import LevelFigures, ratio_text
+from gpufleet.report.tables import tokens_note
 
 
 @dataclass
@@ -219,9 +220,9 @@ def _arm_status(arm: Arm) -> list[Notice]:
 
 def _arm_load(arm: Arm, levels: list[int]) -> list[Notice]:
     """Levels where the load was not what it claims: overloaded, not judged, client-bound,
-    late timers, an unflushed cache, bursty chunks. Each note once per arm (said_once),
-    naming its levels and the range of its figures."""
-    said: dict[str, list[tuple[int, str]]] = {"load": [], "client": []}
+    late timers, token counts said (disagreeing, approximated), unflushed cache, bursty
+    chunks. Each note once per arm (said_once), naming its levels and its figures' range."""
+    said: dict[str, list[tuple[int, str]]] = {"load": [], "client": [], "tokens": []}
     for c in levels:
         row = arm.levels[c]
         if row.get("overloaded"):
@@ -239,6 +240,8 @@ def _arm_load(arm: Arm, levels: list[int]) -> list[Notice]:
             said["client"].append((c, f"client-bound at C=@ ({row.row.client_bound})"))
         if row.get("client_late"):
             said["client"].append((c, f"client timers late at C=@ ({row.row.client_late})"))
+        if tokens_note(row):
+            said["tokens"].append((c, f"at C=@ {tokens_note(row)}"))
     out = [
         Notice(Severity.WARNING, f"{arm.label}: {text.replace('C=@', f'C={where}')}", topic)
         for topic, notes in said.items()

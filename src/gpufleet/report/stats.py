@@ -146,9 +146,19 @@ def aggregate(
         values = [r.extra.get(key) for r in _counted(rows, kept, key)]
         if values and _number(values[-1]) and all(_number(v) for v in values):
             extra[key] = statistics.fmean(float(v) for v in values)
-    for mark in ("client_bound", "client_late"):  # any repeat's counts, said once
+    # any repeat's marks and token-count notes, said once (the last repeat's alone lost
+    # a note only an earlier repeat raised)
+    for mark in ("client_bound", "client_late", "output_tokens_note"):
         reasons = [(0, str(getattr(r, mark))) for r in rows if getattr(r, mark)]
         means[mark] = "; ".join(text for _, text in said_once(reasons)) or None
+    sources = dict.fromkeys(r.output_tokens_source for r in rows if r.output_tokens_source)
+    means["output_tokens_source"] = " / ".join(sources) or None
+    bases = [r.itl_basis for r in rows if r.itl_basis]
+    means["itl_basis"] = "chunk" if "chunk" in bases else bases[0] if bases else None
+    # a level failed where any repeat did (a failed request's level is failed), not as the
+    # last repeat alone says: a failed first repeat read ok, a failed last one failed
+    worse = [r.level_status for r in rows if r.level_status not in (None, "ok")]
+    means[catalogue.STATUS] = worse[0] if worse else last.level_status
     means[catalogue.COMPLETED] = sum(int(r.completed or 0) for r in rows)
     means[catalogue.FAILED] = sum(int(r.failed or 0) for r in rows)
     row = dataclasses.replace(last, extra=extra, **means)

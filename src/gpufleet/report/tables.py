@@ -103,11 +103,21 @@ def overload_note(row: Figures) -> str | None:
     )
 
 
+def tokens_note(row: Figures) -> str | None:
+    """Where a level's token counts disagreed or were approximated (metrics.token_counts):
+    the source its figures came from, then both figures (host/bench/tokencount.py)."""
+    note = row.get("output_tokens_note")
+    if not note:
+        return None
+    return f"output tokens from {row.get('output_tokens_source') or 'an unnamed source'}: {note}"
+
+
 def level_notes(results: Sequence[Figures], steady: bool = True) -> list[str]:
     """What marks the levels: overloaded, not judged for overload, client-bound, timers
-    late, no request within the SLO, or (`steady`) no steady window (summary.md says so;
-    the terminal stays quiet about short levels). Each note once (`said_once`), with the
-    levels it holds at and the range of its figures over them and their repeats."""
+    late, no request within the SLO, token counts that disagreed or were approximated, or
+    (`steady`) no steady window (summary.md says so; the terminal stays quiet about short
+    levels). Each note once (`said_once`), with the levels it holds at and the range of
+    its figures over them and their repeats."""
     notes: list[tuple[int, str]] = []
     for r in results:
         c = int(r.get(catalogue.CONCURRENCY) or 0)
@@ -117,6 +127,7 @@ def level_notes(results: Sequence[Figures], steady: bool = True) -> list[str]:
             r.get("client_bound") and f"client-bound: {r.get('client_bound')}",
             r.get("client_late") and f"client timers late: {r.get('client_late')}",
             r.get(catalogue.SLO_MET) == 0 and "no request met the SLO: goodput 0",
+            tokens_note(r),
             steady and r.get("steady_note") and f"no steady-state figures: {r.get('steady_note')}",
         ]
         notes += [(c, text) for text in said if text]

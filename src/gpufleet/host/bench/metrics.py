@@ -60,14 +60,20 @@ def _stats(prefix: str, vals: list[float]) -> dict[str, float]:
 
 
 def _token_times(record: RequestRecord) -> list[float]:
-    """When each output token arrived, seconds after the level began."""
+    """When each output token arrived, seconds after the level began, as the ITL assigns
+    them: per token, the first chunk's tokens at the TTFT and each gap one token's; per
+    chunk (no chunk's k knowable), the count shared evenly over the chunks, not piled on
+    the first (which put a whole answer's tokens in its first second)."""
     first = record.start + record.ttft
-    times = [first] * max(1, record.completion_tokens - len(record.itl))
-    at = first
+    arrivals = [first]
     for gap in record.itl:
-        at += gap
-        times.append(at)
-    return times
+        arrivals.append(arrivals[-1] + gap)
+    if not record.itl_per_chunk:
+        return [first] * max(1, record.completion_tokens - len(record.itl)) + arrivals[1:]
+    n, tokens = len(arrivals), max(record.completion_tokens, len(arrivals))
+    return [
+        at for i, at in enumerate(arrivals) for _ in range(tokens * (i + 1) // n - tokens * i // n)
+    ]
 
 
 def peaks(ok: list[RequestRecord]) -> dict[str, float]:
@@ -228,7 +234,8 @@ def token_counts(ok: list[RequestRecord]) -> Figures:
     if per_chunk:
         lines.append(
             f"ITL per chunk in {per_chunk} of {len(ok)} requests: the tokens each chunk "
-            "carried were not knowable (no consistent per-chunk usage, no tokenizer count)"
+            "carried were not knowable (no consistent per-chunk usage, no tokenizer count of "
+            "each chunk's text)"
         )
     if lines:
         out["output_tokens_note"] = "; ".join(lines)

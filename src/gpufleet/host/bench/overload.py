@@ -32,14 +32,16 @@ def open_loop_rates(records: list[RequestRecord]) -> Figures:
     sent = sorted(r.start for r in live)
     arrived = sorted(r.due - r.queue_wait for r in live)
     if len(sent) < 3 or arrived[-1] <= arrived[0] or sent[-1] <= sent[0]:
-        return {}
+        return _too_few(sent, arrived)
     window = arrived[-1] - arrived[0]
     offered = (len(arrived) - 1) / window
     achieved = (len(sent) - 1) / (sent[-1] - sent[0])
-    answered = sorted(r.start + r.e2e for r in live if r.e2e > 0)
+    # answered ok: a cut or aborted stream has an e2e too (all aborted read as keeping up)
+    done = [r for r in live if r.ok and r.e2e > 0]
+    answered = sorted(r.start + r.e2e for r in done)
     out = {"offered_request_rate": offered, "achieved_request_rate": achieved}
     if len(answered) >= 3:
-        latencies = sorted(r.start + r.e2e - (r.due - r.queue_wait) for r in live if r.e2e > 0)
+        latencies = sorted(r.start + r.e2e - (r.due - r.queue_wait) for r in done)
         q1, median, q3 = (
             statistics.quantiles(latencies, n=4)
             if len(latencies) > 3
@@ -64,7 +66,7 @@ def open_loop_rates(records: list[RequestRecord]) -> Figures:
         noise = max(3 * math.sqrt(offered * q1), 3 * math.sqrt(n / 2))
         # a level shorter than a few latencies (as its first requests saw them, before any
         # queue) holds mostly its ramp-up and drain: judged by its sends alone
-        in_order = sorted((r for r in live if r.e2e > 0), key=lambda r: r.due - r.queue_wait)
+        in_order = sorted(done, key=lambda r: r.due - r.queue_wait)
         by_arrival = [r.start + r.e2e - (r.due - r.queue_wait) for r in in_order]
         unqueued = statistics.median(by_arrival[: max(3, n // 10)])
         judged = window >= JUDGED_LATENCIES * unqueued
@@ -78,6 +80,14 @@ def open_loop_rates(records: list[RequestRecord]) -> Figures:
     if out["overloaded"]:
         out.pop("overload_unjudged", None)  # its sends alone said it
     return out
+
+
+def _too_few(sent: list[float], arrived: list[float]) -> Figures:
+    """A level of under 3 sends (or all sent at once): said, not silent (it read `ok`)."""
+    if not sent:
+        return {}
+    span = arrived[-1] - arrived[0]
+    return {"overload_unjudged": f"{len(sent)} sent over {span:.2f} s: too few to judge"}
 
 
 def _unjudged(window: float, unqueued: float) -> str:

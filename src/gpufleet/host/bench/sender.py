@@ -70,7 +70,7 @@ async def one_request(
     record.prompt_tokens = prompt.prompt_tokens
     tracker = DIALECTS[backend].reader(record, start, prompt.output_len)
     try:
-        response = await client.post_stream(path, body, tracker.on_event, timeout, tracker.on_typed)
+        response = await client.post_stream(path, body, tracker.read, timeout, tracker.on_typed)
     except asyncio.CancelledError:
         record.error = "cancelled"
         raise
@@ -86,17 +86,9 @@ async def one_request(
     if record.error:
         return
     record.e2e = tracker.last - start
-    if tracker.seen_tokens == 0:
-        body_text = f": {response.text[:200].strip()}" if response.body else ""
-        record.error = "no tokens received" + body_text
-        return
-    record.error = tracker.ending()
-    if record.error:
-        return
-    tracker.count(prompt.output_len, sending.tokenizer)
-    record.spec_verify_ct = tracker.spec_verify_ct(record.completion_tokens)
-    record.ok = True
-    if keep_text:
+    tracker.conclude(prompt.output_len, sending.tokenizer,
+                     response.text[:200].strip() if response.body else "")  # fmt: skip
+    if keep_text and record.ok:
         record.text = tracker.final_text()
 
 

@@ -89,6 +89,16 @@ class StreamReader:
         """One `data:` event, as it arrived."""
         raise NotImplementedError
 
+    def read(self, payload: bytes, now: float) -> None:
+        """`on_event`, with a chunk it could not read (a hostile server's shapes the parsers
+        did not foresee) failing the request, said, instead of raising in the read callback,
+        where it left the request waiting for its timeout."""
+        try:
+            self.on_event(payload, now)
+        except (ValueError, TypeError, AttributeError, KeyError, IndexError) as e:
+            self._error(f"a chunk gpufleet could not read ({type(e).__name__}): "
+                        f"{payload[:120].decode(errors='replace')}")  # fmt: skip
+
     def final_text(self) -> str:
         """The whole answer."""
         return "".join(self.seen.pieces or [])
@@ -120,7 +130,7 @@ class StreamReader:
         if kind == b"error":
             self._error(event_error(payload))
         else:
-            self.on_event(payload, now)
+            self.read(payload, now)
 
     def _parse(self, payload: bytes) -> object:
         try:
@@ -138,6 +148,22 @@ class StreamReader:
         self.record.error = message
         self.stopped = True
 
+    def conclude(self, max_tokens: int, tokenizer: str | None, body: str = "") -> None:
+        """The request's outcome once its stream ended: failed where no chunk carried a
+        token (a usage alone, however large, is no answer: its TTFT was never measured, and
+        it read ok with TTFT 0), or where its ending failed it; else its count."""
+        record = self.record
+        if not self.seen.arrivals:
+            counted = f" (the server counted {self.seen_tokens})" if self.seen_tokens else ""
+            record.error = "no tokens received" + counted + (f": {body}" if body else "")
+            return
+        record.error = self.ending()
+        if record.error:
+            return
+        self.count(max_tokens, tokenizer)
+        record.spec_verify_ct = self.spec_verify_ct(record.completion_tokens)
+        record.ok = True
+
     def count(self, max_tokens: int, tokenizer: str | None) -> None:
         """The request's token count, its source and its inter-token gaps (tokencount.py)."""
         record = self.record
@@ -151,6 +177,14 @@ class StreamReader:
 
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _count(value: object, otherwise: int) -> int:
+    """A count the server reported, where it is one (a whole number, not negative); else
+    `otherwise`: a null, a string or a list from a hostile server is no crash in the read
+    callback (that left the request waiting for its timeout)."""
+    found = _int(value)
+    return found if found is not None and found >= 0 else otherwise
 
 
 class SglangStream(StreamReader):
@@ -216,8 +250,8 @@ class SglangStream(StreamReader):
         meta = chunk.get("meta_info")
         meta = meta if isinstance(meta, dict) else {}
         count = _int(meta.get("completion_tokens"))
-        record.prompt_tokens = int(meta.get("prompt_tokens", record.prompt_tokens))
-        record.cached_tokens = int(meta.get("cached_tokens") or 0)
+        record.prompt_tokens = _count(meta.get("prompt_tokens"), record.prompt_tokens)
+        record.cached_tokens = _count(meta.get("cached_tokens"), 0)
         record.rid = meta.get("id", record.rid)
         if seen == 0 and count is not None:
             return count, count
@@ -261,9 +295,10 @@ class OpenAIStream(StreamReader):
             self.draft_accepted = timings["draft_n_accepted"]
         count = None
         if isinstance(usage, dict):
-            record.prompt_tokens = int(usage.get("prompt_tokens", 0))
-            details = usage.get("prompt_tokens_details") or {}
-            record.cached_tokens = int(details.get("cached_tokens") or record.cached_tokens)
+            record.prompt_tokens = _count(usage.get("prompt_tokens"), 0)
+            details = usage.get("prompt_tokens_details")
+            details = details if isinstance(details, dict) else {}
+            record.cached_tokens = _count(details.get("cached_tokens"), record.cached_tokens)
             count = _int(usage.get("completion_tokens"))
             self.seen.usage = count if count is not None else self.seen.usage
         self.finish_seen = self.finish(chunk) or self.finish_seen
