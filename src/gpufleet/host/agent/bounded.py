@@ -131,12 +131,15 @@ class Output:
     stderr: str
 
 
-def run(argv: list[str], limit: int, timeout: float, **popen: object) -> Output:
+def run(
+    argv: list[str], limit: int, timeout: float, *, env: dict[str, str], **popen: object
+) -> Output:
     """Run a program and keep what it prints, each stream at most `limit` bytes: one that
     prints more is killed (TooLarge), as one that runs past `timeout` is
     (subprocess.TimeoutExpired). An engine's probe runs as the run_as user: its output is
-    that user's to choose."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)  # type: ignore[call-overload]
+    that user's to choose. `env` is required: every child of the agent gets the clean
+    environment it was given (host/agent/childenv.py), never the agent's own."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, **popen)  # type: ignore[call-overload]
     fds = (proc.stdout.fileno(), proc.stderr.fileno())  # type: ignore[union-attr]
     kept: dict[int, list[bytes]] = {fd: [] for fd in fds}
     sizes = dict.fromkeys(kept, 0)
