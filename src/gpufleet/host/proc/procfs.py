@@ -171,20 +171,12 @@ class Process:
     def listening(self) -> list[tuple[str, int]]:
         """(address, port) of the TCP sockets this process listens on, from its own network
         namespace's tables and its descriptors."""
-        inodes = set()
         try:
-            fds = os.listdir(f"/proc/{self.pid}/fd")
+            inodes = socket_inodes(self.pid)
         except FileNotFoundError:
             raise NoSuchProcess(self.pid) from None
         except PermissionError:
             raise AccessDenied(self.pid) from None
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{self.pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
         out = []
         for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
             for address, port, inode in _listeners(f"/proc/{self.pid}/net/{table}", family):
@@ -222,3 +214,18 @@ def process_iter() -> Iterator[Process]:
             yield Process(stat.pid)
         except NoSuchProcess:
             continue
+
+
+def socket_inodes(pid: int) -> set[str]:
+    """The socket inodes among a process's descriptors (FileNotFoundError: no such
+    process; PermissionError: another user's): the one reader the listener rule
+    (host/server/listener.py) and `Process.listening` share."""
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(target[8:-1])
+    return out

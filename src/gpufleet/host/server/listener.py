@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 
 from gpufleet.host.agent import bounded
 from gpufleet.host.agent.procstat import all_stats
+from gpufleet.host.proc import procfs
 from gpufleet.records import ServerState
 
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
@@ -72,20 +73,11 @@ def tree(pid: int, pgid: int) -> set[int]:
 def socket_inodes(pid: int) -> set[str] | None:
     """The socket inodes among a process's descriptors; None where /proc will not say."""
     try:
-        fds = os.listdir(f"/proc/{pid}/fd")
+        return procfs.socket_inodes(pid)
     except FileNotFoundError:
         return set()
     except PermissionError:
         return None
-    out = set()
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            out.add(target[8:-1])
-    return out
 
 
 def holder(inodes: set[str], skip: set[int]) -> int | None:
