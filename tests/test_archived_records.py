@@ -66,3 +66,13 @@ def test_records_round_trip_through_their_files(tmp_path):
     path.write_text("{not json")
     with pytest.raises(UserError, match=r"fm\.json: unreadable"):
         FindMaxRecord.load(path)
+
+
+def test_a_record_linked_to_an_endless_file_is_refused_not_read(tmp_path):
+    """Issue 81, adversarial pass: a sweep state linked to /dev/zero made `inv fleet` (which
+    reads every sweep state for its cells) read forever. A record is read to its bound."""
+    path = tmp_path / "sweeps" / "endless.json"
+    path.parent.mkdir()
+    path.symlink_to("/dev/zero")
+    with pytest.raises(UserError, match="over 64 MiB: not read"):
+        SweepRecord.load(path)

@@ -23,6 +23,9 @@ from gpufleet.records import BenchPlan, FlagValue
 from gpufleet.wire import JsonDict, JsonObject, Record, WireError
 
 R = TypeVar("R", bound="Archived")
+# the most of a record file read (a sweep of 128 hosts x hundreds of cells is a few MiB): a
+# record that is larger, or a link to an endless file (/dev/zero), is refused, not read
+RECORD_BYTES = 64 << 20
 
 
 class Archived(Record):
@@ -38,7 +41,11 @@ class Archived(Record):
         what = f"{path}"
         try:
             if data is None:
-                data = json.loads(path.read_text())
+                with open(path, "rb") as fh:
+                    raw = fh.read(RECORD_BYTES + 1)
+                if len(raw) > RECORD_BYTES:
+                    raise ValueError(f"over {RECORD_BYTES >> 20} MiB: not read")
+                data = json.loads(raw)
         except (OSError, ValueError) as exc:
             raise UserError(f"{what}: unreadable ({exc})") from None
         if not isinstance(data, dict):
