@@ -489,9 +489,9 @@ def test_the_users_trace_adversarial_one_arrival_a_damaged_line_a_span_past_the_
     checks = tuneverify.verification_arms(spec, tunefiles.tuned_reference(spec, None))
     pace = Pace(10.0, 0.01, "a test")
     long_trace = TuneArms(arms, checks, replay=(20.0, 86_400.0))
-    least = TimeKeeper.for_tune(long_trace, request, None, [].append, pace).least_s()
+    least = TimeKeeper.for_tune(long_trace, request, None, [].append, pace=pace).least_s()
     lines: list[str] = []
-    clock = TimeKeeper.for_tune(long_trace, request, least + 1, lines.append, pace)
+    clock = TimeKeeper.for_tune(long_trace, request, least + 1, lines.append, pace=pace)
     assert clock.stage_dropped(tunebudget.TRACE) and clock.elapsed_s() + clock.left_s() <= least + 1
     assert any("dropped trace replay" in line for line in lines), lines
 

@@ -136,7 +136,7 @@ async def _level(
     )
     flush = (lambda: serverapi.flush_cache(plan.base_url, keys)) if plan.flush_cache else None
     hooks = LevelHooks(on_progress=progress, after_warmup=flush)
-    run = await generate(plan.base_url, prompts, level.concurrency, spec, hooks)
+    run = await generate(plan.base_url, prompts, level.concurrency, spec=spec, hooks=hooks)
     stop.set()
     if sampler:
         await sampler
