@@ -73,13 +73,19 @@ def test_the_rehearsal_names_the_slowed_host_and_only_it(tmp_path):
     assert [n["host"] for n in view["named"]] == ["sim-d"]
     fields = {d["field"] for d in view["named"][0]["differences"]}
     assert "application clocks (MHz)" in fields
+    named_at = []
     for level in view["levels"]:
+        others = [h for h in level["hosts"] if h["host"] != "sim-d"]
+        assert all(not h["named"] and abs(h["ratio"] - 1) < 0.1 for h in others)
         sim_d = next(h for h in level["hosts"] if h["host"] == "sim-d")
         # a tensor-parallel step waits for its slowest GPU: 1600 / 1980 of stock speed
         assert sim_d["ratio"] == pytest.approx(1600 / 1980, abs=0.04)
-        assert sim_d["named"] and sim_d["side"] == "slower"
-        others = [h for h in level["hosts"] if h["host"] != "sim-d"]
-        assert all(not h["named"] and abs(h["ratio"] - 1) < 0.1 for h in others)
+        if not sim_d["judged"]:  # its client's timers fired late there: said, not judged
+            assert not sim_d["named"] and sim_d["not_judged"], sim_d
+            continue
+        assert sim_d["named"] and sim_d["side"] == "slower", sim_d
+        named_at.append(level)
+    assert named_at, view  # named at a level its client did not mark (issue 81.1)
 
     history = run_cli("history", "--host", "sim-d", "--fail-on-regression", "10", *archive)
     assert history.returncode == 1, history.stdout + history.stderr
