@@ -369,7 +369,14 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
         json.loads((profile.parent / "files" / "tspec-tuned.json").read_text()) == (record["table"])
     )
     rows = record["verify"]["h0"]["rows"]
-    assert [r["winner"] for r in rows] == ["speculation", "no drafting"]
+    winners = [r["winner"] for r in rows]
+    assert winners[0] == "speculation", rows
+    if winners[1] != "no drafting":
+        # at C=16 the static depth 3 and no drafting come within a few percent per request on
+        # the rehearsal; the side follows what was measured (verify._row's rule), so a near
+        # tie may fall either way on a busy machine (CI of e438bac, once in four clones)
+        figures = list(rows[1]["per_request"].values())
+        assert max(figures) <= 1.10 * min(figures), rows
     # the tuned server as first verified (before any mend) runs the winner's depth at C=16,
     # about 1.0, and depth 1 beside the static depth 3 at C=1 (DEPTH1_OF_DEPTH3); two servers
     # measured one after the other beside a CPU hog and three workers differ by up to ~12%
