@@ -202,6 +202,8 @@ def report(name: str, archive: Path, host: str, wall: float, depths: list[int]) 
     for short in verified.get("shortfalls", []):
         print(f"below the 0.98 goal: {short}")
     print(verified["sentence"])
+    for said in record["step"].get(host, {}).get("headline", []):
+        print(f"headline: {said}")
     for note in record["notes"]:
         print(f"note: {note}")
     for phase in record["step"].get(host, {}).get("phases", []):
