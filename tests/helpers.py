@@ -231,6 +231,16 @@ def read_run_id(proc: subprocess.Popen, until: str | None = None) -> str | None:
     return run_id
 
 
+def ended(proc: subprocess.Popen, grace: float = 20) -> None:
+    """`proc` terminated, and killed if it is still there after `grace` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def pid_alive(pid: int) -> bool:
     """Alive and not a zombie (a zombie holds no GPU memory)."""
     try:
