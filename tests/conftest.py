@@ -6,9 +6,11 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -141,6 +143,26 @@ def _suite_home(tmp_path_factory):
     left = stop_launched(base, grace=2)
     if left:
         pytest.fail("the session left processes running (stopped now):\n" + "\n".join(left))
+
+
+@pytest.fixture
+def readable_program():
+    """`make(text)`: `text` as an executable any user may read and run (an engine that the
+    run_as user `nobody` starts: not under root's private tmp), removed after the test."""
+    folders: list[Path] = []
+
+    def make(text: str) -> Path:
+        folder = Path(tempfile.mkdtemp(prefix="gpufleet-engine-"))
+        folders.append(folder)
+        folder.chmod(0o755)
+        program = folder / "engine"
+        program.write_text(text)
+        program.chmod(0o755)
+        return program
+
+    yield make
+    for folder in folders:
+        shutil.rmtree(folder)
 
 
 @pytest.fixture

@@ -137,6 +137,19 @@ class Fleet:
         path.write_text(yaml.safe_dump(data))
         return path
 
+    def custom_profile(
+        self, name: str, program: Path, *args: str, port: int | None = None, **fields
+    ) -> tuple[Path, int]:
+        """A `custom` engine profile that runs `program --port PORT ARGS` (on a free port
+        unless given), healthy at `/`, on one GPU, with no model path: (its path, the port)."""
+        from gpufleet.sim.sshd import free_port
+
+        port = port or free_port()
+        command = [str(program), "--port", "{port}", *args]
+        path = self.profile(name, engine="custom", health_path="/", tp=1, port=port,
+                            check_model_path=False, command=command, **fields)  # fmt: skip
+        return path, port
+
     def popen(self, *args: str, stderr: int = subprocess.STDOUT) -> subprocess.Popen:
         """The real CLI against this fleet, in the background (to interrupt or race it)."""
         return subprocess.Popen(
@@ -156,6 +169,18 @@ class Fleet:
 # running near then is asked for its threads' stacks before it is killed, so a hang in CI
 # says where it waited instead of only that the test timed out.
 TEST_DEADLINE: list[float] = []
+
+
+# The health endpoint of an engine program a test writes (conftest's `readable_program`):
+# GET answers 200 "ok", quietly; the program serves `Health` (or a subclass of it)
+HEALTH_HANDLER = """class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+"""
 
 
 def run_cli(
@@ -204,6 +229,16 @@ def read_run_id(proc: subprocess.Popen, until: str | None = None) -> str | None:
         if run_id and (until is None or until in line):
             break
     return run_id
+
+
+def ended(proc: subprocess.Popen, grace: float = 20) -> None:
+    """`proc` terminated, and killed if it is still there after `grace` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def pid_alive(pid: int) -> bool:

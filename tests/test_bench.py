@@ -487,7 +487,7 @@ def test_llama_cpp_acceptance_is_read_from_its_timings():
     # pooled. Found against a real llama-server (tests/engines): "-" at every level.
     from types import SimpleNamespace
 
-    from gpufleet.host.bench.runner import _accept_length
+    from gpufleet.host.bench.ownclient import _accept_length
 
     records = [stream({"draft_n": 32, "draft_n_accepted": 32}),
                stream({"draft_n": 64, "draft_n_accepted": 19})]  # fmt: skip

@@ -8,6 +8,7 @@ the end fails on a read in host/ that goes around the bounded helpers without a 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -67,11 +68,31 @@ def _peak(call: str, arg: str) -> dict:
     return json.loads(out.stdout.splitlines()[-1])
 
 
+@contextlib.contextmanager
+def _serving(answer: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A loopback server that hands each connection to `answer` on a thread of its own:
+    its URL, until the block ends."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed: the block ended
+                return
+            threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+
+
 @pytest.fixture
 def endless_url() -> Iterator[str]:
     """An HTTP server whose every answer is a 200 with a body that never ends (until 3 GiB,
     so an unbounded reader of an older gpufleet ends too)."""
-    server = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
     def answer(conn: socket.socket) -> None:
@@ -88,18 +109,9 @@ def endless_url() -> Iterator[str]:
                     return
                 with_sent += len(chunk)
 
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            threading.Thread(target=answer, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    stop.set()
-    server.close()
+    with _serving(answer) as url:
+        yield url
+        stop.set()
 
 
 HTTP_READERS = {
@@ -133,7 +145,6 @@ def streaming_url() -> Iterator[str]:
     """A server whose streamed answers count far more tokens than asked: /generate/huge
     claims 10^9 in its second chunk, /generate/endless 1,000 more in each of 64 MiB of
     chunks (then ends the stream as SGLang does)."""
-    server = socket.create_server(("127.0.0.1", 0))
     head = (
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
         b'data: {"text": "x", "meta_info": {"completion_tokens": 1, "prompt_tokens": 1}}\n\n'
@@ -156,17 +167,8 @@ def streaming_url() -> Iterator[str]:
             except OSError:
                 return
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            threading.Thread(target=answer, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    server.close()
+    with _serving(answer) as url:
+        yield url
 
 
 ANSWER = (

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import inspect
 import json
 import threading
 import time
@@ -190,3 +191,6 @@ def test_the_bench_clients_are_one_registry():
     with pytest.raises(Exception, match="expected gpufleet or sglang-bench"):
         refusal({"engine": "other", "concurrency": ["1"]})
     assert set(CLIENTS) == {"gpufleet", "sglang-bench"}
+    for client in CLIENTS.values():  # each entry carries the function the runner calls
+        measure = client.level_function()
+        assert list(inspect.signature(measure).parameters) == ["run", "level"], client.name

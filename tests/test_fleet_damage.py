@@ -20,7 +20,7 @@ from gpufleet.archive.layout import Archive
 from gpufleet.errors import UserError
 from gpufleet.fleet import history, outliers
 from gpufleet.fleet.index import open_index
-from helpers import REPO, run_cli, unwrap
+from helpers import REPO, ended, run_cli, unwrap
 
 RUN = "20261101T000000Z-baseline-gpu03"
 
@@ -134,12 +134,7 @@ def test_metrics_serve_keeps_serving_when_a_run_is_damaged_meanwhile(tmp_path):
             text = scrape()
             assert "gpufleet_runs_left_out 1.0" in text and 'host="gpu01"' in text
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        ended(server)
 
 
 def _hostile(root, bad: str) -> None:

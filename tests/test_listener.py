@@ -71,14 +71,8 @@ SQUATTER = textwrap.dedent(
 
 
 @pytest.fixture
-def engine() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="gpufleet-listener-"))
-    folder.chmod(0o755)
-    program = folder / "engine"
-    program.write_text(ENGINE)
-    program.chmod(0o755)
-    yield program
-    shutil.rmtree(folder)
+def engine(readable_program) -> Path:
+    return readable_program(ENGINE)
 
 
 @pytest.fixture
@@ -109,14 +103,8 @@ def squat() -> Iterator:
 
 
 def _profile(fleet, engine: Path, mode: str):
-    from gpufleet.sim.sshd import free_port
-
-    port = free_port()
-    path = fleet.profile(f"squat{mode}", engine="custom", health_path="/", port=port, tp=1,
-                         check_flags=False, check_model_path=False, health_timeout=2,
-                         command=[str(engine), "--port", "{port}"],
-                         flags={"mode": mode, "api-key": CANARY})  # fmt: skip
-    return path, port
+    return fleet.custom_profile(f"squat{mode}", engine, check_flags=False, health_timeout=2,
+                                flags={"mode": mode, "api-key": CANARY})  # fmt: skip
 
 
 def _state(fleet, port: int) -> dict:

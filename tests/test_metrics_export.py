@@ -19,7 +19,7 @@ from fleetdata import write_run
 from gpufleet.archive.kept import Cell, SweepRecord
 from gpufleet.archive.layout import Archive
 from gpufleet.archive.store import write_private_file
-from helpers import REPO, run_cli
+from helpers import REPO, ended, run_cli
 
 THROUGHPUT = "gpufleet_output_throughput_tokens_per_second"
 
@@ -42,6 +42,18 @@ def _archive(root: Path, old_runs: int) -> None:
                           started=f"2026-11-0{n + 1}T00:00:00+00:00")  # fmt: skip
 
 
+def _textfile(root: Path, out_file: Path) -> tuple[str, str]:
+    """`inv metrics --output` of the archive at `root`, checked by promtool: (the textfile,
+    what promtool said)."""
+    got = run_cli("metrics", "--output", str(out_file), "--archive", str(root))
+    assert got.returncode == 0, got.stderr
+    text = out_file.read_text()
+    check = subprocess.run([_tool("promtool"), "check", "metrics"], input=text,
+                           capture_output=True, text=True)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    return text, check.stdout
+
+
 def _series(text: str, name: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith(name + "{")]
 
@@ -50,12 +62,8 @@ def test_the_textfile_passes_promtool_and_its_series_are_bounded(tmp_path):
     root = tmp_path / "logs"
     _archive(root, old_runs=0)
     out_file = tmp_path / "gpufleet.prom"
-    got = run_cli("metrics", "--output", str(out_file), "--archive", str(root))
-    assert got.returncode == 0, got.stderr
-    text = out_file.read_text()
-    check = subprocess.run([_tool("promtool"), "check", "metrics"], input=text,
-                           capture_output=True, text=True)  # fmt: skip
-    assert check.returncode == 0 and not check.stdout.strip(), check.stdout + check.stderr
+    text, said = _textfile(root, out_file)
+    assert not said.strip(), said
     # the bound: hosts x profiles x levels, whatever the archive's history
     assert len(_series(text, THROUGHPUT)) == 3 * 2 * 2
     longer = tmp_path / "longer"
@@ -195,12 +203,7 @@ def test_a_real_prometheus_scrapes_the_figure_compare_prints(tmp_path):
         assert [i for _, i in held] == [2, 4, 6], held  # one per host and profile a round
     finally:
         for proc in (prom, server):
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            ended(proc)
 
 
 def test_a_suspect_host_is_exported_with_bounded_labels(tmp_path):
@@ -212,12 +215,7 @@ def test_a_suspect_host_is_exported_with_bounded_labels(tmp_path):
     root = tmp_path / "logs"
     fleet_archive(root, 6, slow={"gpu02": 0.8}, power_limit_w=700.0)
     out_file = tmp_path / "gpufleet.prom"
-    got = run_cli("metrics", "--output", str(out_file), "--archive", str(root))
-    assert got.returncode == 0, got.stderr
-    text = out_file.read_text()
-    check = subprocess.run([_tool("promtool"), "check", "metrics"], input=text,
-                           capture_output=True, text=True)  # fmt: skip
-    assert check.returncode == 0, check.stdout + check.stderr
+    text, _ = _textfile(root, out_file)
     series = _series(text, "gpufleet_fleet_suspect")
     assert len(series) == 6 * 3
     up = [s for s in series if s.endswith(" 1.0")]
@@ -227,7 +225,7 @@ def test_a_suspect_host_is_exported_with_bounded_labels(tmp_path):
         "host", "profile", "engine", "gpu_model", "concurrency"}  # fmt: skip
     assert 'gpu_model="NVIDIA H200"' in up[0] and 'engine="sglang"' in up[0]
     fleet_archive(root, 6, slow={"gpu02": 0.8}, power_limit_w=700.0, day=2, seed=1)
-    got = run_cli("metrics", "--output", str(out_file), "--archive", str(root))
+    run_cli("metrics", "--output", str(out_file), "--archive", str(root))
     text = out_file.read_text()
     assert not [s for s in _series(text, "gpufleet_fleet_suspect") if s.endswith(" 1.0")]
     named = [s for s in _series(text, "gpufleet_fleet_outlier") if s.endswith(" 1.0")]

@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from gpufleet.host.proc import gpuprocs
+from helpers import HEALTH_HANDLER
 
 NOBODY = 65534
-SERVER = """#!/usr/bin/env python3
+SERVER = (
+    """#!/usr/bin/env python3
 import http.server, os, sys
 if "--help" in sys.argv:
     print(f"usage: engine --port PORT --table FILE\\nprobed as uid {os.getuid()}")
@@ -29,29 +31,18 @@ port = int(sys.argv[sys.argv.index("--port") + 1])
 if "--table" in sys.argv:  # a profile's file, written for this user where it can read it
     table = sys.argv[sys.argv.index("--table") + 1]
     print(f"table {table} reads {open(table).read()!r}", flush=True)
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"ok")
-    def log_message(self, *args):
-        pass
-print(f"serving as uid {os.getuid()} home {os.environ.get('HOME')} cwd {os.getcwd()}",
+"""
+    + HEALTH_HANDLER
+    + """print(f"serving as uid {os.getuid()} home {os.environ.get('HOME')} cwd {os.getcwd()}",
       flush=True)
 http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 """
+)
 
 
 @pytest.fixture
-def engine():
-    """The engine's program where any user may read and run it (not under root's tmp)."""
-    folder = Path(tempfile.mkdtemp(prefix="gpufleet-runas-"))
-    folder.chmod(0o755)
-    program = folder / "engine"
-    program.write_text(SERVER)
-    program.chmod(0o755)
-    yield program
-    shutil.rmtree(folder)
+def engine(readable_program) -> Path:
+    return readable_program(SERVER)
 
 
 def _uid_of(pid: int) -> int:
@@ -61,16 +52,11 @@ def _uid_of(pid: int) -> int:
 
 @pytest.mark.slow(minutes=1)
 def test_run_as_runs_the_server_and_its_probes_as_that_user(fleet, engine, tmp_path):
-    from gpufleet.sim.sshd import free_port
-
-    port = free_port()
     (tmp_path / "table.json").write_text('{"1": 3}')
-    profile = fleet.profile("asuser", engine="custom", health_path="/", check_flags=True,
-                            check_model_path=False, files={"table": str(tmp_path / "table.json")},
-                            command=[str(engine), "--port", "{port}"],
-                            flags={"table": "{file:table}"},
-                            port=port, tp=1,
-                            version_command=["sh", "-c", "echo version $(id -u)"])  # fmt: skip
+    profile, port = fleet.custom_profile(
+        "asuser", engine, check_flags=True, files={"table": str(tmp_path / "table.json")},
+        flags={"table": "{file:table}"}, version_command=["sh", "-c", "echo version $(id -u)"],
+    )  # fmt: skip
     fleet.write_inventory(run_as="nobody")
     out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0", timeout=120)
     try:
@@ -96,12 +82,7 @@ def test_run_as_runs_the_server_and_its_probes_as_that_user(fleet, engine, tmp_p
 
 @pytest.mark.slow(minutes=1)
 def test_a_root_server_is_said_once_and_run_as_root_silences_it(fleet, engine):
-    from gpufleet.sim.sshd import free_port
-
-    port = free_port()
-    profile = fleet.profile("asroot", engine="custom", health_path="/", tp=1,
-                            check_model_path=False,
-                            command=[str(engine), "--port", "{port}"], port=port)  # fmt: skip
+    profile, _ = fleet.custom_profile("asroot", engine)
     for run_as, said in ((None, True), ("root", False)):
         fleet.write_inventory(**({"run_as": run_as} if run_as else {}))
         out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0,h1", timeout=120)

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from gpufleet.host.agent import redact
+from helpers import HEALTH_HANDLER
 from test_reliability import record
 
 # a run_as user's server that re-executes itself with a secret-looking variable whose
 # value is JSON's own punctuation: root's agent reads it from /proc/PID/environ
-EVIL = """#!/usr/bin/env python3
+EVIL = (
+    """#!/usr/bin/env python3
 import http.server, os, sys
 if "--help" in sys.argv:
     print("usage: engine --port PORT")
@@ -30,37 +30,22 @@ if "--help" in sys.argv:
 if os.environ.get("EVIL_API_KEY") != '": "':
     os.execve(sys.argv[0], sys.argv, {**os.environ, "EVIL_API_KEY": '": "'})
 port = int(sys.argv[sys.argv.index("--port") + 1])
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"ok")
-    def log_message(self, *args):
-        pass
-print('serving: {"model": "m"} and a secret ": " inside', flush=True)
+"""
+    + HEALTH_HANDLER
+    + """print('serving: {"model": "m"} and a secret ": " inside', flush=True)
 http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 """
+)
 
 
 @pytest.fixture
-def evil_engine():
-    folder = Path(tempfile.mkdtemp(prefix="gpufleet-evil-"))
-    folder.chmod(0o755)
-    program = folder / "engine"
-    program.write_text(EVIL)
-    program.chmod(0o755)
-    yield program
-    shutil.rmtree(folder)
+def evil_engine(readable_program) -> Path:
+    return readable_program(EVIL)
 
 
 @pytest.mark.slow(minutes=1)
 def test_a_secret_made_of_json_punctuation_breaks_no_answer(fleet, evil_engine):
-    from gpufleet.sim.sshd import free_port
-
-    port = free_port()
-    profile = fleet.profile("evil", engine="custom", health_path="/", tp=1,
-                            check_model_path=False,
-                            command=[str(evil_engine), "--port", "{port}"], port=port)  # fmt: skip
+    profile, _ = fleet.custom_profile("evil", evil_engine)
     fleet.write_inventory(run_as="nobody")
     out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0", timeout=120)
     try:
@@ -134,12 +119,8 @@ def test_a_stopped_agent_ends_the_read_in_one_line_naming_host_and_verb(fleet, e
     import sys
 
     from gpufleet.host.agent.heartbeat import HEARTBEAT_S, SILENT_S
-    from gpufleet.sim.sshd import free_port
 
-    port = free_port()
-    profile = fleet.profile("quiet", engine="custom", health_path="/", tp=1,
-                            check_model_path=False,
-                            command=[str(evil_engine), "--port", "{port}"], port=port)  # fmt: skip
+    profile, _ = fleet.custom_profile("quiet", evil_engine)
     fleet.write_inventory(run_as="nobody")
     out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0", timeout=120)
     stopped: list[int] = []

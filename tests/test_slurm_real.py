@@ -693,12 +693,14 @@ def test_a_sweep_where_nothing_is_wrong_warns_of_nothing(connection, fleet, clus
     fleet.cli("stop", "--hosts", "h0,h1")
 
 
-def held_by_the_interrupted_run(fleet: Fleet, archive: Path, over: str, sweep: list[str]) -> None:
+def held_by_the_interrupted_run(fleet: Fleet, archive: Path, over: str) -> None:
     """Issue 81.6 (here and over ssh, test_interrupt.py): a sweep stopped by SIGTERM mid-level
     leaves its run going on on the host, and that run owns the host until it ends: a second
     sweep is refused in one line naming the run and the task that left it (never the dead
     task's pid as if it ran), and the first sweep's resume archives the original run."""
-    proc = fleet.popen(*sweep)
+    profile = fleet.profile("held", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    proc = fleet.popen("sweep", "--profiles", str(profile), "--hosts", "h0", "--concurrency", "8",
+                       "--num-prompts", "400", "--output-len", "32", "--archive", str(archive))  # fmt: skip
     said = []
     for text in proc.stdout:
         said.append(text)
@@ -741,13 +743,8 @@ def test_a_run_left_by_a_sweep_stopped_over_srun_owns_its_node(fleet, cluster, t
     the node, killed the first run's server and reported success."""
     job = cluster.submit("-N1", "-p", "h200")
     srun_inventory(fleet, job, [cluster.wait_running(job)])
-    profile = fleet.profile("held", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
-    archive = tmp_path / "a"
     try:
-        held_by_the_interrupted_run(fleet, archive, "srun", [
-            "sweep", "--profiles", str(profile), "--hosts", "h0", "--concurrency", "8",
-            "--num-prompts", "400", "--output-len", "32", "--archive", str(archive),
-        ])  # fmt: skip
+        held_by_the_interrupted_run(fleet, tmp_path / "a", "srun")
     finally:
         fleet.cli("stop", "--hosts", "h0")
         cluster.cancel(job)

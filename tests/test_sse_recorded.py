@@ -99,7 +99,7 @@ async def _serve_and_request(body: bytes, meta: dict, piece: int) -> RequestReco
     prompt = Prompt(text=meta["request"].get("prompt") or "x", output_len=24)
     async with server:
         sending = Sending(meta["backend"], "default", True, 10)
-        await one_request(client, sending, prompt, record, 0.0)
+        await one_request(client, sending, prompt, record, t0=0.0)
     return record
 
 

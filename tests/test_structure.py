@@ -56,27 +56,14 @@ def test_no_function_takes_more_than_eight_parameters():
     assert _measure().long_signatures() == []
 
 
-# functions of 6+ parameters that may still take more than 4 positionally: their callers
-# are in files another change of issue 82 owns (bench options, dialects); down only
-POSITIONAL_LEFT = {
-    "control/bench/run.py fetch",
-    "control/bench/workloads.py random_ids",  # its caller: control/bench/run.py
-    "control/server/profiles.py _argv_for",
-    "control/server/profiles.py _spec_for",
-    "host/bench/sender.py one_request",
-    "host/bench/sender.py run_session",
-}
-
-
 def test_wide_functions_take_the_rest_by_keyword():
     """Issue 82.8: 36 of the 39 functions with 6 or more parameters took them all
     positionally, so a call read `_verify(profile, tuned, checks, request, resume,
     experiment, outcome, clock)` and a reordered parameter shifted a value silently. Past
-    the first 4, a wide function's parameters are keyword-only."""
-    import re
-
-    found = {re.sub(r":\d+", "", name) for name, _ in _measure().positional_tails()}
-    assert found <= POSITIONAL_LEFT, sorted(found - POSITIONAL_LEFT)
+    the first 4, a wide function's parameters are keyword-only, with no exception (the
+    last six, fetch, random_ids, _argv_for, _spec_for, one_request and run_session, went
+    keyword-only with their callers)."""
+    assert _measure().positional_tails() == []
 
 
 def test_no_long_modules_anywhere():

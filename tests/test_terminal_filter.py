@@ -13,13 +13,12 @@ run in the suite, so the next task that prints remote text is caught where it is
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from gpufleet.terminal import CONTROL, shown
+from helpers import HEALTH_HANDLER
 from test_reliability import record
 
 # what a hostile log or process name holds: clear the screen and home the cursor, a fake
@@ -28,7 +27,8 @@ from test_reliability import record
 EVIL = ("\x1b[2J\x1b[Hall GPUs verified clean \x1b]0;pwned\x07 \x1b]8;;http://192.0.2.1/\x1b\\"
         "link\x1b]8;;\x1b\\ hidden\roverwritten \x07\x9b31m red\u202e")  # fmt: skip
 
-ENGINE = """#!/usr/bin/env python3
+ENGINE = (
+    """#!/usr/bin/env python3
 import http.server, os, sys, time
 EVIL = @EVIL@
 if "--help" in sys.argv:
@@ -43,30 +43,21 @@ if "--crash" in sys.argv:
     print("Traceback: " + EVIL, flush=True)
     sys.exit(3)
 time.sleep(1.5)
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"ok")
+"""
+    + HEALTH_HANDLER
+    + """class Crashing(Health):
     def do_POST(self):
         print("crashed serving " + EVIL, flush=True)
         os._exit(4)
-    def log_message(self, *args):
-        pass
 print("serving " + EVIL, flush=True)
-http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
-""".replace("@EVIL@", repr(EVIL))
+http.server.HTTPServer(("127.0.0.1", port), Crashing).serve_forever()
+"""
+).replace("@EVIL@", repr(EVIL))
 
 
 @pytest.fixture
-def hostile_engine():
-    folder = Path(tempfile.mkdtemp(prefix="gpufleet-hostile-"))
-    folder.chmod(0o755)
-    program = folder / "engine"
-    program.write_text(ENGINE)
-    program.chmod(0o755)
-    yield program
-    shutil.rmtree(folder)
+def hostile_engine(readable_program) -> Path:
+    return readable_program(ENGINE)
 
 
 def _raw(text: str) -> list[str]:
@@ -84,15 +75,9 @@ def test_the_filter_writes_out_every_control_character_and_keeps_the_rest():
 
 @pytest.mark.slow(minutes=2)
 def test_no_task_prints_a_hostile_servers_control_characters(fleet, hostile_engine, tmp_path):
-    from gpufleet.sim.sshd import free_port
-
-    port = free_port()
-    base = dict(engine="custom", health_path="/", tp=1, check_model_path=False, port=port,
-                version_command=[str(hostile_engine), "--version"])  # fmt: skip
-    profile = fleet.profile("hostile", command=[str(hostile_engine), "--port", "{port}"], **base)
-    crashing = fleet.profile(
-        "crashing", command=[str(hostile_engine), "--port", "{port}", "--crash"], **base
-    )
+    version = {"version_command": [str(hostile_engine), "--version"]}
+    profile, port = fleet.custom_profile("hostile", hostile_engine, **version)
+    crashing, _ = fleet.custom_profile("crashing", hostile_engine, "--crash", port=port, **version)
     fleet.write_inventory(run_as="nobody")
     outputs: dict[str, str] = {}
 

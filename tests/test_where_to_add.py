@@ -216,3 +216,63 @@ def test_a_connection_with_a_field_is_its_module_and_its_registry(copy):
     """)
     assert out.strip() == "ContainerSession|container web1 on a|web1", out
     _holds("a connection", copy, name="container")
+
+
+def test_a_bench_client_is_its_module_and_its_registry_line(copy, sim_server):
+    """A bench client (`--engine`) added for real: its level function in a module of its
+    own and its line in host/bench/clients.py. The runner calls the function the entry
+    names, so nothing else changes: the task takes `--engine trial`, refuses what the entry
+    says the client cannot do, and a run through it measures a level against a real
+    (rehearsal) server. Before: the runner chose the level by the entry's `external` flag,
+    so a third client was a branch in host/bench/runner.py too."""
+    server = sim_server()
+    copy.new("host/bench/trial.py", textwrap.dedent('''
+        """gpufleet's generator held to one process (tests/test_where_to_add.py)."""
+
+        import dataclasses
+
+        from gpufleet.host.bench import ownclient
+        from gpufleet.host.bench.clientapi import BenchRun, LevelOutcome
+        from gpufleet.records import Level
+
+
+        def bench_level(run: BenchRun, level: Level) -> LevelOutcome:
+            one = dataclasses.replace(run.plan, client_procs=1)
+            outcome = ownclient.bench_level(dataclasses.replace(run, plan=one), level)
+            run.writer.event({"level": level.concurrency, "phase": "trial"})
+            return outcome
+    ''').lstrip())  # fmt: skip
+    copy.edit("host/bench/clients.py", "            sessions=False,\n        ),\n",
+              '        BenchClient("trial", "one process", "gpufleet.host.bench.trial:bench_level",\n'
+              "                    processes=False),\n")  # fmt: skip
+    out = copy.run(f"""
+        import json, pathlib
+        from gpufleet.cli.bench_tasks import BENCH
+        from gpufleet.control.bench.request import check_combination
+        from gpufleet.host.bench.runner import run_plan
+        from gpufleet.records import BenchPlan, Level, PromptRow
+        print(BENCH.parse({{"engine": "trial", "concurrency": ["2"]}}).engine)
+        request = BENCH.parse({{"engine": "trial", "concurrency": ["2"], "client_procs": "2"}})
+        try:
+            check_combination(request, [PromptRow(prompt="hi")], "p")
+        except Exception as exc:
+            print(exc)
+        run = pathlib.Path("run")
+        run.mkdir()
+        plan = BenchPlan(run_id="r1", engine="trial", levels=[Level(concurrency=2, num_prompts=4)],
+                         base_url={server.url!r}, output_len=4, client_procs="2")
+        (run / "plan.json").write_text(plan.to_json())
+        (run / "prompts.jsonl").write_text((json.dumps({{"prompt": "hi"}}) + "\\n") * 4)
+        print(run_plan(run)["status"])
+        [row] = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+        events = [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
+        print(row["max_concurrency"], row["completed"], row["client_procs"],
+              [e["phase"] for e in events if "phase" in e])
+    """)  # fmt: skip
+    assert out.splitlines() == [
+        "trial",
+        "--engine trial: it is one process; --client-procs needs --engine gpufleet",
+        "done",
+        "2 4 1 ['start', 'end', 'trial']",
+    ], out
+    _holds("a bench client", copy, name="trial")

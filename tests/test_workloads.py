@@ -242,7 +242,7 @@ def test_token_ids_stay_under_the_vocabulary_given_and_the_default_draws_do_not_
 
     from gpufleet.control.bench import workloads
 
-    rows = workloads.random_ids(20, 3, 64, 8, 1.0, vocab=512)
+    rows = workloads.random_ids(20, 3, input_len=64, output_len=8, ratio=1.0, vocab=512)
     ids = [i for r in rows for i in r.input_ids]
     assert len(ids) == 20 * 64 and min(ids) >= 100 and max(ids) < 512
     shared = workloads.shared_prefix(8, 3, {"groups": 2, "per_group": 4, "prefix_len": 32,
@@ -254,5 +254,5 @@ def test_token_ids_stay_under_the_vocabulary_given_and_the_default_draws_do_not_
     [row] = workloads.load_trace(str(trace), 1.0, vocab=512)
     assert len(row.input_ids) == 700 and max(row.input_ids) < 512
     rng = stdlib_random.Random(3)
-    first = workloads.random_ids(1, 3, 16, 8, 1.0)[0].input_ids
+    first = workloads.random_ids(1, 3, input_len=16, output_len=8, ratio=1.0)[0].input_ids
     assert first == [rng.randrange(100, 30_000) for _ in range(16)]

@@ -182,13 +182,11 @@ def history_of(
     same = ([r for r in g if r.fingerprint == settled] for g in earlier)
     baseline_rounds = [g for g in same if g]
     baseline = [r for g in baseline_rounds for r in g]
-    levels = []
+    levels, judge = [], _Judge(m, threshold, noise)
     concurrencies = sorted({row[catalogue.CONCURRENCY] for r in newest for row in r.rows})
     for c in concurrencies:
         changed = bool(changed_fields(baseline[-1], newest[-1]))
-        level = _level(
-            newest, baseline_rounds, c, m, threshold=threshold, noise=noise, changed=changed
-        )
+        level = judge.level(newest, baseline_rounds, c, changed=changed)
         if level is not None:
             levels.append(level)
     changes = changed_fields(baseline[-1], newest[-1])
@@ -199,77 +197,70 @@ def _rows_at(runs: list[IndexedRun], c: int) -> list[Row]:
     return [row for r in runs for row in r.rows if row[catalogue.CONCURRENCY] == c]
 
 
-def _level(
-    newest: list[IndexedRun],
-    baseline_rounds: list[list[IndexedRun]],
-    c: int,
-    m: catalogue.Metric,
-    *,
-    threshold: float,
-    noise: FleetNoise,
-    changed: bool,
-) -> HistoryLevel | None:
-    """One level's verdict on the fleet view's evidence rule. A change with no recorded
-    fingerprint field behind it is named only when the round before agrees (off the same
-    way against the rounds before it, which then form the baseline); in one round alone it
-    is a suspect ("measure again"), which --fail-on-regression does not count."""
-    previous = None
-    if len(baseline_rounds) >= 2:
-        previous = _compare(
-            baseline_rounds[-1], baseline_rounds[:-1], c, m, threshold=threshold, noise=noise
-        )
-    confirmed = previous is not None and previous.verdict in (Verdict.SLOWER, Verdict.FASTER)
-    pool = baseline_rounds[:-1] if confirmed else baseline_rounds
-    level = _compare(newest, pool, c, m, threshold=threshold, noise=noise)
-    if level is None or level.verdict not in (Verdict.SLOWER, Verdict.FASTER) or changed:
-        return level
-    if confirmed and previous is not None and previous.verdict == level.verdict:
-        level.note = (f"its previous round ({baseline_rounds[-1][-1].run_id}) was "
-                      f"{level.verdict} too ({previous.change:+.1%})")  # fmt: skip
-        return level
-    level.note = ("off in this round only and nothing recorded changed: measure again "
-                  "(named when a second round agrees)")  # fmt: skip
-    level.verdict = f"{Verdict.SUSPECT} {level.verdict}"
-    return level
+@dataclass(frozen=True)
+class _Judge:
+    """How one host's levels are judged: the metric, the verdict's threshold and the
+    fleet's run-to-run noise (the same for every level and round of the history)."""
 
+    m: catalogue.Metric
+    threshold: float
+    noise: FleetNoise
 
-def _compare(
-    newest: list[IndexedRun],
-    baseline_rounds: list[list[IndexedRun]],
-    c: int,
-    m: catalogue.Metric,
-    *,
-    threshold: float,
-    noise: FleetNoise,
-) -> HistoryLevel | None:
-    """`newest` against the pooled `baseline_rounds` at `c`: both figures widened by the
-    run-to-run term (the larger of this host's own between-round spread, from four
-    baseline rounds, and the fleet's); a level the client marked late or bound in the
-    newest round is not judged; with no run-to-run term at all, a figure from its requests
-    alone gets no interval (its spread is narrower than a relaunch's)."""
-    after = estimate(_rows_at(newest, c), m.key)
-    before = estimate([row for g in baseline_rounds for row in _rows_at(g, c)], m.key)
-    if after is None or before is None or before.value <= 0 or after.value <= 0:
-        return None
-    series = [
-        statistics.fmean(v) for g in baseline_rounds if (v := ok_values(_rows_at(g, c), c, m.key))
-    ]
-    own = est.between_rounds_sd([series]) if len(series) >= OWN_ROUNDS else None
-    terms = [(t[0], t[1], source) for t, source in ((own, est.OWN_ROUNDS),
-             (noise.at(newest[-1], c, m.key), est.FLEET_ROUNDS)) if t is not None]  # fmt: skip
-    if terms:
-        before, after = (est.with_run_noise(e, *max(terms)) for e in (before, after))
-    value, interval = ratio(before, after)
-    mark = client_mark(_rows_at(newest, c), c)
-    verdict, change = _verdict(value, interval, threshold, bool(m.higher_is_better))
-    note = None
-    if mark is not None:
-        verdict, note = Verdict.UNJUDGED, f"not judged: {mark[1]}"
-    elif "requests" in (before.source, after.source):
-        interval, verdict = None, Verdict.UNKNOWN
-        note = (f"no run-to-run spread to judge by (fewer than {OWN_ROUNDS} baseline rounds, "
-                "no other host's rounds): --repeat 3 gives one")  # fmt: skip
-    return HistoryLevel(c, before, after, value, interval, verdict, change, note)
+    def level(
+        self, newest: list[IndexedRun], rounds: list[list[IndexedRun]], c: int, *, changed: bool
+    ) -> HistoryLevel | None:
+        """One level's verdict on the fleet view's evidence rule. A change with no recorded
+        fingerprint field behind it is named only when the round before agrees (off the
+        same way against the rounds before it, which then form the baseline); in one round
+        alone it is a suspect ("measure again"), which --fail-on-regression does not count."""
+        previous = self.compare(rounds[-1], rounds[:-1], c) if len(rounds) >= 2 else None
+        confirmed = previous is not None and previous.verdict in (Verdict.SLOWER, Verdict.FASTER)
+        level = self.compare(newest, rounds[:-1] if confirmed else rounds, c)
+        if level is None or level.verdict not in (Verdict.SLOWER, Verdict.FASTER) or changed:
+            return level
+        if confirmed and previous is not None and previous.verdict == level.verdict:
+            level.note = (f"its previous round ({rounds[-1][-1].run_id}) was "
+                          f"{level.verdict} too ({previous.change:+.1%})")  # fmt: skip
+            return level
+        level.note = ("off in this round only and nothing recorded changed: measure again "
+                      "(named when a second round agrees)")  # fmt: skip
+        level.verdict = f"{Verdict.SUSPECT} {level.verdict}"
+        return level
+
+    def compare(
+        self, newest: list[IndexedRun], baseline_rounds: list[list[IndexedRun]], c: int
+    ) -> HistoryLevel | None:
+        """`newest` against the pooled `baseline_rounds` at `c`: both figures widened by the
+        run-to-run term (the larger of this host's own between-round spread, from four
+        baseline rounds, and the fleet's); a level the client marked late or bound in the
+        newest round is not judged; with no run-to-run term at all, a figure from its
+        requests alone gets no interval (its spread is narrower than a relaunch's)."""
+        m, threshold, noise = self.m, self.threshold, self.noise
+        after = estimate(_rows_at(newest, c), m.key)
+        before = estimate([row for g in baseline_rounds for row in _rows_at(g, c)], m.key)
+        if after is None or before is None or before.value <= 0 or after.value <= 0:
+            return None
+        series = [
+            statistics.fmean(v)
+            for g in baseline_rounds
+            if (v := ok_values(_rows_at(g, c), c, m.key))
+        ]
+        own = est.between_rounds_sd([series]) if len(series) >= OWN_ROUNDS else None
+        terms = [(t[0], t[1], source) for t, source in ((own, est.OWN_ROUNDS),
+                 (noise.at(newest[-1], c, m.key), est.FLEET_ROUNDS)) if t is not None]  # fmt: skip
+        if terms:
+            before, after = (est.with_run_noise(e, *max(terms)) for e in (before, after))
+        value, interval = ratio(before, after)
+        mark = client_mark(_rows_at(newest, c), c)
+        verdict, change = _verdict(value, interval, threshold, bool(m.higher_is_better))
+        note = None
+        if mark is not None:
+            verdict, note = Verdict.UNJUDGED, f"not judged: {mark[1]}"
+        elif "requests" in (before.source, after.source):
+            interval, verdict = None, Verdict.UNKNOWN
+            note = (f"no run-to-run spread to judge by (fewer than {OWN_ROUNDS} baseline "
+                    "rounds, no other host's rounds): --repeat 3 gives one")  # fmt: skip
+        return HistoryLevel(c, before, after, value, interval, verdict, change, note)
 
 
 def known(index: Index, host: str | None, profile: str | None) -> tuple[list[str], list[str]]:

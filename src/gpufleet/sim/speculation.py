@@ -253,7 +253,7 @@ class AdaptiveDepth:
     """Routes a decode batch to its slot; the engine asks the depth before each step and
     reports the accepted drafts after it. A change of depth between steps is a runtime
     switch, which SGLang 0.5.23 logs (eagle_worker_v2.apply_runtime_state) as SWITCH_LINE:
-    the count a load step reports (host/bench/runner.py)."""
+    the count a load step reports (host/bench/ownclient.py)."""
 
     def __init__(
         self,

@@ -121,9 +121,8 @@ def _rows(
         out = request.random_output_len or request.output_len
         ratio = request.random_range_ratio
         vocab = request.random_vocab
-        rows = workloads.random_ids(
-            count, request.seed, request.random_input_len, out, ratio, vocab
-        )
+        rows = workloads.random_ids(count, request.seed, input_len=request.random_input_len,
+                                    output_len=out, ratio=ratio, vocab=vocab)  # fmt: skip
         label = f"random-ids-{request.random_input_len}-{out}"
         label += f"-r{ratio:g}" if ratio < 1 else ""
         label += f"-v{vocab}" if vocab != workloads.ID_HIGH else ""
@@ -304,6 +303,7 @@ def fetch(
     session: Session,
     run_id: str,
     request: BenchRequest,
+    *,
     progress: Progress | None,
     cancel: CancelToken | None = None,
     resume: str | None = None,
@@ -364,7 +364,7 @@ def bench_on(
 ) -> ArchivedRun:
     """Start the run on one host and follow it to the archive."""
     start(session, request, run_id, progress)
-    return fetch(session, run_id, request, progress)
+    return fetch(session, run_id, request, progress=progress)
 
 
 def bench(
@@ -388,7 +388,9 @@ def attach(
 ) -> FleetResult[ArchivedRun]:
     """Follow a run already started on each host (`--attach`) to the archive; a run that has not
     finished is a failure naming it."""
-    return _fail_unfinished(fleet.each(lambda s: fetch(s, run_id, request, progress), on_done))
+    return _fail_unfinished(
+        fleet.each(lambda s: fetch(s, run_id, request, progress=progress), on_done)
+    )
 
 
 def _fail_unfinished(results: FleetResult[ArchivedRun]) -> FleetResult[ArchivedRun]:

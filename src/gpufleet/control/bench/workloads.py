@@ -79,7 +79,7 @@ def _length(rng: random.Random, full: int, ratio: float) -> int:
 
 
 def random_ids(
-    count: int, seed: int, input_len: int, output_len: int, ratio: float, vocab: int = ID_HIGH
+    count: int, seed: int, *, input_len: int, output_len: int, ratio: float, vocab: int = ID_HIGH
 ) -> list[PromptRow]:
     """Token-exact random prompts (bench_serving's `random-ids`)."""
     rng = random.Random(seed)

@@ -229,7 +229,8 @@ def build_specs(
     for index, host in enumerate(hosts):
         rank = index % profile.nnodes
         head = hosts[index - rank]
-        specs.append((host, _spec_for(profile, host, rank, head, stamp, engine_override)))
+        spec = _spec_for(profile, host, rank=rank, head=head, stamp=stamp, override=engine_override)
+        specs.append((host, spec))
     return specs
 
 
@@ -294,7 +295,7 @@ def _custom_argv(profile: Profile, python: str, port: int) -> list[str]:
 
 
 def _argv_for(
-    profile: Profile, host: Host, engine: str, port: int, rank: int, head: Host
+    profile: Profile, host: Host, *, engine: str, port: int, rank: int, head: Host
 ) -> list[str]:
     python = host.python_path
     module = engines.engine(engine).module
@@ -370,7 +371,7 @@ def _probe_settings(profile: Profile) -> engines.ProbeSettings:
 
 
 def _spec_for(
-    profile: Profile, host: Host, rank: int, head: Host, stamp: str, override: str | None
+    profile: Profile, host: Host, *, rank: int, head: Host, stamp: str, override: str | None
 ) -> LaunchSpec:
     engine = _engine_for(profile, host, override)
     port = _host_port(profile, host)
@@ -386,7 +387,8 @@ def _spec_for(
     resolved["env"] = redact_env({k: str(v) for k, v in profile.env.items()}, profile.secret_env)
     resolved["flags"] = redact_flags(profile.flags)
     resolved = redact_tree(resolved)
-    argv, files, recorded = _with_files(profile, _argv_for(profile, host, engine, port, rank, head))
+    argv = _argv_for(profile, host, engine=engine, port=port, rank=rank, head=head)
+    argv, files, recorded = _with_files(profile, argv)
     resolved["files"] = recorded
     models = engines.model_files(engine, profile.model_path, profile.flags, argv)
     probes = engines.probes(engine, argv, _probe_settings(profile))

@@ -124,8 +124,8 @@ class SweepCell:
             self.state.say(f"[sweep] {label(self.profile)} on {self.host}: {said} run {run_id}")
             progress = None if finished else self.bench_progress  # nothing live to replay
             try:  # the run went on on the host: re-attach and archive it
-                result = benchrun.fetch(self.session, run_id, self.request,
-                                        progress, self.cancel, RESUME)  # fmt: skip
+                result = benchrun.fetch(self.session, run_id, self.request, progress=progress,
+                                        cancel=self.cancel, resume=RESUME)  # fmt: skip
             except HostError as exc:
                 if exc.kind in LOST:  # still out of reach: the run stays the host's
                     raise HostError(f"{exc} (run {run_id} stays on the host)",
@@ -200,8 +200,9 @@ class SweepCell:
             benchrun.start(self.session, self.request, run_id, self.bench_progress)
             started = True
             result = benchrun.fetch(
-                self.session, run_id, self.request, self.bench_progress, self.cancel, RESUME
-            )
+                self.session, run_id, self.request,
+                progress=self.bench_progress, cancel=self.cancel, resume=RESUME,
+            )  # fmt: skip
         except Cancelled:
             if self.stop_on_interrupt:  # the task's own server: stopped, the run with it
                 self.stop_server()

@@ -127,23 +127,17 @@ class StreamProtocol(asyncio.Protocol):
         while self._buf or self._state == "body-done":
             state = self._state
             if state == "head":
-                end = self._buf.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(self._buf) > 65536:
-                        raise ValueError("response head over 64 KiB")
+                head = self._line(b"\r\n\r\n", "response head")
+                if head is None:
                     return
-                self._head(self._buf[:end].decode("latin-1"))
-                self._buf = self._buf[end + 4 :]
+                self._head(head.decode("latin-1"))
             elif state == "size":
-                end = self._buf.find(b"\r\n")
-                if end < 0:
-                    if len(self._buf) > MAX_LINE:
-                        raise ValueError("chunk size line over 64 KiB")
+                line = self._line(b"\r\n", "chunk size line")
+                if line is None:
                     return
-                size = int(self._buf[:end].split(b";", 1)[0], 16)
+                size = int(line.split(b";", 1)[0], 16)
                 if size > MAX_EVENT:
                     raise ValueError(f"chunk of {size} bytes (over 16 MiB)")
-                self._buf = self._buf[end + 2 :]
                 if size == 0:
                     self._state = "trailer"
                 else:
@@ -155,12 +149,9 @@ class StreamProtocol(asyncio.Protocol):
                 self._buf = self._buf[self._need + 2 :]
                 self._state = "size"
             elif state == "trailer":
-                end = self._buf.find(b"\r\n")
-                if end < 0:
-                    if len(self._buf) > MAX_LINE:
-                        raise ValueError("trailer line over 64 KiB")
+                line = self._line(b"\r\n", "trailer line")
+                if line is None:
                     return
-                line, self._buf = self._buf[:end], self._buf[end + 2 :]
                 if not line:
                     self._finish()
             elif state == "body":
@@ -178,6 +169,17 @@ class StreamProtocol(asyncio.Protocol):
                 self._finish()
             else:  # idle: bytes nobody asked for
                 raise ValueError(f"{len(self._buf)} unexpected bytes between responses")
+
+    def _line(self, end: bytes, what: str) -> bytes | None:
+        """The buffer up to `end` (a line, or the head up to its blank line), taken off it
+        with `end`; None until it has come. `what` past MAX_LINE without its end: refused."""
+        at = self._buf.find(end)
+        if at < 0:
+            if len(self._buf) > MAX_LINE:
+                raise ValueError(f"{what} over 64 KiB")
+            return None
+        line, self._buf = self._buf[:at], self._buf[at + len(end) :]
+        return line
 
     def _head(self, head: str) -> None:
         status_line, *lines = head.split("\r\n")

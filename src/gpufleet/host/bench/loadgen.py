@@ -112,9 +112,9 @@ class _Dispatch:
         try:
             prompt, group = self.prompts[i], self.grouped[i]
             if prompt.turns:
-                await run_session(self.client, self.sending, prompt, group, self.t0, due)
+                await run_session(self.client, self.sending, prompt, group, t0=self.t0, due=due)
             else:
-                await one_request(self.client, self.sending, prompt, group[0], self.t0, due=due)
+                await one_request(self.client, self.sending, prompt, group[0], t0=self.t0, due=due)
         finally:
             self.freed.append(time.perf_counter() - self.t0)
             self.slots.release()

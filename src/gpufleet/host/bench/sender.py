@@ -52,8 +52,8 @@ async def one_request(
     sending: Sending,
     prompt: Prompt,
     record: RequestRecord,
-    t0: float,
     *,
+    t0: float,
     messages: list[dict[str, str]] | None = None,
     keep_text: bool = False,
     due: float | None = None,
@@ -113,6 +113,7 @@ async def run_session(
     sending: Sending,
     prompt: Prompt,
     records: list[RequestRecord],
+    *,
     t0: float,
     due: float | None = None,
 ) -> None:
@@ -123,7 +124,7 @@ async def run_session(
         conversation.ask(user)
         request = Prompt(conversation.text, output_len=prompt.output_len)
         await one_request(
-            client, sending, request, record, t0,
+            client, sending, request, record, t0=t0,
             messages=conversation.messages, keep_text=turn + 1 < len(records),
             due=due if turn == 0 else None,
         )  # fmt: skip
@@ -147,7 +148,7 @@ async def warm_up(
         short = Prompt(
             text, base.prompt_tokens, min(base.output_len, WARMUP_TOKENS), base.input_ids
         )
-        await one_request(client, sending, short, rec, time.perf_counter())
+        await one_request(client, sending, short, rec, t0=time.perf_counter())
         if not rec.ok:
             errors.append(rec.error or "failed")
     return errors

@@ -15,6 +15,7 @@ TTFT + the sum of ITLs), not from TPOT.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
@@ -22,8 +23,18 @@ import sys
 from pathlib import Path
 
 from gpufleet.host.agent import childenv, safewrite
+from gpufleet.host.bench import slo as slos
+from gpufleet.host.bench import telemetry
+from gpufleet.host.bench.clientapi import (
+    REQUESTS_FAILED,
+    BenchRun,
+    LevelOutcome,
+    level_tail,
+    telemetry_for,
+)
 from gpufleet.host.bench.dialects import DIALECTS
-from gpufleet.host.bench.level import RequestFields
+from gpufleet.host.bench.level import RequestFields, RequestRecord
+from gpufleet.host.bench.rundir import log_size
 from gpufleet.host.server import keys as serverkeys
 from gpufleet.records import BenchPlan, Figures, Level
 
@@ -167,3 +178,43 @@ def run_level(
         tail = log.read_text(errors="replace").splitlines()[-5:]
         raise RuntimeError(f"sglang.bench_serving exited {proc.returncode}: {' | '.join(tail)}")
     return {**parse(lines[-1], level, plan), "started_at": started_at}
+
+
+def bench_level(run: BenchRun, level: Level) -> LevelOutcome:
+    """One level through SGLang's own bench_serving, as the bench client `sglang-bench`
+    (host/bench/clients.py); the same results schema as gpufleet's own."""
+    plan, writer, state = run.plan, run.writer, run.server_state
+    c = level.concurrency
+    texts = [row.prompt or "" for row in run.rows]
+    gauge = telemetry_for(run, level)
+    try:
+        with gauge or contextlib.nullcontext():
+            row = run_level(plan, level, texts, writer.dir, tokenizer=run.tokenizer, keys=run.keys)
+    except (RuntimeError, OSError, ValueError) as exc:
+        outcome = LevelOutcome("failed", f"level C={c}: {exc}", True)
+    else:
+        outcome = _recorded(run, level, row, gauge)
+    run.marks.append((log_size(state), f"level C={c} ends"))
+    return outcome
+
+
+def _recorded(
+    run: BenchRun, level: Level, row: Figures, gauge: telemetry.Sampler | None
+) -> LevelOutcome:
+    """bench_serving's row and its requests written as gpufleet's own levels are."""
+    plan, c = run.plan, level.concurrency
+    records = requests(row)
+    run.writer.lines(f"requests-{level.tag}.jsonl", records)
+    row.update(slos.goodput([RequestRecord(**r) for r in records], row["duration"], plan.slo or {}))
+    if not plan.output_details:  # the arrays live in requests-c<N>.jsonl
+        for key in ("input_lens", "output_lens", "ttfts", "itls", "generated_texts"):
+            row.pop(key, None)
+        row["errors"] = row["error_messages"]
+    row.update(dataset_name=plan.prompt_set, tag=plan.profile, seed=plan.seed,
+               output_len=plan.output_len)  # fmt: skip
+    checked, alive = level_tail(row, level, run, gauge)
+    if not alive:
+        return LevelOutcome("failed", f"the server process exited during level C={c}", True)
+    if checked.failed:
+        return LevelOutcome("failed", f"{REQUESTS_FAILED} (sglang.bench_serving)", True)
+    return LevelOutcome("done", None, False)
