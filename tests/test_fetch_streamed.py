@@ -158,12 +158,13 @@ def _bench(fleet, tmp_path: Path, profile: Path) -> list[str]:
 def _planting(runs: Path, plant) -> tuple[threading.Thread, list[Path], threading.Event]:
     """A thread that calls `plant(run_dir)` once a new run appears under `runs` (while the
     runner runs, as a runner's leftovers would be); then `stop` ends it."""
-    before, planted, stop = set(runs.iterdir()), [], threading.Event()
+    listed = lambda: set(runs.iterdir()) if runs.exists() else set()  # noqa: E731
+    before, planted, stop = listed(), [], threading.Event()
 
     def watch() -> None:
         deadline = time.monotonic() + 60
         while not planted and not stop.is_set() and time.monotonic() < deadline:
-            for run in set(runs.iterdir()) - before:
+            for run in listed() - before:
                 planted.append(run)
                 plant(run, stop)
             time.sleep(0.02)
