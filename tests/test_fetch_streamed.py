@@ -266,3 +266,24 @@ def test_a_file_that_grows_while_it_is_fetched_is_cut_off_and_refused(fleet, tmp
     finally:
         stop.set()
         fleet.cli("stop", "--hosts", "h0", "--grace", "1")
+
+
+@pytest.mark.unit
+def test_a_record_read_back_whole_is_bounded_and_a_refused_file_leaves_nothing(tmp_path):
+    """The records the manifest is built from are read back whole, each to 16 MiB; a file
+    refused while it came leaves neither itself nor its temporary name in the staging."""
+    from gpufleet.archive.layout import Archive
+    from gpufleet.archive.store import RunStaging
+    from gpufleet.control.bench import intake
+    from gpufleet.errors import UserError
+
+    with RunStaging(Archive(tmp_path), "h0", "r1") as staging:
+        staging.receive("results.jsonl", 32 * MIB, lambda dest: dest.write(bytes(17 * MIB)))
+        with pytest.raises(UserError) as refused:
+            intake.record(staging, "results.jsonl")
+        assert str(refused.value) == ("results.jsonl of the run is over 16 MiB, more than a "
+                                      "run's records hold: not read, nothing archived")  # fmt: skip
+        with pytest.raises(OverLimit):
+            staging.receive("grew.log", 10, lambda dest: dest.write(b"x" * 11))
+        assert sorted(p.name for p in staging.dir.iterdir()) == ["results.jsonl"]
+    assert list((tmp_path / "h0").iterdir()) == []  # never committed: nothing left
