@@ -228,7 +228,8 @@ def test_a_run_of_large_and_sparse_files_costs_the_control_plane_tens_of_mib(fle
 @pytest.mark.slow(minutes=1)
 def test_a_file_that_grows_while_it_is_fetched_is_cut_off_and_refused(fleet, tmp_path):
     """A process the run left keeps writing a file after the run ended: it is listed at one
-    size and more comes while it is fetched. Before, it was archived as whatever came."""
+    size and more comes while it is fetched. Before, it was archived as whatever came (and
+    a link beside it was followed and archived)."""
     profile = fleet.profile("grow", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
     out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -244,6 +245,7 @@ def test_a_file_that_grows_while_it_is_fetched_is_cut_off_and_refused(fleet, tmp
                     time.sleep(0.02)
 
         threading.Thread(target=write, daemon=True).start()
+        (run / "elsewhere.log").symlink_to("/etc/hostname")  # a link: never fetched
 
     thread, planted, stop = _planting(fleet.workdir("h0") / "runs", plant)
     try:
@@ -259,6 +261,7 @@ def test_a_file_that_grows_while_it_is_fetched_is_cut_off_and_refused(fleet, tmp
                                "grows.log (listed with ") and line.endswith(shown), line  # fmt: skip
         assert "grows.log (listed with" in said
         assert not (archived / "grows.log").exists()
+        assert not (archived / "elsewhere.log").exists()
         assert not [p for p in archived.iterdir() if p.name.startswith(".")]
         assert (archived / "results.jsonl").stat().st_size > 0  # the rest of the run is there
         assert archived.name in _verified(fleet, tmp_path)
