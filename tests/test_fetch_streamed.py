@@ -87,7 +87,7 @@ def session(request, tmp_path, host_python) -> Iterator[Session]:
                    "identity_file": str(keys), "known_hosts": str(known)}  # fmt: skip
     elif name == "srun":
         cluster = request.getfixturevalue("slurm_cluster")
-        os.environ["SLURM_CONF"] = str(cluster.conf)
+        request.getfixturevalue("monkeypatch").setenv("SLURM_CONF", str(cluster.conf))
         job = cluster.submit("-N1")
         fields |= {"address": cluster.wait_running(job), "slurm_job": job}
         request.addfinalizer(lambda: cluster.cancel(job))
