@@ -175,8 +175,10 @@ def _planting(runs: Path, plant) -> tuple[threading.Thread, list[Path], threadin
 
 
 def _verified(fleet, tmp_path: Path) -> str:
-    out = run_cli("runs", "--verify", "--archive", str(tmp_path / "archive"))
+    """`inv runs --verify --reindex`: every file against the manifest, the index rebuilt."""
+    out = run_cli("runs", "--verify", "--reindex", "--archive", str(tmp_path / "archive"))
     assert out.returncode == 0, out.stdout + out.stderr
+    assert ": 1 runs in " in out.stdout or ": 2 runs in " in out.stdout, out.stdout
     return out.stdout
 
 
