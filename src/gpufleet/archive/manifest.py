@@ -19,6 +19,8 @@ from gpufleet.records import BenchPlan
 from gpufleet.wire import JsonObject, Record, WireError
 
 R = TypeVar("R", bound=Record)
+# the files of a run the manifest is built from (read whole: control/bench/intake.py bounds them)
+RECORDS = ("plan.json", "status.json", "server_state.json", "sysinfo.json", "results.jsonl")
 
 
 class FetchedRun:

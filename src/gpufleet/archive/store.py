@@ -7,15 +7,18 @@ a crash or a full disk never leaves a partial run looking complete.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from gpufleet import per_request
+from gpufleet.archive.incoming import Incoming
 from gpufleet.archive.kept import Manifest, Superseded
 from gpufleet.archive.layout import Archive
 from gpufleet.errors import UserError
@@ -37,37 +40,96 @@ def sha256(data: bytes) -> str:
 def write_run(
     archive: Archive, host: str, run_id: str, files: dict[str, bytes], manifest: Manifest
 ) -> Path:
-    root = archive.root
-    final = archive.run_dir(host, run_id)
-    if not _inside(root, final) or {host, run_id} & {"", ".", ".."} or "/" in host + run_id:
-        raise UserError(f"refusing to archive outside {root}/: host {host!r}, run {run_id!r}")
-    if final.exists():
-        raise UserError(f"{final} already exists: a run is archived once")
-    tmp = archive.partial_run_dir(host, run_id)
-    try:
-        make_dirs(archive.host_dir(host))
-        tmp.mkdir(mode=DIR_MODE)
-        os.chmod(tmp, DIR_MODE)
-        sums = {}
+    """Archive a run whose files are all in hand (RunStaging for one fetched as it comes)."""
+    with RunStaging(archive, host, run_id) as run:
         for name, data in sorted(files.items()):
-            if "/" in name or name.startswith(".") or name == MANIFEST:
-                raise UserError(f"refusing to archive a file named {name!r}")
-            _write_private(tmp / name, data)
-            sums[name] = sha256(data)
-        manifest.files = sums
-        _write_private(tmp / MANIFEST, manifest.to_json().encode())
-        os.rename(tmp, final)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(
-            f"cannot write the archive under {archive.host_dir(host)} "
-            f"({exc.strerror or exc}); "
-            "nothing was archived for this run"
-        ) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+            run.add(name, data)
+        return run.commit(manifest)
+
+
+class RunStaging:
+    """A run being archived: its hidden folder beside its final place, which files are put
+    in whole (`add`) or as they arrive (`receive`), and which `commit` renames into place
+    with the manifest (the sha256 of every file). Leaving the `with` any other way removes
+    it: nothing half-written is ever seen as a run."""
+
+    def __init__(self, archive: Archive, host: str, run_id: str) -> None:
+        root = archive.root
+        self.final = archive.run_dir(host, run_id)
+        self.where = archive.host_dir(host)
+        named = {host, run_id} & {"", ".", ".."} or "/" in host + run_id
+        if not _inside(root, self.final) or named:
+            raise UserError(f"refusing to archive outside {root}/: host {host!r}, run {run_id!r}")
+        if self.final.exists():
+            raise UserError(f"{self.final} already exists: a run is archived once")
+        self.host, self.run_id = host, run_id
+        self.dir = archive.partial_run_dir(host, run_id)
+        self.sums: dict[str, str] = {}
+        with self._said():
+            make_dirs(self.where)
+            self.dir.mkdir(mode=DIR_MODE)
+            os.chmod(self.dir, DIR_MODE)
+
+    def __enter__(self) -> RunStaging:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)  # committed: renamed away already
+
+    @contextlib.contextmanager
+    def _said(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            raise UserError(f"cannot write the archive under {self.where} "
+                            f"({exc.strerror or exc}); nothing was archived for this run"
+                            ) from None  # fmt: skip
+
+    def _checked(self, name: str) -> Path:
+        if "/" in name or name.startswith(".") or name == MANIFEST or not name:
+            raise UserError(f"refusing to archive a file named {name!r}")
+        return self.dir / name
+
+    def add(self, name: str, data: bytes) -> None:
+        """A file in hand (small: a summary, a record rewritten here)."""
+        path = self._checked(name)
+        with self._said():
+            path.unlink(missing_ok=True)
+            _write_private(path, data)
+        self.sums[name] = sha256(data)
+
+    def receive(self, name: str, limit: int, fill: Callable[[Incoming], object]) -> int:
+        """A file written as it arrives: `fill` writes its pieces to the Incoming it is
+        given, under a temporary name renamed to `name` once all came. Over `limit` bytes
+        (OverLimit), or on any error, nothing of it stays. The bytes received."""
+        path, part = self._checked(name), self.dir / f".{name}.part"
+        try:
+            with self._said():
+                fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+                with os.fdopen(fd, "wb") as fh:
+                    os.fchmod(fh.fileno(), FILE_MODE)
+                    incoming = Incoming(fh, limit)
+                    fill(incoming)
+                    digest = incoming.finish()
+                os.replace(part, path)
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+        self.sums[name] = digest
+        return incoming.size
+
+    def drop(self, name: str) -> None:
+        """A file put in that the run does not keep."""
+        (self.dir / name).unlink(missing_ok=True)
+        self.sums.pop(name, None)
+
+    def commit(self, manifest: Manifest) -> Path:
+        """The manifest written, the run renamed into its place: archived."""
+        manifest.files = dict(sorted(self.sums.items()))
+        with self._said():
+            _write_private(self.dir / MANIFEST, manifest.to_json().encode())
+            os.rename(self.dir, self.final)
+        return self.final
 
 
 def make_dirs(path: Path) -> None:

@@ -17,8 +17,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from gpufleet import __version__
-from gpufleet.archive import manifest, store
+from gpufleet.archive import manifest
 from gpufleet.archive.layout import profile_label
+from gpufleet.archive.store import RunStaging
 from gpufleet.control.bench import intake, workloads
 from gpufleet.control.bench import prompts as prompt_sets
 from gpufleet.control.bench.request import BenchRequest, check_combination
@@ -216,29 +217,28 @@ def build_plan(request: BenchRequest, run_id: str) -> tuple[BenchPlan, bytes]:
     return plan, body
 
 
-def archive_run(
-    host: str,
-    run_id: str,
-    files: dict[str, bytes],
-    request: BenchRequest,
-    watch: BenchWatchAnswer,
-) -> ArchivedRun:
-    """Archive a run's fetched files atomically under <root>/<host>/<run_id>/."""
+def archive_run(staging: RunStaging, request: BenchRequest, watch: BenchWatchAnswer) -> ArchivedRun:
+    """Archive a run whose files are in `staging` (fetched, or written here): its records
+    read back to their bound, its manifest built, renamed into <root>/<host>/<run_id>/."""
+    read = {name: intake.record(staging, name) for name in manifest.RECORDS}
+    files = {name: data for name, data in read.items() if data is not None}
     if "plan.json" in files:  # a URL given with a password stays out of the archive
         plan = redact_tree(json.loads(files["plan.json"]))
-        files = {**files, "plan.json": json.dumps(plan, indent=2).encode()}
+        files["plan.json"] = json.dumps(plan, indent=2).encode()
+        staging.add("plan.json", files["plan.json"])
     run = manifest.FetchedRun(files, watch.get("status", RunStatus.FAILED))
     command_line = redact_argv(request.command_line)
-    record = manifest.build(host, run_id, run, command_line, __version__)
-    kept = {k: v for k, v in files.items() if k not in CONTROL_FILES}
-    kept["summary.csv"] = summary_csv(run.results).encode()
-    kept["summary.md"] = shown(summary_md(record, run.results)).encode()  # as on a terminal
-    path = store.write_run(request.archive, host, run_id, kept, record)
+    record = manifest.build(staging.host, staging.run_id, run, command_line, __version__)
+    for name in CONTROL_FILES:
+        staging.drop(name)
+    staging.add("summary.csv", summary_csv(run.results).encode())
+    staging.add("summary.md", shown(summary_md(record, run.results)).encode())  # as on a terminal
     tail = []
-    if run.status["status"] != RunStatus.DONE and "server.log" in kept:
-        tail = kept["server.log"].decode(errors="replace").splitlines()[-40:]
+    if run.status["status"] != RunStatus.DONE:
+        tail = intake.log_tail(staging, "server.log")
+    path = staging.commit(record)
     return ArchivedRun(
-        run_id, str(path), run.status["status"], run.status.get("reason"), run.results, tail
+        record.run_id, str(path), run.status["status"], run.status.get("reason"), run.results, tail
     )
 
 
@@ -312,20 +312,19 @@ def fetch(
     the one way to fetch it that a lost connection names (a sweep's: its --resume)."""
     resume = resume or f"fetch it with `{attach_hint(run_id, [session.host], request.archive)}`"
     answer = watch(session, run_id, progress, cancel, resume)
-    names, refused = intake.fetchable(answer)
-    try:
-        files = {name: intake.download(session, f"{answer['run_dir']}/{name}") for name in names}
-    except HostError as exc:  # the run finished and stays on the host: say how to fetch it
-        done = answer["status"] == RunStatus.DONE
-        if exc.kind == Kind.JOB_ENDED and done:
-            raise finished_not_fetched(exc, session.host.name, done, resume) from None
-        raise HostError(f"{exc}; the run finished on {session.host.name} and stays there: "
-                        f"{resume}", exc.kind, exc.tail) from None  # fmt: skip
-    if refused:
-        files[intake.NOT_FETCHED] = f"{refused}\n".encode()
-        if progress:
-            progress(session.host.name, {"warning": refused})
-    return archive_run(session.host.name, run_id, files, request, answer)
+    with RunStaging(request.archive, session.host.name, run_id) as staging:
+        try:
+            refused = intake.receive(staging, answer, session.download_to)
+        except HostError as exc:  # the run finished and stays on the host: say how to fetch it
+            done = answer["status"] == RunStatus.DONE
+            if exc.kind == Kind.JOB_ENDED and done:
+                raise finished_not_fetched(exc, session.host.name, done, resume) from None
+            raise HostError(f"{exc}; the run finished on {session.host.name} and stays there: "
+                            f"{resume}", exc.kind, exc.tail) from None  # fmt: skip
+        for line in refused:
+            if progress:
+                progress(session.host.name, {"warning": line})
+        return archive_run(staging, request, answer)
 
 
 def start(session: Session, request: BenchRequest, run_id: str, progress: Progress | None) -> None:
@@ -433,9 +432,10 @@ def bench_local(request: BenchRequest, progress: Progress | None = None) -> tupl
         (run_dir / "plan.json").write_text(plan.to_json())
         (run_dir / "prompts.jsonl").write_bytes(body)
         outcome = run_plan(run_dir, None, {}, keys=_local_keys(request.api_key_env))
-        files = {
-            p.name: p.read_bytes()
-            for p in run_dir.iterdir()
-            if p.is_file() and not p.name.startswith(".")
-        }
-    return run_id, archive_run(label, run_id, files, request, outcome)
+        answer = intake.local_run(run_dir, outcome)
+        with RunStaging(request.archive, label, run_id) as staging:
+            refused = intake.receive(staging, answer, intake.read_local)
+            for line in refused:  # the same bounds as a host's run: said, the rest archived
+                if progress:
+                    progress(label, {"warning": line})
+            return run_id, archive_run(staging, request, answer)

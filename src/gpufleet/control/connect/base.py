@@ -14,9 +14,9 @@ from __future__ import annotations
 import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpufleet.control.agent import bootstrap
 from gpufleet.control.agent import bundle as agentzip
@@ -41,6 +41,15 @@ from gpufleet.kinds import Kind
 from gpufleet.wire import WireError
 
 Progress = Callable[[str, ProgressEvent], None]  # (host name, event): a per-host printer
+PIECE = 1 << 20  # the most of a downloaded file held at once
+
+
+class Sink(Protocol):
+    """Where a downloaded file's pieces go, one at a time (the archive's Incoming)."""
+
+    def write(self, piece: bytes, /) -> object:
+        """Take the next piece of the file, in order."""
+        ...
 
 
 def host_events(host_name: str, progress: Progress | None) -> EventHandler | None:
@@ -130,8 +139,28 @@ class Session:
         """Make sure a server or run the agent starts will outlive the task (a Slurm step
         keeper, where the connection needs one); nothing to do over SSH."""
 
-    def download(self, path: str) -> bytes:
-        """The bytes of an absolute path on the host."""
+    def download_to(self, path: str, dest: Sink, limit: int) -> int:
+        """Stream a regular file of the host (an absolute path, never through a link) into
+        `dest` as it comes, a piece of at most PIECE bytes at a time: nothing of it is
+        held whole. Reading stops once more than `limit` bytes came (a file that grew, or
+        a host that sends more than it said); the bytes received, which the caller judges
+        against `limit`. Every connection streams its own way (`_pieces`); none reads a
+        file whole."""
+        received = 0
+        pieces = self._pieces(path, limit + 1)
+        try:
+            for piece in pieces:
+                dest.write(piece)
+                received += len(piece)
+                if received > limit:
+                    break
+        finally:
+            pieces.close()  # the host's file is closed here, read to the end or not
+        return received
+
+    def _pieces(self, path: str, want: int) -> Generator[bytes, None, None]:
+        """The file's bytes in pieces of at most PIECE, in order, to its end or until
+        `want` bytes came (a little more is harmless; the caller stops there)."""
         raise NotImplementedError
 
     def upload(self, data: bytes, path: str) -> None:

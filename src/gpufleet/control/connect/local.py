@@ -7,14 +7,18 @@ import contextlib
 import os
 import secrets
 import select
+import stat
 import subprocess
 import threading
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 from gpufleet.control.agent import python_trust as interpreter
 from gpufleet.control.connect.agentproc import CHUNK, AgentProcess
-from gpufleet.control.connect.base import Session
+from gpufleet.control.connect.base import PIECE, Session
+from gpufleet.errors import HostError
+from gpufleet.kinds import Kind
 
 
 class LocalTree:
@@ -33,6 +37,23 @@ class LocalTree:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as fh:
             return fh.read(limit)
+
+
+def file_pieces(path: str, want: int) -> Generator[bytes, None, None]:
+    """A regular file of this machine (never through a link: a file a runner replaced by a
+    link to /dev/zero or another's file is refused), in pieces of at most PIECE bytes, to
+    its end or until `want` bytes came; shared by `connection: local` and `--client local`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise HostError(f"cannot fetch {path}: {exc.strerror}", Kind.CONNECTION) from None
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise HostError(f"cannot fetch {path}: not a regular file", Kind.UNTRUSTED)
+        at = 0
+        while at < want and (piece := fh.read(min(PIECE, want - at))):
+            at += len(piece)
+            yield piece
 
 
 class LocalAgent(AgentProcess):
@@ -105,9 +126,9 @@ class LocalSession(Session):
     def _tree(self) -> tuple[interpreter.TreeReader, int, str]:
         return LocalTree(), os.geteuid(), os.path.expanduser("~")
 
-    def download(self, path: str) -> bytes:
-        """Read a file of this machine."""
-        return Path(path).read_bytes()
+    def _pieces(self, path: str, want: int) -> Generator[bytes, None, None]:
+        """A regular file of this machine, never through a link, a piece at a time."""
+        return file_pieces(path, want)
 
     def _upload(self, data: bytes, path: str) -> None:
         target = Path(path)

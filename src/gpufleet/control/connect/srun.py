@@ -23,6 +23,7 @@ import base64
 import contextlib
 import errno
 import hashlib
+import itertools
 import os
 import re
 import secrets
@@ -35,7 +36,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
@@ -43,7 +44,7 @@ from gpufleet.control.agent import bundle as agentzip
 from gpufleet.control.agent import python_trust as interpreter
 from gpufleet.control.connect import keeper
 from gpufleet.control.connect.agentproc import AgentProcess
-from gpufleet.control.connect.base import Session
+from gpufleet.control.connect.base import PIECE, Session
 from gpufleet.control.connect.local import LocalAgent
 from gpufleet.control.inventory import slurm
 from gpufleet.control.inventory.connections import SrunSettings
@@ -384,14 +385,24 @@ class SrunSession(Session):
         raise HostError(f"cannot put the agent at {path} on {self.slurm.node}",
                         Kind.CONNECTION)  # fmt: skip
 
-    def download(self, path: str) -> bytes:
-        """A regular file of the node, read through the shell (no SFTP on a compute node)."""
-        q = shlex.quote(path)
-        code, out = self.shell.ask(f"test ! -L {q} && test -f {q} && base64 -w0 -- {q}",
-                                   timeout=120)  # fmt: skip
-        if code != 0:
-            raise HostError(f"cannot fetch {path}: not a file", kind=Kind.CONNECTION)
-        return base64.b64decode(out.strip())
+    def _pieces(self, path: str, want: int) -> Generator[bytes, None, None]:
+        """A regular file of the node, read through the shell (no SFTP on a compute node),
+        one piece per question (`dd` of one PIECE block, never through a link), until a
+        short piece (its end) or `want` bytes."""
+        q, at = shlex.quote(path), 0
+        for block in itertools.count():
+            code, out = self.shell.ask(
+                f"test ! -L {q} && test -f {q} && dd if={q} bs={PIECE} skip={block} count=1 "
+                "iflag=fullblock,nofollow status=none | base64 -w0", timeout=120
+            )  # fmt: skip
+            if code != 0:
+                raise HostError(f"cannot fetch {path}: not a file", kind=Kind.CONNECTION)
+            piece = base64.b64decode(out.strip())
+            at += len(piece)
+            if piece:
+                yield piece
+            if len(piece) < PIECE or at >= want:
+                return
 
     def hold_steps(self) -> None:
         """Where this Slurm ends a step's every process with the step (proctrack/cgroup),

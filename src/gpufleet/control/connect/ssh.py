@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import io
 import logging
 import os
 import secrets
 import select
 import socket
-from collections.abc import Callable, Iterator
+import stat
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import paramiko
@@ -37,7 +37,13 @@ from gpufleet.control.agent import python_trust as interpreter
 from gpufleet.control.agent.once import once
 from gpufleet.control.connect import hostkeys
 from gpufleet.control.connect.agentproc import CHUNK, AgentProcess
-from gpufleet.control.connect.base import LOADER_KEPT, LOADER_KEPT_EXIT, Session, clean_start
+from gpufleet.control.connect.base import (
+    LOADER_KEPT,
+    LOADER_KEPT_EXIT,
+    PIECE,
+    Session,
+    clean_start,
+)
 from gpufleet.control.inventory.connections import SshSettings
 from gpufleet.control.inventory.model import Host
 from gpufleet.errors import HostError
@@ -344,12 +350,30 @@ class SSHSession(Session):
                 fh.write(data)
             sftp.posix_rename(tmp, path)
 
-    def download(self, path: str) -> bytes:
-        """A file of the host over SFTP; a failure is a connection error naming the path."""
-        buffer = io.BytesIO()
+    def _pieces(self, path: str, want: int) -> Generator[bytes, None, None]:
+        """A regular file of the host over SFTP, a piece at a time: each piece's reads sent
+        at once (SFTP's 32 KiB requests, pipelined as `getfo` does), never more than a
+        piece asked ahead; past the size it had when opened, read on one request at a time
+        (a file that grows) until its end or `want`. A failure is a connection error
+        naming the path."""
         with over_sftp(f"cannot fetch {path}"):
-            self.conn.sftp().getfo(path, buffer)
-        return buffer.getvalue()
+            sftp = self.conn.sftp()
+            if stat.S_ISLNK(sftp.lstat(path).st_mode or 0):
+                raise HostError(f"cannot fetch {path}: a link, not a file", Kind.UNTRUSTED)
+            with sftp.open(path, "rb") as fh:
+                opened = fh.stat()
+                if not stat.S_ISREG(opened.st_mode or 0):
+                    raise HostError(f"cannot fetch {path}: not a regular file", Kind.UNTRUSTED)
+                size, at = min(opened.st_size or 0, want), 0
+                while at < size:
+                    [piece] = fh.readv([(at, min(PIECE, size - at))])
+                    if not piece:
+                        return
+                    at += len(piece)
+                    yield piece
+                while at < want and (piece := fh.read(min(PIECE, want - at))):
+                    at += len(piece)
+                    yield piece
 
     def _start(self, script: str) -> AgentProcess:
         transport = self.conn.client.get_transport()

@@ -393,10 +393,10 @@ def bench_watch(args: BenchWatchArgs) -> BenchWatchAnswer:
     emit_event({"phase": "finished", "status": status["status"]})
     _wait_runner_gone(run_dir)
     userrun.take_back(run_dir, remove=True)
-    files = [
+    files = [  # the control plane fetches these, never through a link
         {"name": p.name, "size": p.stat().st_size}
         for p in sorted(run_dir.iterdir())
-        if p.is_file() and not p.name.startswith(".")
+        if p.is_file() and not p.is_symlink() and not p.name.startswith(".")
     ]
     return {
         "status": status["status"],
