@@ -1,0 +1,102 @@
+"""When a bench run's job ends at the latest: an upper bound on its wall time, from its plan.
+
+A run_as runner that hangs while it still runs (a stopped client process, a read that never
+returns) kept the host "in use" for root's gpu-clean forever (issue 80.5). A run has a
+knowable end: each request the runner sends is bounded by the plan's `request_timeout`
+(connecting included: host/bench/sender.py), its other calls to the server by their own
+timeouts, and every level sends a known number of requests through C slots. Past that
+bound plus a margin the runner no longer holds the host (host/agent/ownership.py).
+
+The rule, per level (gpufleet's generator; bench_serving's own per-request limit for
+`--engine sglang-bench`), with T the per-request limit and K the most turns of a session:
+  warm-up T x warmup, then the level: C slots split over p processes send their prompts in
+  order, so closed loop a process drains within (ceil(N/C) + 1) x K x T; on a schedule (a
+  rate or a trace) within its last arrival + ceil(N/p) / floor(C/p) x K x T + K x T; with
+  --duration, at most the duration + K x T; p is every process count `auto` may pick.
+  The server calls beside the requests, at their timeouts: LEVEL_CALLS_S, RUN_CALLS_S.
+The deadline is the bound plus MARGIN of it (at least MARGIN_MIN_S): the local work (process
+starts, files written) is counted in the margin, not in the bound.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+from gpufleet.host.bench.spread import MAX_PROCS
+from gpufleet.records import BenchPlan, PromptRow
+
+SGLANG_BENCH_REQUEST_S = 6 * 3600.0  # bench_serving's AIOHTTP_TIMEOUT: its own per request
+SERVER_INFO_S = 2 * 10.0  # /server_info, then /get_server_info, 10 s each (serverapi)
+FLUSH_S = 2 * 30.0  # POST, then GET /flush_cache, 30 s each
+METRICS_S = 5.0 + 1.0  # the sampler's last /metrics read, and its pause
+TELEMETRY_S = 10.0  # the GPU sampler's start (telemetry.CHILD_READY_TIMEOUT_S)
+RUN_CALLS_S = 2 * SERVER_INFO_S  # before and after the run
+MARGIN = 0.25
+MARGIN_MIN_S = 30.0
+
+
+def _arrivals(n: int, rate: float | None, seed: int, at: list[float]) -> float:
+    """The last arrival of n prompts: the trace's own, else the Poisson draws replayed with
+    the runner's seed (host/bench/loadgen.py), else none (all at once)."""
+    if at:
+        return max(at)
+    if not rate or n < 2:
+        return 0.0
+    rng = random.Random(seed)
+    return sum(rng.expovariate(rate) for _ in range(n - 1))
+
+
+def _scheduled(plan: BenchPlan, n: int, c: int, turns: float, at: list[float]) -> float:
+    """A level on a schedule over any process count it may use: the worst of them."""
+    wanted = plan.client_procs
+    counts = range(1, min(c, n, MAX_PROCS) + 1) if wanted == "auto" else [int(wanted)]
+    worst = 0.0
+    for asked in counts:
+        p = max(1, min(asked, c, n))
+        rate = plan.request_rate / p if plan.request_rate else None
+        share = math.ceil(n / p)
+        last = max(_arrivals(len(range(k, n, p)), rate, plan.seed + k, at) for k in range(p))
+        worst = max(worst, last + math.ceil(share / max(1, c // p)) * turns + turns)
+    return worst
+
+
+def level_bound_s(plan: BenchPlan, n: int, c: int, rows: list[PromptRow]) -> float:
+    """One level's longest wall time: its requests, its warm-up and its server calls."""
+    limit = plan.request_timeout
+    if plan.engine == "sglang-bench":
+        limit = max(limit, SGLANG_BENCH_REQUEST_S)
+    used = rows[:n]
+    turns = max((len(r.turns or []) or 1 for r in used), default=1) * limit
+    at = [r.at for r in used if r.at is not None]
+    if plan.request_rate or at:
+        sending = _scheduled(plan, n, c, turns, at)
+    else:
+        sending = (math.ceil(n / max(1, c)) + 1) * turns
+    if plan.duration:
+        sending = min(sending, plan.duration + turns)
+    calls = SERVER_INFO_S + TELEMETRY_S
+    calls += (FLUSH_S if plan.flush_cache else 0.0) + (METRICS_S if plan.metrics else 0.0)
+    return plan.warmup * limit + sending + calls
+
+
+def bound_s(plan: BenchPlan, rows: list[PromptRow]) -> float:
+    """The whole run's longest wall time, by the rule above."""
+    levels = sum(level_bound_s(plan, lv.num_prompts, lv.concurrency, rows) for lv in plan.levels)
+    return RUN_CALLS_S + levels
+
+
+def deadline_s(plan: BenchPlan, rows: list[PromptRow]) -> float:
+    """Seconds from the run's start to its job's end: the bound and its margin."""
+    bound = bound_s(plan, rows)
+    return bound + max(MARGIN_MIN_S, MARGIN * bound)
+
+
+def deadline_of(plan: BenchPlan, prompts: Path) -> float:
+    """`deadline_s` of a run whose prompts lie in `prompts` (its prompts.jsonl)."""
+    with open(prompts, encoding="utf-8") as fh:
+        rows = [PromptRow.from_wire(json.loads(line), f"prompts.jsonl:{number}")
+                for number, line in enumerate(fh, 1) if line.strip()]  # fmt: skip
+    return deadline_s(plan, rows)
