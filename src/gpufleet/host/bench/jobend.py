@@ -63,11 +63,23 @@ def _scheduled(plan: BenchPlan, n: int, c: int, turns: float, at: list[float]) -
     return worst
 
 
+def _limit(plan: BenchPlan) -> float:
+    """The longest one request may take: the plan's, or bench_serving's own."""
+    if plan.engine == "sglang-bench":
+        return max(plan.request_timeout, SGLANG_BENCH_REQUEST_S)
+    return plan.request_timeout
+
+
 def level_bound_s(plan: BenchPlan, n: int, c: int, rows: list[PromptRow]) -> float:
     """One level's longest wall time: its requests, its warm-up and its server calls."""
-    limit = plan.request_timeout
-    if plan.engine == "sglang-bench":
-        limit = max(limit, SGLANG_BENCH_REQUEST_S)
+    calls = SERVER_INFO_S + TELEMETRY_S
+    calls += (FLUSH_S if plan.flush_cache else 0.0) + (METRICS_S if plan.metrics else 0.0)
+    return plan.warmup * _limit(plan) + sending_bound_s(plan, n, c, rows) + calls
+
+
+def sending_bound_s(plan: BenchPlan, n: int, c: int, rows: list[PromptRow]) -> float:
+    """How long a level's n prompts (rows' first n) at C=c take to send at the longest."""
+    limit = _limit(plan)
     used = rows[:n]
     turns = max((len(r.turns or []) or 1 for r in used), default=1) * limit
     at = [r.at for r in used if r.at is not None]
@@ -77,9 +89,7 @@ def level_bound_s(plan: BenchPlan, n: int, c: int, rows: list[PromptRow]) -> flo
         sending = (math.ceil(n / max(1, c)) + 1) * turns
     if plan.duration:
         sending = min(sending, plan.duration + turns)
-    calls = SERVER_INFO_S + TELEMETRY_S
-    calls += (FLUSH_S if plan.flush_cache else 0.0) + (METRICS_S if plan.metrics else 0.0)
-    return plan.warmup * limit + sending + calls
+    return sending
 
 
 def bound_s(plan: BenchPlan, rows: list[PromptRow]) -> float:

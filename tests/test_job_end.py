@@ -1,0 +1,113 @@
+"""Issue 80.5: a bench run's job has an end (host/bench/jobend.py), and past it root ends
+the runner's processes, only those (host/agent/jobdeadline.py). The parts the sshd test
+(test_hung_runner.py) rests on, each against real sockets and real processes: a request
+that cannot even connect ends within its timeout, so the bound holds; the end of a runner
+hits the very processes it started, never a reused PID, never root's; a record with no
+end, or a damaged one, holds as it did."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+
+from gpufleet.host.agent import jobdeadline
+from gpufleet.host.agent.procstat import ProcRef, group_members
+from gpufleet.host.bench import jobend
+from gpufleet.host.bench.level import Prompt
+from gpufleet.host.bench.loadgen import LevelSpec, run_level
+from gpufleet.records import BenchPlan, Level, PromptRow
+from test_reliability import record
+
+NOBODY = 65534
+
+
+def test_a_request_that_cannot_connect_ends_within_its_timeout_so_the_bound_holds():
+    """A listener whose backlog is full answers no SYN: before, each request waited out
+    the client's own 30 s connect limit before its timeout began (8 requests at C=4 took
+    60 s against a 0.2 s timeout); the timeout now covers connecting, so the level ends
+    within the bound jobend states for it."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)  # never accepted
+    with server:
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        plan = BenchPlan(run_id="r", levels=[Level(4, 8)], request_timeout=0.2, warmup=0)
+        bound = jobend.sending_bound_s(plan, 8, 4, [PromptRow(prompt="hi")] * 8)
+        started = time.perf_counter()
+        run = asyncio.run(run_level(url, [Prompt("hi", 1, 4, None)] * 8, 4,
+                                    LevelSpec(request_timeout=0.2, warmup=0)))  # fmt: skip
+        took = time.perf_counter() - started
+    assert [r.error for r in run.records] == ["timed out after 0.2s"] * 8
+    assert took < 10 * bound, (took, bound)  # 60 s before: 100 x the bound
+    record("request_timeout_connect", {"before_s": 60.0, "after_s": round(took, 2),
+                                       "bound_s": round(bound, 2)})  # fmt: skip
+
+
+def test_the_bound_follows_the_plan():
+    """More prompts per slot, a longer timeout, sessions of turns, a schedule: a later end;
+    --duration caps the sending; bench_serving counts its own 6 h a request."""
+    rows = [PromptRow(prompt="p")] * 64
+    plan = BenchPlan(run_id="r", levels=[Level(4, 64)], request_timeout=10.0)
+    base = jobend.sending_bound_s(plan, 64, 4, rows)
+    assert base == (16 + 1) * 10.0
+    assert jobend.sending_bound_s(plan, 64, 8, rows) < base
+    longer = BenchPlan(run_id="r", levels=[Level(4, 64)], request_timeout=20.0)
+    assert jobend.sending_bound_s(longer, 64, 4, rows) == 2 * base
+    sessions = [PromptRow(turns=["a", "b", "c"])] * 64
+    assert jobend.sending_bound_s(plan, 64, 4, sessions) == 3 * base
+    traced = [PromptRow(prompt="p", at=500.0), *rows[1:]]
+    assert jobend.sending_bound_s(plan, 64, 4, traced) >= 500.0 + base - 10.0
+    slow = BenchPlan(run_id="r", levels=[Level(4, 64)], request_timeout=10.0, request_rate=0.1)
+    assert jobend.sending_bound_s(slow, 64, 4, rows) > 63 / 0.1 / 3  # ~630 s of arrivals
+    timed = BenchPlan(run_id="r", levels=[Level(4, 64)], request_timeout=10.0, duration=5.0)
+    assert jobend.sending_bound_s(timed, 64, 4, rows) == 5.0 + 10.0
+    theirs = BenchPlan(run_id="r", levels=[Level(4, 64)], engine="sglang-bench")
+    assert jobend.sending_bound_s(theirs, 64, 4, rows) == 17 * jobend.SGLANG_BENCH_REQUEST_S
+    whole = jobend.deadline_s(plan, rows)
+    assert whole >= jobend.bound_s(plan, rows) + jobend.MARGIN_MIN_S
+
+
+def _group_as_nobody() -> subprocess.Popen:
+    """A leader in a session of its own and a child of it, as another user: a runner."""
+    return subprocess.Popen(["/bin/sh", "-c", "sleep 300 & exec sleep 301"], user=NOBODY,
+                            group=NOBODY, start_new_session=True)  # fmt: skip
+
+
+def test_a_runner_past_its_end_is_ended_with_its_group_never_a_reused_pid_nor_roots():
+    leader = _group_as_nobody()
+    try:
+        deadline = time.monotonic() + 10
+        while len(group_members(leader.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        members = [ProcRef(s.pid, s.start_ticks) for s in group_members(leader.pid)]
+        assert len(members) == 2
+        me = ProcRef.capture(leader.pid)
+        assert me is not None
+        # the PID with another start time: another process now; nothing is signalled
+        assert jobdeadline.end_group(ProcRef(me.pid, me.start_ticks + 1)) == 0
+        assert all(m.alive() for m in members)
+        assert jobdeadline.end_group(ProcRef.capture(os.getpid())) == 0  # never root's
+        assert jobdeadline.end_group(me) == 2
+        leader.wait(timeout=10)
+        assert not any(m.alive() for m in members)
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait(timeout=10)
+
+
+def test_a_record_with_no_end_or_a_damaged_one_holds_as_it_did():
+    now = jobdeadline.boot_now()
+    assert jobdeadline.past({"pid": 1, "start_ticks": 1, "user": "nobody"}) is None
+    for bad in ("soon", True, None, [1], float("nan")):
+        assert jobdeadline.past({"ends_boot_s": bad}) is None, bad
+    assert jobdeadline.past("not a record") is None
+    assert jobdeadline.past({"ends_boot_s": now + 60}) is None
+    assert jobdeadline.past({"ends_boot_s": now - 60}) >= 60
+    said = jobdeadline.job_end(90.0)
+    assert said["ends_by"].endswith("Z") and 89 < said["ends_boot_s"] - now < 100
