@@ -126,6 +126,10 @@ def test_a_hung_run_as_runner_holds_the_host_until_its_jobs_end_then_gpu_clean_t
         assert f"runner (pid {runner.pid} as nobody) ran past its job's end ({ends_by}" in took[0]
         assert not runner.alive() and not client.alive(), "the runner's processes live on"
         assert not [s for s in group_members(runner.pid) if s.running], "left running"
+        status = json.loads((state.parent / "status.json").read_text())  # root's, read first
+        assert status["status"] == "failed", status
+        assert "ran past its job's end" in status["reason"], status
+        assert "ended by `inv gpu-clean`" in status["reason"], status
         now = json.loads((workdir / "owner.json").read_text())
         assert "gpu-clean" in now["task"] and "runner" not in now, now
     finally:

@@ -111,3 +111,68 @@ def test_a_record_with_no_end_or_a_damaged_one_holds_as_it_did():
     assert jobdeadline.past({"ends_boot_s": now - 60}) >= 60
     said = jobdeadline.job_end(90.0)
     assert said["ends_by"].endswith("Z") and 89 < said["ends_boot_s"] - now < 100
+
+
+KEEP = """
+import os, subprocess, sys
+from gpufleet.host.agent import jobdeadline, ownership, safewrite
+from gpufleet.host.agent.procstat import ProcRef
+owner = {"id": "t", "task": "inv bench", "control": "", "pid": os.getpid(), "since": ""}
+ownership.claim(owner)
+os.makedirs("runs/r1", mode=0o700)
+runner = subprocess.Popen(["/bin/sh", "-c", "sleep 300 & exec sleep 301"], user=65534,
+                          group=65534, start_new_session=True)
+ownership.keep_for(ProcRef.capture(runner.pid), "nobody", ends=jobdeadline.job_end(1.0),
+                   run="r1", grace=float(sys.argv[1]))
+"""
+
+
+def _locked(lock) -> bool:
+    import fcntl
+
+    with open(lock) as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+
+
+def test_the_keeper_ends_a_runner_nobody_took_over_once_its_grace_is_over(tmp_path):
+    """Where no operator runs gpu-clean (an unattended host), root's keeper of the lock
+    ends the runner itself `grace` after its job's end, and the run's status says why: the
+    host frees itself. Before that end the runner still holds the host."""
+    import json
+    import sys
+
+    from helpers import REPO
+
+    workdir = tmp_path / "work"
+    workdir.mkdir(mode=0o700)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    subprocess.run([sys.executable, "-c", KEEP, "2.0"], cwd=workdir, env=env, check=True,
+                   timeout=60)  # fmt: skip
+    held = json.loads((workdir / "owner.json").read_text())
+    runner = ProcRef.from_wire(held["runner"])
+    members = [ProcRef(s.pid, s.start_ticks) for s in group_members(runner.pid)]
+    keeper = ProcRef.from_wire(held["holder"])
+    try:
+        until = held["runner"]["ends_boot_s"] + 2.0
+        assert jobdeadline.boot_now() < until and runner.alive() and keeper.alive()
+        assert _locked(workdir / "owner.lock")  # the task is gone: the keeper holds it
+        while keeper.alive() and jobdeadline.boot_now() < until + 30:  # its poll, a load
+            time.sleep(0.1)
+        ended_after = jobdeadline.boot_now() - until
+        assert not keeper.alive() and not _locked(workdir / "owner.lock")
+        assert not any(m.alive() for m in [runner, *members]), "left running"
+        status = json.loads((workdir / "runs" / "r1" / "status.json").read_text())
+        assert status["status"] == "failed"
+        assert f"runner (pid {runner.pid} as nobody) ran past its job's end (" in status["reason"]
+        assert "ended by root's keeper of the host (" in status["reason"]
+    finally:
+        for ref in [*members, runner, keeper]:
+            if ref.alive():
+                with contextlib.suppress(OSError):
+                    os.kill(ref.pid, signal.SIGKILL)
+    record("keeper_ends_overdue_runner", {"ended_s_after_grace": round(ended_after, 2)})

@@ -5,14 +5,17 @@ read that never returns) held the host forever (issue 80.5). Its job has an end
 (host/bench/jobend.py); owner.json records it twice: on the boot clock (CLOCK_BOOTTIME,
 which the start ticks of /proc count on too, and which no one's setting the wall clock
 moves), what is compared, and on the wall clock, what is said. Past it, a gpu-clean ends
-the runner's process group, the very processes: each is held by a pidfd and checked (its
-start time, its group, its user) before the one signal, so a reused PID is never hit, and
-nothing of root's. Standard library only: this module ships.
+the runner's process group at once (the operator asked: host/agent/ownership.py), and
+root's keeper of the lock does KEEPER_GRACE_S later where nobody did (an unattended host
+gets itself back); the run's status says why. Either ends the very processes: each is
+held by a pidfd and checked (its start time, its group, its user) before the one signal,
+so a reused PID is never hit, and nothing of root's. Standard library only: it ships.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -20,9 +23,15 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
+from gpufleet.host.agent import safewrite
 from gpufleet.host.agent.procstat import ProcRef, group_members, read_stat
+from gpufleet.host.agent.protocol import AgentError
 
 ENDED_WAIT_S = 5.0  # how long the runner's processes get to be gone after SIGKILL
+# after the job's end, how long the keeper leaves a gpu-clean (said in every refusal) to
+# take the host over before it ends the runner itself
+KEEPER_GRACE_S = 600.0
+KEEPER_POLL_S = 0.2
 
 
 class JobEnd(TypedDict):
@@ -104,3 +113,32 @@ def _wait_gone(fds: list[int]) -> None:
         for fd, _ in poll.poll(max(1, int((deadline - time.monotonic()) * 1000))):
             left.discard(fd)
             poll.unregister(fd)
+
+
+def note_ended(status: str, runner: ProcRef, user: str, ends_by: str, *, by: str,
+               count: int) -> None:  # fmt: skip
+    """Root's status of the run (`status`: its status.json, which a watcher reads before
+    the runner's): failed, the runner ran past its job's end and was ended, by whom."""
+    reason = (f"its runner (pid {runner.pid} as {user}) ran past its job's end ({ends_by}) "
+              f"and was ended by {by} ({count} process{'es' if count != 1 else ''})")  # fmt: skip
+    if not status:
+        return
+    with contextlib.suppress(OSError, ValueError, AgentError):  # gone, or not root's
+        safewrite.write_atomic(status, json.dumps({"status": "failed", "reason": reason}))
+
+
+def keep(argv: list[str]) -> None:
+    """Root's keeper of the host's lock for a runner of another user's (ownership.keep_for):
+    `PID START UNTIL STATUS USER ENDS_BY`: it holds the lock until the runner ends, or,
+    past UNTIL (the boot clock; empty: no end), ends the runner's group itself and says so
+    in the run's STATUS file."""
+    pid, start, until, status, user, ends_by = argv
+    runner = ProcRef(int(pid), int(start))
+    limit = float(until) if until else None
+    while runner.alive():
+        if limit is not None and boot_now() >= limit:
+            count = end_group(runner)
+            by = "root's keeper of the host"
+            note_ended(status, runner, user, ends_by, by=by, count=count)
+            return
+        time.sleep(KEEPER_POLL_S)

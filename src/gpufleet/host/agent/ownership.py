@@ -48,6 +48,7 @@ from gpufleet.kinds import Kind
 from gpufleet.wire import JsonDict
 
 LOCK = "owner.lock"
+RUNS = Path("runs")  # the runs' directories, under the workdir (host/bench/bench_verbs.py)
 RECORD = "owner.json"
 RECORD_BYTES = 64 << 10  # a runner.json the run's user may have written: a few hundred bytes
 STOPPED = ("T", "t")  # /proc/PID/stat states: stopped by a signal, or by a tracer
@@ -67,6 +68,7 @@ class RunnerWire(ProcWire, total=False):
     user: str
     ends_by: str  # jobdeadline.JobEnd's: said
     ends_boot_s: float  # and compared
+    run: str  # its run's id: the run's status says why it ended
 
 
 class Holding(Owner, total=False):
@@ -222,6 +224,14 @@ def _ended(holder: Holding) -> str | None:
     if why is None and late is not None and ref is not None and ref.alive():
         assert isinstance(runner, dict)
         ended = jobdeadline.end_group(ref)
+        jobdeadline.note_ended(
+            _status_of(runner.get("run")),
+            ref,
+            str(runner.get("user")),
+            str(runner.get("ends_by")),
+            by="`inv gpu-clean`",
+            count=ended,
+        )
         why = (f"its bench runner (pid {ref.pid} as {runner.get('user')}) ran past its job's "
                f"end ({runner.get('ends_by')}, {late:.0f} s ago): ended it ({ended} "
                f"process{'es' if ended != 1 else ''})")  # fmt: skip
@@ -259,44 +269,53 @@ def held_fd() -> int | None:
 
 
 # root's keeper of the lock for a runner of another user's: it holds only the lock's
-# descriptor and ends when the runner does (by PID and start time: never a reused PID)
+# descriptor and ends when the runner does (by PID and start time: never a reused PID), or
+# ends the runner past its job's end (jobdeadline.keep); the agent's own code, from its zip
 _KEEPER = """# gpufleet-owner-keeper
-import sys, time
-pid, start = int(sys.argv[1]), sys.argv[2]
-def same():
-    try:
-        raw = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return False
-    fields = raw[raw.rindex(")") + 2:].split()
-    return fields[0] not in ("Z", "X") and fields[19] == start
-while same():
-    time.sleep(0.2)
+import sys
+sys.path.insert(0, sys.argv[1])
+from gpufleet.host.agent.jobdeadline import keep
+keep(sys.argv[2:])
 """
+_ROOT = str(Path(__file__).resolve().parents[3])  # the zipapp, or src/
 
 
-def keep_for(runner: ProcRef, user: str, ends: jobdeadline.JobEnd | None = None) -> None:
-    """Hold the host for `runner` (a bench runner running as `user`) until it ends, in a
-    keeper process of root's: the runner inherits nothing of root's lock, so stopping it
-    holds the host for no one (a gpu-clean takes over, `claim`), nor does hanging past its
-    job's end `ends` (recorded, said in every refusal)."""
+def keep_for(
+    runner: ProcRef, user: str, *, ends: jobdeadline.JobEnd | None = None, run: str = "",
+    grace: float = jobdeadline.KEEPER_GRACE_S,
+) -> None:  # fmt: skip
+    """Hold the host for `runner` (a bench runner running as `user`, of run `run`) until
+    it ends, in a keeper process of root's: the runner inherits nothing of root's lock, so
+    stopping it holds the host for no one (a gpu-clean takes over, `claim`), nor does
+    hanging past its job's end `ends` (recorded, said in every refusal; `grace` after it
+    the keeper ends the runner itself)."""
     if _held is None:
         return
-    keeper = subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", _KEEPER, str(runner.pid), str(runner.start_ticks)],
+    until = str(ends["ends_boot_s"] + grace) if ends else ""
+    argv = [str(runner.pid), str(runner.start_ticks), until, _status_of(run), user,
+            ends["ends_by"] if ends else ""]  # fmt: skip
+    keeper = subprocess.Popen(  # in the workdir: the run's status is written below it
+        [sys.executable, "-I", "-S", "-c", _KEEPER, _ROOT, *argv],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        close_fds=True, pass_fds=(_held,), start_new_session=True, cwd="/",
+        close_fds=True, pass_fds=(_held,), start_new_session=True,
         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
     )  # fmt: skip
     ref = ProcRef.capture(keeper.pid)
     _record.update({
         "holder": ref.to_wire() if ref else None,
-        "runner": {**runner.to_wire(), "user": user, **(ends or {})},
+        "runner": {**runner.to_wire(), "user": user, **(ends or {}), "run": run},
     })  # fmt: skip
     safewrite.write_atomic(RECORD, json.dumps(_record))
 
 
-def runs_holding(runs: Path = Path("runs")) -> list[str]:
+def _status_of(run: Any) -> str:
+    """Root's status.json of run `run` (relative to the workdir), or nothing to write."""
+    if not isinstance(run, str) or not run or "/" in run or run.startswith("."):
+        return ""
+    return str(RUNS / run / "status.json")
+
+
+def runs_holding(runs: Path = RUNS) -> list[str]:
     """The runs whose runner is alive, each with where it is (`RUN (C=8, level 2 of 3,
     since T)`): what holds the host once the task that started them is gone."""
     found = []

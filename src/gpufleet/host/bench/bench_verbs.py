@@ -213,7 +213,7 @@ def _spawn_runner_as(
             os.close(log_fd)
     runner = ProcRef.capture(proc.pid)
     if runner is not None:  # the run owns the host until it ends, task or not
-        ownership.keep_for(runner, user.name, ends)
+        ownership.keep_for(runner, user.name, ends=ends, run=run_dir.name)
     assert proc.stdin is not None
     proc.stdin.write(args.to_wire().encode())
     proc.stdin.close()
