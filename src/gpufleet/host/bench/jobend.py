@@ -3,19 +3,21 @@
 A run_as runner that hangs while it still runs (a stopped client process, a read that never
 returns) kept the host "in use" for root's gpu-clean forever (issue 80.5). A run has a
 knowable end: each request the runner sends is bounded by the plan's `request_timeout`
-(connecting included: host/bench/sender.py), its other calls to the server by their own
-timeouts, and every level sends a known number of requests through C slots. Past that
-bound plus a margin the runner no longer holds the host (host/agent/ownership.py).
+(connecting included: host/bench/sender.py; bench_serving keeps its own limit,
+host/bench/clients.py), its other calls to the server by their own timeouts, and every
+level sends a known number of requests through C slots. Past that bound plus a margin the
+runner no longer holds the host (host/agent/ownership.py, host/agent/jobdeadline.py).
 
-The rule, per level (gpufleet's generator; bench_serving's own per-request limit for
-`--engine sglang-bench`), with T the per-request limit and K the most turns of a session:
-  warm-up T x warmup, then the level: C slots split over p processes send their prompts in
-  order, so closed loop a process drains within (ceil(N/C) + 1) x K x T; on a schedule (a
-  rate or a trace) within its last arrival + ceil(N/p) / floor(C/p) x K x T + K x T; with
-  --duration, at most the duration + K x T; p is every process count `auto` may pick.
-  The server calls beside the requests, at their timeouts: LEVEL_CALLS_S, RUN_CALLS_S.
-The deadline is the bound plus MARGIN of it (at least MARGIN_MIN_S): the local work (process
-starts, files written) is counted in the margin, not in the bound.
+The rule, per level, with T the per-request limit (the client's own where longer) and K
+the most turns of a session: the warm-up, T x warmup; then C slots split over p processes
+send the prompts in order, so closed loop a process drains within (ceil(N/C) + 1) x K x T;
+on a schedule (a rate or a trace) within its last arrival (the trace's, or the Poisson
+draws replayed with the run's seed) + ceil(N/p) / floor(C/p) x K x T + K x T, p every
+process count the plan may use; with --duration, at most the duration + K x T. The server
+calls beside the requests count at their timeouts (SERVER_INFO_S, FLUSH_S, METRICS_S per
+level, RUN_CALLS_S per run), the GPU sampler's start at its own (TELEMETRY_S). The deadline
+is the bound plus MARGIN of it, at least MARGIN_MIN_S: the local work (process starts,
+files written) is counted in the margin, not in the bound.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ import math
 import random
 from pathlib import Path
 
+from gpufleet.host.bench.clients import CLIENTS
 from gpufleet.host.bench.spread import MAX_PROCS
 from gpufleet.records import BenchPlan, PromptRow
 
-SGLANG_BENCH_REQUEST_S = 6 * 3600.0  # bench_serving's AIOHTTP_TIMEOUT: its own per request
 SERVER_INFO_S = 2 * 10.0  # /server_info, then /get_server_info, 10 s each (serverapi)
 FLUSH_S = 2 * 30.0  # POST, then GET /flush_cache, 30 s each
 METRICS_S = 5.0 + 1.0  # the sampler's last /metrics read, and its pause
@@ -64,10 +66,9 @@ def _scheduled(plan: BenchPlan, n: int, c: int, turns: float, at: list[float]) -
 
 
 def _limit(plan: BenchPlan) -> float:
-    """The longest one request may take: the plan's, or bench_serving's own."""
-    if plan.engine == "sglang-bench":
-        return max(plan.request_timeout, SGLANG_BENCH_REQUEST_S)
-    return plan.request_timeout
+    """The longest one request may take: the plan's, or the client's own where longer."""
+    client = CLIENTS.get(plan.engine)
+    return max(plan.request_timeout, client.request_limit_s if client else 0.0)
 
 
 def level_bound_s(plan: BenchPlan, n: int, c: int, rows: list[PromptRow]) -> float:
