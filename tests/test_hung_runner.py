@@ -144,5 +144,5 @@ def test_a_hung_run_as_runner_holds_the_host_until_its_jobs_end_then_gpu_clean_t
         "before": "gpu-clean refused forever (runner asleep, not stopped)",
         "job_end_s": round(job, 1), "refused_before_end": True,
         "taken_over_s_after_end": round(took_s, 1),
-        "gpu_clean_s": round(clean_s, 1),
+        "gpu_clean_s": round(clean_s, 1), "line": took[0],
     })  # fmt: skip
