@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 from pathlib import Path
 
@@ -54,7 +55,8 @@ def _arrivals(n: int, rate: float | None, seed: int, at: list[float]) -> float:
 def _scheduled(plan: BenchPlan, n: int, c: int, turns: float, at: list[float]) -> float:
     """A level on a schedule over any process count it may use: the worst of them."""
     wanted = plan.client_procs
-    counts = range(1, min(c, n, MAX_PROCS) + 1) if wanted == "auto" else [int(wanted)]
+    most = min(c, n, MAX_PROCS, max(1, (os.cpu_count() or 2) - 1))  # as spread.auto_procs
+    counts = range(1, most + 1) if wanted == "auto" else [int(wanted)]
     worst = 0.0
     for asked in counts:
         p = max(1, min(asked, c, n))
