@@ -26,6 +26,7 @@ from typing import Any, TypedDict
 from gpufleet.host.agent import safewrite
 from gpufleet.host.agent.procstat import ProcRef, group_members, read_stat
 from gpufleet.host.agent.protocol import AgentError
+from gpufleet.kinds import RunStatus
 
 ENDED_WAIT_S = 5.0  # how long the runner's processes get to be gone after SIGKILL
 # after the job's end, how long the keeper leaves a gpu-clean (said in every refusal) to
@@ -124,7 +125,7 @@ def note_ended(status: str, runner: ProcRef, user: str, ends_by: str, *, by: str
     if not status:
         return
     with contextlib.suppress(OSError, ValueError, AgentError):  # gone, or not root's
-        safewrite.write_atomic(status, json.dumps({"status": "failed", "reason": reason}))
+        safewrite.write_atomic(status, json.dumps({"status": RunStatus.FAILED, "reason": reason}))
 
 
 def keep(argv: list[str]) -> None:
