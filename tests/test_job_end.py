@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 from gpufleet.host.agent import jobdeadline
 from gpufleet.host.agent.procstat import ProcRef, group_members
@@ -176,3 +177,85 @@ def test_the_keeper_ends_a_runner_nobody_took_over_once_its_grace_is_over(tmp_pa
                 with contextlib.suppress(OSError):
                     os.kill(ref.pid, signal.SIGKILL)
     record("keeper_ends_overdue_runner", {"ended_s_after_grace": round(ended_after, 2)})
+
+
+TAKE = """
+import json, os, sys, time
+from gpufleet.host.agent import jobdeadline, ownership
+from gpufleet.host.agent.protocol import AgentError
+owner = {"id": "clean", "task": "inv gpu-clean", "control": "", "pid": os.getpid(), "since": ""}
+try:
+    said = ownership.claim(owner, take_over=True, host="h0")
+except AgentError as exc:
+    said = f"refused: {exc}"
+print(json.dumps({"said": said, "owner": ownership.holder_now()}))
+"""
+
+
+def _kept(tmp_path, job_s: float) -> tuple[Path, dict, dict, list[ProcRef]]:
+    """A workdir whose host a keeper holds for a runner (a group as nobody) whose job
+    ends `job_s` from now, its task gone: (workdir, env, owner.json, the group)."""
+    import json
+    import sys
+
+    from helpers import REPO
+
+    workdir = tmp_path / "work"
+    workdir.mkdir(mode=0o700)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    subprocess.run([sys.executable, "-c", KEEP.replace("job_end(1.0)", f"job_end({job_s})"),
+                    "600"], cwd=workdir, env=env, check=True, timeout=60)  # fmt: skip
+    held = json.loads((workdir / "owner.json").read_text())
+    group = [ProcRef(s.pid, s.start_ticks) for s in group_members(held["runner"]["pid"])]
+    return workdir, env, held, [*group, ProcRef.from_wire(held["holder"])]
+
+
+def _clean(workdir: Path, env: dict) -> dict:
+    """gpu-clean's claim, as another task: what it said, and owner.json after."""
+    import json
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", TAKE], cwd=workdir, env=env, timeout=60,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def _end_all(refs: list[ProcRef]) -> None:
+    for ref in refs:
+        if ref.alive():
+            with contextlib.suppress(OSError):
+                os.kill(ref.pid, signal.SIGKILL)
+
+
+def test_a_hung_runner_inside_its_job_still_holds_the_host_and_the_end_is_said(tmp_path):
+    workdir, env, held, procs = _kept(tmp_path, 120.0)
+    try:
+        said = _clean(workdir, env)["said"]
+        assert said.startswith("refused: this host is held by"), said
+        assert f"its job ends by {held['runner']['ends_by']}" in said, said
+        assert all(p.alive() for p in procs), "a runner inside its job was ended"
+    finally:
+        _end_all(procs)
+
+
+def test_past_its_end_gpu_clean_ends_a_stopped_runners_group(tmp_path):
+    """The old rule ended only the keeper of a stopped runner and left the runner stopped;
+    past its job's end the runner's group is ended too, stopped or not, in one line."""
+    import json
+
+    workdir, env, held, procs = _kept(tmp_path, 1.0)
+    runner = ProcRef.from_wire(held["runner"])
+    try:
+        os.kill(runner.pid, signal.SIGSTOP)
+        time.sleep(max(0.0, held["runner"]["ends_boot_s"] - jobdeadline.boot_now()) + 0.2)
+        said = _clean(workdir, env)
+        line = said["said"]
+        assert line.startswith("took over this host from `inv bench`"), said
+        assert f"runner (pid {runner.pid} as nobody) ran past its job's end (" in line
+        assert "ended it (2 processes)" in line, line
+        assert said["owner"]["task"] == "inv gpu-clean" and "runner" not in said["owner"]
+        assert not any(p.alive() for p in procs), "left running"
+        status = json.loads((workdir / "runs" / "r1" / "status.json").read_text())
+        assert "ended by `inv gpu-clean` (2 processes)" in status["reason"], status
+    finally:
+        _end_all(procs)

@@ -215,29 +215,23 @@ def _stopped(holder: Holding) -> str | None:
 
 
 def _ended(holder: Holding) -> str | None:
-    """Why a gpu-clean takes the host over, once what held it is ended: its holder or
-    runner is stopped, or its runner ran past its job's end (the runner's processes are
-    killed first); None where the owner still holds the host."""
-    why = _stopped(holder)
+    """Why a gpu-clean takes the host over, once what held it is ended: its runner ran
+    past its job's end (its processes are killed first, stopped or not), or its holder or
+    runner is stopped; None where the owner still holds the host."""
     runner, late = holder.get("runner"), jobdeadline.past(holder.get("runner"))
     ref = _ref(runner)
-    if why is None and late is not None and ref is not None and ref.alive():
-        assert isinstance(runner, dict)
-        ended = jobdeadline.end_group(ref)
-        jobdeadline.note_ended(
-            _status_of(runner.get("run")),
-            ref,
-            str(runner.get("user")),
-            str(runner.get("ends_by")),
-            by="`inv gpu-clean`",
-            count=ended,
-        )
-        why = (f"its bench runner (pid {ref.pid} as {runner.get('user')}) ran past its job's "
-               f"end ({runner.get('ends_by')}, {late:.0f} s ago): ended it ({ended} "
-               f"process{'es' if ended != 1 else ''})")  # fmt: skip
-        _end_holder(holder)  # its keeper ends with it anyway
-        return why
-    return why if why is not None and _end_holder(holder) else None
+    if late is None or ref is None or not ref.alive() or not isinstance(runner, dict):
+        why = _stopped(holder)
+        return why if why is not None and _end_holder(holder) else None
+    ended = jobdeadline.end_group(ref)
+    user, ends_by = str(runner.get("user")), str(runner.get("ends_by"))
+    status = _status_of(runner.get("run"))
+    jobdeadline.note_ended(status, ref, user, ends_by, by="`inv gpu-clean`", count=ended)
+    _end_holder(holder)  # its keeper, which would end with it anyway
+    return (
+        f"its bench runner (pid {ref.pid} as {user}) ran past its job's end ({ends_by}, "
+        f"{late:.0f} s ago): ended it ({ended} process{'es' if ended != 1 else ''})"
+    )
 
 
 def _runner_ended(holder: Holding | None) -> bool:
