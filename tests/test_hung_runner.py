@@ -130,6 +130,10 @@ def test_a_hung_run_as_runner_holds_the_host_until_its_jobs_end_then_gpu_clean_t
         assert status["status"] == "failed", status
         assert "ran past its job's end" in status["reason"], status
         assert "ended by `inv gpu-clean`" in status["reason"], status
+        attach = fleet.cli("bench", "--hosts", "h0", "--attach", state.parent.name,
+                           "--archive", str(tmp_path / "a"), timeout=180)  # fmt: skip
+        told = attach.stdout + attach.stderr
+        assert attach.returncode != 0 and "ran past its job's end" in told, told[-3000:]
         now = json.loads((workdir / "owner.json").read_text())
         assert "gpu-clean" in now["task"] and "runner" not in now, now
     finally:
