@@ -259,3 +259,18 @@ def test_past_its_end_gpu_clean_ends_a_stopped_runners_group(tmp_path):
         assert "ended by `inv gpu-clean` (2 processes)" in status["reason"], status
     finally:
         _end_all(procs)
+
+
+def test_a_prompts_file_that_is_not_prompts_is_one_line(tmp_path):
+    import pytest
+
+    from gpufleet.host.agent.protocol import AgentError
+
+    plan = BenchPlan(run_id="r", levels=[Level(1, 2)])
+    for text, said in (('{"prompt": "a"}\n[1, 2]\n', "prompts.jsonl:2: expected a JSON object"),
+                       ('{"prompt": "a"}\n{"nope": 1}\n', "prompts.jsonl:2: unknown field"),
+                       ("{not json\n", "bench-start: ")):  # fmt: skip
+        (tmp_path / "prompts.jsonl").write_text(text)
+        with pytest.raises(AgentError, match=said) as raised:
+            jobend.deadline_of(plan, tmp_path / "prompts.jsonl")
+        assert "\n" not in str(raised.value)

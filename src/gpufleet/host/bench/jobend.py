@@ -28,9 +28,12 @@ import os
 import random
 from pathlib import Path
 
+from gpufleet.host.agent.protocol import AgentError
 from gpufleet.host.bench.clients import CLIENTS
 from gpufleet.host.bench.spread import MAX_PROCS
+from gpufleet.kinds import Kind
 from gpufleet.records import BenchPlan, PromptRow
+from gpufleet.wire import WireError
 
 SERVER_INFO_S = 2 * 10.0  # /server_info, then /get_server_info, 10 s each (serverapi)
 FLUSH_S = 2 * 30.0  # POST, then GET /flush_cache, 30 s each
@@ -108,8 +111,12 @@ def deadline_s(plan: BenchPlan, rows: list[PromptRow]) -> float:
 
 
 def deadline_of(plan: BenchPlan, prompts: Path) -> float:
-    """`deadline_s` of a run whose prompts lie in `prompts` (its prompts.jsonl)."""
-    with open(prompts, encoding="utf-8") as fh:
-        rows = [PromptRow.from_wire(json.loads(line), f"prompts.jsonl:{number}")
-                for number, line in enumerate(fh, 1) if line.strip()]  # fmt: skip
+    """`deadline_s` of a run whose prompts lie in `prompts` (its prompts.jsonl); a row
+    that is not a prompt is one line (BAD_INPUT), as the runner would say it."""
+    try:
+        with open(prompts, encoding="utf-8") as fh:
+            rows = [PromptRow.from_wire(json.loads(line), f"prompts.jsonl:{number}")
+                    for number, line in enumerate(fh, 1) if line.strip()]  # fmt: skip
+    except (ValueError, WireError) as exc:
+        raise AgentError(f"bench-start: {exc}", kind=Kind.BAD_INPUT) from None
     return deadline_s(plan, rows)
