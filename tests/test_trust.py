@@ -560,3 +560,33 @@ def test_a_relative_library_path_is_judged_where_the_server_starts(fleet, tmp_pa
     finally:
         fleet.cli("stop", "--hosts", "h8", "--grace", "2")
     record("trust_relative_library_path", {"profile": "refused", "login": "not passed"})
+
+
+def test_a_path_the_user_may_not_look_at_is_untrusted_not_a_crash(tmp_path):
+    """A run_as runner's PATH held root's interpreter directory (/root/.pyenv/...): judging
+    it as that user raised PermissionError, so every level with `--client-procs 2` failed
+    at once ("load generator error: PermissionError"). Judged as another user, in a real
+    child process with that user's uid: untrusted, said, and left out of PATH."""
+    from gpufleet.host.agent import childenv
+
+    private = tmp_path / "roots"
+    (private / "bin").mkdir(parents=True)
+    private.chmod(0o700)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the other user
+        try:
+            os.close(read)
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            said = trust.trusted(str(private / "bin"), NOBODY, trust.ANY) or ""
+            kept = childenv._trusted_path(f"{private}/bin:/usr/bin")
+            os.write(write, f"{said}\n{kept}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        said, kept = fh.read().split("\n")
+    os.waitpid(pid, 0)
+    assert "cannot be judged: Permission denied" in said and str(private) in said
+    assert kept == "/usr/bin"

@@ -99,6 +99,7 @@ class BenchPlan(Record):
     tokenizer: str | None = None
     request_rate: float | None = None  # Poisson arrivals per second; None: all at once
     duration: float | None = None  # seconds per level instead of a request count
+    request_timeout: float = 3600.0  # seconds one request may take, connecting included
     warmup: int = 1
     seed: int = 0
     ignore_eos: bool = True

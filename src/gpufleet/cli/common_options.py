@@ -80,6 +80,8 @@ def request_options() -> OptionSet:
         duration=Option(check=nonzero(positive_float), most=7 * DAY),
         request_rate=Option(check=nonzero(positive_float), most=1_000_000,
                             expected="a rate in requests per second, such as 4"),
+        request_timeout=Option(check=positive_float, most=7 * DAY,
+                               expected="seconds, such as 600"),
         output_len=Option(check=positive_int, most=1_000_000),
         prompts=Option(),
         seed=Option(check=count, most=2**32 - 1),

@@ -43,8 +43,9 @@ def run_verb(verb: str, stream: TextIO) -> int:
         args = read_args(verb, stream)
         if args.sim:
             nvml.activate_simulation(args.sim, args.host or "sim")
-        if args.changes_host():  # one task at a time changes this host; a gpu-clean
-            took = ownership.claim(args.owner, take_over=verb == "clean")  # ends a stopped one
+        if args.changes_host():  # one task at a time changes this host; a gpu-clean ends
+            # a stopped owner, or a runner past its job's end
+            took = ownership.claim(args.owner, take_over=verb == "clean", host=args.host)
             if took:
                 emit_event({"warning": took})
         emit_result(VERBS[verb](args))

@@ -46,6 +46,10 @@ class BenchRequest:
     request_rate: float | None = option(
         None, help="Poisson arrivals per second (default: all at once, capped by C)"
     )
+    request_timeout: float = option(
+        PLAN.request_timeout, help="seconds one request may take, connecting included (a "
+        "longer one fails as timed out); with the plan it bounds when the run's job ends",
+    )  # fmt: skip
     output_len: int = option(PLAN.output_len, help="output tokens per request, ignore_eos on")
     prompts: str = option("coding", help="coding, chat, random (words), random-ids (token-exact), "
                           "a JSONL file or a ShareGPT JSON file")  # fmt: skip

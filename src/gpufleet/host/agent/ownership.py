@@ -16,10 +16,12 @@ the lock (`held_fd`); a runner that runs as the run_as user never holds anything
 (issue 80.5: that user stopping its runner kept the host "in use" for root's gpu-clean):
 root keeps the lock in a keeper of its own (`keep_for`) that ends with the runner. A
 gpu-clean takes the host over, in one line, from an owner whose holder or runner is
-stopped. A runner started as a Slurm job step is no child of the agent: it is handed the
-lock's descriptor over a Unix socket in its run directory (`hand_over`/`take_over`), so it
-owns the host on srun as over SSH (issue 81.6). Once the task's agent is gone, the refusal
-names the run that holds the host now, never the task's dead pid as if it ran (81.8).
+stopped, or whose runner ran past its job's end (it hung while it runs: the end recorded
+at its start, host/agent/jobdeadline.py; the runner's processes are ended). A runner
+started as a Slurm job step is no child of the agent: it is handed the lock's descriptor
+over a Unix socket in its run directory (`hand_over`/`take_over`), so it owns the host on
+srun as over SSH (issue 81.6); its job's end is Slurm's. Once the task's agent is gone, the
+refusal names the run that holds the host now, never the task's dead pid as if it ran (81.8).
 Standard library only: this module ships.
 """
 
@@ -29,6 +31,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -38,13 +41,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypedDict
 
-from gpufleet.host.agent import bounded, safewrite
+from gpufleet.host.agent import bounded, jobdeadline, safewrite
 from gpufleet.host.agent.procstat import ProcRef, read_stat
 from gpufleet.host.agent.protocol import AgentError, Owner
 from gpufleet.kinds import Kind
 from gpufleet.wire import JsonDict
 
 LOCK = "owner.lock"
+RUNS = Path("runs")  # the runs' directories, under the workdir (host/bench/bench_verbs.py)
 RECORD = "owner.json"
 RECORD_BYTES = 64 << 10  # a runner.json the run's user may have written: a few hundred bytes
 STOPPED = ("T", "t")  # /proc/PID/stat states: stopped by a signal, or by a tracer
@@ -58,10 +62,13 @@ class ProcWire(TypedDict):
     start_ticks: int
 
 
-class RunnerWire(ProcWire):
-    """A bench runner that runs as another user, and that user."""
+class RunnerWire(ProcWire, total=False):
+    """A bench runner that runs as another user, that user, and when its job ends."""
 
     user: str
+    ends_by: str  # jobdeadline.JobEnd's: said
+    ends_boot_s: float  # and compared
+    run: str  # its run's id: the run's status says why it ended
 
 
 class Holding(Owner, total=False):
@@ -80,11 +87,12 @@ _owner: Owner | None = None
 _record: Holding = {}  # type: ignore[typeddict-item]  # filled by claim
 
 
-def claim(owner: Owner | None, take_over: bool = False) -> str | None:
+def claim(owner: Owner | None, take_over: bool = False, host: str = "") -> str | None:
     """Hold the host for `owner`'s task (a no-op where this agent already does, or where
     the holder is the same task's other session); AgentError (IN_USE) naming the holder.
-    With `take_over` (gpu-clean), an owner whose holder or runner is stopped is ended and
-    the host taken: the line saying so is returned."""
+    With `take_over` (gpu-clean), an owner whose holder or runner is stopped, or whose
+    runner ran past its job's end, is ended and the host taken: the line saying so is
+    returned. `host`: the inventory's name, for the refusal's `inv gpu-clean` line."""
     global _held, _owner
     if _held is not None:
         return None
@@ -97,12 +105,12 @@ def claim(owner: Owner | None, take_over: bool = False) -> str | None:
         if holder is not None and holder.get("id") == me["id"]:
             os.close(fd)
             return None  # this task's other session holds it
-        why = _stopped(holder) if take_over and holder is not None else None
-        if why is not None and _end_holder(holder):
+        why = _ended(holder) if take_over and holder is not None else None
+        if why is not None:
             said = f"took over this host from {_who(holder)}: {why}"
         if not _lock(fd, HANDOVER_S if said or _runner_ended(holder) else 0.0):
             os.close(fd)
-            raise AgentError(busy_line(holder), kind=Kind.IN_USE)
+            raise AgentError(busy_line(holder, host), kind=Kind.IN_USE)
     _held, _owner = fd, me
     me_here = ProcRef.capture(os.getpid())
     _record.clear()
@@ -146,14 +154,23 @@ def _who(holder: Holding) -> str:
     return f"`{holder.get('task')}` (pid {holder.get('pid')}{where}{since})"
 
 
-def busy_line(holder: Holding | None) -> str:
+def busy_line(holder: Holding | None, host: str = "") -> str:
     """The refusal: who holds the host now, and until when: the task while its agent lives,
-    else the runs it left running (the lock is theirs), each freed when it ends."""
+    else the runs it left running (the lock is theirs), each freed when it ends, its job's
+    end said; one past that end is said so, with the line that takes the host over."""
     if holder is None:
         return "this host is in use by another gpufleet task; it is freed when that task ends"
     task = _who(holder)
     runner = holder.get("runner")
-    run = (f"; its bench run goes on (runner pid {runner['pid']} as {runner['user']})"
+    late = jobdeadline.past(runner)
+    if isinstance(runner, dict) and late is not None:
+        clean = f"inv gpu-clean --hosts {shlex.quote(host)}" if host else "inv gpu-clean"
+        return (f"this host is held by {task}, whose bench runner (pid {runner.get('pid')} "
+                f"as {runner.get('user')}) ran past its job's end ({runner.get('ends_by')}, "
+                f"{late:.0f} s ago): `{clean}` takes the host over and ends it")  # fmt: skip
+    ending = runner.get("ends_by") if isinstance(runner, dict) else None
+    ends = f", its job ends by {ending}" if ending else ""
+    run = (f"; its bench run goes on (runner pid {runner['pid']} as {runner['user']}{ends})"
            if isinstance(runner, dict) else "")  # fmt: skip
     agent = holder.get("agent")
     if not isinstance(agent, dict) or _alive(agent):
@@ -166,8 +183,8 @@ def busy_line(holder: Holding | None) -> str:
     first = runs[0].split(" ", 1)[0]
     return (
         f"this host is held by run {'; run '.join(runs)}, left running by {task}, which has "
-        f"ended; it is freed when that run ends (`inv bench --attach {first}` waits for it "
-        "and fetches it): run this after it"
+        f"ended{ends}; it is freed when that run ends (`inv bench --attach {first}` waits for "
+        "it and fetches it): run this after it"
     )
 
 
@@ -195,6 +212,26 @@ def _stopped(holder: Holding) -> str | None:
             user = holder[key].get("user")
             return f"{what} (pid {ref.pid}{f' as {user}' if user else ''}) is stopped"
     return None
+
+
+def _ended(holder: Holding) -> str | None:
+    """Why a gpu-clean takes the host over, once what held it is ended: its runner ran
+    past its job's end (its processes are killed first, stopped or not), or its holder or
+    runner is stopped; None where the owner still holds the host."""
+    runner, late = holder.get("runner"), jobdeadline.past(holder.get("runner"))
+    ref = _ref(runner)
+    if late is None or ref is None or not ref.alive() or not isinstance(runner, dict):
+        why = _stopped(holder)
+        return why if why is not None and _end_holder(holder) else None
+    ended = jobdeadline.end_group(ref)
+    user, ends_by = str(runner.get("user")), str(runner.get("ends_by"))
+    status = _status_of(runner.get("run"))
+    jobdeadline.note_ended(status, ref, user, ends_by, by="`inv gpu-clean`", count=ended)
+    _end_holder(holder)  # its keeper, which would end with it anyway
+    return (
+        f"its bench runner (pid {ref.pid} as {user}) ran past its job's end ({ends_by}, "
+        f"{late:.0f} s ago): ended it ({ended} process{'es' if ended != 1 else ''})"
+    )
 
 
 def _runner_ended(holder: Holding | None) -> bool:
@@ -226,43 +263,53 @@ def held_fd() -> int | None:
 
 
 # root's keeper of the lock for a runner of another user's: it holds only the lock's
-# descriptor and ends when the runner does (by PID and start time: never a reused PID)
+# descriptor and ends when the runner does (by PID and start time: never a reused PID), or
+# ends the runner past its job's end (jobdeadline.keep); the agent's own code, from its zip
 _KEEPER = """# gpufleet-owner-keeper
-import sys, time
-pid, start = int(sys.argv[1]), sys.argv[2]
-def same():
-    try:
-        raw = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return False
-    fields = raw[raw.rindex(")") + 2:].split()
-    return fields[0] not in ("Z", "X") and fields[19] == start
-while same():
-    time.sleep(0.2)
+import sys
+sys.path.insert(0, sys.argv[1])
+from gpufleet.host.agent.jobdeadline import keep
+keep(sys.argv[2:])
 """
+_ROOT = str(Path(__file__).resolve().parents[3])  # the zipapp, or src/
 
 
-def keep_for(runner: ProcRef, user: str) -> None:
-    """Hold the host for `runner` (a bench runner running as `user`) until it ends, in a
-    keeper process of root's: the runner inherits nothing of root's lock, so stopping it
-    holds the host for no one (a gpu-clean takes over, `claim`)."""
+def keep_for(
+    runner: ProcRef, user: str, *, ends: jobdeadline.JobEnd | None = None, run: str = "",
+    grace: float = jobdeadline.KEEPER_GRACE_S,
+) -> None:  # fmt: skip
+    """Hold the host for `runner` (a bench runner running as `user`, of run `run`) until
+    it ends, in a keeper process of root's: the runner inherits nothing of root's lock, so
+    stopping it holds the host for no one (a gpu-clean takes over, `claim`), nor does
+    hanging past its job's end `ends` (recorded, said in every refusal; `grace` after it
+    the keeper ends the runner itself)."""
     if _held is None:
         return
-    keeper = subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", _KEEPER, str(runner.pid), str(runner.start_ticks)],
+    until = str(ends["ends_boot_s"] + grace) if ends else ""
+    argv = [str(runner.pid), str(runner.start_ticks), until, _status_of(run), user,
+            ends["ends_by"] if ends else ""]  # fmt: skip
+    keeper = subprocess.Popen(  # in the workdir: the run's status is written below it
+        [sys.executable, "-I", "-S", "-c", _KEEPER, _ROOT, *argv],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        close_fds=True, pass_fds=(_held,), start_new_session=True, cwd="/",
+        close_fds=True, pass_fds=(_held,), start_new_session=True,
         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
     )  # fmt: skip
     ref = ProcRef.capture(keeper.pid)
     _record.update({
         "holder": ref.to_wire() if ref else None,
-        "runner": {**runner.to_wire(), "user": user},
+        "runner": {**runner.to_wire(), "user": user, **(ends or {}), "run": run},
     })  # fmt: skip
     safewrite.write_atomic(RECORD, json.dumps(_record))
 
 
-def runs_holding(runs: Path = Path("runs")) -> list[str]:
+def _status_of(run: Any) -> str:
+    """Root's status.json of run `run` (relative to the workdir), or nothing to write."""
+    if not isinstance(run, str) or not run or "/" in run or run.startswith("."):
+        return ""
+    return str(RUNS / run / "status.json")
+
+
+def runs_holding(runs: Path = RUNS) -> list[str]:
     """The runs whose runner is alive, each with where it is (`RUN (C=8, level 2 of 3,
     since T)`): what holds the host once the task that started them is gone."""
     found = []

@@ -272,6 +272,8 @@ def trusted(
             return str(exc)
     except Untrusted as exc:
         return str(exc)
+    except OSError as exc:  # a path this user may not even look at (root's, to a runner)
+        return f"{what} {path} cannot be judged: {exc.strerror or exc}"
     return None
 
 

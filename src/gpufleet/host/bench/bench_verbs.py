@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from gpufleet.host.agent import bounded, childenv, ownership, runas, safewrite
+from gpufleet.host.agent import bounded, childenv, jobdeadline, ownership, runas, safewrite
 from gpufleet.host.agent.procstat import ProcRef
 from gpufleet.host.agent.protocol import (
     AgentError,
@@ -27,7 +27,7 @@ from gpufleet.host.agent.protocol import (
     RunStatusFile,
     emit_event,
 )
-from gpufleet.host.bench import userrun
+from gpufleet.host.bench import jobend, userrun
 from gpufleet.host.bench.rundir import LOG_FD_ENV
 from gpufleet.host.gpu import facts as gpus
 from gpufleet.host.gpu import nvml as nvmlread
@@ -105,7 +105,8 @@ def bench_start(args: BenchStartArgs) -> BenchStartAnswer:
     user = runas.resolve(args.run_as)
     step = jobstep.JobStep.of(args.slurm_job, args.slurm_node, "bench")
     if user is not None and step is None:
-        runner = _spawn_runner_as(user, run_dir, run_args, state or _state_of(plan))
+        ends = jobdeadline.job_end(jobend.deadline_of(plan, run_dir / "prompts.jsonl"))
+        runner = _spawn_runner_as(user, run_dir, run_args, state or _state_of(plan), ends)
     else:  # in a Slurm job the runner runs as the job's user, as the server does
         runner = _spawn_runner(run_dir, run_args, step)
     safewrite.write_atomic(run_dir / "runner.json", json.dumps(runner.to_wire()))
@@ -180,12 +181,14 @@ def _state_of(plan: BenchPlan) -> ServerState | None:
 
 
 def _spawn_runner_as(
-    user: runas.RunAs, run_dir: Path, args: BenchRunArgs, state: ServerState | None
-) -> ProcRef:
+    user: runas.RunAs, run_dir: Path, args: BenchRunArgs, state: ServerState | None,
+    ends: jobdeadline.JobEnd,
+) -> ProcRef:  # fmt: skip
     """The runner as the run_as user, in its own directory, with what it needs of root's
     handed to it: its inputs as its own files, the server's log as a descriptor
     (host/bench/userrun.py). It cannot read root's simulated GPUs: its NVML figures are
-    the user's own view (none on a rehearsal host)."""
+    the user's own view (none on a rehearsal host). It holds the host until it ends or
+    its job's end `ends` passes (host/agent/ownership.py)."""
     files: dict[str, str | bytes] = {
         "plan.json": (run_dir / "plan.json").read_text(),
         "prompts.jsonl": (run_dir / "prompts.jsonl").read_bytes(),
@@ -210,7 +213,7 @@ def _spawn_runner_as(
             os.close(log_fd)
     runner = ProcRef.capture(proc.pid)
     if runner is not None:  # the run owns the host until it ends, task or not
-        ownership.keep_for(runner, user.name)
+        ownership.keep_for(runner, user.name, ends=ends, run=run_dir.name)
     assert proc.stdin is not None
     proc.stdin.write(args.to_wire().encode())
     proc.stdin.close()

@@ -26,6 +26,8 @@ class BenchClient:
     duration: bool = True  # runs a level for --duration
     processes: bool = True  # spreads a level over --client-procs generator processes
     sessions: bool = True  # a multi-turn session is several requests
+    # its own limit on one request where it keeps one past the plan's (host/bench/jobend.py)
+    request_limit_s: float = 0.0
 
     def level_function(self) -> LevelFunction:
         """The function the runner calls for each level, imported now (on the host)."""
@@ -47,6 +49,9 @@ CLIENTS: dict[str, BenchClient] = {
             duration=False,
             processes=False,
             sessions=False,
+            # bench_serving's aiohttp total: 6 h in sglang/bench_serving.py, 20 h in its
+            # later sglang/benchmark package; the larger
+            request_limit_s=20 * 3600.0,
         ),
     )
 }

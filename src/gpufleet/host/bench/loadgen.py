@@ -43,7 +43,7 @@ class LevelSpec:
     model: str = PLAN.model
     ignore_eos: bool = PLAN.ignore_eos
     seed: int = PLAN.seed
-    request_timeout: float = 3600.0
+    request_timeout: float = PLAN.request_timeout
     duration: float | None = None
     headers: dict[str, str] | None = None
     tokenizer: str | None = None  # the model's path: tokens counted where the server did not

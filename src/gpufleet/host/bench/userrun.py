@@ -27,11 +27,12 @@ from typing import BinaryIO
 
 from gpufleet.host.agent import runas, safewrite
 from gpufleet.host.agent.protocol import AgentError
-from gpufleet.kinds import Kind
+from gpufleet.kinds import Kind, RunStatus
 
 MARK = "user.json"  # in root's run directory: whose directory the run's files are in
 # what root writes in its run directory and keeps: never taken from the user's copy
 ROOTS_OWN = frozenset({"plan.json", "prompts.jsonl", "runner.json", "runner.log", MARK})
+STATUS = "status.json"
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 LIMIT = 4 << 30  # bytes of one file taken back (a run's records run to tens of MB)
 
@@ -130,21 +131,34 @@ def copy_keeping_holes(src: BinaryIO, dst: BinaryIO) -> None:
     dst.truncate(size)
 
 
+def _root_said_ended(run_dir: Path) -> bool:
+    """Root's own status of the run says it ended (the runner died, or ran past its job's
+    end and was ended: host/agent/jobdeadline.py): root's verdict, which the runner's
+    last word ("running") must not overwrite, or the archive loses why."""
+    try:
+        own = json.loads(safewrite.read_own(run_dir / STATUS) or b"")
+    except (OSError, ValueError, AgentError):
+        return False
+    return isinstance(own, dict) and own.get("status") in (RunStatus.DONE, RunStatus.FAILED)
+
+
 def take_back(run_dir: Path, remove: bool = False) -> list[str]:
     """Copy every regular file the user's runner wrote into root's run directory (the
-    names root keeps, and hidden ones, excepted); the names copied. With `remove` (the run
-    has ended), the user's run directory is emptied and removed after, entry by entry
-    through its descriptor (an unlink never follows a link)."""
+        names root keeps, and hidden ones, excepted, and the status where root's own says the run
+    ended); the names copied. With `remove` (the run
+        has ended), the user's run directory is emptied and removed after, entry by entry
+        through its descriptor (an unlink never follows a link)."""
     owner = owner_of(run_dir)
     if owner is None:
         return []
     uid, home = owner
     taken: list[str] = []
+    kept = ROOTS_OWN | ({STATUS} if _root_said_ended(run_dir) else set())
     try:
         with _user_run_dir(uid, home, run_dir.name) as dir_fd:
             names = sorted(os.listdir(dir_fd))
             for name in names:
-                if name.startswith(".") or name in ROOTS_OWN:
+                if name.startswith(".") or name in kept:
                     continue
                 fd = _open_file(dir_fd, name, uid)
                 if fd is None:
