@@ -242,7 +242,7 @@ def test_a_bench_client_is_its_module_and_its_registry_line(copy, sim_server):
             run.writer.event({"level": level.concurrency, "phase": "trial"})
             return outcome
     ''').lstrip())  # fmt: skip
-    copy.edit("host/bench/clients.py", "            sessions=False,\n        ),\n",
+    copy.edit("host/bench/clients.py", "            request_limit_s=20 * 3600.0,\n        ),\n",
               '        BenchClient("trial", "one process", "gpufleet.host.bench.trial:bench_level",\n'
               "                    processes=False),\n")  # fmt: skip
     out = copy.run(f"""
