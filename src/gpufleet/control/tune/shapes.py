@@ -113,7 +113,7 @@ def run_shapes(run: ShapeRun, experiment: Experiment, outcome: Any,
                 return _shape(run, arms, kind, shaped, experiment=experiment, clock=clock)
             except BudgetStop:
                 pass
-        spent = f"{minutes(clock.elapsed_s())} spent of --budget {clock.budget_s:g}s"
+        spent = f"{clock.elapsed_s():.0f}s spent of --budget {clock.budget_s:g}s"
         stopped.append(f"{name}: no figure: budget ({spent} before its rounds finished)")
         return None
 

@@ -25,6 +25,7 @@ from gpufleet.control.tune.limit import BudgetStop, minutes
 from gpufleet.report import catalogue
 
 SUFFIX = "-unverified"  # the candidate's name: the tuned profile's, and this
+HEADER = "# UNVERIFIED: --budget stopped the tune before its verification accepted this table"
 SPARE_S = 60.0  # the finishing command's budget: twice what is left, and at least this more
 
 
@@ -66,36 +67,38 @@ def keep_candidate(profile: str, outcome: Any, table: Any) -> Path:
     name = candidate_path(outcome.profile_path).stem
     if outcome.config_path is None:  # one depth for every load: the profile is the table
         path = candidate_path(outcome.profile_path)
-        path.write_bytes(outcome.profile_path.read_bytes())
-        return path
-    _, path = tunefiles.write_outputs(profile, table, name)
-    text = path.read_text()
-    path.write_text("# UNVERIFIED: --budget stopped the tune before its verification "
-                    "accepted this table\n" + text)  # fmt: skip
-    outcome.config_path.unlink(missing_ok=True)
+        text = outcome.profile_path.read_text()
+    else:
+        _, path = tunefiles.write_outputs(profile, table, name)
+        text = path.read_text()
+        outcome.config_path.unlink(missing_ok=True)
+    path.write_text(f"{HEADER}\n{text}")
     return path
 
 
 def best_measured(measured: Cells, arms: list[ArmSpec]) -> tuple[ArmSpec, float] | None:
     """The static server (plain or a static depth) the measurement measured keeping the most
     of each level's best at its worst level, and that share (None: none measured)."""
-    statics = [a for a in arms if (k := arm_depth(a)) == PLAIN or (isinstance(k, int) and k > 0)]
-    statics = [a for a in statics if arm_depth(a) in measured]
-    levels = sorted({c for a in statics for c in measured[arm_depth(a)]})
+
+    def key(a: ArmSpec) -> Any:  # plain is depth 0 where the engine has one depth a load
+        depth = arm_depth(a)
+        return 0 if depth == PLAIN and PLAIN not in measured else depth
+
+    depths = {a.label: arm_depth(a) for a in arms}  # depth 0's pinned cells are no static
+    statics = [a for a in arms if (d := depths[a.label]) == PLAIN or (isinstance(d, int) and d > 0)]
+    statics = [a for a in statics if key(a) in measured]
+    levels = sorted({c for a in statics for c in measured[key(a)]})
     if not statics or not levels:
         return None
 
     def figure(a: ArmSpec, c: int) -> float:
-        cell = measured[arm_depth(a)].get(c)
+        cell = measured[key(a)].get(c)
         return float(cell[catalogue.THROUGHPUT]) if cell else 0.0
 
     worst = {}
+    tops = {c: max(figure(b, c) for b in statics) for c in levels}
     for a in statics:
-        shares = []
-        for c in levels:
-            top = max(figure(b, c) for b in statics)
-            shares.append(figure(a, c) / top if top else 0.0)
-        worst[a.label] = min(shares)
+        worst[a.label] = min(figure(a, c) / tops[c] if tops[c] else 0.0 for c in levels)
     best = max(statics, key=lambda a: worst[a.label])
     return best, worst[best.label]
 
@@ -120,7 +123,7 @@ def demote(profile: str, checks: list[ArmSpec], outcome: Any, table: Any,
     nothing was), the record's notes told; the line to stop with."""
     candidate = keep_candidate(profile, outcome, table)
     why = (f"--budget {stop.budget_s:g}: the budget stopped the tune during {stop.what} "
-           f"({minutes(stop.spent_s)} spent of {stop.budget_s:g}s, {stop.launches} launch"
+           f"({stop.spent_s:.0f}s spent of {stop.budget_s:g}s, {stop.launches} launch"
            f"{'es' * (stop.launches != 1)}): the {stop.table} was not verified, so it is "
            "not the tuned profile")  # fmt: skip
     kept = (f"; the table is kept unverified as {candidate} (inv launch --profile "
