@@ -388,7 +388,9 @@ def test_a_budget_is_a_limit_on_a_fresh_archive(fleet, tmp_path):
           f"{fits_s:.1f}s (longest cell {longest}s)")  # fmt: skip
     assert fits_s <= lenient + longest + 15, (fits_s, lenient, longest)  # 15 s: start-up
     if fits.returncode == 2:  # a busy machine ran slower than the pace: stopped, said
-        assert re.search(rf"--budget {lenient}: stopped after \d+ launch", fits.stderr)
+        # (during the verification, the table is then not the tuned profile: unverified.py)
+        assert re.search(rf"--budget {lenient}: (stopped after \d+ launch|the budget stopped "
+                         "the tune during the verification)", fits.stderr)  # fmt: skip
         return
     assert fits.returncode == 0, fits.stdout[-4000:] + fits.stderr[-2000:]
     dropped = [line.split("dropped ")[1].split(" (")[0]

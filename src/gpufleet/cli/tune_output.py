@@ -64,7 +64,9 @@ def print_verdicts(outcome: Any) -> None:
         )  # fmt: skip
         line(f"{v.host}: {v.sentence}")
     for st in outcome.steps:
-        labels = list(st.phases[0].per_request) if st.phases else []
+        if not st.phases:  # the budget stopped the load step: its words are in the headline
+            continue
+        labels = list(st.phases[0].per_request)
         table(
             f"{st.host}: load step and bursts, each phase against its better static",
             ["phase", "C", "wins", *(f"{label} req tok/s" for label in labels),

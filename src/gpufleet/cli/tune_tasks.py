@@ -57,6 +57,8 @@ def tune(c, **given):
     from gpufleet.cli.tune_output import print_choice, print_verdicts
     from gpufleet.control.server.host_options import LaunchOptions
     from gpufleet.control.tune import tune_run as tunerun
+    from gpufleet.control.tune.unverified import Unverified
+    from gpufleet.errors import UserError
 
     o = TUNE.parse(given)
     request = TUNE.request(o)
@@ -75,5 +77,10 @@ def tune(c, **given):
             o.shape_rounds,
             o.verify_trace,
         )
-        outcome = tunerun.run(ask, request, exp, print_choice)
+        try:
+            outcome = tunerun.run(ask, request, exp, print_choice)
+        except Unverified as stop:  # the line ends with the command that finishes it
+            words = [*TUNE.given(o, (*LEFT_OUT, "budget")), "--budget", str(stop.budget_hint)]
+            finish = resume_command(["inv", "tune"], words)(exp.fleet.source, exp.fleet.names)
+            raise UserError(stop.finished_by(finish)) from None
     print_verdicts(outcome)

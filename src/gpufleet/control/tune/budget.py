@@ -341,8 +341,7 @@ class TimeKeeper:
         empty where it fits (or there is no budget, or no pace yet)."""
         if self.budget_s is None or self.pace is None:
             return ""
-        rounds = decode_rounds(request)
-        cost = sum(self.pace.cell_s(PlannedCell(stage, a.key, a.label, rounds)) for a in arms)
+        cost = self.cost_s(stage, arms, request)
         below = [u for u in self.units() if u.keys[0][0] in (BURST, STEP, TRACE)]
         for unit in [None, *below]:
             if unit is not None:
@@ -352,6 +351,29 @@ class TimeKeeper:
                 return ""
         return (f"they need ~{_minutes(cost)} more, ~{_minutes(total)} in all against "
                 f"--budget {self.budget_s:g}s")  # fmt: skip
+
+    def cost_s(self, stage: str, arms: list[ArmSpec], request: BenchRequest) -> float:
+        """These cells' estimated seconds at the pace (0 without one)."""
+        if self.pace is None:
+            return 0.0
+        rounds = decode_rounds(request)
+        return sum(self.pace.cell_s(PlannedCell(stage, a.key, a.label, rounds)) for a in arms)
+
+    def resume_s(self) -> float:
+        """What a `--resume` of this tune must still run, as its clock plans it before its
+        first cell: what no budget drops that this run has not done, the verification
+        planned beside every depth (the measurement names the best ones only as it is
+        read again)."""
+        if self.pace is None:
+            return 0.0
+        rest = [c for c in self.remaining() if c.stage in (MEASURE, VERIFY)]
+        droppable = {k for unit in self.units() for k in unit.keys}
+        have = {(c.stage, c.key) for c in rest} | self.done
+        rounds = next((c.rounds for c in self.cells if c.stage == MEASURE), 0.0)
+        every = interleaved(self.checks + verify_depths(self.measure, {}), VERIFY_REPEATS)
+        rest += [PlannedCell(VERIFY, a.key, a.label, rounds) for a in every
+                 if (VERIFY, a.key) not in have]  # fmt: skip
+        return sum(self.pace.cell_s(c) for c in rest if (c.stage, c.key) not in droppable)
 
     def stage_dropped(self, stage: str) -> bool:
         """Whether every cell of a stage was dropped (the stage is then not run at all)."""

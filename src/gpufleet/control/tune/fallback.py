@@ -56,7 +56,7 @@ def table_worst_share(rows: list[VerdictRow]) -> float | None:
     return min(shares) if shares else None
 
 
-def decide(verdicts: list[Any]) -> Decision | None:
+def decide(verdicts: list[Any], when: str = "after the mend") -> Decision | None:
     """None where the table reached the goal at every level on every host (or was never
     judged); else the best single static (by its worst share) to be written instead."""
     short = [f"{v.host} {s}" for v in verdicts for s in shortfalls(v.rows)]
@@ -66,7 +66,7 @@ def decide(verdicts: list[Any]) -> Decision | None:
         return None
     label = max(statics, key=lambda k: statics[k])
     static_worst, table_worst = statics[label], min(table)
-    why = (f"the table was below the goal after the mend ({'; '.join(short)}), so it is not "
+    why = (f"the table was below the goal {when} ({'; '.join(short)}), so it is not "
            f"the tuned profile; the best single static, {label}, keeps "
            f"{share_text(static_worst)} of each level's best static at its worst level "
            f"against the table's {share_text(table_worst)}: the tuned profile is written as "
@@ -88,10 +88,15 @@ def settle(profile: str, checks: list[Any], outcome: Any) -> Decision | None:
         )
     outcome.result.notes.append(decision.why)
     if decision.fall_back:
-        arms = beside_arms(profile, checks, outcome.result.measured, 1)
-        arm = next((a for a in arms if a.label == decision.static), None)
+        arm = static_arm(profile, checks, outcome, decision.static)
         if arm is None:  # not a server this tune can write (cannot happen: it was launched)
             return None
         name = outcome.profile_path.stem
         tunefiles.write_static(profile, name, arm, decision.why)
     return decision
+
+
+def static_arm(profile: str, checks: list[Any], outcome: Any, label: str) -> Any:
+    """The verification's static server of that label (None: not one it launched)."""
+    arms = beside_arms(profile, checks, outcome.result.measured, 1)
+    return next((a for a in arms if a.label == label), None)

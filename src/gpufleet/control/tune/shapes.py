@@ -22,7 +22,7 @@ from gpufleet.control.tune import headline as hl
 from gpufleet.control.tune import step as tunestep
 from gpufleet.control.tune.drops import depth_of
 from gpufleet.control.tune.goal import share_text
-from gpufleet.control.tune.limit import minutes
+from gpufleet.control.tune.limit import BudgetStop, minutes
 from gpufleet.errors import UserError
 
 SHAPE_ROUNDS = 3  # each server's runs of a shape: Student's t needs three for an interval
@@ -37,6 +37,7 @@ class StepVerdict:
     phases: list[tunestep.StepPhase]
     sentence: str
     headlines: list[hl.Headline] = dataclasses.field(default_factory=list)
+    missing: list[str] = dataclasses.field(default_factory=list)  # "<shape>: no figure: budget"
 
 
 def shape_arms(checks: list[ArmSpec], depths: list[ArmSpec], rounds: int) -> list[ArmSpec]:
@@ -102,29 +103,52 @@ def run_shapes(run: ShapeRun, experiment: Experiment, outcome: Any,
         return  # the bursts went before it
     measured = outcome.result.measured  # a depth --budget dropped is not run here either
     arms = shape_arms(run.checks, [a for a in run.depths if depth_of(a) in measured], run.rounds)
-    step = tunestep.step_request(request)
-    stepped = _shape(run, arms, tunebudget.STEP, step, experiment=experiment, clock=clock)
+    names = (step_text(request), "the bursts", f"your trace {Path(run.trace or '').name}")
+    stopped: list[str] = []  # shapes the budget stopped or left no room for: no figure
+
+    def shape(kind: str, name: str, shaped: BenchRequest) -> Any:
+        """One shape's sweep, or None where the budget stopped it (or an earlier one)."""
+        if not stopped:
+            try:
+                return _shape(run, arms, kind, shaped, experiment=experiment, clock=clock)
+            except BudgetStop:
+                pass
+        spent = f"{clock.elapsed_s():.0f}s spent of --budget {clock.budget_s:g}s"
+        stopped.append(f"{name}: no figure: budget ({spent} before its rounds finished)")
+        return None
+
+    stepped = shape(tunebudget.STEP, names[0], tunestep.step_request(request))
     bursts: dict[str, dict[str, list[list[Any]]]] = {}
     traced: dict[str, dict[str, list[list[Any]]]] = {}
     burst_id = trace_id = None
     if not clock.stage_dropped(tunebudget.BURST):
         trace = request.archive.tune_burst_trace(outcome.record.tune_id)
-        burst = _shape(run, arms, tunebudget.BURST, tunestep.burst_request(request, trace),
-                       experiment=experiment, clock=clock)  # fmt: skip
-        bursts, burst_id = (
-            tunestep.shape_rounds(arms, burst.record, request.archive),
-            burst.sweep_id,
-        )
+        burst = shape(tunebudget.BURST, names[1], tunestep.burst_request(request, trace))
+        if burst is not None:
+            bursts = tunestep.shape_rounds(arms, burst.record, request.archive)
+            burst_id = burst.sweep_id
     if run.trace is not None and not clock.stage_dropped(tunebudget.TRACE):
         replay = tunestep.replay_request(request, Path(run.trace), request.trace_speedup)
-        replayed = _shape(run, arms, tunebudget.TRACE, replay, experiment=experiment, clock=clock)
-        traced = tunestep.shape_rounds(arms, replayed.record, request.archive)
-        trace_id = replayed.sweep_id
+        replayed = shape(tunebudget.TRACE, names[2], replay)
+        if replayed is not None:
+            traced = tunestep.shape_rounds(arms, replayed.record, request.archive)
+            trace_id = replayed.sweep_id
+    step_runs = (tunestep.shape_rounds(arms, stepped.record, request.archive) if stepped
+                 else {v.host: {} for v in outcome.verdicts})  # fmt: skip
+    ids = (stepped.sweep_id if stepped else None, burst_id, trace_id)
+    _verdicts(run, outcome, (step_runs, bursts, traced), ids, stopped)
+
+
+def _verdicts(run: ShapeRun, outcome: Any, shaped: tuple[Any, ...],
+              ids: tuple[str | None, ...], stopped: list[str]) -> None:  # fmt: skip
+    """Per host: the load step's phases and the bursts' against their better static, each
+    shape's headline, and the shapes the budget stopped (no figure), in the record."""
+    step_runs, bursts, traced = shaped
+    names = (step_text(run.request), "the bursts", f"your trace {Path(run.trace or '').name}")
     labels = [arm.label for arm in run.checks]
-    names = (step_text(request), "the bursts", f"your trace {Path(run.trace or '').name}")
-    for host, by_label in tunestep.shape_rounds(arms, stepped.record, request.archive).items():
+    for host, by_label in step_runs.items():
         first = {label: runs[0] for label, runs in by_label.items()}
-        phases, sentence = tunestep.step_verdict(first, labels)
+        phases, sentence = tunestep.step_verdict(first, labels) if by_label else ([], "")
         burst_runs = bursts.get(host, {})
         spike = tunestep.burst_verdict({k: v[0] for k, v in burst_runs.items()}, labels)
         if spike is not None:
@@ -136,14 +160,14 @@ def run_shapes(run: ShapeRun, experiment: Experiment, outcome: Any,
             )
         shapes = zip(names, (by_label, burst_runs, traced.get(host, {})), strict=True)
         heads = [h for name, runs in shapes if (h := _headline(name, runs, labels[2])) is not None]
-        outcome.steps.append(StepVerdict(host, phases, sentence, heads))
+        outcome.steps.append(StepVerdict(host, phases, sentence.strip(), heads, list(stopped)))
         outcome.record.step[host] = {
-            "sweep_id": stepped.sweep_id,
-            "burst_sweep_id": burst_id,
-            "trace_sweep_id": trace_id,
+            "sweep_id": ids[0],
+            "burst_sweep_id": ids[1],
+            "trace_sweep_id": ids[2],
             "phases": [dataclasses.asdict(p) for p in phases],
-            "sentence": sentence,
-            "headline": [h.sentence for h in heads],
+            "sentence": sentence.strip(),
+            "headline": [h.sentence for h in heads] + stopped,
         }
 
 
@@ -169,14 +193,15 @@ def note_headlines(outcome: Any) -> None:
     """Each host's headlines end its verification sentence, so the terminal, the record and
     the tuned profile's header say them alike (the profile's note is written again)."""
     for st in outcome.steps:
-        if not st.headlines:
+        said = [h.sentence for h in st.headlines] + st.missing
+        if not said:
             continue
         v = next((v for v in outcome.verdicts if v.host == st.host), None)
         if v is None:
             continue
-        v.sentence += " Headline: " + "; ".join(h.sentence for h in st.headlines) + "."
+        v.sentence += " Headline: " + "; ".join(said) + "."
         outcome.record.verify[v.host]["sentence"] = v.sentence
-    if any(st.headlines for st in outcome.steps):
+    if any(st.headlines or st.missing for st in outcome.steps):
         tunefiles.note_verification(
             outcome.profile_path, {v.host: v.sentence for v in outcome.verdicts}
         )
@@ -189,6 +214,8 @@ def spent_text(launches: int, seconds: float, steps: list[StepVerdict]) -> str:
     spent = f"spent {launches} launch{'es' * (launches != 1)} and {minutes(seconds)}"
     gains = [f"{st.host}, {h.shape}: {h.tokens[h.best].text()} of {h.best}'s output tokens a "
              "second" for st in steps for h in st.headlines if h.best]  # fmt: skip
+    missing = list(dict.fromkeys(m for st in steps for m in st.missing))  # said once a shape
     if not gains:
-        return f"{spent}; no load shape ran to say what it gained over the best single static"
-    return f"{spent} to gain: " + "; ".join(gains)
+        return (f"{spent}; no load shape ran to say what it gained over the best single static"
+                + "".join(f"; {m}" for m in missing))  # fmt: skip
+    return f"{spent} to gain: " + "; ".join(gains + missing)

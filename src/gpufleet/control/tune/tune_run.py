@@ -34,6 +34,7 @@ from gpufleet.control.tune import mend as tunemend
 from gpufleet.control.tune import shapes as tuneshapes
 from gpufleet.control.tune import table as tuning
 from gpufleet.control.tune import ties as tunetie
+from gpufleet.control.tune import unverified as tuneunverified
 from gpufleet.control.tune import verify as tuneverify
 from gpufleet.control.tune.measurement import Measurement
 from gpufleet.errors import UserError
@@ -145,11 +146,9 @@ def run(
     if not verify or clock.stage_dropped(tunebudget.VERIFY) or result.fixed_depth == 0:
         outcome.spent = tuneshapes.spent_text(clock.launched, clock.elapsed_s(), [])
         return outcome
-    _verify(profile, tuned, checks, request, resume=resume, experiment=experiment,
-            outcome=outcome, clock=clock)  # fmt: skip
-    if result.fixed_depth is None:  # SGLang's table: a level below the goal is mended
-        _mend(profile, checks, request, resume, experiment=experiment, outcome=outcome, clock=clock)
-        _fall_back(profile, checks, outcome, experiment, result)
+    _judge(profile, tuned, checks, request, resume=resume, experiment=experiment,
+           outcome=outcome, clock=clock)  # fmt: skip
+    tuneunverified.drop_candidate(profile, outcome.profile_path)
     save_record(record, record_path)
     tunefiles.note_verification(
         outcome.profile_path, {v.host: v.sentence for v in outcome.verdicts}
@@ -165,6 +164,30 @@ def run(
     record.notes.append(f"the tune {outcome.spent}")
     save_record(record, record_path)
     return outcome
+
+
+def _judge(
+    profile: str, tuned: str, checks: list[ArmSpec], request: BenchRequest,
+    *, resume: bool, experiment: Experiment, outcome: TuneOutcome, clock: tunebudget.TimeKeeper,
+) -> None:  # fmt: skip
+    """The verification, and on SGLang's table the mend and the fallback; where `--budget`
+    stops them, the table is not left as the tuned profile (control/tune/unverified.py):
+    the record says so and the stop goes on with the line."""
+    result, record = outcome.result, outcome.record
+    try:
+        _verify(profile, tuned, checks, request, resume=resume, experiment=experiment,
+                outcome=outcome, clock=clock)  # fmt: skip
+        if result.fixed_depth is None:  # SGLang's table: a level below the goal is mended
+            _mend(profile, checks, request, resume, experiment=experiment, outcome=outcome,
+                  clock=clock)  # fmt: skip
+            _fall_back(profile, checks, outcome, experiment, result)
+    except tunebudget.BudgetStop as stop:
+        if not isinstance(stop, tuneunverified.Unverified):
+            stopped = _stopped(clock, "the verification", "table", clock.resume_s())
+            stop = tuneunverified.demote(profile, checks, outcome, outcome.result, stopped)
+        record.notes = result.notes + [n for n in clock.notes if n not in result.notes]
+        save_record(record, outcome.record_path)
+        raise stop from None
 
 
 def _settle_ties(
@@ -363,8 +386,15 @@ def _measure_mend(
     experiment.console.line(f"tune: mending ({len(arms)} launches, interleaved): {where}")
     root = request.archive
     again_ok = resume and tunebudget.has_state(root, [profile, tuned], arms, MEND)
-    state = experiment.sweep([profile, tuned], arms, MEND, again_ok, request=mend_request,
-                             hooks=clock.hooks(MEND, root))  # fmt: skip
+    try:
+        state = experiment.sweep([profile, tuned], arms, MEND, again_ok, request=mend_request,
+                                 hooks=clock.hooks(MEND, root))  # fmt: skip
+    except tunebudget.BudgetStop:  # the mended table is the unverified one now
+        mended = tunemend.mended(outcome.result, to_mend, sizes)
+        needed = clock.cost_s(MEND, arms, mend_request)
+        raise tuneunverified.demote(
+            profile, checks, outcome, mended, _stopped(clock, "the mend", "mended table", needed)
+        ) from None
     data = select.report_for_sweep(root, state.path)
     shares = tunemend.shares(data.per_host, to_mend, profile_label_of(tuned))
     hosts = [v.host for v in outcome.verdicts]
@@ -377,6 +407,14 @@ def _measure_mend(
             tunefiles.restore(config_path, first[0])
         tunefiles.restore(profile_path, first[1])
     return shares, kept
+
+
+def _stopped(
+    clock: tunebudget.TimeKeeper, what: str, table: str, needed_s: float
+) -> tuneunverified.Stopped:
+    """Where the budget stopped the tune, for the words of control/tune/unverified.py."""
+    return tuneunverified.Stopped(what, table, clock.elapsed_s(), clock.budget_s or 0.0,
+                                  clock.launched, needed_s)  # fmt: skip
 
 
 def _kept(outcome: TuneOutcome, host: str, f: tunemend.Finding) -> float:
