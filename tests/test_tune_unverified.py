@@ -219,3 +219,40 @@ def test_a_budget_spent_during_the_load_shapes_keeps_the_verified_table_and_says
     headlines = record["step"]["h0"]["headline"]
     assert any(": no figure: budget (" in h for h in headlines), headlines
     assert record["notes"][-1].startswith("the tune spent ")
+
+
+@pytest.mark.slow(minutes=2)
+def test_an_interrupt_during_the_verification_never_leaves_the_table_as_the_profile(
+    fleet, tmp_path
+):
+    """Before: SIGTERM (as Ctrl-C) once the table was written stopped the verification and
+    left the unverified table as the tuned profile (only `--budget` stops demoted it). Now
+    any stop before the verification accepted the table does: the tuned profile is the best
+    static measured, the table a candidate named unverified, the record says why, and the
+    interrupt goes on as it came (exit 130, the resume line)."""
+    import signal
+
+    hold = tmp_path / "hold"
+    profile = _profile(fleet, "ispec", 1, hold)
+    proc = fleet.popen(*_argv(profile, tmp_path / "a"))
+    said: list[str] = []
+    for text in proc.stdout:
+        said.append(text)
+        if re.search(r"^tune: wrote .*ispec-tuned\.yaml", text):
+            hold.touch()  # the verification's first level waits: the signal lands in it
+            os.kill(proc.pid, signal.SIGTERM)
+            break
+    said.append(proc.communicate(timeout=300)[0])
+    hold.unlink(missing_ok=True)
+    text = "".join(said)
+    assert proc.returncode == 130, text[-4000:]
+    assert re.search(r"--resume`", text), text[-3000:]
+    written = yaml.safe_load((profile.parent / "ispec-tuned.yaml").read_text())
+    assert written["flags"].get("speculative-adaptive") is not True, written
+    candidate = (profile.parent / "ispec-tuned-unverified.yaml").read_text()
+    assert candidate.startswith("# UNVERIFIED") and yaml.safe_load(candidate)["flags"][
+        "speculative-adaptive"]  # fmt: skip
+    [record_path] = (tmp_path / "a" / "tunes").glob("*.json")
+    notes = json.loads(record_path.read_text())["notes"]
+    assert any(n.startswith("an interrupt (Ctrl-C, SIGTERM or SIGHUP) stopped the tune during "
+                            "the verification") for n in notes), notes  # fmt: skip

@@ -181,12 +181,14 @@ def _judge(
             _mend(profile, checks, request, resume, experiment=experiment, outcome=outcome,
                   clock=clock)  # fmt: skip
             _fall_back(profile, checks, outcome, experiment, result)
-    except tunebudget.BudgetStop as stop:
-        if not isinstance(stop, tuneunverified.Unverified):
-            stopped = _stopped(clock, "the verification", "table", clock.resume_s())
-            stop = tuneunverified.demote(profile, checks, outcome, outcome.result, stopped)
+    except BaseException as exc:  # the budget, Ctrl-C or SIGTERM, a failure: all alike
+        at = tuneunverified.stopped(clock, "the verification", "table", clock.resume_s(), exc)
+        stop = exc if isinstance(exc, tuneunverified.Unverified) else tuneunverified.demote(
+            profile, checks, outcome, outcome.result, at)  # fmt: skip
         record.notes = result.notes + [n for n in clock.notes if n not in result.notes]
         save_record(record, outcome.record_path)
+        if not isinstance(exc, tunebudget.BudgetStop):
+            raise  # the interrupt or failure goes on as it came, its hints with it
         raise stop from None
 
 
@@ -392,9 +394,8 @@ def _measure_mend(
     except tunebudget.BudgetStop:  # the mended table is the unverified one now
         mended = tunemend.mended(outcome.result, to_mend, sizes)
         needed = clock.cost_s(MEND, arms, mend_request)
-        raise tuneunverified.demote(
-            profile, checks, outcome, mended, _stopped(clock, "the mend", "mended table", needed)
-        ) from None
+        at = tuneunverified.stopped(clock, "the mend", "mended table", needed)
+        raise tuneunverified.demote(profile, checks, outcome, mended, at) from None
     data = select.report_for_sweep(root, state.path)
     shares = tunemend.shares(data.per_host, to_mend, profile_label_of(tuned))
     hosts = [v.host for v in outcome.verdicts]
@@ -407,14 +408,6 @@ def _measure_mend(
             tunefiles.restore(config_path, first[0])
         tunefiles.restore(profile_path, first[1])
     return shares, kept
-
-
-def _stopped(
-    clock: tunebudget.TimeKeeper, what: str, table: str, needed_s: float
-) -> tuneunverified.Stopped:
-    """Where the budget stopped the tune, for the words of control/tune/unverified.py."""
-    return tuneunverified.Stopped(what, table, clock.elapsed_s(), clock.budget_s or 0.0,
-                                  clock.launched, needed_s)  # fmt: skip
 
 
 def _kept(outcome: TuneOutcome, host: str, f: tunemend.Finding) -> float:

@@ -1,7 +1,8 @@
 """A table its verification has not accepted is never left as the tuned profile (issue 83:
 `inv tune` "writes only a table its verification accepts"). The table must be written under
-the tuned profile's name for the verification to launch it; where `--budget` stops the tune
-after that and before the verification (or the mend's measurement) accepted it, the table
+the tuned profile's name for the verification to launch it; where `--budget`, an interrupt
+(Ctrl-C, SIGTERM) or a failure stops the tune after that and before the verification (or
+the mend's measurement) accepted it, the table
 moves to a candidate named unverified (`<name>-unverified.yaml` and its file), the tuned
 profile is written as the best single static configuration measured (fallback.py's rule:
 from the verification's figures where it finished, else from the measurement's, plain or a
@@ -25,7 +26,7 @@ from gpufleet.control.tune.limit import BudgetStop, minutes
 from gpufleet.report import catalogue
 
 SUFFIX = "-unverified"  # the candidate's name: the tuned profile's, and this
-HEADER = "# UNVERIFIED: --budget stopped the tune before its verification accepted this table"
+HEADER = "# UNVERIFIED: the tune stopped before its verification accepted this table"
 SPARE_S = 60.0  # the finishing command's budget: twice what is left, and at least this more
 
 
@@ -114,6 +115,24 @@ class Stopped:
     budget_s: float
     launches: int
     needed_s: float
+    cause: str = ""  # what stopped it other than the budget (cause_of), "" for the budget
+
+
+def stopped(clock: Any, what: str, table: str, needed_s: float,
+            exc: BaseException | None = None) -> Stopped:  # fmt: skip
+    """Where the budget (or `exc`) stopped the tune (`clock`: its budget.TimeKeeper)."""
+    cause = "" if exc is None or isinstance(exc, BudgetStop) else cause_of(exc)
+    return Stopped(what, table, clock.elapsed_s(), clock.budget_s or 0.0, clock.launched,
+                   needed_s, cause)  # fmt: skip
+
+
+def cause_of(exc: BaseException) -> str:
+    """What stopped the tune, other than its budget, in words: Ctrl-C and the signals
+    handled as it (cli/common.INTERRUPTS), or a failure by its one line (bounded)."""
+    if isinstance(exc, KeyboardInterrupt) or getattr(exc, "interrupted", False):
+        return "an interrupt (Ctrl-C, SIGTERM or SIGHUP) stopped the tune"  # or its sweep's
+    first = (str(exc).splitlines() or [""])[0][:200]
+    return f"a failure stopped the tune ({first})"
 
 
 def demote(profile: str, checks: list[ArmSpec], outcome: Any, table: Any,
@@ -122,10 +141,11 @@ def demote(profile: str, checks: list[ArmSpec], outcome: Any, table: Any,
     candidate, the tuned profile written as the best static measured (or removed where
     nothing was), the record's notes told; the line to stop with."""
     candidate = keep_candidate(profile, outcome, table)
-    why = (f"--budget {stop.budget_s:g}: the budget stopped the tune during {stop.what} "
-           f"({stop.spent_s:.0f}s spent of {stop.budget_s:g}s, {stop.launches} launch"
-           f"{'es' * (stop.launches != 1)}): the {stop.table} was not verified, so it is "
-           "not the tuned profile")  # fmt: skip
+    ran = f"{stop.launches} launch{'es' * (stop.launches != 1)}"
+    why = (f"{stop.cause} during {stop.what} ({stop.spent_s:.0f}s spent, {ran})" if stop.cause
+           else f"--budget {stop.budget_s:g}: the budget stopped the tune during {stop.what} "
+           f"({stop.spent_s:.0f}s spent of {stop.budget_s:g}s, {ran})")  # fmt: skip
+    why += f": the {stop.table} was not verified, so it is not the tuned profile"
     kept = (f"; the table is kept unverified as {candidate} (inv launch --profile "
             f"{candidate.stem}, by hand); what is left needs "
             f"~{minutes(stop.needed_s)}")  # fmt: skip
