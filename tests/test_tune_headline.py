@@ -83,9 +83,40 @@ def test_a_round_is_the_shapes_tokens_over_its_time_and_its_requests_weighted_sp
     assert hl.round_of([ResultRow(1, 0, 0, 0.0, duration=0.0)]) is None
 
 
+def test_a_resumed_tune_counts_its_earlier_runs_in_what_it_spent(tmp_path):
+    """Issue 83.5 one step away: a tune resumed twice on the lent machine closed with
+    "spent 4 launches and 88s": the last run's alone, of 36 launches over three. The cells
+    an earlier run finished now count, with their own seconds (launch to stop), and say so."""
+    import yaml
+
+    from gpufleet.control.tune.budget import TimeKeeper
+    from gpufleet.control.tune.depth_cells import depth_arms
+    from gpufleet.control.tune.shapes import spent_text
+    from helpers import adaptive_flags
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"model_path": "/m", "flags": adaptive_flags(3)}))
+    one, two, three = depth_arms(str(spec), [1, 2, 3])[-3:]
+    clock = TimeKeeper([], [], [], None, lambda _: None)
+    clock.finished("measure", one, {"launch": 30.0, "bench": 50.0}, said=False)
+    clock.finished("measure", one, {"launch": 30.0, "bench": 50.0}, said=False)  # once
+    clock.finished("measure", two, {"launch": 20.0, "bench": 40.0}, said=False)
+    clock.finished("measure", three, {"launch": 5.0}, said=True)
+    spend = clock.spent()
+    assert (spend.launches, spend.earlier_launches, spend.earlier_s) == (3, 2, 140.0)
+    assert spend.seconds >= 140.0
+    said = spent_text(spend, [])
+    assert re.match(r"spent 3 launches and 2\.\d min \(of them 2 launches and 2\.3 min of "
+                    r"cells in earlier runs, before --resume\)", said), said  # fmt: skip
+    fresh = TimeKeeper([], [], [], None, lambda _: None)
+    fresh.finished("measure", three, {"launch": 5.0}, said=True)
+    assert "earlier" not in spent_text(fresh.spent(), []) and fresh.spent().launches == 1
+
+
 def test_the_closing_line_says_what_the_tune_spent_beside_what_it_gained():
     """Issue 83.5: launches and wall time, then per host and shape the headline's ratio
     against the best single static; with no shape run, it says there is no such figure."""
+    from gpufleet.control.tune.budget import Spend
     from gpufleet.control.tune.shapes import StepVerdict, spent_text
 
     rng = random.Random(5)
@@ -93,10 +124,10 @@ def test_the_closing_line_says_what_the_tune_spent_beside_what_it_gained():
               "p-tuned": _rounds(rng, 3, 107.0, 10.0, 0.01)}  # fmt: skip
     found = hl.headline("the bursts", rounds, "p-tuned")
     step = StepVerdict("h0", [], "", [found])
-    said = spent_text(34, 372.0, [step])
+    said = spent_text(Spend(34, 372.0), [step])
     assert said == (f"spent 34 launches and 6.2 min to gain: h0, the bursts: "
                     f"{found.tokens['p[plain]'].text()} of p[plain]'s output tokens a second")  # fmt: skip
-    assert spent_text(1, 9.0, []) == ("spent 1 launch and 9s; no load shape ran to say what it "
+    assert spent_text(Spend(1, 9.0), []) == ("spent 1 launch and 9s; no load shape ran to say what it "
                                       "gained over the best single static")  # fmt: skip
 
 
@@ -151,6 +182,7 @@ def test_a_round_with_a_failed_or_missing_phase_is_no_round_and_nothing_measured
     (1,500 tokens in 30 s against 2,500: '0.60x', a loss nobody measured). Now a round with a failed
     or missing phase is none; with no whole round of the tuned server (or of any static)
     the shape's headline says there is no figure, and the closing line claims no gain."""
+    from gpufleet.control.tune.budget import Spend
     from gpufleet.control.tune.shapes import StepVerdict, _headline, spent_text
 
     whole = [_phase(1, 8), _phase(64, 64), _phase(1, 8, tokens=500)]
@@ -168,7 +200,7 @@ def test_a_round_with_a_failed_or_missing_phase_is_no_round_and_nothing_measured
     none_static = _headline("the bursts", {"p[plain]": [broken], "p-tuned": [whole]}, "p-tuned")
     assert none_static is not None and "no figure: no static server ran" in none_static.sentence
     assert _headline("the bursts", {}, "p-tuned") is None  # not run at all: no headline
-    said = spent_text(9, 60.0, [StepVerdict("h0", [], "", [found, none_static])])
+    said = spent_text(Spend(9, 60.0), [StepVerdict("h0", [], "", [found, none_static])])
     assert said.endswith("no load shape ran to say what it gained over the best single static")
     one_failed = _headline("the bursts", {"p[plain]": [whole], "p[depth=2]": [broken],
                                           "p-tuned": [whole]}, "p-tuned")  # fmt: skip

@@ -31,6 +31,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gpufleet.archive.layout import Archive
 from gpufleet.control.bench.request import BenchRequest
@@ -120,6 +121,15 @@ def verify_depths(measure: list[ArmSpec], measured: dict[int, dict[int, float]])
     return [drafting[d] for d in sorted(wanted) or sorted(drafting)[:1]]
 
 
+class Spend(NamedTuple):
+    """A tune's launches and seconds, and of them those of earlier runs (`--resume`)."""
+
+    launches: int
+    seconds: float
+    earlier_launches: int = 0
+    earlier_s: float = 0.0
+
+
 @dataclass
 class TimeKeeper:
     """The tune's clock: what is left, at what pace, against the budget; its sweeps consult
@@ -140,6 +150,7 @@ class TimeKeeper:
     verify: bool = True
     may_drop_depths: bool = False  # whether --budget may drop depths the user asked for
     launched: int = 0  # cells this call ran (not those a resumed run found done)
+    resumed: dict[tuple[str, str], float] = field(default_factory=dict)  # earlier runs' cells
     tried: int = 0  # cells this call started, failed ones too
 
     @classmethod
@@ -207,6 +218,13 @@ class TimeKeeper:
         """Seconds since the tune started."""
         return time.monotonic() - self.started
 
+    def spent(self) -> Spend:
+        """What the whole tune spent, earlier runs of a resumed one included (their cells'
+        own seconds: launch to stop), for the closing line (issue 83.5)."""
+        earlier = sum(self.resumed.values())
+        return Spend(self.launched + len(self.resumed), self.elapsed_s() + earlier,
+                     len(self.resumed), earlier)  # fmt: skip
+
     def opening_lines(self) -> list[str]:
         """What the tune will run and, with a pace, how long it should take."""
         counts: dict[str, int] = {}
@@ -262,6 +280,8 @@ class TimeKeeper:
         """A cell is done: refit the pace, drop what no longer fits, say what is left
         (`said`: not for a cell an earlier run of a resumed tune finished)."""
         key = (stage, arm.key)
+        if not said:  # an earlier run of this resumed tune ran it: its seconds, for `spent`
+            self.resumed.setdefault(key, sum(steps.values()))
         if key in self.done:
             return
         self.done.add(key)

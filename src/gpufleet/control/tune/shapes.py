@@ -207,11 +207,16 @@ def note_headlines(outcome: Any) -> None:
         )
 
 
-def spent_text(launches: int, seconds: float, steps: list[StepVerdict]) -> str:
-    """What the tune spent beside what it gained (issue 83.5): its launches and wall time,
-    and per host and shape the tuned server's output tokens a second against the best
-    single static (or why there is no such figure)."""
-    spent = f"spent {launches} launch{'es' * (launches != 1)} and {minutes(seconds)}"
+def spent_text(spend: tunebudget.Spend, steps: list[StepVerdict]) -> str:
+    """What the tune spent beside what it gained (issue 83.5): its launches and wall time
+    (a resumed tune's earlier runs included, and said), and per host and shape the tuned
+    server's output tokens a second against the best single static (or why there is no
+    such figure)."""
+    n = spend.launches
+    spent = f"spent {n} launch{'es' * (n != 1)} and {minutes(spend.seconds)}"
+    if spend.earlier_launches:
+        spent += (f" (of them {spend.earlier_launches} launches and {minutes(spend.earlier_s)}"
+                  " of cells in earlier runs, before --resume)")  # fmt: skip
     gains = [f"{st.host}, {h.shape}: {h.tokens[h.best].text()} of {h.best}'s output tokens a "
              "second" for st in steps for h in st.headlines if h.best]  # fmt: skip
     missing = list(dict.fromkeys(m for st in steps for m in st.missing))  # said once a shape

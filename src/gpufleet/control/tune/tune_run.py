@@ -144,7 +144,7 @@ def run(
         on_chosen(outcome)
     # a fixed depth 0 is the plain server, just measured: nothing new to verify
     if not verify or clock.stage_dropped(tunebudget.VERIFY) or result.fixed_depth == 0:
-        outcome.spent = tuneshapes.spent_text(clock.launched, clock.elapsed_s(), [])
+        outcome.spent = tuneshapes.spent_text(clock.spent(), [])
         return outcome
     _judge(profile, tuned, checks, request, resume=resume, experiment=experiment,
            outcome=outcome, clock=clock)  # fmt: skip
@@ -159,7 +159,7 @@ def run(
                                      ask.shape_rounds, ask.verify_trace)  # fmt: skip
         tuneshapes.run_shapes(shapes, experiment, outcome, clock)
         tuneshapes.note_headlines(outcome)
-    outcome.spent = tuneshapes.spent_text(clock.launched, clock.elapsed_s(), outcome.steps)
+    outcome.spent = tuneshapes.spent_text(clock.spent(), outcome.steps)
     record.notes = result.notes + [n for n in clock.notes if n not in result.notes]
     record.notes.append(f"the tune {outcome.spent}")
     save_record(record, record_path)
