@@ -39,6 +39,13 @@ def _descriptors(pid: int) -> dict[str, str]:
     return out
 
 
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:  # gone
+        return None
+
+
 def _alive_as(pid: int, uid: int) -> bool:
     try:
         return _uid_of(pid) == uid
@@ -80,9 +87,11 @@ def test_a_stopped_run_as_runner_holds_nothing_of_roots_and_gpu_clean_takes_over
         assert _uid_of(runner) == NOBODY
         state_file = json.loads(next((workdir / "servers").glob("*.json")).read_text())
         handed = {str(Path(state_file["log"]).resolve()), str(state.parent / "runner.log")}
-        # the runner and every child it started (its client processes, its sampler)
+        # the runner and every child it started (its client processes, its sampler): its
+        # session's, never another test's nobody processes beside it (test_hung_runner's)
         theirs = [int(p.name) for p in Path("/proc").iterdir()
-                  if p.name.isdigit() and _alive_as(int(p.name), NOBODY)]  # fmt: skip
+                  if p.name.isdigit() and _alive_as(int(p.name), NOBODY)
+                  and _session_of(int(p.name)) == _session_of(runner)]  # fmt: skip
         assert runner in theirs
         for pid in theirs:
             # root's files it could not open itself (a system file every user may read, like

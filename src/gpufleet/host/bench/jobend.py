@@ -30,7 +30,6 @@ from pathlib import Path
 
 from gpufleet.host.agent.protocol import AgentError
 from gpufleet.host.bench.clients import CLIENTS
-from gpufleet.host.bench.spread import MAX_PROCS
 from gpufleet.kinds import Kind
 from gpufleet.records import BenchPlan, PromptRow
 from gpufleet.wire import WireError
@@ -57,6 +56,9 @@ def _arrivals(n: int, rate: float | None, seed: int, at: list[float]) -> float:
 
 def _scheduled(plan: BenchPlan, n: int, c: int, turns: float, at: list[float]) -> float:
     """A level on a schedule over any process count it may use: the worst of them."""
+    from gpufleet.host.bench.spread import MAX_PROCS  # here: it imports asyncio, which
+    # root's gpu-clean, logs and stop (through bench_verbs) need not (the trust census)
+
     wanted = plan.client_procs
     most = min(c, n, MAX_PROCS, max(1, (os.cpu_count() or 2) - 1))  # as spread.auto_procs
     counts = range(1, most + 1) if wanted == "auto" else [int(wanted)]
