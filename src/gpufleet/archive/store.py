@@ -23,6 +23,7 @@ from gpufleet.archive.kept import Manifest, Superseded
 from gpufleet.archive.layout import Archive
 from gpufleet.errors import UserError
 from gpufleet.records import Level, ResultRow
+from gpufleet.terminal import CONTROL
 from gpufleet.wire import WireError
 
 # Archives hold server argv, hosts and timings: private by default (files 0600, directories
@@ -31,6 +32,20 @@ _GROUP = os.environ.get("GPUFLEET_ARCHIVE_MODE") == "group"
 FILE_MODE = 0o640 if _GROUP else 0o600
 DIR_MODE = 0o750 if _GROUP else 0o700
 MANIFEST = "manifest.json"
+_NAME_MAX = 255  # bytes: the longest name a filesystem keeps
+
+
+def name_refused(name: str) -> str | None:
+    """Why the archive keeps no run file named `name` (None: it may). One rule for every
+    file a run brings: a host names them, so a name may be anything its filesystem takes."""
+    if name == MANIFEST:
+        return "the archive's own"
+    plain = name and "/" not in name and not name.startswith(".")
+    if not plain or len(name.encode(errors="surrogateescape")) > _NAME_MAX:
+        return "not a plain file name"
+    if CONTROL.search(name) or "\n" in name or "\t" in name:
+        return "a control character in it"
+    return None
 
 
 def sha256(data: bytes) -> str:
@@ -67,6 +82,7 @@ class RunStaging:
         self.sums: dict[str, str] = {}
         with self._said():
             make_dirs(self.where)
+            self.cleared = clear_stale(self.where)
             self.dir.mkdir(mode=DIR_MODE)
             os.chmod(self.dir, DIR_MODE)
 
@@ -86,7 +102,7 @@ class RunStaging:
                             ) from None  # fmt: skip
 
     def _checked(self, name: str) -> Path:
-        if "/" in name or name.startswith(".") or name == MANIFEST or not name:
+        if name_refused(name):
             raise UserError(f"refusing to archive a file named {name!r}")
         return self.dir / name
 
@@ -130,6 +146,32 @@ class RunStaging:
             _write_private(self.dir / MANIFEST, manifest.to_json().encode())
             os.rename(self.dir, self.final)
         return self.final
+
+
+def clear_stale(host_dir: Path) -> list[str]:
+    """Remove the staging folders (`.tmp-RUN-PID`) of writers no longer running: one
+    killed mid-run (SIGKILL, a power cut) could not remove its own, up to a run's bound of
+    disk never listed and never reclaimed. A folder whose pid runs (maybe a writer of this
+    archive right now) is left. The names removed."""
+    cleared = []
+    for entry in os.scandir(host_dir):
+        pid = entry.name.rpartition("-")[2]
+        if not entry.name.startswith(".tmp-") or not pid.isdigit() or _running(int(pid)):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            cleared.append(entry.name)
+    return cleared
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: running
+        return True
+    return True
 
 
 def make_dirs(path: Path) -> None:

@@ -1,0 +1,145 @@
+"""Issue 80, bullet 2, adversarial pass: what a run's folder on the host may hold that the
+fetch must not trust. A run's files are named by whoever wrote them (a runner, a process
+it left, the run_as user): a name the archive would refuse (its own `manifest.json`), a
+name carrying a newline or an escape, thousands of files. Each is driven through `inv
+bench` over the real loopback sshd; a fetch killed mid-file (SIGKILL) leaves its staging
+folder, which the next write of the host's archive removes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, run_cli
+from test_fetch_streamed import _bench, _planting
+from test_reliability import record
+
+MANY = 3000
+
+
+@pytest.mark.slow(minutes=2)
+def test_files_a_run_may_not_bring_stay_on_the_host_and_the_rest_is_archived(fleet, tmp_path):
+    """A file named as the archive's manifest, names with a newline and an escape, and
+    3000 empty files: before, the first refused the whole run (nothing archived), the
+    newline forged a line of the warning, and every empty file was fetched."""
+    profile = fleet.profile("names", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+    def plant(run: Path, _stop) -> None:
+        (run / "manifest.json").write_text('{"files": {}}')
+        (run / "two\nh0: FAILED: forged").write_text("x")
+        (run / "esc\x1b[2Jape").write_text("x")
+        for i in range(MANY):
+            (run / f"empty-{i:05d}").touch()
+
+    thread, planted, _ = _planting(fleet.workdir("h0") / "runs", plant)
+    try:
+        began = time.monotonic()
+        out = fleet.cli(*_bench(fleet, tmp_path, profile))
+        took = time.monotonic() - began
+        thread.join()
+        said = out.stdout + out.stderr
+        assert out.returncode == 0 and planted, said
+        archived = tmp_path / "archive" / "h0" / planted[0].name
+        assert (archived / "results.jsonl").stat().st_size > 0, said
+        kept = sorted(p.name for p in archived.iterdir())
+        record("fetch_hostile names", {"files_archived": len(kept), "bench_s": round(took, 1)})
+        assert len(kept) < 300, len(kept)  # the run's own files, not the 3000
+        assert not [n for n in kept if "\n" in n or "\x1b" in n]
+        assert "\nh0: FAILED: forged" not in said and "two\\nh0: FAILED: forged" in said, said
+        assert "esc\\x1b[2Jape" in said
+        named, many = (archived / "not-fetched.txt").read_text().splitlines()
+        assert named.startswith("not fetched, named as the archive keeps no file") and all(
+            x in named for x in ("manifest.json", "two\\nh0: FAILED: forged", "esc\\x1b[2Jape")
+        ), named
+        assert many.startswith("not fetched, past the archive's 256 files a run: empty-")
+        assert len(many) < 500 and many.count(", ") == 10 and " and 2" in many, many
+        assert named in said and many in said
+        out = run_cli("runs", "--verify", "--reindex", "--archive", str(tmp_path / "archive"))
+        assert out.returncode == 0 and archived.name in out.stdout, out.stdout + out.stderr
+    finally:
+        fleet.cli("stop", "--hosts", "h0", "--grace", "1")
+
+
+@pytest.mark.slow(minutes=2)
+def test_a_fetch_killed_mid_file_leaves_a_folder_the_next_write_removes(fleet, tmp_path):
+    """`inv bench` SIGKILLed while it fetches a 100 MiB file: its `.tmp-RUN-PID` folder
+    stays (nothing can remove it then); before, it stayed for good, never listed, never
+    removed. Now the next run archived on that host removes it, said once."""
+    profile = fleet.profile("killed", tp=1, sim={"load-seconds": 0.3, "warmup-seconds": 0.1})
+    out = fleet.cli("launch", "--profile", str(profile), "--hosts", "h0")
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = os.urandom(100 << 20)
+    hosts = tmp_path / "archive" / "h0"
+
+    def plant(run: Path, _stop) -> None:
+        (run / "big.bin").write_bytes(data)
+
+    thread, _, _ = _planting(fleet.workdir("h0") / "runs", plant)
+    argv = [sys.executable, "-m", "gpufleet", *_bench(fleet, tmp_path, profile),
+            "--inventory", str(fleet.inventory)]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        staged: list[Path] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            staged = list(hosts.glob(".tmp-*/.big.bin.part")) if hosts.exists() else []
+            if staged and staged[0].stat().st_size > (1 << 20):
+                break
+            time.sleep(0.01)
+        assert staged, "the fetch of big.bin was never seen"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        thread.join()
+        [left] = [p for p in hosts.iterdir() if p.name.startswith(".tmp-")]
+        left_mib = sum(p.stat().st_blocks * 512 for p in left.iterdir()) / (1 << 20)
+        out = run_cli("runs", "--verify", "--archive", str(tmp_path / "archive"))
+        assert out.returncode == 0, out.stdout + out.stderr
+        out = fleet.cli(*_bench(fleet, tmp_path, profile))
+        said = out.stdout + out.stderr
+        assert out.returncode == 0, said
+        assert not left.exists(), said
+        assert said.count(left.name) == 1, said
+        record("fetch_hostile killed", {"left_mib": round(left_mib, 1)})
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        fleet.cli("stop", "--hosts", "h0", "--grace", "1")
+
+
+@pytest.mark.unit
+def test_any_name_a_host_lists_is_taken_whole_or_said_in_a_clean_line(tmp_path):
+    """A fuzz of names built from the characters a filesystem takes: what `fetchable` keeps
+    the staging takes (no name refuses a whole run), and every line it says is one line
+    with no control character, of bounded length, whatever was listed."""
+    import random
+
+    from gpufleet.archive.layout import Archive
+    from gpufleet.archive.store import RunStaging
+    from gpufleet.control.bench import intake
+    from gpufleet.terminal import CONTROL
+
+    rng = random.Random(80)
+    alphabet = [chr(c) for c in range(1, 0xA0) if c != ord("/")] + ["\u202e", "\u2066", "é"]
+    names = {"manifest.json", "x" * 256, "."} | {
+        "".join(rng.choices(alphabet, k=rng.randint(1, 12))) for _ in range(2000)
+    }
+    listed = [{"name": n, "size": 0} for n in sorted(names)]
+    answer = {"status": "done", "reason": None, "files": listed, "run_dir": "/r\nx",
+              "tail": None, "offset": 0}  # fmt: skip
+    kept, said = intake.fetchable(answer)
+    assert 0 < len(kept) <= intake.FETCH_COUNT and said
+    for line in said:
+        assert "\n" not in line and not CONTROL.search(line) and len(line) < 4000, line
+    with RunStaging(Archive(tmp_path), "h0", "r1") as staging:
+        for f in kept:
+            staging.add(f["name"], b"")
