@@ -8,17 +8,27 @@ folder, which the next write of the host's archive removes."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import test_fetch_streamed
+from gpufleet.archive.incoming import Incoming
+from gpufleet.control.connect.base import PIECE
+from gpufleet.errors import HostError
 from helpers import REPO, run_cli
 from test_fetch_streamed import _bench, _planting
 from test_reliability import record
+
+session = test_fetch_streamed.session  # each connection's open session, a fixture
 
 MANY = 3000
 
@@ -143,3 +153,85 @@ def test_any_name_a_host_lists_is_taken_whole_or_said_in_a_clean_line(tmp_path):
     with RunStaging(Archive(tmp_path), "h0", "r1") as staging:
         for f in kept:
             staging.add(f["name"], b"")
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A folder every connection's session can read (the srun node is this machine)."""
+    folder = Path(tempfile.mkdtemp(prefix="gpufleet-hostile-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder)
+
+
+@pytest.mark.slow(minutes=1)
+def test_a_pipe_where_a_file_was_listed_is_refused_by_each_connection(session, scratch):
+    """A run's file swapped for a named pipe after it was listed: over SSH, SFTP opened
+    it and the server blocked in its open for good (the fetch hung past 20 s, for ever);
+    each connection now refuses it in one line."""
+    os.mkfifo(scratch / "pipe")
+    box: list[object] = []
+
+    def fetch() -> None:
+        try:
+            with open(scratch / "got", "wb") as fh:
+                box.append(session.download_to(str(scratch / "pipe"), Incoming(fh, 100), 100))
+        except HostError as exc:
+            box.append(exc)
+
+    began = time.monotonic()
+    thread = threading.Thread(target=fetch, daemon=True)
+    thread.start()
+    thread.join(20)
+    hung = thread.is_alive()
+    if hung:  # unblock it: a writer opens the pipe
+        with open(scratch / "pipe", "wb"):
+            thread.join(10)
+    assert not hung, "the fetch of a pipe blocked"
+    [refused] = box
+    assert isinstance(refused, HostError) and "not a regular file" in str(refused), refused
+    assert str(scratch / "pipe") in str(refused)
+    record(f"fetch_hostile pipe {session.host.connection}",
+           {"refused_s": round(time.monotonic() - began, 2)})  # fmt: skip
+
+
+def _descendants(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for c in children] + [d for c in children for d in _descendants(int(c))]
+
+
+@pytest.mark.slow(minutes=2)
+@pytest.mark.parametrize("session", ["ssh"], indirect=True)
+def test_an_sftp_server_that_stops_answering_mid_file_fails_the_fetch_in_bounded_time(
+    session, scratch, sshd_hosts
+):
+    """The host's SSH server stopped (SIGSTOP) after the first piece of a file: before, the
+    fetch waited on the SFTP answer for good; now it is refused after STALL_S in one line,
+    and the next fetch over the same session (the server running again) works."""
+    from gpufleet.control.connect.ssh import STALL_S
+
+    data = os.urandom(4 * PIECE)
+    (scratch / "f").write_bytes(data)
+    stopped: list[int] = []
+
+    class Stops(Incoming):
+        def write(self, piece: bytes) -> int:
+            if not stopped:
+                stopped.extend(_descendants(sshd_hosts[0].proc.pid))
+                for pid in stopped:
+                    os.kill(pid, signal.SIGSTOP)
+            return super().write(piece)
+
+    began = time.monotonic()
+    try:
+        with open(scratch / "got", "wb") as fh, pytest.raises(HostError) as refused:
+            session.download_to(str(scratch / "f"), Stops(fh, len(data)), len(data))
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    took = time.monotonic() - began
+    assert stopped and f"answered nothing for {STALL_S} s" in str(refused.value)
+    assert STALL_S <= took < 3 * STALL_S, took
+    with open(scratch / "again", "wb") as fh:
+        assert session.download_to(str(scratch / "f"), Incoming(fh, len(data)), len(data))
+    assert (scratch / "again").read_bytes() == data
+    record("fetch_hostile stall", {"refused_s": round(took, 1)})
