@@ -396,8 +396,7 @@ class SrunSession(Session):
                 "iflag=fullblock,nofollow status=none | base64 -w0", timeout=120
             )  # fmt: skip
             if code != 0:
-                raise HostError(f"cannot fetch {path}: not a regular file (a link, a pipe, "
-                                "a device...)", kind=Kind.CONNECTION)  # fmt: skip
+                raise HostError(f"cannot fetch {path}: not a regular file", kind=Kind.CONNECTION)
             piece = base64.b64decode(out.strip())
             at += len(piece)
             if piece:
