@@ -377,9 +377,9 @@ class SSHSession(Session):
         answer is waited for past STALL_S (a pipe swapped in after the look, a stopped
         server): the SFTP channel is then dropped, the fetch refused in one line. A
         failure is a connection error naming the path."""
-        sftp = self.conn.sftp()
-        channel = sftp.get_channel()
         with over_sftp(f"cannot fetch {path}"):
+            sftp = self.conn.sftp()
+            channel = sftp.get_channel()
             if not stat.S_ISREG(sftp.lstat(path).st_mode or 0):
                 raise HostError(f"cannot fetch {path}: not a regular file (a link, a pipe, "
                                 "a device...)", Kind.UNTRUSTED)  # fmt: skip
