@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,6 +33,7 @@ _GROUP = os.environ.get("GPUFLEET_ARCHIVE_MODE") == "group"
 FILE_MODE = 0o640 if _GROUP else 0o600
 DIR_MODE = 0o750 if _GROUP else 0o700
 MANIFEST = "manifest.json"
+STALE_S = 600  # a staging folder unwritten this long, its pid gone, is a killed write's
 _NAME_MAX = 255  # bytes: the longest name a filesystem keeps
 
 
@@ -152,16 +154,24 @@ def clear_stale(host_dir: Path) -> list[str]:
     """Remove the staging folders (`.tmp-RUN-PID`) of writers no longer running: one
     killed mid-run (SIGKILL, a power cut) could not remove its own, up to a run's bound of
     disk never listed and never reclaimed. A folder whose pid runs (maybe a writer of this
-    archive right now) is left. The names removed."""
+    archive right now), or written to in the last STALE_S (a writer on another machine
+    sharing the archive: its pid means nothing here), is left. The names removed."""
     cleared = []
     for entry in os.scandir(host_dir):
         pid = entry.name.rpartition("-")[2]
         if not entry.name.startswith(".tmp-") or not pid.isdigit() or _running(int(pid)):
             continue
-        if entry.is_dir(follow_symlinks=False):
+        if entry.is_dir(follow_symlinks=False) and _idle_for(entry.path) > STALE_S:
             shutil.rmtree(entry.path, ignore_errors=True)
             cleared.append(entry.name)
     return cleared
+
+
+def _idle_for(folder: str) -> float:
+    """Seconds since the folder or a file in it was last written."""
+    with os.scandir(folder) as entries:
+        times = [e.stat(follow_symlinks=False).st_mtime for e in entries]
+    return time.time() - max([os.lstat(folder).st_mtime, *times])
 
 
 def _running(pid: int) -> bool:
