@@ -241,3 +241,19 @@ def test_an_sftp_server_that_stops_answering_mid_file_fails_the_fetch_in_bounded
         assert session.download_to(str(scratch / "f"), Incoming(fh, len(data)), len(data))
     assert (scratch / "again").read_bytes() == data
     record("fetch_hostile stall", {"refused_s": round(took, 1)})
+
+
+@pytest.mark.unit
+def test_a_file_the_archive_writes_itself_is_never_taken_from_the_host():
+    """A run's folder holding `not-fetched.txt` (or a summary) where nothing was refused:
+    before, it was archived as the archive's own note (a forged "not fetched" line)."""
+    from gpufleet.control.bench import intake
+
+    files = [{"name": n, "size": 5} for n in ("results.jsonl", *sorted(intake.WRITTEN_HERE))]
+    answer = {"status": "done", "reason": None, "files": files, "run_dir": "/r", "tail": None,
+              "offset": 0}  # fmt: skip
+    kept, [said] = intake.fetchable(answer)
+    assert [f["name"] for f in kept] == ["results.jsonl"]
+    assert said.startswith("not fetched, named as the archive keeps no file") and all(
+        n in said for n in intake.WRITTEN_HERE
+    ), said

@@ -52,6 +52,8 @@ FIRST = frozenset((*RECORDS, *store.REQUIRED_FILES, *store.REQUIRED_FROM_A_HOST,
                    "runner.log"))  # fmt: skip
 RECORD_READ = 16 << 20  # a record the manifest is built from, read back whole
 NOT_FETCHED = "not-fetched.txt"
+# written into a run here, never taken from a host (a runner's own would forge them)
+WRITTEN_HERE = frozenset((NOT_FETCHED, "summary.csv", "summary.md"))
 Reader = Callable[[str, Sink, int], int]  # (path, dest, limit) -> bytes received: download_to
 
 
@@ -65,7 +67,7 @@ def fetchable(answer: BenchWatchAnswer) -> tuple[list[RunFile], list[str]]:
     first = lambda f: f["name"] not in FIRST  # noqa: E731
     for listed in sorted(answer["files"], key=first):  # stable: the host's order after
         name, size = listed["name"], int(listed["size"])
-        if store.name_refused(name):
+        if store.name_refused(name) or name in WRITTEN_HERE:
             named.append(_shown(name))
         elif len(kept) >= FETCH_COUNT:
             many.append(_shown(name))
@@ -76,8 +78,8 @@ def fetchable(answer: BenchWatchAnswer) -> tuple[list[RunFile], list[str]]:
             total += size
     where = f"left on the host in {_shown(answer['run_dir'])}"
     why = {
-        "named as the archive keeps no file (its own manifest.json, a control character, "
-        "a name that is no plain file name)": named,
+        "named as the archive keeps no file (its own manifest.json or a file written "
+        "here, a control character, a name that is no plain file name)": named,
         f"past the archive's {FETCH_COUNT} files a run": many,
         f"over the archive's bounds ({FETCH_FILE >> 20} MiB a file, "
         f"{FETCH_RUN >> 20} MiB a run)": over,
