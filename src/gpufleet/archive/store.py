@@ -161,9 +161,10 @@ def clear_stale(host_dir: Path) -> list[str]:
         pid = entry.name.rpartition("-")[2]
         if not entry.name.startswith(".tmp-") or not pid.isdigit() or _running(int(pid)):
             continue
-        if entry.is_dir(follow_symlinks=False) and _idle_for(entry.path) > STALE_S:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            cleared.append(entry.name)
+        with contextlib.suppress(OSError):  # another user's, say: not this write's to clear
+            if entry.is_dir(follow_symlinks=False) and _idle_for(entry.path) > STALE_S:
+                shutil.rmtree(entry.path)
+                cleared.append(entry.name)
     return cleared
 
 
