@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from gpufleet.archive.kept import Manifest, Superseded
 from gpufleet.archive.layout import Archive
 from gpufleet.errors import UserError
 from gpufleet.records import Level, ResultRow
+from gpufleet.terminal import CONTROL
 from gpufleet.wire import WireError
 
 # Archives hold server argv, hosts and timings: private by default (files 0600, directories
@@ -31,6 +33,21 @@ _GROUP = os.environ.get("GPUFLEET_ARCHIVE_MODE") == "group"
 FILE_MODE = 0o640 if _GROUP else 0o600
 DIR_MODE = 0o750 if _GROUP else 0o700
 MANIFEST = "manifest.json"
+STALE_S = 600  # a staging folder unwritten this long, its pid gone, is a killed write's
+_NAME_MAX = 255  # bytes: the longest name a filesystem keeps
+
+
+def name_refused(name: str) -> str | None:
+    """Why the archive keeps no run file named `name` (None: it may). One rule for every
+    file a run brings: a host names them, so a name may be anything its filesystem takes."""
+    if name == MANIFEST:
+        return "the archive's own"
+    plain = name and "/" not in name and not name.startswith(".")
+    if not plain or len(name.encode(errors="surrogateescape")) > _NAME_MAX:
+        return "not a plain file name"
+    if CONTROL.search(name) or "\n" in name or "\t" in name:
+        return "a control character in it"
+    return None
 
 
 def sha256(data: bytes) -> str:
@@ -67,6 +84,7 @@ class RunStaging:
         self.sums: dict[str, str] = {}
         with self._said():
             make_dirs(self.where)
+            self.cleared = clear_stale(self.where)
             self.dir.mkdir(mode=DIR_MODE)
             os.chmod(self.dir, DIR_MODE)
 
@@ -86,7 +104,7 @@ class RunStaging:
                             ) from None  # fmt: skip
 
     def _checked(self, name: str) -> Path:
-        if "/" in name or name.startswith(".") or name == MANIFEST or not name:
+        if name_refused(name):
             raise UserError(f"refusing to archive a file named {name!r}")
         return self.dir / name
 
@@ -130,6 +148,41 @@ class RunStaging:
             _write_private(self.dir / MANIFEST, manifest.to_json().encode())
             os.rename(self.dir, self.final)
         return self.final
+
+
+def clear_stale(host_dir: Path) -> list[str]:
+    """Remove the staging folders (`.tmp-RUN-PID`) of writers no longer running: one
+    killed mid-run (SIGKILL, a power cut) could not remove its own, up to a run's bound of
+    disk never listed and never reclaimed. A folder whose pid runs (maybe a writer of this
+    archive right now), or written to in the last STALE_S (a writer on another machine
+    sharing the archive: its pid means nothing here), is left. The names removed."""
+    cleared = []
+    for entry in os.scandir(host_dir):
+        pid = entry.name.rpartition("-")[2]
+        if not entry.name.startswith(".tmp-") or not pid.isdigit() or _running(int(pid)):
+            continue
+        with contextlib.suppress(OSError):  # another user's, say: not this write's to clear
+            if entry.is_dir(follow_symlinks=False) and _idle_for(entry.path) > STALE_S:
+                shutil.rmtree(entry.path)
+                cleared.append(entry.name)
+    return cleared
+
+
+def _idle_for(folder: str) -> float:
+    """Seconds since the folder or a file in it was last written."""
+    with os.scandir(folder) as entries:
+        times = [e.stat(follow_symlinks=False).st_mtime for e in entries]
+    return time.time() - max([os.lstat(folder).st_mtime, *times])
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: running
+        return True
+    return True
 
 
 def make_dirs(path: Path) -> None:

@@ -321,7 +321,7 @@ def fetch(
                 raise finished_not_fetched(exc, session.host.name, done, resume) from None
             raise HostError(f"{exc}; the run finished on {session.host.name} and stays there: "
                             f"{resume}", exc.kind, exc.tail) from None  # fmt: skip
-        for line in refused:
+        for line in [*intake.cleared(staging), *refused]:
             if progress:
                 progress(session.host.name, {"warning": line})
         return archive_run(staging, request, answer)
@@ -435,7 +435,8 @@ def bench_local(request: BenchRequest, progress: Progress | None = None) -> tupl
         answer = intake.local_run(run_dir, outcome)
         with RunStaging(request.archive, label, run_id) as staging:
             refused = intake.receive(staging, answer, intake.read_local)
-            for line in refused:  # the same bounds as a host's run: said, the rest archived
+            # the same bounds as a host's run: said, the rest archived
+            for line in [*intake.cleared(staging), *refused]:
                 if progress:
                     progress(label, {"warning": line})
             return run_id, archive_run(staging, request, answer)

@@ -396,7 +396,7 @@ class SrunSession(Session):
                 "iflag=fullblock,nofollow status=none | base64 -w0", timeout=120
             )  # fmt: skip
             if code != 0:
-                raise HostError(f"cannot fetch {path}: not a file", kind=Kind.CONNECTION)
+                raise HostError(f"cannot fetch {path}: not a regular file", kind=Kind.CONNECTION)
             piece = base64.b64decode(out.strip())
             at += len(piece)
             if piece:

@@ -272,7 +272,31 @@ class SSHAgent(AgentProcess):
         return None if code < 0 else code
 
 
+STALL_S = 60  # the longest a fetch waits for one answer of the SFTP server
 CUT = (OSError, EOFError, SSHException)  # what paramiko raises as a connection ends
+
+
+def _sftp_pieces(path: str, fh: paramiko.SFTPFile, want: int) -> Generator[bytes, None, None]:
+    """An open file's pieces: a window of AHEAD bytes asked at once (SFTP's 32 KiB
+    requests, pipelined as `getfo` does, which asks the whole file ahead and holds what
+    comes: a run's size in memory), each answer given on as a piece; past the size it had
+    when opened, read on one request at a time (a file that grows) until its end or
+    `want`. A window of one 1 MiB piece fetched 25 MiB/s over loopback, 8 MiB 77 (getfo
+    91 in the same run: benchmarks/fetch_speed.py)."""
+    opened = fh.stat()
+    if not stat.S_ISREG(opened.st_mode or 0):
+        raise HostError(f"cannot fetch {path}: not a regular file", Kind.UNTRUSTED)
+    size, at = min(opened.st_size or 0, want), 0
+    while at < size:
+        end = min(at + AHEAD, size)
+        for piece in fh.readv([(o, min(SFTP_READ, end - o)) for o in range(at, end, SFTP_READ)]):
+            if not piece:
+                return
+            at += len(piece)
+            yield piece
+    while at < want and (piece := fh.read(min(PIECE, want - at))):
+        at += len(piece)
+        yield piece
 
 
 @contextlib.contextmanager
@@ -354,33 +378,37 @@ class SSHSession(Session):
             sftp.posix_rename(tmp, path)
 
     def _pieces(self, path: str, want: int) -> Generator[bytes, None, None]:
-        """A regular file of the host over SFTP, a piece at a time: a window of AHEAD bytes
-        asked at once (SFTP's 32 KiB requests, pipelined as `getfo` does, which asks the
-        whole file ahead and holds what comes: a run's size in memory), each request's
-        answer given on as a piece; past the size it had when opened, read on one request
-        at a time (a file that grows) until its end or `want`. A window of one 1 MiB piece
-        fetched 21-27 MiB/s over loopback, 8 MiB 90-105 (getfo 93:
-        benchmarks/fetch_speed.py). A failure is a connection error naming the path."""
+        """A regular file of the host over SFTP, a piece at a time (`_sftp_pieces`). Only
+        a regular file is opened (a pipe's open blocks the SFTP server for good), and no
+        answer is waited for past STALL_S (a pipe swapped in after the look, a stopped
+        server): the SFTP channel is then dropped, the fetch refused in one line. A
+        failure is a connection error naming the path."""
         with over_sftp(f"cannot fetch {path}"):
             sftp = self.conn.sftp()
-            if stat.S_ISLNK(sftp.lstat(path).st_mode or 0):
-                raise HostError(f"cannot fetch {path}: a link, not a file", Kind.UNTRUSTED)
-            with sftp.open(path, "rb") as fh:
-                opened = fh.stat()
-                if not stat.S_ISREG(opened.st_mode or 0):
-                    raise HostError(f"cannot fetch {path}: not a regular file", Kind.UNTRUSTED)
-                size, at = min(opened.st_size or 0, want), 0
-                while at < size:
-                    end = min(at + AHEAD, size)
-                    for piece in fh.readv([(o, min(SFTP_READ, end - o))
-                                           for o in range(at, end, SFTP_READ)]):  # fmt: skip
-                        if not piece:
-                            return
-                        at += len(piece)
-                        yield piece
-                while at < want and (piece := fh.read(min(PIECE, want - at))):
-                    at += len(piece)
-                    yield piece
+            channel = sftp.get_channel()
+            if not stat.S_ISREG(sftp.lstat(path).st_mode or 0):
+                raise HostError(f"cannot fetch {path}: not a regular file (a link, a pipe, "
+                                "a device...)", Kind.UNTRUSTED)  # fmt: skip
+            channel.settimeout(STALL_S)
+            try:
+                fh = sftp.open(path, "rb")
+                try:
+                    yield from _sftp_pieces(path, fh, want)
+                except TimeoutError:
+                    sftp.close()  # a request left unanswered: the channel is of no more use
+                    raise
+                finally:
+                    with contextlib.suppress(*CUT):  # at once where the channel was closed
+                        fh.close()
+            except TimeoutError:
+                sftp.close()
+                self.conn._sftp = None  # Fabric opens a fresh one on the next call
+                raise HostError(f"cannot fetch {path}: the host's SFTP server answered nothing "
+                                f"for {STALL_S} s (a pipe, a stopped server?)",
+                                Kind.CONNECTION) from None  # fmt: skip
+            finally:
+                if not channel.closed:
+                    channel.settimeout(None)
 
     def _start(self, script: str) -> AgentProcess:
         transport = self.conn.client.get_transport()
