@@ -356,10 +356,15 @@ def test_tune_on_the_rehearsal_engine_writes_a_verified_profile(fleet, tmp_path)
     depth0 = "2" if early else "4"
     table = {"1": {"candidate_steps": [first]}, depth0: {"candidate_steps": [0]}}
     assert record["table"] == table, mends
-    # depth 0 paid its draft extend; skipping it measured better, and the gap is said
+    # depth 0 paid its draft extend and the gap is said, with the figures the tune measured
+    # (the cost itself: test_depth_0_on_an_eagle_server_pays_its_draft_extend_unless_skipped;
+    # its three cells ran minutes apart, so on a busy machine their order is the CPU's: the
+    # plain cell read 266 and 373 tok/s in two runs beside other work, pinned 379-381)
     pinned, skip, plain = (record["measured"][k]["16"]["output_throughput"]
                            for k in ("0", "skip", "plain"))  # fmt: skip
-    assert pinned < 0.95 * plain and skip > 1.02 * pinned
+    said = [n for n in record["notes"] if n.startswith("C=16: depth 0")]
+    assert said and f"a server without speculation {plain:.0f} (" in said[0], (said, plain)
+    assert any(f"measured {x:.0f} tok/s" in said[0] for x in (pinned, skip)), said
     assert any("on this EAGLE server measured" in n for n in record["notes"])
     tuned = profile.parent / "tspec-tuned.yaml"
     data = yaml.safe_load(tuned.read_text())
@@ -720,3 +725,20 @@ def test_the_verdict_holds_the_tuned_server_to_the_best_static_the_tune_measured
     # below the 0.98 goal: said with the level and both figures (issue 53)
     assert sentence.endswith("Below the 98% goal at C=4: 96% of depth 2 (tuned 220 vs 230 tok/s).")
     assert verdict(arms)[0][0].kept_best is None  # without the tune's figures: one bar
+
+
+@pytest.mark.unit
+def test_depth_0_on_an_eagle_server_pays_its_draft_extend_unless_skipped():
+    """The rehearsal's price of SGLang's depth 0 (docs/FACTS.md): an EAGLE server pinned to
+    depth 0 still runs the draft model's extend every step, so at C=16 it serves under 95%
+    of a server without speculation; with SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 a step
+    costs what plain decoding's does."""
+    from gpufleet.sim.speculation import step_costs_ms, zero_step_costs_ms
+
+    def rate(costs: tuple[float, float], c: int = 16) -> float:
+        base, per_request = costs
+        return c / (base + per_request * c)
+
+    plain = rate(step_costs_ms(0))
+    assert rate(zero_step_costs_ms()) < 0.95 * plain
+    assert rate(zero_step_costs_ms(skip_extend=True)) == plain

@@ -147,13 +147,12 @@ class StreamClient:
         )
         self._idle: list[StreamProtocol] = []
 
-    async def _connect(self) -> StreamProtocol:
+    async def _connect(self, within: float) -> StreamProtocol:
         loop = asyncio.get_running_loop()
         if self.kernel_timestamps:
-            return await asyncio.wait_for(self._connect_timed(loop), self.connect_timeout)
+            return await asyncio.wait_for(self._connect_timed(loop), within)
         _, proto = await asyncio.wait_for(
-            loop.create_connection(StreamProtocol, self.host, self.port, ssl=self.ssl),
-            self.connect_timeout,
+            loop.create_connection(StreamProtocol, self.host, self.port, ssl=self.ssl), within
         )
         return proto
 
@@ -192,7 +191,9 @@ class StreamClient:
         on_typed: TypedHandler | None = None,
     ) -> Response:  # fmt: skip
         """Send; `on_event` gets every SSE `data:` payload as it arrives (`on_typed`: events
-        typed other than `message`); returns at the end."""
+        typed other than `message`); returns at the end. `timeout` is the whole request's,
+        connecting included (one deadline, no task of its own: a request is one task)."""
+        deadline = time.monotonic() + timeout
         request = self._request(path, body)
         handlers = (on_event, on_typed)
         while self._idle:
@@ -205,7 +206,8 @@ class StreamClient:
                 if proto.received_any:
                     raise
                 # the server had closed this idle connection: try a fresh one
-        return await self._exchange(await self._connect(), request, handlers, timeout)
+        proto = await self._connect(min(self.connect_timeout, timeout))
+        return await self._exchange(proto, request, handlers, max(0.0, deadline - time.monotonic()))
 
     async def _exchange(
         self, proto: StreamProtocol, request: bytes, handlers: Handlers, timeout: float

@@ -70,11 +70,9 @@ async def one_request(
     record.prompt_tokens = prompt.prompt_tokens
     tracker = DIALECTS[backend].reader(record, start, prompt.output_len)
     try:
-        # the whole request within `timeout`, its connecting too: a run's job has an end
-        # (host/bench/jobend.py)
-        response = await asyncio.wait_for(
-            client.post_stream(path, body, tracker.read, timeout, tracker.on_typed), timeout
-        )
+        # the whole request within `timeout`, its connecting too (post_stream's one
+        # deadline): a run's job has an end (host/bench/jobend.py)
+        response = await client.post_stream(path, body, tracker.read, timeout, tracker.on_typed)
     except asyncio.CancelledError:
         record.error = "cancelled"
         raise
