@@ -274,3 +274,33 @@ def test_a_prompts_file_that_is_not_prompts_is_one_line(tmp_path):
         with pytest.raises(AgentError, match=said) as raised:
             jobend.deadline_of(plan, tmp_path / "prompts.jsonl")
         assert "\n" not in str(raised.value)
+
+
+def test_a_take_over_from_a_stopped_runner_ends_it_so_its_user_cannot_resume_it(tmp_path):
+    """A runner its user stopped inside its job was left stopped by the take-over (only its
+    keeper was ended), so that user's `kill -CONT` resumed a run that sends to the server
+    and writes its files with no lock, while another task owns the host. A take-over ends
+    what held the host, every time: the runner's group too, and its status says why."""
+    import json
+
+    workdir, env, held, procs = _kept(tmp_path, 120.0)
+    runner = ProcRef.from_wire(held["runner"])
+    try:
+        subprocess.run(["kill", "-STOP", str(runner.pid)], user=NOBODY, group=NOBODY, check=True)
+        said = _clean(workdir, env)
+        line = said["said"]
+        assert line.startswith("took over this host from `inv bench`"), said
+        assert f"runner (pid {runner.pid} as nobody) is stopped" in line, line
+        assert "ended it (2 processes)" in line, line
+        subprocess.run(["kill", "-CONT", str(runner.pid)], user=NOBODY, group=NOBODY)
+        time.sleep(0.2)
+        left = [p.pid for p in procs if p.alive()]
+        assert said["owner"]["task"] == "inv gpu-clean" and not left, f"running on: {left}"
+        status = json.loads((workdir / "runs" / "r1" / "status.json").read_text())
+        assert status["status"] == "failed", status
+        assert f"runner (pid {runner.pid} as nobody) was stopped" in status["reason"], status
+        assert "ended by `inv gpu-clean` (2 processes)" in status["reason"], status
+    finally:
+        _end_all(procs)
+    record("stopped_runner_resumed", {"before": "2 processes resumed by nobody, no lock",
+                                      "after": line})  # fmt: skip

@@ -116,16 +116,20 @@ def _wait_gone(fds: list[int]) -> None:
             poll.unregister(fd)
 
 
-def note_ended(status: str, runner: ProcRef, user: str, ends_by: str, *, by: str,
-               count: int) -> None:  # fmt: skip
+def note_ended(status: str, why: str, *, by: str, count: int) -> None:
     """Root's status of the run (`status`: its status.json, which a watcher reads before
-    the runner's): failed, the runner ran past its job's end and was ended, by whom."""
-    reason = (f"its runner (pid {runner.pid} as {user}) ran past its job's end ({ends_by}) "
-              f"and was ended by {by} ({count} process{'es' if count != 1 else ''})")  # fmt: skip
+    the runner's): failed, `why` its runner was ended (`its runner (pid R as U) ran past
+    its job's end (T)`), by whom, how many processes."""
+    reason = f"{why} and was ended by {by} ({count} process{'es' if count != 1 else ''})"
     if not status:
         return
     with contextlib.suppress(OSError, ValueError, AgentError):  # gone, or not root's
         safewrite.write_atomic(status, json.dumps({"status": RunStatus.FAILED, "reason": reason}))
+
+
+def overdue(runner: ProcRef, user: str, ends_by: str) -> str:
+    """Why a runner past its job's end is ended, as the run's status says it."""
+    return f"its runner (pid {runner.pid} as {user}) ran past its job's end ({ends_by})"
 
 
 def keep(argv: list[str]) -> None:
@@ -140,6 +144,6 @@ def keep(argv: list[str]) -> None:
         if limit is not None and boot_now() >= limit:
             count = end_group(runner)
             by = "root's keeper of the host"
-            note_ended(status, runner, user, ends_by, by=by, count=count)
+            note_ended(status, overdue(runner, user, ends_by), by=by, count=count)
             return
         time.sleep(KEEPER_POLL_S)
