@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 from gpufleet.host.agent import safewrite
-from gpufleet.host.agent.procstat import ProcRef, group_members, read_stat
+from gpufleet.host.agent.procstat import ProcRef, ProcStat, all_stats, read_stat
 from gpufleet.host.agent.protocol import AgentError
 from gpufleet.kinds import RunStatus
 
@@ -67,9 +67,10 @@ def past(record: Any) -> float | None:
 
 
 def end_group(runner: ProcRef) -> int:
-    """SIGKILL the runner and every process of its group (it leads one: it was started in
-    a session of its own) that started after it and runs as its user, never root; how many
-    were signalled. Returns once they are gone (at most ENDED_WAIT_S)."""
+    """SIGKILL the runner and every process of its group or its session (it leads both:
+    it was started in a session of its own; a process that moved to a group of its own
+    stays in the session) that started after it and runs as its user, never root; how
+    many were signalled. Returns once they are gone (at most ENDED_WAIT_S)."""
     held: list[int] = []
     try:
         with contextlib.suppress(OSError):
@@ -77,13 +78,13 @@ def end_group(runner: ProcRef) -> int:
         uid = _uid(runner.pid)
         if not held or not runner.alive() or uid in (None, 0):
             return 0  # checked with the pidfd held: the PID cannot change hands now
-        for stat in group_members(runner.pid):
+        for stat in _members(runner.pid):
             if stat.pid != runner.pid and stat.start_ticks >= runner.start_ticks:
                 with contextlib.suppress(OSError):
                     fd = os.pidfd_open(stat.pid)
                     again = read_stat(stat.pid)
                     same = again is not None and again.start_ticks == stat.start_ticks
-                    if same and again.pgid == runner.pid and _uid(stat.pid) == uid:
+                    if same and runner.pid in (again.pgid, again.session) and _uid(stat.pid) == uid:
                         held.append(fd)
                     else:
                         os.close(fd)
@@ -95,6 +96,11 @@ def end_group(runner: ProcRef) -> int:
     finally:
         for fd in held:
             os.close(fd)
+
+
+def _members(leader: int) -> list[ProcStat]:
+    """The running processes of `leader`'s group or session."""
+    return [s for s in all_stats() if leader in (s.pgid, s.session) and s.running]
 
 
 def _uid(pid: int) -> int | None:

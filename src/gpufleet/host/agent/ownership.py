@@ -163,7 +163,7 @@ def busy_line(holder: Holding | None, host: str = "") -> str:
     task = _who(holder)
     runner = holder.get("runner")
     late = jobdeadline.past(runner)
-    if isinstance(runner, dict) and late is not None:
+    if isinstance(runner, dict) and late is not None and not _task_runs(holder):
         clean = f"inv gpu-clean --hosts {shlex.quote(host)}" if host else "inv gpu-clean"
         return (f"this host is held by {task}, whose bench runner (pid {runner.get('pid')} "
                 f"as {runner.get('user')}) ran past its job's end ({runner.get('ends_by')}, "
@@ -186,6 +186,15 @@ def busy_line(holder: Holding | None, host: str = "") -> str:
         f"ended{ends}; it is freed when that run ends (`inv bench --attach {first}` waits for "
         "it and fetches it): run this after it"
     )
+
+
+def _task_runs(holder: Holding) -> bool:
+    """The task's agent still runs here (alive, not stopped): it holds the lock itself, so
+    no take-over can have the host, and none may end what the task started."""
+    ref = _ref(holder.get("agent"))
+    stat = read_stat(ref.pid) if ref else None
+    return bool(stat and stat.running and stat.start_ticks == ref.start_ticks
+                and stat.state not in STOPPED)  # fmt: skip
 
 
 def _alive(wire: Any) -> bool:
@@ -220,6 +229,8 @@ def _ended(holder: Holding) -> str | None:
     holds the host. A take-over ends the runner's group every time (stopped or not, past
     its end or not): one left behind, stopped, was resumed by its user with no lock while
     another task owned the host."""
+    if _task_runs(holder):
+        return None  # its agent holds the lock too: nothing ended would free the host
     runner, late = holder.get("runner"), jobdeadline.past(holder.get("runner"))
     ref = _ref(runner)
     if late is not None and ref is not None and ref.alive() and isinstance(runner, dict):
