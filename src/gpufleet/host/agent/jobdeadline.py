@@ -5,11 +5,12 @@ read that never returns) held the host forever (issue 80.5). Its job has an end
 (host/bench/jobend.py); owner.json records it twice: on the boot clock (CLOCK_BOOTTIME,
 which the start ticks of /proc count on too, and which no one's setting the wall clock
 moves), what is compared, and on the wall clock, what is said. Past it, a gpu-clean ends
-the runner's process group at once (the operator asked: host/agent/ownership.py), and
-root's keeper of the lock does KEEPER_GRACE_S later where nobody did (an unattended host
-gets itself back); the run's status says why. Either ends the very processes: each is
-held by a pidfd and checked (its start time, its group, its user) before the one signal,
-so a reused PID is never hit, and nothing of root's. Standard library only: it ships.
+the runner's process group and session at once (the operator asked: host/agent/
+ownership.py), and root's keeper of the lock does KEEPER_GRACE_S later where nobody did
+(an unattended host gets itself back); the run's status says why. Either ends the very
+processes: each is held by a pidfd and checked (its start time, its group or session,
+its user) before the one signal, so a reused PID is never hit, and nothing of root's.
+Standard library only: it ships.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ the lock (`held_fd`); a runner that runs as the run_as user never holds anything
 root keeps the lock in a keeper of its own (`keep_for`) that ends with the runner. A
 gpu-clean takes the host over, in one line, from an owner whose holder or runner is
 stopped, or whose runner ran past its job's end (it hung while it runs: the end recorded
-at its start, host/agent/jobdeadline.py; the runner's processes are ended). A runner
+at its start, host/agent/jobdeadline.py), never while the task's agent runs; the runner's
+processes are ended either way (one left stopped was resumed by its user). A runner
 started as a Slurm job step is no child of the agent: it is handed the lock's descriptor
 over a Unix socket in its run directory (`hand_over`/`take_over`), so it owns the host on
 srun as over SSH (issue 81.6); its job's end is Slurm's. Once the task's agent is gone, the
