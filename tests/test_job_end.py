@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from gpufleet.host.agent import jobdeadline
 from gpufleet.host.agent.procstat import ProcRef, group_members
 from gpufleet.host.bench import jobend
@@ -274,3 +276,106 @@ def test_a_prompts_file_that_is_not_prompts_is_one_line(tmp_path):
         with pytest.raises(AgentError, match=said) as raised:
             jobend.deadline_of(plan, tmp_path / "prompts.jsonl")
         assert "\n" not in str(raised.value)
+
+
+def test_a_take_over_from_a_stopped_runner_ends_it_so_its_user_cannot_resume_it(tmp_path):
+    """A runner its user stopped inside its job was left stopped by the take-over (only its
+    keeper was ended), so that user's `kill -CONT` resumed a run that sends to the server
+    and writes its files with no lock, while another task owns the host. A take-over ends
+    what held the host, every time: the runner's group too, and its status says why."""
+    import json
+
+    workdir, env, held, procs = _kept(tmp_path, 120.0)
+    runner = ProcRef.from_wire(held["runner"])
+    try:
+        subprocess.run(["kill", "-STOP", str(runner.pid)], user=NOBODY, group=NOBODY, check=True)
+        said = _clean(workdir, env)
+        line = said["said"]
+        assert line.startswith("took over this host from `inv bench`"), said
+        assert f"runner (pid {runner.pid} as nobody) is stopped" in line, line
+        assert "ended it (2 processes)" in line, line
+        subprocess.run(["kill", "-CONT", str(runner.pid)], user=NOBODY, group=NOBODY)
+        time.sleep(0.2)
+        left = [p.pid for p in procs if p.alive()]
+        assert said["owner"]["task"] == "inv gpu-clean" and not left, f"running on: {left}"
+        status = json.loads((workdir / "runs" / "r1" / "status.json").read_text())
+        assert status["status"] == "failed", status
+        assert f"runner (pid {runner.pid} as nobody) was stopped" in status["reason"], status
+        assert "ended by `inv gpu-clean` (2 processes)" in status["reason"], status
+    finally:
+        _end_all(procs)
+    record("stopped_runner_resumed", {"before": "2 processes resumed by nobody, no lock",
+                                      "after": line})  # fmt: skip
+
+
+@pytest.mark.parametrize("job_s", [120.0, 1.0])
+def test_a_take_over_refused_while_the_task_still_runs_ends_nothing(tmp_path, job_s):
+    """The task that started the run is still connected (its agent holds the lock as the
+    keeper does): a gpu-clean cannot take the host, so it ends nothing of that task's
+    (its runner stopped, or past its job's end), and says who holds the host and since
+    when, never the gpu-clean line that was just refused."""
+    import json
+    import sys
+
+    from helpers import REPO
+
+    workdir = tmp_path / "work"
+    workdir.mkdir(mode=0o700)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    keep = KEEP.replace("job_end(1.0)", f"job_end({job_s})")
+    task = subprocess.Popen([sys.executable, "-c", keep + "\nprint(flush=True)\nsys.stdin.read()",
+                             "600"], cwd=workdir, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)  # fmt: skip
+    procs: list[ProcRef] = []
+    try:
+        assert task.stdout.readline() == b"\n"
+        held = json.loads((workdir / "owner.json").read_text())
+        runner = ProcRef.from_wire(held["runner"])
+        procs = [ProcRef(s.pid, s.start_ticks) for s in group_members(runner.pid)]
+        procs.append(ProcRef.from_wire(held["holder"]))
+        subprocess.run(["kill", "-STOP", str(runner.pid)], user=NOBODY, group=NOBODY, check=True)
+        time.sleep(max(0.0, held["runner"]["ends_boot_s"] - jobdeadline.boot_now()) + 0.2
+                   if job_s < 60 else 0.0)  # fmt: skip
+        said = _clean(workdir, env)["said"]
+        assert said.startswith("refused: this host is in use by `inv bench`"), said
+        assert "gpu-clean" not in said, said
+        assert "since " in said, said
+        left = [p.pid for p in procs if not p.alive()]
+        assert not left, f"ended though the host was not taken: {left}"
+    finally:
+        task.kill()
+        task.wait(timeout=10)
+        _end_all(procs)
+
+
+def test_a_runner_child_that_leaves_its_group_is_ended_with_it():
+    """A process of the runner's that moves to a group of its own (setpgid: any process
+    may) escaped the group's end and ran on; the runner leads a session of its own, and
+    the session's processes are ended too (setsid, a new session, is the one way out, and
+    what leaves it holds nothing of the host's: the keeper ends with the runner)."""
+    from gpufleet.host.agent.procstat import all_stats, read_stat
+
+    away = "/usr/bin/python3 -c 'import os, time; os.setpgid(0, 0); time.sleep(300)'"
+    leader = subprocess.Popen(["/bin/sh", "-c", f"{away} & sleep 299 & exec sleep 301"],
+                              user=NOBODY, group=NOBODY, start_new_session=True)  # fmt: skip
+    theirs: list[ProcRef] = []
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            theirs = [ProcRef(s.pid, s.start_ticks) for s in all_stats()
+                      if s.session == leader.pid and s.running]  # fmt: skip
+            moved = [r for r in theirs if read_stat(r.pid).pgid == r.pid != leader.pid]
+            if len(theirs) == 3 and moved:
+                break
+            time.sleep(0.05)
+        assert len(theirs) == 3 and moved, theirs
+        ended = jobdeadline.end_group(ProcRef.capture(leader.pid))
+        leader.wait(timeout=10)
+        left = [r.pid for r in theirs if r.alive()]
+        assert ended == 3 and not left, (ended, left)
+    finally:
+        _end_all(theirs)
+        with contextlib.suppress(ProcessLookupError):
+            leader.kill()
+        leader.wait(timeout=10)
+    record("runner_child_left_its_group", {"ended": ended, "of": 3})

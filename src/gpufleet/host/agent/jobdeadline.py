@@ -5,11 +5,12 @@ read that never returns) held the host forever (issue 80.5). Its job has an end
 (host/bench/jobend.py); owner.json records it twice: on the boot clock (CLOCK_BOOTTIME,
 which the start ticks of /proc count on too, and which no one's setting the wall clock
 moves), what is compared, and on the wall clock, what is said. Past it, a gpu-clean ends
-the runner's process group at once (the operator asked: host/agent/ownership.py), and
-root's keeper of the lock does KEEPER_GRACE_S later where nobody did (an unattended host
-gets itself back); the run's status says why. Either ends the very processes: each is
-held by a pidfd and checked (its start time, its group, its user) before the one signal,
-so a reused PID is never hit, and nothing of root's. Standard library only: it ships.
+the runner's process group and session at once (the operator asked: host/agent/
+ownership.py), and root's keeper of the lock does KEEPER_GRACE_S later where nobody did
+(an unattended host gets itself back); the run's status says why. Either ends the very
+processes: each is held by a pidfd and checked (its start time, its group or session,
+its user) before the one signal, so a reused PID is never hit, and nothing of root's.
+Standard library only: it ships.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 from gpufleet.host.agent import safewrite
-from gpufleet.host.agent.procstat import ProcRef, group_members, read_stat
+from gpufleet.host.agent.procstat import ProcRef, ProcStat, all_stats, read_stat
 from gpufleet.host.agent.protocol import AgentError
 from gpufleet.kinds import RunStatus
 
@@ -67,9 +68,10 @@ def past(record: Any) -> float | None:
 
 
 def end_group(runner: ProcRef) -> int:
-    """SIGKILL the runner and every process of its group (it leads one: it was started in
-    a session of its own) that started after it and runs as its user, never root; how many
-    were signalled. Returns once they are gone (at most ENDED_WAIT_S)."""
+    """SIGKILL the runner and every process of its group or its session (it leads both:
+    it was started in a session of its own; a process that moved to a group of its own
+    stays in the session) that started after it and runs as its user, never root; how
+    many were signalled. Returns once they are gone (at most ENDED_WAIT_S)."""
     held: list[int] = []
     try:
         with contextlib.suppress(OSError):
@@ -77,13 +79,13 @@ def end_group(runner: ProcRef) -> int:
         uid = _uid(runner.pid)
         if not held or not runner.alive() or uid in (None, 0):
             return 0  # checked with the pidfd held: the PID cannot change hands now
-        for stat in group_members(runner.pid):
+        for stat in _members(runner.pid):
             if stat.pid != runner.pid and stat.start_ticks >= runner.start_ticks:
                 with contextlib.suppress(OSError):
                     fd = os.pidfd_open(stat.pid)
                     again = read_stat(stat.pid)
                     same = again is not None and again.start_ticks == stat.start_ticks
-                    if same and again.pgid == runner.pid and _uid(stat.pid) == uid:
+                    if same and runner.pid in (again.pgid, again.session) and _uid(stat.pid) == uid:
                         held.append(fd)
                     else:
                         os.close(fd)
@@ -95,6 +97,11 @@ def end_group(runner: ProcRef) -> int:
     finally:
         for fd in held:
             os.close(fd)
+
+
+def _members(leader: int) -> list[ProcStat]:
+    """The running processes of `leader`'s group or session."""
+    return [s for s in all_stats() if leader in (s.pgid, s.session) and s.running]
 
 
 def _uid(pid: int) -> int | None:
@@ -116,16 +123,20 @@ def _wait_gone(fds: list[int]) -> None:
             poll.unregister(fd)
 
 
-def note_ended(status: str, runner: ProcRef, user: str, ends_by: str, *, by: str,
-               count: int) -> None:  # fmt: skip
+def note_ended(status: str, why: str, *, by: str, count: int) -> None:
     """Root's status of the run (`status`: its status.json, which a watcher reads before
-    the runner's): failed, the runner ran past its job's end and was ended, by whom."""
-    reason = (f"its runner (pid {runner.pid} as {user}) ran past its job's end ({ends_by}) "
-              f"and was ended by {by} ({count} process{'es' if count != 1 else ''})")  # fmt: skip
+    the runner's): failed, `why` its runner was ended (`its runner (pid R as U) ran past
+    its job's end (T)`), by whom, how many processes."""
+    reason = f"{why} and was ended by {by} ({count} process{'es' if count != 1 else ''})"
     if not status:
         return
     with contextlib.suppress(OSError, ValueError, AgentError):  # gone, or not root's
         safewrite.write_atomic(status, json.dumps({"status": RunStatus.FAILED, "reason": reason}))
+
+
+def overdue(runner: ProcRef, user: str, ends_by: str) -> str:
+    """Why a runner past its job's end is ended, as the run's status says it."""
+    return f"its runner (pid {runner.pid} as {user}) ran past its job's end ({ends_by})"
 
 
 def keep(argv: list[str]) -> None:
@@ -140,6 +151,6 @@ def keep(argv: list[str]) -> None:
         if limit is not None and boot_now() >= limit:
             count = end_group(runner)
             by = "root's keeper of the host"
-            note_ended(status, runner, user, ends_by, by=by, count=count)
+            note_ended(status, overdue(runner, user, ends_by), by=by, count=count)
             return
         time.sleep(KEEPER_POLL_S)

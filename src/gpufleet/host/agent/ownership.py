@@ -17,7 +17,8 @@ the lock (`held_fd`); a runner that runs as the run_as user never holds anything
 root keeps the lock in a keeper of its own (`keep_for`) that ends with the runner. A
 gpu-clean takes the host over, in one line, from an owner whose holder or runner is
 stopped, or whose runner ran past its job's end (it hung while it runs: the end recorded
-at its start, host/agent/jobdeadline.py; the runner's processes are ended). A runner
+at its start, host/agent/jobdeadline.py), never while the task's agent runs; the runner's
+processes are ended either way (one left stopped was resumed by its user). A runner
 started as a Slurm job step is no child of the agent: it is handed the lock's descriptor
 over a Unix socket in its run directory (`hand_over`/`take_over`), so it owns the host on
 srun as over SSH (issue 81.6); its job's end is Slurm's. Once the task's agent is gone, the
@@ -163,7 +164,7 @@ def busy_line(holder: Holding | None, host: str = "") -> str:
     task = _who(holder)
     runner = holder.get("runner")
     late = jobdeadline.past(runner)
-    if isinstance(runner, dict) and late is not None:
+    if isinstance(runner, dict) and late is not None and not _task_runs(holder):
         clean = f"inv gpu-clean --hosts {shlex.quote(host)}" if host else "inv gpu-clean"
         return (f"this host is held by {task}, whose bench runner (pid {runner.get('pid')} "
                 f"as {runner.get('user')}) ran past its job's end ({runner.get('ends_by')}, "
@@ -188,6 +189,15 @@ def busy_line(holder: Holding | None, host: str = "") -> str:
     )
 
 
+def _task_runs(holder: Holding) -> bool:
+    """The task's agent still runs here (alive, not stopped): it holds the lock itself, so
+    no take-over can have the host, and none may end what the task started."""
+    ref = _ref(holder.get("agent"))
+    stat = read_stat(ref.pid) if ref else None
+    return bool(stat and stat.running and stat.start_ticks == ref.start_ticks
+                and stat.state not in STOPPED)  # fmt: skip
+
+
 def _alive(wire: Any) -> bool:
     try:
         return ProcRef.from_wire(wire).alive()
@@ -202,36 +212,49 @@ def _ref(data: Any) -> ProcRef | None:
         return None
 
 
-def _stopped(holder: Holding) -> str | None:
+def _stopped(holder: Holding) -> tuple[str, str] | None:
     """Why the holder cannot be waited for: its process here, or its run's runner, is
-    stopped (SIGSTOP, a tracer); None while both run."""
+    stopped (SIGSTOP, a tracer), as (which, the line's words); None while both run."""
     for key, what in (("holder", "its holder"), ("runner", "its bench runner")):
         ref = _ref(holder.get(key))
         stat = read_stat(ref.pid) if ref else None
         if ref and stat and stat.start_ticks == ref.start_ticks and stat.state in STOPPED:
             user = holder[key].get("user")
-            return f"{what} (pid {ref.pid}{f' as {user}' if user else ''}) is stopped"
+            return key, f"{what} (pid {ref.pid}{f' as {user}' if user else ''}) is stopped"
     return None
 
 
 def _ended(holder: Holding) -> str | None:
     """Why a gpu-clean takes the host over, once what held it is ended: its runner ran
-    past its job's end (its processes are killed first, stopped or not), or its holder or
-    runner is stopped; None where the owner still holds the host."""
+    past its job's end, or its holder or runner is stopped; None where the owner still
+    holds the host. A take-over ends the runner's group every time (stopped or not, past
+    its end or not): one left behind, stopped, was resumed by its user with no lock while
+    another task owned the host."""
+    if _task_runs(holder):
+        return None  # its agent holds the lock too: nothing ended would free the host
     runner, late = holder.get("runner"), jobdeadline.past(holder.get("runner"))
     ref = _ref(runner)
-    if late is None or ref is None or not ref.alive() or not isinstance(runner, dict):
-        why = _stopped(holder)
-        return why if why is not None and _end_holder(holder) else None
+    if late is not None and ref is not None and ref.alive() and isinstance(runner, dict):
+        user, ends_by = str(runner.get("user")), str(runner.get("ends_by"))
+        why = f"its bench runner (pid {ref.pid} as {user}) ran past its job's end ({ends_by}, "
+        why += f"{late:.0f} s ago)"
+        said = jobdeadline.overdue(ref, user, ends_by)
+        _end_holder(holder)  # its keeper, which would end with it anyway
+    else:
+        stopped = _stopped(holder)
+        if stopped is None or not _end_holder(holder):
+            return None
+        which, why = stopped
+        user = str(runner.get("user")) if isinstance(runner, dict) else ""
+        said = f"its runner (pid {ref.pid if ref else '?'} as {user}) " + (
+            "was stopped" if which == "runner" else f"lost the host ({why})"
+        )
+    if ref is None or not ref.alive() or not isinstance(runner, dict):
+        return why
     ended = jobdeadline.end_group(ref)
-    user, ends_by = str(runner.get("user")), str(runner.get("ends_by"))
     status = _status_of(runner.get("run"))
-    jobdeadline.note_ended(status, ref, user, ends_by, by="`inv gpu-clean`", count=ended)
-    _end_holder(holder)  # its keeper, which would end with it anyway
-    return (
-        f"its bench runner (pid {ref.pid} as {user}) ran past its job's end ({ends_by}, "
-        f"{late:.0f} s ago): ended it ({ended} process{'es' if ended != 1 else ''})"
-    )
+    jobdeadline.note_ended(status, said, by="`inv gpu-clean`", count=ended)
+    return f"{why}: ended it ({ended} process{'es' if ended != 1 else ''})"
 
 
 def _runner_ended(holder: Holding | None) -> bool:

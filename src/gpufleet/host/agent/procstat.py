@@ -24,6 +24,7 @@ class ProcStat:
     ppid: int
     pgid: int
     start_ticks: int
+    session: int = 0  # the session's leader's PID
 
     @property
     def running(self) -> bool:
@@ -43,6 +44,7 @@ def read_stat(pid: int) -> ProcStat | None:
         ppid=int(fields[1]),
         pgid=int(fields[2]),
         start_ticks=int(fields[19]),
+        session=int(fields[3]),
     )
 
 
