@@ -258,7 +258,7 @@ def test_an_interrupt_during_the_verification_never_leaves_the_table_as_the_prof
                             "the verification") for n in notes), notes  # fmt: skip
 
 
-@pytest.mark.slow(minutes=4)
+@pytest.mark.slow(minutes=6)
 def test_an_interrupt_during_the_mend_keeps_the_mended_table_and_its_resume_line_finishes(
     fleet, tmp_path
 ):
@@ -274,7 +274,7 @@ def test_an_interrupt_during_the_mend_keeps_the_mended_table_and_its_resume_line
 
     hold = tmp_path / "hold"
     profile = _profile(fleet, "nspec", 3, hold)  # as the budget's mend test: a mend of depth 3
-    proc = fleet.popen(*_argv(profile, tmp_path / "a"))
+    proc = fleet.popen(*_argv(profile, tmp_path / "a"), "--shape-rounds", "1")  # shorter
     said: list[str] = []
     for text in proc.stdout:
         said.append(text)
