@@ -258,7 +258,7 @@ def test_an_interrupt_during_the_verification_never_leaves_the_table_as_the_prof
                             "the verification") for n in notes), notes  # fmt: skip
 
 
-@pytest.mark.slow(minutes=6)
+@pytest.mark.slow(minutes=4)
 def test_an_interrupt_during_the_mend_keeps_the_mended_table_and_its_resume_line_finishes(
     fleet, tmp_path
 ):
