@@ -256,3 +256,90 @@ def test_an_interrupt_during_the_verification_never_leaves_the_table_as_the_prof
     notes = json.loads(record_path.read_text())["notes"]
     assert any(n.startswith("an interrupt (Ctrl-C, SIGTERM or SIGHUP) stopped the tune during "
                             "the verification") for n in notes), notes  # fmt: skip
+
+
+@pytest.mark.slow(minutes=4)
+def test_an_interrupt_during_the_mend_keeps_the_mended_table_and_its_resume_line_finishes(
+    fleet, tmp_path
+):
+    """Before: SIGTERM once the mend's table was written was taken for a stop "during the
+    verification" ("the table was not verified", the verification having finished), the
+    table as first written kept as the candidate, and the mended one lost; the candidate's
+    `inv launch --profile <stem>` named no profile where the tune's was a path. Now the
+    note names the mend and the mended table, the candidate is it, its launch reference
+    loads, and the interrupt's `--resume` line, pasted, measures the mend and removes it."""
+    import signal
+
+    from gpufleet.control.server.profiles import load_profile
+
+    hold = tmp_path / "hold"
+    profile = _profile(fleet, "nspec", 3, hold)  # as the budget's mend test: a mend of depth 3
+    proc = fleet.popen(*_argv(profile, tmp_path / "a"), "--shape-rounds", "1")  # shorter
+    said: list[str] = []
+    for text in proc.stdout:
+        said.append(text)
+        if text.startswith("tune: mending ("):
+            hold.touch()  # the mend's first level waits: the signal lands in it
+            os.kill(proc.pid, signal.SIGTERM)
+            break
+    said.append(proc.communicate(timeout=300)[0])
+    hold.unlink(missing_ok=True)
+    text = "".join(said)
+    assert "tune: mending (" in text, text[-4000:]
+    assert proc.returncode == 130, text[-4000:]
+    [record_path] = (tmp_path / "a" / "tunes").glob("*.json")
+    notes = json.loads(record_path.read_text())["notes"]
+    [note] = [n for n in notes if n.startswith("an interrupt (Ctrl-C")]
+    print(note)
+    assert "during the mend (" in note and "the mended table was not verified" in note, note
+    table = json.loads((profile.parent / "files" / "nspec-tuned-unverified.json").read_text())
+    assert [3] in [slot["candidate_steps"] for slot in table.values()]  # the mended table
+    written = yaml.safe_load((profile.parent / "nspec-tuned.yaml").read_text())
+    assert written["flags"].get("speculative-adaptive") is not True, written
+    launch = re.search(r"\(inv launch --profile (\S+), by hand\)", note)
+    assert launch and load_profile(launch.group(1)).flags["speculative-adaptive"], note
+    found = re.search(r"`([^`]+--resume)`", text)
+    assert found, text[-3000:]
+    done = _paste(found.group(1))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert not (profile.parent / "nspec-tuned-unverified.yaml").exists()
+    assert json.loads(record_path.read_text())["verify"]["h0"]["mend"]
+
+
+@pytest.mark.slow(minutes=2)
+def test_a_no_verify_tune_says_its_table_is_unverified_and_supersedes_an_earlier_candidate(
+    fleet, tmp_path
+):
+    """Before: `--no-verify` wrote the table as the tuned profile with nothing in its header
+    or the record to say it was never verified (a verified one says "Verified on"), the
+    record without the closing line, and an earlier stop's `-unverified` candidate, an older
+    table, stayed beside it as if it were the unverified one. Now the header and the notes
+    say it, the record ends with what the tune spent, the table is not demoted, and the
+    older candidate goes: any table this tune writes supersedes it."""
+    profile = _profile(fleet, "vspec", 1, tmp_path / "hold")
+    stale = profile.parent / "vspec-tuned-unverified.yaml"  # an earlier stop's candidate
+    stale.write_text(f"{unverified.HEADER}\nextends: vspec\n")
+    out = fleet.cli(*_argv(profile, tmp_path / "a"), "--no-verify", timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    text = (profile.parent / "vspec-tuned.yaml").read_text()
+    assert text.startswith("# NOT VERIFIED: --no-verify left the verification out"), text
+    assert yaml.safe_load(text)["flags"]["speculative-adaptive"] is True  # not demoted
+    assert not stale.exists()
+    [record_path] = (tmp_path / "a" / "tunes").glob("*.json")
+    notes = json.loads(record_path.read_text())["notes"]
+    assert any(n.startswith("the tuned profile is not verified: --no-verify") for n in notes)
+    assert notes[-1].startswith("the tune spent "), notes
+
+
+def test_a_failures_words_reach_the_profiles_header_escaped_and_it_still_loads(tmp_path):
+    """A failure's first line may carry a host's bytes: ESC in the demoted profile's header
+    made it a file YAML refuses ("unacceptable character #x001b"); now escaped."""
+    from gpufleet.control.tune import files as tunefiles
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"model_path": "/m", "flags": adaptive_flags(3)}))
+    why = unverified.cause_of(RuntimeError("h0: server said \x1b[2J\x07gone\r\nsecond line"))
+    assert why == "a failure stopped the tune (h0: server said \\x1b[2J\\x07gone)", why
+    arm = depth_arms(str(spec), [1])[0]
+    written = tunefiles.write_static(str(spec), "spec-tuned", arm, why)
+    assert yaml.safe_load(written.read_text())["extends"] == "spec"

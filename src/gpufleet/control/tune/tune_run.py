@@ -71,6 +71,7 @@ class TuneOutcome:
     verdicts: list[Verdict] = field(default_factory=list)
     steps: list[tuneshapes.StepVerdict] = field(default_factory=list)
     fallback: tunefallback.Decision | None = None  # a table below the goal against a static
+    demoted: bool = False  # a stop in the mend demoted the mended table (not the first)
     spent: str = ""  # what the tune spent beside what it gained (its closing line)
 
 
@@ -134,6 +135,7 @@ def run(
     retests, tie_notes = _settle_ties(profile, rows, floor, request, experiment=experiment,
                                       clock=clock, resume=resume)  # fmt: skip
     result, outputs = _choose_and_write(profile, name, floor, rows, retests)
+    tuneunverified.drop_candidate(profile, outputs[1])  # an earlier stop's: this table is newer
     result.notes += tie_notes + clock.notes
     record = _new_record(profile, ask.depths, request, floor,
                          state=state, result=result, outputs=outputs)  # fmt: skip
@@ -144,11 +146,14 @@ def run(
         on_chosen(outcome)
     # a fixed depth 0 is the plain server, just measured: nothing new to verify
     if not verify or clock.stage_dropped(tunebudget.VERIFY) or result.fixed_depth == 0:
+        if result.fixed_depth != 0:  # written unverified on purpose: the file says so too
+            tuneunverified.mark_unverified(outcome, "--no-verify" if not verify else "--budget")
         outcome.spent = tuneshapes.spent_text(clock.spent(), [])
+        record.notes = [*result.notes, f"the tune {outcome.spent}"]
+        save_record(record, record_path)
         return outcome
     _judge(profile, tuned, checks, request, resume=resume, experiment=experiment,
            outcome=outcome, clock=clock)  # fmt: skip
-    tuneunverified.drop_candidate(profile, outcome.profile_path)
     save_record(record, record_path)
     tunefiles.note_verification(
         outcome.profile_path, {v.host: v.sentence for v in outcome.verdicts}
@@ -183,8 +188,8 @@ def _judge(
             _fall_back(profile, checks, outcome, experiment, result)
     except BaseException as exc:  # the budget, Ctrl-C or SIGTERM, a failure: all alike
         at = tuneunverified.stopped(clock, "the verification", "table", clock.resume_s(), exc)
-        stop = exc if isinstance(exc, tuneunverified.Unverified) else tuneunverified.demote(
-            profile, checks, outcome, outcome.result, at)  # fmt: skip
+        stop = exc if isinstance(exc, tuneunverified.Unverified) or outcome.demoted else (
+            tuneunverified.demote(profile, checks, outcome, outcome.result, at))  # fmt: skip
         record.notes = result.notes + [n for n in clock.notes if n not in result.notes]
         save_record(record, outcome.record_path)
         if not isinstance(exc, tunebudget.BudgetStop):
@@ -382,20 +387,23 @@ def _measure_mend(
         return {}, False
     config_path, profile_path = outcome.config_path, outcome.profile_path
     first = (config_path.read_bytes() if config_path else b"", profile_path.read_bytes())
-    tunefiles.write_outputs(profile, tunemend.mended(outcome.result, to_mend, sizes),
-                            profile_path.stem)  # fmt: skip
-    where = ", ".join(f"C={f.concurrency}: {f.change(outcome.result)}" for f in to_mend)
-    experiment.console.line(f"tune: mending ({len(arms)} launches, interleaved): {where}")
+    mended = tunemend.mended(outcome.result, to_mend, sizes)
     root = request.archive
     again_ok = resume and tunebudget.has_state(root, [profile, tuned], arms, MEND)
-    try:
+    try:  # from the mended table's writing, any stop is the mend's
+        tunefiles.write_outputs(profile, mended, profile_path.stem)
+        where = ", ".join(f"C={f.concurrency}: {f.change(outcome.result)}" for f in to_mend)
+        experiment.console.line(f"tune: mending ({len(arms)} launches, interleaved): {where}")
         state = experiment.sweep([profile, tuned], arms, MEND, again_ok, request=mend_request,
                                  hooks=clock.hooks(MEND, root))  # fmt: skip
-    except tunebudget.BudgetStop:  # the mended table is the unverified one now
-        mended = tunemend.mended(outcome.result, to_mend, sizes)
-        needed = clock.cost_s(MEND, arms, mend_request)
-        at = tuneunverified.stopped(clock, "the mend", "mended table", needed)
-        raise tuneunverified.demote(profile, checks, outcome, mended, at) from None
+    except BaseException as exc:  # the budget, an interrupt, a failure: the mended table
+        needed = clock.cost_s(MEND, arms, mend_request)  # is the unverified one now
+        at = tuneunverified.stopped(clock, "the mend", "mended table", needed, exc)
+        stop = tuneunverified.demote(profile, checks, outcome, mended, at)
+        outcome.demoted = True
+        if not isinstance(exc, tunebudget.BudgetStop):
+            raise  # as it came; _judge saves the record's notes
+        raise stop from None
     data = select.report_for_sweep(root, state.path)
     shares = tunemend.shares(data.per_host, to_mend, profile_label_of(tuned))
     hosts = [v.host for v in outcome.verdicts]

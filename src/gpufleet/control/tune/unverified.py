@@ -24,6 +24,7 @@ from gpufleet.control.tune.goal import share_text
 from gpufleet.control.tune.levels import Cells
 from gpufleet.control.tune.limit import BudgetStop, minutes
 from gpufleet.report import catalogue
+from gpufleet.terminal import shown
 
 SUFFIX = "-unverified"  # the candidate's name: the tuned profile's, and this
 HEADER = "# UNVERIFIED: the tune stopped before its verification accepted this table"
@@ -60,6 +61,17 @@ def drop_candidate(profile: str, profile_path: Path) -> None:
     config, yaml_path = tunefiles.output_paths(profile, candidate_path(profile_path).stem)
     for path in (config, yaml_path):
         path.unlink(missing_ok=True)
+
+
+NOT_VERIFIED = "{why} left the verification out; inv tune without it verifies"
+
+
+def mark_unverified(outcome: Any, why: str) -> None:
+    """A table written as the tuned profile without a verification on purpose (`why`:
+    --no-verify): its header and the record's notes say so, as a demoted table's do."""
+    path, said = outcome.profile_path, NOT_VERIFIED.format(why=why)
+    path.write_text(f"# NOT VERIFIED: {said}\n{path.read_text()}")
+    outcome.result.notes.append(f"the tuned profile is not verified: {said}")
 
 
 def keep_candidate(profile: str, outcome: Any, table: Any) -> Path:
@@ -131,8 +143,8 @@ def cause_of(exc: BaseException) -> str:
     handled as it (cli/common.INTERRUPTS), or a failure by its one line (bounded)."""
     if isinstance(exc, KeyboardInterrupt) or getattr(exc, "interrupted", False):
         return "an interrupt (Ctrl-C, SIGTERM or SIGHUP) stopped the tune"  # or its sweep's
-    first = (str(exc).splitlines() or [""])[0][:200]
-    return f"a failure stopped the tune ({first})"
+    first = shown((str(exc).splitlines() or [""])[0][:200])  # a host's words: ESC in a
+    return f"a failure stopped the tune ({first})"  # profile's header, and YAML refuses it
 
 
 def demote(profile: str, checks: list[ArmSpec], outcome: Any, table: Any,
@@ -146,9 +158,9 @@ def demote(profile: str, checks: list[ArmSpec], outcome: Any, table: Any,
            else f"--budget {stop.budget_s:g}: the budget stopped the tune during {stop.what} "
            f"({stop.spent_s:.0f}s spent of {stop.budget_s:g}s, {ran})")  # fmt: skip
     why += f": the {stop.table} was not verified, so it is not the tuned profile"
+    launch = tunefiles.tuned_reference(profile, candidate.stem)  # a path where profile was one
     kept = (f"; the table is kept unverified as {candidate} (inv launch --profile "
-            f"{candidate.stem}, by hand); what is left needs "
-            f"~{minutes(stop.needed_s)}")  # fmt: skip
+            f"{launch}, by hand); what is left needs ~{minutes(stop.needed_s)}")  # fmt: skip
     first = "as first written (the mend's measurement did not finish)"
     decision = tunefallback.decide(outcome.verdicts, first) if outcome.verdicts else None
     arm = decision and tunefallback.static_arm(profile, checks, outcome, decision.static)
