@@ -3,9 +3,11 @@
 # only cores for four tunes at once). gpufleet's dependencies travel as the wheels of
 # .gpu-bundle/wheels (scripts/gpu-prepare.sh), gpufleet itself as this tree's src/; nothing
 # is installed over the machine's own Python. Run there as root, from the project's root:
-#   PYTHON=/opt/torch/.venv/bin/python bash scripts/tune-surfaces-device.sh --root R ...
-# (every argument goes to tune_surfaces.py; --root in the tree keeps a warm machine's
-# outputs for a second call with --resume)
+#   PYTHON=/opt/torch/.venv/bin/python bash scripts/tune-surfaces-device.sh --root logs/ts ...
+# (every argument goes to tune_surfaces.py). A warm machine keeps between calls only what
+# the project's .gitignore ignores: give --root under logs/, then a second call with
+# --resume finishes what --stop-after interrupted (a root ignored only by this checkout's
+# .git/info/exclude lost its profiles between calls).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
