@@ -80,6 +80,23 @@ def _paste(command: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)  # fmt: skip
 
 
+def _sigterm_held(proc: subprocess.Popen, hold: Path, pattern: str) -> str:
+    """At the first line matching `pattern`, the rehearsal holds its requests (the stage
+    that follows waits) and the tune gets SIGTERM there; everything it printed."""
+    import signal
+
+    said: list[str] = []
+    for text in proc.stdout:
+        said.append(text)
+        if re.search(pattern, text):
+            hold.touch()
+            os.kill(proc.pid, signal.SIGTERM)
+            break
+    said.append(proc.communicate(timeout=300)[0])
+    hold.unlink(missing_ok=True)
+    return "".join(said)
+
+
 def test_the_best_static_the_measurement_measured_is_the_one_with_the_best_worst_level(tmp_path):
     """Depth 1 keeps 80% of C=1's best and all of C=4's; plain 60% at C=1: depth 1 (its worst
     80% against plain's 60%); depth 0's pinned cells are never a static to write, but on an
@@ -230,21 +247,11 @@ def test_an_interrupt_during_the_verification_never_leaves_the_table_as_the_prof
     any stop before the verification accepted the table does: the tuned profile is the best
     static measured, the table a candidate named unverified, the record says why, and the
     interrupt goes on as it came (exit 130, the resume line)."""
-    import signal
 
     hold = tmp_path / "hold"
     profile = _profile(fleet, "ispec", 1, hold)
     proc = fleet.popen(*_argv(profile, tmp_path / "a"))
-    said: list[str] = []
-    for text in proc.stdout:
-        said.append(text)
-        if re.search(r"^tune: wrote .*ispec-tuned\.yaml", text):
-            hold.touch()  # the verification's first level waits: the signal lands in it
-            os.kill(proc.pid, signal.SIGTERM)
-            break
-    said.append(proc.communicate(timeout=300)[0])
-    hold.unlink(missing_ok=True)
-    text = "".join(said)
+    text = _sigterm_held(proc, hold, r"^tune: wrote .*ispec-tuned\.yaml")
     assert proc.returncode == 130, text[-4000:]
     assert re.search(r"--resume`", text), text[-3000:]
     written = yaml.safe_load((profile.parent / "ispec-tuned.yaml").read_text())
@@ -268,23 +275,13 @@ def test_an_interrupt_during_the_mend_keeps_the_mended_table_and_its_resume_line
     `inv launch --profile <stem>` named no profile where the tune's was a path. Now the
     note names the mend and the mended table, the candidate is it, its launch reference
     loads, and the interrupt's `--resume` line, pasted, measures the mend and removes it."""
-    import signal
 
     from gpufleet.control.server.profiles import load_profile
 
     hold = tmp_path / "hold"
     profile = _profile(fleet, "nspec", 3, hold)  # as the budget's mend test: a mend of depth 3
     proc = fleet.popen(*_argv(profile, tmp_path / "a"), "--shape-rounds", "1")  # shorter
-    said: list[str] = []
-    for text in proc.stdout:
-        said.append(text)
-        if text.startswith("tune: mending ("):
-            hold.touch()  # the mend's first level waits: the signal lands in it
-            os.kill(proc.pid, signal.SIGTERM)
-            break
-    said.append(proc.communicate(timeout=300)[0])
-    hold.unlink(missing_ok=True)
-    text = "".join(said)
+    text = _sigterm_held(proc, hold, r"^tune: mending \(")
     assert "tune: mending (" in text, text[-4000:]
     assert proc.returncode == 130, text[-4000:]
     [record_path] = (tmp_path / "a" / "tunes").glob("*.json")
